@@ -1,0 +1,176 @@
+//! The hash-chained journal record. Each line of a room's `EVENTS.jsonl` is the canonical JSON of
+//! one `Record`; `hash` covers every other field, `prev` is the previous record's hash, and the
+//! first record's `prev` is derived from the room's graph id, so a record moved between rooms or
+//! reordered inside one fails verification.
+
+use crate::canon::{canonical_bytes, sha256_hex};
+use crate::hlc::Hlc;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Record {
+    pub seq: u64,
+    pub id: String,
+    pub hlc: Hlc,
+    pub prev: String,
+    pub hash: String,
+    pub event: Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChainError {
+    #[error("record {seq}: sequence gap (expected {expected})")]
+    SeqGap { seq: u64, expected: u64 },
+    #[error("record {seq}: prev does not match the previous record's hash")]
+    PrevMismatch { seq: u64 },
+    #[error("record {seq}: hash does not match its content")]
+    HashMismatch { seq: u64 },
+    #[error("record {seq}: hlc {hlc} is not after {prev_hlc}")]
+    HlcNotMonotonic { seq: u64, hlc: Hlc, prev_hlc: Hlc },
+}
+
+impl ChainError {
+    pub fn seq(&self) -> u64 {
+        match self {
+            ChainError::SeqGap { seq, .. }
+            | ChainError::PrevMismatch { seq }
+            | ChainError::HashMismatch { seq }
+            | ChainError::HlcNotMonotonic { seq, .. } => *seq,
+        }
+    }
+}
+
+/// The `prev` of a room's first record.
+pub fn genesis_prev(graph_id: &str) -> String {
+    sha256_hex(format!("room-genesis:{graph_id}").as_bytes())
+}
+
+/// Where the chain stands after a record: what the next record must follow.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainTip {
+    pub seq: u64,
+    pub hash: String,
+    pub hlc: Hlc,
+}
+
+impl ChainTip {
+    pub fn genesis(graph_id: &str) -> Self {
+        ChainTip { seq: 0, hash: genesis_prev(graph_id), hlc: Hlc::ZERO }
+    }
+}
+
+impl Record {
+    /// Seal a new record after `tip`.
+    pub fn seal(tip: &ChainTip, id: String, hlc: Hlc, event: Value) -> Record {
+        let mut r = Record { seq: tip.seq + 1, id, hlc, prev: tip.hash.clone(), hash: String::new(), event };
+        r.hash = r.compute_hash();
+        r
+    }
+
+    /// SHA-256 over the canonical record with `hash` left out.
+    pub fn compute_hash(&self) -> String {
+        #[derive(Serialize)]
+        struct Unsealed<'a> {
+            seq: u64,
+            id: &'a str,
+            hlc: Hlc,
+            prev: &'a str,
+            event: &'a Value,
+        }
+        sha256_hex(&canonical_bytes(&Unsealed {
+            seq: self.seq,
+            id: &self.id,
+            hlc: self.hlc,
+            prev: &self.prev,
+            event: &self.event,
+        }))
+    }
+
+    /// One journal line, without the trailing newline.
+    pub fn to_line(&self) -> Vec<u8> {
+        canonical_bytes(self)
+    }
+
+    /// Check this record against the tip it claims to follow; return the new tip.
+    pub fn verify_after(&self, tip: &ChainTip) -> Result<ChainTip, ChainError> {
+        if self.seq != tip.seq + 1 {
+            return Err(ChainError::SeqGap { seq: self.seq, expected: tip.seq + 1 });
+        }
+        if self.prev != tip.hash {
+            return Err(ChainError::PrevMismatch { seq: self.seq });
+        }
+        if self.hash != self.compute_hash() {
+            return Err(ChainError::HashMismatch { seq: self.seq });
+        }
+        if self.seq > 1 && self.hlc <= tip.hlc {
+            return Err(ChainError::HlcNotMonotonic { seq: self.seq, hlc: self.hlc, prev_hlc: tip.hlc });
+        }
+        Ok(ChainTip { seq: self.seq, hash: self.hash.clone(), hlc: self.hlc })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    fn build(n: usize) -> Vec<Record> {
+        let mut tip = ChainTip::genesis("g1");
+        let mut out = Vec::new();
+        for i in 0..n {
+            let r = Record::seal(&tip, format!("evt_{i}"), tip.hlc.tick(i as u64), json!({"i": i}));
+            tip = r.verify_after(&tip).unwrap();
+            out.push(r);
+        }
+        out
+    }
+
+    fn verify_all(graph: &str, recs: &[Record]) -> Result<(), ChainError> {
+        let mut tip = ChainTip::genesis(graph);
+        for r in recs {
+            tip = r.verify_after(&tip)?;
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_chain_from_another_room_fails_at_its_first_record() {
+        let recs = build(3);
+        assert_eq!(verify_all("g2", &recs), Err(ChainError::PrevMismatch { seq: 1 }));
+    }
+
+    #[test]
+    fn line_round_trips() {
+        let recs = build(2);
+        let back: Record = serde_json::from_slice(&recs[1].to_line()).unwrap();
+        assert_eq!(back, recs[1]);
+    }
+
+    proptest! {
+        #[test]
+        fn any_single_edit_is_detected(n in 1usize..12, pick in any::<prop::sample::Index>(), field in 0u8..4) {
+            let mut recs = build(n);
+            let i = pick.index(n);
+            match field {
+                0 => recs[i].event = json!({"i": "edited"}),
+                1 => recs[i].id.push('x'),
+                2 => recs[i].hlc.c += 7,
+                _ => recs[i].prev = genesis_prev("elsewhere"),
+            }
+            let err = verify_all("g1", &recs).unwrap_err();
+            prop_assert_eq!(err.seq(), (i + 1) as u64);
+        }
+
+        #[test]
+        fn reordering_is_detected(n in 2usize..10, a in any::<prop::sample::Index>(), b in any::<prop::sample::Index>()) {
+            let mut recs = build(n);
+            let (a, b) = (a.index(n), b.index(n));
+            prop_assume!(a != b);
+            recs.swap(a, b);
+            prop_assert!(verify_all("g1", &recs).is_err());
+        }
+    }
+}

@@ -1,0 +1,64 @@
+//! The two non-deterministic inputs of the engine, as traits. The daemon passes the system clock
+//! and the OS random source; a simulation passes seeded ones, so a run can be replayed exactly.
+
+/// Physical time as the engine sees it. May jump backwards; the HLC absorbs that.
+pub trait Clock: Send + Sync {
+    /// Milliseconds since the Unix epoch.
+    fn now_ms(&self) -> u64;
+}
+
+/// Random bytes for ids and secrets.
+pub trait Entropy: Send + Sync {
+    fn fill(&self, buf: &mut [u8]);
+
+    fn hex(&self, bytes: usize) -> String {
+        let mut buf = vec![0u8; bytes];
+        self.fill(&mut buf);
+        hex::encode(buf)
+    }
+}
+
+/// A clock that returns whatever the test sets. Useful beside the engine and in simulations.
+#[derive(Debug, Default)]
+pub struct ManualClock(pub std::sync::atomic::AtomicU64);
+
+impl ManualClock {
+    pub fn new(ms: u64) -> Self {
+        Self(std::sync::atomic::AtomicU64::new(ms))
+    }
+    pub fn set(&self, ms: u64) {
+        self.0.store(ms, std::sync::atomic::Ordering::SeqCst);
+    }
+    pub fn advance(&self, ms: u64) {
+        self.0.fetch_add(ms, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// A deterministic xorshift source for simulations and tests. Never used for credentials
+/// outside tests: the daemon passes the OS CSPRNG.
+#[derive(Debug)]
+pub struct SeededEntropy(std::sync::Mutex<u64>);
+
+impl SeededEntropy {
+    pub fn new(seed: u64) -> Self {
+        Self(std::sync::Mutex::new(seed | 1))
+    }
+}
+
+impl Entropy for SeededEntropy {
+    fn fill(&self, buf: &mut [u8]) {
+        let mut s = self.0.lock().expect("entropy lock is never poisoned");
+        for b in buf {
+            *s ^= *s << 13;
+            *s ^= *s >> 7;
+            *s ^= *s << 17;
+            *b = (*s >> 24) as u8;
+        }
+    }
+}

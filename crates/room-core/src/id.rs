@@ -1,0 +1,82 @@
+//! Id formats. Ids are opaque to users but have fixed shapes so a malformed one is refused at the
+//! edge instead of travelling into a query.
+
+use crate::env::Entropy;
+use crate::hlc::Hlc;
+
+/// `evt_<16hex>_<8hex>`: the HLC (milliseconds and the low 16 bits of the counter) then entropy.
+pub fn event_id(hlc: Hlc, entropy: &dyn Entropy) -> String {
+    let stamp = (hlc.ms << 16) | u64::from(hlc.c & 0xffff);
+    format!("evt_{stamp:016x}_{}", entropy.hex(4))
+}
+
+pub fn receipt_id(entropy: &dyn Entropy) -> String {
+    format!("rcpt_{}", entropy.hex(16))
+}
+
+pub fn task_id(entropy: &dyn Entropy) -> String {
+    format!("tsk_{}", entropy.hex(8))
+}
+
+pub fn mention_id(entropy: &dyn Entropy) -> String {
+    format!("mnt_{}", entropy.hex(8))
+}
+
+pub fn obligation_id(entropy: &dyn Entropy) -> String {
+    format!("obl_{}", entropy.hex(8))
+}
+
+pub fn project_id(entropy: &dyn Entropy) -> String {
+    format!("prj_{}", entropy.hex(8))
+}
+
+fn hex_run(s: &str, len: usize) -> bool {
+    s.len() == len && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+fn prefixed(s: &str, prefix: &str, len: usize) -> bool {
+    s.strip_prefix(prefix).is_some_and(|rest| hex_run(rest, len))
+}
+
+pub fn is_event_id(s: &str) -> bool {
+    s.strip_prefix("evt_")
+        .and_then(|rest| rest.split_once('_'))
+        .is_some_and(|(a, b)| hex_run(a, 16) && hex_run(b, 8))
+}
+
+pub fn is_receipt_id(s: &str) -> bool {
+    prefixed(s, "rcpt_", 32)
+}
+
+pub fn is_task_id(s: &str) -> bool {
+    prefixed(s, "tsk_", 16)
+}
+
+pub fn is_mention_id(s: &str) -> bool {
+    prefixed(s, "mnt_", 16)
+}
+
+pub fn is_obligation_id(s: &str) -> bool {
+    prefixed(s, "obl_", 16)
+}
+
+pub fn is_project_id(s: &str) -> bool {
+    prefixed(s, "prj_", 16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::env::SeededEntropy;
+
+    #[test]
+    fn shapes_are_recognised() {
+        let e = SeededEntropy::new(9);
+        let id = event_id(Hlc { ms: 1_700_000_000_000, c: 3 }, &e);
+        assert!(is_event_id(&id), "{id}");
+        assert!(is_receipt_id(&receipt_id(&e)));
+        assert!(is_task_id(&task_id(&e)));
+        assert!(!is_event_id("evt_../../etc_00000000"));
+        assert!(!is_task_id("tsk_ABCDEF0123456789"));
+    }
+}

@@ -1,0 +1,21 @@
+//! Room's shared vocabulary. Everything here is pure: no I/O, no async, no wall clock.
+//! Other crates agree on ids, digests, the clock, the chain and refusal codes through this crate,
+//! so a code or a digest means the same thing in the engine, the store, the daemon and a test.
+
+pub mod canon;
+pub mod chain;
+pub mod env;
+pub mod hlc;
+pub mod id;
+pub mod name;
+pub mod redact;
+pub mod refusal;
+pub mod tier;
+pub mod wake;
+
+pub use canon::{canonical_bytes, sha256_hex};
+pub use chain::{ChainError, Record};
+pub use env::{Clock, Entropy};
+pub use hlc::Hlc;
+pub use refusal::{Code, Refusal};
+pub use tier::{Tier, Verb};

@@ -1,0 +1,145 @@
+//! Tiers and verbs. A verb needs a minimum tier; the effective tier of a call is the minimum of
+//! what the connection declares, the owner's per-agent max and the fleet ceiling.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    Observer,
+    Member,
+    Coordinator,
+    Operator,
+}
+
+impl Tier {
+    pub const ALL: [Tier; 4] = [Tier::Observer, Tier::Member, Tier::Coordinator, Tier::Operator];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Observer => "observer",
+            Tier::Member => "member",
+            Tier::Coordinator => "coordinator",
+            Tier::Operator => "operator",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Tier> {
+        Tier::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Everything an agent can ask the daemon to do. The gated verbs must pass the Work Gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum Verb {
+    Whoami,
+    List,
+    Sync,
+    Note,
+    Say,
+    Reply,
+    Send,
+    Handoff,
+    Done,
+    Blocked,
+    Decline,
+    Circle,
+    TaskCreate,
+    TaskClaim,
+    TaskShow,
+}
+
+impl Verb {
+    pub const ALL: [Verb; 15] = [
+        Verb::Whoami,
+        Verb::List,
+        Verb::Sync,
+        Verb::Note,
+        Verb::Say,
+        Verb::Reply,
+        Verb::Send,
+        Verb::Handoff,
+        Verb::Done,
+        Verb::Blocked,
+        Verb::Decline,
+        Verb::Circle,
+        Verb::TaskCreate,
+        Verb::TaskClaim,
+        Verb::TaskShow,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verb::Whoami => "whoami",
+            Verb::List => "list",
+            Verb::Sync => "sync",
+            Verb::Note => "note",
+            Verb::Say => "say",
+            Verb::Reply => "reply",
+            Verb::Send => "send",
+            Verb::Handoff => "handoff",
+            Verb::Done => "done",
+            Verb::Blocked => "blocked",
+            Verb::Decline => "decline",
+            Verb::Circle => "circle",
+            Verb::TaskCreate => "task_create",
+            Verb::TaskClaim => "task_claim",
+            Verb::TaskShow => "task_show",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Verb> {
+        Verb::ALL.into_iter().find(|v| v.as_str() == s)
+    }
+
+    /// The nine participant verbs that must pass the Work Gate.
+    pub fn is_gated(self) -> bool {
+        matches!(
+            self,
+            Verb::Note
+                | Verb::Say
+                | Verb::Reply
+                | Verb::Send
+                | Verb::Done
+                | Verb::Blocked
+                | Verb::Decline
+                | Verb::Handoff
+                | Verb::Circle
+        )
+    }
+
+    /// The lowest effective tier that may use the verb.
+    pub fn min_tier(self) -> Tier {
+        match self {
+            Verb::Whoami | Verb::List | Verb::Sync | Verb::TaskShow => Tier::Observer,
+            Verb::TaskCreate => Tier::Coordinator,
+            _ => Tier::Member,
+        }
+    }
+}
+
+impl std::fmt::Display for Verb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exactly_nine_verbs_are_gated() {
+        assert_eq!(Verb::ALL.iter().filter(|v| v.is_gated()).count(), 9);
+        for v in Verb::ALL {
+            assert_eq!(Verb::parse(v.as_str()), Some(v));
+        }
+    }
+}
