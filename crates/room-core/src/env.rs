@@ -62,3 +62,23 @@ impl Entropy for SeededEntropy {
         }
     }
 }
+
+/// A directory's kernel identity: device, inode and mount id. A root replaced, renamed over or
+/// swapped for a symlink changes at least one of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct ObjectId {
+    pub dev: u64,
+    pub ino: u64,
+    pub mnt_id: u64,
+}
+
+/// What the engine asks of the file system for territory checks. The daemon passes the real
+/// one (statx, realpath); a simulation can pass its own.
+pub trait Fs: Send + Sync {
+    /// The canonical absolute path (symlinks resolved).
+    fn canonicalize(&self, path: &std::path::Path) -> std::io::Result<std::path::PathBuf>;
+    /// Identity of the object at `path` without following a final symlink.
+    fn object_id(&self, path: &std::path::Path) -> std::io::Result<ObjectId>;
+    /// Whether `path` (not following a final symlink) is a directory.
+    fn is_dir_nofollow(&self, path: &std::path::Path) -> std::io::Result<bool>;
+}

@@ -1,1 +1,29 @@
-//! placeholder
+//! Room's durable storage. The journal append (fdatasync'ed) is the commit point of every event;
+//! the SQLite sync index is a projection of the journal plus the receipts and checkpoints that
+//! only it holds. This crate knows bytes, files and tables; what they mean is the engine's.
+
+pub mod blobs;
+pub mod fs;
+pub mod index;
+pub mod journal;
+pub mod statedir;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("sqlite: {0}")]
+    Sql(#[from] rusqlite::Error),
+    #[error("state_dir_split_brain: {0}")]
+    SplitBrain(String),
+    #[error("{0}")]
+    Corrupt(String),
+    #[error("{0}")]
+    Pragma(String),
+    #[error("daemon already running for this state dir (pid {pid})")]
+    Locked { pid: String },
+    #[error("journal rotated or replaced: {0}")]
+    Rotated(String),
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;

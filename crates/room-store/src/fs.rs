@@ -1,0 +1,74 @@
+//! The real file system behind `room_core::Fs`, and durable-write helpers.
+
+use room_core::{Fs, ObjectId};
+use rustix::fs::{AtFlags, CWD, StatxFlags};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RealFs;
+
+impl Fs for RealFs {
+    fn canonicalize(&self, path: &Path) -> std::io::Result<PathBuf> {
+        std::fs::canonicalize(path)
+    }
+
+    fn object_id(&self, path: &Path) -> std::io::Result<ObjectId> {
+        let st = rustix::fs::statx(
+            CWD,
+            path,
+            AtFlags::SYMLINK_NOFOLLOW,
+            StatxFlags::BASIC_STATS | StatxFlags::MNT_ID,
+        )?;
+        let dev = (u64::from(st.stx_dev_major) << 32) | u64::from(st.stx_dev_minor);
+        Ok(ObjectId { dev, ino: st.stx_ino, mnt_id: st.stx_mnt_id })
+    }
+
+    fn is_dir_nofollow(&self, path: &Path) -> std::io::Result<bool> {
+        Ok(std::fs::symlink_metadata(path)?.file_type().is_dir())
+    }
+}
+
+/// Write a file so that after a crash it is either absent, the old version, or complete:
+/// temp file, fsync, rename, fsync of the directory.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().ok_or_else(|| std::io::Error::other("path has no parent"))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("file")
+    ));
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    sync_dir(dir)
+}
+
+pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// Create a file only if absent, durably. Returns false when it already existed.
+pub fn create_new_durable(path: &Path, bytes: &[u8]) -> std::io::Result<bool> {
+    match std::fs::OpenOptions::new().write(true).create_new(true).open(path) {
+        Ok(mut f) => {
+            f.write_all(bytes)?;
+            f.sync_all()?;
+            sync_dir(path.parent().unwrap_or(Path::new(".")))?;
+            Ok(true)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Append one JSON line to a log file (errors.jsonl, artifacts.jsonl) and sync it.
+pub fn append_jsonl(path: &Path, value: &serde_json::Value) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+    let mut line = serde_json::to_vec(value).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    f.write_all(&line)?;
+    f.sync_data()
+}

@@ -1,0 +1,374 @@
+//! A room's authoritative journal, `EVENTS.jsonl`: one canonical JSON record per line, hash
+//! chained. An append is acknowledged only after `fdatasync`. At open the journal is reconciled
+//! with the mark the index recorded: same (device, inode), at least as long, and the same
+//! trailing anchor (the last ≤ 4,096 bytes and their SHA-256). A replaced or rotated file is
+//! refused rather than silently re-read. A torn final line (a crash mid-append, never
+//! acknowledged) is cut back to the last whole record and logged.
+
+use crate::{Result, StoreError};
+use room_core::chain::ChainTip;
+use room_core::{Hlc, Record, sha256_hex};
+use serde::{Deserialize, Serialize};
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+pub const BATCH_BYTES: usize = 1 << 20;
+pub const RECORD_BYTES_MAX: usize = 8 << 20;
+pub const ANCHOR_BYTES_MAX: u64 = 4096;
+
+/// Where the journal stood when the index last caught up with it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JournalMark {
+    pub dev: u64,
+    pub ino: u64,
+    pub len: u64,
+    pub anchor_sha256: String,
+    pub tip_seq: u64,
+    pub tip_hash: String,
+    pub tip_hlc: Hlc,
+}
+
+impl JournalMark {
+    pub fn tip(&self) -> ChainTip {
+        ChainTip { seq: self.tip_seq, hash: self.tip_hash.clone(), hlc: self.tip_hlc }
+    }
+}
+
+/// One record as read from the file, with its byte range.
+#[derive(Debug, Clone)]
+pub struct Scanned {
+    pub record: Record,
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// How a scan ended.
+#[derive(Debug, Clone)]
+pub struct ScanEnd {
+    pub tip: ChainTip,
+    /// End of the last whole record.
+    pub end: u64,
+    /// Bytes after the last newline: a torn append.
+    pub torn_bytes: u64,
+}
+
+/// Read records from `start`, verifying chain and HLC order from `tip`, in 1 MiB batches.
+pub fn scan(
+    file: &File,
+    start: u64,
+    tip: ChainTip,
+    mut each: impl FnMut(Scanned) -> Result<()>,
+) -> Result<ScanEnd> {
+    let file_len = file.metadata()?.len();
+    let mut tip = tip;
+    let mut pos = start; // start of the unconsumed bytes in `pending`
+    let mut pending: Vec<u8> = Vec::new();
+    let mut read_at = start;
+    let mut chunk = vec![0u8; BATCH_BYTES];
+    while read_at < file_len {
+        let want = ((file_len - read_at) as usize).min(BATCH_BYTES);
+        let n = file.read_at(&mut chunk[..want], read_at)?;
+        if n == 0 {
+            break;
+        }
+        read_at += n as u64;
+        pending.extend_from_slice(&chunk[..n]);
+        let mut consumed = 0usize;
+        while let Some(nl) = pending[consumed..].iter().position(|&b| b == b'\n') {
+            let line = &pending[consumed..consumed + nl];
+            let offset = pos + consumed as u64;
+            let record: Record = serde_json::from_slice(line).map_err(|e| {
+                StoreError::Corrupt(format!("record {} at byte {offset}: not a record: {e}", tip.seq + 1))
+            })?;
+            tip = record
+                .verify_after(&tip)
+                .map_err(|e| StoreError::Corrupt(format!("at byte {offset}: {e}")))?;
+            each(Scanned { record, offset, len: nl as u64 + 1 })?;
+            consumed += nl + 1;
+        }
+        pending.drain(..consumed);
+        pos += consumed as u64;
+        if pending.len() > RECORD_BYTES_MAX {
+            return Err(StoreError::Corrupt(format!(
+                "record {} at byte {pos} exceeds the {RECORD_BYTES_MAX}-byte ceiling",
+                tip.seq + 1
+            )));
+        }
+    }
+    Ok(ScanEnd { tip, end: pos, torn_bytes: pending.len() as u64 })
+}
+
+fn anchor_of(file: &File, len: u64) -> Result<String> {
+    let a = len.min(ANCHOR_BYTES_MAX);
+    let mut buf = vec![0u8; a as usize];
+    file.read_exact_at(&mut buf, len - a)?;
+    Ok(sha256_hex(&buf))
+}
+
+pub struct Journal {
+    file: File,
+    path: PathBuf,
+    mark: JournalMark,
+    /// Set when a failed write or sync leaves the file's state unknown; no further appends.
+    poisoned: Option<String>,
+}
+
+impl std::fmt::Debug for Journal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Journal").field("path", &self.path).field("mark", &self.mark).finish()
+    }
+}
+
+impl Journal {
+    /// Open (creating if absent), reconcile with `known`, cut a torn tail, and feed every record
+    /// after the known mark (all records when `known` is `None`) to `each`.
+    pub fn open(
+        path: &Path,
+        graph_id: &str,
+        known: Option<&JournalMark>,
+        errors_log: &Path,
+        each: impl FnMut(Scanned) -> Result<()>,
+    ) -> Result<Journal> {
+        let file = std::fs::OpenOptions::new().read(true).append(true).create(true).open(path)?;
+        let meta = file.metadata()?;
+        let (dev, ino, len) = (meta.dev(), meta.ino(), meta.len());
+        let (start, tip) = match known {
+            None => (0, ChainTip::genesis(graph_id)),
+            Some(k) => {
+                if (k.dev, k.ino) != (dev, ino) {
+                    return Err(StoreError::Rotated(format!(
+                        "{} is a different file (device {dev} inode {ino}, index recorded device {} inode {})",
+                        path.display(),
+                        k.dev,
+                        k.ino
+                    )));
+                }
+                if len < k.len {
+                    return Err(StoreError::Rotated(format!(
+                        "{} is shorter ({len} bytes) than the {} bytes already indexed",
+                        path.display(),
+                        k.len
+                    )));
+                }
+                if k.len > 0 && anchor_of(&file, k.len)? != k.anchor_sha256 {
+                    return Err(StoreError::Rotated(format!(
+                        "{}: the trailing anchor before byte {} changed",
+                        path.display(),
+                        k.len
+                    )));
+                }
+                (k.len, k.tip())
+            }
+        };
+        let end = scan(&file, start, tip, each)?;
+        if end.torn_bytes > 0 {
+            tracing::warn!(path = %path.display(), bytes = end.torn_bytes, "cutting a torn final line");
+            file.set_len(end.end)?;
+            file.sync_all()?;
+            crate::fs::append_jsonl(
+                errors_log,
+                &serde_json::json!({
+                    "kind": "torn_tail_cut",
+                    "journal": path.display().to_string(),
+                    "offset": end.end,
+                    "bytes": end.torn_bytes,
+                    "after_seq": end.tip.seq,
+                }),
+            )?;
+        }
+        let anchor_sha256 = anchor_of(&file, end.end)?;
+        let mark = JournalMark {
+            dev,
+            ino,
+            len: end.end,
+            anchor_sha256,
+            tip_seq: end.tip.seq,
+            tip_hash: end.tip.hash,
+            tip_hlc: end.tip.hlc,
+        };
+        Ok(Journal { file, path: path.to_path_buf(), mark, poisoned: None })
+    }
+
+    pub fn mark(&self) -> &JournalMark {
+        &self.mark
+    }
+
+    pub fn tip(&self) -> ChainTip {
+        self.mark.tip()
+    }
+
+    pub fn poisoned(&self) -> Option<&str> {
+        self.poisoned.as_deref()
+    }
+
+    /// Append sealed records and make them durable. Returns each record's (offset, len).
+    /// On failure the journal is cut back to its previous length; if even that fails it is
+    /// poisoned and refuses further appends until reopened.
+    pub fn append(&mut self, records: &[Record]) -> Result<Vec<(u64, u64)>> {
+        if let Some(why) = &self.poisoned {
+            return Err(StoreError::Corrupt(format!("journal is poisoned: {why}")));
+        }
+        let mut tip = self.tip();
+        let mut buf = Vec::new();
+        let mut ranges = Vec::with_capacity(records.len());
+        for r in records {
+            tip = r.verify_after(&tip).map_err(|e| StoreError::Corrupt(format!("refusing to append: {e}")))?;
+            let start = self.mark.len + buf.len() as u64;
+            buf.extend_from_slice(&r.to_line());
+            buf.push(b'\n');
+            let len = self.mark.len + buf.len() as u64 - start;
+            if len as usize > RECORD_BYTES_MAX {
+                return Err(StoreError::Corrupt(format!("record {} exceeds {RECORD_BYTES_MAX} bytes", r.seq)));
+            }
+            ranges.push((start, len));
+        }
+        let old_len = self.mark.len;
+        let written = (&self.file).write_all(&buf).and_then(|()| self.file.sync_data());
+        if let Err(e) = written {
+            if let Err(e2) = self.file.set_len(old_len).and_then(|()| self.file.sync_all()) {
+                self.poisoned = Some(format!("append failed ({e}) and cut-back failed ({e2})"));
+            } else {
+                // fsync failure leaves page-cache state unknown even after a cut; re-open to trust it.
+                self.poisoned = Some(format!("append failed: {e}"));
+            }
+            return Err(e.into());
+        }
+        self.mark.len = old_len + buf.len() as u64;
+        self.mark.anchor_sha256 = anchor_of(&self.file, self.mark.len)?;
+        self.mark.tip_seq = tip.seq;
+        self.mark.tip_hash = tip.hash;
+        self.mark.tip_hlc = tip.hlc;
+        Ok(ranges)
+    }
+
+    /// Read one record back by its byte range, verifying its hash.
+    pub fn read_at(&self, offset: u64, len: u64) -> Result<Record> {
+        read_record(&self.file, offset, len)
+    }
+}
+
+pub fn read_record(file: &File, offset: u64, len: u64) -> Result<Record> {
+    let mut buf = vec![0u8; len as usize];
+    file.read_exact_at(&mut buf, offset)?;
+    let line = buf.strip_suffix(b"\n").unwrap_or(&buf);
+    let r: Record = serde_json::from_slice(line)
+        .map_err(|e| StoreError::Corrupt(format!("record at byte {offset}: {e}")))?;
+    if r.hash != r.compute_hash() {
+        return Err(StoreError::Corrupt(format!("record {} at byte {offset}: hash mismatch", r.seq)));
+    }
+    Ok(r)
+}
+
+/// The result of verifying a whole journal read-only.
+#[derive(Debug, Clone, Serialize)]
+pub struct VerifyReport {
+    pub records: u64,
+    pub tip_hash: String,
+    pub bytes: u64,
+    /// Bytes of a torn final line that the next daemon start will cut.
+    pub torn_bytes: u64,
+}
+
+/// Verify a journal from its first record without modifying it.
+pub fn verify(path: &Path, graph_id: &str) -> Result<VerifyReport> {
+    let file = File::open(path)?;
+    let end = scan(&file, 0, ChainTip::genesis(graph_id), |_| Ok(()))?;
+    Ok(VerifyReport { records: end.tip.seq, tip_hash: end.tip.hash, bytes: end.end, torn_bytes: end.torn_bytes })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn records(tip: &ChainTip, n: usize) -> Vec<Record> {
+        let mut t = tip.clone();
+        let mut out = vec![];
+        for i in 0..n {
+            let r = Record::seal(&t, format!("evt_{i}"), t.hlc.tick(1_000 + i as u64), json!({"n": i}));
+            t = r.verify_after(&t).unwrap();
+            out.push(r);
+        }
+        out
+    }
+
+    fn open(dir: &Path, known: Option<&JournalMark>) -> Result<(Journal, Vec<u64>)> {
+        let mut seen = vec![];
+        let j = Journal::open(&dir.join("EVENTS.jsonl"), "g", known, &dir.join("errors.jsonl"), |s| {
+            seen.push(s.record.seq);
+            Ok(())
+        })?;
+        Ok((j, seen))
+    }
+
+    #[test]
+    fn append_reopen_and_catch_up_from_mark() {
+        let t = tempfile::tempdir().unwrap();
+        let (mut j, _) = open(t.path(), None).unwrap();
+        j.append(&records(&j.tip(), 3)).unwrap();
+        let mark = j.mark().clone();
+        j.append(&records(&j.tip(), 2)).unwrap();
+        drop(j);
+        let (j, seen) = open(t.path(), Some(&mark)).unwrap();
+        assert_eq!(seen, vec![4, 5]);
+        assert_eq!(j.tip().seq, 5);
+        assert_eq!(verify(&t.path().join("EVENTS.jsonl"), "g").unwrap().records, 5);
+    }
+
+    #[test]
+    fn torn_tail_is_cut_and_logged() {
+        let t = tempfile::tempdir().unwrap();
+        let (mut j, _) = open(t.path(), None).unwrap();
+        j.append(&records(&j.tip(), 2)).unwrap();
+        let good = j.mark().len;
+        drop(j);
+        let mut f = std::fs::OpenOptions::new().append(true).open(t.path().join("EVENTS.jsonl")).unwrap();
+        f.write_all(b"{\"seq\":3,\"id\":\"ev").unwrap();
+        let (j, seen) = open(t.path(), None).unwrap();
+        assert_eq!(seen, vec![1, 2]);
+        assert_eq!(j.mark().len, good);
+        let log = std::fs::read_to_string(t.path().join("errors.jsonl")).unwrap();
+        assert!(log.contains("torn_tail_cut"));
+    }
+
+    #[test]
+    fn replaced_or_rewritten_journal_is_rotated() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("EVENTS.jsonl");
+        let (mut j, _) = open(t.path(), None).unwrap();
+        j.append(&records(&j.tip(), 2)).unwrap();
+        let mark = j.mark().clone();
+        drop(j);
+        // same bytes, new inode (renamed over the old one while both exist)
+        let bytes = std::fs::read(&p).unwrap();
+        std::fs::write(t.path().join("new"), &bytes).unwrap();
+        std::fs::rename(t.path().join("new"), &p).unwrap();
+        assert!(matches!(open(t.path(), Some(&mark)), Err(StoreError::Rotated(_))));
+        // same inode, rewritten tail
+        let (_, _) = open(t.path(), None).unwrap();
+        let meta = std::fs::metadata(&p).unwrap();
+        let mut mark2 = mark.clone();
+        mark2.ino = meta.ino();
+        mark2.dev = meta.dev();
+        let mut b = bytes.clone();
+        let n = b.len();
+        b[n - 3] = b'x';
+        std::fs::write(&p, &b).unwrap();
+        assert!(matches!(open(t.path(), Some(&mark2)), Err(StoreError::Rotated(_))));
+    }
+
+    #[test]
+    fn corrupt_middle_record_names_its_seq() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("EVENTS.jsonl");
+        let (mut j, _) = open(t.path(), None).unwrap();
+        j.append(&records(&j.tip(), 3)).unwrap();
+        drop(j);
+        let text = std::fs::read_to_string(&p).unwrap().replacen("\"n\":1", "\"n\":9", 1);
+        std::fs::write(&p, text).unwrap();
+        let err = verify(&p, "g").unwrap_err().to_string();
+        assert!(err.contains("record 2"), "{err}");
+    }
+}
