@@ -29,7 +29,9 @@ pub fn digest_of<T: Serialize>(value: &T) -> String {
 
 /// True when `s` is 64 lower-case hex characters.
 pub fn is_sha256_hex(s: &str) -> bool {
-    s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 #[cfg(test)]
@@ -41,13 +43,19 @@ mod tests {
     #[test]
     fn keys_are_sorted_and_whitespace_removed() {
         let v = json!({"b": 1, "a": [true, null, "x"], "c": {"z": 1.5, "y": -0.0}});
-        assert_eq!(canonical_string(&v), r#"{"a":[true,null,"x"],"b":1,"c":{"y":0,"z":1.5}}"#);
+        assert_eq!(
+            canonical_string(&v),
+            r#"{"a":[true,null,"x"],"b":1,"c":{"y":0,"z":1.5}}"#
+        );
     }
 
     #[test]
     fn rfc8785_number_and_string_forms() {
         let v: Value = serde_json::from_str(r#"{"n":1E2,"s":"\u00e9\n","big":1e21}"#).unwrap();
-        assert_eq!(canonical_string(&v), "{\"big\":1e+21,\"n\":100,\"s\":\"\u{e9}\\n\"}");
+        assert_eq!(
+            canonical_string(&v),
+            "{\"big\":1e+21,\"n\":100,\"s\":\"\u{e9}\\n\"}"
+        );
     }
 
     fn arb_json() -> impl Strategy<Value = Value> {

@@ -57,14 +57,25 @@ pub struct ChainTip {
 
 impl ChainTip {
     pub fn genesis(graph_id: &str) -> Self {
-        ChainTip { seq: 0, hash: genesis_prev(graph_id), hlc: Hlc::ZERO }
+        ChainTip {
+            seq: 0,
+            hash: genesis_prev(graph_id),
+            hlc: Hlc::ZERO,
+        }
     }
 }
 
 impl Record {
     /// Seal a new record after `tip`.
     pub fn seal(tip: &ChainTip, id: String, hlc: Hlc, event: Value) -> Record {
-        let mut r = Record { seq: tip.seq + 1, id, hlc, prev: tip.hash.clone(), hash: String::new(), event };
+        let mut r = Record {
+            seq: tip.seq + 1,
+            id,
+            hlc,
+            prev: tip.hash.clone(),
+            hash: String::new(),
+            event,
+        };
         r.hash = r.compute_hash();
         r
     }
@@ -96,7 +107,10 @@ impl Record {
     /// Check this record against the tip it claims to follow; return the new tip.
     pub fn verify_after(&self, tip: &ChainTip) -> Result<ChainTip, ChainError> {
         if self.seq != tip.seq + 1 {
-            return Err(ChainError::SeqGap { seq: self.seq, expected: tip.seq + 1 });
+            return Err(ChainError::SeqGap {
+                seq: self.seq,
+                expected: tip.seq + 1,
+            });
         }
         if self.prev != tip.hash {
             return Err(ChainError::PrevMismatch { seq: self.seq });
@@ -105,9 +119,17 @@ impl Record {
             return Err(ChainError::HashMismatch { seq: self.seq });
         }
         if self.seq > 1 && self.hlc <= tip.hlc {
-            return Err(ChainError::HlcNotMonotonic { seq: self.seq, hlc: self.hlc, prev_hlc: tip.hlc });
+            return Err(ChainError::HlcNotMonotonic {
+                seq: self.seq,
+                hlc: self.hlc,
+                prev_hlc: tip.hlc,
+            });
         }
-        Ok(ChainTip { seq: self.seq, hash: self.hash.clone(), hlc: self.hlc })
+        Ok(ChainTip {
+            seq: self.seq,
+            hash: self.hash.clone(),
+            hlc: self.hlc,
+        })
     }
 }
 
@@ -121,7 +143,12 @@ mod tests {
         let mut tip = ChainTip::genesis("g1");
         let mut out = Vec::new();
         for i in 0..n {
-            let r = Record::seal(&tip, format!("evt_{i}"), tip.hlc.tick(i as u64), json!({"i": i}));
+            let r = Record::seal(
+                &tip,
+                format!("evt_{i}"),
+                tip.hlc.tick(i as u64),
+                json!({"i": i}),
+            );
             tip = r.verify_after(&tip).unwrap();
             out.push(r);
         }
@@ -139,7 +166,10 @@ mod tests {
     #[test]
     fn a_chain_from_another_room_fails_at_its_first_record() {
         let recs = build(3);
-        assert_eq!(verify_all("g2", &recs), Err(ChainError::PrevMismatch { seq: 1 }));
+        assert_eq!(
+            verify_all("g2", &recs),
+            Err(ChainError::PrevMismatch { seq: 1 })
+        );
     }
 
     #[test]

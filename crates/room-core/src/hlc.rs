@@ -6,7 +6,9 @@ use serde::{Deserialize, Serialize};
 /// Logical counter ceiling; past it the clock borrows a millisecond rather than overflow.
 pub const LOGICAL_MAX: u32 = u32::MAX - 1;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
+)]
 pub struct Hlc {
     pub ms: u64,
     pub c: u32,
@@ -20,9 +22,15 @@ impl Hlc {
         if now_ms > self.ms {
             Hlc { ms: now_ms, c: 0 }
         } else if self.c < LOGICAL_MAX {
-            Hlc { ms: self.ms, c: self.c + 1 }
+            Hlc {
+                ms: self.ms,
+                c: self.c + 1,
+            }
         } else {
-            Hlc { ms: self.ms + 1, c: 0 }
+            Hlc {
+                ms: self.ms + 1,
+                c: 0,
+            }
         }
     }
 }
@@ -48,7 +56,10 @@ mod tests {
 
     #[test]
     fn counter_overflow_borrows_a_millisecond() {
-        let a = Hlc { ms: 7, c: LOGICAL_MAX };
+        let a = Hlc {
+            ms: 7,
+            c: LOGICAL_MAX,
+        };
         assert_eq!(a.tick(7), Hlc { ms: 8, c: 0 });
     }
 

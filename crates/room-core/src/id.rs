@@ -31,11 +31,14 @@ pub fn project_id(entropy: &dyn Entropy) -> String {
 }
 
 fn hex_run(s: &str, len: usize) -> bool {
-    s.len() == len && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    s.len() == len
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 fn prefixed(s: &str, prefix: &str, len: usize) -> bool {
-    s.strip_prefix(prefix).is_some_and(|rest| hex_run(rest, len))
+    s.strip_prefix(prefix)
+        .is_some_and(|rest| hex_run(rest, len))
 }
 
 pub fn is_event_id(s: &str) -> bool {
@@ -72,7 +75,13 @@ mod tests {
     #[test]
     fn shapes_are_recognised() {
         let e = SeededEntropy::new(9);
-        let id = event_id(Hlc { ms: 1_700_000_000_000, c: 3 }, &e);
+        let id = event_id(
+            Hlc {
+                ms: 1_700_000_000_000,
+                c: 3,
+            },
+            &e,
+        );
         assert!(is_event_id(&id), "{id}");
         assert!(is_receipt_id(&receipt_id(&e)));
         assert!(is_task_id(&task_id(&e)));

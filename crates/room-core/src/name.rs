@@ -12,10 +12,16 @@ pub fn validate(field: &str, name: &str) -> Result<(), Refusal> {
         return Err(Refusal::invalid(field, "must not be empty"));
     }
     if name.len() > NAME_BYTES_MAX {
-        return Err(Refusal::invalid(field, format!("longer than {NAME_BYTES_MAX} bytes")));
+        return Err(Refusal::invalid(
+            field,
+            format!("longer than {NAME_BYTES_MAX} bytes"),
+        ));
     }
     if let Some(c) = name.chars().find(|c| c.is_control()) {
-        return Err(Refusal::invalid(field, format!("contains control character {:?}", c)));
+        return Err(Refusal::invalid(
+            field,
+            format!("contains control character {:?}", c),
+        ));
     }
     if name.contains('/') || name.contains('\\') {
         return Err(Refusal::invalid(field, "contains a path separator"));
@@ -25,13 +31,19 @@ pub fn validate(field: &str, name: &str) -> Result<(), Refusal> {
     }
     let first = name.as_bytes()[0];
     if !(first.is_ascii_lowercase() || first.is_ascii_digit()) {
-        return Err(Refusal::invalid(field, "must start with a lower-case letter or digit"));
+        return Err(Refusal::invalid(
+            field,
+            "must start with a lower-case letter or digit",
+        ));
     }
     if let Some(c) = name
         .chars()
         .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_' | '.')))
     {
-        return Err(Refusal::invalid(field, format!("character {c:?} is not allowed (use a-z 0-9 - _ .)")));
+        return Err(Refusal::invalid(
+            field,
+            format!("character {c:?} is not allowed (use a-z 0-9 - _ .)"),
+        ));
     }
     Ok(())
 }
@@ -42,7 +54,18 @@ mod tests {
 
     #[test]
     fn tricks_are_refused_with_the_field_named() {
-        for bad in ["", "a/b", "..", "a..b", "a\0b", "a\nb", "-x", "Ab", "é", &"x".repeat(65)] {
+        for bad in [
+            "",
+            "a/b",
+            "..",
+            "a..b",
+            "a\0b",
+            "a\nb",
+            "-x",
+            "Ab",
+            "é",
+            &"x".repeat(65),
+        ] {
             let r = validate("agent", bad).unwrap_err();
             assert!(r.message.starts_with("agent: "), "{bad:?} -> {}", r.message);
         }

@@ -67,7 +67,9 @@ impl Redactor {
             Value::String(s) => Value::String(self.redact(s).into_owned()),
             Value::Array(a) => Value::Array(a.iter().map(|x| self.redact_value(x)).collect()),
             Value::Object(m) => Value::Object(
-                m.iter().map(|(k, x)| (self.redact(k).into_owned(), self.redact_value(x))).collect(),
+                m.iter()
+                    .map(|(k, x)| (self.redact(k).into_owned(), self.redact_value(x)))
+                    .collect(),
             ),
             other => other.clone(),
         }

@@ -90,7 +90,12 @@ pub struct Refusal {
 
 impl Refusal {
     pub fn new(code: Code, message: impl Into<String>) -> Self {
-        Refusal { code, message: message.into(), hint: None, detail: Value::Null }
+        Refusal {
+            code,
+            message: message.into(),
+            hint: None,
+            detail: Value::Null,
+        }
     }
 
     pub fn hint(mut self, hint: impl Into<String>) -> Self {

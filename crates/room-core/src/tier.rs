@@ -13,7 +13,12 @@ pub enum Tier {
 }
 
 impl Tier {
-    pub const ALL: [Tier; 4] = [Tier::Observer, Tier::Member, Tier::Coordinator, Tier::Operator];
+    pub const ALL: [Tier; 4] = [
+        Tier::Observer,
+        Tier::Member,
+        Tier::Coordinator,
+        Tier::Operator,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {

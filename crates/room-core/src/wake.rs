@@ -59,7 +59,10 @@ impl WakeBinding {
 
     pub fn seal(self) -> WakePermit {
         let binding_sha256 = self.digest();
-        WakePermit { binding: self, binding_sha256 }
+        WakePermit {
+            binding: self,
+            binding_sha256,
+        }
     }
 }
 
@@ -136,8 +139,15 @@ mod tests {
         let untasked = sample(None);
         let json = serde_json::to_value(&untasked).unwrap();
         assert!(json.as_object().unwrap().contains_key("task"));
-        assert_eq!(json.as_object().unwrap().len(), 17, "evidence_refs absent, 17 of 18 present");
-        assert_ne!(untasked.digest(), sample(Some("tsk_0123456789abcdef")).digest());
+        assert_eq!(
+            json.as_object().unwrap().len(),
+            17,
+            "evidence_refs absent, 17 of 18 present"
+        );
+        assert_ne!(
+            untasked.digest(),
+            sample(Some("tsk_0123456789abcdef")).digest()
+        );
     }
 
     #[test]

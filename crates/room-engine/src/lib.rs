@@ -1,1 +1,144 @@
-//! placeholder
+//! The authority machine. Every decision of who may read, act and receive is made here, and
+//! only here: the daemon decodes requests and encodes answers but decides nothing. The engine
+//! takes its clock, entropy and file system as traits, never reads the wall clock or spawns a
+//! thread, and knows nothing of HTTP, MCP or tokio, so it can run inside a seeded simulation.
+
+pub mod control;
+pub mod event;
+pub mod policy;
+pub mod principal;
+pub mod room;
+pub mod sync;
+pub mod territory;
+pub mod verbs;
+pub mod wakes;
+
+use control::Control;
+use room::RoomHandle;
+use room_core::{Clock, Code, Entropy, Fs, Refusal};
+use room_store::statedir::StateDir;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+pub use policy::Policy;
+pub use principal::{Caller, Principal};
+
+/// Limits on what one call may carry. Units are in the names.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Largest text of one contribution.
+    pub text_bytes_max: usize,
+    /// Sync page ceiling, envelope included.
+    pub page_bytes_max: usize,
+    /// Size of one fragment of an oversized event.
+    pub chunk_bytes: usize,
+    /// Most recipients one send may address.
+    pub recipients_max: usize,
+    /// Most explicit causal parents or evidence handles one turn may name.
+    pub parents_max: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            text_bytes_max: 1 << 20,
+            page_bytes_max: 24 * 1024,
+            chunk_bytes: 1024,
+            recipients_max: 64,
+            parents_max: 16,
+        }
+    }
+}
+
+/// The engine's windows on the world.
+pub struct Env {
+    pub clock: Arc<dyn Clock>,
+    pub entropy: Arc<dyn Entropy>,
+    pub fs: Arc<dyn Fs>,
+}
+
+pub struct Engine {
+    pub(crate) state: StateDir,
+    pub(crate) env: Env,
+    pub(crate) config: EngineConfig,
+    pub(crate) control: Mutex<Control>,
+    pub(crate) rooms: Mutex<HashMap<String, Arc<Mutex<RoomHandle>>>>,
+    pub(crate) policy: policy::PolicyCache,
+}
+
+pub type Outcome<T> = Result<T, Refusal>;
+
+pub(crate) fn store_err(e: room_store::StoreError) -> Refusal {
+    Refusal::storage(e)
+}
+
+impl Engine {
+    /// Open the engine over a validated state dir: open control.db, then every room (journal
+    /// reconciliation, index catch-up, completion of an interrupted second flush).
+    pub fn open(
+        state: StateDir,
+        env: Env,
+        config: EngineConfig,
+    ) -> Result<Engine, room_store::StoreError> {
+        let control = Control::open(&state.control_db())?;
+        let policy = policy::PolicyCache::new(state.config());
+        let engine = Engine {
+            state,
+            env,
+            config,
+            control: Mutex::new(control),
+            rooms: Mutex::new(HashMap::new()),
+            policy,
+        };
+        let rows = engine.control().rooms()?;
+        for row in rows {
+            let handle = RoomHandle::open(&engine, &row)?;
+            engine
+                .rooms
+                .lock()
+                .expect("rooms map lock")
+                .insert(row.name.clone(), Arc::new(Mutex::new(handle)));
+        }
+        Ok(engine)
+    }
+
+    pub fn state(&self) -> &StateDir {
+        &self.state
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    pub(crate) fn control(&self) -> MutexGuard<'_, Control> {
+        self.control
+            .lock()
+            .expect("control lock is never poisoned: no panics while held")
+    }
+
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.env.clock.now_ms()
+    }
+
+    pub(crate) fn room_handle(&self, name: &str) -> Outcome<Arc<Mutex<RoomHandle>>> {
+        self.rooms
+            .lock()
+            .expect("rooms map lock")
+            .get(name)
+            .cloned()
+            .ok_or_else(|| {
+                Refusal::new(Code::RoomNotFound, format!("no room named {name:?}"))
+                    .hint("run `room list` to see rooms")
+            })
+    }
+
+    /// The current policy (fleet ceiling, redactor), re-read from config.toml when it changed.
+    pub fn policy(&self) -> Policy {
+        self.policy.current()
+    }
+}
+
+pub(crate) fn lock_room(h: &Arc<Mutex<RoomHandle>>) -> MutexGuard<'_, RoomHandle> {
+    h.lock()
+        .expect("room lock is never poisoned: no panics while held")
+}

@@ -38,7 +38,9 @@ impl Blobs {
         }
         let bytes = std::fs::read(self.path(sha, ext))?;
         if sha256_hex(&bytes) != sha {
-            return Err(std::io::Error::other(format!("blob {sha} does not match its digest")));
+            return Err(std::io::Error::other(format!(
+                "blob {sha} does not match its digest"
+            )));
         }
         Ok(bytes)
     }

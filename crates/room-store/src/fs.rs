@@ -21,7 +21,11 @@ impl Fs for RealFs {
             StatxFlags::BASIC_STATS | StatxFlags::MNT_ID,
         )?;
         let dev = (u64::from(st.stx_dev_major) << 32) | u64::from(st.stx_dev_minor);
-        Ok(ObjectId { dev, ino: st.stx_ino, mnt_id: st.stx_mnt_id })
+        Ok(ObjectId {
+            dev,
+            ino: st.stx_ino,
+            mnt_id: st.stx_mnt_id,
+        })
     }
 
     fn is_dir_nofollow(&self, path: &Path) -> std::io::Result<bool> {
@@ -32,7 +36,9 @@ impl Fs for RealFs {
 /// Write a file so that after a crash it is either absent, the old version, or complete:
 /// temp file, fsync, rename, fsync of the directory.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().ok_or_else(|| std::io::Error::other("path has no parent"))?;
+    let dir = path
+        .parent()
+        .ok_or_else(|| std::io::Error::other("path has no parent"))?;
     let tmp = dir.join(format!(
         ".{}.tmp",
         path.file_name().and_then(|n| n.to_str()).unwrap_or("file")
@@ -52,7 +58,11 @@ pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
 
 /// Create a file only if absent, durably. Returns false when it already existed.
 pub fn create_new_durable(path: &Path, bytes: &[u8]) -> std::io::Result<bool> {
-    match std::fs::OpenOptions::new().write(true).create_new(true).open(path) {
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+    {
         Ok(mut f) => {
             f.write_all(bytes)?;
             f.sync_all()?;
@@ -66,7 +76,10 @@ pub fn create_new_durable(path: &Path, bytes: &[u8]) -> std::io::Result<bool> {
 
 /// Append one JSON line to a log file (errors.jsonl, artifacts.jsonl) and sync it.
 pub fn append_jsonl(path: &Path, value: &serde_json::Value) -> std::io::Result<()> {
-    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
     let mut line = serde_json::to_vec(value).map_err(std::io::Error::other)?;
     line.push(b'\n');
     f.write_all(&line)?;

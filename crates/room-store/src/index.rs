@@ -71,6 +71,7 @@ CREATE TABLE receipts (
     conversation_key TEXT NOT NULL,
     view_gen TEXT NOT NULL,
     from_seq INTEGER NOT NULL,
+    from_offset INTEGER NOT NULL,
     to_seq INTEGER NOT NULL,
     chunk_seq INTEGER,
     chunk_offset INTEGER NOT NULL,
@@ -150,6 +151,8 @@ pub struct ReceiptRow {
     pub conversation_key: String,
     pub view_gen: String,
     pub from_seq: u64,
+    /// Byte offset inside event `from_seq` where the page started (0: at its start).
+    pub from_offset: u64,
     /// The confirmed position this receipt establishes.
     pub to_seq: u64,
     pub chunk_seq: Option<u64>,
@@ -188,14 +191,20 @@ pub fn configure(conn: &Connection) -> Result<()> {
     let fk: i64 = conn.pragma_query_value(None, "foreign_keys", |r| r.get(0))?;
     let busy: i64 = conn.pragma_query_value(None, "busy_timeout", |r| r.get(0))?;
     let checks = [
-        ("journal_mode", mode.eq_ignore_ascii_case("wal"), mode.clone()),
+        (
+            "journal_mode",
+            mode.eq_ignore_ascii_case("wal"),
+            mode.clone(),
+        ),
         ("synchronous", sync == 2, sync.to_string()),
         ("foreign_keys", fk == 1, fk.to_string()),
         ("busy_timeout", busy == 5000, busy.to_string()),
     ];
     for (name, ok, got) in checks {
         if !ok {
-            return Err(StoreError::Pragma(format!("pragma {name} reads back as {got}; refusing to run")));
+            return Err(StoreError::Pragma(format!(
+                "pragma {name} reads back as {got}; refusing to run"
+            )));
         }
     }
     Ok(())
@@ -234,7 +243,8 @@ fn event_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<EventRow> {
 }
 
 const EVENT_COLS: &str = "seq, id, kind, actor, hlc_ms, hlc_c, hash, task, body";
-const ITEM_COLS: &str = "id, source, source_seq, agent, from_agent, task, status, resolved_by, not_after_ms";
+const ITEM_COLS: &str =
+    "id, source, source_seq, agent, from_agent, task, status, resolved_by, not_after_ms";
 
 fn item_from_row(kind: ItemKind, r: &rusqlite::Row<'_>) -> rusqlite::Result<ItemRow> {
     Ok(ItemRow {
@@ -295,10 +305,16 @@ impl Index {
     pub fn mark(&self) -> Result<Option<JournalMark>> {
         let v: Option<String> = self
             .conn
-            .query_row("SELECT value FROM meta WHERE key = 'journal_mark'", [], |r| r.get(0))
+            .query_row(
+                "SELECT value FROM meta WHERE key = 'journal_mark'",
+                [],
+                |r| r.get(0),
+            )
             .optional()?;
-        v.map(|s| serde_json::from_str(&s).map_err(|e| StoreError::Corrupt(format!("journal mark: {e}"))))
-            .transpose()
+        v.map(|s| {
+            serde_json::from_str(&s).map_err(|e| StoreError::Corrupt(format!("journal mark: {e}")))
+        })
+        .transpose()
     }
 
     /// Apply a batch atomically.
@@ -306,7 +322,7 @@ impl Index {
         let tx = self.conn.transaction()?;
         {
             let mut ins = tx.prepare_cached(&format!(
-                "INSERT INTO events ({EVENT_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+                "INSERT OR IGNORE INTO events ({EVENT_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
             ))?;
             for e in &b.events {
                 ins.execute(params![
@@ -321,7 +337,9 @@ impl Index {
                     e.body
                 ])?;
             }
-            let mut edge = tx.prepare_cached("INSERT OR IGNORE INTO causal_edges (child, parent) VALUES (?1, ?2)")?;
+            let mut edge = tx.prepare_cached(
+                "INSERT OR IGNORE INTO causal_edges (child, parent) VALUES (?1, ?2)",
+            )?;
             for (c, p) in &b.edges {
                 edge.execute(params![c, p])?;
             }
@@ -393,9 +411,9 @@ impl Index {
 
     /// Events with seq ≥ `from`, at most `limit`.
     pub fn events_from(&self, from: u64, limit: usize) -> Result<Vec<EventRow>> {
-        let mut st = self
-            .conn
-            .prepare_cached(&format!("SELECT {EVENT_COLS} FROM events WHERE seq >= ?1 ORDER BY seq LIMIT ?2"))?;
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {EVENT_COLS} FROM events WHERE seq >= ?1 ORDER BY seq LIMIT ?2"
+        ))?;
         let rows = st.query_map(params![from as i64, limit as i64], event_from_row)?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
@@ -404,14 +422,19 @@ impl Index {
     pub fn first_foreign_after(&self, seq: u64, actor: &str) -> Result<Option<u64>> {
         Ok(self
             .conn
-            .prepare_cached("SELECT seq FROM events WHERE seq > ?1 AND actor != ?2 ORDER BY seq LIMIT 1")?
+            .prepare_cached(
+                "SELECT seq FROM events WHERE seq > ?1 AND actor != ?2 ORDER BY seq LIMIT 1",
+            )?
             .query_row(params![seq as i64, actor], |r| r.get::<_, i64>(0))
             .optional()?
             .map(|v| v as u64))
     }
 
     pub fn event_count(&self) -> Result<u64> {
-        Ok(self.conn.query_row("SELECT count(*) FROM events", [], |r| r.get::<_, i64>(0))? as u64)
+        Ok(self
+            .conn
+            .query_row("SELECT count(*) FROM events", [], |r| r.get::<_, i64>(0))?
+            as u64)
     }
 
     /// Open mentions and obligations addressed to `agent`, oldest first.
@@ -435,9 +458,10 @@ impl Index {
     pub fn items_of_source(&self, source: &str) -> Result<Vec<ItemRow>> {
         let mut out = Vec::new();
         for kind in [ItemKind::Mention, ItemKind::Obligation] {
-            let mut st = self
-                .conn
-                .prepare_cached(&format!("SELECT {ITEM_COLS} FROM {} WHERE source = ?1", kind.table()))?;
+            let mut st = self.conn.prepare_cached(&format!(
+                "SELECT {ITEM_COLS} FROM {} WHERE source = ?1",
+                kind.table()
+            ))?;
             let rows = st.query_map([source], |r| item_from_row(kind, r))?;
             for r in rows {
                 out.push(r?);
@@ -449,16 +473,20 @@ impl Index {
     pub fn item(&self, kind: ItemKind, id: &str) -> Result<Option<ItemRow>> {
         Ok(self
             .conn
-            .prepare_cached(&format!("SELECT {ITEM_COLS} FROM {} WHERE id = ?1", kind.table()))?
+            .prepare_cached(&format!(
+                "SELECT {ITEM_COLS} FROM {} WHERE id = ?1",
+                kind.table()
+            ))?
             .query_row([id], |r| item_from_row(kind, r))
             .optional()?)
     }
 
     /// Every item of a kind, for listings and audits.
     pub fn items(&self, kind: ItemKind) -> Result<Vec<ItemRow>> {
-        let mut st = self
-            .conn
-            .prepare_cached(&format!("SELECT {ITEM_COLS} FROM {} ORDER BY source_seq, id", kind.table()))?;
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {ITEM_COLS} FROM {} ORDER BY source_seq, id",
+            kind.table()
+        ))?;
         let rows = st.query_map([], |r| item_from_row(kind, r))?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
@@ -481,9 +509,9 @@ impl Index {
 
     pub fn put_receipt(&mut self, r: &ReceiptRow) -> Result<()> {
         self.conn.execute(
-            "INSERT INTO receipts (id, actor, conversation, conversation_key, view_gen, from_seq, to_seq,
+            "INSERT INTO receipts (id, actor, conversation, conversation_key, view_gen, from_seq, from_offset, to_seq,
                chunk_seq, chunk_offset, tip_seq, tip_hash, delivered_sha256, created_ms, confirmed_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?15, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
             params![
                 r.id,
                 r.actor,
@@ -498,7 +526,8 @@ impl Index {
                 r.tip_hash,
                 r.delivered_sha256,
                 r.created_ms as i64,
-                r.confirmed_ms.map(|v| v as i64)
+                r.confirmed_ms.map(|v| v as i64),
+                r.from_offset as i64
             ],
         )?;
         Ok(())
@@ -509,7 +538,7 @@ impl Index {
             .conn
             .prepare_cached(
                 "SELECT id, actor, conversation, conversation_key, view_gen, from_seq, to_seq, chunk_seq,
-                   chunk_offset, tip_seq, tip_hash, delivered_sha256, created_ms, confirmed_ms
+                   chunk_offset, tip_seq, tip_hash, delivered_sha256, created_ms, confirmed_ms, from_offset
                  FROM receipts WHERE id = ?1",
             )?
             .query_row([id], |r| {
@@ -528,13 +557,19 @@ impl Index {
                     delivered_sha256: r.get(11)?,
                     created_ms: r.get::<_, i64>(12)? as u64,
                     confirmed_ms: r.get::<_, Option<i64>>(13)?.map(|v| v as u64),
+                    from_offset: r.get::<_, i64>(14)? as u64,
                 })
             })
             .optional()?)
     }
 
     /// Mark a receipt confirmed and store the checkpoint it establishes, atomically and durably.
-    pub fn confirm(&mut self, receipt_id: &str, now_ms: u64, checkpoint: &CheckpointRow) -> Result<()> {
+    pub fn confirm(
+        &mut self,
+        receipt_id: &str,
+        now_ms: u64,
+        checkpoint: &CheckpointRow,
+    ) -> Result<()> {
         let tx = self.conn.transaction()?;
         tx.execute(
             "UPDATE receipts SET confirmed_ms = ?2 WHERE id = ?1",
@@ -570,7 +605,10 @@ mod tests {
         let p = t.path().join("sync_index.db");
         drop(Index::open(&p).unwrap());
         let idx = Index::open(&p).unwrap();
-        let v: i64 = idx.conn.pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
+        let v: i64 = idx
+            .conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
         assert_eq!(v as usize, MIGRATIONS.len());
     }
 
@@ -579,7 +617,10 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let p = t.path().join("sync_index.db");
         drop(Index::open(&p).unwrap());
-        Connection::open(&p).unwrap().pragma_update(None, "user_version", 99).unwrap();
+        Connection::open(&p)
+            .unwrap()
+            .pragma_update(None, "user_version", 99)
+            .unwrap();
         assert!(matches!(Index::open(&p), Err(StoreError::Corrupt(_))));
     }
 
@@ -600,7 +641,11 @@ mod tests {
         };
         let batch = Batch {
             events: (1..=4).map(ev).collect(),
-            edges: vec![("e2".into(), "e1".into()), ("e3".into(), "e2".into()), ("e4".into(), "e3".into())],
+            edges: vec![
+                ("e2".into(), "e1".into()),
+                ("e3".into(), "e2".into()),
+                ("e4".into(), "e3".into()),
+            ],
             ..Default::default()
         };
         idx.apply(&batch).unwrap();

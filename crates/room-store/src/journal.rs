@@ -32,7 +32,11 @@ pub struct JournalMark {
 
 impl JournalMark {
     pub fn tip(&self) -> ChainTip {
-        ChainTip { seq: self.tip_seq, hash: self.tip_hash.clone(), hlc: self.tip_hlc }
+        ChainTip {
+            seq: self.tip_seq,
+            hash: self.tip_hash.clone(),
+            hlc: self.tip_hlc,
+        }
     }
 }
 
@@ -80,12 +84,19 @@ pub fn scan(
             let line = &pending[consumed..consumed + nl];
             let offset = pos + consumed as u64;
             let record: Record = serde_json::from_slice(line).map_err(|e| {
-                StoreError::Corrupt(format!("record {} at byte {offset}: not a record: {e}", tip.seq + 1))
+                StoreError::Corrupt(format!(
+                    "record {} at byte {offset}: not a record: {e}",
+                    tip.seq + 1
+                ))
             })?;
             tip = record
                 .verify_after(&tip)
                 .map_err(|e| StoreError::Corrupt(format!("at byte {offset}: {e}")))?;
-            each(Scanned { record, offset, len: nl as u64 + 1 })?;
+            each(Scanned {
+                record,
+                offset,
+                len: nl as u64 + 1,
+            })?;
             consumed += nl + 1;
         }
         pending.drain(..consumed);
@@ -97,7 +108,11 @@ pub fn scan(
             )));
         }
     }
-    Ok(ScanEnd { tip, end: pos, torn_bytes: pending.len() as u64 })
+    Ok(ScanEnd {
+        tip,
+        end: pos,
+        torn_bytes: pending.len() as u64,
+    })
 }
 
 fn anchor_of(file: &File, len: u64) -> Result<String> {
@@ -117,7 +132,10 @@ pub struct Journal {
 
 impl std::fmt::Debug for Journal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Journal").field("path", &self.path).field("mark", &self.mark).finish()
+        f.debug_struct("Journal")
+            .field("path", &self.path)
+            .field("mark", &self.mark)
+            .finish()
     }
 }
 
@@ -131,7 +149,11 @@ impl Journal {
         errors_log: &Path,
         each: impl FnMut(Scanned) -> Result<()>,
     ) -> Result<Journal> {
-        let file = std::fs::OpenOptions::new().read(true).append(true).create(true).open(path)?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .open(path)?;
         let meta = file.metadata()?;
         let (dev, ino, len) = (meta.dev(), meta.ino(), meta.len());
         let (start, tip) = match known {
@@ -188,7 +210,12 @@ impl Journal {
             tip_hash: end.tip.hash,
             tip_hlc: end.tip.hlc,
         };
-        Ok(Journal { file, path: path.to_path_buf(), mark, poisoned: None })
+        Ok(Journal {
+            file,
+            path: path.to_path_buf(),
+            mark,
+            poisoned: None,
+        })
     }
 
     pub fn mark(&self) -> &JournalMark {
@@ -214,20 +241,31 @@ impl Journal {
         let mut buf = Vec::new();
         let mut ranges = Vec::with_capacity(records.len());
         for r in records {
-            tip = r.verify_after(&tip).map_err(|e| StoreError::Corrupt(format!("refusing to append: {e}")))?;
+            tip = r
+                .verify_after(&tip)
+                .map_err(|e| StoreError::Corrupt(format!("refusing to append: {e}")))?;
             let start = self.mark.len + buf.len() as u64;
             buf.extend_from_slice(&r.to_line());
             buf.push(b'\n');
             let len = self.mark.len + buf.len() as u64 - start;
             if len as usize > RECORD_BYTES_MAX {
-                return Err(StoreError::Corrupt(format!("record {} exceeds {RECORD_BYTES_MAX} bytes", r.seq)));
+                return Err(StoreError::Corrupt(format!(
+                    "record {} exceeds {RECORD_BYTES_MAX} bytes",
+                    r.seq
+                )));
             }
             ranges.push((start, len));
         }
         let old_len = self.mark.len;
-        let written = (&self.file).write_all(&buf).and_then(|()| self.file.sync_data());
+        let written = (&self.file)
+            .write_all(&buf)
+            .and_then(|()| self.file.sync_data());
         if let Err(e) = written {
-            if let Err(e2) = self.file.set_len(old_len).and_then(|()| self.file.sync_all()) {
+            if let Err(e2) = self
+                .file
+                .set_len(old_len)
+                .and_then(|()| self.file.sync_all())
+            {
                 self.poisoned = Some(format!("append failed ({e}) and cut-back failed ({e2})"));
             } else {
                 // fsync failure leaves page-cache state unknown even after a cut; re-open to trust it.
@@ -256,7 +294,10 @@ pub fn read_record(file: &File, offset: u64, len: u64) -> Result<Record> {
     let r: Record = serde_json::from_slice(line)
         .map_err(|e| StoreError::Corrupt(format!("record at byte {offset}: {e}")))?;
     if r.hash != r.compute_hash() {
-        return Err(StoreError::Corrupt(format!("record {} at byte {offset}: hash mismatch", r.seq)));
+        return Err(StoreError::Corrupt(format!(
+            "record {} at byte {offset}: hash mismatch",
+            r.seq
+        )));
     }
     Ok(r)
 }
@@ -275,7 +316,12 @@ pub struct VerifyReport {
 pub fn verify(path: &Path, graph_id: &str) -> Result<VerifyReport> {
     let file = File::open(path)?;
     let end = scan(&file, 0, ChainTip::genesis(graph_id), |_| Ok(()))?;
-    Ok(VerifyReport { records: end.tip.seq, tip_hash: end.tip.hash, bytes: end.end, torn_bytes: end.torn_bytes })
+    Ok(VerifyReport {
+        records: end.tip.seq,
+        tip_hash: end.tip.hash,
+        bytes: end.end,
+        torn_bytes: end.torn_bytes,
+    })
 }
 
 #[cfg(test)]
@@ -287,7 +333,12 @@ mod tests {
         let mut t = tip.clone();
         let mut out = vec![];
         for i in 0..n {
-            let r = Record::seal(&t, format!("evt_{i}"), t.hlc.tick(1_000 + i as u64), json!({"n": i}));
+            let r = Record::seal(
+                &t,
+                format!("evt_{i}"),
+                t.hlc.tick(1_000 + i as u64),
+                json!({"n": i}),
+            );
             t = r.verify_after(&t).unwrap();
             out.push(r);
         }
@@ -296,10 +347,16 @@ mod tests {
 
     fn open(dir: &Path, known: Option<&JournalMark>) -> Result<(Journal, Vec<u64>)> {
         let mut seen = vec![];
-        let j = Journal::open(&dir.join("EVENTS.jsonl"), "g", known, &dir.join("errors.jsonl"), |s| {
-            seen.push(s.record.seq);
-            Ok(())
-        })?;
+        let j = Journal::open(
+            &dir.join("EVENTS.jsonl"),
+            "g",
+            known,
+            &dir.join("errors.jsonl"),
+            |s| {
+                seen.push(s.record.seq);
+                Ok(())
+            },
+        )?;
         Ok((j, seen))
     }
 
@@ -314,7 +371,10 @@ mod tests {
         let (j, seen) = open(t.path(), Some(&mark)).unwrap();
         assert_eq!(seen, vec![4, 5]);
         assert_eq!(j.tip().seq, 5);
-        assert_eq!(verify(&t.path().join("EVENTS.jsonl"), "g").unwrap().records, 5);
+        assert_eq!(
+            verify(&t.path().join("EVENTS.jsonl"), "g").unwrap().records,
+            5
+        );
     }
 
     #[test]
@@ -324,7 +384,10 @@ mod tests {
         j.append(&records(&j.tip(), 2)).unwrap();
         let good = j.mark().len;
         drop(j);
-        let mut f = std::fs::OpenOptions::new().append(true).open(t.path().join("EVENTS.jsonl")).unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(t.path().join("EVENTS.jsonl"))
+            .unwrap();
         f.write_all(b"{\"seq\":3,\"id\":\"ev").unwrap();
         let (j, seen) = open(t.path(), None).unwrap();
         assert_eq!(seen, vec![1, 2]);
@@ -345,7 +408,10 @@ mod tests {
         let bytes = std::fs::read(&p).unwrap();
         std::fs::write(t.path().join("new"), &bytes).unwrap();
         std::fs::rename(t.path().join("new"), &p).unwrap();
-        assert!(matches!(open(t.path(), Some(&mark)), Err(StoreError::Rotated(_))));
+        assert!(matches!(
+            open(t.path(), Some(&mark)),
+            Err(StoreError::Rotated(_))
+        ));
         // same inode, rewritten tail
         let (_, _) = open(t.path(), None).unwrap();
         let meta = std::fs::metadata(&p).unwrap();
@@ -356,7 +422,10 @@ mod tests {
         let n = b.len();
         b[n - 3] = b'x';
         std::fs::write(&p, &b).unwrap();
-        assert!(matches!(open(t.path(), Some(&mark2)), Err(StoreError::Rotated(_))));
+        assert!(matches!(
+            open(t.path(), Some(&mark2)),
+            Err(StoreError::Rotated(_))
+        ));
     }
 
     #[test]
@@ -366,7 +435,9 @@ mod tests {
         let (mut j, _) = open(t.path(), None).unwrap();
         j.append(&records(&j.tip(), 3)).unwrap();
         drop(j);
-        let text = std::fs::read_to_string(&p).unwrap().replacen("\"n\":1", "\"n\":9", 1);
+        let text = std::fs::read_to_string(&p)
+            .unwrap()
+            .replacen("\"n\":1", "\"n\":9", 1);
         std::fs::write(&p, text).unwrap();
         let err = verify(&p, "g").unwrap_err().to_string();
         assert!(err.contains("record 2"), "{err}");

@@ -83,7 +83,9 @@ pub fn default_state_dir() -> PathBuf {
 }
 
 pub fn home() -> PathBuf {
-    std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/"))
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/"))
 }
 
 fn split(reason: impl Into<String>) -> StoreError {
@@ -92,7 +94,11 @@ fn split(reason: impl Into<String>) -> StoreError {
 
 /// Absolute, lexically normalised, symlinks not resolved.
 fn lexical_absolute(dir: &Path) -> Result<PathBuf> {
-    let abs = if dir.is_absolute() { dir.to_path_buf() } else { std::env::current_dir()?.join(dir) };
+    let abs = if dir.is_absolute() {
+        dir.to_path_buf()
+    } else {
+        std::env::current_dir()?.join(dir)
+    };
     let mut out = PathBuf::new();
     for c in abs.components() {
         match c {
@@ -111,7 +117,10 @@ fn read_bootstrap(path: &Path) -> Result<Bootstrap> {
         Ok(text) => toml::from_str(&text)
             .map_err(|e| split(format!("bootstrap {} is unreadable: {e}", path.display()))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Bootstrap::default()),
-        Err(e) => Err(split(format!("bootstrap {} is unreadable: {e}", path.display()))),
+        Err(e) => Err(split(format!(
+            "bootstrap {} is unreadable: {e}",
+            path.display()
+        ))),
     }
 }
 
@@ -130,15 +139,25 @@ pub fn init(dir: &Path, bootstrap: &Path, new_instance_id: &str) -> Result<State
         write_atomic(&config, DEFAULT_CONFIG.as_bytes())?;
     }
     let mut boot = read_bootstrap(bootstrap)?;
-    let canonical = root.to_str().ok_or_else(|| split("state dir path is not UTF-8"))?.to_string();
+    let canonical = root
+        .to_str()
+        .ok_or_else(|| split("state dir path is not UTF-8"))?
+        .to_string();
     if let Some(other) = boot.instances.get(&canonical) {
         return Err(split(format!(
             "bootstrap already maps {canonical} to instance {other} but the marker is missing"
         )));
     }
-    let marker = Marker { id: new_instance_id.to_string(), canonical_path: canonical.clone() };
-    write_atomic(&root.join(MARKER), &serde_json::to_vec_pretty(&marker).map_err(std::io::Error::other)?)?;
-    boot.instances.insert(canonical, new_instance_id.to_string());
+    let marker = Marker {
+        id: new_instance_id.to_string(),
+        canonical_path: canonical.clone(),
+    };
+    write_atomic(
+        &root.join(MARKER),
+        &serde_json::to_vec_pretty(&marker).map_err(std::io::Error::other)?,
+    )?;
+    boot.instances
+        .insert(canonical, new_instance_id.to_string());
     if let Some(parent) = bootstrap.parent() {
         std::fs::create_dir_all(parent)?;
     }
@@ -150,8 +169,12 @@ pub fn init(dir: &Path, bootstrap: &Path, new_instance_id: &str) -> Result<State
 /// Revalidate marker and bootstrap. Any doubt is `state_dir_split_brain`.
 pub fn validate(dir: &Path, bootstrap: &Path) -> Result<StateDir> {
     let lexical = lexical_absolute(dir)?;
-    let root = std::fs::canonicalize(dir)
-        .map_err(|e| split(format!("state dir {} cannot be resolved: {e}", dir.display())))?;
+    let root = std::fs::canonicalize(dir).map_err(|e| {
+        split(format!(
+            "state dir {} cannot be resolved: {e}",
+            dir.display()
+        ))
+    })?;
     if lexical != root {
         return Err(split(format!(
             "state dir {} is reached through a symlink (canonical {})",
@@ -163,7 +186,9 @@ pub fn validate(dir: &Path, bootstrap: &Path) -> Result<StateDir> {
         .map_err(|e| split(format!("marker {MARKER} missing or unreadable: {e}")))?;
     let marker: Marker = serde_json::from_slice(&marker_text)
         .map_err(|e| split(format!("marker {MARKER} is malformed: {e}")))?;
-    let canonical = root.to_str().ok_or_else(|| split("state dir path is not UTF-8"))?;
+    let canonical = root
+        .to_str()
+        .ok_or_else(|| split("state dir path is not UTF-8"))?;
     if marker.canonical_path != canonical {
         return Err(split(format!(
             "marker names {} but this dir is {canonical} (copied or moved tree)",
@@ -172,12 +197,18 @@ pub fn validate(dir: &Path, bootstrap: &Path) -> Result<StateDir> {
     }
     let boot = read_bootstrap(bootstrap)?;
     match boot.instances.get(canonical) {
-        None => Err(split(format!("bootstrap {} does not know {canonical}", bootstrap.display()))),
+        None => Err(split(format!(
+            "bootstrap {} does not know {canonical}",
+            bootstrap.display()
+        ))),
         Some(id) if *id != marker.id => Err(split(format!(
             "bootstrap maps {canonical} to instance {id} but the marker says {}",
             marker.id
         ))),
-        Some(_) => Ok(StateDir { root, instance_id: marker.id }),
+        Some(_) => Ok(StateDir {
+            root,
+            instance_id: marker.id,
+        }),
     }
 }
 
@@ -206,7 +237,9 @@ pub fn lock(state: &StateDir) -> Result<DaemonLock> {
         Err(std::fs::TryLockError::WouldBlock) => {
             let mut pid = String::new();
             let _ = file.read_to_string(&mut pid);
-            Err(StoreError::Locked { pid: pid.trim().to_string() })
+            Err(StoreError::Locked {
+                pid: pid.trim().to_string(),
+            })
         }
         Err(std::fs::TryLockError::Error(e)) => Err(e.into()),
     }
@@ -251,7 +284,9 @@ mod tests {
         assert!(is_split(validate(&link, &boot)).contains("symlink"));
 
         // a different id in the bootstrap
-        let text = std::fs::read_to_string(&boot).unwrap().replace("inst1", "inst2");
+        let text = std::fs::read_to_string(&boot)
+            .unwrap()
+            .replace("inst1", "inst2");
         std::fs::write(&boot, text).unwrap();
         assert!(is_split(validate(&dir, &boot)).contains("marker says"));
 

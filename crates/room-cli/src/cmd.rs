@@ -1,0 +1,565 @@
+//! Command-line grammar and its mapping onto daemon requests.
+
+use clap::{Args, Parser, Subcommand};
+use room_server::client::{Client, ClientError};
+use room_server::wire::{Request, Response};
+use room_store::statedir;
+use serde_json::{Value, json};
+use std::path::PathBuf;
+
+pub const EXIT_REFUSED: i32 = 1;
+pub const EXIT_IO: i32 = 3;
+pub const EXIT_STATE: i32 = 4;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "room",
+    version,
+    about = "Room: the coordination plane for AI agents"
+)]
+pub struct Cli {
+    /// State directory (default $XDG_DATA_HOME/room).
+    #[arg(long, global = true, env = "ROOM_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Print machine-readable JSON.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Create the state directory and register it in the machine bootstrap.
+    Init,
+    /// Run the daemon.
+    Serve {
+        /// Also listen for HTTP on this loopback address (for example 127.0.0.1:7878).
+        #[arg(long)]
+        listen: Option<std::net::SocketAddr>,
+    },
+    /// Play a short scene on a throw-away state dir that shows the Work Gate at work.
+    Demo,
+    /// Measure throughput and latency against raw SQLite commits on the same disk.
+    Bench(crate::bench::BenchArgs),
+    /// Verify every room's hash chain (works without the daemon).
+    Verify { room: Option<String> },
+    /// Manage agents (owner).
+    #[command(subcommand)]
+    Agent(AgentCmd),
+    /// Manage project grants (owner).
+    #[command(subcommand)]
+    Project(ProjectCmd),
+    /// Create a room (owner).
+    Create {
+        name: String,
+        #[arg(long)]
+        project: Option<String>,
+        #[arg(long = "member")]
+        members: Vec<String>,
+    },
+    /// List rooms (the owner sees all; an agent its own).
+    List,
+    /// Room membership (owner).
+    #[command(subcommand)]
+    Members(MembersCmd),
+    /// Reset a room's view: every agent must sync again (owner).
+    Reset { room: String },
+    /// Show a room's events, unredacted (owner).
+    Log {
+        room: String,
+        #[arg(long, default_value_t = 1)]
+        from: u64,
+        #[arg(long, default_value_t = 200)]
+        limit: usize,
+    },
+    /// The sync index (owner).
+    #[command(subcommand)]
+    Index(IndexCmd),
+    /// The sealed wake queue (owner).
+    #[command(subcommand)]
+    Wakes(WakesCmd),
+    /// Tasks.
+    #[command(subcommand)]
+    Task(TaskCmd),
+    /// Who the current ROOM_TOKEN acts as.
+    Whoami,
+    /// Read the next page of a room; --confirm a receipt to advance your checkpoint.
+    Sync {
+        room: String,
+        #[arg(long)]
+        confirm: Option<String>,
+    },
+    /// Status telemetry; never wakes, may not @mention.
+    Note(TurnCli),
+    /// A conversational turn (wakes only in coordination rooms).
+    Say(TurnCli),
+    /// Answer a mention or obligation addressed to you.
+    Reply {
+        room: String,
+        reply_to: String,
+        text: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Assign work: creates obligations and one sealed wake per recipient.
+    Send(TurnCli),
+    /// Move a task to another agent (no lease moves; a fresh claim is required).
+    Handoff(TurnCli),
+    /// Finish a task you hold.
+    Done(TurnCli),
+    /// Mark your task blocked; its owner gets an obligation.
+    Blocked(TurnCli),
+    /// Refuse a task addressed to you.
+    Decline(TurnCli),
+    /// Re-raise your own unresolved obligation to its addressee, under its original deadline.
+    Circle {
+        room: String,
+        #[arg(long)]
+        obligation: String,
+        text: Option<String>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Run the raw `room` multiplexer with a JSON argument object (the MCP route).
+    Multiplex { args: String },
+}
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct Common {
+    /// Evidence handles (event ids of this room).
+    #[arg(long)]
+    pub evidence: Vec<String>,
+    /// Explicit causal parents (event ids of this room).
+    #[arg(long)]
+    pub parent: Vec<String>,
+    /// Self-identification; must be the caller.
+    #[arg(long = "as")]
+    pub actor: Option<String>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct TurnCli {
+    pub room: String,
+    pub text: Option<String>,
+    #[arg(long)]
+    pub to: Vec<String>,
+    #[arg(long)]
+    pub task: Option<String>,
+    #[arg(long)]
+    pub reply_to: Option<String>,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum AgentCmd {
+    /// Enroll an agent; prints its token once.
+    Enroll {
+        name: String,
+        #[arg(long)]
+        max_tier: Option<String>,
+        #[arg(long)]
+        host: Option<String>,
+    },
+    /// Issue a new token; the old one stops working at once.
+    Rotate {
+        name: String,
+    },
+    /// Revoke the agent's credential.
+    Revoke {
+        name: String,
+    },
+    /// Deny or allow verbs, or change the max tier.
+    Policy {
+        name: String,
+        #[arg(long)]
+        deny: Vec<String>,
+        #[arg(long)]
+        allow: Vec<String>,
+        #[arg(long)]
+        max_tier: Option<String>,
+    },
+    List,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ProjectCmd {
+    /// Grant a directory as a project.
+    Open {
+        path: PathBuf,
+        #[arg(long)]
+        name: Option<String>,
+    },
+    List,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum MembersCmd {
+    Add { room: String, agent: String },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum IndexCmd {
+    /// Rebuild the projection from the journal; receipts and checkpoints survive.
+    Rebuild { room: String },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum WakesCmd {
+    List { room: Option<String> },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TaskCmd {
+    Create {
+        room: String,
+        title: String,
+        #[arg(long)]
+        to: Option<String>,
+        #[arg(long)]
+        parent: Option<String>,
+    },
+    Claim {
+        task: String,
+    },
+    Show {
+        task: String,
+    },
+}
+
+pub fn state_dir(cli: &Cli) -> PathBuf {
+    cli.state_dir
+        .clone()
+        .unwrap_or_else(statedir::default_state_dir)
+}
+
+/// Build the request a command stands for, or run it locally and return its exit status.
+fn request(cmd: &Cmd) -> Result<Request, String> {
+    let agent = std::env::var("ROOM_TOKEN").ok().filter(|t| !t.is_empty());
+    let req = |op: &str, args: Value| Request {
+        op: op.into(),
+        token: agent.clone(),
+        conversation: std::env::var("ROOM_CONVERSATION")
+            .ok()
+            .filter(|c| !c.is_empty()),
+        tier: std::env::var("ROOM_TIER").ok().filter(|c| !c.is_empty()),
+        args,
+    };
+    let turn = |op: &str, t: &TurnCli| {
+        req(
+            op,
+            json!({"room": t.room, "text": t.text, "to": t.to, "task": t.task, "reply_to": t.reply_to,
+            "evidence": t.common.evidence, "parents": t.common.parent, "actor": t.common.actor}),
+        )
+    };
+    Ok(match cmd {
+        Cmd::Agent(a) => match a {
+            AgentCmd::Enroll {
+                name,
+                max_tier,
+                host,
+            } => req(
+                "agent_enroll",
+                json!({"name": name, "max_tier": max_tier, "host": host}),
+            ),
+            AgentCmd::Rotate { name } => req("agent_rotate", json!({"name": name})),
+            AgentCmd::Revoke { name } => req("agent_revoke", json!({"name": name})),
+            AgentCmd::Policy {
+                name,
+                deny,
+                allow,
+                max_tier,
+            } => req(
+                "agent_policy",
+                json!({"name": name, "deny": deny, "allow": allow, "max_tier": max_tier}),
+            ),
+            AgentCmd::List => req("agent_list", json!({})),
+        },
+        Cmd::Project(p) => match p {
+            ProjectCmd::Open { path, name } => {
+                let abs = std::path::absolute(path).map_err(|e| format!("path: {e}"))?;
+                let text = abs
+                    .to_str()
+                    .ok_or("path: not UTF-8; Room records project roots as UTF-8 text")?;
+                req("project_open", json!({"path": text, "name": name}))
+            }
+            ProjectCmd::List => req("project_list", json!({})),
+        },
+        Cmd::Create {
+            name,
+            project,
+            members,
+        } => req(
+            "room_create",
+            json!({"name": name, "project": project, "members": members}),
+        ),
+        Cmd::List => {
+            if agent.is_some() {
+                req("list", json!({}))
+            } else {
+                req("rooms", json!({}))
+            }
+        }
+        Cmd::Members(MembersCmd::Add { room, agent: a }) => {
+            req("room_members_add", json!({"room": room, "agent": a}))
+        }
+        Cmd::Reset { room } => req("room_reset", json!({"room": room})),
+        Cmd::Log { room, from, limit } => req(
+            "room_log",
+            json!({"room": room, "from": from, "limit": limit}),
+        ),
+        Cmd::Index(IndexCmd::Rebuild { room }) => req("index_rebuild", json!({"room": room})),
+        Cmd::Wakes(WakesCmd::List { room }) => req("wakes_list", json!({"room": room})),
+        Cmd::Task(t) => match t {
+            TaskCmd::Create {
+                room,
+                title,
+                to,
+                parent,
+            } => req(
+                "task_create",
+                json!({"room": room, "title": title, "to": to, "parent": parent}),
+            ),
+            TaskCmd::Claim { task } => req("task_claim", json!({"task": task})),
+            TaskCmd::Show { task } => {
+                if agent.is_some() {
+                    req("task_show", json!({"task": task}))
+                } else {
+                    req("owner_task_show", json!({"task": task}))
+                }
+            }
+        },
+        Cmd::Whoami => req("whoami", json!({})),
+        Cmd::Sync { room, confirm } => req("sync", json!({"room": room, "confirm": confirm})),
+        Cmd::Note(t) => turn("note", t),
+        Cmd::Say(t) => turn("say", t),
+        Cmd::Send(t) => turn("send", t),
+        Cmd::Handoff(t) => turn("handoff", t),
+        Cmd::Done(t) => turn("done", t),
+        Cmd::Blocked(t) => turn("blocked", t),
+        Cmd::Decline(t) => turn("decline", t),
+        Cmd::Reply {
+            room,
+            reply_to,
+            text,
+            common,
+        } => req(
+            "reply",
+            json!({"room": room, "reply_to": reply_to, "text": text, "evidence": common.evidence, "parents": common.parent, "actor": common.actor}),
+        ),
+        Cmd::Circle {
+            room,
+            obligation,
+            text,
+            common,
+        } => req(
+            "circle",
+            json!({"room": room, "obligation": obligation, "text": text, "actor": common.actor}),
+        ),
+        Cmd::Multiplex { args } => {
+            let v: Value =
+                serde_json::from_str(args).map_err(|e| format!("args: not JSON: {e}"))?;
+            req("room", v)
+        }
+        Cmd::Init | Cmd::Serve { .. } | Cmd::Demo | Cmd::Bench(_) | Cmd::Verify { .. } => {
+            unreachable!("local commands")
+        }
+    })
+}
+
+/// Drop nulls so the daemon's strict decoding sees only what the user gave.
+fn prune(v: &mut Value) {
+    if let Value::Object(m) = v {
+        m.retain(|_, x| !x.is_null() && !(x.is_array() && x.as_array().is_some_and(Vec::is_empty)));
+    }
+}
+
+pub fn run(cli: Cli) -> i32 {
+    match &cli.cmd {
+        Cmd::Init => return init(&cli),
+        Cmd::Serve { listen } => return serve(&cli, *listen),
+        Cmd::Demo => return crate::demo::run(),
+        Cmd::Bench(a) => return crate::bench::run(a),
+        Cmd::Verify { room } => return verify(&cli, room.as_deref()),
+        _ => {}
+    }
+    let mut req = match request(&cli.cmd) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error[invalid_argument]: {e}");
+            return EXIT_REFUSED;
+        }
+    };
+    prune(&mut req.args);
+    let sock = state_dir(&cli).join("room.sock");
+    let resp = Client::connect(&sock).and_then(|mut c| c.call(&req));
+    print_response(resp, cli.json)
+}
+
+pub fn print_response(resp: Result<Response, ClientError>, as_json: bool) -> i32 {
+    match resp {
+        Err(e) => {
+            eprintln!("error: {e}");
+            if matches!(e, ClientError::Unreachable { .. }) {
+                eprintln!("hint: start the daemon with `room serve` (after `room init`)");
+            }
+            EXIT_IO
+        }
+        Ok(r) if r.ok => {
+            let v = r.result.unwrap_or(Value::Null);
+            if as_json {
+                println!("{v}");
+            } else {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&v).expect("values print")
+                );
+            }
+            0
+        }
+        Ok(r) => {
+            let refusal = r.refusal.expect("a failed response carries a refusal");
+            if as_json {
+                println!("{}", json!({"refusal": refusal}));
+            }
+            eprintln!("{refusal}");
+            EXIT_REFUSED
+        }
+    }
+}
+
+fn init(cli: &Cli) -> i32 {
+    let dir = state_dir(cli);
+    let id = {
+        let mut b = [0u8; 16];
+        use room_core::Entropy;
+        room_server::daemon::OsEntropy.fill(&mut b);
+        b.iter().map(|x| format!("{x:02x}")).collect::<String>()
+    };
+    match statedir::init(&dir, &statedir::default_bootstrap_path(), &id) {
+        Ok(s) => {
+            if cli.json {
+                println!(
+                    "{}",
+                    json!({"state_dir": s.root, "instance": s.instance_id})
+                );
+            } else {
+                println!(
+                    "state dir {} (instance {})",
+                    s.root.display(),
+                    s.instance_id
+                );
+            }
+            0
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            EXIT_STATE
+        }
+    }
+}
+
+fn serve(cli: &Cli, listen: Option<std::net::SocketAddr>) -> i32 {
+    let cfg = room_server::daemon::ServeConfig {
+        state_dir: state_dir(cli),
+        bootstrap: statedir::default_bootstrap_path(),
+        listen,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let result = rt.block_on(room_server::daemon::serve(cfg, async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("signal handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }));
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            let msg = format!("{e:#}");
+            eprintln!("error: {msg}");
+            if msg.contains("state_dir_split_brain") {
+                eprintln!(
+                    "hint: this directory is not the state dir the machine bootstrap knows; run `room init` on the right one"
+                );
+            }
+            if msg.contains("state_dir_split_brain") || msg.contains("already running") {
+                EXIT_STATE
+            } else {
+                EXIT_IO
+            }
+        }
+    }
+}
+
+/// Offline chain verification of every room (or one).
+pub fn verify(cli: &Cli, only: Option<&str>) -> i32 {
+    let dir = state_dir(cli);
+    match verify_dir(&dir, only) {
+        Ok(report) => {
+            let bad = report.iter().any(|r| r["ok"] == false);
+            if cli.json {
+                println!("{}", json!({"rooms": report, "ok": !bad}));
+            } else {
+                for r in &report {
+                    if r["ok"] == true {
+                        println!(
+                            "ok   {} {} records, tip {}",
+                            r["room"].as_str().unwrap_or("?"),
+                            r["records"],
+                            r["tip_hash"].as_str().unwrap_or("")
+                        );
+                    } else {
+                        println!(
+                            "FAIL {} {}",
+                            r["room"].as_str().unwrap_or("?"),
+                            r["error"].as_str().unwrap_or("")
+                        );
+                    }
+                }
+            }
+            if bad { EXIT_REFUSED } else { 0 }
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            EXIT_IO
+        }
+    }
+}
+
+pub fn verify_dir(dir: &std::path::Path, only: Option<&str>) -> Result<Vec<Value>, String> {
+    let rooms = dir.join("rooms");
+    let entries = std::fs::read_dir(&rooms).map_err(|e| format!("{}: {e}", rooms.display()))?;
+    let mut out = Vec::new();
+    for e in entries.flatten() {
+        let shard = e.path();
+        let manifest: Value = match std::fs::read(shard.join("manifest.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+        {
+            Some(m) => m,
+            None => continue,
+        };
+        let room = manifest["room"].as_str().unwrap_or("?").to_string();
+        if only.is_some_and(|o| o != room) {
+            continue;
+        }
+        let graph = manifest["graph_id"].as_str().unwrap_or_default();
+        match room_store::journal::verify(&shard.join("EVENTS.jsonl"), graph) {
+            Ok(r) => out.push(json!({"room": room, "ok": true, "records": r.records, "tip_hash": r.tip_hash, "torn_bytes": r.torn_bytes})),
+            Err(err) => out.push(json!({"room": room, "ok": false, "error": err.to_string()})),
+        }
+    }
+    if let Some(o) = only
+        && out.is_empty()
+    {
+        return Err(format!("no room named {o:?} in {}", dir.display()));
+    }
+    out.sort_by(|a, b| a["room"].as_str().cmp(&b["room"].as_str()));
+    Ok(out)
+}

@@ -1,0 +1,441 @@
+//! `control.db`: the machine-wide tables that are not per-room projections: principals and their
+//! credential digests, verb policy, project grants, rooms and rosters, tasks, and the control
+//! epoch. Every change here is committed (synchronous=FULL) before the call that made it returns.
+
+use room_store::index::{configure, migrate};
+use room_store::{Result, StoreError};
+use rusqlite::{Connection, OptionalExtension, params};
+use std::path::Path;
+
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) STRICT;
+INSERT INTO meta (key, value) VALUES ('control_epoch', '1');
+CREATE TABLE agents (
+    name TEXT PRIMARY KEY,
+    secret_sha256 TEXT NOT NULL UNIQUE,
+    registration_sha256 TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    max_tier TEXT NOT NULL,
+    host_kind TEXT NOT NULL,
+    created_ms INTEGER NOT NULL,
+    revoked_ms INTEGER
+) STRICT;
+CREATE TABLE retired_secrets (
+    secret_sha256 TEXT PRIMARY KEY,
+    agent TEXT NOT NULL,
+    retired_ms INTEGER NOT NULL,
+    why TEXT NOT NULL
+) STRICT;
+CREATE TABLE denied_verbs (
+    agent TEXT NOT NULL REFERENCES agents(name),
+    verb TEXT NOT NULL,
+    PRIMARY KEY (agent, verb)
+) STRICT;
+CREATE TABLE projects (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    requested_root TEXT NOT NULL,
+    canonical_root TEXT NOT NULL UNIQUE,
+    dev INTEGER NOT NULL,
+    ino INTEGER NOT NULL,
+    mnt_id INTEGER NOT NULL,
+    opened_ms INTEGER NOT NULL
+) STRICT;
+CREATE TABLE rooms (
+    name TEXT PRIMARY KEY,
+    graph_id TEXT NOT NULL UNIQUE,
+    project_id TEXT REFERENCES projects(id),
+    created_ms INTEGER NOT NULL,
+    revision INTEGER NOT NULL,
+    reset_gen INTEGER NOT NULL,
+    reset_ms INTEGER,
+    admission_gen INTEGER NOT NULL
+) STRICT;
+CREATE TABLE members (
+    room TEXT NOT NULL REFERENCES rooms(name),
+    agent TEXT NOT NULL REFERENCES agents(name),
+    PRIMARY KEY (room, agent)
+) STRICT;
+CREATE TABLE tasks (
+    id TEXT PRIMARY KEY,
+    room TEXT NOT NULL REFERENCES rooms(name),
+    project_id TEXT,
+    title TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    recipient TEXT,
+    parent TEXT REFERENCES tasks(id),
+    status TEXT NOT NULL,
+    created_ms INTEGER NOT NULL,
+    updated_ms INTEGER NOT NULL
+) STRICT;
+"#];
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentRow {
+    pub name: String,
+    pub secret_sha256: String,
+    pub registration_sha256: String,
+    pub generation: u64,
+    pub max_tier: String,
+    pub host_kind: String,
+    pub created_ms: u64,
+    pub revoked_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProjectRow {
+    pub id: String,
+    pub name: String,
+    pub requested_root: String,
+    pub canonical_root: String,
+    pub dev: u64,
+    pub ino: u64,
+    pub mnt_id: u64,
+    pub opened_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoomRow {
+    pub name: String,
+    pub graph_id: String,
+    pub project_id: Option<String>,
+    pub created_ms: u64,
+    pub revision: u64,
+    pub reset_gen: u64,
+    pub reset_ms: Option<u64>,
+    pub admission_gen: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskRow {
+    pub id: String,
+    pub room: String,
+    pub project_id: Option<String>,
+    pub title: String,
+    pub owner: String,
+    pub recipient: Option<String>,
+    pub parent: Option<String>,
+    pub status: String,
+    pub created_ms: u64,
+    pub updated_ms: u64,
+}
+
+pub struct Control {
+    pub(crate) conn: Connection,
+}
+
+fn u(v: i64) -> u64 {
+    v as u64
+}
+
+impl Control {
+    pub fn open(path: &Path) -> Result<Control> {
+        let mut conn = Connection::open(path)?;
+        configure(&conn)?;
+        migrate(&mut conn, MIGRATIONS)?;
+        Ok(Control { conn })
+    }
+
+    pub fn control_epoch(&self) -> Result<u64> {
+        let v: String = self.conn.query_row(
+            "SELECT value FROM meta WHERE key = 'control_epoch'",
+            [],
+            |r| r.get(0),
+        )?;
+        v.parse()
+            .map_err(|_| StoreError::Corrupt(format!("control_epoch {v:?}")))
+    }
+
+    pub fn agent(&self, name: &str) -> Result<Option<AgentRow>> {
+        self.agent_where("name = ?1", name)
+    }
+
+    pub fn agent_by_secret(&self, secret_sha256: &str) -> Result<Option<AgentRow>> {
+        self.agent_where("secret_sha256 = ?1", secret_sha256)
+    }
+
+    fn agent_where(&self, clause: &str, v: &str) -> Result<Option<AgentRow>> {
+        Ok(self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT name, secret_sha256, registration_sha256, generation, max_tier, host_kind, created_ms, revoked_ms
+                 FROM agents WHERE {clause}"
+            ))?
+            .query_row([v], |r| {
+                Ok(AgentRow {
+                    name: r.get(0)?,
+                    secret_sha256: r.get(1)?,
+                    registration_sha256: r.get(2)?,
+                    generation: u(r.get(3)?),
+                    max_tier: r.get(4)?,
+                    host_kind: r.get(5)?,
+                    created_ms: u(r.get(6)?),
+                    revoked_ms: r.get::<_, Option<i64>>(7)?.map(u),
+                })
+            })
+            .optional()?)
+    }
+
+    pub fn agents(&self) -> Result<Vec<AgentRow>> {
+        let names: Vec<String> = self
+            .conn
+            .prepare("SELECT name FROM agents ORDER BY name")?
+            .query_map([], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        let mut out = Vec::new();
+        for n in names {
+            out.extend(self.agent(&n)?);
+        }
+        Ok(out)
+    }
+
+    pub fn retired_secret(&self, secret_sha256: &str) -> Result<Option<(String, String)>> {
+        Ok(self
+            .conn
+            .prepare_cached("SELECT agent, why FROM retired_secrets WHERE secret_sha256 = ?1")?
+            .query_row([secret_sha256], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?)
+    }
+
+    pub fn insert_agent(&mut self, a: &AgentRow) -> Result<()> {
+        self.conn.execute(
+            "INSERT INTO agents (name, secret_sha256, registration_sha256, generation, max_tier, host_kind, created_ms, revoked_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, NULL)",
+            params![a.name, a.secret_sha256, a.registration_sha256, a.generation as i64, a.max_tier, a.host_kind, a.created_ms as i64],
+        )?;
+        Ok(())
+    }
+
+    /// Replace an agent's secret; the old digest is retired in the same transaction.
+    pub fn replace_secret(
+        &mut self,
+        old: &AgentRow,
+        new_secret: &str,
+        new_registration: &str,
+        now_ms: u64,
+    ) -> Result<()> {
+        let tx = self.conn.transaction()?;
+        tx.execute(
+            "INSERT OR IGNORE INTO retired_secrets (secret_sha256, agent, retired_ms, why) VALUES (?1, ?2, ?3, 'rotated')",
+            params![old.secret_sha256, old.name, now_ms as i64],
+        )?;
+        tx.execute(
+            "UPDATE agents SET secret_sha256 = ?2, registration_sha256 = ?3, generation = generation + 1, revoked_ms = NULL WHERE name = ?1",
+            params![old.name, new_secret, new_registration],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    pub fn revoke(&mut self, a: &AgentRow, now_ms: u64) -> Result<()> {
+        let tx = self.conn.transaction()?;
+        tx.execute(
+            "INSERT OR IGNORE INTO retired_secrets (secret_sha256, agent, retired_ms, why) VALUES (?1, ?2, ?3, 'revoked')",
+            params![a.secret_sha256, a.name, now_ms as i64],
+        )?;
+        tx.execute(
+            "UPDATE agents SET revoked_ms = ?2 WHERE name = ?1",
+            params![a.name, now_ms as i64],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    pub fn set_max_tier(&mut self, agent: &str, tier: &str) -> Result<()> {
+        self.conn.execute(
+            "UPDATE agents SET max_tier = ?2 WHERE name = ?1",
+            params![agent, tier],
+        )?;
+        Ok(())
+    }
+
+    pub fn denied_verbs(&self, agent: &str) -> Result<Vec<String>> {
+        Ok(self
+            .conn
+            .prepare_cached("SELECT verb FROM denied_verbs WHERE agent = ?1 ORDER BY verb")?
+            .query_map([agent], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?)
+    }
+
+    pub fn set_verb_denied(&mut self, agent: &str, verb: &str, denied: bool) -> Result<()> {
+        if denied {
+            self.conn.execute(
+                "INSERT OR IGNORE INTO denied_verbs (agent, verb) VALUES (?1, ?2)",
+                params![agent, verb],
+            )?;
+        } else {
+            self.conn.execute(
+                "DELETE FROM denied_verbs WHERE agent = ?1 AND verb = ?2",
+                params![agent, verb],
+            )?;
+        }
+        Ok(())
+    }
+
+    pub fn projects(&self) -> Result<Vec<ProjectRow>> {
+        Ok(self
+            .conn
+            .prepare_cached(
+                "SELECT id, name, requested_root, canonical_root, dev, ino, mnt_id, opened_ms FROM projects ORDER BY opened_ms, id",
+            )?
+            .query_map([], |r| {
+                Ok(ProjectRow {
+                    id: r.get(0)?,
+                    name: r.get(1)?,
+                    requested_root: r.get(2)?,
+                    canonical_root: r.get(3)?,
+                    dev: u(r.get(4)?),
+                    ino: u(r.get(5)?),
+                    mnt_id: u(r.get(6)?),
+                    opened_ms: u(r.get(7)?),
+                })
+            })?
+            .collect::<rusqlite::Result<_>>()?)
+    }
+
+    pub fn project(&self, id: &str) -> Result<Option<ProjectRow>> {
+        Ok(self.projects()?.into_iter().find(|p| p.id == id))
+    }
+
+    pub fn insert_project(&mut self, p: &ProjectRow) -> Result<()> {
+        self.conn.execute(
+            "INSERT INTO projects (id, name, requested_root, canonical_root, dev, ino, mnt_id, opened_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            params![p.id, p.name, p.requested_root, p.canonical_root, p.dev as i64, p.ino as i64, p.mnt_id as i64, p.opened_ms as i64],
+        )?;
+        Ok(())
+    }
+
+    pub fn rooms(&self) -> Result<Vec<RoomRow>> {
+        Ok(self
+            .conn
+            .prepare_cached(
+                "SELECT name, graph_id, project_id, created_ms, revision, reset_gen, reset_ms, admission_gen FROM rooms ORDER BY name",
+            )?
+            .query_map([], |r| {
+                Ok(RoomRow {
+                    name: r.get(0)?,
+                    graph_id: r.get(1)?,
+                    project_id: r.get(2)?,
+                    created_ms: u(r.get(3)?),
+                    revision: u(r.get(4)?),
+                    reset_gen: u(r.get(5)?),
+                    reset_ms: r.get::<_, Option<i64>>(6)?.map(u),
+                    admission_gen: u(r.get(7)?),
+                })
+            })?
+            .collect::<rusqlite::Result<_>>()?)
+    }
+
+    pub fn room(&self, name: &str) -> Result<Option<RoomRow>> {
+        Ok(self.rooms()?.into_iter().find(|r| r.name == name))
+    }
+
+    pub fn insert_room(&mut self, r: &RoomRow, members: &[String]) -> Result<()> {
+        let tx = self.conn.transaction()?;
+        tx.execute(
+            "INSERT INTO rooms (name, graph_id, project_id, created_ms, revision, reset_gen, reset_ms, admission_gen)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            params![r.name, r.graph_id, r.project_id, r.created_ms as i64, r.revision as i64, r.reset_gen as i64, r.reset_ms.map(|v| v as i64), r.admission_gen as i64],
+        )?;
+        for m in members {
+            tx.execute(
+                "INSERT OR IGNORE INTO members (room, agent) VALUES (?1, ?2)",
+                params![r.name, m],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    pub fn members(&self, room: &str) -> Result<Vec<String>> {
+        Ok(self
+            .conn
+            .prepare_cached("SELECT agent FROM members WHERE room = ?1 ORDER BY agent")?
+            .query_map([room], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?)
+    }
+
+    pub fn is_member(&self, room: &str, agent: &str) -> Result<bool> {
+        Ok(self
+            .conn
+            .prepare_cached("SELECT 1 FROM members WHERE room = ?1 AND agent = ?2")?
+            .query_row([room, agent], |_| Ok(()))
+            .optional()?
+            .is_some())
+    }
+
+    /// Add a member; bumps the room's revision (the participant set is part of every view).
+    pub fn add_member(&mut self, room: &str, agent: &str) -> Result<bool> {
+        let tx = self.conn.transaction()?;
+        let n = tx.execute(
+            "INSERT OR IGNORE INTO members (room, agent) VALUES (?1, ?2)",
+            params![room, agent],
+        )?;
+        if n > 0 {
+            tx.execute(
+                "UPDATE rooms SET revision = revision + 1 WHERE name = ?1",
+                [room],
+            )?;
+        }
+        tx.commit()?;
+        Ok(n > 0)
+    }
+
+    pub fn reset_room(&mut self, room: &str, now_ms: u64) -> Result<()> {
+        self.conn.execute(
+            "UPDATE rooms SET reset_gen = reset_gen + 1, revision = revision + 1, reset_ms = ?2 WHERE name = ?1",
+            params![room, now_ms as i64],
+        )?;
+        Ok(())
+    }
+
+    pub fn task(&self, id: &str) -> Result<Option<TaskRow>> {
+        Ok(self
+            .conn
+            .prepare_cached(
+                "SELECT id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms FROM tasks WHERE id = ?1",
+            )?
+            .query_row([id], |r| {
+                Ok(TaskRow {
+                    id: r.get(0)?,
+                    room: r.get(1)?,
+                    project_id: r.get(2)?,
+                    title: r.get(3)?,
+                    owner: r.get(4)?,
+                    recipient: r.get(5)?,
+                    parent: r.get(6)?,
+                    status: r.get(7)?,
+                    created_ms: u(r.get(8)?),
+                    updated_ms: u(r.get(9)?),
+                })
+            })
+            .optional()?)
+    }
+
+    pub fn insert_task(&mut self, t: &TaskRow) -> Result<()> {
+        self.conn.execute(
+            "INSERT INTO tasks (id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+            params![t.id, t.room, t.project_id, t.title, t.owner, t.recipient, t.parent, t.status, t.created_ms as i64, t.updated_ms as i64],
+        )?;
+        Ok(())
+    }
+
+    /// Compare-and-set a task's status and recipient: returns false when the task was not in
+    /// `from_status` any more (a concurrent change won).
+    pub fn update_task(
+        &mut self,
+        id: &str,
+        from_status: &str,
+        status: &str,
+        recipient: Option<&str>,
+        now_ms: u64,
+    ) -> Result<bool> {
+        let n = self.conn.execute(
+            "UPDATE tasks SET status = ?3, recipient = ?4, updated_ms = ?5 WHERE id = ?1 AND status = ?2",
+            params![id, from_status, status, recipient, now_ms as i64],
+        )?;
+        Ok(n == 1)
+    }
+}

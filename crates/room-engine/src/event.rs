@@ -1,0 +1,203 @@
+//! The domain events a room's journal carries. The journal stores their canonical JSON; the
+//! projection into the sync index (and the task effects in control.db) is derived from them by
+//! one function, used both at commit and at catch-up, so a replay after a crash reproduces
+//! exactly what the live path would have written.
+
+use room_core::Verb;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "scope", rename_all = "snake_case")]
+pub enum Binding {
+    Coordination,
+    Project { id: String },
+}
+
+impl Binding {
+    pub fn project(&self) -> Option<&str> {
+        match self {
+            Binding::Coordination => None,
+            Binding::Project { id } => Some(id),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum EventBody {
+    RoomCreated {
+        actor: String,
+        room: String,
+        binding: Binding,
+        members: Vec<String>,
+    },
+    MemberAdded {
+        actor: String,
+        agent: String,
+    },
+    RoomReset {
+        actor: String,
+    },
+    Turn(Turn),
+    /// Flush 2 of a turn: the mention and obligation records its flush 1 implies.
+    Items(Items),
+    Task(TaskEvent),
+}
+
+/// Text that spilled into a blob.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlobRef {
+    pub sha256: String,
+    pub bytes: u64,
+    pub preview: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resolution {
+    pub id: String,
+    pub item: ItemKindWire,
+    pub status: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ItemKindWire {
+    Mention,
+    Obligation,
+}
+
+/// What a turn's flush 2 must create, fixed in flush 1 so completion after a crash is exact.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ItemPlan {
+    /// Recipients that get a mention.
+    pub mention: Vec<String>,
+    /// Recipients that get an obligation.
+    pub oblige: Vec<String>,
+    /// Recipients that get a sealed wake permit.
+    pub wake: Vec<String>,
+    /// Milliseconds since epoch after which the obligations and wakes lapse.
+    pub not_after_ms: u64,
+    pub deadline_ms: u64,
+}
+
+impl ItemPlan {
+    pub fn is_empty(&self) -> bool {
+        self.mention.is_empty() && self.oblige.is_empty() && self.wake.is_empty()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Turn {
+    pub actor: String,
+    pub verb: Verb,
+    /// Digest of the author's conversation key (for audits; never the raw conversation).
+    pub conversation_key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_blob: Option<BlobRef>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub to: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_to: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parents: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub evidence: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resolves: Vec<Resolution>,
+    #[serde(default, skip_serializing_if = "ItemPlan::is_empty")]
+    pub plan: ItemPlan,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_transition: Option<TaskTransition>,
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub detail: serde_json::Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ItemSpec {
+    pub id: String,
+    pub agent: String,
+    pub from: String,
+    #[serde(default)]
+    pub task: Option<String>,
+    pub not_after_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Items {
+    pub actor: String,
+    pub source: String,
+    pub mentions: Vec<ItemSpec>,
+    pub obligations: Vec<ItemSpec>,
+    pub wakes: Vec<String>,
+}
+
+/// A compare-and-set on a task row: applied only if the task is still in `from`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskTransition {
+    pub task: String,
+    pub from: String,
+    pub to: String,
+    pub recipient: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskEvent {
+    pub actor: String,
+    pub action: String,
+    pub task: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created: Option<TaskCreated>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transition: Option<TaskTransition>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskCreated {
+    pub title: String,
+    pub owner: String,
+    pub recipient: Option<String>,
+    pub parent: Option<String>,
+    pub project: Option<String>,
+}
+
+impl EventBody {
+    pub fn actor(&self) -> &str {
+        match self {
+            EventBody::RoomCreated { actor, .. }
+            | EventBody::MemberAdded { actor, .. }
+            | EventBody::RoomReset { actor } => actor,
+            EventBody::Turn(t) => &t.actor,
+            EventBody::Items(i) => &i.actor,
+            EventBody::Task(t) => &t.actor,
+        }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EventBody::RoomCreated { .. } => "room_created",
+            EventBody::MemberAdded { .. } => "member_added",
+            EventBody::RoomReset { .. } => "room_reset",
+            EventBody::Turn(_) => "turn",
+            EventBody::Items(_) => "items",
+            EventBody::Task(_) => "task",
+        }
+    }
+
+    pub fn task(&self) -> Option<&str> {
+        match self {
+            EventBody::Turn(t) => t.task.as_deref(),
+            EventBody::Task(t) => Some(&t.task),
+            _ => None,
+        }
+    }
+}
+
+/// Deterministic item ids: completion after a crash re-derives the same ids.
+pub fn item_id(prefix: &str, source: &str, agent: &str) -> String {
+    let d = room_core::sha256_hex(format!("{prefix}:{source}:{agent}").as_bytes());
+    format!("{prefix}_{}", &d[..16])
+}

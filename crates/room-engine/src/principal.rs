@@ -1,0 +1,275 @@
+//! Principals: enrollment, rotation, revocation, and the per-call authorization of an agent.
+//! A token is 32 bytes from the entropy source (the OS CSPRNG in the daemon), shown once; only
+//! its SHA-256 is stored. Every call re-reads the credential, the owner's per-agent policy and
+//! the fleet ceiling, so a rotation, revocation or policy change bites on the very next call.
+
+use crate::control::AgentRow;
+use crate::{Engine, Outcome, store_err};
+use room_core::canon::digest_of;
+use room_core::{Code, Refusal, Tier, Verb, name, sha256_hex};
+use serde_json::{Value, json};
+use subtle::ConstantTimeEq;
+
+pub const TOKEN_PREFIX: &str = "room_tok_";
+pub const CONVERSATION_BYTES_MAX: usize = 128;
+
+/// Who is calling, as the transport established it. The engine decides what that allows.
+#[derive(Debug, Clone)]
+pub enum Caller {
+    /// The local owner console: the CLI on the Unix socket with the daemon's uid.
+    Owner,
+    Agent(AgentCaller),
+}
+
+#[derive(Debug, Clone)]
+pub struct AgentCaller {
+    pub token: String,
+    /// The native conversation, from transport metadata, never from model-authored arguments.
+    pub conversation: String,
+    /// The tier the connection declares; `None` declares no limit of its own.
+    pub declared_tier: Option<Tier>,
+}
+
+/// An authenticated, authorized agent for the duration of one call.
+#[derive(Debug, Clone)]
+pub struct Principal {
+    pub name: String,
+    pub registration_sha256: String,
+    pub conversation: String,
+    pub tier: Tier,
+}
+
+#[derive(Debug, Clone)]
+pub struct Enrolled {
+    pub name: String,
+    pub token: String,
+    pub registration_sha256: String,
+    pub max_tier: Tier,
+}
+
+fn registration_digest(name: &str, secret_sha256: &str, generation: u64, host: &str) -> String {
+    digest_of(
+        &json!({"agent": name, "secret_sha256": secret_sha256, "generation": generation, "host": host}),
+    )
+}
+
+pub fn validate_conversation(c: &str) -> Outcome<()> {
+    if c.is_empty() || c.len() > CONVERSATION_BYTES_MAX || c.chars().any(char::is_control) {
+        return Err(Refusal::invalid(
+            "conversation",
+            format!("must be 1..={CONVERSATION_BYTES_MAX} bytes without control characters"),
+        ));
+    }
+    Ok(())
+}
+
+impl Engine {
+    fn new_token(&self) -> (String, String) {
+        let token = format!("{TOKEN_PREFIX}{}", self.env.entropy.hex(32));
+        let digest = sha256_hex(token.as_bytes());
+        (token, digest)
+    }
+
+    pub fn enroll(&self, agent: &str, max_tier: Tier, host: &str) -> Outcome<Enrolled> {
+        name::validate("agent", agent)?;
+        name::validate("host", host)?;
+        let (token, secret) = self.new_token();
+        let reg = registration_digest(agent, &secret, 1, host);
+        let mut c = self.control();
+        if c.agent(agent).map_err(store_err)?.is_some() {
+            return Err(Refusal::new(
+                Code::AlreadyExists,
+                format!("agent {agent:?} is already enrolled"),
+            )
+            .hint(format!("use `room agent rotate {agent}` for a new token")));
+        }
+        c.insert_agent(&AgentRow {
+            name: agent.into(),
+            secret_sha256: secret,
+            registration_sha256: reg.clone(),
+            generation: 1,
+            max_tier: max_tier.as_str().into(),
+            host_kind: host.into(),
+            created_ms: self.now_ms(),
+            revoked_ms: None,
+        })
+        .map_err(store_err)?;
+        Ok(Enrolled {
+            name: agent.into(),
+            token,
+            registration_sha256: reg,
+            max_tier,
+        })
+    }
+
+    fn agent_row(&self, agent: &str) -> Outcome<AgentRow> {
+        name::validate("agent", agent)?;
+        self.control()
+            .agent(agent)
+            .map_err(store_err)?
+            .ok_or_else(|| {
+                Refusal::new(Code::NotFound, format!("no agent named {agent:?}"))
+                    .hint("run `room agent list`")
+            })
+    }
+
+    /// A new token for an agent; the old one stops working at once. Also lifts a revocation.
+    pub fn rotate(&self, agent: &str) -> Outcome<Enrolled> {
+        let row = self.agent_row(agent)?;
+        let (token, secret) = self.new_token();
+        let reg = registration_digest(agent, &secret, row.generation + 1, &row.host_kind);
+        self.control()
+            .replace_secret(&row, &secret, &reg, self.now_ms())
+            .map_err(store_err)?;
+        let max_tier = Tier::parse(&row.max_tier).unwrap_or(Tier::Observer);
+        Ok(Enrolled {
+            name: agent.into(),
+            token,
+            registration_sha256: reg,
+            max_tier,
+        })
+    }
+
+    pub fn revoke(&self, agent: &str) -> Outcome<Value> {
+        let row = self.agent_row(agent)?;
+        self.control()
+            .revoke(&row, self.now_ms())
+            .map_err(store_err)?;
+        Ok(json!({"agent": agent, "revoked": true}))
+    }
+
+    /// Owner policy for one agent: deny or allow verbs, change the max tier.
+    pub fn set_agent_policy(
+        &self,
+        agent: &str,
+        deny: &[Verb],
+        allow: &[Verb],
+        max_tier: Option<Tier>,
+    ) -> Outcome<Value> {
+        self.agent_row(agent)?;
+        let mut c = self.control();
+        for v in deny {
+            c.set_verb_denied(agent, v.as_str(), true)
+                .map_err(store_err)?;
+        }
+        for v in allow {
+            c.set_verb_denied(agent, v.as_str(), false)
+                .map_err(store_err)?;
+        }
+        if let Some(t) = max_tier {
+            c.set_max_tier(agent, t.as_str()).map_err(store_err)?;
+        }
+        let denied = c.denied_verbs(agent).map_err(store_err)?;
+        let row = c
+            .agent(agent)
+            .map_err(store_err)?
+            .expect("agent checked above and never deleted");
+        Ok(json!({"agent": agent, "max_tier": row.max_tier, "denied_verbs": denied}))
+    }
+
+    pub fn agents_view(&self) -> Outcome<Value> {
+        let c = self.control();
+        let mut out = Vec::new();
+        for a in c.agents().map_err(store_err)? {
+            out.push(json!({
+                "name": a.name,
+                "max_tier": a.max_tier,
+                "host": a.host_kind,
+                "generation": a.generation,
+                "registration_sha256": a.registration_sha256,
+                "revoked": a.revoked_ms.is_some(),
+                "denied_verbs": c.denied_verbs(&a.name).map_err(store_err)?,
+            }));
+        }
+        Ok(json!({"agents": out}))
+    }
+
+    /// Authenticate a token against the current credential table.
+    pub fn authenticate(&self, token: &str) -> Outcome<AgentRow> {
+        let digest = sha256_hex(token.as_bytes());
+        let c = self.control();
+        if let Some(row) = c.agent_by_secret(&digest).map_err(store_err)? {
+            // The lookup was by digest; compare again in constant time before trusting it.
+            if bool::from(row.secret_sha256.as_bytes().ct_eq(digest.as_bytes())) {
+                if row.revoked_ms.is_some() {
+                    return Err(Refusal::new(
+                        Code::CredentialRevoked,
+                        format!("credential of {} is revoked", row.name),
+                    )
+                    .hint("ask the owner for `room agent rotate` to get a new token"));
+                }
+                return Ok(row);
+            }
+        }
+        if let Some((agent, why)) = c.retired_secret(&digest).map_err(store_err)? {
+            return Err(Refusal::new(
+                Code::CredentialRevoked,
+                format!("credential of {agent} was {why}"),
+            )
+            .hint("use the current token for this agent"));
+        }
+        Err(
+            Refusal::new(Code::CredentialInvalid, "credential is not known")
+                .hint("check ROOM_TOKEN"),
+        )
+    }
+
+    /// Authenticate and authorize one call of `verb`: credential, effective tier, verb policy.
+    pub fn authorize(&self, caller: &AgentCaller, verb: Verb) -> Outcome<Principal> {
+        validate_conversation(&caller.conversation)?;
+        let row = self.authenticate(&caller.token)?;
+        let policy = self.policy();
+        let owner_max = Tier::parse(&row.max_tier).unwrap_or(Tier::Observer);
+        let declared = caller.declared_tier.unwrap_or(Tier::Operator);
+        let tier = declared.min(owner_max).min(policy.ceiling);
+        if tier < verb.min_tier() {
+            return Err(Refusal::new(
+                Code::TierInsufficient,
+                format!(
+                    "{verb} needs tier {} but {} acts as {tier}",
+                    verb.min_tier(),
+                    row.name
+                ),
+            )
+            .detail(json!({
+                "verb": verb.as_str(), "needed": verb.min_tier(), "effective": tier,
+                "declared": declared, "owner_max": owner_max, "fleet_ceiling": policy.ceiling
+            })));
+        }
+        let denied = self.control().denied_verbs(&row.name).map_err(store_err)?;
+        if denied.iter().any(|d| d == verb.as_str()) {
+            return Err(Refusal::new(
+                Code::VerbDenied,
+                format!("the owner denied {verb} to {}", row.name),
+            )
+            .detail(json!({"verb": verb.as_str()})));
+        }
+        Ok(Principal {
+            name: row.name,
+            registration_sha256: row.registration_sha256,
+            conversation: caller.conversation.clone(),
+            tier,
+        })
+    }
+
+    /// A self-identifying argument must name the bound principal. A mismatch is refused and
+    /// recorded as an integrity signal.
+    pub fn check_actor(&self, p: &Principal, claimed: Option<&str>, field: &str) -> Outcome<()> {
+        match claimed {
+            Some(c) if c != p.name => {
+                let signal = json!({
+                    "kind": "actor_mismatch", "principal": p.name, "claimed": c,
+                    "field": field, "at_ms": self.now_ms(),
+                });
+                room_store::fs::append_jsonl(&self.state.root.join("integrity.jsonl"), &signal)
+                    .map_err(|e| Refusal::storage(e))?;
+                Err(Refusal::new(
+                    Code::ActorMismatch,
+                    format!("{field} names {c:?} but the caller is {}", p.name),
+                )
+                .detail(json!({"field": field, "claimed": c, "principal": p.name})))
+            }
+            _ => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,437 @@
+//! One room's shard on disk and its write path. The handle owns the journal (the commit
+//! point), the sync index and the blobs. A turn is sealed, appended and fdatasync'ed, then
+//! projected; derived state (index rows, task effects, flush 2, wake permits) is caught up
+//! from the journal at open, so a crash anywhere after the append loses nothing.
+
+use crate::control::RoomRow;
+use crate::event::{Binding, EventBody, ItemKindWire, ItemSpec, Items, TaskTransition, item_id};
+use crate::{Engine, Outcome, store_err};
+use room_core::chain::ChainTip;
+use room_core::{Code, Record, Refusal, canon, id};
+use room_store::blobs::Blobs;
+use room_store::index::{Batch, CheckpointRow, EventRow, Index, ItemKind, ItemRow};
+use room_store::journal::Journal;
+use room_store::{StoreError, fs as sfs};
+use serde_json::json;
+use std::path::PathBuf;
+
+/// Catch-up applies the projection in slices of this many records.
+const CATCH_UP_SLICE: usize = 512;
+
+pub struct RoomHandle {
+    pub name: String,
+    pub graph_id: String,
+    pub binding: Binding,
+    pub dir: PathBuf,
+    pub journal: Option<Journal>,
+    pub index: Index,
+    pub blobs: Blobs,
+    /// Why the room refuses writes, when it does (a rotated journal, a failed projection).
+    pub read_only: Option<String>,
+}
+
+pub fn binding_of(row: &RoomRow) -> Binding {
+    match &row.project_id {
+        Some(id) => Binding::Project { id: id.clone() },
+        None => Binding::Coordination,
+    }
+}
+
+/// Derive the shard directory name from the instance and room name.
+pub fn graph_id(instance: &str, room: &str) -> String {
+    let d = room_core::sha256_hex(format!("room-graph:{instance}:{room}").as_bytes());
+    format!("g_{}", &d[..32])
+}
+
+/// What one record changes: index rows and task effects.
+pub(crate) struct Projection {
+    pub batch: Batch,
+    pub tasks: Vec<TaskEffect>,
+}
+
+pub(crate) enum TaskEffect {
+    Create(crate::control::TaskRow),
+    Transition(TaskTransition),
+}
+
+pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result<(), StoreError> {
+    let body: EventBody = serde_json::from_value(r.event.clone())
+        .map_err(|e| StoreError::Corrupt(format!("record {}: not a room event: {e}", r.seq)))?;
+    p.batch.events.push(EventRow {
+        seq: r.seq,
+        id: r.id.clone(),
+        kind: body.kind().into(),
+        actor: body.actor().into(),
+        hlc_ms: r.hlc.ms,
+        hlc_c: r.hlc.c,
+        hash: r.hash.clone(),
+        task: body.task().map(String::from),
+        body: canon::canonical_string(&r.event),
+    });
+    match &body {
+        EventBody::Turn(t) => {
+            for parent in t
+                .reply_to
+                .iter()
+                .chain(t.parents.iter())
+                .chain(t.evidence.iter())
+            {
+                if id::is_event_id(parent) {
+                    p.batch.edges.push((r.id.clone(), parent.clone()));
+                }
+            }
+            for res in &t.resolves {
+                let kind = match res.item {
+                    ItemKindWire::Mention => ItemKind::Mention,
+                    ItemKindWire::Obligation => ItemKind::Obligation,
+                };
+                p.batch
+                    .resolutions
+                    .push((kind, res.id.clone(), res.status.clone(), r.id.clone()));
+            }
+            if let Some(tr) = &t.task_transition {
+                p.tasks.push(TaskEffect::Transition(tr.clone()));
+            }
+        }
+        EventBody::Items(items) => {
+            p.batch.edges.push((r.id.clone(), items.source.clone()));
+            let source_seq = r.seq - 1;
+            for (kind, list) in [
+                (ItemKind::Mention, &items.mentions),
+                (ItemKind::Obligation, &items.obligations),
+            ] {
+                for s in list {
+                    p.batch.items.push(ItemRow {
+                        kind,
+                        id: s.id.clone(),
+                        source: items.source.clone(),
+                        source_seq,
+                        agent: s.agent.clone(),
+                        from_agent: s.from.clone(),
+                        task: s.task.clone(),
+                        status: "open".into(),
+                        resolved_by: None,
+                        not_after_ms: Some(s.not_after_ms),
+                    });
+                }
+            }
+        }
+        EventBody::Task(te) => {
+            if let Some(c) = &te.created {
+                p.tasks.push(TaskEffect::Create(crate::control::TaskRow {
+                    id: te.task.clone(),
+                    room: room.into(),
+                    project_id: c.project.clone(),
+                    title: c.title.clone(),
+                    owner: c.owner.clone(),
+                    recipient: c.recipient.clone(),
+                    parent: c.parent.clone(),
+                    status: "open".into(),
+                    created_ms: r.hlc.ms,
+                    updated_ms: r.hlc.ms,
+                }));
+            }
+            if let Some(tr) = &te.transition {
+                p.tasks.push(TaskEffect::Transition(tr.clone()));
+            }
+        }
+        EventBody::RoomCreated { .. }
+        | EventBody::MemberAdded { .. }
+        | EventBody::RoomReset { .. } => {}
+    }
+    Ok(())
+}
+
+impl Engine {
+    /// Apply task effects to control.db. Idempotent: creation ignores an existing row, a
+    /// transition is a compare-and-set that is a no-op once applied.
+    pub(crate) fn apply_task_effects(
+        &self,
+        effects: &[TaskEffect],
+        at_ms: u64,
+    ) -> Result<(), StoreError> {
+        let mut c = self.control();
+        for e in effects {
+            match e {
+                TaskEffect::Create(t) => {
+                    if c.task(&t.id)?.is_none() {
+                        c.insert_task(t)?;
+                    }
+                }
+                TaskEffect::Transition(tr) => {
+                    c.update_task(&tr.task, &tr.from, &tr.to, tr.recipient.as_deref(), at_ms)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl RoomHandle {
+    /// Create the shard for a new room. Refuses to overwrite an existing `binding.json`.
+    pub fn create_shard(engine: &Engine, row: &RoomRow) -> Outcome<()> {
+        let dir = engine.state.rooms().join(&row.graph_id);
+        std::fs::create_dir_all(dir.join("blobs")).map_err(Refusal::storage)?;
+        let binding = binding_of(row);
+        let bytes = canon::canonical_bytes(&binding);
+        if !sfs::create_new_durable(&dir.join("binding.json"), &bytes).map_err(Refusal::storage)? {
+            let existing = std::fs::read(dir.join("binding.json")).map_err(Refusal::storage)?;
+            if existing != bytes {
+                return Err(Refusal::new(
+                    Code::GraphProjectRebindRefused,
+                    format!(
+                        "room {} is bound to another scope; a room's binding never changes",
+                        row.name
+                    ),
+                )
+                .hint("create a room with a new name"));
+            }
+        }
+        let manifest = json!({"schema": "room-shard-v1", "room": row.name, "graph_id": row.graph_id,
+            "instance": engine.state.instance_id, "created_ms": row.created_ms});
+        sfs::create_new_durable(
+            &dir.join("manifest.json"),
+            &canon::canonical_bytes(&manifest),
+        )
+        .map_err(Refusal::storage)?;
+        Ok(())
+    }
+
+    /// Open a room: reconcile the journal with the index, catch the projection up, and finish
+    /// a turn whose second flush was interrupted.
+    pub fn open(engine: &Engine, row: &RoomRow) -> Result<RoomHandle, StoreError> {
+        let dir = engine.state.rooms().join(&row.graph_id);
+        let stored: Binding = serde_json::from_slice(&std::fs::read(dir.join("binding.json"))?)
+            .map_err(|e| StoreError::Corrupt(format!("{}: binding.json: {e}", row.name)))?;
+        if stored != binding_of(row) {
+            return Err(StoreError::Corrupt(format!(
+                "{}: binding.json disagrees with control.db",
+                row.name
+            )));
+        }
+        let index = Index::open(&dir.join("sync_index.db"))?;
+        let mut h = RoomHandle {
+            name: row.name.clone(),
+            graph_id: row.graph_id.clone(),
+            binding: stored,
+            blobs: Blobs::new(dir.join("blobs")),
+            journal: None,
+            index,
+            dir,
+            read_only: None,
+        };
+        let known = h.index.mark()?;
+        match h.open_journal(engine, known.as_ref()) {
+            Ok(()) => {}
+            Err(StoreError::Rotated(why)) => {
+                tracing::error!(room = %row.name, "journal rotated: {why}");
+                h.read_only = Some(why);
+                return Ok(h);
+            }
+            Err(e) => return Err(e),
+        }
+        h.complete_pending(engine)?;
+        Ok(h)
+    }
+
+    fn open_journal(
+        &mut self,
+        engine: &Engine,
+        known: Option<&room_store::journal::JournalMark>,
+    ) -> Result<(), StoreError> {
+        let mut pending = Projection {
+            batch: Batch::default(),
+            tasks: Vec::new(),
+        };
+        let mut failed: Option<StoreError> = None;
+        let journal = {
+            let index = &mut self.index;
+            let room = self.name.clone();
+            Journal::open(
+                &self.dir.join("EVENTS.jsonl"),
+                &self.graph_id,
+                known,
+                &self.dir.join("errors.jsonl"),
+                |s| {
+                    project_into(&mut pending, &room, &s.record)?;
+                    if pending.batch.events.len() >= CATCH_UP_SLICE {
+                        let p = std::mem::replace(
+                            &mut pending,
+                            Projection {
+                                batch: Batch::default(),
+                                tasks: Vec::new(),
+                            },
+                        );
+                        index.apply(&p.batch)?;
+                        if let Err(e) = engine.apply_task_effects(&p.tasks, s.record.hlc.ms) {
+                            failed = Some(e);
+                        }
+                    }
+                    Ok(())
+                },
+            )?
+        };
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        pending.batch.mark = Some(journal.mark().clone());
+        self.index.apply(&pending.batch)?;
+        engine.apply_task_effects(&pending.tasks, journal.tip().hlc.ms)?;
+        self.journal = Some(journal);
+        Ok(())
+    }
+
+    /// If the last record is a turn whose plan has no flush 2 yet, write it now (and its wake
+    /// permits). Only the last record can be in that state: a room's writer lock covers both
+    /// flushes, so nothing else can be appended between them.
+    fn complete_pending(&mut self, engine: &Engine) -> Result<(), StoreError> {
+        let tip = match &self.journal {
+            Some(j) => j.tip(),
+            None => return Ok(()),
+        };
+        if tip.seq == 0 {
+            return Ok(());
+        }
+        let last = self
+            .index
+            .event_by_seq(tip.seq)?
+            .ok_or_else(|| StoreError::Corrupt("tip not indexed".into()))?;
+        let body: EventBody =
+            serde_json::from_str(&last.body).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        if let EventBody::Turn(t) = &body
+            && !t.plan.is_empty()
+        {
+            tracing::warn!(room = %self.name, event = %last.id, "completing an interrupted second flush");
+            self.flush_items(engine, &last.id, t, None)
+                .map_err(|r| StoreError::Corrupt(format!("completing flush 2: {r}")))?;
+        }
+        // Wake permits are files written after flush 2; re-derive any that a crash cut off.
+        if let EventBody::Items(items) = &body {
+            let source = self
+                .index
+                .event_by_id(&items.source)?
+                .ok_or_else(|| StoreError::Corrupt("items source".into()))?;
+            if let Ok(EventBody::Turn(t)) = serde_json::from_str::<EventBody>(&source.body) {
+                engine
+                    .queue_wakes(self, &source, &t, items)
+                    .map_err(|r| StoreError::Corrupt(format!("completing wakes: {r}")))?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn tip(&self) -> ChainTip {
+        self.journal
+            .as_ref()
+            .map(Journal::tip)
+            .unwrap_or_else(|| ChainTip::genesis(&self.graph_id))
+    }
+
+    pub fn writable(&self) -> Outcome<()> {
+        if let Some(why) = &self.read_only {
+            return Err(Refusal::new(
+                Code::RoomSyncJournalRotated,
+                format!("room {} is read-only: {why}", self.name),
+            )
+            .hint(format!(
+                "inspect the journal, then run `room index rebuild {}`",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// Seal, append (durably) and project `bodies`; returns the records. `fold` is the
+    /// checkpoint to store with the projection (the Fold Rule), if any.
+    pub(crate) fn commit(
+        &mut self,
+        engine: &Engine,
+        bodies: Vec<EventBody>,
+        fold: Option<CheckpointRow>,
+    ) -> Outcome<Vec<Record>> {
+        self.writable()?;
+        let journal = self
+            .journal
+            .as_mut()
+            .expect("a writable room has an open journal");
+        let mut tip = journal.tip();
+        let mut records = Vec::with_capacity(bodies.len());
+        for body in &bodies {
+            let hlc = tip.hlc.tick(engine.now_ms());
+            let event = serde_json::to_value(body).expect("event bodies serialize");
+            let r = Record::seal(
+                &tip,
+                id::event_id(hlc, engine.env.entropy.as_ref()),
+                hlc,
+                event,
+            );
+            tip = ChainTip {
+                seq: r.seq,
+                hash: r.hash.clone(),
+                hlc,
+            };
+            records.push(r);
+        }
+        journal.append(&records).map_err(|e| {
+            Refusal::storage(format!("journal append failed, nothing was written: {e}"))
+        })?;
+        let mut p = Projection {
+            batch: Batch::default(),
+            tasks: Vec::new(),
+        };
+        for r in &records {
+            project_into(&mut p, &self.name, r).map_err(store_err)?;
+        }
+        // The Fold Rule's checkpoint lands on the last record written, never past it.
+        p.batch.checkpoints.extend(fold.map(|mut c| {
+            c.confirmed_seq = tip.seq;
+            c.chunk_seq = None;
+            c.chunk_offset = 0;
+            c
+        }));
+        p.batch.mark = Some(journal.mark().clone());
+        let projected = engine
+            .apply_task_effects(&p.tasks, tip.hlc.ms)
+            .and_then(|()| self.index.apply(&p.batch));
+        if let Err(e) = projected {
+            // The journal holds the records; the projection will be caught up at the next open.
+            self.read_only = Some(format!("projection failed after a durable append: {e}"));
+            return Err(Refusal::storage(format!("event {} is durable but its projection failed: {e}", records[0].id))
+                .detail(json!({"journal_committed": true, "events": records.iter().map(|r| &r.id).collect::<Vec<_>>()}))
+                .hint("restart the daemon to catch the index up"));
+        }
+        Ok(records)
+    }
+
+    /// Flush 2 of a turn: the items its plan implies, then its wake permits.
+    pub(crate) fn flush_items(
+        &mut self,
+        engine: &Engine,
+        source_id: &str,
+        t: &crate::event::Turn,
+        fold: Option<CheckpointRow>,
+    ) -> Outcome<Items> {
+        let spec = |prefix: &str, agent: &String| ItemSpec {
+            id: item_id(prefix, source_id, agent),
+            agent: agent.clone(),
+            from: t.actor.clone(),
+            task: t.task.clone(),
+            not_after_ms: t.plan.not_after_ms,
+        };
+        let items = Items {
+            actor: t.actor.clone(),
+            source: source_id.into(),
+            mentions: t.plan.mention.iter().map(|a| spec("mnt", a)).collect(),
+            obligations: t.plan.oblige.iter().map(|a| spec("obl", a)).collect(),
+            wakes: t.plan.wake.clone(),
+        };
+        self.commit(engine, vec![EventBody::Items(items.clone())], fold)?;
+        let source = self
+            .index
+            .event_by_id(source_id)
+            .map_err(store_err)?
+            .expect("flush 1 is projected before flush 2");
+        engine.queue_wakes(self, &source, t, &items)?;
+        Ok(items)
+    }
+}

@@ -1,0 +1,428 @@
+//! Sync, checkpoints and the Work Gate. An agent reads a room in pages of at most 24 KiB; each
+//! page carries a receipt, and confirming the receipt advances the agent's checkpoint. A
+//! checkpoint is keyed by the conversation (instance, actor, registration, native conversation,
+//! room) and stamped with the view (admission, reset, project, participants, readers); a change
+//! of either invalidates it. The gate lets a gated verb through only when the checkpoint covers
+//! the room's frontier (the caller's own events excepted) and every named parent.
+
+use crate::principal::Principal;
+use crate::room::RoomHandle;
+use crate::{Engine, Outcome, store_err};
+use room_core::canon::{canonical_string, digest_of};
+use room_core::redact::Redactor;
+use room_core::{Code, Refusal, id, sha256_hex};
+use room_store::index::{CheckpointRow, EventRow, ReceiptRow};
+use serde_json::{Value, json};
+
+/// Bytes of each page kept for the envelope around the items.
+const ENVELOPE_BYTES_RESERVE: usize = 2048;
+/// Events fetched from the index per round while a page fills.
+const FETCH_ROWS: usize = 64;
+
+/// A read position: every event up to `seq` is confirmed, and `offset` bytes of event `seq+1`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct Pos {
+    pub seq: u64,
+    pub offset: u64,
+}
+
+impl Pos {
+    fn of_checkpoint(c: &CheckpointRow) -> Pos {
+        match c.chunk_seq {
+            Some(s) if s == c.confirmed_seq + 1 => Pos {
+                seq: c.confirmed_seq,
+                offset: c.chunk_offset,
+            },
+            _ => Pos {
+                seq: c.confirmed_seq,
+                offset: 0,
+            },
+        }
+    }
+}
+
+/// The identity and view a checkpoint is bound to, for one caller in one room.
+#[derive(Debug, Clone)]
+pub struct SyncKey {
+    pub actor: String,
+    pub conversation: String,
+    pub conversation_key: String,
+    pub view_gen: String,
+}
+
+/// Where a caller's reading stands.
+#[derive(Debug, Clone)]
+pub struct Standing {
+    pub key: SyncKey,
+    pub pos: Pos,
+    /// A checkpoint existed but for another key or view.
+    pub view_changed: bool,
+}
+
+/// One rendered page.
+#[derive(Debug, Clone)]
+pub struct Page {
+    pub items: Vec<Value>,
+    pub start: Pos,
+    pub end: Pos,
+}
+
+impl Engine {
+    pub(crate) fn sync_key(&self, p: &Principal, room: &str) -> Outcome<SyncKey> {
+        let c = self.control();
+        let row = c
+            .room(room)
+            .map_err(store_err)?
+            .ok_or_else(|| Refusal::new(Code::RoomNotFound, "room vanished"))?;
+        let members = c.members(room).map_err(store_err)?;
+        let conversation_key = digest_of(&json!({
+            "instance": self.state.instance_id, "actor": p.name, "registration": p.registration_sha256,
+            "conversation": p.conversation, "room": room,
+        }));
+        let view_gen = digest_of(&json!({
+            "admission": row.admission_gen, "reset": row.reset_gen, "project": row.project_id,
+            "participants": members, "readers": members,
+        }));
+        Ok(SyncKey {
+            actor: p.name.clone(),
+            conversation: p.conversation.clone(),
+            conversation_key,
+            view_gen,
+        })
+    }
+
+    pub(crate) fn standing(&self, h: &RoomHandle, key: SyncKey) -> Outcome<Standing> {
+        let cp = h
+            .index
+            .checkpoint(&key.actor, &key.conversation)
+            .map_err(store_err)?;
+        Ok(match cp {
+            Some(c) if c.conversation_key == key.conversation_key && c.view_gen == key.view_gen => {
+                Standing {
+                    pos: Pos::of_checkpoint(&c),
+                    key,
+                    view_changed: false,
+                }
+            }
+            Some(_) => Standing {
+                pos: Pos::default(),
+                key,
+                view_changed: true,
+            },
+            None => Standing {
+                pos: Pos::default(),
+                key,
+                view_changed: false,
+            },
+        })
+    }
+
+    /// The item as an agent sees it: the event with blob text inlined, redacted.
+    fn render(&self, h: &RoomHandle, e: &EventRow, redactor: &Redactor) -> Outcome<String> {
+        let mut event: Value = serde_json::from_str(&e.body).map_err(Refusal::storage)?;
+        if let Some(sha) = event
+            .pointer("/text_blob/sha256")
+            .and_then(Value::as_str)
+            .map(String::from)
+        {
+            let bytes = h.blobs.get(&sha, "txt").map_err(Refusal::storage)?;
+            event["text"] = Value::String(String::from_utf8_lossy(&bytes).into_owned());
+            event
+                .as_object_mut()
+                .expect("events are objects")
+                .remove("text_blob");
+        }
+        let item = json!({
+            "seq": e.seq, "id": e.id, "actor": e.actor, "kind": e.kind,
+            "hlc": format!("{}.{}", e.hlc_ms, e.hlc_c), "event": event,
+        });
+        Ok(canonical_string(&redactor.redact_value(&item)))
+    }
+
+    /// Build the page that starts at `start`, or re-render exactly up to `until` (confirmation).
+    pub(crate) fn build_page(
+        &self,
+        h: &RoomHandle,
+        start: Pos,
+        until: Option<Pos>,
+        redactor: &Redactor,
+    ) -> Outcome<Page> {
+        let budget = self.config.page_bytes_max - ENVELOPE_BYTES_RESERVE;
+        let chunk = self.config.chunk_bytes;
+        let mut used = 0usize;
+        let mut items = Vec::new();
+        let mut end = start;
+        let mut next = start.seq + 1;
+        'outer: loop {
+            let rows = h.index.events_from(next, FETCH_ROWS).map_err(store_err)?;
+            if rows.is_empty() {
+                break;
+            }
+            for e in rows {
+                if until.is_some_and(|u| end >= u) {
+                    break 'outer;
+                }
+                next = e.seq + 1;
+                let text = self.render(h, &e, redactor)?;
+                let offset = if e.seq == start.seq + 1 {
+                    start.offset as usize
+                } else {
+                    0
+                };
+                let whole = offset == 0 && text.len() + 1 <= budget;
+                if whole && until.is_none_or(|u| u.seq >= e.seq) {
+                    if used + text.len() + 1 > budget {
+                        break 'outer;
+                    }
+                    used += text.len() + 1;
+                    items.push(serde_json::from_str(&text).expect("rendered items are JSON"));
+                    end = Pos {
+                        seq: e.seq,
+                        offset: 0,
+                    };
+                    continue;
+                }
+                // Oversized (or resumed mid-way): fragments, each on a UTF-8 boundary.
+                if !items.is_empty() && offset == 0 && until.is_none() {
+                    break 'outer;
+                }
+                let stop_at = match until {
+                    Some(u) if u.seq + 1 == e.seq => u.offset as usize,
+                    _ => text.len(),
+                };
+                let mut o = offset;
+                while o < stop_at {
+                    let mut n = (stop_at - o).min(chunk);
+                    while !text.is_char_boundary(o + n) {
+                        n -= 1;
+                    }
+                    let fin = o + n == text.len();
+                    let frag = json!({
+                        "seq": e.seq, "id": e.id,
+                        "fragment": if fin { "item_complete" } else { "item_chunk" },
+                        "offset": o, "total_bytes": text.len(), "data": &text[o..o + n],
+                    });
+                    let size = canonical_string(&frag).len() + 1;
+                    if used + size > budget && until.is_none() {
+                        break 'outer;
+                    }
+                    used += size;
+                    items.push(frag);
+                    o += n;
+                    end = if fin {
+                        Pos {
+                            seq: e.seq,
+                            offset: 0,
+                        }
+                    } else {
+                        Pos {
+                            seq: e.seq - 1,
+                            offset: o as u64,
+                        }
+                    };
+                }
+                if end.offset != 0 {
+                    break 'outer;
+                }
+            }
+        }
+        Ok(Page { items, start, end })
+    }
+
+    /// Render a page from the caller's standing, store its receipt, return the wire view.
+    pub(crate) fn serve_page(&self, h: &mut RoomHandle, st: &Standing) -> Outcome<Value> {
+        let policy = self.policy();
+        let redactor = policy.redactor()?;
+        let page = self.build_page(h, st.pos, None, redactor)?;
+        let tip = h.tip();
+        let receipt = ReceiptRow {
+            id: id::receipt_id(self.env.entropy.as_ref()),
+            actor: st.key.actor.clone(),
+            conversation: st.key.conversation.clone(),
+            conversation_key: st.key.conversation_key.clone(),
+            view_gen: st.key.view_gen.clone(),
+            from_seq: page.start.seq,
+            from_offset: page.start.offset,
+            to_seq: page.end.seq,
+            chunk_seq: (page.end.offset > 0).then_some(page.end.seq + 1),
+            chunk_offset: page.end.offset,
+            tip_seq: tip.seq,
+            tip_hash: tip.hash.clone(),
+            delivered_sha256: sha256_hex(canonical_string(&page.items).as_bytes()),
+            created_ms: self.now_ms(),
+            confirmed_ms: None,
+        };
+        h.index.put_receipt(&receipt).map_err(store_err)?;
+        let more = page.end.offset > 0 || page.end.seq < tip.seq;
+        Ok(json!({
+            "room": h.name,
+            "receipt": receipt.id,
+            "confirmed_seq": st.pos.seq,
+            "from_seq": page.start.seq + 1,
+            "to_seq": page.end.seq,
+            "tip_seq": tip.seq,
+            "more": more,
+            "view_changed": st.view_changed,
+            "items": page.items,
+        }))
+    }
+
+    /// Confirm a receipt: it must be this conversation's, for the current view, over a chain
+    /// that still contains its tip, and the delivered representation must still be what the
+    /// redactor produces now.
+    pub(crate) fn confirm_receipt(
+        &self,
+        h: &mut RoomHandle,
+        st: &Standing,
+        receipt_id: &str,
+    ) -> Outcome<Standing> {
+        if !id::is_receipt_id(receipt_id) {
+            return Err(Refusal::invalid(
+                "confirm",
+                "not a receipt id (rcpt_ and 32 hex)",
+            ));
+        }
+        let unknown = || {
+            Refusal::new(
+                Code::ReceiptUnknown,
+                format!("receipt {receipt_id} is not one of yours in this room"),
+            )
+        };
+        let r = h
+            .index
+            .receipt(receipt_id)
+            .map_err(store_err)?
+            .ok_or_else(unknown)?;
+        if r.actor != st.key.actor || r.conversation != st.key.conversation {
+            return Err(unknown());
+        }
+        if r.conversation_key != st.key.conversation_key || r.view_gen != st.key.view_gen {
+            return Err(Refusal::new(
+                Code::RoomSyncViewChanged,
+                "the receipt belongs to an earlier view of this room (credential, conversation, reset or participants changed)",
+            )
+            .hint("sync again without --confirm and confirm the new receipt"));
+        }
+        let tip_ok = h
+            .index
+            .event_by_seq(r.tip_seq)
+            .map_err(store_err)?
+            .is_some_and(|e| e.hash == r.tip_hash);
+        if r.tip_seq > 0 && !tip_ok {
+            return Err(Refusal::new(
+                Code::RoomSyncReceiptForked,
+                "the receipt's tip is not in this room's chain any more",
+            )
+            .detail(json!({"tip_seq": r.tip_seq, "tip_hash": r.tip_hash}))
+            .hint("sync again from your checkpoint"));
+        }
+        let policy = self.policy();
+        let redactor = policy.redactor()?;
+        let start = Pos {
+            seq: r.from_seq,
+            offset: r.from_offset,
+        };
+        let end = Pos {
+            seq: r.to_seq,
+            offset: r.chunk_offset,
+        };
+        let page = self.build_page(h, start, Some(end), redactor)?;
+        if sha256_hex(canonical_string(&page.items).as_bytes()) != r.delivered_sha256 {
+            return Err(Refusal::new(
+                Code::RoomSyncDeliveryPolicyChanged,
+                "what was delivered differs from what the current redaction policy would deliver",
+            )
+            .hint("sync again and confirm the new receipt"));
+        }
+        if end <= st.pos && !st.view_changed {
+            return Ok(st.clone());
+        }
+        // A confirmed receipt must start at (or before) what is already confirmed: no gaps.
+        if start > st.pos {
+            return Err(Refusal::new(
+                Code::RoomSyncRequired,
+                "the receipt starts after your checkpoint; earlier events are unread",
+            )
+            .hint("sync again without --confirm"));
+        }
+        let cp = CheckpointRow {
+            actor: st.key.actor.clone(),
+            conversation: st.key.conversation.clone(),
+            conversation_key: st.key.conversation_key.clone(),
+            view_gen: st.key.view_gen.clone(),
+            confirmed_seq: end.seq,
+            chunk_seq: (end.offset > 0).then_some(end.seq + 1),
+            chunk_offset: end.offset,
+            updated_ms: self.now_ms(),
+        };
+        h.index
+            .confirm(&r.id, self.now_ms(), &cp)
+            .map_err(store_err)?;
+        Ok(Standing {
+            key: st.key.clone(),
+            pos: end,
+            view_changed: false,
+        })
+    }
+
+    /// The Work Gate. On refusal the detail carries the next page (with its receipt).
+    pub(crate) fn gate(
+        &self,
+        h: &mut RoomHandle,
+        st: &Standing,
+        parents: &[String],
+    ) -> Outcome<()> {
+        let refuse = |engine: &Engine, h: &mut RoomHandle, code: Code, msg: String| -> Refusal {
+            let page = engine
+                .serve_page(h, st)
+                .unwrap_or_else(|r| json!({"error": r}));
+            Refusal::new(code, msg)
+                .detail(json!({"next_page": page}))
+                .hint("read the page in detail.next_page, then sync with --confirm <receipt>")
+        };
+        if st.view_changed {
+            return Err(refuse(
+                self,
+                h,
+                Code::RoomSyncViewChanged,
+                "your checkpoint is for an earlier view of this room; sync again".into(),
+            ));
+        }
+        if let Some(seq) = h
+            .index
+            .first_foreign_after(st.pos.seq, &st.key.actor)
+            .map_err(store_err)?
+        {
+            return Err(refuse(
+                self,
+                h,
+                Code::RoomSyncRequired,
+                format!(
+                    "unread events from seq {seq}; confirmed up to {}",
+                    st.pos.seq
+                ),
+            ));
+        }
+        for p in parents {
+            let e = h.index.event_by_id(p).map_err(store_err)?;
+            match e {
+                Some(e) if e.seq <= st.pos.seq || e.actor == st.key.actor => {}
+                Some(e) => {
+                    return Err(refuse(
+                        self,
+                        h,
+                        Code::RoomSyncRequired,
+                        format!("causal parent {} (seq {}) is unconfirmed", e.id, e.seq),
+                    ));
+                }
+                None => {
+                    return Err(Refusal::invalid(
+                        "parents",
+                        format!("{p} is not an event of this room"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,1138 @@
+//! Rooms, tasks and the nine contribution verbs. Every agent call authorizes first (credential,
+//! tier, verb policy), then checks membership and territory, then passes the Work Gate. A turn
+//! is prepared outside the room's writer lock and committed under it after rechecking the
+//! frontier: a foreign event that arrived in between is `room_sync_concurrent_arrival`.
+
+use crate::control::{RoomRow, TaskRow};
+use crate::event::{
+    Binding, BlobRef, EventBody, ItemKindWire, ItemPlan, Resolution, TaskCreated, TaskEvent,
+    TaskTransition, Turn,
+};
+use crate::principal::{AgentCaller, Principal};
+use crate::room::{RoomHandle, binding_of, graph_id};
+use crate::sync::Standing;
+use crate::{Engine, Outcome, lock_room, store_err};
+use room_core::wake::{TASKED_DEADLINE_MS, UNTASKED_DEADLINE_MS};
+use room_core::{Code, Refusal, Verb, id, name};
+use room_store::blobs::INLINE_BYTES_MAX;
+use room_store::index::{CheckpointRow, ItemKind, ItemRow};
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
+const TITLE_BYTES_MAX: usize = 256;
+const PREVIEW_CHARS: usize = 256;
+const LOG_PAGE_MAX: usize = 1000;
+
+/// Arguments of a contribution verb, already decoded from the wire.
+#[derive(Debug, Clone, Default)]
+pub struct TurnArgs {
+    pub room: String,
+    pub text: Option<String>,
+    pub to: Vec<String>,
+    pub reply_to: Option<String>,
+    pub task: Option<String>,
+    pub evidence: Vec<String>,
+    pub parents: Vec<String>,
+    /// The obligation a `circle` re-raises.
+    pub obligation: Option<String>,
+    /// A self-identifying argument ("as"/"actor"): must name the caller.
+    pub actor: Option<String>,
+}
+
+/// A turn that passed the gate and waits for its commit.
+pub struct Prepared {
+    principal: Principal,
+    standing: Standing,
+    handle: Arc<Mutex<RoomHandle>>,
+    snapshot_seq: u64,
+    turn: Turn,
+    resolves: Vec<(ItemKind, String)>,
+}
+
+fn member_refusal(agent: &str, room: &str) -> Refusal {
+    Refusal::new(
+        Code::RoomNotMember,
+        format!("{agent} is not a member of room {room}"),
+    )
+    .hint(format!(
+        "the owner can add it: `room members add {room} {agent}`"
+    ))
+}
+
+fn mentions_in(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'@' && (i == 0 || !(bytes[i - 1].is_ascii_alphanumeric())) {
+            let start = i + 1;
+            let mut end = start;
+            while end < bytes.len()
+                && (bytes[end].is_ascii_lowercase()
+                    || bytes[end].is_ascii_digit()
+                    || b"-_.".contains(&bytes[end]))
+            {
+                end += 1;
+            }
+            let name = text[start..end].trim_end_matches('.');
+            if !name.is_empty() {
+                out.push(name.to_string());
+            }
+            i = end;
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+fn task_view(t: &TaskRow) -> Value {
+    json!({"id": t.id, "room": t.room, "project": t.project_id, "title": t.title, "owner": t.owner,
+        "recipient": t.recipient, "parent": t.parent, "status": t.status})
+}
+
+impl Engine {
+    // ---------- owner operations ----------
+
+    pub fn room_create(
+        &self,
+        room: &str,
+        project: Option<&str>,
+        members: &[String],
+    ) -> Outcome<Value> {
+        name::validate("room", room)?;
+        for m in members {
+            name::validate("member", m)?;
+        }
+        if let Some(p) = project {
+            if !id::is_project_id(p) {
+                return Err(Refusal::invalid(
+                    "project",
+                    "not a project id (prj_ and 16 hex)",
+                ));
+            }
+            self.revalidate_project(p)?;
+        }
+        let row = RoomRow {
+            name: room.into(),
+            graph_id: graph_id(&self.state.instance_id, room),
+            project_id: project.map(String::from),
+            created_ms: self.now_ms(),
+            revision: 1,
+            reset_gen: 0,
+            reset_ms: None,
+            admission_gen: 0,
+        };
+        {
+            let c = self.control();
+            if let Some(existing) = c.room(room).map_err(store_err)? {
+                if existing.project_id != row.project_id {
+                    return Err(Refusal::new(
+                        Code::GraphProjectRebindRefused,
+                        format!(
+                            "room {room} is already bound to {:?}; a binding never changes",
+                            binding_of(&existing)
+                        ),
+                    )
+                    .hint("create a room with a new name"));
+                }
+                return Err(Refusal::new(
+                    Code::AlreadyExists,
+                    format!("room {room} already exists"),
+                ));
+            }
+            for m in members {
+                if c.agent(m).map_err(store_err)?.is_none() {
+                    return Err(Refusal::invalid("member", format!("no agent named {m:?}")));
+                }
+            }
+        }
+        RoomHandle::create_shard(self, &row)?;
+        self.control()
+            .insert_room(&row, members)
+            .map_err(store_err)?;
+        let handle = RoomHandle::open(self, &row).map_err(store_err)?;
+        let handle = Arc::new(Mutex::new(handle));
+        self.rooms
+            .lock()
+            .expect("rooms map lock")
+            .insert(room.into(), handle.clone());
+        let body = EventBody::RoomCreated {
+            actor: "owner".into(),
+            room: room.into(),
+            binding: binding_of(&row),
+            members: members.to_vec(),
+        };
+        lock_room(&handle).commit(self, vec![body], None)?;
+        Ok(
+            json!({"room": room, "graph_id": row.graph_id, "binding": binding_of(&row), "members": members}),
+        )
+    }
+
+    pub fn room_members_add(&self, room: &str, agent: &str) -> Outcome<Value> {
+        name::validate("agent", agent)?;
+        let handle = self.room_handle(room)?;
+        if self.control().agent(agent).map_err(store_err)?.is_none() {
+            return Err(Refusal::new(
+                Code::NotFound,
+                format!("no agent named {agent:?}"),
+            ));
+        }
+        let mut h = lock_room(&handle);
+        h.writable()?;
+        let added = self.control().add_member(room, agent).map_err(store_err)?;
+        if added {
+            h.commit(
+                self,
+                vec![EventBody::MemberAdded {
+                    actor: "owner".into(),
+                    agent: agent.into(),
+                }],
+                None,
+            )?;
+        }
+        Ok(json!({"room": room, "agent": agent, "added": added}))
+    }
+
+    /// Reset a room's view: every checkpoint is invalidated and agents must sync again.
+    pub fn room_reset(&self, room: &str) -> Outcome<Value> {
+        let handle = self.room_handle(room)?;
+        let mut h = lock_room(&handle);
+        h.writable()?;
+        self.control()
+            .reset_room(room, self.now_ms())
+            .map_err(store_err)?;
+        h.commit(
+            self,
+            vec![EventBody::RoomReset {
+                actor: "owner".into(),
+            }],
+            None,
+        )?;
+        Ok(json!({"room": room, "reset": true}))
+    }
+
+    pub fn rooms_view(&self, only_member: Option<&str>) -> Outcome<Value> {
+        let rows = self.control().rooms().map_err(store_err)?;
+        let mut out = Vec::new();
+        for r in rows {
+            let members = self.control().members(&r.name).map_err(store_err)?;
+            if only_member.is_some_and(|a| !members.iter().any(|m| m == a)) {
+                continue;
+            }
+            let handle = self.room_handle(&r.name)?;
+            let h = lock_room(&handle);
+            out.push(json!({
+                "room": r.name, "binding": binding_of(&r), "members": members,
+                "tip_seq": h.tip().seq, "read_only": h.read_only,
+            }));
+        }
+        Ok(json!({"rooms": out}))
+    }
+
+    /// The owner's unredacted view of a room's events.
+    pub fn room_log(&self, room: &str, from_seq: u64, limit: usize) -> Outcome<Value> {
+        let handle = self.room_handle(room)?;
+        let h = lock_room(&handle);
+        let rows = h
+            .index
+            .events_from(from_seq.max(1), limit.clamp(1, LOG_PAGE_MAX))
+            .map_err(store_err)?;
+        let events: Vec<Value> = rows
+            .iter()
+            .map(|e| {
+                json!({"seq": e.seq, "id": e.id, "actor": e.actor, "kind": e.kind,
+                    "hlc": format!("{}.{}", e.hlc_ms, e.hlc_c), "hash": e.hash,
+                    "event": serde_json::from_str::<Value>(&e.body).unwrap_or(Value::Null)})
+            })
+            .collect();
+        let items: Vec<Value> = [ItemKind::Mention, ItemKind::Obligation]
+            .into_iter()
+            .flat_map(|k| h.index.items(k).unwrap_or_default())
+            .map(|i| item_view(&i))
+            .collect();
+        Ok(json!({"room": room, "tip_seq": h.tip().seq, "events": events, "items": items}))
+    }
+
+    /// Rebuild a room's projection from its journal; receipts and checkpoints survive. Also
+    /// the owner's way to accept a journal that reconciliation flagged as rotated.
+    pub fn index_rebuild(&self, room: &str) -> Outcome<Value> {
+        let handle = self.room_handle(room)?;
+        let mut h = lock_room(&handle);
+        let row = self
+            .control()
+            .room(room)
+            .map_err(store_err)?
+            .ok_or_else(|| Refusal::new(Code::RoomNotFound, room.to_string()))?;
+        h.journal = None;
+        h.index.clear_projection().map_err(store_err)?;
+        let fresh = RoomHandle::open(self, &row).map_err(store_err)?;
+        *h = fresh;
+        let count = h.index.event_count().map_err(store_err)?;
+        Ok(json!({"room": room, "events": count, "tip_seq": h.tip().seq, "read_only": h.read_only}))
+    }
+
+    // ---------- agent operations ----------
+
+    fn member_handle(
+        &self,
+        p: &Principal,
+        room: &str,
+    ) -> Outcome<(Arc<Mutex<RoomHandle>>, Binding)> {
+        name::validate("room", room)?;
+        let handle = self.room_handle(room)?;
+        if !self.control().is_member(room, &p.name).map_err(store_err)? {
+            return Err(member_refusal(&p.name, room));
+        }
+        let binding = lock_room(&handle).binding.clone();
+        if let Some(project) = binding.project() {
+            self.revalidate_project(project)?;
+        }
+        Ok((handle, binding))
+    }
+
+    pub fn whoami(&self, caller: &AgentCaller) -> Outcome<Value> {
+        let p = self.authorize(caller, Verb::Whoami)?;
+        let rooms = self.rooms_view(Some(&p.name))?;
+        Ok(
+            json!({"agent": p.name, "tier": p.tier, "conversation": p.conversation,
+            "registration_sha256": p.registration_sha256, "rooms": rooms["rooms"]}),
+        )
+    }
+
+    pub fn list(&self, caller: &AgentCaller) -> Outcome<Value> {
+        let p = self.authorize(caller, Verb::List)?;
+        self.rooms_view(Some(&p.name))
+    }
+
+    /// Read the next page, optionally confirming a receipt first.
+    pub fn sync(&self, caller: &AgentCaller, room: &str, confirm: Option<&str>) -> Outcome<Value> {
+        let p = self.authorize(caller, Verb::Sync)?;
+        let (handle, _) = self.member_handle(&p, room)?;
+        let key = self.sync_key(&p, room)?;
+        let mut h = lock_room(&handle);
+        let mut st = self.standing(&h, key)?;
+        let mut confirmed = Value::Null;
+        if let Some(r) = confirm {
+            st = self.confirm_receipt(&mut h, &st, r)?;
+            confirmed = json!({"receipt": r, "confirmed_seq": st.pos.seq});
+        }
+        let mut page = self.serve_page(&mut h, &st)?;
+        page["confirmed"] = confirmed;
+        page["open_items"] = h
+            .index
+            .open_items(&p.name)
+            .map_err(store_err)?
+            .iter()
+            .map(item_view)
+            .collect();
+        Ok(page)
+    }
+
+    pub fn task_create(
+        &self,
+        caller: &AgentCaller,
+        room: &str,
+        title: &str,
+        to: Option<&str>,
+        parent: Option<&str>,
+    ) -> Outcome<Value> {
+        let p = self.authorize(caller, Verb::TaskCreate)?;
+        if title.trim().is_empty()
+            || title.len() > TITLE_BYTES_MAX
+            || title.chars().any(char::is_control)
+        {
+            return Err(Refusal::invalid(
+                "title",
+                format!("must be 1..={TITLE_BYTES_MAX} bytes without control characters"),
+            ));
+        }
+        let (handle, binding) = self.member_handle(&p, room)?;
+        if let Some(r) = to {
+            name::validate("to", r)?;
+            if !self.control().is_member(room, r).map_err(store_err)? {
+                return Err(Refusal::invalid(
+                    "to",
+                    format!("{r} is not a member of room {room}"),
+                ));
+            }
+        }
+        if let Some(parent) = parent {
+            if !id::is_task_id(parent) {
+                return Err(Refusal::invalid("parent", "not a task id"));
+            }
+            self.control()
+                .task(parent)
+                .map_err(store_err)?
+                .ok_or_else(|| Refusal::new(Code::TaskNotFound, format!("no task {parent}")))?;
+        }
+        let task = id::task_id(self.env.entropy.as_ref());
+        let body = EventBody::Task(TaskEvent {
+            actor: p.name.clone(),
+            action: "created".into(),
+            task: task.clone(),
+            created: Some(TaskCreated {
+                title: title.into(),
+                owner: p.name.clone(),
+                recipient: to.map(String::from),
+                parent: parent.map(String::from),
+                project: binding.project().map(String::from),
+            }),
+            transition: None,
+        });
+        let rec = lock_room(&handle).commit(self, vec![body], None)?;
+        let t = self
+            .control()
+            .task(&task)
+            .map_err(store_err)?
+            .expect("task projected by its commit");
+        Ok(json!({"task": task_view(&t), "event": rec[0].id}))
+    }
+
+    fn task_row(&self, task: &str) -> Outcome<TaskRow> {
+        if !id::is_task_id(task) {
+            return Err(Refusal::invalid("task", "not a task id (tsk_ and 16 hex)"));
+        }
+        self.control()
+            .task(task)
+            .map_err(store_err)?
+            .ok_or_else(|| Refusal::new(Code::TaskNotFound, format!("no task {task}")))
+    }
+
+    pub fn task_claim(&self, caller: &AgentCaller, task: &str) -> Outcome<Value> {
+        let p = self.authorize(caller, Verb::TaskClaim)?;
+        let t = self.task_row(task)?;
+        let (handle, _) = self.member_handle(&p, &t.room)?;
+        let mut h = lock_room(&handle);
+        h.writable()?;
+        let t = self.task_row(task)?;
+        if t.status != "open" || t.recipient.as_deref().is_some_and(|r| r != p.name) {
+            return Err(Refusal::new(
+                Code::TaskStateInvalid,
+                format!(
+                    "task {task} is {} for {:?}; only its recipient can claim an open task",
+                    t.status, t.recipient
+                ),
+            ));
+        }
+        let body = EventBody::Task(TaskEvent {
+            actor: p.name.clone(),
+            action: "claimed".into(),
+            task: task.into(),
+            created: None,
+            transition: Some(TaskTransition {
+                task: task.into(),
+                from: "open".into(),
+                to: "claimed".into(),
+                recipient: Some(p.name.clone()),
+            }),
+        });
+        let rec = h.commit(self, vec![body], None)?;
+        let t = self.task_row(task)?;
+        Ok(json!({"task": task_view(&t), "event": rec[0].id}))
+    }
+
+    pub fn task_show(&self, caller: &AgentCaller, task: &str) -> Outcome<Value> {
+        let p = self.authorize(caller, Verb::TaskShow)?;
+        let t = self.task_row(task)?;
+        self.member_handle(&p, &t.room)?;
+        Ok(json!({"task": task_view(&t)}))
+    }
+
+    /// The owner's view of a task.
+    pub fn task_view_owner(&self, task: &str) -> Outcome<Value> {
+        Ok(json!({"task": task_view(&self.task_row(task)?)}))
+    }
+
+    /// A contribution verb, prepared and committed.
+    pub fn turn(&self, caller: &AgentCaller, verb: Verb, args: TurnArgs) -> Outcome<Value> {
+        let prepared = self.prepare_turn(caller, verb, args)?;
+        self.commit_turn(prepared)
+    }
+
+    /// Phase 1: authorize, validate, pass the gate, plan. Holds the room lock only briefly.
+    pub fn prepare_turn(
+        &self,
+        caller: &AgentCaller,
+        verb: Verb,
+        args: TurnArgs,
+    ) -> Outcome<Prepared> {
+        if !verb.is_gated() {
+            return Err(Refusal::invalid(
+                "verb",
+                format!("{verb} is not a contribution verb"),
+            ));
+        }
+        let p = self.authorize(caller, verb)?;
+        self.check_actor(&p, args.actor.as_deref(), "actor")?;
+        let (handle, binding) = self.member_handle(&p, &args.room)?;
+        let text = self.checked_text(verb, &args)?;
+        let members = self.control().members(&args.room).map_err(store_err)?;
+        let mut recipients: BTreeSet<String> = BTreeSet::new();
+        for r in &args.to {
+            name::validate("to", r)?;
+            if !members.contains(r) {
+                return Err(Refusal::invalid(
+                    "to",
+                    format!("{r} is not a member of room {}", args.room),
+                ));
+            }
+            if *r == p.name {
+                return Err(Refusal::invalid("to", "you cannot address yourself"));
+            }
+            recipients.insert(r.clone());
+        }
+        let mentioned: Vec<String> = text
+            .as_deref()
+            .map(mentions_in)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|m| members.contains(m) && *m != p.name)
+            .collect();
+        if recipients.len() + mentioned.len() > self.config.recipients_max {
+            return Err(Refusal::invalid(
+                "to",
+                format!("at most {} recipients", self.config.recipients_max),
+            ));
+        }
+        if args.parents.len() + args.evidence.len() > self.config.parents_max {
+            return Err(Refusal::invalid(
+                "parents",
+                format!(
+                    "at most {} parents and evidence handles",
+                    self.config.parents_max
+                ),
+            ));
+        }
+        self.prevalidate_evidence(&args.room, &args.evidence)?;
+        let key = self.sync_key(&p, &args.room)?;
+        let (text, text_blob) = self.spill_text(&handle, text)?;
+        let mut h = lock_room(&handle);
+        h.writable()?;
+        let standing = self.standing(&h, key)?;
+        let mut parents: Vec<String> = args.parents.clone();
+        parents.extend(args.evidence.iter().cloned());
+        if let Some(r) = &args.reply_to
+            && id::is_event_id(r)
+        {
+            parents.push(r.clone());
+        }
+        self.gate(&mut h, &standing, &parents)?;
+        recipients.extend(mentioned.iter().cloned());
+        let mut turn = Turn {
+            actor: p.name.clone(),
+            verb,
+            conversation_key: standing.key.conversation_key.clone(),
+            text,
+            text_blob,
+            to: recipients.iter().cloned().collect(),
+            reply_to: args.reply_to.clone(),
+            parents: args.parents.clone(),
+            task: args.task.clone(),
+            evidence: args.evidence.clone(),
+            resolves: vec![],
+            plan: ItemPlan::default(),
+            task_transition: None,
+            detail: Value::Null,
+        };
+        let now = self.now_ms();
+        self.plan_verb(&h, &p, verb, &args, &binding, &mentioned, &mut turn, now)?;
+        let resolves = turn
+            .resolves
+            .iter()
+            .map(|r| {
+                (
+                    if r.item == ItemKindWire::Mention {
+                        ItemKind::Mention
+                    } else {
+                        ItemKind::Obligation
+                    },
+                    r.id.clone(),
+                )
+            })
+            .collect();
+        let snapshot_seq = h.tip().seq;
+        drop(h);
+        Ok(Prepared {
+            principal: p,
+            standing,
+            handle,
+            snapshot_seq,
+            turn,
+            resolves,
+        })
+    }
+
+    /// Phase 2: under the room's writer lock, recheck the frontier and what the turn resolves,
+    /// then flush 1 (the message) and flush 2 (its items and wakes).
+    pub fn commit_turn(&self, prep: Prepared) -> Outcome<Value> {
+        let Prepared {
+            principal: p,
+            standing,
+            handle,
+            snapshot_seq,
+            turn,
+            resolves,
+        } = prep;
+        let mut h = lock_room(&handle);
+        h.writable()?;
+        if !self
+            .control()
+            .is_member(&h.name, &p.name)
+            .map_err(store_err)?
+        {
+            return Err(member_refusal(&p.name, &h.name));
+        }
+        if let Some(seq) = h
+            .index
+            .first_foreign_after(snapshot_seq, &p.name)
+            .map_err(store_err)?
+        {
+            return Err(Refusal::new(
+                Code::RoomSyncConcurrentArrival,
+                format!(
+                    "event {seq} arrived while your turn was being prepared; nothing was written"
+                ),
+            )
+            .hint("sync, read the new event, and act again"));
+        }
+        for (kind, item) in &resolves {
+            let row = h.index.item(*kind, item).map_err(store_err)?;
+            if row.is_none_or(|r| r.status != "open") {
+                return Err(Refusal::new(
+                    Code::RoomSyncConcurrentArrival,
+                    format!("{item} was resolved concurrently; nothing was written"),
+                ));
+            }
+        }
+        if let Some(tr) = &turn.task_transition {
+            let t = self.task_row(&tr.task)?;
+            if t.status != tr.from {
+                return Err(Refusal::new(
+                    Code::RoomSyncConcurrentArrival,
+                    format!(
+                        "task {} changed to {} concurrently; nothing was written",
+                        t.id, t.status
+                    ),
+                ));
+            }
+        }
+        let fold = CheckpointRow {
+            actor: p.name.clone(),
+            conversation: p.conversation.clone(),
+            conversation_key: standing.key.conversation_key.clone(),
+            view_gen: standing.key.view_gen.clone(),
+            confirmed_seq: 0,
+            chunk_seq: None,
+            chunk_offset: 0,
+            updated_ms: self.now_ms(),
+        };
+        // The Fold Rule: the author's position advances over its own turn only when no foreign
+        // event lies between its checkpoint and the turn (the frontier check above proves it).
+        let fold_ok = h
+            .index
+            .first_foreign_after(standing.pos.seq, &p.name)
+            .map_err(store_err)?
+            .is_none();
+        let fold = fold_ok.then_some(fold);
+        let planned = !turn.plan.is_empty();
+        let rec = h.commit(
+            self,
+            vec![EventBody::Turn(turn.clone())],
+            if planned { None } else { fold.clone() },
+        )?;
+        let source = rec[0].id.clone();
+        let items = if planned {
+            Some(h.flush_items(self, &source, &turn, fold)?)
+        } else {
+            None
+        };
+        let wakes: Vec<String> = items
+            .as_ref()
+            .map(|i| {
+                i.wakes
+                    .iter()
+                    .map(|a| format!("wakes/{}/{}/{}.json", h.name, a, source))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(json!({
+            "room": h.name,
+            "verb": turn.verb,
+            "event": source,
+            "seq": rec[0].seq,
+            "mentions": items.as_ref().map(|i| i.mentions.iter().map(|m| json!({"id": m.id, "agent": m.agent})).collect::<Vec<_>>()).unwrap_or_default(),
+            "obligations": items.as_ref().map(|i| i.obligations.iter().map(|m| json!({"id": m.id, "agent": m.agent})).collect::<Vec<_>>()).unwrap_or_default(),
+            "wakes": wakes,
+            "resolved": turn.resolves,
+            "task": turn.task,
+            "detail": turn.detail,
+        }))
+    }
+
+    fn checked_text(&self, verb: Verb, args: &TurnArgs) -> Outcome<Option<String>> {
+        let needs_text = matches!(
+            verb,
+            Verb::Note | Verb::Say | Verb::Reply | Verb::Send | Verb::Blocked
+        );
+        match &args.text {
+            Some(t) if t.len() > self.config.text_bytes_max => Err(Refusal::new(
+                Code::PayloadTooLarge,
+                format!(
+                    "text: {} bytes is over the {}-byte limit",
+                    t.len(),
+                    self.config.text_bytes_max
+                ),
+            )
+            .detail(json!({"field": "text", "limit_bytes": self.config.text_bytes_max}))),
+            Some(t) if t.contains('\0') => Err(Refusal::invalid("text", "contains NUL")),
+            Some(t) if t.trim().is_empty() && needs_text => {
+                Err(Refusal::invalid("text", "must not be empty"))
+            }
+            None if needs_text => Err(Refusal::invalid("text", format!("{verb} needs text"))),
+            other => Ok(other.clone()),
+        }
+    }
+
+    /// Text over 8 KiB goes to a blob (synced before the record that names it).
+    fn spill_text(
+        &self,
+        handle: &Arc<Mutex<RoomHandle>>,
+        text: Option<String>,
+    ) -> Outcome<(Option<String>, Option<BlobRef>)> {
+        match text {
+            Some(t) if t.len() > INLINE_BYTES_MAX => {
+                let blobs = lock_room(handle).blobs.clone();
+                let sha = blobs.put(t.as_bytes(), "txt").map_err(Refusal::storage)?;
+                let preview: String = t.chars().take(PREVIEW_CHARS).collect();
+                Ok((
+                    None,
+                    Some(BlobRef {
+                        sha256: sha,
+                        bytes: t.len() as u64,
+                        preview,
+                    }),
+                ))
+            }
+            other => Ok((other, None)),
+        }
+    }
+
+    /// Every evidence handle must be an event of this room; one of another room is refused.
+    fn prevalidate_evidence(&self, room: &str, evidence: &[String]) -> Outcome<()> {
+        for ev in evidence {
+            if !id::is_event_id(ev) {
+                return Err(Refusal::invalid(
+                    "evidence",
+                    format!("{ev:?} is not an event id"),
+                ));
+            }
+            let here = self.room_handle(room)?;
+            if lock_room(&here)
+                .index
+                .event_by_id(ev)
+                .map_err(store_err)?
+                .is_some()
+            {
+                continue;
+            }
+            let others: Vec<(String, Arc<Mutex<RoomHandle>>)> = self
+                .rooms
+                .lock()
+                .expect("rooms map lock")
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            for (name, h) in others {
+                if name != room
+                    && lock_room(&h)
+                        .index
+                        .event_by_id(ev)
+                        .map_err(store_err)?
+                        .is_some()
+                {
+                    return Err(Refusal::new(
+                        Code::CrossRoomEvidenceRefused,
+                        format!("evidence {ev} belongs to another room; evidence must come from room {room}"),
+                    )
+                    .detail(json!({"evidence": ev})));
+                }
+            }
+            return Err(Refusal::invalid(
+                "evidence",
+                format!("{ev} is not an event of room {room}"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn require_task(&self, h: &RoomHandle, verb: Verb, args: &TurnArgs) -> Outcome<TaskRow> {
+        let task = args.task.as_deref().ok_or_else(|| {
+            Refusal::new(Code::TaskRequired, format!("{verb} needs a task"))
+                .detail(json!({"field": "task"}))
+        })?;
+        let t = self.task_row(task)?;
+        if t.room != h.name {
+            return Err(Refusal::invalid(
+                "task",
+                format!("task {task} belongs to room {}", t.room),
+            ));
+        }
+        Ok(t)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn plan_verb(
+        &self,
+        h: &RoomHandle,
+        p: &Principal,
+        verb: Verb,
+        args: &TurnArgs,
+        binding: &Binding,
+        mentioned: &[String],
+        turn: &mut Turn,
+        now: u64,
+    ) -> Outcome<()> {
+        let coordination = matches!(binding, Binding::Coordination);
+        let untasked = |to: Vec<String>, wake: bool| ItemPlan {
+            mention: to.clone(),
+            oblige: vec![],
+            wake: if wake { to } else { vec![] },
+            not_after_ms: now + UNTASKED_DEADLINE_MS,
+            deadline_ms: UNTASKED_DEADLINE_MS,
+        };
+        let open = h.index.open_items(&p.name).map_err(store_err)?;
+        let resolve = |items: &[&ItemRow], status: &str| -> Vec<Resolution> {
+            items
+                .iter()
+                .map(|i| Resolution {
+                    id: i.id.clone(),
+                    item: if i.kind == ItemKind::Mention {
+                        ItemKindWire::Mention
+                    } else {
+                        ItemKindWire::Obligation
+                    },
+                    status: status.into(),
+                })
+                .collect()
+        };
+        match verb {
+            Verb::Note => {
+                if !mentioned.is_empty() {
+                    return Err(Refusal::new(
+                        Code::NoteMentionsRefused,
+                        format!("a note cannot mention anyone ({})", mentioned.join(", ")),
+                    )
+                    .hint("use say or send to address someone"));
+                }
+                if !args.to.is_empty() {
+                    return Err(Refusal::invalid("to", "a note addresses no one"));
+                }
+            }
+            Verb::Say => {
+                if args.task.is_some() {
+                    return Err(
+                        Refusal::new(Code::SayTaskRefused, "say does not carry a task")
+                            .hint("use send for task-bound work"),
+                    );
+                }
+                if let Some(r) = &args.reply_to {
+                    self.known_target(h, r)?;
+                    let hits: Vec<&ItemRow> = open
+                        .iter()
+                        .filter(|i| i.source == *r || i.id == *r)
+                        .collect();
+                    turn.resolves = resolve(&hits, "resolved");
+                } else if turn.to.is_empty() && !open.is_empty() {
+                    let sources: BTreeSet<&str> = open.iter().map(|i| i.source.as_str()).collect();
+                    if sources.len() > 1 {
+                        return Err(Refusal::new(
+                            Code::SayReplyTargetAmbiguous,
+                            format!(
+                                "you have open items from {} sources; say which one you answer",
+                                sources.len()
+                            ),
+                        )
+                        .detail(json!({"sources": sources}))
+                        .hint("pass --reply-to EVENT, or address someone with --to"));
+                    }
+                    let hits: Vec<&ItemRow> = open.iter().collect();
+                    turn.resolves = resolve(&hits, "resolved");
+                    turn.reply_to = sources.into_iter().next().map(String::from);
+                }
+                turn.plan = untasked(turn.to.clone(), coordination);
+            }
+            Verb::Reply => {
+                let target = args.reply_to.as_deref().ok_or_else(|| {
+                    Refusal::invalid("reply_to", "reply needs reply_to (an event or item id)")
+                })?;
+                self.known_target(h, target)?;
+                let hits: Vec<&ItemRow> = open
+                    .iter()
+                    .filter(|i| i.source == target || i.id == target)
+                    .collect();
+                if hits.is_empty() {
+                    return Err(Refusal::new(
+                        Code::ReplyTargetNotAddressed,
+                        format!("{target} holds nothing open addressed to {}", p.name),
+                    )
+                    .hint(
+                        "reply to a mention or obligation that is yours (see open_items in sync)",
+                    ));
+                }
+                turn.resolves = resolve(&hits, "resolved");
+            }
+            Verb::Send => {
+                let tasked = match (&args.task, binding) {
+                    (None, Binding::Project { .. }) => {
+                        return Err(Refusal::new(
+                            Code::SendTaskRequired,
+                            "send in a project room needs a task",
+                        )
+                        .detail(json!({"field": "task"}))
+                        .hint("create one with task_create, then send --task"));
+                    }
+                    (None, Binding::Coordination) => false,
+                    (Some(_), _) => {
+                        let t = self.require_task(h, verb, args)?;
+                        if !matches!(t.status.as_str(), "open" | "claimed" | "blocked") {
+                            return Err(Refusal::new(
+                                Code::TaskStateInvalid,
+                                format!("task {} is {}", t.id, t.status),
+                            ));
+                        }
+                        true
+                    }
+                };
+                if turn.to.is_empty() {
+                    return Err(Refusal::invalid(
+                        "to",
+                        "send needs at least one recipient (--to or @mention)",
+                    ));
+                }
+                let deadline = if tasked {
+                    TASKED_DEADLINE_MS
+                } else {
+                    UNTASKED_DEADLINE_MS
+                };
+                turn.plan = ItemPlan {
+                    mention: turn.to.clone(),
+                    oblige: turn.to.clone(),
+                    wake: turn.to.clone(),
+                    not_after_ms: now + deadline,
+                    deadline_ms: deadline,
+                };
+            }
+            Verb::Handoff => {
+                let t = self.require_task(h, verb, args)?;
+                if t.recipient.as_deref() != Some(p.name.as_str()) && t.owner != p.name {
+                    return Err(Refusal::new(
+                        Code::TaskNotHeld,
+                        format!("task {} is not yours to hand off", t.id),
+                    ));
+                }
+                if !matches!(t.status.as_str(), "open" | "claimed") {
+                    return Err(Refusal::new(
+                        Code::TaskStateInvalid,
+                        format!("task {} is {}", t.id, t.status),
+                    ));
+                }
+                let [to] = turn.to.as_slice() else {
+                    return Err(Refusal::invalid(
+                        "to",
+                        "handoff needs exactly one new recipient",
+                    ));
+                };
+                turn.task_transition = Some(TaskTransition {
+                    task: t.id.clone(),
+                    from: t.status.clone(),
+                    to: "open".into(),
+                    recipient: Some(to.clone()),
+                });
+                turn.detail = json!({"lease_transferred": false, "fresh_claim_required": true, "from": p.name, "to": to});
+                turn.plan = ItemPlan {
+                    mention: vec![to.clone()],
+                    oblige: vec![],
+                    wake: if coordination {
+                        vec![to.clone()]
+                    } else {
+                        vec![]
+                    },
+                    not_after_ms: now + TASKED_DEADLINE_MS,
+                    deadline_ms: TASKED_DEADLINE_MS,
+                };
+            }
+            Verb::Done => {
+                let t = self.require_task(h, verb, args)?;
+                if t.recipient.as_deref() != Some(p.name.as_str()) {
+                    return Err(Refusal::new(
+                        Code::TaskNotHeld,
+                        format!("task {} is not held by {}", t.id, p.name),
+                    ));
+                }
+                if t.status != "claimed" {
+                    return Err(Refusal::new(
+                        Code::TaskStateInvalid,
+                        format!("task {} is {}; claim it before done", t.id, t.status),
+                    ));
+                }
+                let hits: Vec<&ItemRow> = open
+                    .iter()
+                    .filter(|i| {
+                        i.kind == ItemKind::Obligation && i.task.as_deref() == Some(t.id.as_str())
+                    })
+                    .collect();
+                turn.resolves = resolve(&hits, "resolved");
+                turn.task_transition = Some(TaskTransition {
+                    task: t.id.clone(),
+                    from: "claimed".into(),
+                    to: "done".into(),
+                    recipient: Some(p.name.clone()),
+                });
+                turn.detail = json!({"acceptance": "not_evaluated", "acceptance_results": []});
+            }
+            Verb::Blocked => {
+                let t = self.require_task(h, verb, args)?;
+                if t.recipient.as_deref() != Some(p.name.as_str()) {
+                    return Err(Refusal::new(
+                        Code::TaskNotHeld,
+                        format!("task {} is not held by {}", t.id, p.name),
+                    ));
+                }
+                if !matches!(t.status.as_str(), "open" | "claimed") {
+                    return Err(Refusal::new(
+                        Code::TaskStateInvalid,
+                        format!("task {} is {}", t.id, t.status),
+                    ));
+                }
+                turn.task_transition = Some(TaskTransition {
+                    task: t.id.clone(),
+                    from: t.status.clone(),
+                    to: "blocked".into(),
+                    recipient: Some(p.name.clone()),
+                });
+                if t.owner != p.name {
+                    turn.to = vec![t.owner.clone()];
+                    turn.plan = ItemPlan {
+                        mention: vec![t.owner.clone()],
+                        oblige: vec![t.owner.clone()],
+                        wake: vec![t.owner.clone()],
+                        not_after_ms: now + TASKED_DEADLINE_MS,
+                        deadline_ms: TASKED_DEADLINE_MS,
+                    };
+                }
+            }
+            Verb::Decline => {
+                let t = self.require_task(h, verb, args)?;
+                if t.recipient.as_deref() != Some(p.name.as_str()) {
+                    return Err(Refusal::new(
+                        Code::TaskNotHeld,
+                        format!("task {} is not addressed to {}", t.id, p.name),
+                    ));
+                }
+                if !matches!(t.status.as_str(), "open" | "claimed") {
+                    return Err(Refusal::new(
+                        Code::TaskStateInvalid,
+                        format!("task {} is {}", t.id, t.status),
+                    ));
+                }
+                let hits: Vec<&ItemRow> = open
+                    .iter()
+                    .filter(|i| i.task.as_deref() == Some(t.id.as_str()))
+                    .collect();
+                turn.resolves = resolve(&hits, "declined");
+                turn.task_transition = Some(TaskTransition {
+                    task: t.id.clone(),
+                    from: t.status.clone(),
+                    to: "declined".into(),
+                    recipient: Some(p.name.clone()),
+                });
+                if t.owner != p.name {
+                    turn.to = vec![t.owner.clone()];
+                    turn.plan = ItemPlan {
+                        mention: vec![t.owner.clone()],
+                        oblige: vec![],
+                        wake: vec![t.owner.clone()],
+                        not_after_ms: now + TASKED_DEADLINE_MS,
+                        deadline_ms: TASKED_DEADLINE_MS,
+                    };
+                }
+            }
+            Verb::Circle => {
+                let ob = args.obligation.as_deref().ok_or_else(|| {
+                    Refusal::invalid("obligation", "circle needs the obligation id it re-raises")
+                })?;
+                if !id::is_obligation_id(ob) {
+                    return Err(Refusal::invalid(
+                        "obligation",
+                        "not an obligation id (obl_ and 16 hex)",
+                    ));
+                }
+                let row = h.index.item(ItemKind::Obligation, ob).map_err(store_err)?;
+                let row = match row {
+                    Some(r) if r.from_agent == p.name && r.status == "open" => r,
+                    _ => {
+                        return Err(Refusal::new(
+                            Code::ObligationNotFound,
+                            format!("{ob} is not an open obligation you raised in this room"),
+                        ));
+                    }
+                };
+                turn.to = vec![row.agent.clone()];
+                turn.reply_to = Some(row.source.clone());
+                turn.task = row.task.clone();
+                let not_after = row.not_after_ms.unwrap_or(now);
+                turn.detail = json!({"obligation": ob, "original_not_after_ms": not_after});
+                turn.plan = ItemPlan {
+                    mention: vec![],
+                    oblige: vec![],
+                    wake: vec![row.agent.clone()],
+                    not_after_ms: not_after,
+                    deadline_ms: if row.task.is_some() {
+                        TASKED_DEADLINE_MS
+                    } else {
+                        UNTASKED_DEADLINE_MS
+                    },
+                };
+            }
+            _ => unreachable!("only gated verbs reach plan_verb"),
+        }
+        Ok(())
+    }
+
+    /// A reply target must be an event or item of this room.
+    fn known_target(&self, h: &RoomHandle, target: &str) -> Outcome<()> {
+        let known = if id::is_event_id(target) {
+            h.index.event_by_id(target).map_err(store_err)?.is_some()
+        } else if id::is_mention_id(target) {
+            h.index
+                .item(ItemKind::Mention, target)
+                .map_err(store_err)?
+                .is_some()
+        } else if id::is_obligation_id(target) {
+            h.index
+                .item(ItemKind::Obligation, target)
+                .map_err(store_err)?
+                .is_some()
+        } else {
+            return Err(Refusal::invalid(
+                "reply_to",
+                "not an event, mention or obligation id",
+            ));
+        };
+        if !known {
+            return Err(Refusal::invalid(
+                "reply_to",
+                format!("{target} is not in room {}", h.name),
+            ));
+        }
+        Ok(())
+    }
+}
+
+pub fn item_view(i: &ItemRow) -> Value {
+    json!({"id": i.id, "kind": if i.kind == ItemKind::Mention { "mention" } else { "obligation" },
+        "source": i.source, "agent": i.agent, "from": i.from_agent, "task": i.task, "status": i.status,
+        "resolved_by": i.resolved_by, "not_after_ms": i.not_after_ms})
+}

@@ -1,0 +1,324 @@
+//! `room serve`: take the state dir's lock, open the engine, listen on the Unix socket (mode
+//! 0600, peer uid from SO_PEERCRED) and, when asked, on a loopback TCP port. Engine calls are
+//! blocking (they fsync), so each runs on tokio's blocking pool.
+
+use crate::dispatch::{self, Transport};
+use crate::wire::{REQUEST_BYTES_MAX, Request, Response};
+use anyhow::{Context, bail};
+use room_core::{Clock, Code, Entropy, Refusal};
+use room_engine::{Engine, EngineConfig, Env};
+use room_store::fs::RealFs;
+use room_store::statedir::{self, StateDir};
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+
+/// The system clock, for the daemon only; the engine sees it through `Clock`.
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0)
+    }
+}
+
+/// The OS CSPRNG.
+pub struct OsEntropy;
+
+impl Entropy for OsEntropy {
+    fn fill(&self, buf: &mut [u8]) {
+        getrandom::fill(buf).expect("the OS random source is available");
+    }
+}
+
+pub fn real_env() -> Env {
+    Env {
+        clock: Arc::new(SystemClock),
+        entropy: Arc::new(OsEntropy),
+        fs: Arc::new(RealFs),
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub state_dir: PathBuf,
+    pub bootstrap: PathBuf,
+    pub listen: Option<SocketAddr>,
+}
+
+/// Validate, lock, open. Split-brain and a held lock are errors here, before anything listens.
+pub fn open_engine(cfg: &ServeConfig) -> anyhow::Result<(StateDir, statedir::DaemonLock, Engine)> {
+    let state =
+        statedir::validate(&cfg.state_dir, &cfg.bootstrap).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let lock = statedir::lock(&state).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let engine = Engine::open(state.clone(), real_env(), EngineConfig::default())
+        .map_err(|e| anyhow::anyhow!("cannot open the engine: {e}"))?;
+    Ok((state, lock, engine))
+}
+
+/// Run until `shutdown` resolves.
+pub async fn serve(
+    cfg: ServeConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let (state, _lock, engine) = tokio::task::spawn_blocking({
+        let cfg = cfg.clone();
+        move || open_engine(&cfg)
+    })
+    .await??;
+    let engine = Arc::new(engine);
+    let sock = state.socket();
+    // We hold the lock, so any socket file is a leftover of a dead daemon.
+    let _ = std::fs::remove_file(&sock);
+    let listener =
+        UnixListener::bind(&sock).with_context(|| format!("binding {}", sock.display()))?;
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))?;
+    tracing::info!(socket = %sock.display(), instance = %state.instance_id, "room daemon listening");
+    let http = match cfg.listen {
+        Some(addr) => {
+            if !addr.ip().is_loopback() {
+                bail!("--listen must be a loopback address (got {addr})");
+            }
+            let tcp = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding {addr}"))?;
+            let bound = tcp.local_addr()?;
+            tracing::info!(%bound, "http listening");
+            std::fs::write(state.root.join("http.addr"), bound.to_string())?;
+            Some(tokio::spawn(crate::daemon::http::run(tcp, engine.clone())))
+        }
+        None => None,
+    };
+    let uid = rustix::process::getuid().as_raw();
+    let accept = async {
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => {
+                    let engine = engine.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = connection(stream, engine, uid).await {
+                            tracing::debug!("connection ended: {e}");
+                        }
+                    });
+                }
+                Err(e) => tracing::warn!("accept failed: {e}"),
+            }
+        }
+    };
+    tokio::select! {
+        _ = accept => {}
+        _ = shutdown => tracing::info!("shutting down"),
+    }
+    if let Some(h) = http {
+        h.abort();
+    }
+    let _ = std::fs::remove_file(&sock);
+    let _ = std::fs::remove_file(state.root.join("http.addr"));
+    Ok(())
+}
+
+async fn connection(stream: UnixStream, engine: Arc<Engine>, uid: u32) -> anyhow::Result<()> {
+    let peer = stream.peer_cred()?;
+    let transport = if peer.uid() == uid {
+        Transport::OwnerConsole
+    } else {
+        Transport::ForeignSocket
+    };
+    let (read, mut write) = stream.into_split();
+    let mut reader = BufReader::new(read);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let n = (&mut reader)
+            .take(REQUEST_BYTES_MAX as u64 + 1)
+            .read_until(b'\n', &mut line)
+            .await?;
+        if n == 0 {
+            return Ok(());
+        }
+        let resp = if line.len() > REQUEST_BYTES_MAX {
+            let r = Response::refused(
+                Refusal::new(
+                    Code::PayloadTooLarge,
+                    format!("request over {REQUEST_BYTES_MAX} bytes"),
+                )
+                .detail(serde_json::json!({"limit_bytes": REQUEST_BYTES_MAX})),
+            );
+            write_response(&mut write, &r).await?;
+            return Ok(()); // the rest of the oversized line cannot be trusted as a frame
+        } else {
+            decode_and_handle(&engine, transport, &line, None).await
+        };
+        write_response(&mut write, &resp).await?;
+    }
+}
+
+async fn write_response(
+    w: &mut tokio::net::unix::OwnedWriteHalf,
+    r: &Response,
+) -> anyhow::Result<()> {
+    let mut bytes = serde_json::to_vec(r)?;
+    bytes.push(b'\n');
+    w.write_all(&bytes).await?;
+    Ok(())
+}
+
+pub(crate) async fn decode_and_handle(
+    engine: &Arc<Engine>,
+    transport: Transport,
+    bytes: &[u8],
+    bearer: Option<String>,
+) -> Response {
+    let text = match std::str::from_utf8(bytes) {
+        Ok(t) => t.trim_end(),
+        Err(_) => return Response::refused(Refusal::invalid("request", "not UTF-8")),
+    };
+    let req: Request = match serde_json::from_str(text) {
+        Ok(r) => r,
+        Err(e) => {
+            return Response::refused(Refusal::invalid(
+                "request",
+                format!("malformed request: {e}"),
+            ));
+        }
+    };
+    let engine = engine.clone();
+    match tokio::task::spawn_blocking(move || dispatch::handle(&engine, transport, req, bearer))
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => Response::refused(Refusal::storage(format!("request handler failed: {e}"))),
+    }
+}
+
+/// A daemon on its own runtime thread, for the demo, the bench and tests.
+pub struct Background {
+    pub socket: PathBuf,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Background {
+    /// Start a daemon on its own runtime thread and wait until its socket answers.
+    pub fn start(state_dir: &Path, bootstrap: &Path) -> anyhow::Result<Background> {
+        let cfg = ServeConfig {
+            state_dir: state_dir.to_path_buf(),
+            bootstrap: bootstrap.to_path_buf(),
+            listen: None,
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(serve(cfg, async {
+                let _ = rx.await;
+            }))
+        });
+        let socket = state_dir.join("room.sock");
+        for _ in 0..500 {
+            if let Ok(mut c) = crate::client::Client::connect(&socket)
+                && c.call(&Request {
+                    op: "ping".into(),
+                    token: None,
+                    conversation: None,
+                    tier: None,
+                    args: serde_json::json!({}),
+                })
+                .is_ok()
+            {
+                return Ok(Background {
+                    socket,
+                    stop: Some(tx),
+                    thread: Some(thread),
+                });
+            }
+            if thread.is_finished() {
+                return match thread.join() {
+                    Ok(Err(e)) => Err(e),
+                    _ => Err(anyhow::anyhow!("daemon thread ended")),
+                };
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        anyhow::bail!("daemon did not come up")
+    }
+
+    pub fn stop(mut self) -> anyhow::Result<()> {
+        self.shutdown()
+    }
+
+    fn shutdown(&mut self) -> anyhow::Result<()> {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            t.join()
+                .map_err(|_| anyhow::anyhow!("daemon thread panicked"))??;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.shutdown();
+    }
+}
+
+pub mod http {
+    //! `POST /v1/call` on the loopback listener: the same request object, with the credential
+    //! in `Authorization: Bearer`. A missing credential is 401 and nothing else.
+
+    use super::*;
+    use axum::Router;
+    use axum::body::Bytes;
+    use axum::extract::{DefaultBodyLimit, State};
+    use axum::http::{HeaderMap, StatusCode, header};
+    use axum::response::{IntoResponse, Response as HttpResponse};
+    use axum::routing::{get, post};
+
+    pub async fn run(tcp: tokio::net::TcpListener, engine: Arc<Engine>) {
+        let app = Router::new()
+            .route("/v1/call", post(call))
+            .route("/healthz", get(|| async { "ok" }))
+            .layer(DefaultBodyLimit::max(REQUEST_BYTES_MAX))
+            .with_state(engine);
+        if let Err(e) = axum::serve(tcp, app).await {
+            tracing::error!("http server stopped: {e}");
+        }
+    }
+
+    async fn call(
+        State(engine): State<Arc<Engine>>,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> HttpResponse {
+        let bearer = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(|s| s.trim().to_string());
+        let Some(bearer) = bearer.filter(|b| !b.is_empty()) else {
+            return (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Bearer")],
+            )
+                .into_response();
+        };
+        let resp = decode_and_handle(&engine, Transport::Http, &body, Some(bearer)).await;
+        let status = match &resp.refusal {
+            Some(r) if matches!(r.code, Code::CredentialInvalid | Code::CredentialRevoked) => {
+                StatusCode::UNAUTHORIZED
+            }
+            _ => StatusCode::OK,
+        };
+        (status, axum::Json(resp)).into_response()
+    }
+}

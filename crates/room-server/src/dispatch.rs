@@ -1,0 +1,284 @@
+//! Decode a request, route it to the engine, and pass everything bound for an agent through
+//! the egress redactor. Routing is by name only: which caller may do what is the engine's call.
+
+use crate::wire::*;
+use room_core::{Code, Refusal, Tier, Verb};
+use room_engine::principal::AgentCaller;
+use room_engine::verbs::TurnArgs;
+use room_engine::{Caller, Engine};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+/// How the request arrived; the engine decides what that allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// Unix socket, peer uid equal to the daemon's: the local owner console.
+    OwnerConsole,
+    /// Unix socket, another uid: agents only.
+    ForeignSocket,
+    /// HTTP with `Authorization: Bearer`.
+    Http,
+}
+
+/// The conversation an agent gets when its transport names none (one fixed one per agent).
+pub const DEFAULT_CONVERSATION: &str = "cli";
+
+const OWNER_OPS: &[&str] = &[
+    "agent_enroll",
+    "agent_rotate",
+    "agent_revoke",
+    "agent_policy",
+    "agent_list",
+    "project_open",
+    "project_list",
+    "room_create",
+    "room_members_add",
+    "room_reset",
+    "room_log",
+    "rooms",
+    "index_rebuild",
+    "wakes_list",
+    "owner_task_show",
+    "ping",
+];
+
+fn args<T: DeserializeOwned>(v: Value) -> Result<T, Refusal> {
+    let v = if v.is_null() { json!({}) } else { v };
+    serde_json::from_value(v).map_err(|e| {
+        let msg = e.to_string();
+        let field = msg
+            .split('`')
+            .nth(1)
+            .map(String::from)
+            .unwrap_or_else(|| "args".into());
+        Refusal::invalid(&field, msg)
+    })
+}
+
+fn tier_arg(field: &str, v: Option<String>) -> Result<Option<Tier>, Refusal> {
+    v.map(|t| {
+        Tier::parse(&t).ok_or_else(|| {
+            Refusal::invalid(
+                field,
+                format!("{t:?} is not observer, member, coordinator or operator"),
+            )
+        })
+    })
+    .transpose()
+}
+
+fn verbs_arg(field: &str, v: Vec<String>) -> Result<Vec<Verb>, Refusal> {
+    v.into_iter()
+        .map(|s| {
+            Verb::parse(&s).ok_or_else(|| Refusal::invalid(field, format!("{s:?} is not a verb")))
+        })
+        .collect()
+}
+
+/// Handle one request. `bearer` is the HTTP credential, if the transport carried one.
+pub fn handle(
+    engine: &Engine,
+    transport: Transport,
+    req: Request,
+    bearer: Option<String>,
+) -> Response {
+    let token = match (bearer, req.token.clone()) {
+        (Some(_), Some(_)) => {
+            return Response::refused(Refusal::invalid(
+                "token",
+                "give the credential once (header or body)",
+            ));
+        }
+        (a, b) => a.or(b),
+    };
+    let caller = match token {
+        None if transport == Transport::OwnerConsole => Caller::Owner,
+        None => {
+            return Response::refused(
+                Refusal::new(Code::CredentialInvalid, "no credential presented")
+                    .hint("set ROOM_TOKEN"),
+            );
+        }
+        Some(token) => {
+            let declared = match tier_arg("tier", req.tier.clone()) {
+                Ok(t) => t,
+                Err(r) => return Response::refused(r),
+            };
+            Caller::Agent(AgentCaller {
+                token,
+                conversation: req
+                    .conversation
+                    .clone()
+                    .unwrap_or_else(|| DEFAULT_CONVERSATION.into()),
+                declared_tier: declared,
+            })
+        }
+    };
+    match caller {
+        Caller::Owner => match owner_op(engine, &req.op, req.args) {
+            Ok(v) => Response::ok(v),
+            Err(r) => Response::refused(r),
+        },
+        Caller::Agent(a) => {
+            let out = agent_op(engine, &a, &req.op, req.args);
+            egress(engine, out)
+        }
+    }
+}
+
+/// Everything toward an agent passes the redactor; without a policy nothing leaves.
+fn egress(engine: &Engine, out: Result<Value, Refusal>) -> Response {
+    let policy = engine.policy();
+    let redactor = match policy.redactor() {
+        Ok(r) => r,
+        Err(withheld) => return Response::refused(withheld),
+    };
+    match out {
+        Ok(v) => Response::ok(redactor.redact_value(&v)),
+        Err(mut r) => {
+            r.message = redactor.redact(&r.message).into_owned();
+            r.hint = r.hint.map(|h| redactor.redact(&h).into_owned());
+            r.detail = redactor.redact_value(&r.detail);
+            Response::refused(r)
+        }
+    }
+}
+
+fn owner_op(engine: &Engine, op: &str, a: Value) -> Result<Value, Refusal> {
+    match op {
+        "ping" => Ok(
+            json!({"pong": true, "instance": engine.state().instance_id, "pid": std::process::id()}),
+        ),
+        "agent_enroll" => {
+            let a: EnrollArgs = args(a)?;
+            let tier = tier_arg("max_tier", a.max_tier)?.unwrap_or(Tier::Member);
+            let e = engine.enroll(&a.name, tier, a.host.as_deref().unwrap_or("generic"))?;
+            Ok(
+                json!({"agent": e.name, "token": e.token, "max_tier": e.max_tier, "registration_sha256": e.registration_sha256}),
+            )
+        }
+        "agent_rotate" => {
+            let a: NameArgs = args(a)?;
+            let e = engine.rotate(&a.name)?;
+            Ok(
+                json!({"agent": e.name, "token": e.token, "registration_sha256": e.registration_sha256}),
+            )
+        }
+        "agent_revoke" => engine.revoke(&args::<NameArgs>(a)?.name),
+        "agent_policy" => {
+            let a: PolicyArgs = args(a)?;
+            let deny = verbs_arg("deny", a.deny)?;
+            let allow = verbs_arg("allow", a.allow)?;
+            let tier = tier_arg("max_tier", a.max_tier)?;
+            engine.set_agent_policy(&a.name, &deny, &allow, tier)
+        }
+        "agent_list" => engine.agents_view(),
+        "project_open" => {
+            let a: ProjectOpenArgs = args(a)?;
+            engine.project_open(&a.path, a.name.as_deref())
+        }
+        "project_list" => engine.projects_view(),
+        "room_create" => {
+            let a: RoomCreateArgs = args(a)?;
+            engine.room_create(&a.name, a.project.as_deref(), &a.members)
+        }
+        "room_members_add" => {
+            let a: RoomAgentArgs = args(a)?;
+            engine.room_members_add(&a.room, &a.agent)
+        }
+        "room_reset" => engine.room_reset(&args::<RoomArgs>(a)?.room),
+        "room_log" => {
+            let a: LogArgs = args(a)?;
+            engine.room_log(&a.room, a.from.unwrap_or(1), a.limit.unwrap_or(200))
+        }
+        "rooms" => engine.rooms_view(None),
+        "index_rebuild" => engine.index_rebuild(&args::<RoomArgs>(a)?.room),
+        "wakes_list" => engine.wakes_view(args::<OptRoomArgs>(a)?.room.as_deref()),
+        "owner_task_show" => engine.task_view_owner(&args::<TaskArgs>(a)?.task),
+        _ if is_agent_op(op) => Err(Refusal::new(
+            Code::CredentialInvalid,
+            format!("{op} acts as an agent: no credential presented"),
+        )
+        .hint("set ROOM_TOKEN to the agent's token")),
+        _ => Err(Refusal::invalid("op", format!("unknown operation {op:?}"))),
+    }
+}
+
+fn is_agent_op(op: &str) -> bool {
+    op == "room" || op == "sync" || Verb::parse(op).is_some()
+}
+
+fn turn_args(w: TurnWire) -> TurnArgs {
+    TurnArgs {
+        room: w.room,
+        text: w.text,
+        to: w.to,
+        reply_to: w.reply_to,
+        task: w.task,
+        evidence: w.evidence,
+        parents: w.parents,
+        obligation: w.obligation,
+        actor: w.actor,
+    }
+}
+
+fn agent_op(engine: &Engine, caller: &AgentCaller, op: &str, a: Value) -> Result<Value, Refusal> {
+    if OWNER_OPS.contains(&op) {
+        // Authenticate first so a bad token is reported as such, then refuse the owner op.
+        engine.authenticate(&caller.token)?;
+        return Err(Refusal::new(
+            Code::OwnerRequired,
+            format!("{op} is for the owner console only"),
+        ));
+    }
+    // The multiplexer reaches the same verbs, under the same authorization.
+    let (verb, a) = if op == "room" {
+        let action = a.get("action").and_then(Value::as_str).map(String::from);
+        let action = action.ok_or_else(|| {
+            Refusal::invalid("action", "the room tool needs an action (a verb name)")
+        })?;
+        let verb = Verb::parse(&action)
+            .ok_or_else(|| Refusal::invalid("action", format!("{action:?} is not a verb")))?;
+        let mut a = a;
+        if !verb.is_gated() {
+            a.as_object_mut().map(|m| m.remove("action"));
+        }
+        (verb, a)
+    } else {
+        (
+            Verb::parse(op)
+                .ok_or_else(|| Refusal::invalid("op", format!("unknown operation {op:?}")))?,
+            a,
+        )
+    };
+    match verb {
+        Verb::Whoami => {
+            args::<serde_json::Map<String, Value>>(a)?
+                .is_empty()
+                .then_some(())
+                .ok_or_else(|| Refusal::invalid("args", "whoami takes no arguments"))?;
+            engine.whoami(caller)
+        }
+        Verb::List => engine.list(caller),
+        Verb::Sync => {
+            let a: SyncArgs = args(a)?;
+            engine.sync(caller, &a.room, a.confirm.as_deref())
+        }
+        Verb::TaskCreate => {
+            let a: TaskCreateArgs = args(a)?;
+            engine.task_create(
+                caller,
+                &a.room,
+                &a.title,
+                a.to.as_deref(),
+                a.parent.as_deref(),
+            )
+        }
+        Verb::TaskClaim => engine.task_claim(caller, &args::<TaskArgs>(a)?.task),
+        Verb::TaskShow => engine.task_show(caller, &args::<TaskArgs>(a)?.task),
+        v => {
+            let w: TurnWire = args(a)?;
+            engine.turn(caller, v, turn_args(w))
+        }
+    }
+}
