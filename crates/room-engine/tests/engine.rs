@@ -1,0 +1,211 @@
+//! Engine-level tests for what the daemon cannot reach deterministically: the race between a
+//! turn's preparation and its commit, the Fold Rule, page chunking, completion of an interrupted
+//! second flush, and HLC order under a clock that steps back.
+
+use room_core::env::{ManualClock, SeededEntropy};
+use room_core::{Code, Tier, Verb};
+use room_engine::principal::AgentCaller;
+use room_engine::verbs::TurnArgs;
+use room_engine::{Engine, EngineConfig, Env};
+use room_store::fs::RealFs;
+use room_store::statedir;
+use serde_json::Value;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+struct Fixture {
+    _tmp: tempfile::TempDir,
+    state: PathBuf,
+    boot: PathBuf,
+    clock: Arc<ManualClock>,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(tmp.path()).unwrap();
+        let state = root.join("state");
+        let boot = root.join("boot.toml");
+        statedir::init(&state, &boot, "inst").unwrap();
+        Fixture { _tmp: tmp, state, boot, clock: Arc::new(ManualClock::new(1_790_000_000_000)) }
+    }
+
+    fn engine(&self, seed: u64) -> Engine {
+        let s = statedir::validate(&self.state, &self.boot).unwrap();
+        let env = Env { clock: self.clock.clone(), entropy: Arc::new(SeededEntropy::new(seed)), fs: Arc::new(RealFs) };
+        Engine::open(s, env, EngineConfig::default()).unwrap()
+    }
+}
+
+fn agent(e: &Engine, name: &str, tier: Tier) -> AgentCaller {
+    let t = e.enroll(name, tier, "generic").unwrap().token;
+    AgentCaller { token: t, conversation: "c1".into(), declared_tier: None }
+}
+
+fn catch_up(e: &Engine, a: &AgentCaller, room: &str) -> Vec<Value> {
+    let mut pages = vec![];
+    let mut page = e.sync(a, room, None).unwrap();
+    loop {
+        let receipt = page["receipt"].as_str().unwrap().to_string();
+        let more = page["more"] == true;
+        pages.push(page);
+        page = e.sync(a, room, Some(&receipt)).unwrap();
+        if !more {
+            break;
+        }
+    }
+    pages
+}
+
+fn say(room: &str, text: &str) -> TurnArgs {
+    TurnArgs { room: room.into(), text: Some(text.into()), ..Default::default() }
+}
+
+fn tip(e: &Engine, room: &str) -> u64 {
+    e.room_log(room, 1, 1).unwrap()["tip_seq"].as_u64().unwrap()
+}
+
+#[test]
+fn a_foreign_arrival_between_prepare_and_commit_is_refused_and_writes_nothing() {
+    let f = Fixture::new();
+    let e = f.engine(1);
+    let a = agent(&e, "alpha", Tier::Member);
+    let b = agent(&e, "beta", Tier::Member);
+    e.room_create("r", None, &["alpha".into(), "beta".into()]).unwrap();
+    catch_up(&e, &a, "r");
+    catch_up(&e, &b, "r");
+    let prepared = e.prepare_turn(&a, Verb::Say, say("r", "mine")).unwrap();
+    e.turn(&b, Verb::Say, say("r", "theirs")).unwrap();
+    let before = tip(&e, "r");
+    let err = e.commit_turn(prepared).unwrap_err();
+    assert_eq!(err.code, Code::RoomSyncConcurrentArrival);
+    assert_eq!(tip(&e, "r"), before);
+}
+
+#[test]
+fn the_fold_rule_lets_an_author_continue_over_its_own_turns_only() {
+    let f = Fixture::new();
+    let e = f.engine(2);
+    let a = agent(&e, "alpha", Tier::Member);
+    let b = agent(&e, "beta", Tier::Member);
+    e.room_create("r", None, &["alpha".into(), "beta".into()]).unwrap();
+    catch_up(&e, &a, "r");
+    e.turn(&a, Verb::Say, say("r", "one")).unwrap();
+    e.turn(&a, Verb::Say, say("r", "two")).unwrap();
+    catch_up(&e, &b, "r");
+    e.turn(&b, Verb::Note, say("r", "status")).unwrap();
+    let err = e.turn(&a, Verb::Say, say("r", "three")).unwrap_err();
+    assert_eq!(err.code, Code::RoomSyncRequired);
+    // the refusal hands over the unread page, and confirming it opens the gate
+    let receipt = err.detail["next_page"]["receipt"].as_str().unwrap().to_string();
+    e.sync(&a, "r", Some(&receipt)).unwrap();
+    e.turn(&a, Verb::Say, say("r", "three")).unwrap();
+    // another conversation of the same agent has its own checkpoint
+    let a2 = AgentCaller { conversation: "c2".into(), ..a.clone() };
+    assert_eq!(e.turn(&a2, Verb::Say, say("r", "four")).unwrap_err().code, Code::RoomSyncRequired);
+}
+
+#[test]
+fn oversized_events_arrive_in_utf8_safe_chunks_and_only_item_complete_advances() {
+    let f = Fixture::new();
+    let e = f.engine(3);
+    let a = agent(&e, "alpha", Tier::Member);
+    let b = agent(&e, "beta", Tier::Member);
+    e.room_create("r", None, &["alpha".into(), "beta".into()]).unwrap();
+    catch_up(&e, &a, "r");
+    let big: String = "é€x".repeat(12_000); // multi-byte characters across chunk edges, > 8 KiB: a blob
+    let sent = e.turn(&a, Verb::Say, say("r", &big)).unwrap();
+    let seq = sent["seq"].as_u64().unwrap();
+    let mut page = e.sync(&b, "r", None).unwrap();
+    let mut data = String::new();
+    let mut pages = 0;
+    loop {
+        pages += 1;
+        assert!(serde_json::to_vec(&page).unwrap().len() <= 24 * 1024, "a page is at most 24 KiB");
+        let mut complete = false;
+        for item in page["items"].as_array().unwrap() {
+            if item["seq"].as_u64() == Some(seq) {
+                let frag = item["fragment"].as_str().expect("the big event arrives in fragments");
+                assert!(item["data"].as_str().unwrap().len() <= 1024);
+                data.push_str(item["data"].as_str().unwrap());
+                complete = frag == "item_complete";
+            }
+        }
+        let receipt = page["receipt"].as_str().unwrap().to_string();
+        let more = page["more"] == true;
+        page = e.sync(&b, "r", Some(&receipt)).unwrap();
+        let confirmed = page["confirmed"]["confirmed_seq"].as_u64().unwrap();
+        if complete {
+            assert_eq!(confirmed, seq);
+        } else if data.is_empty() {
+            assert!(confirmed < seq);
+        } else {
+            assert_eq!(confirmed, seq - 1, "a chunk never advances past its event");
+        }
+        if !more {
+            break;
+        }
+    }
+    assert!(pages > 2);
+    let item: Value = serde_json::from_str(&data).unwrap();
+    assert_eq!(item["event"]["text"].as_str().unwrap(), big);
+}
+
+#[test]
+fn an_interrupted_second_flush_is_completed_at_open_with_the_same_ids() {
+    let f = Fixture::new();
+    let (room_dir, first) = {
+        let e = f.engine(4);
+        let a = agent(&e, "alpha", Tier::Member);
+        agent(&e, "beta", Tier::Member);
+        e.room_create("r", None, &["alpha".into(), "beta".into()]).unwrap();
+        catch_up(&e, &a, "r");
+        let sent = e
+            .turn(&a, Verb::Send, TurnArgs { to: vec!["beta".into()], ..say("r", "please look") })
+            .unwrap();
+        let dir = std::fs::read_dir(f.state.join("rooms")).unwrap().next().unwrap().unwrap().path();
+        (dir, sent)
+    };
+    // Simulate a crash after flush 1: drop the last journal line (flush 2), the index and the wake.
+    let journal = room_dir.join("EVENTS.jsonl");
+    let text = std::fs::read_to_string(&journal).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    assert!(lines.last().unwrap().contains("\"kind\":\"items\""));
+    lines.pop();
+    std::fs::write(&journal, lines.join("\n") + "\n").unwrap();
+    for f in ["sync_index.db", "sync_index.db-wal", "sync_index.db-shm"] {
+        let _ = std::fs::remove_file(room_dir.join(f));
+    }
+    let wake = f.state.join(first["wakes"][0].as_str().unwrap());
+    std::fs::remove_file(&wake).unwrap();
+
+    let e = f.engine(5);
+    let log = e.room_log("r", 1, 100).unwrap();
+    let ob: Vec<&Value> = log["items"].as_array().unwrap().iter().filter(|i| i["kind"] == "obligation").collect();
+    assert_eq!(ob.len(), 1);
+    assert_eq!(ob[0]["id"], first["obligations"][0]["id"], "completion re-derives the same obligation id");
+    assert!(wake.exists(), "the wake permit is re-sealed");
+    // opening again completes nothing more
+    drop(e);
+    let e = f.engine(6);
+    assert_eq!(e.room_log("r", 1, 100).unwrap()["tip_seq"], log["tip_seq"]);
+}
+
+#[test]
+fn a_clock_that_steps_back_still_yields_a_verifying_chain() {
+    let f = Fixture::new();
+    let e = f.engine(7);
+    let a = agent(&e, "alpha", Tier::Member);
+    e.room_create("r", None, &["alpha".into()]).unwrap();
+    catch_up(&e, &a, "r");
+    for i in 0..20 {
+        if i % 3 == 0 {
+            f.clock.set(1_700_000_000_000 - i * 1000);
+        }
+        e.turn(&a, Verb::Note, say("r", &format!("n{i}"))).unwrap();
+    }
+    let dir = std::fs::read_dir(f.state.join("rooms")).unwrap().next().unwrap().unwrap().path();
+    let graph = dir.file_name().unwrap().to_str().unwrap().to_string();
+    let report = room_store::journal::verify(&dir.join("EVENTS.jsonl"), &graph).unwrap();
+    assert_eq!(report.records, 21);
+}
