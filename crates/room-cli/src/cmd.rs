@@ -371,7 +371,7 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
 /// Drop nulls so the daemon's strict decoding sees only what the user gave.
 fn prune(v: &mut Value) {
     if let Value::Object(m) = v {
-        m.retain(|_, x| !x.is_null() && !(x.is_array() && x.as_array().is_some_and(Vec::is_empty)));
+        m.retain(|_, x| !(x.is_null() || x.as_array().is_some_and(Vec::is_empty)));
     }
 }
 

@@ -22,7 +22,7 @@ struct Dirs {
 }
 
 fn spawn(d: &Dirs) -> Child {
-    let child = Command::new(env!("CARGO_BIN_EXE_room"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_room"))
         .args(["serve", "--state-dir"])
         .arg(&d.state)
         .env("XDG_CONFIG_HOME", &d.config_home)
@@ -37,21 +37,38 @@ fn spawn(d: &Dirs) -> Child {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+    let _ = child.kill();
+    let _ = child.wait();
     panic!("daemon did not come up");
 }
 
 fn req(token: Option<&str>, op: &str, args: Value) -> Request {
-    Request { op: op.into(), token: token.map(String::from), conversation: None, tier: None, args }
+    Request {
+        op: op.into(),
+        token: token.map(String::from),
+        conversation: None,
+        tier: None,
+        args,
+    }
 }
 
 fn call(sock: &Path, token: Option<&str>, op: &str, args: Value) -> Response {
-    Client::connect(sock).unwrap().call(&req(token, op, args)).unwrap()
+    Client::connect(sock)
+        .unwrap()
+        .call(&req(token, op, args))
+        .unwrap()
 }
 
 fn catch_up(c: &mut Client, token: &str, room: &str) -> Option<()> {
     let mut confirm: Option<String> = None;
     loop {
-        let r = c.call(&req(Some(token), "sync", json!({"room": room, "confirm": confirm}))).ok()?;
+        let r = c
+            .call(&req(
+                Some(token),
+                "sync",
+                json!({"room": room, "confirm": confirm}),
+            ))
+            .ok()?;
         let page = r.result?;
         if page["items"].as_array().is_some_and(Vec::is_empty) {
             return Some(());
@@ -61,16 +78,31 @@ fn catch_up(c: &mut Client, token: &str, room: &str) -> Option<()> {
 }
 
 /// Write until the daemon dies; return the event ids it acknowledged.
-fn writer(sock: PathBuf, token: String, room: String, acked: Arc<Mutex<Vec<String>>>, stop: Arc<AtomicBool>) {
-    let Ok(mut c) = Client::connect(&sock) else { return };
+fn writer(
+    sock: PathBuf,
+    token: String,
+    room: String,
+    acked: Arc<Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+) {
+    let Ok(mut c) = Client::connect(&sock) else {
+        return;
+    };
     if catch_up(&mut c, &token, &room).is_none() {
         return;
     }
     let mut n = 0u64;
     while !stop.load(Ordering::Relaxed) {
         n += 1;
-        match c.call(&req(Some(&token), "say", json!({"room": room, "text": format!("turn {n}")}))) {
-            Ok(r) if r.ok => acked.lock().unwrap().push(r.result.unwrap()["event"].as_str().unwrap().to_string()),
+        match c.call(&req(
+            Some(&token),
+            "say",
+            json!({"room": room, "text": format!("turn {n}")}),
+        )) {
+            Ok(r) if r.ok => acked
+                .lock()
+                .unwrap()
+                .push(r.result.unwrap()["event"].as_str().unwrap().to_string()),
             Ok(r) => panic!("unexpected refusal: {:?}", r.refusal),
             Err(_) => return,
         }
@@ -88,10 +120,23 @@ fn next(seed: &mut u64) -> u64 {
 fn sigkill_under_load_loses_no_acknowledged_event() {
     let tmp = tempfile::tempdir().unwrap();
     let root = std::fs::canonicalize(tmp.path()).unwrap();
-    let d = Dirs { state: root.join("state"), config_home: root.join("config"), _tmp: tmp };
-    room_store::statedir::init(&d.state, &d.config_home.join("room/bootstrap.toml"), "crash-test").unwrap();
+    let d = Dirs {
+        state: root.join("state"),
+        config_home: root.join("config"),
+        _tmp: tmp,
+    };
+    room_store::statedir::init(
+        &d.state,
+        &d.config_home.join("room/bootstrap.toml"),
+        "crash-test",
+    )
+    .unwrap();
     let sock = d.state.join("room.sock");
-    let mut seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
+    let mut seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        | 1;
     eprintln!("crash test seed {seed}");
 
     let mut child = spawn(&d);
@@ -101,17 +146,27 @@ fn sigkill_under_load_loses_no_acknowledged_event() {
         let r = call(&sock, None, "agent_enroll", json!({"name": name}));
         let token = r.result.unwrap()["token"].as_str().unwrap().to_string();
         let room = format!("room{i}");
-        assert!(call(&sock, None, "room_create", json!({"name": room, "members": [name]})).ok);
+        assert!(
+            call(
+                &sock,
+                None,
+                "room_create",
+                json!({"name": room, "members": [name]})
+            )
+            .ok
+        );
         agents.push((token, room));
     }
-    let acked: Vec<Arc<Mutex<Vec<String>>>> = (0..WRITERS).map(|_| Arc::new(Mutex::new(vec![]))).collect();
+    let acked: Vec<Arc<Mutex<Vec<String>>>> =
+        (0..WRITERS).map(|_| Arc::new(Mutex::new(vec![]))).collect();
     for round in 0..ROUNDS {
         let stop = Arc::new(AtomicBool::new(false));
         let threads: Vec<_> = agents
             .iter()
             .zip(&acked)
             .map(|((t, r), a)| {
-                let (sock, t, r, a, stop) = (sock.clone(), t.clone(), r.clone(), a.clone(), stop.clone());
+                let (sock, t, r, a, stop) =
+                    (sock.clone(), t.clone(), r.clone(), a.clone(), stop.clone());
                 std::thread::spawn(move || writer(sock, t, r, a, stop))
             })
             .collect();
@@ -124,7 +179,12 @@ fn sigkill_under_load_loses_no_acknowledged_event() {
         }
         child = spawn(&d);
         for (i, (_, room)) in agents.iter().enumerate() {
-            let log = call(&sock, None, "room_log", json!({"room": room, "limit": 1000}));
+            let log = call(
+                &sock,
+                None,
+                "room_log",
+                json!({"room": room, "limit": 1000}),
+            );
             let mut from = 1;
             let mut present: HashSet<String> = HashSet::new();
             let mut log = log.result.unwrap();
@@ -139,13 +199,26 @@ fn sigkill_under_load_loses_no_acknowledged_event() {
                     break;
                 }
                 from += 1000;
-                log = call(&sock, None, "room_log", json!({"room": room, "from": from, "limit": 1000})).result.unwrap();
+                log = call(
+                    &sock,
+                    None,
+                    "room_log",
+                    json!({"room": room, "from": from, "limit": 1000}),
+                )
+                .result
+                .unwrap();
             }
             let acked_here: HashSet<String> = acked[i].lock().unwrap().iter().cloned().collect();
             let missing: Vec<_> = acked_here.difference(&present).collect();
-            assert!(missing.is_empty(), "round {round}, {room}: acknowledged events lost: {missing:?}");
+            assert!(
+                missing.is_empty(),
+                "round {round}, {room}: acknowledged events lost: {missing:?}"
+            );
             let unacked = present.difference(&acked_here).count();
-            assert!(unacked <= round + 1, "round {round}, {room}: {unacked} turns present without ack (at most one in flight per round)");
+            assert!(
+                unacked <= round + 1,
+                "round {round}, {room}: {unacked} turns present without ack (at most one in flight per round)"
+            );
         }
         let verify = Command::new(env!("CARGO_BIN_EXE_room"))
             .args(["verify", "--json", "--state-dir"])
@@ -153,7 +226,11 @@ fn sigkill_under_load_loses_no_acknowledged_event() {
             .env("XDG_CONFIG_HOME", &d.config_home)
             .output()
             .unwrap();
-        assert!(verify.status.success(), "round {round}: verify failed: {}", String::from_utf8_lossy(&verify.stdout));
+        assert!(
+            verify.status.success(),
+            "round {round}: verify failed: {}",
+            String::from_utf8_lossy(&verify.stdout)
+        );
     }
     let total: usize = acked.iter().map(|a| a.lock().unwrap().len()).sum();
     eprintln!("{total} acknowledged turns survived {ROUNDS} SIGKILLs");

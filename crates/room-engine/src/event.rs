@@ -38,7 +38,7 @@ pub enum EventBody {
     RoomReset {
         actor: String,
     },
-    Turn(Turn),
+    Turn(Box<Turn>),
     /// Flush 2 of a turn: the mention and obligation records its flush 1 implies.
     Items(Items),
     Task(TaskEvent),

@@ -262,7 +262,7 @@ impl Engine {
                     "field": field, "at_ms": self.now_ms(),
                 });
                 room_store::fs::append_jsonl(&self.state.root.join("integrity.jsonl"), &signal)
-                    .map_err(|e| Refusal::storage(e))?;
+                    .map_err(Refusal::storage)?;
                 Err(Refusal::new(
                     Code::ActorMismatch,
                     format!("{field} names {c:?} but the caller is {}", p.name),

@@ -169,7 +169,7 @@ impl Engine {
                 } else {
                     0
                 };
-                let whole = offset == 0 && text.len() + 1 <= budget;
+                let whole = offset == 0 && text.len() < budget;
                 if whole && until.is_none_or(|u| u.seq >= e.seq) {
                     if used + text.len() + 1 > budget {
                         break 'outer;

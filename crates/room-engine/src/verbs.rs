@@ -639,7 +639,7 @@ impl Engine {
         let planned = !turn.plan.is_empty();
         let rec = h.commit(
             self,
-            vec![EventBody::Turn(turn.clone())],
+            vec![EventBody::Turn(Box::new(turn.clone()))],
             if planned { None } else { fold.clone() },
         )?;
         let source = rec[0].id.clone();

@@ -27,19 +27,32 @@ impl Fixture {
         let state = root.join("state");
         let boot = root.join("boot.toml");
         statedir::init(&state, &boot, "inst").unwrap();
-        Fixture { _tmp: tmp, state, boot, clock: Arc::new(ManualClock::new(1_790_000_000_000)) }
+        Fixture {
+            _tmp: tmp,
+            state,
+            boot,
+            clock: Arc::new(ManualClock::new(1_790_000_000_000)),
+        }
     }
 
     fn engine(&self, seed: u64) -> Engine {
         let s = statedir::validate(&self.state, &self.boot).unwrap();
-        let env = Env { clock: self.clock.clone(), entropy: Arc::new(SeededEntropy::new(seed)), fs: Arc::new(RealFs) };
+        let env = Env {
+            clock: self.clock.clone(),
+            entropy: Arc::new(SeededEntropy::new(seed)),
+            fs: Arc::new(RealFs),
+        };
         Engine::open(s, env, EngineConfig::default()).unwrap()
     }
 }
 
 fn agent(e: &Engine, name: &str, tier: Tier) -> AgentCaller {
     let t = e.enroll(name, tier, "generic").unwrap().token;
-    AgentCaller { token: t, conversation: "c1".into(), declared_tier: None }
+    AgentCaller {
+        token: t,
+        conversation: "c1".into(),
+        declared_tier: None,
+    }
 }
 
 fn catch_up(e: &Engine, a: &AgentCaller, room: &str) -> Vec<Value> {
@@ -58,7 +71,11 @@ fn catch_up(e: &Engine, a: &AgentCaller, room: &str) -> Vec<Value> {
 }
 
 fn say(room: &str, text: &str) -> TurnArgs {
-    TurnArgs { room: room.into(), text: Some(text.into()), ..Default::default() }
+    TurnArgs {
+        room: room.into(),
+        text: Some(text.into()),
+        ..Default::default()
+    }
 }
 
 fn tip(e: &Engine, room: &str) -> u64 {
@@ -71,7 +88,8 @@ fn a_foreign_arrival_between_prepare_and_commit_is_refused_and_writes_nothing() 
     let e = f.engine(1);
     let a = agent(&e, "alpha", Tier::Member);
     let b = agent(&e, "beta", Tier::Member);
-    e.room_create("r", None, &["alpha".into(), "beta".into()]).unwrap();
+    e.room_create("r", None, &["alpha".into(), "beta".into()])
+        .unwrap();
     catch_up(&e, &a, "r");
     catch_up(&e, &b, "r");
     let prepared = e.prepare_turn(&a, Verb::Say, say("r", "mine")).unwrap();
@@ -88,7 +106,8 @@ fn the_fold_rule_lets_an_author_continue_over_its_own_turns_only() {
     let e = f.engine(2);
     let a = agent(&e, "alpha", Tier::Member);
     let b = agent(&e, "beta", Tier::Member);
-    e.room_create("r", None, &["alpha".into(), "beta".into()]).unwrap();
+    e.room_create("r", None, &["alpha".into(), "beta".into()])
+        .unwrap();
     catch_up(&e, &a, "r");
     e.turn(&a, Verb::Say, say("r", "one")).unwrap();
     e.turn(&a, Verb::Say, say("r", "two")).unwrap();
@@ -97,12 +116,21 @@ fn the_fold_rule_lets_an_author_continue_over_its_own_turns_only() {
     let err = e.turn(&a, Verb::Say, say("r", "three")).unwrap_err();
     assert_eq!(err.code, Code::RoomSyncRequired);
     // the refusal hands over the unread page, and confirming it opens the gate
-    let receipt = err.detail["next_page"]["receipt"].as_str().unwrap().to_string();
+    let receipt = err.detail["next_page"]["receipt"]
+        .as_str()
+        .unwrap()
+        .to_string();
     e.sync(&a, "r", Some(&receipt)).unwrap();
     e.turn(&a, Verb::Say, say("r", "three")).unwrap();
     // another conversation of the same agent has its own checkpoint
-    let a2 = AgentCaller { conversation: "c2".into(), ..a.clone() };
-    assert_eq!(e.turn(&a2, Verb::Say, say("r", "four")).unwrap_err().code, Code::RoomSyncRequired);
+    let a2 = AgentCaller {
+        conversation: "c2".into(),
+        ..a.clone()
+    };
+    assert_eq!(
+        e.turn(&a2, Verb::Say, say("r", "four")).unwrap_err().code,
+        Code::RoomSyncRequired
+    );
 }
 
 #[test]
@@ -111,7 +139,8 @@ fn oversized_events_arrive_in_utf8_safe_chunks_and_only_item_complete_advances()
     let e = f.engine(3);
     let a = agent(&e, "alpha", Tier::Member);
     let b = agent(&e, "beta", Tier::Member);
-    e.room_create("r", None, &["alpha".into(), "beta".into()]).unwrap();
+    e.room_create("r", None, &["alpha".into(), "beta".into()])
+        .unwrap();
     catch_up(&e, &a, "r");
     let big: String = "é€x".repeat(12_000); // multi-byte characters across chunk edges, > 8 KiB: a blob
     let sent = e.turn(&a, Verb::Say, say("r", &big)).unwrap();
@@ -121,11 +150,16 @@ fn oversized_events_arrive_in_utf8_safe_chunks_and_only_item_complete_advances()
     let mut pages = 0;
     loop {
         pages += 1;
-        assert!(serde_json::to_vec(&page).unwrap().len() <= 24 * 1024, "a page is at most 24 KiB");
+        assert!(
+            serde_json::to_vec(&page).unwrap().len() <= 24 * 1024,
+            "a page is at most 24 KiB"
+        );
         let mut complete = false;
         for item in page["items"].as_array().unwrap() {
             if item["seq"].as_u64() == Some(seq) {
-                let frag = item["fragment"].as_str().expect("the big event arrives in fragments");
+                let frag = item["fragment"]
+                    .as_str()
+                    .expect("the big event arrives in fragments");
                 assert!(item["data"].as_str().unwrap().len() <= 1024);
                 data.push_str(item["data"].as_str().unwrap());
                 complete = frag == "item_complete";
@@ -158,12 +192,25 @@ fn an_interrupted_second_flush_is_completed_at_open_with_the_same_ids() {
         let e = f.engine(4);
         let a = agent(&e, "alpha", Tier::Member);
         agent(&e, "beta", Tier::Member);
-        e.room_create("r", None, &["alpha".into(), "beta".into()]).unwrap();
+        e.room_create("r", None, &["alpha".into(), "beta".into()])
+            .unwrap();
         catch_up(&e, &a, "r");
         let sent = e
-            .turn(&a, Verb::Send, TurnArgs { to: vec!["beta".into()], ..say("r", "please look") })
+            .turn(
+                &a,
+                Verb::Send,
+                TurnArgs {
+                    to: vec!["beta".into()],
+                    ..say("r", "please look")
+                },
+            )
             .unwrap();
-        let dir = std::fs::read_dir(f.state.join("rooms")).unwrap().next().unwrap().unwrap().path();
+        let dir = std::fs::read_dir(f.state.join("rooms"))
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
         (dir, sent)
     };
     // Simulate a crash after flush 1: drop the last journal line (flush 2), the index and the wake.
@@ -181,9 +228,17 @@ fn an_interrupted_second_flush_is_completed_at_open_with_the_same_ids() {
 
     let e = f.engine(5);
     let log = e.room_log("r", 1, 100).unwrap();
-    let ob: Vec<&Value> = log["items"].as_array().unwrap().iter().filter(|i| i["kind"] == "obligation").collect();
+    let ob: Vec<&Value> = log["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["kind"] == "obligation")
+        .collect();
     assert_eq!(ob.len(), 1);
-    assert_eq!(ob[0]["id"], first["obligations"][0]["id"], "completion re-derives the same obligation id");
+    assert_eq!(
+        ob[0]["id"], first["obligations"][0]["id"],
+        "completion re-derives the same obligation id"
+    );
     assert!(wake.exists(), "the wake permit is re-sealed");
     // opening again completes nothing more
     drop(e);
@@ -204,7 +259,12 @@ fn a_clock_that_steps_back_still_yields_a_verifying_chain() {
         }
         e.turn(&a, Verb::Note, say("r", &format!("n{i}"))).unwrap();
     }
-    let dir = std::fs::read_dir(f.state.join("rooms")).unwrap().next().unwrap().unwrap().path();
+    let dir = std::fs::read_dir(f.state.join("rooms"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
     let graph = dir.file_name().unwrap().to_str().unwrap().to_string();
     let report = room_store::journal::verify(&dir.join("EVENTS.jsonl"), &graph).unwrap();
     assert_eq!(report.records, 21);
