@@ -306,29 +306,42 @@ impl Control {
         Ok(())
     }
 
+    const ROOM_COLS: &'static str =
+        "name, graph_id, project_id, created_ms, revision, reset_gen, reset_ms, admission_gen";
+
+    fn room_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<RoomRow> {
+        Ok(RoomRow {
+            name: r.get(0)?,
+            graph_id: r.get(1)?,
+            project_id: r.get(2)?,
+            created_ms: u(r.get(3)?),
+            revision: u(r.get(4)?),
+            reset_gen: u(r.get(5)?),
+            reset_ms: r.get::<_, Option<i64>>(6)?.map(u),
+            admission_gen: u(r.get(7)?),
+        })
+    }
+
     pub fn rooms(&self) -> Result<Vec<RoomRow>> {
         Ok(self
             .conn
-            .prepare_cached(
-                "SELECT name, graph_id, project_id, created_ms, revision, reset_gen, reset_ms, admission_gen FROM rooms ORDER BY name",
-            )?
-            .query_map([], |r| {
-                Ok(RoomRow {
-                    name: r.get(0)?,
-                    graph_id: r.get(1)?,
-                    project_id: r.get(2)?,
-                    created_ms: u(r.get(3)?),
-                    revision: u(r.get(4)?),
-                    reset_gen: u(r.get(5)?),
-                    reset_ms: r.get::<_, Option<i64>>(6)?.map(u),
-                    admission_gen: u(r.get(7)?),
-                })
-            })?
+            .prepare_cached(&format!(
+                "SELECT {} FROM rooms ORDER BY name",
+                Self::ROOM_COLS
+            ))?
+            .query_map([], Self::room_from)?
             .collect::<rusqlite::Result<_>>()?)
     }
 
     pub fn room(&self, name: &str) -> Result<Option<RoomRow>> {
-        Ok(self.rooms()?.into_iter().find(|r| r.name == name))
+        Ok(self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {} FROM rooms WHERE name = ?1",
+                Self::ROOM_COLS
+            ))?
+            .query_row([name], Self::room_from)
+            .optional()?)
     }
 
     pub fn insert_room(&mut self, r: &RoomRow, members: &[String]) -> Result<()> {
