@@ -316,8 +316,8 @@ fn bench(a: &BenchArgs) -> anyhow::Result<()> {
         );
     }
     println!(
-        "{:<58} {:>12} {:>10.1} {:>10}  {}",
-        "gate check, 10 k events of history", "-", small, "-", "µs per check"
+        "{:<58} {:>12} {:>10.1} {:>10}  µs per check",
+        "gate check, 10 k events of history", "-", small, "-"
     );
     println!(
         "{:<58} {:>12} {:>10.1} {:>10}  {:.2}x the 10 k cost",
