@@ -117,9 +117,11 @@ fn parse(bytes: &[u8]) -> Policy {
             cfg.fleet.ceiling
         ));
     };
-    let redactor = Redactor::new(&cfg.redaction.patterns).map(Arc::new);
-    if let Err(e) = &redactor {
-        tracing::error!("config.toml: {e}");
+    match Redactor::new(&cfg.redaction.patterns) {
+        Ok(r) => Policy {
+            ceiling,
+            redactor: Ok(Arc::new(r)),
+        },
+        Err(e) => failed(format!("config.toml: {e}")),
     }
-    Policy { ceiling, redactor }
 }

@@ -179,7 +179,19 @@ pub(crate) async fn decode_and_handle(
         Ok(t) => t.trim_end(),
         Err(_) => return Response::refused(Refusal::invalid("request", "not UTF-8")),
     };
-    let req: Request = match serde_json::from_str(text) {
+    // One JSON object: serde would also take the struct's fields as an array, which the wire
+    // contract does not allow.
+    let value: serde_json::Value = match serde_json::from_str(text) {
+        Ok(v @ serde_json::Value::Object(_)) => v,
+        Ok(_) => return Response::refused(Refusal::invalid("request", "must be one JSON object")),
+        Err(e) => {
+            return Response::refused(Refusal::invalid(
+                "request",
+                format!("malformed request: {e}"),
+            ));
+        }
+    };
+    let req: Request = match serde_json::from_value(value) {
         Ok(r) => r,
         Err(e) => {
             return Response::refused(Refusal::invalid(

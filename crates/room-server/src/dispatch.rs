@@ -43,7 +43,11 @@ const OWNER_OPS: &[&str] = &[
 ];
 
 fn args<T: DeserializeOwned>(v: Value) -> Result<T, Refusal> {
-    let v = if v.is_null() { json!({}) } else { v };
+    let v = match v {
+        Value::Null => json!({}),
+        Value::Object(_) => v,
+        _ => return Err(Refusal::invalid("args", "must be a JSON object")),
+    };
     serde_json::from_value(v).map_err(|e| {
         let msg = e.to_string();
         let field = msg
@@ -120,6 +124,11 @@ pub fn handle(
             Err(r) => Response::refused(r),
         },
         Caller::Agent(a) => {
+            // Without an egress policy nothing may leave, so nothing may run either: a call
+            // whose answer would be withheld must not have written anything.
+            if let Err(withheld) = engine.policy().redactor() {
+                return Response::refused(withheld);
+            }
             let out = agent_op(engine, &a, &req.op, req.args);
             egress(engine, out)
         }

@@ -1,0 +1,166 @@
+//! The `room` binary as a user meets it: init, serve, owner and agent commands, refusal output
+//! and exit codes, the split-brain and single-daemon refusals at start.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output};
+use std::time::Duration;
+
+struct Env {
+    _tmp: tempfile::TempDir,
+    root: PathBuf,
+    state: PathBuf,
+}
+
+impl Env {
+    fn new() -> Env {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(tmp.path()).unwrap();
+        Env {
+            state: root.join("state"),
+            root,
+            _tmp: tmp,
+        }
+    }
+
+    fn cmd(&self, state: &Path, args: &[&str], token: Option<&str>) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_room"));
+        c.args(args)
+            .arg("--state-dir")
+            .arg(state)
+            .env("XDG_CONFIG_HOME", self.root.join("config"))
+            .env("ROOM_LOG", "error");
+        c.env_remove("ROOM_TOKEN")
+            .env_remove("ROOM_CONVERSATION")
+            .env_remove("ROOM_TIER");
+        if let Some(t) = token {
+            c.env("ROOM_TOKEN", t);
+        }
+        c
+    }
+
+    fn run(&self, args: &[&str], token: Option<&str>) -> Output {
+        self.cmd(&self.state, args, token).output().unwrap()
+    }
+
+    fn serve(&self, state: &Path) -> Child {
+        let mut child = self.cmd(state, &["serve"], None).spawn().unwrap();
+        for _ in 0..500 {
+            if state.join("room.sock").exists() && self.run(&["list"], None).status.success() {
+                return child;
+            }
+            if let Ok(Some(_)) = child.try_wait() {
+                return child;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("daemon did not come up");
+    }
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stdout)))
+}
+
+#[test]
+fn a_session_from_init_to_refusal_and_the_start_refusals() {
+    let env = Env::new();
+    assert!(env.run(&["init"], None).status.success());
+    let mut daemon = env.serve(&env.state);
+
+    // a second daemon on the same state dir names the first one's pid
+    let second = env.cmd(&env.state, &["serve"], None).output().unwrap();
+    assert_eq!(second.status.code(), Some(4), "{}", stderr(&second));
+    assert!(
+        stderr(&second).contains(&format!("pid {}", daemon.id())),
+        "{}",
+        stderr(&second)
+    );
+
+    let enrolled = env.run(&["agent", "enroll", "alpha", "--json"], None);
+    assert!(enrolled.status.success(), "{}", stderr(&enrolled));
+    let token = json(&enrolled)["token"].as_str().unwrap().to_string();
+    assert!(
+        env.run(&["create", "lobby", "--member", "alpha"], None)
+            .status
+            .success()
+    );
+
+    // a blind write: exit 1, error[CODE] on stderr, --json puts the refusal on stdout
+    let blind = env.run(&["say", "lobby", "hello", "--json"], Some(&token));
+    assert_eq!(blind.status.code(), Some(1));
+    assert!(
+        stderr(&blind).starts_with("error[room_sync_required]:"),
+        "{}",
+        stderr(&blind)
+    );
+    assert_eq!(json(&blind)["refusal"]["code"], "room_sync_required");
+    let receipt = json(&blind)["refusal"]["detail"]["next_page"]["receipt"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        env.run(&["sync", "lobby", "--confirm", &receipt], Some(&token))
+            .status
+            .success()
+    );
+    let said = env.run(&["say", "lobby", "hello", "--json"], Some(&token));
+    assert!(said.status.success(), "{}", stderr(&said));
+
+    // a bad name: a clear error naming the field, nothing stored
+    let bad = env.run(&["create", "../escape"], None);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(
+        stderr(&bad).contains("error[invalid_argument]: room:"),
+        "{}",
+        stderr(&bad)
+    );
+
+    // offline verify passes while the daemon runs
+    let v = env.run(&["verify", "--json"], None);
+    assert!(v.status.success());
+    assert_eq!(json(&v)["rooms"][0]["records"], 2);
+
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+
+    // a copied tree is a split brain: its marker names the original path
+    let copy = env.root.join("copy");
+    let status = Command::new("cp")
+        .arg("-a")
+        .arg(&env.state)
+        .arg(&copy)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let _ = std::fs::remove_file(copy.join("room.sock"));
+    let out = env.cmd(&copy, &["serve"], None).output().unwrap();
+    assert_eq!(out.status.code(), Some(4));
+    assert!(
+        stderr(&out).contains("state_dir_split_brain"),
+        "{}",
+        stderr(&out)
+    );
+
+    // reached through a symlink
+    let link = env.root.join("link");
+    std::os::unix::fs::symlink(&env.state, &link).unwrap();
+    let out = env.cmd(&link, &["serve"], None).output().unwrap();
+    assert_eq!(out.status.code(), Some(4));
+    assert!(
+        stderr(&out).contains("state_dir_split_brain"),
+        "{}",
+        stderr(&out)
+    );
+
+    // without the daemon, agent commands say how to start it
+    let down = env.run(&["list"], None);
+    assert_eq!(down.status.code(), Some(3));
+    assert!(stderr(&down).contains("room serve"));
+}
