@@ -296,13 +296,7 @@ impl Engine {
         if r.actor != st.key.actor || r.conversation != st.key.conversation {
             return Err(unknown());
         }
-        if r.conversation_key != st.key.conversation_key || r.view_gen != st.key.view_gen {
-            return Err(Refusal::new(
-                Code::RoomSyncViewChanged,
-                "the receipt belongs to an earlier view of this room (credential, conversation, reset or participants changed)",
-            )
-            .hint("sync again without --confirm and confirm the new receipt"));
-        }
+        // A fork is the more specific diagnosis: check it before the view.
         let tip_ok = h
             .index
             .event_by_seq(r.tip_seq)
@@ -315,6 +309,13 @@ impl Engine {
             )
             .detail(json!({"tip_seq": r.tip_seq, "tip_hash": r.tip_hash}))
             .hint("sync again from your checkpoint"));
+        }
+        if r.conversation_key != st.key.conversation_key || r.view_gen != st.key.view_gen {
+            return Err(Refusal::new(
+                Code::RoomSyncViewChanged,
+                "the receipt belongs to an earlier view of this room (credential, conversation, reset or participants changed)",
+            )
+            .hint("sync again without --confirm and confirm the new receipt"));
         }
         let policy = self.policy();
         let redactor = policy.redactor()?;
