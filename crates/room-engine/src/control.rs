@@ -2,7 +2,7 @@
 //! credential digests, verb policy, project grants, rooms and rosters, tasks, and the control
 //! epoch. Every change here is committed (synchronous=FULL) before the call that made it returns.
 
-use room_store::index::{configure, migrate};
+use room_store::index::{configure_owned, migrate};
 use room_store::{Result, StoreError};
 use rusqlite::{Connection, OptionalExtension, params};
 use std::path::Path;
@@ -131,7 +131,7 @@ fn u(v: i64) -> u64 {
 impl Control {
     pub fn open(path: &Path) -> Result<Control> {
         let mut conn = Connection::open(path)?;
-        configure(&conn)?;
+        configure_owned(&conn)?;
         migrate(&mut conn, MIGRATIONS)?;
         Ok(Control { conn })
     }

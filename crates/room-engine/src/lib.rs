@@ -132,6 +132,28 @@ impl Engine {
             })
     }
 
+    /// Commit every room's pending projection rows. The daemon calls this on a short timer and
+    /// at shutdown; correctness does not depend on it (the journal is the commit point), only
+    /// how much catching up the next start does.
+    pub fn flush_indexes(&self) {
+        let handles: Vec<_> = self
+            .rooms
+            .lock()
+            .expect("rooms map lock")
+            .values()
+            .cloned()
+            .collect();
+        for h in handles {
+            let mut room = lock_room(&h);
+            if let Err(e) = room.index.flush() {
+                tracing::error!(room = %room.name, "index flush failed: {e}");
+                room.read_only = Some(format!(
+                    "index flush failed: {e}; restart to catch up from the journal"
+                ));
+            }
+        }
+    }
+
     /// The current policy (fleet ceiling, redactor), re-read from config.toml when it changed.
     pub fn policy(&self) -> Policy {
         self.policy.current()

@@ -234,6 +234,16 @@ impl RoomHandle {
         Ok(h)
     }
 
+    /// Drop the projection and refill it from the journal as it now is (receipts and
+    /// checkpoints stay). The owner's way to accept a journal that reconciliation refused.
+    pub fn rebuild(&mut self, engine: &Engine) -> Result<(), StoreError> {
+        self.journal = None;
+        self.index.clear_projection()?;
+        self.read_only = None;
+        self.open_journal(engine, None)?;
+        self.complete_pending(engine)
+    }
+
     fn open_journal(
         &mut self,
         engine: &Engine,
@@ -392,7 +402,7 @@ impl RoomHandle {
         p.batch.mark = Some(journal.mark().clone());
         let projected = engine
             .apply_task_effects(&p.tasks, tip.hlc.ms)
-            .and_then(|()| self.index.apply(&p.batch));
+            .and_then(|()| self.index.apply_deferred(&p.batch));
         if let Err(e) = projected {
             // The journal holds the records; the projection will be caught up at the next open.
             self.read_only = Some(format!("projection failed after a durable append: {e}"));

@@ -260,23 +260,15 @@ impl Engine {
     pub fn index_rebuild(&self, room: &str) -> Outcome<Value> {
         let handle = self.room_handle(room)?;
         let mut h = lock_room(&handle);
-        let row = self
-            .control()
-            .room(room)
-            .map_err(store_err)?
-            .ok_or_else(|| Refusal::new(Code::RoomNotFound, room.to_string()))?;
         // Accepting a replaced journal resets the room's view: checkpoints taken over the old
         // chain may point past or beside the new one, so every agent must read again.
         let was_rotated = h.read_only.is_some();
-        h.journal = None;
-        h.index.clear_projection().map_err(store_err)?;
+        h.rebuild(self).map_err(store_err)?;
         if was_rotated {
             self.control()
                 .reset_room(room, self.now_ms())
                 .map_err(store_err)?;
         }
-        let fresh = RoomHandle::open(self, &row).map_err(store_err)?;
-        *h = fresh;
         let count = h.index.event_count().map_err(store_err)?;
         Ok(json!({"room": room, "events": count, "tip_seq": h.tip().seq, "read_only": h.read_only}))
     }

@@ -16,6 +16,9 @@ use std::sync::Arc;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
+/// How often pending index rows are committed when traffic is light.
+const INDEX_FLUSH_MS: u64 = 100;
+
 /// The system clock, for the daemon only; the engine sees it through `Clock`.
 pub struct SystemClock;
 
@@ -95,6 +98,17 @@ pub async fn serve(
         }
         None => None,
     };
+    let flusher = tokio::spawn({
+        let engine = engine.clone();
+        async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_millis(INDEX_FLUSH_MS));
+            loop {
+                tick.tick().await;
+                let engine = engine.clone();
+                let _ = tokio::task::spawn_blocking(move || engine.flush_indexes()).await;
+            }
+        }
+    });
     let uid = rustix::process::getuid().as_raw();
     let accept = async {
         loop {
@@ -118,6 +132,9 @@ pub async fn serve(
     if let Some(h) = http {
         h.abort();
     }
+    flusher.abort();
+    let e = engine.clone();
+    let _ = tokio::task::spawn_blocking(move || e.flush_indexes()).await;
     let _ = std::fs::remove_file(&sock);
     let _ = std::fs::remove_file(state.root.join("http.addr"));
     Ok(())

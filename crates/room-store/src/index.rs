@@ -177,8 +177,36 @@ pub struct Batch {
     pub mark: Option<JournalMark>,
 }
 
+/// Projection batches held in one open transaction before it commits. The journal is the
+/// commit point, so these rows are never the only copy: a crash loses them and the next open
+/// re-projects them from the journal. Receipts and checkpoints commit at once.
+pub const DEFERRED_BATCHES_MAX: usize = 64;
+
 pub struct Index {
     conn: Connection,
+    in_txn: bool,
+    pending: usize,
+}
+
+impl Drop for Index {
+    fn drop(&mut self) {
+        if let Err(e) = self.flush() {
+            tracing::warn!("index flush at close failed (the journal catches it up): {e}");
+        }
+    }
+}
+
+/// The daemon owns its databases alone (it holds the state dir lock): exclusive locking spares
+/// a file-lock round trip per statement. Then the four pragmas, read back.
+pub fn configure_owned(conn: &Connection) -> Result<()> {
+    let mode: String =
+        conn.pragma_update_and_check(None, "locking_mode", "EXCLUSIVE", |r| r.get(0))?;
+    if !mode.eq_ignore_ascii_case("exclusive") {
+        return Err(StoreError::Pragma(format!(
+            "pragma locking_mode reads back as {mode}; refusing to run"
+        )));
+    }
+    configure(conn)
 }
 
 /// Set the four pragmas and read each back.
@@ -297,9 +325,13 @@ fn upsert_checkpoint(conn: &Connection, c: &CheckpointRow) -> rusqlite::Result<(
 impl Index {
     pub fn open(path: &Path) -> Result<Index> {
         let mut conn = Connection::open(path)?;
-        configure(&conn)?;
+        configure_owned(&conn)?;
         migrate(&mut conn, MIGRATIONS)?;
-        Ok(Index { conn })
+        Ok(Index {
+            conn,
+            in_txn: false,
+            pending: 0,
+        })
     }
 
     pub fn mark(&self) -> Result<Option<JournalMark>> {
@@ -317,9 +349,60 @@ impl Index {
         .transpose()
     }
 
-    /// Apply a batch atomically.
+    fn begin(&mut self) -> Result<()> {
+        if !self.in_txn {
+            self.conn.execute_batch("BEGIN IMMEDIATE")?;
+            self.in_txn = true;
+        }
+        Ok(())
+    }
+
+    /// Commit whatever is pending.
+    pub fn flush(&mut self) -> Result<()> {
+        if self.in_txn {
+            if let Err(e) = self.conn.execute_batch("COMMIT") {
+                let _ = self.conn.execute_batch("ROLLBACK");
+                self.in_txn = false;
+                self.pending = 0;
+                return Err(e.into());
+            }
+            self.in_txn = false;
+            self.pending = 0;
+        }
+        Ok(())
+    }
+
+    fn abort(&mut self) {
+        if self.in_txn {
+            let _ = self.conn.execute_batch("ROLLBACK");
+            self.in_txn = false;
+            self.pending = 0;
+        }
+    }
+
+    /// Apply a batch and commit it (with anything pending) before returning.
     pub fn apply(&mut self, b: &Batch) -> Result<()> {
-        let tx = self.conn.transaction()?;
+        self.apply_deferred(b)?;
+        self.flush()
+    }
+
+    /// Apply a batch inside the open transaction; commit every `DEFERRED_BATCHES_MAX` batches.
+    /// Reads on this connection see the rows at once. On error everything pending is rolled
+    /// back (the caller must then treat the index as behind its journal).
+    pub fn apply_deferred(&mut self, b: &Batch) -> Result<()> {
+        self.begin()?;
+        if let Err(e) = Self::apply_rows(&self.conn, b) {
+            self.abort();
+            return Err(e);
+        }
+        self.pending += 1;
+        if self.pending >= DEFERRED_BATCHES_MAX {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn apply_rows(tx: &Connection, b: &Batch) -> Result<()> {
         {
             let mut ins = tx.prepare_cached(&format!(
                 "INSERT OR IGNORE INTO events ({EVENT_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
@@ -368,7 +451,7 @@ impl Index {
                 .execute(params![id, status, by])?;
             }
             for c in &b.checkpoints {
-                upsert_checkpoint(&tx, c)?;
+                upsert_checkpoint(tx, c)?;
             }
             if let Some(m) = &b.mark {
                 tx.execute(
@@ -378,12 +461,12 @@ impl Index {
                 )?;
             }
         }
-        tx.commit()?;
         Ok(())
     }
 
     /// Drop the projection (not receipts or checkpoints) so it can be refilled from the journal.
     pub fn clear_projection(&mut self) -> Result<()> {
+        self.flush()?;
         let tx = self.conn.transaction()?;
         for t in PROJECTION_TABLES {
             tx.execute(&format!("DELETE FROM {t}"), [])?;
@@ -503,16 +586,22 @@ impl Index {
     }
 
     pub fn put_checkpoint(&mut self, c: &CheckpointRow) -> Result<()> {
-        upsert_checkpoint(&self.conn, c)?;
-        Ok(())
+        self.begin()?;
+        if let Err(e) = upsert_checkpoint(&self.conn, c) {
+            self.abort();
+            return Err(e.into());
+        }
+        self.flush()
     }
 
     pub fn put_receipt(&mut self, r: &ReceiptRow) -> Result<()> {
-        self.conn.execute(
+        self.begin()?;
+        let done = self.conn.prepare_cached(
             "INSERT INTO receipts (id, actor, conversation, conversation_key, view_gen, from_seq, from_offset, to_seq,
                chunk_seq, chunk_offset, tip_seq, tip_hash, delivered_sha256, created_ms, confirmed_ms)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?15, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
-            params![
+        )
+        .and_then(|mut st| st.execute(params![
                 r.id,
                 r.actor,
                 r.conversation,
@@ -528,9 +617,12 @@ impl Index {
                 r.created_ms as i64,
                 r.confirmed_ms.map(|v| v as i64),
                 r.from_offset as i64
-            ],
-        )?;
-        Ok(())
+            ]));
+        if let Err(e) = done {
+            self.abort();
+            return Err(e.into());
+        }
+        self.flush()
     }
 
     pub fn receipt(&self, id: &str) -> Result<Option<ReceiptRow>> {
@@ -570,14 +662,17 @@ impl Index {
         now_ms: u64,
         checkpoint: &CheckpointRow,
     ) -> Result<()> {
-        let tx = self.conn.transaction()?;
-        tx.execute(
-            "UPDATE receipts SET confirmed_ms = ?2 WHERE id = ?1",
-            params![receipt_id, now_ms as i64],
-        )?;
-        upsert_checkpoint(&tx, checkpoint)?;
-        tx.commit()?;
-        Ok(())
+        self.begin()?;
+        let done = self
+            .conn
+            .prepare_cached("UPDATE receipts SET confirmed_ms = ?2 WHERE id = ?1")
+            .and_then(|mut st| st.execute(params![receipt_id, now_ms as i64]))
+            .and_then(|_| upsert_checkpoint(&self.conn, checkpoint));
+        if let Err(e) = done {
+            self.abort();
+            return Err(e.into());
+        }
+        self.flush()
     }
 
     /// Audit path: every ancestor of `id` over `causal_edges`, up to `depth_max` links.
