@@ -5,6 +5,7 @@
 use room_store::index::{configure_owned, migrate};
 use room_store::{Result, StoreError};
 use rusqlite::{Connection, OptionalExtension, params};
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 const MIGRATIONS: &[&str] = &[r#"
@@ -120,8 +121,23 @@ pub struct TaskRow {
     pub updated_ms: u64,
 }
 
+/// In-memory copy of the rows every call reads (principals, policy, rooms, rosters). The
+/// daemon owns control.db exclusively and every write goes through this type, which reloads
+/// what it wrote, so the copy is never stale; it spares the global lock a query per check.
+#[derive(Default)]
+struct Cache {
+    epoch: u64,
+    agents: HashMap<String, AgentRow>,
+    by_secret: HashMap<String, String>,
+    denied: HashMap<String, Vec<String>>,
+    projects: Vec<ProjectRow>,
+    rooms: BTreeMap<String, RoomRow>,
+    members: HashMap<String, Vec<String>>,
+}
+
 pub struct Control {
     pub(crate) conn: Connection,
+    cache: Cache,
 }
 
 fn u(v: i64) -> u64 {
@@ -133,10 +149,109 @@ impl Control {
         let mut conn = Connection::open(path)?;
         configure_owned(&conn)?;
         migrate(&mut conn, MIGRATIONS)?;
-        Ok(Control { conn })
+        let mut c = Control {
+            conn,
+            cache: Cache::default(),
+        };
+        c.cache.epoch = c.load_control_epoch()?;
+        for a in c.load_agents()? {
+            c.reload_agent(&a.name)?;
+        }
+        c.cache.projects = c.load_projects()?;
+        for r in c.load_rooms()? {
+            c.reload_room(&r.name)?;
+        }
+        Ok(c)
+    }
+
+    fn reload_agent(&mut self, name: &str) -> Result<()> {
+        if let Some(old) = self.cache.agents.remove(name) {
+            self.cache.by_secret.remove(&old.secret_sha256);
+        }
+        if let Some(a) = self.load_agent(name)? {
+            self.cache
+                .by_secret
+                .insert(a.secret_sha256.clone(), a.name.clone());
+            self.cache
+                .denied
+                .insert(a.name.clone(), self.load_denied_verbs(name)?);
+            self.cache.agents.insert(a.name.clone(), a);
+        }
+        Ok(())
+    }
+
+    fn reload_room(&mut self, name: &str) -> Result<()> {
+        match self.load_room(name)? {
+            Some(r) => {
+                self.cache
+                    .members
+                    .insert(name.to_string(), self.load_members(name)?);
+                self.cache.rooms.insert(name.to_string(), r);
+            }
+            None => {
+                self.cache.rooms.remove(name);
+                self.cache.members.remove(name);
+            }
+        }
+        Ok(())
     }
 
     pub fn control_epoch(&self) -> Result<u64> {
+        Ok(self.cache.epoch)
+    }
+
+    pub fn agent(&self, name: &str) -> Result<Option<AgentRow>> {
+        Ok(self.cache.agents.get(name).cloned())
+    }
+
+    pub fn agent_by_secret(&self, secret_sha256: &str) -> Result<Option<AgentRow>> {
+        Ok(self
+            .cache
+            .by_secret
+            .get(secret_sha256)
+            .and_then(|n| self.cache.agents.get(n))
+            .cloned())
+    }
+
+    pub fn agents(&self) -> Result<Vec<AgentRow>> {
+        let mut v: Vec<AgentRow> = self.cache.agents.values().cloned().collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(v)
+    }
+
+    pub fn denied_verbs(&self, agent: &str) -> Result<Vec<String>> {
+        Ok(self.cache.denied.get(agent).cloned().unwrap_or_default())
+    }
+
+    pub fn projects(&self) -> Result<Vec<ProjectRow>> {
+        Ok(self.cache.projects.clone())
+    }
+
+    pub fn project(&self, id: &str) -> Result<Option<ProjectRow>> {
+        Ok(self.cache.projects.iter().find(|p| p.id == id).cloned())
+    }
+
+    pub fn rooms(&self) -> Result<Vec<RoomRow>> {
+        Ok(self.cache.rooms.values().cloned().collect())
+    }
+
+    pub fn room(&self, name: &str) -> Result<Option<RoomRow>> {
+        Ok(self.cache.rooms.get(name).cloned())
+    }
+
+    pub fn members(&self, room: &str) -> Result<Vec<String>> {
+        Ok(self.cache.members.get(room).cloned().unwrap_or_default())
+    }
+
+    pub fn is_member(&self, room: &str, agent: &str) -> Result<bool> {
+        Ok(self
+            .cache
+            .members
+            .get(room)
+            .is_some_and(|m| m.iter().any(|a| a == agent)))
+    }
+
+    fn load_control_epoch(&self) -> Result<u64> {
         let v: String = self.conn.query_row(
             "SELECT value FROM meta WHERE key = 'control_epoch'",
             [],
@@ -146,12 +261,8 @@ impl Control {
             .map_err(|_| StoreError::Corrupt(format!("control_epoch {v:?}")))
     }
 
-    pub fn agent(&self, name: &str) -> Result<Option<AgentRow>> {
+    fn load_agent(&self, name: &str) -> Result<Option<AgentRow>> {
         self.agent_where("name = ?1", name)
-    }
-
-    pub fn agent_by_secret(&self, secret_sha256: &str) -> Result<Option<AgentRow>> {
-        self.agent_where("secret_sha256 = ?1", secret_sha256)
     }
 
     fn agent_where(&self, clause: &str, v: &str) -> Result<Option<AgentRow>> {
@@ -176,7 +287,7 @@ impl Control {
             .optional()?)
     }
 
-    pub fn agents(&self) -> Result<Vec<AgentRow>> {
+    fn load_agents(&self) -> Result<Vec<AgentRow>> {
         let names: Vec<String> = self
             .conn
             .prepare("SELECT name FROM agents ORDER BY name")?
@@ -184,7 +295,7 @@ impl Control {
             .collect::<rusqlite::Result<_>>()?;
         let mut out = Vec::new();
         for n in names {
-            out.extend(self.agent(&n)?);
+            out.extend(self.load_agent(&n)?);
         }
         Ok(out)
     }
@@ -203,7 +314,7 @@ impl Control {
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, NULL)",
             params![a.name, a.secret_sha256, a.registration_sha256, a.generation as i64, a.max_tier, a.host_kind, a.created_ms as i64],
         )?;
-        Ok(())
+        self.reload_agent(&a.name)
     }
 
     /// Replace an agent's secret; the old digest is retired in the same transaction.
@@ -224,7 +335,7 @@ impl Control {
             params![old.name, new_secret, new_registration],
         )?;
         tx.commit()?;
-        Ok(())
+        self.reload_agent(&old.name)
     }
 
     pub fn revoke(&mut self, a: &AgentRow, now_ms: u64) -> Result<()> {
@@ -238,7 +349,7 @@ impl Control {
             params![a.name, now_ms as i64],
         )?;
         tx.commit()?;
-        Ok(())
+        self.reload_agent(&a.name)
     }
 
     pub fn set_max_tier(&mut self, agent: &str, tier: &str) -> Result<()> {
@@ -246,10 +357,10 @@ impl Control {
             "UPDATE agents SET max_tier = ?2 WHERE name = ?1",
             params![agent, tier],
         )?;
-        Ok(())
+        self.reload_agent(agent)
     }
 
-    pub fn denied_verbs(&self, agent: &str) -> Result<Vec<String>> {
+    fn load_denied_verbs(&self, agent: &str) -> Result<Vec<String>> {
         Ok(self
             .conn
             .prepare_cached("SELECT verb FROM denied_verbs WHERE agent = ?1 ORDER BY verb")?
@@ -269,10 +380,10 @@ impl Control {
                 params![agent, verb],
             )?;
         }
-        Ok(())
+        self.reload_agent(agent)
     }
 
-    pub fn projects(&self) -> Result<Vec<ProjectRow>> {
+    fn load_projects(&self) -> Result<Vec<ProjectRow>> {
         Ok(self
             .conn
             .prepare_cached(
@@ -293,16 +404,13 @@ impl Control {
             .collect::<rusqlite::Result<_>>()?)
     }
 
-    pub fn project(&self, id: &str) -> Result<Option<ProjectRow>> {
-        Ok(self.projects()?.into_iter().find(|p| p.id == id))
-    }
-
     pub fn insert_project(&mut self, p: &ProjectRow) -> Result<()> {
         self.conn.execute(
             "INSERT INTO projects (id, name, requested_root, canonical_root, dev, ino, mnt_id, opened_ms)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
             params![p.id, p.name, p.requested_root, p.canonical_root, p.dev as i64, p.ino as i64, p.mnt_id as i64, p.opened_ms as i64],
         )?;
+        self.cache.projects = self.load_projects()?;
         Ok(())
     }
 
@@ -322,7 +430,7 @@ impl Control {
         })
     }
 
-    pub fn rooms(&self) -> Result<Vec<RoomRow>> {
+    fn load_rooms(&self) -> Result<Vec<RoomRow>> {
         Ok(self
             .conn
             .prepare_cached(&format!(
@@ -333,7 +441,7 @@ impl Control {
             .collect::<rusqlite::Result<_>>()?)
     }
 
-    pub fn room(&self, name: &str) -> Result<Option<RoomRow>> {
+    fn load_room(&self, name: &str) -> Result<Option<RoomRow>> {
         Ok(self
             .conn
             .prepare_cached(&format!(
@@ -358,24 +466,15 @@ impl Control {
             )?;
         }
         tx.commit()?;
-        Ok(())
+        self.reload_room(&r.name)
     }
 
-    pub fn members(&self, room: &str) -> Result<Vec<String>> {
+    fn load_members(&self, room: &str) -> Result<Vec<String>> {
         Ok(self
             .conn
             .prepare_cached("SELECT agent FROM members WHERE room = ?1 ORDER BY agent")?
             .query_map([room], |r| r.get(0))?
             .collect::<rusqlite::Result<_>>()?)
-    }
-
-    pub fn is_member(&self, room: &str, agent: &str) -> Result<bool> {
-        Ok(self
-            .conn
-            .prepare_cached("SELECT 1 FROM members WHERE room = ?1 AND agent = ?2")?
-            .query_row([room, agent], |_| Ok(()))
-            .optional()?
-            .is_some())
     }
 
     /// Add a member; bumps the room's revision (the participant set is part of every view).
@@ -392,6 +491,7 @@ impl Control {
             )?;
         }
         tx.commit()?;
+        self.reload_room(room)?;
         Ok(n > 0)
     }
 
@@ -400,7 +500,7 @@ impl Control {
             "UPDATE rooms SET reset_gen = reset_gen + 1, revision = revision + 1, reset_ms = ?2 WHERE name = ?1",
             params![room, now_ms as i64],
         )?;
-        Ok(())
+        self.reload_room(room)
     }
 
     pub fn task(&self, id: &str) -> Result<Option<TaskRow>> {
