@@ -122,6 +122,25 @@ fn a_session_from_init_to_refusal_and_the_start_refusals() {
         stderr(&bad)
     );
 
+    // a non-UTF-8 path is refused at the edge, nothing stored
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let raw = std::ffi::OsStr::from_bytes(b"/tmp/\xff\xfe-project");
+        let out = env
+            .cmd(&env.state, &["project", "open"], None)
+            .arg(raw)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1));
+        assert!(
+            stderr(&out).contains("error[invalid_argument]: path: not UTF-8"),
+            "{}",
+            stderr(&out)
+        );
+        let list = env.run(&["project", "list", "--json"], None);
+        assert_eq!(json(&list)["projects"].as_array().unwrap().len(), 0);
+    }
+
     // offline verify passes while the daemon runs
     let v = env.run(&["verify", "--json"], None);
     assert!(v.status.success());
