@@ -245,6 +245,7 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
             .filter(|c| !c.is_empty()),
         tier: std::env::var("ROOM_TIER").ok().filter(|c| !c.is_empty()),
         args,
+        meta: None,
     };
     let turn = |op: &str, t: &TurnCli| {
         req(

@@ -21,6 +21,7 @@ impl Scene {
             conversation: None,
             tier: None,
             args,
+            meta: None,
         };
         self.client.call(&req).expect("the demo daemon answers")
     }

@@ -49,6 +49,7 @@ fn req(token: Option<&str>, op: &str, args: Value) -> Request {
         conversation: None,
         tier: None,
         args,
+        meta: None,
     }
 }
 

@@ -5,6 +5,7 @@
 use room_core::redact::Redactor;
 use room_core::{Code, Refusal, Tier};
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -15,6 +16,28 @@ struct ConfigFile {
     fleet: Fleet,
     #[serde(default)]
     redaction: Redaction,
+    #[serde(default)]
+    mcp: Mcp,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Mcp {
+    /// Per host kind, the `_meta` key that carries the host's native conversation id.
+    #[serde(default = "default_conversation_meta")]
+    conversation_meta: BTreeMap<String, String>,
+}
+
+impl Default for Mcp {
+    fn default() -> Self {
+        Mcp {
+            conversation_meta: default_conversation_meta(),
+        }
+    }
+}
+
+fn default_conversation_meta() -> BTreeMap<String, String> {
+    BTreeMap::from([("codex".to_string(), "threadId".to_string())])
 }
 
 #[derive(Debug, Deserialize)]
@@ -48,6 +71,8 @@ struct Redaction {
 pub struct Policy {
     pub ceiling: Tier,
     pub redactor: Result<Arc<Redactor>, String>,
+    /// Per host kind, the request-metadata key naming the native conversation.
+    pub conversation_meta: Arc<BTreeMap<String, String>>,
 }
 
 impl Policy {
@@ -99,6 +124,7 @@ fn failed(why: String) -> Policy {
     Policy {
         ceiling: Tier::Observer,
         redactor: Err(why),
+        conversation_meta: Arc::new(default_conversation_meta()),
     }
 }
 
@@ -121,6 +147,7 @@ fn parse(bytes: &[u8]) -> Policy {
         Ok(r) => Policy {
             ceiling,
             redactor: Ok(Arc::new(r)),
+            conversation_meta: Arc::new(cfg.mcp.conversation_meta),
         },
         Err(e) => failed(format!("config.toml: {e}")),
     }

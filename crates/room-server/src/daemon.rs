@@ -259,6 +259,7 @@ impl Background {
                     conversation: None,
                     tier: None,
                     args: serde_json::json!({}),
+                    meta: None,
                 })
                 .is_ok()
             {

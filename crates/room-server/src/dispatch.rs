@@ -108,12 +108,13 @@ pub fn handle(
                 Ok(t) => t,
                 Err(r) => return Response::refused(r),
             };
+            let conversation = match conversation_of(engine, &token, &req) {
+                Ok(c) => c,
+                Err(r) => return egress(engine, Err(r)),
+            };
             Caller::Agent(AgentCaller {
                 token,
-                conversation: req
-                    .conversation
-                    .clone()
-                    .unwrap_or_else(|| DEFAULT_CONVERSATION.into()),
+                conversation,
                 declared_tier: declared,
             })
         }
@@ -132,6 +133,52 @@ pub fn handle(
             let out = agent_op(engine, &a, &req.op, req.args);
             egress(engine, out)
         }
+    }
+}
+
+/// A canonical UUID: lower-case 8-4-4-4-12 hex, not the nil UUID.
+pub fn is_canonical_uuid(s: &str) -> bool {
+    let parts: Vec<&str> = s.split('-').collect();
+    let shape = [8, 4, 4, 4, 12];
+    parts.len() == 5
+        && parts.iter().zip(shape).all(|(p, n)| {
+            p.len() == n
+                && p.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        })
+        && s != "00000000-0000-0000-0000-000000000000"
+}
+
+/// The native conversation of an agent call: the host's `_meta` key for the agent's host kind
+/// when present (it must be a canonical UUID), else the transport's session, else the fixed
+/// default. A tool argument never chooses it.
+fn conversation_of(engine: &Engine, token: &str, req: &Request) -> Result<String, Refusal> {
+    let fallback = || {
+        req.conversation
+            .clone()
+            .unwrap_or_else(|| DEFAULT_CONVERSATION.into())
+    };
+    let meta = match &req.meta {
+        None | Some(Value::Null) => return Ok(fallback()),
+        Some(Value::Object(m)) => m,
+        Some(_) => return Err(Refusal::invalid("_meta", "must be an object")),
+    };
+    let agent = engine.authenticate(token)?;
+    let Some(key) = engine
+        .policy()
+        .conversation_meta
+        .get(&agent.host_kind)
+        .cloned()
+    else {
+        return Ok(fallback());
+    };
+    match meta.get(&key) {
+        None => Ok(fallback()),
+        Some(Value::String(id)) if is_canonical_uuid(id) => Ok(format!("{}:{id}", agent.host_kind)),
+        Some(_) => Err(Refusal::invalid(
+            &format!("_meta.{key}"),
+            "must be a canonical, non-nil UUID",
+        )),
     }
 }
 

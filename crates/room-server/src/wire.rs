@@ -23,6 +23,9 @@ pub struct Request {
     pub tier: Option<String>,
     #[serde(default)]
     pub args: Value,
+    /// Request metadata from the host (MCP `_meta`), outside the model-authored arguments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meta: Option<Value>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

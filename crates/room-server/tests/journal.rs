@@ -15,6 +15,7 @@ fn call(sock: &Path, token: Option<&str>, op: &str, args: Value) -> Response {
         conversation: None,
         tier: None,
         args,
+        meta: None,
     };
     Client::connect(sock).unwrap().call(&req).unwrap()
 }

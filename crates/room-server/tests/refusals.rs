@@ -42,6 +42,7 @@ fn request(token: Option<&str>, op: &str, args: Value) -> Request {
         conversation: None,
         tier: None,
         args,
+        meta: None,
     }
 }
 
