@@ -38,6 +38,20 @@ pub enum Cmd {
         #[arg(long)]
         listen: Option<std::net::SocketAddr>,
     },
+    /// The stdio MCP server for agent hosts (needs ROOM_TOKEN; starts a daemon if none runs).
+    Mcp {
+        /// `full`: every tool; `compact`: only room_sync and the multiplexer `room`.
+        #[arg(long, default_value = "full")]
+        tools: String,
+    },
+    /// Enroll (or rotate) an agent and print the MCP configuration for its host.
+    Connect {
+        #[arg(value_enum)]
+        host: crate::connect::Host,
+        agent: String,
+        #[arg(long)]
+        max_tier: Option<String>,
+    },
     /// Play a short scene on a throw-away state dir that shows the Work Gate at work.
     Demo,
     /// Measure throughput and latency against raw SQLite commits on the same disk.
@@ -363,7 +377,13 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
                 serde_json::from_str(args).map_err(|e| format!("args: not JSON: {e}"))?;
             req("room", v)
         }
-        Cmd::Init | Cmd::Serve { .. } | Cmd::Demo | Cmd::Bench(_) | Cmd::Verify { .. } => {
+        Cmd::Init
+        | Cmd::Serve { .. }
+        | Cmd::Demo
+        | Cmd::Bench(_)
+        | Cmd::Verify { .. }
+        | Cmd::Mcp { .. }
+        | Cmd::Connect { .. } => {
             unreachable!("local commands")
         }
     })
@@ -383,6 +403,18 @@ pub fn run(cli: Cli) -> i32 {
         Cmd::Demo => return crate::demo::run(),
         Cmd::Bench(a) => return crate::bench::run(a),
         Cmd::Verify { room } => return verify(&cli, room.as_deref()),
+        Cmd::Mcp { tools } => {
+            let Some(mode) = room_server::mcp::ToolsMode::parse(tools) else {
+                eprintln!("error[invalid_argument]: tools: {tools:?} is not full or compact");
+                return EXIT_REFUSED;
+            };
+            return crate::mcp_cmd::run(&state_dir(&cli), mode);
+        }
+        Cmd::Connect {
+            host,
+            agent,
+            max_tier,
+        } => return connect(&cli, *host, agent, max_tier.as_deref()),
         _ => {}
     }
     let mut req = match request(&cli.cmd) {
@@ -563,4 +595,71 @@ pub fn verify_dir(dir: &std::path::Path, only: Option<&str>) -> Result<Vec<Value
     }
     out.sort_by(|a, b| a["room"].as_str().cmp(&b["room"].as_str()));
     Ok(out)
+}
+
+fn connect(cli: &Cli, host: crate::connect::Host, agent: &str, max_tier: Option<&str>) -> i32 {
+    let state = state_dir(cli);
+    let sock = state.join("room.sock");
+    let owner = |op: &str, args: Value| Request {
+        op: op.into(),
+        token: None,
+        conversation: None,
+        tier: None,
+        args,
+        meta: None,
+    };
+    let mut args = json!({"name": agent, "host": host.kind()});
+    if let Some(t) = max_tier {
+        args["max_tier"] = json!(t);
+    }
+    let mut resp = Client::connect(&sock).and_then(|mut c| c.call(&owner("agent_enroll", args)));
+    let mut rotated = false;
+    if let Ok(r) = &resp
+        && r.refusal
+            .as_ref()
+            .is_some_and(|r| r.code == room_core::Code::AlreadyExists)
+    {
+        rotated = true;
+        resp = Client::connect(&sock)
+            .and_then(|mut c| c.call(&owner("agent_rotate", json!({"name": agent}))));
+    }
+    let token = match resp {
+        Ok(r) if r.ok => r
+            .result
+            .and_then(|v| v["token"].as_str().map(String::from))
+            .unwrap_or_default(),
+        other => return print_response(other, cli.json),
+    };
+    let http = std::fs::read_to_string(state.join("http.addr")).ok();
+    let bin = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.to_str().map(String::from))
+        .unwrap_or_else(|| "room".into());
+    let snip = crate::connect::snippets(host, &token, &state, &bin, http.as_deref().map(str::trim));
+    if cli.json {
+        println!(
+            "{}",
+            json!({"agent": agent, "token": token, "rotated": rotated, "config": snip})
+        );
+        return 0;
+    }
+    if rotated {
+        eprintln!(
+            "note: {agent} was already enrolled; it has a new token now and the old one no longer works"
+        );
+    }
+    println!("agent {agent} ({}) token: {token}\n", host.kind());
+    println!(
+        "# {} — stdio (room mcp):\n{}\n",
+        snip["file"].as_str().unwrap_or(""),
+        snip["stdio"].as_str().unwrap_or("")
+    );
+    println!(
+        "# streamable HTTP:\n{}",
+        snip["http"].as_str().unwrap_or("")
+    );
+    if let Some(n) = snip["http_note"].as_str() {
+        println!("# {n}");
+    }
+    0
 }

@@ -4,7 +4,9 @@
 
 mod bench;
 mod cmd;
+mod connect;
 mod demo;
+mod mcp_cmd;
 
 use clap::Parser;
 

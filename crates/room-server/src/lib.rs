@@ -5,4 +5,5 @@
 pub mod client;
 pub mod daemon;
 pub mod dispatch;
+pub mod mcp;
 pub mod wire;

@@ -54,23 +54,38 @@ fn turn_schema(extra: &[(&str, Value)], required: &[&str]) -> Value {
 }
 
 fn text(desc: &str) -> (&'static str, Value) {
-    ("text", json!({"type": "string", "description": desc, "maxLength": 1_048_576}))
+    (
+        "text",
+        json!({"type": "string", "description": desc, "maxLength": 1_048_576}),
+    )
 }
 
 fn to() -> (&'static str, Value) {
-    ("to", json!({"type": "array", "items": {"type": "string"}, "description": "Agent names to address (members of the room)."}))
+    (
+        "to",
+        json!({"type": "array", "items": {"type": "string"}, "description": "Agent names to address (members of the room)."}),
+    )
 }
 
 fn task() -> (&'static str, Value) {
-    ("task", json!({"type": "string", "description": "Task id (tsk_…)."}))
+    (
+        "task",
+        json!({"type": "string", "description": "Task id (tsk_…)."}),
+    )
 }
 
 fn evidence() -> (&'static str, Value) {
-    ("evidence", json!({"type": "array", "items": {"type": "string"}, "description": "Event ids (evt_…) of this room that support the message."}))
+    (
+        "evidence",
+        json!({"type": "array", "items": {"type": "string"}, "description": "Event ids (evt_…) of this room that support the message."}),
+    )
 }
 
 fn reply_to() -> (&'static str, Value) {
-    ("reply_to", json!({"type": "string", "description": "The event (evt_…), mention (mnt_…) or obligation (obl_…) you answer."}))
+    (
+        "reply_to",
+        json!({"type": "string", "description": "The event (evt_…), mention (mnt_…) or obligation (obl_…) you answer."}),
+    )
 }
 
 /// Every tool, in listing order.
@@ -121,19 +136,28 @@ one source it answers them; with open items from several sources it is refused (
             name: "room_send",
             op: "send",
             description: "Assign work: creates an obligation for each recipient and one sealed wake permit each. In a project room a task is required (send_task_required).",
-            input: turn_schema(&[text("The assignment."), to(), task(), evidence()], &["text", "to"]),
+            input: turn_schema(
+                &[text("The assignment."), to(), task(), evidence()],
+                &["text", "to"],
+            ),
         },
         ToolDef {
             name: "room_handoff",
             op: "handoff",
             description: "Hand a task you hold to another member. No lease moves with it: the new recipient must claim it afresh.",
-            input: turn_schema(&[task(), to(), text("Optional note for the new recipient.")], &["task", "to"]),
+            input: turn_schema(
+                &[task(), to(), text("Optional note for the new recipient.")],
+                &["task", "to"],
+            ),
         },
         ToolDef {
             name: "room_done",
             op: "done",
             description: "Finish a task you have claimed. Resolves your obligations for that task.",
-            input: turn_schema(&[task(), text("Optional summary of what was done.")], &["task"]),
+            input: turn_schema(
+                &[task(), text("Optional summary of what was done.")],
+                &["task"],
+            ),
         },
         ToolDef {
             name: "room_blocked",
@@ -151,7 +175,16 @@ one source it answers them; with open items from several sources it is refused (
             name: "room_circle",
             op: "circle",
             description: "Re-raise an obligation you created that is still unanswered; the addressee is woken again under the original deadline.",
-            input: turn_schema(&[("obligation", json!({"type": "string", "description": "Obligation id (obl_…) you raised."})), text("Optional reminder text.")], &["obligation"]),
+            input: turn_schema(
+                &[
+                    (
+                        "obligation",
+                        json!({"type": "string", "description": "Obligation id (obl_…) you raised."}),
+                    ),
+                    text("Optional reminder text."),
+                ],
+                &["obligation"],
+            ),
         },
         ToolDef {
             name: "task_create",
@@ -195,7 +228,10 @@ pub fn output_schema() -> Value {
 }
 
 pub fn listed(mode: ToolsMode) -> Vec<ToolDef> {
-    all().into_iter().filter(|t| mode == ToolsMode::Full || matches!(t.name, "room_sync" | "room")).collect()
+    all()
+        .into_iter()
+        .filter(|t| mode == ToolsMode::Full || matches!(t.name, "room_sync" | "room"))
+        .collect()
 }
 
 /// The refusal advice appended to every description.

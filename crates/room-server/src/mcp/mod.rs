@@ -1,0 +1,204 @@
+//! MCP for agent hosts: one handler, two transports. Over streamable HTTP it runs inside the
+//! daemon and calls the engine directly with the bearer credential of each request; over stdio
+//! (`room mcp`) it runs in a bridge process and forwards each call to the daemon's socket with
+//! `ROOM_TOKEN`. Either way a tool call is one daemon operation under the same authorization,
+//! and the native conversation comes from request metadata, never from tool arguments.
+
+pub mod tools;
+
+use crate::dispatch::{self, Transport};
+use crate::wire::{Request, Response};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use room_engine::Engine;
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::sync::Arc;
+pub use tools::ToolsMode;
+
+/// Where tool calls go.
+pub trait Backend: Send + Sync + 'static {
+    /// Run one daemon operation (blocking).
+    fn call(&self, req: Request, bearer: Option<String>) -> Response;
+}
+
+/// Inside the daemon: straight to the engine.
+pub struct InProcess(pub Arc<Engine>);
+
+impl Backend for InProcess {
+    fn call(&self, req: Request, bearer: Option<String>) -> Response {
+        dispatch::handle(&self.0, Transport::Http, req, bearer)
+    }
+}
+
+/// In `room mcp`: over the daemon's socket, with the process's token.
+pub struct Bridge {
+    pub socket: PathBuf,
+    pub token: String,
+}
+
+impl Backend for Bridge {
+    fn call(&self, mut req: Request, _bearer: Option<String>) -> Response {
+        req.token = Some(self.token.clone());
+        match crate::client::Client::connect(&self.socket).and_then(|mut c| c.call(&req)) {
+            Ok(r) => r,
+            Err(e) => Response::refused(room_core::Refusal::storage(format!(
+                "daemon unreachable: {e}"
+            ))),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct RoomMcp {
+    backend: Arc<dyn Backend>,
+    mode: ToolsMode,
+    /// The conversation when neither `_meta` nor an MCP session names one.
+    fallback_conversation: String,
+}
+
+fn object(v: Value) -> Arc<JsonObject> {
+    match v {
+        Value::Object(m) => Arc::new(m),
+        _ => unreachable!("tool schemas are objects"),
+    }
+}
+
+/// The tool definitions a host sees in `mode`.
+pub fn tool_list(mode: ToolsMode) -> Vec<Tool> {
+    tools::listed(mode)
+        .iter()
+        .map(|t| {
+            Tool::new(t.name, tools::description(t), object(t.input.clone()))
+                .with_raw_output_schema(object(tools::output_schema()))
+        })
+        .collect()
+}
+
+/// A short text rendering beside the structured content, for hosts that show only text.
+fn render(resp: &Response) -> String {
+    match (&resp.result, &resp.refusal) {
+        (_, Some(r)) => {
+            let mut s = format!("error[{}]: {}", r.code, r.message);
+            if let Some(h) = &r.hint {
+                s.push_str(&format!("\nhint: {h}"));
+            }
+            if !r.detail.is_null() {
+                s.push_str(&format!("\ndetail: {}", r.detail));
+            }
+            s
+        }
+        (Some(v), None) => v.to_string(),
+        (None, None) => "{}".into(),
+    }
+}
+
+impl RoomMcp {
+    pub fn new(backend: Arc<dyn Backend>, mode: ToolsMode, fallback_conversation: String) -> Self {
+        RoomMcp {
+            backend,
+            mode,
+            fallback_conversation,
+        }
+    }
+}
+
+impl ServerHandler for RoomMcp {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("room", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "Room coordinates agents. Read a room with room_sync and confirm each page's receipt before acting in it; \
+                 refusals carry a stable code and, for room_sync_required, the next page to read.",
+            )
+    }
+
+    async fn list_tools(
+        &self,
+        _r: Option<PaginatedRequestParams>,
+        _c: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        Ok(ListToolsResult::with_all_items(tool_list(self.mode)))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        tool_list(self.mode).into_iter().find(|t| t.name == name)
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let Some(def) = tools::listed(self.mode)
+            .into_iter()
+            .find(|t| t.name == request.name.as_ref())
+        else {
+            return Err(McpError::invalid_params(
+                format!("unknown tool {:?}", request.name),
+                None,
+            ));
+        };
+        let parts = context.extensions.get::<http::request::Parts>();
+        let bearer = parts
+            .and_then(|p| p.headers.get(http::header::AUTHORIZATION))
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(|t| t.trim().to_string());
+        let session = parts
+            .and_then(|p| p.headers.get("mcp-session-id"))
+            .and_then(|v| v.to_str().ok())
+            .map(|s| format!("mcp-session:{s}"));
+        let meta: serde_json::Map<String, Value> = context
+            .meta
+            .iter()
+            .filter(|(k, _)| !k.starts_with("io.modelcontextprotocol/"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let req = Request {
+            op: def.op.to_string(),
+            token: None,
+            conversation: Some(session.unwrap_or_else(|| self.fallback_conversation.clone())),
+            tier: None,
+            args: Value::Object(request.arguments.unwrap_or_default()),
+            meta: if meta.is_empty() {
+                None
+            } else {
+                Some(Value::Object(meta))
+            },
+        };
+        let backend = self.backend.clone();
+        let resp = tokio::task::spawn_blocking(move || backend.call(req, bearer))
+            .await
+            .map_err(|e| McpError::internal_error(format!("tool call failed: {e}"), None))?;
+        let text = render(&resp);
+        let result = match (resp.result, resp.refusal) {
+            (_, Some(r)) => {
+                let mut out = CallToolResult::error(vec![ContentBlock::text(text)]);
+                out.structured_content = Some(json!({"refusal": r}));
+                out
+            }
+            (v, None) => {
+                let mut out = CallToolResult::success(vec![ContentBlock::text(text)]);
+                out.structured_content = Some(v.unwrap_or_else(|| json!({})));
+                out
+            }
+        };
+        Ok(result.into())
+    }
+}
+
+/// Serve `handler` on this process's stdin/stdout until the host closes them.
+pub async fn serve_stdio(handler: RoomMcp) -> anyhow::Result<()> {
+    use rmcp::ServiceExt;
+    handler
+        .serve(rmcp::transport::stdio())
+        .await?
+        .waiting()
+        .await?;
+    Ok(())
+}

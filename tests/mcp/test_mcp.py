@@ -1,0 +1,309 @@
+"""Room's MCP server driven by the official MCP Python SDK client (PyPI `mcp`), over stdio
+(`room mcp`) and streamable HTTP (`/mcp` on the daemon), in both protocol generations the client
+speaks (`auto`: 2026-07-28 sessionless after `server/discover`; `legacy`: `initialize`).
+
+Run by scripts/test with the venv it creates: python tests/mcp/test_mcp.py path/to/room
+Prints 'N passed, N failed' and exits non-zero on any failure."""
+
+import asyncio
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+
+import httpx2
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+
+ROOM = os.path.abspath(sys.argv[1])
+# The SDK warns when rmcp answers a session DELETE with 202 instead of 200/204: harmless noise.
+logging.basicConfig(level=logging.ERROR)
+ALL_TOOLS = {
+    "room_whoami", "room_list", "room_sync", "room_note", "room_say", "room_reply", "room_send",
+    "room_handoff", "room_done", "room_blocked", "room_decline", "room_circle", "task_create",
+    "task_claim", "task_show", "room",
+}
+
+
+class Fixture:
+    def __init__(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="room-mcp-")
+        root = os.path.realpath(self.tmp.name)
+        self.state = os.path.join(root, "state")
+        self.env = dict(os.environ, XDG_CONFIG_HOME=os.path.join(root, "config"), ROOM_LOG="error", NO_COLOR="1")
+        self.env.pop("ROOM_TOKEN", None)
+        self.run("init")
+        self.daemon = subprocess.Popen([ROOM, "serve", "--state-dir", self.state, "--listen", "127.0.0.1:0"], env=self.env)
+        addr = os.path.join(self.state, "http.addr")
+        for _ in range(500):
+            if os.path.exists(addr) and open(addr).read().strip():
+                break
+            time.sleep(0.01)
+        self.url = "http://" + open(addr).read().strip() + "/mcp"
+
+    def run(self, *args, check=True):
+        out = subprocess.run([ROOM, "--state-dir", self.state, "--json", *args], env=self.env, capture_output=True, text=True)
+        if check and out.returncode != 0:
+            raise AssertionError(f"room {' '.join(args)} failed: {out.stderr}")
+        return json.loads(out.stdout) if out.stdout.strip() else None
+
+    def enroll(self, name, host="generic", tier=None):
+        args = ["agent", "enroll", name, "--host", host] + (["--max-tier", tier] if tier else [])
+        return self.run(*args)["token"]
+
+    def journal_lines(self):
+        total = 0
+        rooms = os.path.join(self.state, "rooms")
+        for d in os.listdir(rooms):
+            p = os.path.join(rooms, d, "EVENTS.jsonl")
+            if os.path.exists(p):
+                total += sum(1 for _ in open(p))
+        return total
+
+    def close(self):
+        self.daemon.terminate()
+        self.daemon.wait(timeout=10)
+        self.tmp.cleanup()
+
+
+def stdio(fx, token, tools="full"):
+    env = dict(fx.env, ROOM_TOKEN=token)
+    return StdioServerParameters(command=ROOM, args=["mcp", "--state-dir", fx.state, "--tools", tools], env=env)
+
+
+class Http:
+    def __init__(self, url, token):
+        self.http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"})
+        self.url = url
+
+    def transport(self):
+        return streamable_http_client(self.url, http_client=self.http)
+
+
+def refusal(r):
+    assert r.is_error, f"expected a refusal, got {r.structured_content}"
+    return r.structured_content["refusal"]
+
+
+async def catch_up(client, room, meta=None):
+    confirm = None
+    while True:
+        args = {"room": room} | ({"confirm": confirm} if confirm else {})
+        r = await client.call_tool("room_sync", args, meta=meta)
+        assert not r.is_error, r.structured_content
+        page = r.structured_content
+        if not page["items"]:
+            return
+        confirm = page["receipt"]
+
+
+async def gate_flow(client, fx, name):
+    """A blind write is refused with the next page; confirming it opens the gate."""
+    tools = await client.list_tools()
+    assert {t.name for t in tools.tools} == ALL_TOOLS, [t.name for t in tools.tools]
+    assert all(t.input_schema and t.output_schema for t in tools.tools)
+    before = fx.journal_lines()
+    r = await client.call_tool("room_say", {"room": "lobby", "text": f"hello from {name}"})
+    ref = refusal(r)
+    assert ref["code"] == "room_sync_required", ref
+    assert fx.journal_lines() == before, "the refused call wrote nothing"
+    receipt = ref["detail"]["next_page"]["receipt"]
+    r = await client.call_tool("room_sync", {"room": "lobby", "confirm": receipt})
+    assert not r.is_error, r.structured_content
+    await catch_up(client, "lobby")
+    r = await client.call_tool("room_say", {"room": "lobby", "text": f"hello from {name}"})
+    assert not r.is_error, r.structured_content
+    assert r.structured_content["verb"] == "say"
+    assert fx.journal_lines() == before + 1
+    assert "error[" not in r.content[0].text
+
+
+async def denied_on_both_routes(client, fx, name):
+    fx.run("agent", "policy", name, "--deny", "note")
+    before = fx.journal_lines()
+    r = await client.call_tool("room_note", {"room": "lobby", "text": "status"})
+    assert refusal(r)["code"] == "verb_denied"
+    r = await client.call_tool("room", {"action": "note", "room": "lobby", "text": "status"})
+    assert refusal(r)["code"] == "verb_denied"
+    assert fx.journal_lines() == before
+    fx.run("agent", "policy", name, "--allow", "note")
+    r = await client.call_tool("room", {"action": "note", "room": "lobby", "text": "status"})
+    assert not r.is_error, r.structured_content
+
+
+async def actor_and_bad_args(client, fx, name):
+    before = fx.journal_lines()
+    r = await client.call_tool("room_say", {"room": "lobby", "text": "x", "actor": "someone-else"})
+    assert refusal(r)["code"] == "actor_mismatch"
+    r = await client.call_tool("room_say", {"room": "lobby", "text": 5})
+    assert refusal(r)["code"] == "invalid_argument"
+    r = await client.call_tool("room_say", {"room": "lobby", "text": "x", "bogus": 1})
+    assert refusal(r)["code"] == "invalid_argument"
+    r = await client.call_tool("room_say", {"room": "../etc", "text": "x"})
+    assert refusal(r)["code"] == "invalid_argument"
+    r = await client.call_tool("room_note", {"room": "lobby", "text": "x" * ((1 << 20) + 1)})
+    assert refusal(r)["code"] == "payload_too_large"
+    try:
+        r = await client.call_tool("no_such_tool", {})
+        assert r.is_error, "an unknown tool is an error"
+    except Exception:
+        pass  # a JSON-RPC error is as good
+    assert fx.journal_lines() == before
+
+
+async def conversation_binding(client, fx, name):
+    """The conversation comes from _meta (codex: threadId), never from arguments."""
+    t1, t2 = str(uuid.uuid4()), str(uuid.uuid4())
+    await catch_up(client, "lobby", meta={"threadId": t1})
+    r = await client.call_tool("room_note", {"room": "lobby", "text": "in thread one"}, meta={"threadId": t1})
+    assert not r.is_error, r.structured_content
+    r = await client.call_tool("room_note", {"room": "lobby", "text": "in thread two"}, meta={"threadId": t2})
+    assert refusal(r)["code"] == "room_sync_required", "a second conversation has its own checkpoint"
+    r = await client.call_tool("room_note", {"room": "lobby", "text": "x"}, meta={"threadId": "not-a-uuid"})
+    ref = refusal(r)
+    assert ref["code"] == "invalid_argument" and "threadId" in ref["message"], ref
+    r = await client.call_tool("room_whoami", {}, meta={"threadId": t1})
+    assert r.structured_content["conversation"] == f"codex:{t1}"
+
+
+async def revoked_mid_session(client, fx, name, http):
+    r = await client.call_tool("room_whoami", {})
+    assert not r.is_error and r.structured_content["agent"] == name
+    fx.run("agent", "revoke", name)
+    try:
+        r = await client.call_tool("room_whoami", {})
+    except Exception:
+        assert http, "over stdio the refusal is a tool result"
+        return
+    assert not http, "over HTTP a revoked token gets 401"
+    assert refusal(r)["code"] == "credential_revoked"
+
+
+async def with_client(target, fn, *args):
+    async with Client(target, mode=args[-1]) as client:
+        await fn(client, *args[:-1])
+
+
+TESTS = []
+
+
+def test(fn):
+    TESTS.append(fn)
+    return fn
+
+
+def setup_room(fx, agents, host="generic"):
+    tokens = {a: fx.enroll(a, host=host) for a in agents}
+    fx.run("create", "lobby", *sum((["--member", a] for a in agents), []))
+    return tokens
+
+
+for mode in ("auto", "legacy"):
+    for transport in ("stdio", "http"):
+
+        def make(mode=mode, transport=transport):
+            async def body(fx):
+                host = "codex"
+                tokens = setup_room(fx, ["alpha", "beta"], host=host)
+                tok = tokens["alpha"]
+                h = Http(fx.url, tok) if transport == "http" else None
+
+                def target():
+                    return h.transport() if h else stdio(fx, tok)
+
+                # one session throughout: over stdio each `room mcp` process is its own conversation
+                async with Client(target(), mode=mode) as client:
+                    for fn in (gate_flow, denied_on_both_routes, actor_and_bad_args, conversation_binding):
+                        await fn(client, fx, "alpha")
+                    await revoked_mid_session(client, fx, "alpha", transport == "http")
+
+            body.__name__ = f"{transport}_{mode}_gate_policy_conversation_revocation"
+            return body
+
+        test(make())
+
+
+@test
+async def compact_mode_lists_two_tools_and_sizes_are_reported(fx):
+    tok = setup_room(fx, ["alpha"])["alpha"]
+    sizes = {}
+    for tools, url in (("full", fx.url), ("compact", fx.url.replace("/mcp", "/mcp-compact"))):
+        async with Client(stdio(fx, tok, tools), mode="legacy") as client:
+            listed = await client.list_tools()
+            names = {t.name for t in listed.tools}
+            sizes[tools] = len(json.dumps([t.model_dump(exclude_none=True, by_alias=True) for t in listed.tools]))
+        async with Client(Http(url, tok).transport(), mode="legacy") as client:
+            assert {t.name for t in (await client.list_tools()).tools} == names
+        if tools == "compact":
+            assert names == {"room_sync", "room"}, names
+            async with Client(stdio(fx, tok, tools), mode="auto") as client:
+                await catch_up(client, "lobby")
+                r = await client.call_tool("room", {"action": "say", "room": "lobby", "text": "compact works"})
+                assert not r.is_error, r.structured_content
+    print(f"    tool definitions: full {sizes['full']} bytes (~{sizes['full'] // 4} tokens), compact {sizes['compact']} bytes (~{sizes['compact'] // 4} tokens)")
+
+
+@test
+async def http_without_or_with_a_bad_token_is_401(fx):
+    setup_room(fx, ["alpha"])
+    body = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
+    async with httpx2.AsyncClient() as http:
+        for headers in ({}, {"Authorization": "Bearer room_tok_" + "0" * 64}, {"Authorization": "Basic abc"}):
+            r = await http.post(fx.url, json=body, headers=headers | {"Accept": "application/json, text/event-stream"})
+            assert r.status_code == 401, (headers, r.status_code)
+        tok = fx.enroll("mallory")
+        r = await http.post(fx.url, json=body, headers={"Authorization": f"Bearer {tok}", "Accept": "application/json, text/event-stream", "Host": "evil.example:80"})
+        assert r.status_code == 403, f"a foreign Host header is refused (DNS rebinding): {r.status_code}"
+
+
+@test
+async def malformed_wire_input_gets_protocol_errors_and_the_daemon_stays_up(fx):
+    tok = setup_room(fx, ["alpha"])["alpha"]
+    hdr = {"Authorization": f"Bearer {tok}", "Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    before = fx.journal_lines()
+    async with httpx2.AsyncClient() as http:
+        for raw in (b"{not json", b"[]", b"[1,2,3]", b'{"jsonrpc":"2.0","id":1}', b"\xff\xfe", b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":5}'):
+            r = await http.post(fx.url, content=raw, headers=hdr)
+            assert 400 <= r.status_code < 500, (raw, r.status_code, r.text[:200])
+        big = b'{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"x":"' + b"a" * (3 << 20) + b'"}}'
+        r = await http.post(fx.url, content=big, headers=hdr)
+        assert r.status_code in (400, 413), r.status_code
+        # many sessions at once: each is served or cleanly refused, none crashes the daemon
+        async def one():
+            async with Client(Http(fx.url, tok).transport(), mode="legacy") as client:
+                await client.list_tools()
+        await asyncio.gather(*(one() for _ in range(40)))
+    assert fx.journal_lines() == before
+    assert fx.daemon.poll() is None, "the daemon is still running"
+    async with Client(Http(fx.url, tok).transport(), mode="auto") as client:
+        assert not (await client.call_tool("room_whoami", {})).is_error
+
+
+def main():
+    passed = failed = 0
+    only = sys.argv[2] if len(sys.argv) > 2 else None
+    for t in TESTS:
+        if only and only not in t.__name__:
+            continue
+        fx = Fixture()
+        try:
+            asyncio.run(t(fx))
+            print(f"ok   {t.__name__}")
+            passed += 1
+        except BaseException:
+            print(f"FAIL {t.__name__}")
+            traceback.print_exc()
+            failed += 1
+        finally:
+            fx.close()
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
