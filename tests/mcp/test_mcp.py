@@ -284,6 +284,129 @@ async def malformed_wire_input_gets_protocol_errors_and_the_daemon_stays_up(fx):
         assert not (await client.call_tool("room_whoami", {})).is_error
 
 
+@test
+async def every_refusal_over_mcp_changes_nothing(fx):
+    """Each refusal an agent can meet over MCP, on both transports: the exact code, and the
+    journals, task and wake queue unchanged."""
+    toks = {a: fx.enroll(a, tier=("coordinator" if a == "alpha" else None)) for a in ("alpha", "beta", "gamma")}
+    proj = os.path.join(os.path.dirname(fx.state), "proj")
+    os.makedirs(proj)
+    pid = fx.run("project", "open", proj)["id"]
+    fx.run("create", "lobby", "--member", "alpha", "--member", "beta")
+    fx.run("create", "build", "--project", pid, "--member", "alpha", "--member", "beta")
+    fx.run("create", "other", "--member", "alpha")
+    fx.run("create", "private", "--member", "gamma")
+
+    def state():
+        wakes = fx.run("wakes", "list")["wakes"]
+        return fx.journal_lines(), len(wakes)
+
+    for transport in ("stdio", "http"):
+        h = {a: Http(fx.url, t) for a, t in toks.items()}
+
+        def target(a):
+            return h[a].transport() if transport == "http" else stdio(fx, toks[a])
+
+        async with Client(target("alpha"), mode="auto") as alpha, Client(target("beta"), mode="auto") as beta:
+            for c in (alpha, beta):
+                for room in ("lobby", "build"):
+                    await catch_up(c, room)
+            await catch_up(alpha, "other")
+            task = (await alpha.call_tool("task_create", {"room": "build", "title": "t", "to": "beta"})).structured_content["task"]["id"]
+            other_ev = (await alpha.call_tool("room_note", {"room": "other", "text": "elsewhere"})).structured_content["event"]
+            sent = await alpha.call_tool("room_send", {"room": "lobby", "text": "one", "to": ["beta"]})
+            assert not sent.is_error, sent.structured_content
+            sent2 = await alpha.call_tool("room_say", {"room": "lobby", "text": "two @beta"})
+            obl = sent.structured_content["obligations"][0]["id"]
+            for c in (alpha, beta):
+                await catch_up(c, "lobby")
+                await catch_up(c, "build")
+            cases = [
+                (beta, "task_create", {"room": "build", "title": "x"}, "tier_insufficient"),
+                (alpha, "room_sync", {"room": "private"}, "room_not_member"),
+                (alpha, "room_sync", {"room": "nowhere"}, "room_not_found"),
+                (alpha, "room_note", {"room": "lobby", "text": "hi @beta"}, "note_mentions_refused"),
+                (alpha, "room_say", {"room": "lobby", "text": "x", "task": task}, "say_task_refused"),
+                (alpha, "room_send", {"room": "build", "text": "x", "to": ["beta"]}, "send_task_required"),
+                (alpha, "room_send", {"room": "lobby", "text": "x", "to": ["beta"], "evidence": [other_ev]}, "cross_room_evidence_refused"),
+                (alpha, "room_reply", {"room": "lobby", "text": "x", "reply_to": sent2.structured_content["event"]}, "reply_target_not_addressed"),
+                (beta, "room_say", {"room": "lobby", "text": "which one?"}, "say_reply_target_ambiguous"),
+                (alpha, "room_done", {"room": "build"}, "task_required"),
+                (alpha, "room_done", {"room": "build", "task": "tsk_0000000000000000"}, "task_not_found"),
+                (alpha, "room_done", {"room": "build", "task": task}, "task_not_held"),
+                (beta, "room_done", {"room": "build", "task": task}, "task_state_invalid"),
+                (beta, "room_circle", {"room": "lobby", "obligation": obl}, "obligation_not_found"),
+                (alpha, "room_sync", {"room": "lobby", "confirm": "rcpt_" + "0" * 32}, "receipt_unknown"),
+                (alpha, "task_show", {"task": "nonsense"}, "invalid_argument"),
+            ]
+            for client, tool, args, code in cases:
+                before = state()
+                r = await client.call_tool(tool, args)
+                got = refusal(r)["code"]
+                assert got == code, f"{transport} {tool} {args}: {got} != {code}"
+                assert state() == before, f"{transport} {tool}: refused call changed state"
+            # policy that cannot be loaded: nothing runs, nothing leaves
+            cfg = os.path.join(fx.state, "config.toml")
+            good = open(cfg).read()
+            open(cfg, "w").write(good + '\n[redaction]\npatterns = ["("]\n' if "[redaction]" not in good else good.replace("patterns = []", 'patterns = ["("]'))
+            before = state()
+            r = await alpha.call_tool("room_note", {"room": "lobby", "text": "withheld?"})
+            assert refusal(r)["code"] == "tool_result_withheld"
+            assert state() == before
+            open(cfg, "w").write(good)
+            # secrets never leave: a token in a message is redacted on the way out
+            secret = "room_tok_" + "ab" * 32
+            r = await alpha.call_tool("room_note", {"room": "lobby", "text": f"leak {secret}"})
+            assert not r.is_error
+            page = (await beta.call_tool("room_sync", {"room": "lobby"})).structured_content
+            assert secret not in json.dumps(page) and "[redacted]" in json.dumps(page)
+            for c in (alpha, beta):
+                await catch_up(c, "lobby")
+        # clear beta's open items for the next transport round
+        async with Client(target("beta"), mode="auto") as beta:
+            await catch_up(beta, "lobby")
+            for item in (await beta.call_tool("room_sync", {"room": "lobby"})).structured_content["open_items"]:
+                r = await beta.call_tool("room_reply", {"room": "lobby", "text": "ok", "reply_to": item["id"]})
+                assert not r.is_error, r.structured_content
+
+
+@test
+async def bridges_started_together_share_one_daemon(fx):
+    tok = setup_room(fx, ["alpha"])["alpha"]
+    fx.daemon.terminate()
+    fx.daemon.wait(timeout=10)
+
+    async def one():
+        async with Client(stdio(fx, tok), mode="legacy") as client:
+            r = await client.call_tool("room_whoami", {})
+            assert not r.is_error, r.structured_content
+
+    await asyncio.gather(*(one() for _ in range(4)))
+    pid = int(open(os.path.join(fx.state, "room.lock")).read().strip())
+    os.kill(pid, 0)  # the one daemon the bridges started is alive
+    fx.daemon = subprocess.Popen(["sleep", "0"])  # the fixture stops the daemon it started
+    os.kill(pid, 15)
+
+
+@test
+async def stdout_of_room_mcp_carries_only_protocol(fx):
+    tok = setup_room(fx, ["alpha"])["alpha"]
+    init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {"extensions": {}}, "clientInfo": {"name": "raw", "version": "0"}, "_meta": {"x": 1}}}
+    lines = [init, {"jsonrpc": "2.0", "method": "notifications/initialized"},
+             {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": {"progressToken": 1}}},
+             {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "room_whoami", "arguments": {}}},
+             {"jsonrpc": "2.0", "id": 3, "method": "server/discover", "params": {}}]
+    data = "".join(json.dumps(l) + "\n" for l in lines)
+    out = subprocess.run([ROOM, "mcp", "--state-dir", fx.state], input=data, capture_output=True, text=True, env=dict(fx.env, ROOM_TOKEN=tok, ROOM_LOG="debug"), timeout=30)
+    replies = [json.loads(l) for l in out.stdout.splitlines() if l.strip()]  # every stdout line is JSON-RPC
+    by_id = {r.get("id"): r for r in replies}
+    assert by_id[0]["result"]["protocolVersion"] == "2025-06-18"
+    assert by_id[0]["result"]["serverInfo"]["name"] == "room"
+    assert len(by_id[1]["result"]["tools"]) == len(ALL_TOOLS)
+    assert by_id[2]["result"]["structuredContent"]["agent"] == "alpha"
+    assert "error" in by_id[3], by_id[3]
+
+
 def main():
     passed = failed = 0
     only = sys.argv[2] if len(sys.argv) > 2 else None

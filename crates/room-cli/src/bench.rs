@@ -15,6 +15,10 @@ use std::time::{Duration, Instant};
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
+    /// What to measure: `core` (the engine against raw SQLite) or `mcp` (tool calls over
+    /// streamable HTTP against the same turns in-process).
+    #[arg(default_value = "core")]
+    pub what: String,
     /// Seconds each measurement runs.
     #[arg(long, default_value_t = 2.0)]
     pub seconds: f64,
@@ -38,7 +42,15 @@ struct Row {
 }
 
 pub fn run(a: &BenchArgs) -> i32 {
-    match bench(a) {
+    let result = match a.what.as_str() {
+        "core" => bench(a),
+        "mcp" => crate::bench_mcp::bench(a),
+        other => {
+            eprintln!("error[invalid_argument]: what: {other:?} is not core or mcp");
+            return crate::cmd::EXIT_REFUSED;
+        }
+    };
+    match result {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("error: bench failed: {e:#}");
@@ -47,7 +59,7 @@ pub fn run(a: &BenchArgs) -> i32 {
     }
 }
 
-fn pct(lat: &mut [Duration], p: f64) -> Option<f64> {
+pub(crate) fn pct(lat: &mut [Duration], p: f64) -> Option<f64> {
     if lat.is_empty() {
         return None;
     }
@@ -129,7 +141,11 @@ fn note(room: &str, i: u64) -> TurnArgs {
 }
 
 /// `writers` agents, each alone in its own room, writing notes for `secs`.
-fn own_rooms(dir: &Path, writers: usize, secs: f64) -> anyhow::Result<(f64, Vec<Duration>)> {
+pub(crate) fn own_rooms(
+    dir: &Path,
+    writers: usize,
+    secs: f64,
+) -> anyhow::Result<(f64, Vec<Duration>)> {
     let w = world(dir)?;
     let mut callers = vec![];
     for i in 0..writers {

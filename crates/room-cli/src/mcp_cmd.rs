@@ -95,6 +95,7 @@ pub fn run(state: &Path, mode: ToolsMode) -> i32 {
         Arc::new(Bridge {
             socket: state.join("room.sock"),
             token,
+            tier: std::env::var("ROOM_TIER").ok().filter(|t| !t.is_empty()),
         }),
         mode,
         format!("mcp-stdio:{session}"),

@@ -77,8 +77,9 @@ pub async fn serve(
     .await??;
     let engine = Arc::new(engine);
     let sock = state.socket();
-    // We hold the lock, so any socket file is a leftover of a dead daemon.
+    // We hold the lock, so any socket or address file is a leftover of a dead daemon.
     let _ = std::fs::remove_file(&sock);
+    let _ = std::fs::remove_file(state.root.join("http.addr"));
     let listener =
         UnixListener::bind(&sock).with_context(|| format!("binding {}", sock.display()))?;
     std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))?;
@@ -236,11 +237,17 @@ pub struct Background {
 impl Background {
     /// Start a daemon on its own runtime thread and wait until its socket answers.
     pub fn start(state_dir: &Path, bootstrap: &Path) -> anyhow::Result<Background> {
-        let cfg = ServeConfig {
+        Self::start_with(ServeConfig {
             state_dir: state_dir.to_path_buf(),
             bootstrap: bootstrap.to_path_buf(),
             listen: None,
-        };
+        })
+    }
+
+    /// Start with a full configuration (for example with an HTTP listener).
+    pub fn start_with(cfg: ServeConfig) -> anyhow::Result<Background> {
+        let state_dir = cfg.state_dir.clone();
+        let wants_http = cfg.listen.is_some();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_multi_thread()
@@ -252,6 +259,10 @@ impl Background {
         });
         let socket = state_dir.join("room.sock");
         for _ in 0..500 {
+            if wants_http && !state_dir.join("http.addr").exists() {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                continue;
+            }
             if let Ok(mut c) = crate::client::Client::connect(&socket)
                 && c.call(&Request {
                     op: "ping".into(),

@@ -39,11 +39,14 @@ impl Backend for InProcess {
 pub struct Bridge {
     pub socket: PathBuf,
     pub token: String,
+    /// The tier this connection declares (`ROOM_TIER`), if any.
+    pub tier: Option<String>,
 }
 
 impl Backend for Bridge {
     fn call(&self, mut req: Request, _bearer: Option<String>) -> Response {
         req.token = Some(self.token.clone());
+        req.tier = self.tier.clone();
         match crate::client::Client::connect(&self.socket).and_then(|mut c| c.call(&req)) {
             Ok(r) => r,
             Err(e) => Response::refused(room_core::Refusal::storage(format!(
