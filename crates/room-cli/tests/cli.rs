@@ -113,6 +113,37 @@ fn a_session_from_init_to_refusal_and_the_start_refusals() {
     let said = env.run(&["say", "lobby", "hello", "--json"], Some(&token));
     assert!(said.status.success(), "{}", stderr(&said));
 
+    // room connect enrolls, then rotates an existing agent, and prints the host's configuration
+    let c = env.run(&["connect", "claude-code", "carol", "--json"], None);
+    assert!(c.status.success(), "{}", stderr(&c));
+    let first = json(&c);
+    assert_eq!(first["rotated"], false);
+    let token1 = first["token"].as_str().unwrap().to_string();
+    assert!(
+        first["config"]["stdio"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("ROOM_TOKEN={token1}"))
+    );
+    assert!(first["config"]["stdio"].as_str().unwrap().contains(" mcp"));
+    let again = json(&env.run(&["connect", "codex", "carol", "--json"], None));
+    assert_eq!(again["rotated"], true);
+    let token2 = again["token"].as_str().unwrap();
+    assert_ne!(token1, token2);
+    assert!(
+        again["config"]["stdio"]
+            .as_str()
+            .unwrap()
+            .contains("[mcp_servers.room]")
+    );
+    let old = env.run(&["whoami"], Some(&token1));
+    assert!(
+        stderr(&old).starts_with("error[credential_revoked]"),
+        "{}",
+        stderr(&old)
+    );
+    assert!(env.run(&["whoami"], Some(token2)).status.success());
+
     // a bad name: a clear error naming the field, nothing stored
     let bad = env.run(&["create", "../escape"], None);
     assert_eq!(bad.status.code(), Some(1));
