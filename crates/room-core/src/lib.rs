@@ -4,6 +4,7 @@
 
 pub mod canon;
 pub mod chain;
+pub mod chunk;
 pub mod env;
 pub mod hlc;
 pub mod id;

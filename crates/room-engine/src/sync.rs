@@ -190,17 +190,25 @@ impl Engine {
                     Some(u) if u.seq + 1 == e.seq => u.offset as usize,
                     _ => text.len(),
                 };
-                let mut o = offset;
-                while o < stop_at {
-                    let mut n = (stop_at - o).min(chunk);
-                    while !text.is_char_boundary(o + n) {
-                        n -= 1;
-                    }
-                    let fin = o + n == text.len();
+                // Offsets recorded against an earlier rendering may not fit this one (the
+                // redaction policy changed the text): that is a changed delivery, not a crash.
+                if offset > stop_at
+                    || stop_at > text.len()
+                    || !text.is_char_boundary(offset)
+                    || !text.is_char_boundary(stop_at)
+                {
+                    return Err(Refusal::new(
+                        Code::RoomSyncDeliveryPolicyChanged,
+                        "the delivered fragments no longer fit this event's current representation",
+                    )
+                    .hint("sync again and confirm the new receipt"));
+                }
+                for (o, piece) in room_core::chunk::split(&text[..stop_at], offset, chunk) {
+                    let fin = o + piece.len() == text.len();
                     let frag = json!({
                         "seq": e.seq, "id": e.id,
                         "fragment": if fin { "item_complete" } else { "item_chunk" },
-                        "offset": o, "total_bytes": text.len(), "data": &text[o..o + n],
+                        "offset": o, "total_bytes": text.len(), "data": piece,
                     });
                     let size = canonical_string(&frag).len() + 1;
                     if used + size > budget && until.is_none() {
@@ -208,7 +216,6 @@ impl Engine {
                     }
                     used += size;
                     items.push(frag);
-                    o += n;
                     end = if fin {
                         Pos {
                             seq: e.seq,
@@ -217,7 +224,7 @@ impl Engine {
                     } else {
                         Pos {
                             seq: e.seq - 1,
-                            offset: o as u64,
+                            offset: (o + piece.len()) as u64,
                         }
                     };
                 }
