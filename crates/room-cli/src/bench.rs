@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
-    /// What to measure: `core` (the engine against raw SQLite) or `mcp` (tool calls over
-    /// streamable HTTP against the same turns in-process).
+    /// What to measure: `core` (the engine against raw SQLite), `mcp` (tool calls over
+    /// streamable HTTP against the same turns in-process) or `swarm` (10, 100 and 500 agents over
+    /// streamable HTTP in rooms of 2 to 8, with a realistic mix of turns).
     #[arg(default_value = "core")]
     pub what: String,
     /// Seconds each measurement runs.
@@ -45,8 +46,9 @@ pub fn run(a: &BenchArgs) -> i32 {
     let result = match a.what.as_str() {
         "core" => bench(a),
         "mcp" => crate::bench_mcp::bench(a),
+        "swarm" => crate::bench_mcp::swarm(a),
         other => {
-            eprintln!("error[invalid_argument]: what: {other:?} is not core or mcp");
+            eprintln!("error[invalid_argument]: what: {other:?} is not core, mcp or swarm");
             return crate::cmd::EXIT_REFUSED;
         }
     };

@@ -12,6 +12,8 @@ use room_server::daemon::{Background, ServeConfig};
 use room_server::wire::Request;
 use serde_json::{Value, json};
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 fn owner(sock: &Path, op: &str, args: Value) -> anyhow::Result<Value> {
@@ -35,13 +37,23 @@ fn obj(v: Value) -> serde_json::Map<String, Value> {
     }
 }
 
+/// A client that keeps its connection (rmcp's default opens one per request to dodge delayed-ACK
+/// stalls; with TCP_NODELAY a kept connection does not stall and costs far less).
+fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .build()
+        .expect("a reqwest client builds")
+}
+
 async fn session(
     url: String,
     token: String,
     room: String,
     secs: f64,
 ) -> anyhow::Result<Vec<Duration>> {
-    let transport = StreamableHttpClientTransport::from_config(
+    let transport = StreamableHttpClientTransport::with_client(
+        http_client(),
         StreamableHttpClientTransportConfig::with_uri(url).auth_header(token),
     );
     let client = ().serve(transport).await?;
@@ -158,6 +170,328 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<()> {
             format!("{n} in-process (baseline)"),
             base
         );
+    }
+    Ok(())
+}
+
+/// What one swarm agent did.
+#[derive(Default)]
+struct Tally {
+    lat: Vec<Duration>,
+    accepted: u64,
+    gate_refused: u64,
+    other_refused: u64,
+    other_codes: std::collections::BTreeMap<String, u64>,
+}
+
+struct Agent {
+    name: String,
+    token: String,
+    room: String,
+    mates: Vec<String>,
+}
+
+async fn call(
+    client: &rmcp::service::RunningService<rmcp::RoleClient, ()>,
+    tally: &mut Tally,
+    tool: &'static str,
+    args: Value,
+) -> anyhow::Result<(bool, Value)> {
+    let t = Instant::now();
+    let r = client
+        .call_tool(CallToolRequestParams::new(tool).with_arguments(obj(args)))
+        .await?;
+    tally.lat.push(t.elapsed());
+    let v = r.structured_content.unwrap_or_default();
+    Ok((r.is_error != Some(true), v))
+}
+
+/// One agent: catch up, then a realistic mix of turns until the deadline.
+async fn swarm_agent(
+    url: String,
+    a: Agent,
+    secs: f64,
+    seed: u64,
+    done: Arc<AtomicU64>,
+) -> anyhow::Result<Tally> {
+    let transport = StreamableHttpClientTransport::with_client(
+        http_client(),
+        StreamableHttpClientTransportConfig::with_uri(url).auth_header(a.token.clone()),
+    );
+    let client = ().serve(transport).await?;
+    let mut t = Tally::default();
+    let mut rng = seed | 1;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let start = Instant::now();
+    let mut open: Vec<String> = vec![];
+    while start.elapsed().as_secs_f64() < secs {
+        // read until caught up
+        let mut confirm: Option<String> = None;
+        for _ in 0..32 {
+            let mut args = json!({"room": a.room});
+            if let Some(c) = &confirm {
+                args["confirm"] = json!(c);
+            }
+            let (ok, page) = call(&client, &mut t, "room_sync", args).await?;
+            if !ok {
+                break;
+            }
+            open = page["open_items"]
+                .as_array()
+                .map(|v| {
+                    v.iter()
+                        .filter_map(|i| i["id"].as_str().map(String::from))
+                        .collect()
+                })
+                .unwrap_or_default();
+            if page["items"].as_array().is_none_or(Vec::is_empty) {
+                break;
+            }
+            confirm = page["receipt"].as_str().map(String::from);
+        }
+        let mate = a.mates[(next() as usize) % a.mates.len()].clone();
+        let roll = next() % 100;
+        let (tool, args) = if roll < 15 && !open.is_empty() {
+            (
+                "room_reply",
+                json!({"room": a.room, "reply_to": open[0], "text": format!("{} answers", a.name)}),
+            )
+        } else if roll < 35 {
+            (
+                "room_send",
+                json!({"room": a.room, "to": [mate], "text": format!("{} asks {mate} to look at item {}", a.name, next() % 1000)}),
+            )
+        } else if roll < 40 {
+            (
+                "task_create",
+                json!({"room": a.room, "title": format!("task from {}", a.name), "to": mate}),
+            )
+        } else if roll < 55 {
+            (
+                "room_note",
+                json!({"room": a.room, "text": format!("{} status: step {} of the plan", a.name, next() % 50)}),
+            )
+        } else {
+            (
+                "room_say",
+                json!({"room": a.room, "to": [mate], "text": format!("{} to {mate}: {}", a.name, "a".repeat((next() % 400) as usize))}),
+            )
+        };
+        let (ok, v) = call(&client, &mut t, tool, args).await?;
+        if ok {
+            t.accepted += 1;
+            done.fetch_add(1, Ordering::Relaxed);
+        } else if matches!(
+            v["refusal"]["code"].as_str(),
+            Some("room_sync_required" | "room_sync_concurrent_arrival")
+        ) {
+            t.gate_refused += 1;
+        } else {
+            t.other_refused += 1;
+            *t.other_codes
+                .entry(format!(
+                    "{tool}:{}",
+                    v["refusal"]["code"].as_str().unwrap_or("?")
+                ))
+                .or_default() += 1;
+        }
+    }
+    client.cancel().await?;
+    Ok(t)
+}
+
+fn dir_bytes(p: &Path, suffix: &str) -> u64 {
+    let mut total = 0;
+    if let Ok(rd) = std::fs::read_dir(p) {
+        for e in rd.flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                total += dir_bytes(&path, suffix);
+            } else if path.to_str().is_some_and(|s| s.ends_with(suffix)) {
+                total += e.metadata().map(|m| m.len()).unwrap_or(0);
+            }
+        }
+    }
+    total
+}
+
+fn rss_peak_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+pub fn swarm(a: &BenchArgs) -> anyhow::Result<()> {
+    let dir = a.dir.clone().unwrap_or_else(std::env::temp_dir);
+    let secs = a.seconds.max(5.0);
+    eprintln!(
+        "swarm in {} for {secs} s per size (rooms of 2 to 8 agents, MCP over streamable HTTP) …",
+        dir.display()
+    );
+    println!(
+        "{:>7} {:>6} {:>11} {:>10} {:>8} {:>8} {:>9} {:>10} {:>9} {:>10} {:>11}",
+        "agents",
+        "rooms",
+        "accepted/s",
+        "calls/s",
+        "p50 ms",
+        "p99 ms",
+        "p99.9 ms",
+        "gate-ref %",
+        "RSS MiB",
+        "index MiB",
+        "journal MiB"
+    );
+    for n in [10usize, 100, 500]
+        .into_iter()
+        .filter(|n| *n <= a.writers_max.max(10) * 2)
+    {
+        let tmp = tempfile::tempdir_in(&dir)?;
+        let root = std::fs::canonicalize(tmp.path())?;
+        let (state, boot) = (root.join("state"), root.join("boot.toml"));
+        room_store::statedir::init(&state, &boot, "swarm")?;
+        let daemon = Background::start_with(ServeConfig {
+            state_dir: state.clone(),
+            bootstrap: boot,
+            listen: Some("127.0.0.1:0".parse().expect("a loopback address")),
+        })?;
+        let sock = daemon.socket.clone();
+        let url = format!(
+            "http://{}/mcp",
+            std::fs::read_to_string(state.join("http.addr"))?.trim()
+        );
+        // rooms of 2..=8 agents
+        let mut agents = vec![];
+        let mut i = 0;
+        let mut r = 0;
+        while i < n {
+            let mut size = (2 + (r * 5) % 7).min(n - i);
+            if n - i - size == 1 {
+                size += 1; // never leave an agent alone in a room
+            }
+            let names: Vec<String> = (i..i + size).map(|k| format!("a{k}")).collect();
+            let mut tokens = vec![];
+            for name in &names {
+                let tok = owner(
+                    &sock,
+                    "agent_enroll",
+                    json!({"name": name, "max_tier": "coordinator"}),
+                )?["token"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                tokens.push(tok);
+            }
+            let room = format!("r{r}");
+            owner(
+                &sock,
+                "room_create",
+                json!({"name": room, "members": names}),
+            )?;
+            for (name, token) in names.iter().zip(tokens) {
+                let mates: Vec<String> = names.iter().filter(|m| *m != name).cloned().collect();
+                let mates = if mates.is_empty() {
+                    vec![name.clone()]
+                } else {
+                    mates
+                };
+                agents.push(Agent {
+                    name: name.clone(),
+                    token,
+                    room: room.clone(),
+                    mates,
+                });
+            }
+            i += size;
+            r += 1;
+        }
+        let rooms = r;
+        let done = Arc::new(AtomicU64::new(0));
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?;
+        let start = Instant::now();
+        let tallies = rt.block_on(async {
+            let tasks: Vec<_> = agents
+                .into_iter()
+                .enumerate()
+                .map(|(k, ag)| {
+                    tokio::spawn(swarm_agent(
+                        url.clone(),
+                        ag,
+                        secs,
+                        0x9e37_79b9 ^ k as u64,
+                        done.clone(),
+                    ))
+                })
+                .collect();
+            let progress = {
+                let done = done.clone();
+                tokio::spawn(async move {
+                    loop {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        let e = start.elapsed().as_secs_f64();
+                        eprint!(
+                            "\r  {n} agents: {:>4.0} s, {} accepted turns ({:.0}/s)   ",
+                            e,
+                            done.load(Ordering::Relaxed),
+                            done.load(Ordering::Relaxed) as f64 / e
+                        );
+                    }
+                })
+            };
+            let mut out = vec![];
+            for t in tasks {
+                out.push(t.await??);
+            }
+            progress.abort();
+            eprintln!();
+            anyhow::Ok(out)
+        })?;
+        let elapsed = start.elapsed().as_secs_f64();
+        daemon.stop()?;
+        let mut lat: Vec<Duration> = tallies.iter().flat_map(|t| t.lat.iter().copied()).collect();
+        let accepted: u64 = tallies.iter().map(|t| t.accepted).sum();
+        let gate: u64 = tallies.iter().map(|t| t.gate_refused).sum();
+        let other: u64 = tallies.iter().map(|t| t.other_refused).sum();
+        let calls = lat.len();
+        let ms = |v: Option<f64>| {
+            v.map(|x| format!("{:.1}", x / 1000.0))
+                .unwrap_or_else(|| "-".into())
+        };
+        println!(
+            "{:>7} {:>6} {:>11.0} {:>10.0} {:>8} {:>8} {:>9} {:>10.1} {:>9.0} {:>10.1} {:>11.1}",
+            n,
+            rooms,
+            accepted as f64 / elapsed,
+            calls as f64 / elapsed,
+            ms(pct(&mut lat, 0.5)),
+            ms(pct(&mut lat, 0.99)),
+            ms(pct(&mut lat, 0.999)),
+            gate as f64 * 100.0 / (accepted + gate + other).max(1) as f64,
+            rss_peak_kib() as f64 / 1024.0,
+            dir_bytes(&state.join("rooms"), ".db") as f64 / (1 << 20) as f64,
+            dir_bytes(&state.join("rooms"), "EVENTS.jsonl") as f64 / (1 << 20) as f64,
+        );
+        if other > 0 {
+            let mut codes: std::collections::BTreeMap<String, u64> = Default::default();
+            for t in &tallies {
+                for (k, v) in &t.other_codes {
+                    *codes.entry(k.clone()).or_default() += v;
+                }
+            }
+            eprintln!("  note: {other} turns refused for other reasons: {codes:?}");
+        }
     }
     Ok(())
 }

@@ -287,7 +287,8 @@ fn a_policy_change_under_a_partly_read_chunked_event_is_refused_not_a_crash() {
     let e = f.engine(8);
     let a = agent(&e, "alpha", Tier::Member);
     let b = agent(&e, "beta", Tier::Member);
-    e.room_create("r", None, &["alpha".into(), "beta".into()]).unwrap();
+    e.room_create("r", None, &["alpha".into(), "beta".into()])
+        .unwrap();
     catch_up(&e, &a, "r");
     catch_up(&e, &b, "r");
     let big = format!("{}é", "secret-1 ".repeat(4000));
@@ -296,7 +297,9 @@ fn a_policy_change_under_a_partly_read_chunked_event_is_refused_not_a_crash() {
     assert_eq!(page["items"][0]["fragment"], "item_chunk");
     let receipt = page["receipt"].as_str().unwrap().to_string();
     let cfg = f.state.join("config.toml");
-    let text = std::fs::read_to_string(&cfg).unwrap().replace("patterns = []", "patterns = [\"(secret-1 )+\"]");
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("patterns = []", "patterns = [\"(secret-1 )+\"]");
     std::fs::write(&cfg, text).unwrap();
     let err = e.sync(&b, "r", Some(&receipt)).unwrap_err();
     assert_eq!(err.code, Code::RoomSyncDeliveryPolicyChanged);

@@ -373,6 +373,14 @@ pub mod http {
             .layer(DefaultBodyLimit::max(REQUEST_BYTES_MAX))
             .with_state(engine)
             .merge(mcp_routes);
+        // Without TCP_NODELAY a client that reuses its connection waits out delayed ACKs
+        // (about 40 ms a call on Linux) behind each small response.
+        use axum::serve::ListenerExt;
+        let tcp = tcp.tap_io(|s| {
+            if let Err(e) = s.set_nodelay(true) {
+                tracing::debug!("TCP_NODELAY not set: {e}");
+            }
+        });
         if let Err(e) = axum::serve(tcp, app).await {
             tracing::error!("http server stopped: {e}");
         }

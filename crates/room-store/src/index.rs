@@ -622,7 +622,14 @@ impl Index {
             self.abort();
             return Err(e.into());
         }
-        self.flush()
+        // A receipt only names what was delivered; losing it in a crash makes its confirmation
+        // fail with receipt_unknown and the reader syncs again. So it rides the open
+        // transaction; the confirmation that trusts it commits durably.
+        self.pending += 1;
+        if self.pending >= DEFERRED_BATCHES_MAX {
+            self.flush()?;
+        }
+        Ok(())
     }
 
     pub fn receipt(&self, id: &str) -> Result<Option<ReceiptRow>> {
