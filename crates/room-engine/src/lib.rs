@@ -36,6 +36,8 @@ pub struct EngineConfig {
     pub recipients_max: usize,
     /// Most explicit causal parents or evidence handles one turn may name.
     pub parents_max: usize,
+    /// Injected journal faults (the simulator only).
+    pub faults: Option<Arc<dyn room_store::journal::Faults>>,
 }
 
 impl Default for EngineConfig {
@@ -46,6 +48,7 @@ impl Default for EngineConfig {
             chunk_bytes: 1024,
             recipients_max: 64,
             parents_max: 16,
+            faults: None,
         }
     }
 }
@@ -152,6 +155,31 @@ impl Engine {
                 ));
             }
         }
+    }
+
+    /// Stop as a crash would: pending index rows are discarded, nothing is flushed. Returns each
+    /// journal's path, its durable length and its current length, so a simulator can decide how
+    /// much of the unsynced tail the crash kept.
+    pub fn crash_for_simulation(self) -> Vec<(std::path::PathBuf, u64, u64)> {
+        let handles: Vec<_> = self
+            .rooms
+            .lock()
+            .expect("rooms map lock")
+            .drain()
+            .map(|(_, h)| h)
+            .collect();
+        let mut out = Vec::new();
+        for h in handles {
+            let mut room = lock_room(&h);
+            room.index.discard_pending();
+            if let Some(j) = &room.journal {
+                let len = std::fs::metadata(j.path())
+                    .map(|m| m.len())
+                    .unwrap_or(j.mark().len);
+                out.push((j.path().to_path_buf(), j.synced_len(), len));
+            }
+        }
+        out
     }
 
     /// The current policy (fleet ceiling, redactor), re-read from config.toml when it changed.

@@ -284,6 +284,7 @@ impl RoomHandle {
         if let Some(e) = failed {
             return Err(e);
         }
+        let journal = journal.with_faults(engine.config.faults.clone());
         pending.batch.mark = Some(journal.mark().clone());
         self.index.apply(&pending.batch)?;
         engine.apply_task_effects(&pending.tasks, journal.tip().hlc.ms)?;

@@ -372,6 +372,11 @@ impl Index {
         Ok(())
     }
 
+    /// Drop pending rows without committing them: what a crash does (simulation).
+    pub fn discard_pending(&mut self) {
+        self.abort();
+    }
+
     fn abort(&mut self) {
         if self.in_txn {
             let _ = self.conn.execute_batch("ROLLBACK");

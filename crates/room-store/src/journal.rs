@@ -13,6 +13,7 @@ use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 pub const BATCH_BYTES: usize = 1 << 20;
 pub const RECORD_BYTES_MAX: usize = 8 << 20;
@@ -128,6 +129,29 @@ pub struct Journal {
     mark: JournalMark,
     /// Set when a failed write or sync leaves the file's state unknown; no further appends.
     poisoned: Option<String>,
+    /// Bytes known to be on stable storage (the length at the last successful sync).
+    synced_len: u64,
+    faults: Option<Arc<dyn Faults>>,
+}
+
+/// A fault the simulator injects into one append.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The write fails before any byte lands (EIO or ENOSPC).
+    WriteError(std::io::ErrorKind),
+    /// Only this many bytes land, then the write fails.
+    ShortWrite(usize),
+    /// Every byte lands, then fsync fails.
+    SyncError,
+    /// Every byte lands and the process dies before fsync: nothing more happens.
+    CrashAfterWrite,
+    /// A deliberately broken store: acknowledge without fsync (for proving the simulator).
+    SkipSync,
+}
+
+/// Decides faults for appends. Only the simulator installs one.
+pub trait Faults: Send + Sync + std::fmt::Debug {
+    fn on_append(&self, path: &Path, bytes: usize) -> Option<Fault>;
 }
 
 impl std::fmt::Debug for Journal {
@@ -210,12 +234,30 @@ impl Journal {
             tip_hash: end.tip.hash,
             tip_hlc: end.tip.hlc,
         };
+        let synced_len = mark.len;
         Ok(Journal {
             file,
             path: path.to_path_buf(),
             mark,
             poisoned: None,
+            synced_len,
+            faults: None,
         })
+    }
+
+    /// Install a fault injector (simulation only).
+    pub fn with_faults(mut self, faults: Option<Arc<dyn Faults>>) -> Self {
+        self.faults = faults;
+        self
+    }
+
+    /// Bytes known to be durable; anything past it would not survive a power cut.
+    pub fn synced_len(&self) -> u64 {
+        self.synced_len
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     pub fn mark(&self) -> &JournalMark {
@@ -257,21 +299,61 @@ impl Journal {
             ranges.push((start, len));
         }
         let old_len = self.mark.len;
-        let written = (&self.file)
-            .write_all(&buf)
-            .and_then(|()| self.file.sync_data());
+        let fault = self
+            .faults
+            .as_ref()
+            .and_then(|f| f.on_append(&self.path, buf.len()));
+        let mut sync = true;
+        let written = match fault {
+            None => (&self.file).write_all(&buf),
+            Some(Fault::WriteError(kind)) => {
+                Err(std::io::Error::new(kind, "injected write failure"))
+            }
+            Some(Fault::ShortWrite(n)) => (&self.file)
+                .write_all(&buf[..n.min(buf.len())])
+                .and_then(|()| Err(std::io::Error::other("injected short write"))),
+            Some(Fault::SyncError) => (&self.file).write_all(&buf),
+            Some(Fault::CrashAfterWrite) => {
+                (&self.file).write_all(&buf)?;
+                self.poisoned = Some("crashed after write, before fsync".into());
+                return Err(StoreError::Corrupt("injected crash after write".into()));
+            }
+            Some(Fault::SkipSync) => {
+                sync = false;
+                (&self.file).write_all(&buf)
+            }
+        };
         if let Err(e) = written {
+            // Nothing was synced: cut back to the last whole record. If that works the file is
+            // in a known state and the journal stays usable.
             if let Err(e2) = self
                 .file
                 .set_len(old_len)
                 .and_then(|()| self.file.sync_all())
             {
                 self.poisoned = Some(format!("append failed ({e}) and cut-back failed ({e2})"));
-            } else {
-                // fsync failure leaves page-cache state unknown even after a cut; re-open to trust it.
-                self.poisoned = Some(format!("append failed: {e}"));
             }
             return Err(e.into());
+        }
+        let synced = if !sync {
+            Ok(())
+        } else if fault == Some(Fault::SyncError) {
+            Err(std::io::Error::other("injected fsync failure"))
+        } else {
+            self.file.sync_data()
+        };
+        if let Err(e) = synced {
+            // After a failed fsync the page cache may or may not reach the disk: nothing about
+            // this file can be trusted until it is reopened and reconciled.
+            let _ = self
+                .file
+                .set_len(old_len)
+                .and_then(|()| self.file.sync_all());
+            self.poisoned = Some(format!("fsync failed: {e}"));
+            return Err(e.into());
+        }
+        if sync {
+            self.synced_len = old_len + buf.len() as u64;
         }
         self.mark.len = old_len + buf.len() as u64;
         self.mark.anchor_sha256 = anchor_of(&self.file, self.mark.len)?;

@@ -1,0 +1,780 @@
+//! A deterministic simulation of the real engine over the real store. Agents, rooms, tasks,
+//! syncs, revocations, rotations, resets, clock jumps, injected journal faults and crashes are
+//! drawn from one seeded generator; the clock and entropy are simulated, so a seed replays the
+//! same run exactly. After every step the simulator checks what Room promises:
+//! - nothing acknowledged is lost across crashes, and every chain verifies (HLC order included);
+//! - a refused call changes nothing;
+//! - no agent's turn lands past a foreign event it had not confirmed.
+//!
+//! A failure names the seed and step; `room-sim --seed N` replays it.
+
+use room_core::env::{ManualClock, SeededEntropy};
+use room_core::{Code, Tier, Verb};
+use room_engine::principal::AgentCaller;
+use room_engine::verbs::TurnArgs;
+use room_engine::{Engine, EngineConfig, Env};
+use room_store::fs::RealFs;
+use room_store::journal::{Fault, Faults};
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// A deliberately broken store, to prove the simulator finds what it should.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Broken {
+    /// Acknowledge appends without fsync.
+    AckBeforeFsync,
+}
+
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    pub seed: u64,
+    pub steps: u64,
+    pub agents: usize,
+    pub rooms: usize,
+    /// Inject journal faults and crashes.
+    pub faults: bool,
+    pub broken: Option<Broken>,
+}
+
+impl SimConfig {
+    pub fn new(seed: u64) -> SimConfig {
+        SimConfig {
+            seed,
+            steps: 400,
+            agents: 24,
+            rooms: 6,
+            faults: true,
+            broken: None,
+        }
+    }
+}
+
+/// What went wrong, where.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub seed: u64,
+    pub step: u64,
+    pub what: String,
+    pub recent: Vec<String>,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "seed {} step {}: {}", self.seed, self.step, self.what)?;
+        writeln!(
+            f,
+            "replay: room-sim --seed {} --steps {}",
+            self.seed,
+            self.step + 1
+        )?;
+        for l in &self.recent {
+            writeln!(f, "  {l}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Summary of a passing run.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    pub accepted: u64,
+    pub refused: u64,
+    pub crashes: u64,
+    pub faults: u64,
+    pub acked_events: u64,
+    /// Refusals by code.
+    pub refusals: BTreeMap<String, u64>,
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+#[derive(Debug)]
+struct SimFaults {
+    next: Mutex<Option<Fault>>,
+    always: Option<Fault>,
+}
+
+impl Faults for SimFaults {
+    fn on_append(&self, _path: &Path, _bytes: usize) -> Option<Fault> {
+        self.next.lock().expect("fault lock").take().or(self.always)
+    }
+}
+
+struct Agent {
+    name: String,
+    token: String,
+    revoked: bool,
+    rooms: Vec<String>,
+    /// Per room: the last receipt read and the position it covers.
+    receipt: BTreeMap<String, (String, u64)>,
+    /// Per room: what this agent has really confirmed (by reading or by the Fold Rule).
+    confirmed: BTreeMap<String, u64>,
+    open: BTreeMap<String, Vec<String>>,
+    tasks: Vec<String>,
+}
+
+pub struct Sim {
+    cfg: SimConfig,
+    rng: Rng,
+    _tmp: tempfile::TempDir,
+    state: PathBuf,
+    boot: PathBuf,
+    clock: Arc<ManualClock>,
+    entropy: Arc<SeededEntropy>,
+    faults: Arc<SimFaults>,
+    engine: Option<Engine>,
+    agents: Vec<Agent>,
+    rooms: Vec<String>,
+    acked: BTreeMap<String, BTreeSet<String>>,
+    step: u64,
+    recent: Vec<String>,
+    report: Report,
+    /// A crash was injected into the last append: restart before anything else.
+    crash_pending: bool,
+}
+
+fn scratch_dir() -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    }
+}
+
+impl Sim {
+    pub fn new(cfg: SimConfig) -> Sim {
+        let tmp = tempfile::tempdir_in(scratch_dir()).expect("a scratch dir");
+        let root = std::fs::canonicalize(tmp.path()).expect("canonical scratch dir");
+        let state = root.join("state");
+        let boot = root.join("boot.toml");
+        room_store::statedir::init(&state, &boot, &format!("sim-{}", cfg.seed)).expect("state dir");
+        let always = cfg.broken.map(|Broken::AckBeforeFsync| Fault::SkipSync);
+        Sim {
+            rng: Rng(cfg.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1),
+            clock: Arc::new(ManualClock::new(1_790_000_000_000)),
+            entropy: Arc::new(SeededEntropy::new(cfg.seed ^ 0x5eed)),
+            faults: Arc::new(SimFaults {
+                next: Mutex::new(None),
+                always,
+            }),
+            cfg,
+            _tmp: tmp,
+            state,
+            boot,
+            engine: None,
+            agents: vec![],
+            rooms: vec![],
+            acked: BTreeMap::new(),
+            step: 0,
+            recent: vec![],
+            report: Report::default(),
+            crash_pending: false,
+        }
+    }
+
+    fn open_engine(&mut self) -> Result<(), String> {
+        let s =
+            room_store::statedir::validate(&self.state, &self.boot).map_err(|e| e.to_string())?;
+        let env = Env {
+            clock: self.clock.clone(),
+            entropy: self.entropy.clone(),
+            fs: Arc::new(RealFs),
+        };
+        let config = EngineConfig {
+            faults: Some(self.faults.clone()),
+            ..EngineConfig::default()
+        };
+        self.engine =
+            Some(Engine::open(s, env, config).map_err(|e| format!("engine failed to open: {e}"))?);
+        Ok(())
+    }
+
+    fn e(&self) -> &Engine {
+        self.engine
+            .as_ref()
+            .expect("the engine is open between steps")
+    }
+
+    fn note(&mut self, line: String) {
+        self.recent.push(line);
+        if self.recent.len() > 30 {
+            self.recent.remove(0);
+        }
+    }
+
+    fn fail(&self, what: impl Into<String>) -> Failure {
+        Failure {
+            seed: self.cfg.seed,
+            step: self.step,
+            what: what.into(),
+            recent: self.recent.clone(),
+        }
+    }
+
+    fn caller(&self, i: usize) -> AgentCaller {
+        AgentCaller {
+            token: self.agents[i].token.clone(),
+            conversation: "sim".into(),
+            declared_tier: None,
+        }
+    }
+
+    fn tips(&self) -> Vec<u64> {
+        self.rooms
+            .iter()
+            .map(|r| {
+                self.e()
+                    .room_log(r, 1, 1)
+                    .map(|v| v["tip_seq"].as_u64().unwrap_or(0))
+                    .unwrap_or(0)
+            })
+            .collect()
+    }
+
+    fn setup(&mut self) -> Result<(), String> {
+        self.open_engine()?;
+        for i in 0..self.cfg.agents {
+            let tier = if i % 4 == 0 {
+                Tier::Coordinator
+            } else {
+                Tier::Member
+            };
+            let name = format!("a{i}");
+            let token = self
+                .e()
+                .enroll(&name, tier, "sim")
+                .map_err(|r| r.to_string())?
+                .token;
+            self.agents.push(Agent {
+                name,
+                token,
+                revoked: false,
+                rooms: vec![],
+                receipt: BTreeMap::new(),
+                confirmed: BTreeMap::new(),
+                open: BTreeMap::new(),
+                tasks: vec![],
+            });
+        }
+        for r in 0..self.cfg.rooms {
+            let room = format!("r{r}");
+            let size = 2 + self.rng.below(6) as usize;
+            let mut members = BTreeSet::new();
+            while members.len() < size.min(self.cfg.agents) {
+                members.insert(self.rng.below(self.cfg.agents as u64) as usize);
+            }
+            let names: Vec<String> = members
+                .iter()
+                .map(|i| self.agents[*i].name.clone())
+                .collect();
+            self.e()
+                .room_create(&room, None, &names)
+                .map_err(|r| r.to_string())?;
+            for i in members {
+                self.agents[i].rooms.push(room.clone());
+            }
+            self.rooms.push(room);
+        }
+        Ok(())
+    }
+
+    /// Run every step; the first broken promise ends the run.
+    pub fn run(mut self) -> Result<Report, Failure> {
+        self.setup().map_err(|e| self.fail(format!("setup: {e}")))?;
+        while self.step < self.cfg.steps {
+            self.one_step()?;
+            self.step += 1;
+        }
+        self.crash_and_restart()?;
+        self.report.acked_events = self.acked.values().map(|s| s.len() as u64).sum();
+        Ok(self.report)
+    }
+
+    fn one_step(&mut self) -> Result<(), Failure> {
+        if self.crash_pending {
+            return self.crash_and_restart();
+        }
+        let roll = self.rng.below(100);
+        match roll {
+            0..=39 => self.agent_turn(),
+            40..=64 => self.agent_sync(),
+            65..=69 => self.task_flow(),
+            70..=72 => self.owner_rotate(),
+            73..=74 => self.owner_revoke(),
+            75..=76 => self.owner_reset(),
+            77..=79 => {
+                let jump = self.rng.below(600_000);
+                if self.rng.chance(40) {
+                    self.clock.set(
+                        self.clock
+                            .0
+                            .load(std::sync::atomic::Ordering::SeqCst)
+                            .saturating_sub(jump),
+                    );
+                    self.note(format!("clock steps back {jump} ms"));
+                } else {
+                    self.clock.advance(jump);
+                    self.note(format!("clock jumps ahead {jump} ms"));
+                }
+                Ok(())
+            }
+            80..=81 if self.cfg.faults => {
+                let f = match self.rng.below(5) {
+                    0 => Fault::WriteError(std::io::ErrorKind::Other),
+                    1 => Fault::WriteError(std::io::ErrorKind::StorageFull),
+                    2 => Fault::ShortWrite(1 + self.rng.below(200) as usize),
+                    3 => Fault::SyncError,
+                    _ => Fault::CrashAfterWrite,
+                };
+                *self.faults.next.lock().expect("fault lock") = Some(f);
+                self.report.faults += 1;
+                self.note(format!("next append fails: {f:?}"));
+                Ok(())
+            }
+            86 if self.cfg.faults => self.crash_and_restart(),
+            _ => {
+                self.clock.advance(1 + self.rng.below(50));
+                Ok(())
+            }
+        }
+    }
+
+    /// Mostly an agent whose credential works; now and then a revoked one, whose every call
+    /// must be refused.
+    fn pick_agent(&mut self) -> usize {
+        let mut i = self.rng.below(self.agents.len() as u64) as usize;
+        for _ in 0..4 {
+            if !self.agents[i].revoked || self.rng.chance(10) {
+                break;
+            }
+            i = self.rng.below(self.agents.len() as u64) as usize;
+        }
+        i
+    }
+
+    /// Call the engine; check that a refusal changed nothing; return the outcome.
+    fn checked<T>(
+        &mut self,
+        what: String,
+        f: impl FnOnce(&Engine) -> Result<T, room_core::Refusal>,
+    ) -> Result<Result<T, room_core::Refusal>, Failure> {
+        let before = self.tips();
+        let injected = self.faults.next.lock().expect("fault lock").is_some();
+        let out = f(self.e());
+        match &out {
+            Ok(_) => {
+                self.report.accepted += 1;
+                self.note(format!("{what} -> ok"));
+            }
+            Err(r) => {
+                self.report.refused += 1;
+                *self
+                    .report
+                    .refusals
+                    .entry(r.code.as_str().to_string())
+                    .or_default() += 1;
+                self.note(format!("{what} -> {}", r.code));
+                if r.code == Code::StorageFailed {
+                    // an injected fault: the journal may be poisoned; a crash follows
+                    if injected || self.cfg.broken.is_some() {
+                        self.crash_pending = true;
+                    } else {
+                        return Err(
+                            self.fail(format!("storage failed without an injected fault: {r}"))
+                        );
+                    }
+                }
+                let after = self.tips();
+                if after != before {
+                    return Err(self.fail(format!(
+                        "refused call {what} ({}) changed the room tips {before:?} -> {after:?}",
+                        r.code
+                    )));
+                }
+            }
+        }
+        // a fault armed for an append that did not happen stays armed for the next one
+        Ok(out)
+    }
+
+    fn agent_sync(&mut self) -> Result<(), Failure> {
+        let i = self.pick_agent();
+        if self.agents[i].rooms.is_empty() {
+            return Ok(());
+        }
+        let room = self.agents[i].rooms[self.rng.below(self.agents[i].rooms.len() as u64) as usize]
+            .clone();
+        // mostly read until caught up; sometimes read one page and stop
+        let pages = if self.rng.chance(70) { 50 } else { 1 };
+        self.catch_up(i, &room, pages)
+    }
+
+    fn catch_up(&mut self, i: usize, room: &str, pages: usize) -> Result<(), Failure> {
+        let room = room.to_string();
+        for _ in 0..pages {
+            let confirm = if self.rng.chance(90) {
+                self.agents[i].receipt.get(&room).cloned()
+            } else {
+                None
+            };
+            let c = self.caller(i);
+            let r = confirm.as_ref().map(|(r, _)| r.clone());
+            let out = self.checked(
+                format!(
+                    "{} sync {room} confirm={:?}",
+                    self.agents[i].name,
+                    confirm.as_ref().map(|c| c.1)
+                ),
+                |e| e.sync(&c, &room, r.as_deref()),
+            )?;
+            let page = match out {
+                Ok(p) => p,
+                Err(r) if matches!(r.code, Code::ReceiptUnknown | Code::RoomSyncViewChanged) => {
+                    // the receipt did not survive a crash, or belongs to an older view: read again
+                    self.agents[i].receipt.remove(&room);
+                    continue;
+                }
+                Err(_) => return Ok(()),
+            };
+            if let Some((_, to)) = confirm {
+                let m = self.agents[i].confirmed.entry(room.clone()).or_default();
+                *m = (*m).max(to);
+            }
+            if page["view_changed"] == true {
+                self.agents[i].confirmed.insert(room.clone(), 0);
+            }
+            let to = page["to_seq"].as_u64().unwrap_or(0);
+            let receipt = page["receipt"].as_str().unwrap_or_default().to_string();
+            self.agents[i].receipt.insert(room.clone(), (receipt, to));
+            let open: Vec<String> = page["open_items"]
+                .as_array()
+                .map(|v| {
+                    v.iter()
+                        .filter_map(|x| x["id"].as_str().map(String::from))
+                        .collect()
+                })
+                .unwrap_or_default();
+            self.agents[i].open.insert(room.clone(), open);
+            if page["items"].as_array().is_some_and(Vec::is_empty) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn agent_turn(&mut self) -> Result<(), Failure> {
+        let i = self.pick_agent();
+        if self.agents[i].rooms.is_empty() {
+            return Ok(());
+        }
+        let room = self.agents[i].rooms[self.rng.below(self.agents[i].rooms.len() as u64) as usize]
+            .clone();
+        if self.rng.chance(70) {
+            self.catch_up(i, &room, 50)?;
+        }
+        let mates: Vec<String> = self
+            .agents
+            .iter()
+            .filter(|a| a.name != self.agents[i].name && a.rooms.contains(&room))
+            .map(|a| a.name.clone())
+            .collect();
+        let open = self.agents[i].open.get(&room).cloned().unwrap_or_default();
+        let k = self.rng.below(100);
+        let text = format!(
+            "{} step {} {}",
+            self.agents[i].name,
+            self.step,
+            "x".repeat(self.rng.below(300) as usize)
+        );
+        let (verb, args) = if k < 15 && !open.is_empty() {
+            (
+                Verb::Reply,
+                TurnArgs {
+                    room: room.clone(),
+                    text: Some(text),
+                    reply_to: Some(open[0].clone()),
+                    ..Default::default()
+                },
+            )
+        } else if k < 35 && !mates.is_empty() {
+            let to = mates[self.rng.below(mates.len() as u64) as usize].clone();
+            (
+                Verb::Send,
+                TurnArgs {
+                    room: room.clone(),
+                    text: Some(text),
+                    to: vec![to],
+                    ..Default::default()
+                },
+            )
+        } else if k < 60 {
+            (
+                Verb::Note,
+                TurnArgs {
+                    room: room.clone(),
+                    text: Some(text),
+                    ..Default::default()
+                },
+            )
+        } else if k < 63 {
+            // occasionally huge, to exercise blobs and chunked pages
+            (
+                Verb::Note,
+                TurnArgs {
+                    room: room.clone(),
+                    text: Some("é".repeat(6000)),
+                    ..Default::default()
+                },
+            )
+        } else {
+            (
+                Verb::Say,
+                TurnArgs {
+                    room: room.clone(),
+                    text: Some(text),
+                    ..Default::default()
+                },
+            )
+        };
+        let c = self.caller(i);
+        let name = self.agents[i].name.clone();
+        let out = self.checked(format!("{name} {verb} {room}"), |e| e.turn(&c, verb, args))?;
+        let Ok(v) = out else { return Ok(()) };
+        let seq = v["seq"].as_u64().unwrap_or(0);
+        let event = v["event"].as_str().unwrap_or_default().to_string();
+        // The agent acted at `seq`: every foreign event before it must have been confirmed.
+        let confirmed = self.agents[i].confirmed.get(&room).copied().unwrap_or(0);
+        if seq > confirmed + 1 {
+            let log = self
+                .e()
+                .room_log(&room, confirmed + 1, (seq - confirmed - 1) as usize)
+                .map_err(|r| self.fail(r.to_string()))?;
+            if let Some(foreign) = log["events"].as_array().and_then(|es| {
+                es.iter()
+                    .find(|e| e["actor"].as_str() != Some(name.as_str()))
+            }) {
+                return Err(self.fail(format!(
+                    "{name} acted at seq {seq} in {room} past unconfirmed foreign event {} (confirmed up to {confirmed})",
+                    foreign["seq"]
+                )));
+            }
+        }
+        let last = if v["obligations"].as_array().is_some_and(|o| !o.is_empty())
+            || v["mentions"].as_array().is_some_and(|m| !m.is_empty())
+        {
+            seq + 1
+        } else {
+            seq
+        };
+        self.agents[i].confirmed.insert(room.clone(), last);
+        if verb == Verb::Reply {
+            self.agents[i]
+                .open
+                .insert(room.clone(), open.into_iter().skip(1).collect());
+        }
+        // Sometimes the process dies after the durable write but before the answer reaches the
+        // agent: the event may exist, but it was never acknowledged.
+        if self.cfg.faults && self.rng.chance(2) {
+            self.note(format!("crash before the answer to {event} reached {name}"));
+            return self.crash_and_restart();
+        }
+        self.acked.entry(room).or_default().insert(event);
+        Ok(())
+    }
+
+    fn task_flow(&mut self) -> Result<(), Failure> {
+        let i = self.pick_agent();
+        if self.agents[i].rooms.is_empty() {
+            return Ok(());
+        }
+        let room = self.agents[i].rooms[0].clone();
+        let c = self.caller(i);
+        let name = self.agents[i].name.clone();
+        if let Some(t) = self.agents[i].tasks.pop() {
+            let claimed = self.checked(format!("{name} claim {t}"), |e| e.task_claim(&c, &t))?;
+            if claimed.is_ok() {
+                let args = TurnArgs {
+                    room: room.clone(),
+                    task: Some(t.clone()),
+                    text: Some("done".into()),
+                    ..Default::default()
+                };
+                let out =
+                    self.checked(format!("{name} done {t}"), |e| e.turn(&c, Verb::Done, args))?;
+                if let Ok(v) = out {
+                    let event = v["event"].as_str().unwrap_or_default().to_string();
+                    self.acked.entry(room).or_default().insert(event);
+                }
+            }
+            return Ok(());
+        }
+        let title = format!("task at step {}", self.step);
+        let out = self.checked(format!("{name} task_create {room}"), |e| {
+            e.task_create(&c, &room, &title, Some(&name), None)
+        })?;
+        if let Ok(v) = out {
+            let t = v["task"]["id"].as_str().unwrap_or_default().to_string();
+            self.acked
+                .entry(room)
+                .or_default()
+                .insert(v["event"].as_str().unwrap_or_default().to_string());
+            self.agents[i].tasks.push(t);
+        }
+        Ok(())
+    }
+
+    fn owner_rotate(&mut self) -> Result<(), Failure> {
+        let i = self.pick_agent();
+        let name = self.agents[i].name.clone();
+        let out = self.checked(format!("owner rotate {name}"), |e| e.rotate(&name))?;
+        if let Ok(en) = out {
+            self.agents[i].token = en.token;
+            self.agents[i].revoked = false;
+            // a new registration is a new conversation key: nothing is confirmed for it
+            self.agents[i].confirmed.clear();
+            self.agents[i].receipt.clear();
+        }
+        Ok(())
+    }
+
+    fn owner_revoke(&mut self) -> Result<(), Failure> {
+        let i = self.pick_agent();
+        let name = self.agents[i].name.clone();
+        if self
+            .checked(format!("owner revoke {name}"), |e| e.revoke(&name))?
+            .is_ok()
+        {
+            self.agents[i].revoked = true;
+            // its next call must be refused
+            let c = self.caller(i);
+            let out = self.checked(format!("{name} whoami after revoke"), |e| e.whoami(&c))?;
+            match out {
+                Err(r) if r.code == Code::CredentialRevoked => {}
+                other => {
+                    return Err(self.fail(format!("revoked {name} was not refused: {other:?}")));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn owner_reset(&mut self) -> Result<(), Failure> {
+        let room = self.rooms[self.rng.below(self.rooms.len() as u64) as usize].clone();
+        if self
+            .checked(format!("owner reset {room}"), |e| e.room_reset(&room))?
+            .is_ok()
+        {
+            for a in &mut self.agents {
+                a.confirmed.remove(&room);
+                a.receipt.remove(&room);
+            }
+        }
+        Ok(())
+    }
+
+    /// Crash: pending index rows are lost and each journal keeps its synced bytes plus a random
+    /// part of what was written but not synced (a torn tail). Then restart and check.
+    fn crash_and_restart(&mut self) -> Result<(), Failure> {
+        self.crash_pending = false;
+        self.report.crashes += 1;
+        let engine = self.engine.take().expect("an engine to crash");
+        let journals = engine.crash_for_simulation();
+        for (path, synced, len) in journals {
+            if len > synced {
+                let keep = synced + self.rng.below(len - synced + 1);
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(|e| self.fail(e.to_string()))?;
+                f.set_len(keep).map_err(|e| self.fail(e.to_string()))?;
+                self.note(format!(
+                    "crash: {} keeps {keep} of {len} bytes ({synced} synced)",
+                    path.display()
+                ));
+            }
+        }
+        self.note("restart".into());
+        self.open_engine().map_err(|e| self.fail(e))?;
+        self.check_durable()
+    }
+
+    /// Every acknowledged event is present and every chain verifies.
+    fn check_durable(&mut self) -> Result<(), Failure> {
+        for room in self.rooms.clone() {
+            let view = self
+                .e()
+                .rooms_view(None)
+                .map_err(|r| self.fail(r.to_string()))?;
+            let ro = view["rooms"]
+                .as_array()
+                .and_then(|rs| rs.iter().find(|r| r["room"] == room.as_str()))
+                .map(|r| r["read_only"].clone())
+                .unwrap_or(Value::Null);
+            if !ro.is_null() {
+                return Err(self.fail(format!("room {room} is read-only after restart: {ro}")));
+            }
+            let mut present = BTreeSet::new();
+            let mut from = 1;
+            loop {
+                let log = self
+                    .e()
+                    .room_log(&room, from, 1000)
+                    .map_err(|r| self.fail(r.to_string()))?;
+                let events = log["events"].as_array().cloned().unwrap_or_default();
+                for e in &events {
+                    present.insert(e["id"].as_str().unwrap_or_default().to_string());
+                }
+                if events.len() < 1000 {
+                    break;
+                }
+                from += 1000;
+            }
+            if let Some(lost) = self
+                .acked
+                .get(&room)
+                .and_then(|a| a.iter().find(|id| !present.contains(*id)))
+            {
+                return Err(self.fail(format!(
+                    "acknowledged event {lost} of room {room} is gone after a crash"
+                )));
+            }
+        }
+        let rooms_dir = self.state.join("rooms");
+        for entry in std::fs::read_dir(&rooms_dir).map_err(|e| self.fail(e.to_string()))? {
+            let dir = entry.map_err(|e| self.fail(e.to_string()))?.path();
+            let graph = dir
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default()
+                .to_string();
+            if let Err(e) = room_store::journal::verify(&dir.join("EVENTS.jsonl"), &graph) {
+                return Err(self.fail(format!("chain of {graph} does not verify: {e}")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Run one seed.
+pub fn run(cfg: SimConfig) -> Result<Report, Failure> {
+    Sim::new(cfg).run()
+}

@@ -1,0 +1,80 @@
+//! `room-sim`: run the deterministic simulator over a range of seeds, or replay one.
+//! `room-sim --seeds 0..50 --steps 400`, `room-sim --seed 17`, `room-sim --soak` (a long run),
+//! `room-sim --broken ack-before-fsync` (a planted bug the simulator must find).
+
+use room_sim::{Broken, SimConfig, run};
+
+fn arg(args: &[String], name: &str) -> Option<String> {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let steps: u64 = arg(&args, "--steps")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(400);
+    let soak = args.iter().any(|a| a == "--soak");
+    let broken = match arg(&args, "--broken").as_deref() {
+        None => None,
+        Some("ack-before-fsync") => Some(Broken::AckBeforeFsync),
+        Some(other) => {
+            eprintln!("error: --broken {other:?}: the planted bug is ack-before-fsync");
+            std::process::exit(2);
+        }
+    };
+    let seeds: Vec<u64> = if let Some(s) = arg(&args, "--seed") {
+        vec![s.parse().unwrap_or_else(|_| {
+            eprintln!("error: --seed needs a number");
+            std::process::exit(2)
+        })]
+    } else {
+        let range = arg(&args, "--seeds").unwrap_or_else(|| {
+            if soak {
+                "0..2000".into()
+            } else {
+                "0..20".into()
+            }
+        });
+        let (a, b) = range.split_once("..").unwrap_or(("0", "20"));
+        let (a, b): (u64, u64) = (a.parse().unwrap_or(0), b.parse().unwrap_or(20));
+        (a..b).collect()
+    };
+    let mut totals = room_sim::Report::default();
+    for seed in &seeds {
+        let cfg = SimConfig {
+            steps: if soak { steps.max(2000) } else { steps },
+            broken,
+            ..SimConfig::new(*seed)
+        };
+        match run(cfg) {
+            Ok(r) => {
+                totals.accepted += r.accepted;
+                totals.refused += r.refused;
+                totals.crashes += r.crashes;
+                totals.faults += r.faults;
+                totals.acked_events += r.acked_events;
+                for (k, v) in r.refusals {
+                    *totals.refusals.entry(k).or_default() += v;
+                }
+            }
+            Err(f) => {
+                eprint!("{f}");
+                println!("0 passed, 1 failed");
+                std::process::exit(1);
+            }
+        }
+    }
+    eprintln!(
+        "{} seeds: {} calls accepted, {} refused, {} crashes, {} injected faults, {} acknowledged events checked",
+        seeds.len(),
+        totals.accepted,
+        totals.refused,
+        totals.crashes,
+        totals.faults,
+        totals.acked_events
+    );
+    eprintln!("refusals by code: {:?}", totals.refusals);
+    println!("{} passed, 0 failed", seeds.len());
+}
