@@ -1,5 +1,6 @@
 //! `room-sim`: run the deterministic simulator over a range of seeds, or replay one.
-//! `room-sim --seeds 0..50 --steps 400`, `room-sim --seed 17`, `room-sim --soak` (a long run),
+//! `room-sim --seeds 0..50 --steps 400 [--agents N --rooms N]`, `room-sim --seed 17`,
+//! `room-sim --soak` (2,000 seeds of 2,000 steps with 200 agents in 40 rooms),
 //! `room-sim --broken ack-before-fsync` (a planted bug the simulator must find).
 
 use room_sim::{Broken, SimConfig, run};
