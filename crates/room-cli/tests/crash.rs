@@ -21,7 +21,17 @@ struct Dirs {
     config_home: PathBuf,
 }
 
-fn spawn(d: &Dirs) -> Child {
+/// Kills the daemon when the test ends, even by panic, so it never outlives the test.
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn(d: &Dirs) -> Daemon {
     let mut child = Command::new(env!("CARGO_BIN_EXE_room"))
         .args(["serve", "--state-dir"])
         .arg(&d.state)
@@ -33,7 +43,7 @@ fn spawn(d: &Dirs) -> Child {
         if let Ok(mut c) = Client::connect(&d.state.join("room.sock"))
             && c.call(&req(None, "ping", json!({}))).is_ok()
         {
-            return child;
+            return Daemon(child);
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -172,8 +182,8 @@ fn sigkill_under_load_loses_no_acknowledged_event() {
             })
             .collect();
         std::thread::sleep(Duration::from_millis(50 + next(&mut seed) % 250));
-        child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
+        child.0.kill().unwrap(); // SIGKILL
+        child.0.wait().unwrap();
         stop.store(true, Ordering::Relaxed);
         for t in threads {
             t.join().unwrap();
@@ -236,6 +246,5 @@ fn sigkill_under_load_loses_no_acknowledged_event() {
     let total: usize = acked.iter().map(|a| a.lock().unwrap().len()).sum();
     eprintln!("{total} acknowledged turns survived {ROUNDS} SIGKILLs");
     assert!(total > 0, "the writers made progress");
-    child.kill().unwrap();
-    child.wait().unwrap();
+    drop(child);
 }
