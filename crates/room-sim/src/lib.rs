@@ -129,6 +129,8 @@ struct Agent {
     confirmed: BTreeMap<String, u64>,
     open: BTreeMap<String, Vec<String>>,
     tasks: Vec<String>,
+    /// Obligations this agent raised with send: (room, obligation id), for circle.
+    raised: Vec<(String, String)>,
 }
 
 pub struct Sim {
@@ -273,6 +275,7 @@ impl Sim {
                 confirmed: BTreeMap::new(),
                 open: BTreeMap::new(),
                 tasks: vec![],
+                raised: vec![],
             });
         }
         for r in 0..self.cfg.rooms {
@@ -559,6 +562,25 @@ impl Sim {
         let name = self.agents[i].name.clone();
         let out = self.checked(format!("{name} {verb} {room}"), |e| e.turn(&c, verb, args))?;
         let Ok(v) = out else { return Ok(()) };
+        if verb == Verb::Reply {
+            self.agents[i]
+                .open
+                .insert(room.clone(), open.into_iter().skip(1).collect());
+        }
+        if verb == Verb::Send
+            && let Some(ob) = v["obligations"][0]["id"].as_str()
+        {
+            self.agents[i].raised.push((room.clone(), ob.to_string()));
+        }
+        self.record_turn(i, &room, &v)
+    }
+
+    /// An accepted gated turn: check that it did not land past an unconfirmed foreign event,
+    /// apply the Fold Rule to the model, and record it as acknowledged (unless the process
+    /// "dies" before the answer reaches the agent).
+    fn record_turn(&mut self, i: usize, room: &str, v: &Value) -> Result<(), Failure> {
+        let room = room.to_string();
+        let name = self.agents[i].name.clone();
         let seq = v["seq"].as_u64().unwrap_or(0);
         let event = v["event"].as_str().unwrap_or_default().to_string();
         // The agent acted at `seq`: every foreign event before it must have been confirmed.
@@ -586,11 +608,6 @@ impl Sim {
             seq
         };
         self.agents[i].confirmed.insert(room.clone(), last);
-        if verb == Verb::Reply {
-            self.agents[i]
-                .open
-                .insert(room.clone(), open.into_iter().skip(1).collect());
-        }
         // Sometimes the process dies after the durable write but before the answer reaches the
         // agent: the event may exist, but it was never acknowledged.
         if self.cfg.faults && self.rng.chance(2) {
@@ -612,18 +629,55 @@ impl Sim {
         if let Some(t) = self.agents[i].tasks.pop() {
             let claimed = self.checked(format!("{name} claim {t}"), |e| e.task_claim(&c, &t))?;
             if claimed.is_ok() {
+                self.catch_up(i, &room, 50)?;
+                let mates: Vec<String> = self
+                    .agents
+                    .iter()
+                    .filter(|a| a.name != name && a.rooms.contains(&room))
+                    .map(|a| a.name.clone())
+                    .collect();
+                let k = self.rng.below(100);
+                let (verb, to) = if k < 50 || mates.is_empty() {
+                    (Verb::Done, vec![])
+                } else if k < 65 {
+                    (Verb::Blocked, vec![])
+                } else if k < 80 {
+                    (Verb::Decline, vec![])
+                } else {
+                    (
+                        Verb::Handoff,
+                        vec![mates[self.rng.below(mates.len() as u64) as usize].clone()],
+                    )
+                };
                 let args = TurnArgs {
                     room: room.clone(),
                     task: Some(t.clone()),
-                    text: Some("done".into()),
+                    text: Some(format!("{verb} {t}")),
+                    to,
                     ..Default::default()
                 };
-                let out =
-                    self.checked(format!("{name} done {t}"), |e| e.turn(&c, Verb::Done, args))?;
+                let out = self.checked(format!("{name} {verb} {t}"), |e| e.turn(&c, verb, args))?;
                 if let Ok(v) = out {
-                    let event = v["event"].as_str().unwrap_or_default().to_string();
-                    self.acked.entry(room).or_default().insert(event);
+                    return self.record_turn(i, &room, &v);
                 }
+            }
+            return Ok(());
+        }
+        if let Some((r, ob)) = self.agents[i].raised.pop()
+            && self.rng.chance(50)
+        {
+            self.catch_up(i, &r, 50)?;
+            let args = TurnArgs {
+                room: r.clone(),
+                obligation: Some(ob.clone()),
+                text: Some("still waiting".into()),
+                ..Default::default()
+            };
+            let out = self.checked(format!("{name} circle {ob}"), |e| {
+                e.turn(&c, Verb::Circle, args)
+            })?;
+            if let Ok(v) = out {
+                return self.record_turn(i, &r, &v);
             }
             return Ok(());
         }
