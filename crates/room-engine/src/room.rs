@@ -28,6 +28,9 @@ pub struct RoomHandle {
     pub blobs: Blobs,
     /// Why the room refuses writes, when it does (a rotated journal, a failed projection).
     pub read_only: Option<String>,
+    /// True when `read_only` is a rotated or replaced journal (the owner's `index rebuild`
+    /// accepts it); otherwise a restart catches the room up from its journal.
+    pub rotated: bool,
 }
 
 pub fn binding_of(row: &RoomRow) -> Binding {
@@ -172,6 +175,10 @@ impl RoomHandle {
     pub fn create_shard(engine: &Engine, row: &RoomRow) -> Outcome<()> {
         let dir = engine.state.rooms().join(&row.graph_id);
         std::fs::create_dir_all(dir.join("blobs")).map_err(Refusal::storage)?;
+        // the new directories must be durable before anything in them is acknowledged
+        sfs::sync_dir(&dir)
+            .and_then(|()| sfs::sync_dir(&engine.state.rooms()))
+            .map_err(Refusal::storage)?;
         let binding = binding_of(row);
         let bytes = canon::canonical_bytes(&binding);
         if !sfs::create_new_durable(&dir.join("binding.json"), &bytes).map_err(Refusal::storage)? {
@@ -219,6 +226,7 @@ impl RoomHandle {
             index,
             dir,
             read_only: None,
+            rotated: false,
         };
         let known = h.index.mark()?;
         match h.open_journal(engine, known.as_ref()) {
@@ -226,22 +234,39 @@ impl RoomHandle {
             Err(StoreError::Rotated(why)) => {
                 tracing::error!(room = %row.name, "journal rotated: {why}");
                 h.read_only = Some(why);
+                h.rotated = true;
                 return Ok(h);
             }
             Err(e) => return Err(e),
         }
-        h.complete_pending(engine)?;
+        // A room that cannot finish its last turn stays readable but refuses writes; it must
+        // not keep the daemon (and every other room) from starting.
+        if let Err(e) = h.complete_pending(engine) {
+            h.halt(format!("completing its last turn failed: {e}"));
+        }
         Ok(h)
     }
 
     /// Drop the projection and refill it from the journal as it now is (receipts and
     /// checkpoints stay). The owner's way to accept a journal that reconciliation refused.
     pub fn rebuild(&mut self, engine: &Engine) -> Result<(), StoreError> {
+        // Stay read-only until the rebuild has succeeded: a half-rebuilt room has no journal.
         self.journal = None;
+        self.read_only = Some("index rebuild in progress or failed".into());
         self.index.clear_projection()?;
-        self.read_only = None;
         self.open_journal(engine, None)?;
-        self.complete_pending(engine)
+        self.read_only = None;
+        self.rotated = false;
+        if let Err(e) = self.complete_pending(engine) {
+            self.halt(format!("completing its last turn failed: {e}"));
+        }
+        Ok(())
+    }
+
+    /// Refuse further writes until a restart catches the room up from its journal.
+    pub(crate) fn halt(&mut self, why: String) {
+        tracing::error!(room = %self.name, "{why}");
+        self.read_only = Some(why);
     }
 
     fn open_journal(
@@ -339,15 +364,35 @@ impl RoomHandle {
     }
 
     pub fn writable(&self) -> Outcome<()> {
+        self.readable()?;
         if let Some(why) = &self.read_only {
-            return Err(Refusal::new(
-                Code::RoomSyncJournalRotated,
-                format!("room {} is read-only: {why}", self.name),
-            )
-            .hint(format!(
-                "inspect the journal, then run `room index rebuild {}`",
+            if self.rotated {
+                return Err(Refusal::new(
+                    Code::RoomSyncJournalRotated,
+                    format!("room {} is read-only: {why}", self.name),
+                )
+                .hint(format!(
+                    "inspect the journal, then run `room index rebuild {}`",
+                    self.name
+                )));
+            }
+            return Err(
+                Refusal::storage(format!("room {} is read-only: {why}", self.name))
+                    .hint("restart the daemon: it catches the room up from its journal"),
+            );
+        }
+        Ok(())
+    }
+
+    /// Reads are refused once the index has lost rows it had acknowledged: a page or a gate
+    /// check over it would skip events.
+    pub fn readable(&self) -> Outcome<()> {
+        if let Some(why) = self.index.broken() {
+            return Err(Refusal::storage(format!(
+                "room {} index fell behind its journal: {why}",
                 self.name
-            )));
+            ))
+            .hint("restart the daemon: it catches the index up from the journal"));
         }
         Ok(())
     }
@@ -361,10 +406,12 @@ impl RoomHandle {
         fold: Option<CheckpointRow>,
     ) -> Outcome<Vec<Record>> {
         self.writable()?;
-        let journal = self
-            .journal
-            .as_mut()
-            .expect("a writable room has an open journal");
+        let Some(journal) = self.journal.as_mut() else {
+            return Err(Refusal::storage(format!(
+                "room {} has no open journal",
+                self.name
+            )));
+        };
         let mut tip = journal.tip();
         let mut records = Vec::with_capacity(bodies.len());
         for body in &bodies {
@@ -383,9 +430,21 @@ impl RoomHandle {
             };
             records.push(r);
         }
-        journal.append(&records).map_err(|e| {
-            Refusal::storage(format!("journal append failed, nothing was written: {e}"))
-        })?;
+        match journal.append(&records) {
+            Ok(_) => {}
+            Err(StoreError::InDoubt(why)) => {
+                let id = records[0].id.clone();
+                self.halt(format!("append of {id} is in doubt: {why}"));
+                return Err(Refusal::storage(format!("the append of {id} is in doubt ({why}); it may or may not survive"))
+                    .detail(json!({"in_doubt": true, "events": records.iter().map(|r| &r.id).collect::<Vec<_>>()}))
+                    .hint("restart the daemon: it reconciles the journal and the room shows what survived"));
+            }
+            Err(e) => {
+                return Err(Refusal::storage(format!(
+                    "journal append failed, nothing was written: {e}"
+                )));
+            }
+        }
         let mut p = Projection {
             batch: Batch::default(),
             tasks: Vec::new(),
@@ -406,7 +465,7 @@ impl RoomHandle {
             .and_then(|()| self.index.apply_deferred(&p.batch));
         if let Err(e) = projected {
             // The journal holds the records; the projection will be caught up at the next open.
-            self.read_only = Some(format!("projection failed after a durable append: {e}"));
+            self.halt(format!("projection failed after a durable append: {e}"));
             return Err(Refusal::storage(format!("event {} is durable but its projection failed: {e}", records[0].id))
                 .detail(json!({"journal_committed": true, "events": records.iter().map(|r| &r.id).collect::<Vec<_>>()}))
                 .hint("restart the daemon to catch the index up"));

@@ -312,6 +312,7 @@ impl Engine {
         let (handle, _) = self.member_handle(&p, room)?;
         let key = self.sync_key(&p, room)?;
         let mut h = lock_room(&handle);
+        h.readable()?;
         let mut st = self.standing(&h, key)?;
         let mut confirmed = Value::Null;
         if let Some(r) = confirm {
@@ -407,7 +408,10 @@ impl Engine {
         let mut h = lock_room(&handle);
         h.writable()?;
         let t = self.task_row(task)?;
-        if t.status != "open" || t.recipient.as_deref().is_some_and(|r| r != p.name) {
+        // a blocked task is resumed by claiming it again
+        if !matches!(t.status.as_str(), "open" | "blocked")
+            || t.recipient.as_deref().is_some_and(|r| r != p.name)
+        {
             return Err(Refusal::new(
                 Code::TaskStateInvalid,
                 format!(
@@ -423,7 +427,7 @@ impl Engine {
             created: None,
             transition: Some(TaskTransition {
                 task: task.into(),
-                from: "open".into(),
+                from: t.status.clone(),
                 to: "claimed".into(),
                 recipient: Some(p.name.clone()),
             }),
@@ -644,7 +648,23 @@ impl Engine {
         )?;
         let source = rec[0].id.clone();
         let items = if planned {
-            Some(h.flush_items(self, &source, &turn, fold)?)
+            match h.flush_items(self, &source, &turn, fold) {
+                Ok(items) => Some(items),
+                Err(r) => {
+                    // Flush 1 is durable: the turn exists. Stop the room so that nothing lands
+                    // after it; the next start completes its items from the journal.
+                    h.halt(format!(
+                        "turn {source} is durable but its items failed: {}",
+                        r.message
+                    ));
+                    return Err(Refusal::storage(format!(
+                        "turn {source} was written but its obligations and wakes are not yet: {}",
+                        r.message
+                    ))
+                    .detail(json!({"journal_committed": true, "event": source}))
+                    .hint("do not repeat the turn; a daemon restart completes it"));
+                }
+            }
         } else {
             None
         };
@@ -932,7 +952,7 @@ impl Engine {
                         format!("task {} is not yours to hand off", t.id),
                     ));
                 }
-                if !matches!(t.status.as_str(), "open" | "claimed") {
+                if !matches!(t.status.as_str(), "open" | "claimed" | "blocked") {
                     return Err(Refusal::new(
                         Code::TaskStateInvalid,
                         format!("task {} is {}", t.id, t.status),
@@ -1031,7 +1051,7 @@ impl Engine {
                         format!("task {} is not addressed to {}", t.id, p.name),
                     ));
                 }
-                if !matches!(t.status.as_str(), "open" | "claimed") {
+                if !matches!(t.status.as_str(), "open" | "claimed" | "blocked") {
                     return Err(Refusal::new(
                         Code::TaskStateInvalid,
                         format!("task {} is {}", t.id, t.status),

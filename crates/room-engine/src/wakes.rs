@@ -100,8 +100,18 @@ impl Engine {
             };
             let permit = binding.seal();
             let path = self.state.root.join(&rel);
-            std::fs::create_dir_all(path.parent().expect("wake path has a parent"))
-                .map_err(Refusal::storage)?;
+            let dir = path.parent().expect("wake path has a parent");
+            if !dir.exists() {
+                std::fs::create_dir_all(dir).map_err(Refusal::storage)?;
+                // the queue's new directories must be durable before the permit in them
+                for d in [
+                    dir,
+                    dir.parent().unwrap_or(dir),
+                    self.state.wakes().as_path(),
+                ] {
+                    room_store::fs::sync_dir(d).map_err(Refusal::storage)?;
+                }
+            }
             let bytes = serde_json::to_vec_pretty(&permit).map_err(Refusal::storage)?;
             room_store::fs::create_new_durable(&path, &bytes).map_err(Refusal::storage)?;
             out.push(permit);

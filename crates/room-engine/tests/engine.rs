@@ -306,3 +306,73 @@ fn a_policy_change_under_a_partly_read_chunked_event_is_refused_not_a_crash() {
     // the room still works: a fresh read under the new policy goes through
     catch_up(&e, &b, "r");
 }
+
+/// Fails exactly the `n`-th append (counting from 1) with a write error.
+#[derive(Debug)]
+struct FailNth(std::sync::atomic::AtomicU64, u64);
+
+impl room_store::journal::Faults for FailNth {
+    fn on_append(&self, _: &std::path::Path, _: usize) -> Option<room_store::journal::Fault> {
+        let k = self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        (k == self.1).then_some(room_store::journal::Fault::WriteError(std::io::ErrorKind::StorageFull))
+    }
+}
+
+#[test]
+fn a_turn_whose_second_flush_fails_halts_the_room_and_is_completed_at_restart() {
+    let f = Fixture::new();
+    let (sent_ob, before) = {
+        let e = f.engine(9);
+        let a = agent(&e, "alpha", Tier::Member);
+        agent(&e, "beta", Tier::Member);
+        e.room_create("r", None, &["alpha".into(), "beta".into()]).unwrap();
+        catch_up(&e, &a, "r");
+        drop(e);
+        // reopen with a fault on the second append from now: the send's flush 2
+        let s = room_store::statedir::validate(&f.state, &f.boot).unwrap();
+        let env = Env { clock: f.clock.clone(), entropy: Arc::new(SeededEntropy::new(10)), fs: Arc::new(RealFs) };
+        let cfg = EngineConfig { faults: Some(Arc::new(FailNth(0.into(), 2))), ..EngineConfig::default() };
+        let e = Engine::open(s, env, cfg).unwrap();
+        let err = e.turn(&a, Verb::Send, TurnArgs { to: vec!["beta".into()], ..say("r", "please") }).unwrap_err();
+        assert_eq!(err.code, Code::StorageFailed);
+        assert_eq!(err.detail["journal_committed"], true, "{err:?}");
+        let source = err.detail["event"].as_str().unwrap().to_string();
+        // nothing may land after the incomplete turn
+        let again = e.turn(&a, Verb::Note, say("r", "later")).unwrap_err();
+        assert_eq!(again.code, Code::StorageFailed);
+        (room_engine_item_id("obl", &source, "beta"), tip(&e, "r"))
+    };
+    let e = f.engine(11);
+    let log = e.room_log("r", 1, 100).unwrap();
+    assert_eq!(log["tip_seq"].as_u64().unwrap(), before + 1, "flush 2 was completed at open");
+    assert!(log["items"].as_array().unwrap().iter().any(|i| i["id"] == sent_ob.as_str()));
+}
+
+fn room_engine_item_id(prefix: &str, source: &str, agent: &str) -> String {
+    room_engine::event::item_id(prefix, source, agent)
+}
+
+#[test]
+fn a_failed_index_rebuild_leaves_the_room_refusing_writes_without_a_panic() {
+    let f = Fixture::new();
+    let e = f.engine(12);
+    let a = agent(&e, "alpha", Tier::Member);
+    e.room_create("r", None, &["alpha".into()]).unwrap();
+    catch_up(&e, &a, "r");
+    for i in 0..3 {
+        e.turn(&a, Verb::Note, say("r", &format!("n{i}"))).unwrap();
+    }
+    drop(e);
+    // corrupt a record in the middle, keeping the length (so reconciliation at open passes)
+    let dir = std::fs::read_dir(f.state.join("rooms")).unwrap().next().unwrap().unwrap().path();
+    let journal = dir.join("EVENTS.jsonl");
+    let text = std::fs::read_to_string(&journal).unwrap().replacen("\"n0\"", "\"X0\"", 1);
+    std::fs::write(&journal, text).unwrap();
+    let e = f.engine(13);
+    let err = e.index_rebuild("r").unwrap_err();
+    assert_eq!(err.code, Code::StorageFailed, "{err:?}");
+    let refused = e.turn(&a, Verb::Note, say("r", "after")).unwrap_err();
+    assert_eq!(refused.code, Code::RoomSyncJournalRotated, "the journal is still not accepted");
+    // and the room is still listed (its lock was not poisoned)
+    assert!(e.rooms_view(None).unwrap()["rooms"][0]["read_only"].is_string());
+}

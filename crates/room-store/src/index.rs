@@ -186,6 +186,9 @@ pub struct Index {
     conn: Connection,
     in_txn: bool,
     pending: usize,
+    /// Set when pending projection rows were rolled back: the index is then behind a mark it
+    /// may already have written, and must not be read or written until a restart catches up.
+    broken: Option<String>,
 }
 
 impl Drop for Index {
@@ -331,6 +334,7 @@ impl Index {
             conn,
             in_txn: false,
             pending: 0,
+            broken: None,
         })
     }
 
@@ -363,6 +367,7 @@ impl Index {
             if let Err(e) = self.conn.execute_batch("COMMIT") {
                 let _ = self.conn.execute_batch("ROLLBACK");
                 self.in_txn = false;
+                self.broken = Some(format!("commit failed: {e}"));
                 self.pending = 0;
                 return Err(e.into());
             }
@@ -381,7 +386,41 @@ impl Index {
         if self.in_txn {
             let _ = self.conn.execute_batch("ROLLBACK");
             self.in_txn = false;
+            if self.pending > 0 {
+                self.broken = Some(format!(
+                    "{} pending projection batches were rolled back",
+                    self.pending
+                ));
+            }
             self.pending = 0;
+        }
+    }
+
+    /// Why the index can no longer be trusted in this process, if it cannot.
+    pub fn broken(&self) -> Option<&str> {
+        self.broken.as_deref()
+    }
+
+    /// Run `f` inside a savepoint of the open transaction: its failure undoes only its own
+    /// statements, never the projection rows pending beside it.
+    fn isolated(&mut self, f: impl FnOnce(&Connection) -> rusqlite::Result<()>) -> Result<()> {
+        self.begin()?;
+        self.conn.execute_batch("SAVEPOINT isolated")?;
+        match f(&self.conn) {
+            Ok(()) => {
+                self.conn.execute_batch("RELEASE isolated")?;
+                Ok(())
+            }
+            Err(e) => {
+                if self
+                    .conn
+                    .execute_batch("ROLLBACK TO isolated; RELEASE isolated")
+                    .is_err()
+                {
+                    self.abort();
+                }
+                Err(e.into())
+            }
         }
     }
 
@@ -591,17 +630,13 @@ impl Index {
     }
 
     pub fn put_checkpoint(&mut self, c: &CheckpointRow) -> Result<()> {
-        self.begin()?;
-        if let Err(e) = upsert_checkpoint(&self.conn, c) {
-            self.abort();
-            return Err(e.into());
-        }
+        self.isolated(|conn| upsert_checkpoint(conn, c))?;
         self.flush()
     }
 
     pub fn put_receipt(&mut self, r: &ReceiptRow) -> Result<()> {
-        self.begin()?;
-        let done = self.conn.prepare_cached(
+        self.isolated(|conn| {
+            conn.prepare_cached(
             "INSERT INTO receipts (id, actor, conversation, conversation_key, view_gen, from_seq, from_offset, to_seq,
                chunk_seq, chunk_offset, tip_seq, tip_hash, delivered_sha256, created_ms, confirmed_ms)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?15, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
@@ -622,11 +657,9 @@ impl Index {
                 r.created_ms as i64,
                 r.confirmed_ms.map(|v| v as i64),
                 r.from_offset as i64
-            ]));
-        if let Err(e) = done {
-            self.abort();
-            return Err(e.into());
-        }
+            ]))
+            .map(|_| ())
+        })?;
         // A receipt only names what was delivered; losing it in a crash makes its confirmation
         // fail with receipt_unknown and the reader syncs again. So it rides the open
         // transaction; the confirmation that trusts it commits durably.
@@ -674,16 +707,11 @@ impl Index {
         now_ms: u64,
         checkpoint: &CheckpointRow,
     ) -> Result<()> {
-        self.begin()?;
-        let done = self
-            .conn
-            .prepare_cached("UPDATE receipts SET confirmed_ms = ?2 WHERE id = ?1")
-            .and_then(|mut st| st.execute(params![receipt_id, now_ms as i64]))
-            .and_then(|_| upsert_checkpoint(&self.conn, checkpoint));
-        if let Err(e) = done {
-            self.abort();
-            return Err(e.into());
-        }
+        self.isolated(|conn| {
+            conn.prepare_cached("UPDATE receipts SET confirmed_ms = ?2 WHERE id = ?1")
+                .and_then(|mut st| st.execute(params![receipt_id, now_ms as i64]))
+                .and_then(|_| upsert_checkpoint(conn, checkpoint))
+        })?;
         self.flush()
     }
 

@@ -131,6 +131,8 @@ pub struct Journal {
     poisoned: Option<String>,
     /// Bytes known to be on stable storage (the length at the last successful sync).
     synced_len: u64,
+    /// The last ≤ 4,096 bytes, so the anchor after an append needs no read that could fail.
+    tail: Vec<u8>,
     faults: Option<Arc<dyn Faults>>,
 }
 
@@ -235,12 +237,22 @@ impl Journal {
             tip_hlc: end.tip.hlc,
         };
         let synced_len = mark.len;
+        let a = mark.len.min(ANCHOR_BYTES_MAX);
+        let mut tail = vec![0u8; a as usize];
+        file.read_exact_at(&mut tail, mark.len - a)?;
+        if mark.len == 0
+            && let Some(dir) = path.parent()
+        {
+            // a new journal's directory entry must be durable before its first record is
+            crate::fs::sync_dir(dir)?;
+        }
         Ok(Journal {
             file,
             path: path.to_path_buf(),
             mark,
             poisoned: None,
             synced_len,
+            tail,
             faults: None,
         })
     }
@@ -316,7 +328,9 @@ impl Journal {
             Some(Fault::CrashAfterWrite) => {
                 (&self.file).write_all(&buf)?;
                 self.poisoned = Some("crashed after write, before fsync".into());
-                return Err(StoreError::Corrupt("injected crash after write".into()));
+                return Err(StoreError::InDoubt(
+                    "injected crash after write, before fsync".into(),
+                ));
             }
             Some(Fault::SkipSync) => {
                 sync = false;
@@ -344,19 +358,23 @@ impl Journal {
         };
         if let Err(e) = synced {
             // After a failed fsync the page cache may or may not reach the disk: nothing about
-            // this file can be trusted until it is reopened and reconciled.
+            // this file can be trusted until it is reopened and reconciled, and the caller must
+            // not say "nothing was written".
             let _ = self
                 .file
                 .set_len(old_len)
                 .and_then(|()| self.file.sync_all());
             self.poisoned = Some(format!("fsync failed: {e}"));
-            return Err(e.into());
+            return Err(StoreError::InDoubt(format!("fsync failed: {e}")));
         }
         if sync {
             self.synced_len = old_len + buf.len() as u64;
         }
         self.mark.len = old_len + buf.len() as u64;
-        self.mark.anchor_sha256 = anchor_of(&self.file, self.mark.len)?;
+        self.tail.extend_from_slice(&buf);
+        let excess = self.tail.len().saturating_sub(ANCHOR_BYTES_MAX as usize);
+        self.tail.drain(..excess);
+        self.mark.anchor_sha256 = sha256_hex(&self.tail);
         self.mark.tip_seq = tip.seq;
         self.mark.tip_hash = tip.hash;
         self.mark.tip_hlc = tip.hlc;

@@ -24,6 +24,9 @@ pub enum StoreError {
     Locked { pid: String },
     #[error("journal rotated or replaced: {0}")]
     Rotated(String),
+    /// The bytes were written but their fsync failed: they may or may not survive a power cut.
+    #[error("append in doubt: {0}")]
+    InDoubt(String),
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;
