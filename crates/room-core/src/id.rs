@@ -18,14 +18,6 @@ pub fn task_id(entropy: &dyn Entropy) -> String {
     format!("tsk_{}", entropy.hex(8))
 }
 
-pub fn mention_id(entropy: &dyn Entropy) -> String {
-    format!("mnt_{}", entropy.hex(8))
-}
-
-pub fn obligation_id(entropy: &dyn Entropy) -> String {
-    format!("obl_{}", entropy.hex(8))
-}
-
 pub fn project_id(entropy: &dyn Entropy) -> String {
     format!("prj_{}", entropy.hex(8))
 }

@@ -23,6 +23,8 @@ use std::sync::{Arc, Mutex};
 const TITLE_BYTES_MAX: usize = 256;
 const PREVIEW_CHARS: usize = 256;
 const LOG_PAGE_MAX: usize = 1000;
+/// Open mentions and obligations listed with each sync page (the total is always given).
+const OPEN_ITEMS_PAGE_MAX: usize = 32;
 
 /// Arguments of a contribution verb, already decoded from the wire.
 #[derive(Debug, Clone, Default)]
@@ -321,11 +323,12 @@ impl Engine {
         }
         let mut page = self.serve_page(&mut h, &st)?;
         page["confirmed"] = confirmed;
-        page["open_items"] = h
-            .index
-            .open_items(&p.name)
-            .map_err(store_err)?
+        // Oldest first and bounded: the page budget must not be defeated by a flood of mentions.
+        let open = h.index.open_items(&p.name).map_err(store_err)?;
+        page["open_items_total"] = json!(open.len());
+        page["open_items"] = open
             .iter()
+            .take(OPEN_ITEMS_PAGE_MAX)
             .map(item_view)
             .collect();
         Ok(page)
@@ -540,6 +543,16 @@ impl Engine {
             task_transition: None,
             detail: Value::Null,
         };
+        // Identifiers the verb does not interpret itself must still name real things of this
+        // room: they are stored with the turn and travel in wake permits.
+        if let Some(r) = &args.reply_to
+            && !matches!(verb, Verb::Say | Verb::Reply)
+        {
+            self.known_target(&h, r)?;
+        }
+        if args.task.is_some() && matches!(verb, Verb::Note | Verb::Reply | Verb::Circle) {
+            self.require_task(&h, verb, &args)?;
+        }
         let now = self.now_ms();
         self.plan_verb(&h, &p, verb, &args, &binding, &mentioned, &mut turn, now)?;
         let resolves = turn

@@ -40,12 +40,20 @@ impl Engine {
         }
         let redactor = self.policy();
         let redactor = redactor.redactor()?;
-        let c = self.control();
-        let room = c
-            .room(&h.name)
-            .map_err(store_err)?
-            .ok_or_else(|| Refusal::new(Code::RoomNotFound, "room vanished"))?;
-        let epoch = c.control_epoch().map_err(store_err)?;
+        // Copy what the permits need, then let go of the control lock before any fsync.
+        let (room, epoch, recipients) = {
+            let c = self.control();
+            let room = c
+                .room(&h.name)
+                .map_err(store_err)?
+                .ok_or_else(|| Refusal::new(Code::RoomNotFound, "room vanished"))?;
+            let epoch = c.control_epoch().map_err(store_err)?;
+            let mut recipients = Vec::new();
+            for agent in &items.wakes {
+                recipients.extend(c.agent(agent).map_err(store_err)?);
+            }
+            (room, epoch, recipients)
+        };
         let text = t
             .text
             .clone()
@@ -54,10 +62,8 @@ impl Engine {
         let prompt = redactor.redact(&cut(&text, PROMPT_BYTES_MAX)).into_owned();
         let pulse = redactor.redact(&cut(&text, PULSE_BYTES_MAX)).into_owned();
         let mut out = Vec::new();
-        for agent in &items.wakes {
-            let Some(recipient) = c.agent(agent).map_err(store_err)? else {
-                continue;
-            };
+        for recipient in &recipients {
+            let agent = &recipient.name;
             let rel = format!("wakes/{}/{}/{}.json", h.name, agent, source.id);
             let binding = WakeBinding {
                 schema: WAKE_SCHEMA.into(),

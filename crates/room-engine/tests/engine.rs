@@ -314,7 +314,9 @@ struct FailNth(std::sync::atomic::AtomicU64, u64);
 impl room_store::journal::Faults for FailNth {
     fn on_append(&self, _: &std::path::Path, _: usize) -> Option<room_store::journal::Fault> {
         let k = self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
-        (k == self.1).then_some(room_store::journal::Fault::WriteError(std::io::ErrorKind::StorageFull))
+        (k == self.1).then_some(room_store::journal::Fault::WriteError(
+            std::io::ErrorKind::StorageFull,
+        ))
     }
 }
 
@@ -325,15 +327,32 @@ fn a_turn_whose_second_flush_fails_halts_the_room_and_is_completed_at_restart() 
         let e = f.engine(9);
         let a = agent(&e, "alpha", Tier::Member);
         agent(&e, "beta", Tier::Member);
-        e.room_create("r", None, &["alpha".into(), "beta".into()]).unwrap();
+        e.room_create("r", None, &["alpha".into(), "beta".into()])
+            .unwrap();
         catch_up(&e, &a, "r");
         drop(e);
         // reopen with a fault on the second append from now: the send's flush 2
         let s = room_store::statedir::validate(&f.state, &f.boot).unwrap();
-        let env = Env { clock: f.clock.clone(), entropy: Arc::new(SeededEntropy::new(10)), fs: Arc::new(RealFs) };
-        let cfg = EngineConfig { faults: Some(Arc::new(FailNth(0.into(), 2))), ..EngineConfig::default() };
+        let env = Env {
+            clock: f.clock.clone(),
+            entropy: Arc::new(SeededEntropy::new(10)),
+            fs: Arc::new(RealFs),
+        };
+        let cfg = EngineConfig {
+            faults: Some(Arc::new(FailNth(0.into(), 2))),
+            ..EngineConfig::default()
+        };
         let e = Engine::open(s, env, cfg).unwrap();
-        let err = e.turn(&a, Verb::Send, TurnArgs { to: vec!["beta".into()], ..say("r", "please") }).unwrap_err();
+        let err = e
+            .turn(
+                &a,
+                Verb::Send,
+                TurnArgs {
+                    to: vec!["beta".into()],
+                    ..say("r", "please")
+                },
+            )
+            .unwrap_err();
         assert_eq!(err.code, Code::StorageFailed);
         assert_eq!(err.detail["journal_committed"], true, "{err:?}");
         let source = err.detail["event"].as_str().unwrap().to_string();
@@ -344,8 +363,18 @@ fn a_turn_whose_second_flush_fails_halts_the_room_and_is_completed_at_restart() 
     };
     let e = f.engine(11);
     let log = e.room_log("r", 1, 100).unwrap();
-    assert_eq!(log["tip_seq"].as_u64().unwrap(), before + 1, "flush 2 was completed at open");
-    assert!(log["items"].as_array().unwrap().iter().any(|i| i["id"] == sent_ob.as_str()));
+    assert_eq!(
+        log["tip_seq"].as_u64().unwrap(),
+        before + 1,
+        "flush 2 was completed at open"
+    );
+    assert!(
+        log["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|i| i["id"] == sent_ob.as_str())
+    );
 }
 
 fn room_engine_item_id(prefix: &str, source: &str, agent: &str) -> String {
@@ -364,15 +393,26 @@ fn a_failed_index_rebuild_leaves_the_room_refusing_writes_without_a_panic() {
     }
     drop(e);
     // corrupt a record in the middle, keeping the length (so reconciliation at open passes)
-    let dir = std::fs::read_dir(f.state.join("rooms")).unwrap().next().unwrap().unwrap().path();
+    let dir = std::fs::read_dir(f.state.join("rooms"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
     let journal = dir.join("EVENTS.jsonl");
-    let text = std::fs::read_to_string(&journal).unwrap().replacen("\"n0\"", "\"X0\"", 1);
+    let text = std::fs::read_to_string(&journal)
+        .unwrap()
+        .replacen("\"n0\"", "\"X0\"", 1);
     std::fs::write(&journal, text).unwrap();
     let e = f.engine(13);
     let err = e.index_rebuild("r").unwrap_err();
     assert_eq!(err.code, Code::StorageFailed, "{err:?}");
     let refused = e.turn(&a, Verb::Note, say("r", "after")).unwrap_err();
-    assert_eq!(refused.code, Code::RoomSyncJournalRotated, "the journal is still not accepted");
+    assert_eq!(
+        refused.code,
+        Code::RoomSyncJournalRotated,
+        "the journal is still not accepted"
+    );
     // and the room is still listed (its lock was not poisoned)
     assert!(e.rooms_view(None).unwrap()["rooms"][0]["read_only"].is_string());
 }

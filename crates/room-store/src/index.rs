@@ -581,22 +581,6 @@ impl Index {
         Ok(out)
     }
 
-    /// Every item (any status) created by the event `source`.
-    pub fn items_of_source(&self, source: &str) -> Result<Vec<ItemRow>> {
-        let mut out = Vec::new();
-        for kind in [ItemKind::Mention, ItemKind::Obligation] {
-            let mut st = self.conn.prepare_cached(&format!(
-                "SELECT {ITEM_COLS} FROM {} WHERE source = ?1",
-                kind.table()
-            ))?;
-            let rows = st.query_map([source], |r| item_from_row(kind, r))?;
-            for r in rows {
-                out.push(r?);
-            }
-        }
-        Ok(out)
-    }
-
     pub fn item(&self, kind: ItemKind, id: &str) -> Result<Option<ItemRow>> {
         Ok(self
             .conn

@@ -380,26 +380,6 @@ impl Journal {
         self.mark.tip_hlc = tip.hlc;
         Ok(ranges)
     }
-
-    /// Read one record back by its byte range, verifying its hash.
-    pub fn read_at(&self, offset: u64, len: u64) -> Result<Record> {
-        read_record(&self.file, offset, len)
-    }
-}
-
-pub fn read_record(file: &File, offset: u64, len: u64) -> Result<Record> {
-    let mut buf = vec![0u8; len as usize];
-    file.read_exact_at(&mut buf, offset)?;
-    let line = buf.strip_suffix(b"\n").unwrap_or(&buf);
-    let r: Record = serde_json::from_slice(line)
-        .map_err(|e| StoreError::Corrupt(format!("record at byte {offset}: {e}")))?;
-    if r.hash != r.compute_hash() {
-        return Err(StoreError::Corrupt(format!(
-            "record {} at byte {offset}: hash mismatch",
-            r.seq
-        )));
-    }
-    Ok(r)
 }
 
 /// The result of verifying a whole journal read-only.
