@@ -93,11 +93,20 @@ async fn session(
     Ok(lat)
 }
 
-fn over_http(dir: &Path, sessions: usize, secs: f64) -> anyhow::Result<(f64, Vec<Duration>)> {
+/// A daemon with an HTTP listener on a fresh state dir under `dir`.
+struct Served {
+    _tmp: tempfile::TempDir,
+    state: std::path::PathBuf,
+    daemon: Background,
+    sock: std::path::PathBuf,
+    url: String,
+}
+
+fn served(dir: &Path, instance: &str) -> anyhow::Result<Served> {
     let tmp = tempfile::tempdir_in(dir)?;
     let root = std::fs::canonicalize(tmp.path())?;
     let (state, boot) = (root.join("state"), root.join("boot.toml"));
-    room_store::statedir::init(&state, &boot, "bench-mcp")?;
+    room_store::statedir::init(&state, &boot, instance)?;
     let daemon = Background::start_with(ServeConfig {
         state_dir: state.clone(),
         bootstrap: boot,
@@ -108,6 +117,23 @@ fn over_http(dir: &Path, sessions: usize, secs: f64) -> anyhow::Result<(f64, Vec
         "http://{}/mcp",
         std::fs::read_to_string(state.join("http.addr"))?.trim()
     );
+    Ok(Served {
+        _tmp: tmp,
+        state,
+        daemon,
+        sock,
+        url,
+    })
+}
+
+fn over_http(dir: &Path, sessions: usize, secs: f64) -> anyhow::Result<(f64, Vec<Duration>)> {
+    let Served {
+        _tmp,
+        state: _,
+        daemon,
+        sock,
+        url,
+    } = served(dir, "bench-mcp")?;
     let mut agents = vec![];
     for i in 0..sessions {
         let token = owner(&sock, "agent_enroll", json!({"name": format!("s{i}")}))?["token"]
@@ -356,20 +382,13 @@ pub fn swarm(a: &BenchArgs) -> anyhow::Result<()> {
         .into_iter()
         .filter(|n| *n <= a.writers_max.max(10) * 2)
     {
-        let tmp = tempfile::tempdir_in(&dir)?;
-        let root = std::fs::canonicalize(tmp.path())?;
-        let (state, boot) = (root.join("state"), root.join("boot.toml"));
-        room_store::statedir::init(&state, &boot, "swarm")?;
-        let daemon = Background::start_with(ServeConfig {
-            state_dir: state.clone(),
-            bootstrap: boot,
-            listen: Some("127.0.0.1:0".parse().expect("a loopback address")),
-        })?;
-        let sock = daemon.socket.clone();
-        let url = format!(
-            "http://{}/mcp",
-            std::fs::read_to_string(state.join("http.addr"))?.trim()
-        );
+        let Served {
+            _tmp,
+            state,
+            daemon,
+            sock,
+            url,
+        } = served(&dir, "swarm")?;
         // rooms of 2..=8 agents
         let mut agents = vec![];
         let mut i = 0;

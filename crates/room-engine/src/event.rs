@@ -80,7 +80,48 @@ pub struct ItemPlan {
     pub deadline_ms: u64,
 }
 
+/// What each recipient of a turn gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deliver {
+    pub mention: bool,
+    pub oblige: bool,
+    pub wake: bool,
+}
+
+impl Deliver {
+    /// An assignment: a mention, an obligation to answer, and a wake.
+    pub const ASSIGN: Deliver = Deliver {
+        mention: true,
+        oblige: true,
+        wake: true,
+    };
+    /// A notice that wakes but asks for nothing.
+    pub const NOTIFY: Deliver = Deliver {
+        mention: true,
+        oblige: false,
+        wake: true,
+    };
+    /// An inbox entry only.
+    pub const INBOX: Deliver = Deliver {
+        mention: true,
+        oblige: false,
+        wake: false,
+    };
+}
+
 impl ItemPlan {
+    /// The same delivery for every recipient, lapsing `deadline_ms` after `now_ms`.
+    pub fn to(recipients: &[String], what: Deliver, now_ms: u64, deadline_ms: u64) -> ItemPlan {
+        let pick = |on: bool| if on { recipients.to_vec() } else { vec![] };
+        ItemPlan {
+            mention: pick(what.mention),
+            oblige: pick(what.oblige),
+            wake: pick(what.wake),
+            not_after_ms: now_ms + deadline_ms,
+            deadline_ms,
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.mention.is_empty() && self.oblige.is_empty() && self.wake.is_empty()
     }

@@ -5,8 +5,8 @@
 
 use crate::control::{RoomRow, TaskRow};
 use crate::event::{
-    Binding, BlobRef, EventBody, ItemKindWire, ItemPlan, Resolution, TaskCreated, TaskEvent,
-    TaskTransition, Turn,
+    Binding, BlobRef, Deliver, EventBody, ItemKindWire, ItemPlan, Resolution, TaskCreated,
+    TaskEvent, TaskTransition, Turn,
 };
 use crate::principal::{AgentCaller, Principal};
 use crate::room::{RoomHandle, binding_of, graph_id};
@@ -828,13 +828,6 @@ impl Engine {
         now: u64,
     ) -> Outcome<()> {
         let coordination = matches!(binding, Binding::Coordination);
-        let untasked = |to: Vec<String>, wake: bool| ItemPlan {
-            mention: to.clone(),
-            oblige: vec![],
-            wake: if wake { to } else { vec![] },
-            not_after_ms: now + UNTASKED_DEADLINE_MS,
-            deadline_ms: UNTASKED_DEADLINE_MS,
-        };
         let open = h.index.open_items(&p.name).map_err(store_err)?;
         let resolve = |items: &[&ItemRow], status: &str| -> Vec<Resolution> {
             items
@@ -894,7 +887,12 @@ impl Engine {
                     turn.resolves = resolve(&hits, "resolved");
                     turn.reply_to = sources.into_iter().next().map(String::from);
                 }
-                turn.plan = untasked(turn.to.clone(), coordination);
+                let what = if coordination {
+                    Deliver::NOTIFY
+                } else {
+                    Deliver::INBOX
+                };
+                turn.plan = ItemPlan::to(&turn.to, what, now, UNTASKED_DEADLINE_MS);
             }
             Verb::Reply => {
                 let target = args.reply_to.as_deref().ok_or_else(|| {
@@ -949,13 +947,7 @@ impl Engine {
                 } else {
                     UNTASKED_DEADLINE_MS
                 };
-                turn.plan = ItemPlan {
-                    mention: turn.to.clone(),
-                    oblige: turn.to.clone(),
-                    wake: turn.to.clone(),
-                    not_after_ms: now + deadline,
-                    deadline_ms: deadline,
-                };
+                turn.plan = ItemPlan::to(&turn.to, Deliver::ASSIGN, now, deadline);
             }
             Verb::Handoff => {
                 let t = self.require_task(h, verb, args)?;
@@ -984,17 +976,12 @@ impl Engine {
                     recipient: Some(to.clone()),
                 });
                 turn.detail = json!({"lease_transferred": false, "fresh_claim_required": true, "from": p.name, "to": to});
-                turn.plan = ItemPlan {
-                    mention: vec![to.clone()],
-                    oblige: vec![],
-                    wake: if coordination {
-                        vec![to.clone()]
-                    } else {
-                        vec![]
-                    },
-                    not_after_ms: now + TASKED_DEADLINE_MS,
-                    deadline_ms: TASKED_DEADLINE_MS,
+                let what = if coordination {
+                    Deliver::NOTIFY
+                } else {
+                    Deliver::INBOX
                 };
+                turn.plan = ItemPlan::to(std::slice::from_ref(to), what, now, TASKED_DEADLINE_MS);
             }
             Verb::Done => {
                 let t = self.require_task(h, verb, args)?;
@@ -1047,13 +1034,12 @@ impl Engine {
                 });
                 if t.owner != p.name {
                     turn.to = vec![t.owner.clone()];
-                    turn.plan = ItemPlan {
-                        mention: vec![t.owner.clone()],
-                        oblige: vec![t.owner.clone()],
-                        wake: vec![t.owner.clone()],
-                        not_after_ms: now + TASKED_DEADLINE_MS,
-                        deadline_ms: TASKED_DEADLINE_MS,
-                    };
+                    turn.plan = ItemPlan::to(
+                        std::slice::from_ref(&t.owner),
+                        Deliver::ASSIGN,
+                        now,
+                        TASKED_DEADLINE_MS,
+                    );
                 }
             }
             Verb::Decline => {
@@ -1083,13 +1069,12 @@ impl Engine {
                 });
                 if t.owner != p.name {
                     turn.to = vec![t.owner.clone()];
-                    turn.plan = ItemPlan {
-                        mention: vec![t.owner.clone()],
-                        oblige: vec![],
-                        wake: vec![t.owner.clone()],
-                        not_after_ms: now + TASKED_DEADLINE_MS,
-                        deadline_ms: TASKED_DEADLINE_MS,
-                    };
+                    turn.plan = ItemPlan::to(
+                        std::slice::from_ref(&t.owner),
+                        Deliver::NOTIFY,
+                        now,
+                        TASKED_DEADLINE_MS,
+                    );
                 }
             }
             Verb::Circle => {
