@@ -26,9 +26,10 @@ fn world() -> &'static World {
         let root = std::fs::canonicalize(tmp.path()).expect("canonical");
         let state = room_store::statedir::init(&root.join("s"), &root.join("b.toml"), "fuzz").expect("init");
         let engine = Engine::open(state, room_server::daemon::real_env(), EngineConfig::default()).expect("engine");
-        let token = engine.enroll("alpha", room_core::Tier::Operator, "codex").expect("enroll").token;
-        engine.enroll("beta", room_core::Tier::Member, "generic").expect("enroll");
-        engine.room_create("lobby", None, &["alpha".into(), "beta".into()]).expect("room");
+        let owner = engine.owner(&room_engine::Caller::Owner).expect("owner");
+        let token = engine.enroll(&owner, "alpha", room_core::Tier::Operator, "codex").expect("enroll").token;
+        engine.enroll(&owner, "beta", room_core::Tier::Member, "generic").expect("enroll");
+        engine.room_create(&owner, "lobby", None, &["alpha".into(), "beta".into()]).expect("room");
         let shard = std::fs::read_dir(root.join("s/rooms")).expect("rooms").next().expect("a room").expect("entry").path();
         let graph = shard.file_name().and_then(|n| n.to_str()).expect("graph id").to_string();
         World { journal: shard.join("EVENTS.jsonl"), graph, _tmp: tmp, engine, token }

@@ -112,9 +112,14 @@ fn world(dir: &Path) -> anyhow::Result<World> {
     })
 }
 
+pub(crate) fn owner(e: &Engine) -> room_engine::Owner {
+    e.owner(&room_engine::Caller::Owner)
+        .expect("the bench is the owner")
+}
+
 fn caller(e: &Engine, name: &str) -> anyhow::Result<AgentCaller> {
     let t = e
-        .enroll(name, Tier::Member, "bench")
+        .enroll(&owner(e), name, Tier::Member, "bench")
         .map_err(anyhow::Error::msg)?;
     Ok(AgentCaller {
         token: t.token,
@@ -154,7 +159,7 @@ pub(crate) fn own_rooms(
         let a = caller(&w.engine, &format!("w{i}"))?;
         let room = format!("r{i}");
         w.engine
-            .room_create(&room, None, &[format!("w{i}")])
+            .room_create(&owner(&w.engine), &room, None, &[format!("w{i}")])
             .map_err(anyhow::Error::msg)?;
         catch_up(&w.engine, &a, &room).map_err(anyhow::Error::msg)?;
         callers.push((a, room));
@@ -194,7 +199,7 @@ fn shared_room(dir: &Path, writers: usize, secs: f64) -> anyhow::Result<(f64, u6
         callers.push(caller(&w.engine, n)?);
     }
     w.engine
-        .room_create("shared", None, &names)
+        .room_create(&owner(&w.engine), "shared", None, &names)
         .map_err(anyhow::Error::msg)?;
     let start = Instant::now();
     let threads: Vec<_> = callers

@@ -21,6 +21,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use policy::Policy;
+
+/// Proof that the caller of an owner operation is the owner. Only `Engine::owner` makes one, so
+/// every owner operation's authority is decided here, not by whichever route reached it.
+#[derive(Debug)]
+pub struct Owner {
+    _private: (),
+}
 pub use principal::{Caller, Principal};
 
 /// Limits on what one call may carry. Units are in the names.
@@ -133,6 +140,21 @@ impl Engine {
                 Refusal::new(Code::RoomNotFound, format!("no room named {name:?}"))
                     .hint("run `room list` to see rooms")
             })
+    }
+
+    /// Owner standing for `caller`: the local owner console has it; an agent does not, whatever
+    /// its tier (its credential is still checked first, so a bad token is reported as such).
+    pub fn owner(&self, caller: &Caller) -> Outcome<Owner> {
+        match caller {
+            Caller::Owner => Ok(Owner { _private: () }),
+            Caller::Agent(a) => {
+                self.authenticate(&a.token)?;
+                Err(Refusal::new(
+                    Code::OwnerRequired,
+                    "this operation is for the owner console only",
+                ))
+            }
+        }
     }
 
     /// Commit every room's pending projection rows. The daemon calls this on a short timer and

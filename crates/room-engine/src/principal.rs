@@ -70,7 +70,13 @@ impl Engine {
         (token, digest)
     }
 
-    pub fn enroll(&self, agent: &str, max_tier: Tier, host: &str) -> Outcome<Enrolled> {
+    pub fn enroll(
+        &self,
+        _owner: &crate::Owner,
+        agent: &str,
+        max_tier: Tier,
+        host: &str,
+    ) -> Outcome<Enrolled> {
         name::validate("agent", agent)?;
         name::validate("host", host)?;
         let (token, secret) = self.new_token();
@@ -114,7 +120,7 @@ impl Engine {
     }
 
     /// A new token for an agent; the old one stops working at once. Also lifts a revocation.
-    pub fn rotate(&self, agent: &str) -> Outcome<Enrolled> {
+    pub fn rotate(&self, _owner: &crate::Owner, agent: &str) -> Outcome<Enrolled> {
         let row = self.agent_row(agent)?;
         let (token, secret) = self.new_token();
         let reg = registration_digest(agent, &secret, row.generation + 1, &row.host_kind);
@@ -130,7 +136,7 @@ impl Engine {
         })
     }
 
-    pub fn revoke(&self, agent: &str) -> Outcome<Value> {
+    pub fn revoke(&self, _owner: &crate::Owner, agent: &str) -> Outcome<Value> {
         let row = self.agent_row(agent)?;
         self.control()
             .revoke(&row, self.now_ms())
@@ -141,6 +147,7 @@ impl Engine {
     /// Owner policy for one agent: deny or allow verbs, change the max tier.
     pub fn set_agent_policy(
         &self,
+        _owner: &crate::Owner,
         agent: &str,
         deny: &[Verb],
         allow: &[Verb],
@@ -167,7 +174,7 @@ impl Engine {
         Ok(json!({"agent": agent, "max_tier": row.max_tier, "denied_verbs": denied}))
     }
 
-    pub fn agents_view(&self) -> Outcome<Value> {
+    pub fn agents_view(&self, _owner: &crate::Owner) -> Outcome<Value> {
         let c = self.control();
         let mut out = Vec::new();
         for a in c.agents().map_err(store_err)? {

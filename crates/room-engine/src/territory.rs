@@ -28,7 +28,12 @@ fn overlaps(a: &Path, b: &Path) -> bool {
 
 impl Engine {
     /// Open a project grant over `requested`.
-    pub fn project_open(&self, requested: &str, project_name: Option<&str>) -> Outcome<Value> {
+    pub fn project_open(
+        &self,
+        _owner: &crate::Owner,
+        requested: &str,
+        project_name: Option<&str>,
+    ) -> Outcome<Value> {
         if requested.is_empty() || requested.contains('\0') {
             return Err(Refusal::invalid(
                 "path",
@@ -173,7 +178,7 @@ impl Engine {
         Ok(p)
     }
 
-    pub fn projects_view(&self) -> Outcome<Value> {
+    pub fn projects_view(&self, _owner: &crate::Owner) -> Outcome<Value> {
         let rows = self.control().projects().map_err(store_err)?;
         Ok(json!({"projects": rows.iter().map(project_view).collect::<Vec<_>>()}))
     }

@@ -99,6 +99,7 @@ impl Engine {
 
     pub fn room_create(
         &self,
+        _owner: &crate::Owner,
         room: &str,
         project: Option<&str>,
         members: &[String],
@@ -172,7 +173,12 @@ impl Engine {
         )
     }
 
-    pub fn room_members_add(&self, room: &str, agent: &str) -> Outcome<Value> {
+    pub fn room_members_add(
+        &self,
+        _owner: &crate::Owner,
+        room: &str,
+        agent: &str,
+    ) -> Outcome<Value> {
         name::validate("agent", agent)?;
         let handle = self.room_handle(room)?;
         if self.control().agent(agent).map_err(store_err)?.is_none() {
@@ -198,7 +204,7 @@ impl Engine {
     }
 
     /// Reset a room's view: every checkpoint is invalidated and agents must sync again.
-    pub fn room_reset(&self, room: &str) -> Outcome<Value> {
+    pub fn room_reset(&self, _owner: &crate::Owner, room: &str) -> Outcome<Value> {
         let handle = self.room_handle(room)?;
         let mut h = lock_room(&handle);
         h.writable()?;
@@ -215,7 +221,12 @@ impl Engine {
         Ok(json!({"room": room, "reset": true}))
     }
 
-    pub fn rooms_view(&self, only_member: Option<&str>) -> Outcome<Value> {
+    /// Every room, for the owner.
+    pub fn rooms_view(&self, _owner: &crate::Owner) -> Outcome<Value> {
+        self.rooms_listing(None)
+    }
+
+    pub(crate) fn rooms_listing(&self, only_member: Option<&str>) -> Outcome<Value> {
         let rows = self.control().rooms().map_err(store_err)?;
         let mut out = Vec::new();
         for r in rows {
@@ -234,7 +245,13 @@ impl Engine {
     }
 
     /// The owner's unredacted view of a room's events.
-    pub fn room_log(&self, room: &str, from_seq: u64, limit: usize) -> Outcome<Value> {
+    pub fn room_log(
+        &self,
+        _owner: &crate::Owner,
+        room: &str,
+        from_seq: u64,
+        limit: usize,
+    ) -> Outcome<Value> {
         let handle = self.room_handle(room)?;
         let h = lock_room(&handle);
         let rows = h
@@ -259,7 +276,7 @@ impl Engine {
 
     /// Rebuild a room's projection from its journal; receipts and checkpoints survive. Also
     /// the owner's way to accept a journal that reconciliation flagged as rotated.
-    pub fn index_rebuild(&self, room: &str) -> Outcome<Value> {
+    pub fn index_rebuild(&self, _owner: &crate::Owner, room: &str) -> Outcome<Value> {
         let handle = self.room_handle(room)?;
         let mut h = lock_room(&handle);
         // Accepting a replaced journal resets the room's view: checkpoints taken over the old
@@ -296,7 +313,7 @@ impl Engine {
 
     pub fn whoami(&self, caller: &AgentCaller) -> Outcome<Value> {
         let p = self.authorize(caller, Verb::Whoami)?;
-        let rooms = self.rooms_view(Some(&p.name))?;
+        let rooms = self.rooms_listing(Some(&p.name))?;
         Ok(
             json!({"agent": p.name, "tier": p.tier, "conversation": p.conversation,
             "registration_sha256": p.registration_sha256, "rooms": rooms["rooms"]}),
@@ -305,7 +322,7 @@ impl Engine {
 
     pub fn list(&self, caller: &AgentCaller) -> Outcome<Value> {
         let p = self.authorize(caller, Verb::List)?;
-        self.rooms_view(Some(&p.name))
+        self.rooms_listing(Some(&p.name))
     }
 
     /// Read the next page, optionally confirming a receipt first.
@@ -448,7 +465,7 @@ impl Engine {
     }
 
     /// The owner's view of a task.
-    pub fn task_view_owner(&self, task: &str) -> Outcome<Value> {
+    pub fn task_view_owner(&self, _owner: &crate::Owner, task: &str) -> Outcome<Value> {
         Ok(json!({"task": task_view(&self.task_row(task)?)}))
     }
 

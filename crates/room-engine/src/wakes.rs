@@ -126,7 +126,7 @@ impl Engine {
     }
 
     /// The wake queue, optionally for one room. Each permit is checked against its digest.
-    pub fn wakes_view(&self, room: Option<&str>) -> Outcome<Value> {
+    pub fn wakes_view(&self, _owner: &crate::Owner, room: Option<&str>) -> Outcome<Value> {
         let base = self.state.wakes();
         let mut out = Vec::new();
         let rooms: Vec<String> = match room {

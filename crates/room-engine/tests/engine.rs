@@ -46,8 +46,13 @@ impl Fixture {
     }
 }
 
+fn owner(e: &Engine) -> room_engine::Owner {
+    e.owner(&room_engine::Caller::Owner)
+        .expect("the console is the owner")
+}
+
 fn agent(e: &Engine, name: &str, tier: Tier) -> AgentCaller {
-    let t = e.enroll(name, tier, "generic").unwrap().token;
+    let t = e.enroll(&owner(e), name, tier, "generic").unwrap().token;
     AgentCaller {
         token: t,
         conversation: "c1".into(),
@@ -79,7 +84,9 @@ fn say(room: &str, text: &str) -> TurnArgs {
 }
 
 fn tip(e: &Engine, room: &str) -> u64 {
-    e.room_log(room, 1, 1).unwrap()["tip_seq"].as_u64().unwrap()
+    e.room_log(&owner(e), room, 1, 1).unwrap()["tip_seq"]
+        .as_u64()
+        .unwrap()
 }
 
 #[test]
@@ -88,7 +95,7 @@ fn a_foreign_arrival_between_prepare_and_commit_is_refused_and_writes_nothing() 
     let e = f.engine(1);
     let a = agent(&e, "alpha", Tier::Member);
     let b = agent(&e, "beta", Tier::Member);
-    e.room_create("r", None, &["alpha".into(), "beta".into()])
+    e.room_create(&owner(&e), "r", None, &["alpha".into(), "beta".into()])
         .unwrap();
     catch_up(&e, &a, "r");
     catch_up(&e, &b, "r");
@@ -106,7 +113,7 @@ fn the_fold_rule_lets_an_author_continue_over_its_own_turns_only() {
     let e = f.engine(2);
     let a = agent(&e, "alpha", Tier::Member);
     let b = agent(&e, "beta", Tier::Member);
-    e.room_create("r", None, &["alpha".into(), "beta".into()])
+    e.room_create(&owner(&e), "r", None, &["alpha".into(), "beta".into()])
         .unwrap();
     catch_up(&e, &a, "r");
     e.turn(&a, Verb::Say, say("r", "one")).unwrap();
@@ -139,7 +146,7 @@ fn oversized_events_arrive_in_utf8_safe_chunks_and_only_item_complete_advances()
     let e = f.engine(3);
     let a = agent(&e, "alpha", Tier::Member);
     let b = agent(&e, "beta", Tier::Member);
-    e.room_create("r", None, &["alpha".into(), "beta".into()])
+    e.room_create(&owner(&e), "r", None, &["alpha".into(), "beta".into()])
         .unwrap();
     catch_up(&e, &a, "r");
     let big: String = "é€x".repeat(12_000); // multi-byte characters across chunk edges, > 8 KiB: a blob
@@ -203,7 +210,7 @@ fn an_interrupted_second_flush_is_completed_at_open_with_the_same_ids() {
         let e = f.engine(4);
         let a = agent(&e, "alpha", Tier::Member);
         agent(&e, "beta", Tier::Member);
-        e.room_create("r", None, &["alpha".into(), "beta".into()])
+        e.room_create(&owner(&e), "r", None, &["alpha".into(), "beta".into()])
             .unwrap();
         catch_up(&e, &a, "r");
         let sent = e
@@ -238,7 +245,7 @@ fn an_interrupted_second_flush_is_completed_at_open_with_the_same_ids() {
     std::fs::remove_file(&wake).unwrap();
 
     let e = f.engine(5);
-    let log = e.room_log("r", 1, 100).unwrap();
+    let log = e.room_log(&owner(&e), "r", 1, 100).unwrap();
     let ob: Vec<&Value> = log["items"]
         .as_array()
         .unwrap()
@@ -254,7 +261,10 @@ fn an_interrupted_second_flush_is_completed_at_open_with_the_same_ids() {
     // opening again completes nothing more
     drop(e);
     let e = f.engine(6);
-    assert_eq!(e.room_log("r", 1, 100).unwrap()["tip_seq"], log["tip_seq"]);
+    assert_eq!(
+        e.room_log(&owner(&e), "r", 1, 100).unwrap()["tip_seq"],
+        log["tip_seq"]
+    );
 }
 
 #[test]
@@ -262,7 +272,8 @@ fn a_clock_that_steps_back_still_yields_a_verifying_chain() {
     let f = Fixture::new();
     let e = f.engine(7);
     let a = agent(&e, "alpha", Tier::Member);
-    e.room_create("r", None, &["alpha".into()]).unwrap();
+    e.room_create(&owner(&e), "r", None, &["alpha".into()])
+        .unwrap();
     catch_up(&e, &a, "r");
     for i in 0..20 {
         if i % 3 == 0 {
@@ -287,7 +298,7 @@ fn a_policy_change_under_a_partly_read_chunked_event_is_refused_not_a_crash() {
     let e = f.engine(8);
     let a = agent(&e, "alpha", Tier::Member);
     let b = agent(&e, "beta", Tier::Member);
-    e.room_create("r", None, &["alpha".into(), "beta".into()])
+    e.room_create(&owner(&e), "r", None, &["alpha".into(), "beta".into()])
         .unwrap();
     catch_up(&e, &a, "r");
     catch_up(&e, &b, "r");
@@ -327,7 +338,7 @@ fn a_turn_whose_second_flush_fails_halts_the_room_and_is_completed_at_restart() 
         let e = f.engine(9);
         let a = agent(&e, "alpha", Tier::Member);
         agent(&e, "beta", Tier::Member);
-        e.room_create("r", None, &["alpha".into(), "beta".into()])
+        e.room_create(&owner(&e), "r", None, &["alpha".into(), "beta".into()])
             .unwrap();
         catch_up(&e, &a, "r");
         drop(e);
@@ -362,7 +373,7 @@ fn a_turn_whose_second_flush_fails_halts_the_room_and_is_completed_at_restart() 
         (room_engine_item_id("obl", &source, "beta"), tip(&e, "r"))
     };
     let e = f.engine(11);
-    let log = e.room_log("r", 1, 100).unwrap();
+    let log = e.room_log(&owner(&e), "r", 1, 100).unwrap();
     assert_eq!(
         log["tip_seq"].as_u64().unwrap(),
         before + 1,
@@ -386,7 +397,8 @@ fn a_failed_index_rebuild_leaves_the_room_refusing_writes_without_a_panic() {
     let f = Fixture::new();
     let e = f.engine(12);
     let a = agent(&e, "alpha", Tier::Member);
-    e.room_create("r", None, &["alpha".into()]).unwrap();
+    e.room_create(&owner(&e), "r", None, &["alpha".into()])
+        .unwrap();
     catch_up(&e, &a, "r");
     for i in 0..3 {
         e.turn(&a, Verb::Note, say("r", &format!("n{i}"))).unwrap();
@@ -405,7 +417,7 @@ fn a_failed_index_rebuild_leaves_the_room_refusing_writes_without_a_panic() {
         .replacen("\"n0\"", "\"X0\"", 1);
     std::fs::write(&journal, text).unwrap();
     let e = f.engine(13);
-    let err = e.index_rebuild("r").unwrap_err();
+    let err = e.index_rebuild(&owner(&e), "r").unwrap_err();
     assert_eq!(err.code, Code::StorageFailed, "{err:?}");
     let refused = e.turn(&a, Verb::Note, say("r", "after")).unwrap_err();
     assert_eq!(
@@ -414,5 +426,5 @@ fn a_failed_index_rebuild_leaves_the_room_refusing_writes_without_a_panic() {
         "the journal is still not accepted"
     );
     // and the room is still listed (its lock was not poisoned)
-    assert!(e.rooms_view(None).unwrap()["rooms"][0]["read_only"].is_string());
+    assert!(e.rooms_view(&owner(&e)).unwrap()["rooms"][0]["read_only"].is_string());
 }

@@ -5,7 +5,7 @@ use crate::wire::*;
 use room_core::{Code, Refusal, Tier, Verb};
 use room_engine::principal::AgentCaller;
 use room_engine::verbs::TurnArgs;
-use room_engine::{Caller, Engine};
+use room_engine::{Caller, Engine, Owner};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
@@ -120,7 +120,10 @@ pub fn handle(
         }
     };
     match caller {
-        Caller::Owner => match owner_op(engine, &req.op, req.args) {
+        Caller::Owner => match engine
+            .owner(&caller)
+            .and_then(|o| owner_op(engine, &o, &req.op, req.args))
+        {
             Ok(v) => Response::ok(v),
             Err(r) => Response::refused(r),
         },
@@ -200,7 +203,7 @@ fn egress(engine: &Engine, out: Result<Value, Refusal>) -> Response {
     }
 }
 
-fn owner_op(engine: &Engine, op: &str, a: Value) -> Result<Value, Refusal> {
+fn owner_op(engine: &Engine, owner: &Owner, op: &str, a: Value) -> Result<Value, Refusal> {
     match op {
         "ping" => Ok(
             json!({"pong": true, "instance": engine.state().instance_id, "pid": std::process::id()}),
@@ -208,49 +211,49 @@ fn owner_op(engine: &Engine, op: &str, a: Value) -> Result<Value, Refusal> {
         "agent_enroll" => {
             let a: EnrollArgs = args(a)?;
             let tier = tier_arg("max_tier", a.max_tier)?.unwrap_or(Tier::Member);
-            let e = engine.enroll(&a.name, tier, a.host.as_deref().unwrap_or("generic"))?;
+            let e = engine.enroll(owner, &a.name, tier, a.host.as_deref().unwrap_or("generic"))?;
             Ok(
                 json!({"agent": e.name, "token": e.token, "max_tier": e.max_tier, "registration_sha256": e.registration_sha256}),
             )
         }
         "agent_rotate" => {
             let a: NameArgs = args(a)?;
-            let e = engine.rotate(&a.name)?;
+            let e = engine.rotate(owner, &a.name)?;
             Ok(
                 json!({"agent": e.name, "token": e.token, "registration_sha256": e.registration_sha256}),
             )
         }
-        "agent_revoke" => engine.revoke(&args::<NameArgs>(a)?.name),
+        "agent_revoke" => engine.revoke(owner, &args::<NameArgs>(a)?.name),
         "agent_policy" => {
             let a: PolicyArgs = args(a)?;
             let deny = verbs_arg("deny", a.deny)?;
             let allow = verbs_arg("allow", a.allow)?;
             let tier = tier_arg("max_tier", a.max_tier)?;
-            engine.set_agent_policy(&a.name, &deny, &allow, tier)
+            engine.set_agent_policy(owner, &a.name, &deny, &allow, tier)
         }
-        "agent_list" => engine.agents_view(),
+        "agent_list" => engine.agents_view(owner),
         "project_open" => {
             let a: ProjectOpenArgs = args(a)?;
-            engine.project_open(&a.path, a.name.as_deref())
+            engine.project_open(owner, &a.path, a.name.as_deref())
         }
-        "project_list" => engine.projects_view(),
+        "project_list" => engine.projects_view(owner),
         "room_create" => {
             let a: RoomCreateArgs = args(a)?;
-            engine.room_create(&a.name, a.project.as_deref(), &a.members)
+            engine.room_create(owner, &a.name, a.project.as_deref(), &a.members)
         }
         "room_members_add" => {
             let a: RoomAgentArgs = args(a)?;
-            engine.room_members_add(&a.room, &a.agent)
+            engine.room_members_add(owner, &a.room, &a.agent)
         }
-        "room_reset" => engine.room_reset(&args::<RoomArgs>(a)?.room),
+        "room_reset" => engine.room_reset(owner, &args::<RoomArgs>(a)?.room),
         "room_log" => {
             let a: LogArgs = args(a)?;
-            engine.room_log(&a.room, a.from.unwrap_or(1), a.limit.unwrap_or(200))
+            engine.room_log(owner, &a.room, a.from.unwrap_or(1), a.limit.unwrap_or(200))
         }
-        "rooms" => engine.rooms_view(None),
-        "index_rebuild" => engine.index_rebuild(&args::<RoomArgs>(a)?.room),
-        "wakes_list" => engine.wakes_view(args::<OptRoomArgs>(a)?.room.as_deref()),
-        "owner_task_show" => engine.task_view_owner(&args::<TaskArgs>(a)?.task),
+        "rooms" => engine.rooms_view(owner),
+        "index_rebuild" => engine.index_rebuild(owner, &args::<RoomArgs>(a)?.room),
+        "wakes_list" => engine.wakes_view(owner, args::<OptRoomArgs>(a)?.room.as_deref()),
+        "owner_task_show" => engine.task_view_owner(owner, &args::<TaskArgs>(a)?.task),
         _ if is_agent_op(op) => Err(Refusal::new(
             Code::CredentialInvalid,
             format!("{op} acts as an agent: no credential presented"),
@@ -280,12 +283,8 @@ fn turn_args(w: TurnWire) -> TurnArgs {
 
 fn agent_op(engine: &Engine, caller: &AgentCaller, op: &str, a: Value) -> Result<Value, Refusal> {
     if OWNER_OPS.contains(&op) {
-        // Authenticate first so a bad token is reported as such, then refuse the owner op.
-        engine.authenticate(&caller.token)?;
-        return Err(Refusal::new(
-            Code::OwnerRequired,
-            format!("{op} is for the owner console only"),
-        ));
+        // The engine decides: an agent has no owner standing, whatever its tier.
+        engine.owner(&Caller::Agent(caller.clone()))?;
     }
     // The multiplexer reaches the same verbs, under the same authorization.
     let (verb, a) = if op == "room" {

@@ -210,6 +210,12 @@ impl Sim {
         Ok(())
     }
 
+    fn owner(&self) -> room_engine::Owner {
+        self.e()
+            .owner(&room_engine::Caller::Owner)
+            .expect("the simulator is the owner")
+    }
+
     fn e(&self) -> &Engine {
         self.engine
             .as_ref()
@@ -245,7 +251,7 @@ impl Sim {
             .iter()
             .map(|r| {
                 self.e()
-                    .room_log(r, 1, 1)
+                    .room_log(&self.owner(), r, 1, 1)
                     .map(|v| v["tip_seq"].as_u64().unwrap_or(0))
                     .unwrap_or(0)
             })
@@ -263,7 +269,7 @@ impl Sim {
             let name = format!("a{i}");
             let token = self
                 .e()
-                .enroll(&name, tier, "sim")
+                .enroll(&self.owner(), &name, tier, "sim")
                 .map_err(|r| r.to_string())?
                 .token;
             self.agents.push(Agent {
@@ -290,7 +296,7 @@ impl Sim {
                 .map(|i| self.agents[*i].name.clone())
                 .collect();
             self.e()
-                .room_create(&room, None, &names)
+                .room_create(&self.owner(), &room, None, &names)
                 .map_err(|r| r.to_string())?;
             for i in members {
                 self.agents[i].rooms.push(room.clone());
@@ -588,7 +594,12 @@ impl Sim {
         if seq > confirmed + 1 {
             let log = self
                 .e()
-                .room_log(&room, confirmed + 1, (seq - confirmed - 1) as usize)
+                .room_log(
+                    &self.owner(),
+                    &room,
+                    confirmed + 1,
+                    (seq - confirmed - 1) as usize,
+                )
                 .map_err(|r| self.fail(r.to_string()))?;
             if let Some(foreign) = log["events"].as_array().and_then(|es| {
                 es.iter()
@@ -699,7 +710,9 @@ impl Sim {
     fn owner_rotate(&mut self) -> Result<(), Failure> {
         let i = self.pick_agent();
         let name = self.agents[i].name.clone();
-        let out = self.checked(format!("owner rotate {name}"), |e| e.rotate(&name))?;
+        let out = self.checked(format!("owner rotate {name}"), |e| {
+            e.rotate(&sim_owner(e), &name)
+        })?;
         if let Ok(en) = out {
             self.agents[i].token = en.token;
             self.agents[i].revoked = false;
@@ -714,7 +727,9 @@ impl Sim {
         let i = self.pick_agent();
         let name = self.agents[i].name.clone();
         if self
-            .checked(format!("owner revoke {name}"), |e| e.revoke(&name))?
+            .checked(format!("owner revoke {name}"), |e| {
+                e.revoke(&sim_owner(e), &name)
+            })?
             .is_ok()
         {
             self.agents[i].revoked = true;
@@ -734,7 +749,9 @@ impl Sim {
     fn owner_reset(&mut self) -> Result<(), Failure> {
         let room = self.rooms[self.rng.below(self.rooms.len() as u64) as usize].clone();
         if self
-            .checked(format!("owner reset {room}"), |e| e.room_reset(&room))?
+            .checked(format!("owner reset {room}"), |e| {
+                e.room_reset(&sim_owner(e), &room)
+            })?
             .is_ok()
         {
             for a in &mut self.agents {
@@ -776,7 +793,7 @@ impl Sim {
         for room in self.rooms.clone() {
             let view = self
                 .e()
-                .rooms_view(None)
+                .rooms_view(&self.owner())
                 .map_err(|r| self.fail(r.to_string()))?;
             let ro = view["rooms"]
                 .as_array()
@@ -791,7 +808,7 @@ impl Sim {
             loop {
                 let log = self
                     .e()
-                    .room_log(&room, from, 1000)
+                    .room_log(&self.owner(), &room, from, 1000)
                     .map_err(|r| self.fail(r.to_string()))?;
                 let events = log["events"].as_array().cloned().unwrap_or_default();
                 for e in &events {
@@ -826,6 +843,11 @@ impl Sim {
         }
         Ok(())
     }
+}
+
+fn sim_owner(e: &Engine) -> room_engine::Owner {
+    e.owner(&room_engine::Caller::Owner)
+        .expect("the simulator is the owner")
 }
 
 /// Run one seed.
