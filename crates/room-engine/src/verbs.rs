@@ -663,13 +663,16 @@ impl Engine {
             updated_ms: self.now_ms(),
         };
         // The Fold Rule: the author's position advances over its own turn only when no foreign
-        // event lies between its checkpoint and the turn (the frontier check above proves it).
-        let fold_ok = h
-            .index
-            .first_foreign_after(standing.pos.seq, &p.name)
-            .map_err(store_err)?
-            .is_none();
-        let fold = fold_ok.then_some(fold);
+        // event lies between its checkpoint and the turn. The gate proved none up to the
+        // snapshot and the check above proved none since, so no query is needed here.
+        debug_assert!(
+            h.index
+                .first_foreign_after(standing.pos.seq, &p.name)
+                .map_err(store_err)?
+                .is_none(),
+            "the gate and the commit check together cover the fold"
+        );
+        let fold = Some(fold);
         let planned = !turn.plan.is_empty();
         let rec = h.commit(
             self,
@@ -845,7 +848,12 @@ impl Engine {
         now: u64,
     ) -> Outcome<()> {
         let coordination = matches!(binding, Binding::Coordination);
-        let open = h.index.open_items(&p.name).map_err(store_err)?;
+        // Only the verbs that answer or settle items need the caller's open items.
+        let open = if matches!(verb, Verb::Say | Verb::Reply | Verb::Done | Verb::Decline) {
+            h.index.open_items(&p.name).map_err(store_err)?
+        } else {
+            Vec::new()
+        };
         let resolve = |items: &[&ItemRow], status: &str| -> Vec<Resolution> {
             items
                 .iter()
