@@ -495,10 +495,11 @@ impl Control {
         Ok(n > 0)
     }
 
-    pub fn reset_room(&mut self, room: &str, now_ms: u64) -> Result<()> {
+    /// Reset the room's view as of the `room_reset` record at `seq`; replaying it is a no-op.
+    pub fn reset_room_at(&mut self, room: &str, seq: u64, at_ms: u64) -> Result<()> {
         self.conn.execute(
-            "UPDATE rooms SET reset_gen = reset_gen + 1, revision = revision + 1, reset_ms = ?2 WHERE name = ?1",
-            params![room, now_ms as i64],
+            "UPDATE rooms SET reset_gen = ?2, revision = revision + 1, reset_ms = ?3 WHERE name = ?1 AND reset_gen < ?2",
+            params![room, seq as i64, at_ms as i64],
         )?;
         self.reload_room(room)
     }

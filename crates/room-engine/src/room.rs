@@ -52,9 +52,22 @@ pub(crate) struct Projection {
     pub tasks: Vec<TaskEffect>,
 }
 
+/// What a record changes in control.db. Applied at commit and again at catch-up, so each is
+/// idempotent: a crash between the journal append and control.db loses nothing.
 pub(crate) enum TaskEffect {
     Create(crate::control::TaskRow),
     Transition(TaskTransition),
+    /// A member joins (no-op when already one).
+    Member {
+        room: String,
+        agent: String,
+    },
+    /// The room's view is reset as of this record's seq (no-op when already at or past it).
+    Reset {
+        room: String,
+        seq: u64,
+        at_ms: u64,
+    },
 }
 
 pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result<(), StoreError> {
@@ -138,9 +151,20 @@ pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result
                 p.tasks.push(TaskEffect::Transition(tr.clone()));
             }
         }
-        EventBody::RoomCreated { .. }
-        | EventBody::MemberAdded { .. }
-        | EventBody::RoomReset { .. } => {}
+        EventBody::MemberAdded { agent, .. } => {
+            p.tasks.push(TaskEffect::Member {
+                room: room.into(),
+                agent: agent.clone(),
+            });
+        }
+        EventBody::RoomReset { .. } => {
+            p.tasks.push(TaskEffect::Reset {
+                room: room.into(),
+                seq: r.seq,
+                at_ms: r.hlc.ms,
+            });
+        }
+        EventBody::RoomCreated { .. } => {}
     }
     Ok(())
 }
@@ -163,6 +187,12 @@ impl Engine {
                 }
                 TaskEffect::Transition(tr) => {
                     c.update_task(&tr.task, &tr.from, &tr.to, tr.recipient.as_deref(), at_ms)?;
+                }
+                TaskEffect::Member { room, agent } => {
+                    c.add_member(room, agent)?;
+                }
+                TaskEffect::Reset { room, seq, at_ms } => {
+                    c.reset_room_at(room, *seq, *at_ms)?;
                 }
             }
         }

@@ -189,7 +189,9 @@ impl Engine {
         }
         let mut h = lock_room(&handle);
         h.writable()?;
-        let added = self.control().add_member(room, agent).map_err(store_err)?;
+        // The journal record is the change; control.db follows from it (at commit and at
+        // catch-up), so the roster never changes without its event.
+        let added = !self.control().is_member(room, agent).map_err(store_err)?;
         if added {
             h.commit(
                 self,
@@ -208,9 +210,6 @@ impl Engine {
         let handle = self.room_handle(room)?;
         let mut h = lock_room(&handle);
         h.writable()?;
-        self.control()
-            .reset_room(room, self.now_ms())
-            .map_err(store_err)?;
         h.commit(
             self,
             vec![EventBody::RoomReset {
@@ -281,12 +280,17 @@ impl Engine {
         let mut h = lock_room(&handle);
         // Accepting a replaced journal resets the room's view: checkpoints taken over the old
         // chain may point past or beside the new one, so every agent must read again.
-        let was_rotated = h.read_only.is_some();
+        let was_rotated = h.rotated;
         h.rebuild(self).map_err(store_err)?;
         if was_rotated {
-            self.control()
-                .reset_room(room, self.now_ms())
-                .map_err(store_err)?;
+            // recorded in the accepted journal itself, so the reset survives any later rebuild
+            h.commit(
+                self,
+                vec![EventBody::RoomReset {
+                    actor: "owner".into(),
+                }],
+                None,
+            )?;
         }
         let count = h.index.event_count().map_err(store_err)?;
         Ok(json!({"room": room, "events": count, "tip_seq": h.tip().seq, "read_only": h.read_only}))

@@ -122,10 +122,13 @@ fn a_replaced_journal_is_refused_until_rebuilt_and_old_receipts_are_forked() {
         "the refused note wrote nothing"
     );
 
-    // The owner accepts the journal as it now is; receipts survive the rebuild.
+    // The owner accepts the journal as it now is; receipts survive the rebuild, and the
+    // acceptance is recorded as a view reset (seq 2) in the accepted journal itself.
     let rebuilt = ok(&sock, None, "index_rebuild", json!({"room": "r"}));
-    assert_eq!(rebuilt["tip_seq"], 1);
+    assert_eq!(rebuilt["tip_seq"], 2);
     assert!(rebuilt["read_only"].is_null());
+    let accepted = std::fs::read_to_string(&journal).unwrap();
+    assert!(accepted.starts_with(&first) && accepted.contains("\"kind\":\"room_reset\""));
     let r = call(
         &sock,
         Some(&other),
@@ -133,7 +136,11 @@ fn a_replaced_journal_is_refused_until_rebuilt_and_old_receipts_are_forked() {
         json!({"room": "r", "confirm": stale_receipt}),
     );
     assert_eq!(code(&r), "room_sync_receipt_forked");
-    assert_eq!(std::fs::read_to_string(&journal).unwrap(), first);
+    assert_eq!(
+        std::fs::read_to_string(&journal).unwrap(),
+        accepted,
+        "the refused confirm wrote nothing"
+    );
 
     // A checkpoint taken over the old chain does not carry over: the view was reset.
     let r = call(
@@ -163,5 +170,5 @@ fn a_replaced_journal_is_refused_until_rebuilt_and_old_receipts_are_forked() {
             .unwrap(),
     )
     .unwrap();
-    assert_eq!(report.records, 2);
+    assert_eq!(report.records, 3);
 }
