@@ -87,6 +87,8 @@ pub enum Cmd {
         #[arg(long, default_value_t = 200)]
         limit: usize,
     },
+    /// Every causal ancestor of an event, by the recursive audit query (owner).
+    Audit { room: String, event: String },
     /// The sync index (owner).
     #[command(subcommand)]
     Index(IndexCmd),
@@ -324,6 +326,7 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
             "room_log",
             json!({"room": room, "from": from, "limit": limit}),
         ),
+        Cmd::Audit { room, event } => req("room_audit", json!({"room": room, "event": event})),
         Cmd::Index(IndexCmd::Rebuild { room }) => req("index_rebuild", json!({"room": room})),
         Cmd::Wakes(WakesCmd::List { room }) => req("wakes_list", json!({"room": room})),
         Cmd::Task(t) => match t {

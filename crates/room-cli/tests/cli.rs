@@ -144,6 +144,12 @@ fn a_session_from_init_to_refusal_and_the_start_refusals() {
     );
     assert!(env.run(&["whoami"], Some(token2)).status.success());
 
+    // the audit path answers for any event
+    let event = json(&said)["event"].as_str().unwrap().to_string();
+    let audit = env.run(&["audit", "lobby", &event, "--json"], None);
+    assert!(audit.status.success(), "{}", stderr(&audit));
+    assert_eq!(json(&audit)["event"]["id"], event.as_str());
+
     // a bad name: a clear error naming the field, nothing stored
     let bad = env.run(&["create", "../escape"], None);
     assert_eq!(bad.status.code(), Some(1));

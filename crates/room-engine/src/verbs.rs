@@ -23,6 +23,8 @@ use std::sync::{Arc, Mutex};
 const TITLE_BYTES_MAX: usize = 256;
 const PREVIEW_CHARS: usize = 256;
 const LOG_PAGE_MAX: usize = 1000;
+/// How many causal links an audit walks.
+const AUDIT_DEPTH_MAX: u32 = 1000;
 /// Open mentions and obligations listed with each sync page (the total is always given).
 const OPEN_ITEMS_PAGE_MAX: usize = 32;
 
@@ -218,6 +220,42 @@ impl Engine {
             None,
         )?;
         Ok(json!({"room": room, "reset": true}))
+    }
+
+    /// The audit path of the Work Gate: every causal ancestor of an event, walked with the
+    /// recursive query over `causal_edges` (the gate itself needs only the watermark).
+    pub fn room_audit(&self, _owner: &crate::Owner, room: &str, event: &str) -> Outcome<Value> {
+        if !id::is_event_id(event) {
+            return Err(Refusal::invalid("event", "not an event id (evt_…)"));
+        }
+        let handle = self.room_handle(room)?;
+        let h = lock_room(&handle);
+        h.readable()?;
+        let e = h
+            .index
+            .event_by_id(event)
+            .map_err(store_err)?
+            .ok_or_else(|| {
+                Refusal::new(
+                    Code::NotFound,
+                    format!("{event} is not an event of room {room}"),
+                )
+            })?;
+        let ancestors = h
+            .index
+            .ancestors(event, AUDIT_DEPTH_MAX)
+            .map_err(store_err)?;
+        let mut rows = Vec::new();
+        for a in &ancestors {
+            if let Some(r) = h.index.event_by_id(a).map_err(store_err)? {
+                rows.push(json!({"id": r.id, "seq": r.seq, "actor": r.actor, "kind": r.kind}));
+            }
+        }
+        rows.sort_by_key(|r| r["seq"].as_u64());
+        Ok(
+            json!({"room": room, "event": {"id": e.id, "seq": e.seq, "actor": e.actor}, "ancestors": rows,
+            "depth_max": AUDIT_DEPTH_MAX}),
+        )
     }
 
     /// Every room, for the owner.

@@ -428,3 +428,65 @@ fn a_failed_index_rebuild_leaves_the_room_refusing_writes_without_a_panic() {
     // and the room is still listed (its lock was not poisoned)
     assert!(e.rooms_view(&owner(&e)).unwrap()["rooms"][0]["read_only"].is_string());
 }
+
+#[test]
+fn the_audit_walks_every_causal_ancestor() {
+    let f = Fixture::new();
+    let e = f.engine(14);
+    let a = agent(&e, "alpha", Tier::Member);
+    let b = agent(&e, "beta", Tier::Member);
+    e.room_create(&owner(&e), "r", None, &["alpha".into(), "beta".into()])
+        .unwrap();
+    catch_up(&e, &a, "r");
+    let sent = e
+        .turn(
+            &a,
+            Verb::Send,
+            TurnArgs {
+                to: vec!["beta".into()],
+                ..say("r", "look")
+            },
+        )
+        .unwrap();
+    let src = sent["event"].as_str().unwrap().to_string();
+    catch_up(&e, &b, "r");
+    let reply = e
+        .turn(
+            &b,
+            Verb::Reply,
+            TurnArgs {
+                reply_to: Some(src.clone()),
+                ..say("r", "done")
+            },
+        )
+        .unwrap();
+    catch_up(&e, &a, "r");
+    let again = e
+        .turn(
+            &a,
+            Verb::Say,
+            TurnArgs {
+                reply_to: Some(reply["event"].as_str().unwrap().into()),
+                ..say("r", "thanks")
+            },
+        )
+        .unwrap();
+    let audit = e
+        .room_audit(&owner(&e), "r", again["event"].as_str().unwrap())
+        .unwrap();
+    let ids: Vec<&str> = audit["ancestors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        vec![src.as_str(), reply["event"].as_str().unwrap()],
+        "send, then the reply, in seq order"
+    );
+    assert_eq!(
+        e.room_audit(&owner(&e), "r", "nonsense").unwrap_err().code,
+        Code::InvalidArgument
+    );
+}

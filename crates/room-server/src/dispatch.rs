@@ -35,6 +35,7 @@ const OWNER_OPS: &[&str] = &[
     "room_members_add",
     "room_reset",
     "room_log",
+    "room_audit",
     "rooms",
     "index_rebuild",
     "wakes_list",
@@ -251,6 +252,10 @@ fn owner_op(engine: &Engine, owner: &Owner, op: &str, a: Value) -> Result<Value,
             engine.room_log(owner, &a.room, a.from.unwrap_or(1), a.limit.unwrap_or(200))
         }
         "rooms" => engine.rooms_view(owner),
+        "room_audit" => {
+            let a: AuditArgs = args(a)?;
+            engine.room_audit(owner, &a.room, &a.event)
+        }
         "index_rebuild" => engine.index_rebuild(owner, &args::<RoomArgs>(a)?.room),
         "wakes_list" => engine.wakes_view(owner, args::<OptRoomArgs>(a)?.room.as_deref()),
         "owner_task_show" => engine.task_view_owner(owner, &args::<TaskArgs>(a)?.task),

@@ -180,3 +180,10 @@ pub struct TurnWire {
     #[serde(default)]
     pub actor: Option<String>,
 }
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditArgs {
+    pub room: String,
+    pub event: String,
+}
