@@ -27,6 +27,6 @@ fuzz_target!(|data: &[u8]| {
             tip = r.verify_after(&tip).expect("accepted records form a chain");
         }
         assert_eq!(tip.seq, end.tip.seq);
-        assert!(end.end + end.torn_bytes == data.len() as u64);
+        assert!(end.end + end.torn_bytes + end.free_bytes == data.len() as u64);
     }
 });

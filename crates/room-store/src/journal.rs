@@ -10,7 +10,6 @@ use room_core::chain::ChainTip;
 use room_core::{Hlc, Record, sha256_hex};
 use serde::{Deserialize, Serialize};
 use std::fs::File;
-use std::io::Write;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -18,6 +17,10 @@ use std::sync::Arc;
 pub const BATCH_BYTES: usize = 1 << 20;
 pub const RECORD_BYTES_MAX: usize = 8 << 20;
 pub const ANCHOR_BYTES_MAX: u64 = 4096;
+/// The journal grows in zero-filled steps of this size, so that an append overwrites bytes that
+/// are already allocated and written: its fdatasync then changes no file size or extent map,
+/// which costs markedly less than growing the file at every append.
+pub const GROWTH_BYTES: u64 = 256 * 1024;
 
 /// Where the journal stood when the index last caught up with it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -57,6 +60,8 @@ pub struct ScanEnd {
     pub end: u64,
     /// Bytes after the last newline: a torn append.
     pub torn_bytes: u64,
+    /// Preallocated zero bytes after the last record (and any torn bytes).
+    pub free_bytes: u64,
 }
 
 /// Read records from `start`, verifying chain and HLC order from `tip`, in 1 MiB batches.
@@ -102,6 +107,38 @@ pub fn scan(
         }
         pending.drain(..consumed);
         pos += consumed as u64;
+        // A NUL byte never occurs in a record (canonical JSON escapes it): from the first one on
+        // is the preallocated free space, after whatever torn bytes precede it.
+        if let Some(z) = pending.iter().position(|&b| b == 0) {
+            let free_start = pos + z as u64;
+            if let Some(bad) = pending[z..].iter().position(|&b| b != 0) {
+                return Err(StoreError::Corrupt(format!(
+                    "non-zero byte at {} in the journal's free space",
+                    free_start + bad as u64
+                )));
+            }
+            let mut at = read_at;
+            while at < file_len {
+                let want = ((file_len - at) as usize).min(BATCH_BYTES);
+                let n = file.read_at(&mut chunk[..want], at)?;
+                if n == 0 {
+                    break;
+                }
+                if let Some(bad) = chunk[..n].iter().position(|&b| b != 0) {
+                    return Err(StoreError::Corrupt(format!(
+                        "non-zero byte at {} in the journal's free space",
+                        at + bad as u64
+                    )));
+                }
+                at += n as u64;
+            }
+            return Ok(ScanEnd {
+                tip,
+                end: pos,
+                torn_bytes: z as u64,
+                free_bytes: file_len - pos - z as u64,
+            });
+        }
         if pending.len() > RECORD_BYTES_MAX {
             return Err(StoreError::Corrupt(format!(
                 "record {} at byte {pos} exceeds the {RECORD_BYTES_MAX}-byte ceiling",
@@ -110,6 +147,7 @@ pub fn scan(
         }
     }
     Ok(ScanEnd {
+        free_bytes: 0,
         tip,
         end: pos,
         torn_bytes: pending.len() as u64,
@@ -133,6 +171,8 @@ pub struct Journal {
     synced_len: u64,
     /// The last ≤ 4,096 bytes, so the anchor after an append needs no read that could fail.
     tail: Vec<u8>,
+    /// The file's physical size: the records, then zero-filled free space.
+    allocated: u64,
     faults: Option<Arc<dyn Faults>>,
 }
 
@@ -175,10 +215,12 @@ impl Journal {
         errors_log: &Path,
         each: impl FnMut(Scanned) -> Result<()>,
     ) -> Result<Journal> {
+        // Not O_APPEND: appends overwrite the preallocated zeros at the logical end.
         let file = std::fs::OpenOptions::new()
             .read(true)
-            .append(true)
+            .write(true)
             .create(true)
+            .truncate(false)
             .open(path)?;
         let meta = file.metadata()?;
         let (dev, ino, len) = (meta.dev(), meta.ino(), meta.len());
@@ -237,6 +279,7 @@ impl Journal {
             tip_hlc: end.tip.hlc,
         };
         let synced_len = mark.len;
+        let allocated = file.metadata()?.len();
         let a = mark.len.min(ANCHOR_BYTES_MAX);
         let mut tail = vec![0u8; a as usize];
         file.read_exact_at(&mut tail, mark.len - a)?;
@@ -253,8 +296,28 @@ impl Journal {
             poisoned: None,
             synced_len,
             tail,
+            allocated,
             faults: None,
         })
+    }
+
+    /// Make sure zero-filled space reaches at least `end`, growing by `GROWTH_BYTES` steps. The
+    /// zeros are synced with the next record's fdatasync; a crash before it leaves zeros or a
+    /// shorter file, both of which a scan reads as free space.
+    fn grow_to(&mut self, end: u64) -> std::io::Result<()> {
+        if end <= self.allocated {
+            return Ok(());
+        }
+        let target = end.div_ceil(GROWTH_BYTES) * GROWTH_BYTES;
+        let zeros = vec![0u8; 64 * 1024];
+        let mut at = self.allocated.max(self.mark.len);
+        while at < target {
+            let n = ((target - at) as usize).min(zeros.len());
+            self.file.write_all_at(&zeros[..n], at)?;
+            at += n as u64;
+        }
+        self.allocated = target;
+        Ok(())
     }
 
     /// Install a fault injector (simulation only).
@@ -316,17 +379,24 @@ impl Journal {
             .as_ref()
             .and_then(|f| f.on_append(&self.path, buf.len()));
         let mut sync = true;
+        let end = old_len + buf.len() as u64;
         let written = match fault {
-            None => (&self.file).write_all(&buf),
+            None => self
+                .grow_to(end)
+                .and_then(|()| self.file.write_all_at(&buf, old_len)),
             Some(Fault::WriteError(kind)) => {
                 Err(std::io::Error::new(kind, "injected write failure"))
             }
-            Some(Fault::ShortWrite(n)) => (&self.file)
-                .write_all(&buf[..n.min(buf.len())])
+            Some(Fault::ShortWrite(n)) => self
+                .grow_to(end)
+                .and_then(|()| self.file.write_all_at(&buf[..n.min(buf.len())], old_len))
                 .and_then(|()| Err(std::io::Error::other("injected short write"))),
-            Some(Fault::SyncError) => (&self.file).write_all(&buf),
+            Some(Fault::SyncError) => self
+                .grow_to(end)
+                .and_then(|()| self.file.write_all_at(&buf, old_len)),
             Some(Fault::CrashAfterWrite) => {
-                (&self.file).write_all(&buf)?;
+                self.grow_to(end)?;
+                self.file.write_all_at(&buf, old_len)?;
                 self.poisoned = Some("crashed after write, before fsync".into());
                 return Err(StoreError::InDoubt(
                     "injected crash after write, before fsync".into(),
@@ -334,12 +404,14 @@ impl Journal {
             }
             Some(Fault::SkipSync) => {
                 sync = false;
-                (&self.file).write_all(&buf)
+                self.grow_to(end)
+                    .and_then(|()| self.file.write_all_at(&buf, old_len))
             }
         };
         if let Err(e) = written {
             // Nothing was synced: cut back to the last whole record. If that works the file is
             // in a known state and the journal stays usable.
+            self.allocated = old_len;
             if let Err(e2) = self
                 .file
                 .set_len(old_len)
@@ -464,11 +536,16 @@ mod tests {
         j.append(&records(&j.tip(), 2)).unwrap();
         let good = j.mark().len;
         drop(j);
-        let mut f = std::fs::OpenOptions::new()
-            .append(true)
+        // a crash mid-append: part of a record over the preallocated zeros at the logical end
+        let f = std::fs::OpenOptions::new()
+            .write(true)
             .open(t.path().join("EVENTS.jsonl"))
             .unwrap();
-        f.write_all(b"{\"seq\":3,\"id\":\"ev").unwrap();
+        assert!(
+            f.metadata().unwrap().len() > good,
+            "the journal is preallocated"
+        );
+        f.write_all_at(b"{\"seq\":3,\"id\":\"ev", good).unwrap();
         let (j, seen) = open(t.path(), None).unwrap();
         assert_eq!(seen, vec![1, 2]);
         assert_eq!(j.mark().len, good);
@@ -499,13 +576,36 @@ mod tests {
         mark2.ino = meta.ino();
         mark2.dev = meta.dev();
         let mut b = bytes.clone();
-        let n = b.len();
+        let n = mark.len as usize; // the last record's end, not the preallocated space after it
         b[n - 3] = b'x';
         std::fs::write(&p, &b).unwrap();
         assert!(matches!(
             open(t.path(), Some(&mark2)),
             Err(StoreError::Rotated(_))
         ));
+    }
+
+    #[test]
+    fn preallocated_space_is_free_and_stray_bytes_in_it_are_corruption() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("EVENTS.jsonl");
+        let (mut j, _) = open(t.path(), None).unwrap();
+        j.append(&records(&j.tip(), 3)).unwrap();
+        let end = j.mark().len;
+        drop(j);
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), GROWTH_BYTES);
+        let r = verify(&p, "g").unwrap();
+        assert_eq!((r.records, r.bytes, r.torn_bytes), (3, end, 0));
+        // reopening and appending continues at the logical end, not after the zeros
+        let (mut j, seen) = open(t.path(), None).unwrap();
+        assert_eq!(seen, vec![1, 2, 3]);
+        j.append(&records(&j.tip(), 1)).unwrap();
+        drop(j);
+        assert_eq!(verify(&p, "g").unwrap().records, 4);
+        // a non-zero byte in the free space is not a torn append: it is corruption
+        let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+        f.write_all_at(b"x", GROWTH_BYTES - 10).unwrap();
+        assert!(matches!(verify(&p, "g"), Err(StoreError::Corrupt(_))));
     }
 
     #[test]
