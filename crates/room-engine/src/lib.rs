@@ -201,6 +201,8 @@ impl Engine {
                 out.push((j.path().to_path_buf(), j.synced_len(), len));
             }
         }
+        // a stable order, so that a simulator's draws over the journals replay exactly
+        out.sort();
         out
     }
 
