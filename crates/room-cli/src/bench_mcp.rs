@@ -17,14 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 fn owner(sock: &Path, op: &str, args: Value) -> anyhow::Result<Value> {
-    let req = Request {
-        op: op.into(),
-        token: None,
-        conversation: None,
-        tier: None,
-        args,
-        meta: None,
-    };
+    let req = Request::new(op, args);
     let r = Client::connect(sock)?.call(&req)?;
     r.result
         .ok_or_else(|| anyhow::anyhow!("{op} refused: {:?}", r.refusal))

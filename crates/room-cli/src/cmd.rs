@@ -603,14 +603,7 @@ pub fn verify_dir(dir: &std::path::Path, only: Option<&str>) -> Result<Vec<Value
 fn connect(cli: &Cli, host: crate::connect::Host, agent: &str, max_tier: Option<&str>) -> i32 {
     let state = state_dir(cli);
     let sock = state.join("room.sock");
-    let owner = |op: &str, args: Value| Request {
-        op: op.into(),
-        token: None,
-        conversation: None,
-        tier: None,
-        args,
-        meta: None,
-    };
+    let owner = Request::new;
     let mut args = json!({"name": agent, "host": host.kind()});
     if let Some(t) = max_tier {
         args["max_tier"] = json!(t);

@@ -15,14 +15,7 @@ struct Scene {
 
 impl Scene {
     fn call(&mut self, token: Option<&str>, op: &str, args: Value) -> Response {
-        let req = Request {
-            op: op.into(),
-            token: token.map(String::from),
-            conversation: None,
-            tier: None,
-            args,
-            meta: None,
-        };
+        let req = Request::new(op, args).with_token(token);
         self.client.call(&req).expect("the demo daemon answers")
     }
 

@@ -16,14 +16,7 @@ const DAEMON_START_MS: u64 = 10_000;
 
 /// Whether a daemon answers on the socket (any well-formed answer counts, even a refusal).
 fn ping(sock: &Path) -> bool {
-    let req = Request {
-        op: "ping".into(),
-        token: None,
-        conversation: None,
-        tier: None,
-        args: serde_json::json!({}),
-        meta: None,
-    };
+    let req = Request::new("ping", serde_json::json!({}));
     Client::connect(sock).and_then(|mut c| c.call(&req)).is_ok()
 }
 

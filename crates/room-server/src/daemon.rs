@@ -264,15 +264,7 @@ impl Background {
                 continue;
             }
             if let Ok(mut c) = crate::client::Client::connect(&socket)
-                && c.call(&Request {
-                    op: "ping".into(),
-                    token: None,
-                    conversation: None,
-                    tier: None,
-                    args: serde_json::json!({}),
-                    meta: None,
-                })
-                .is_ok()
+                && c.call(&Request::new("ping", serde_json::json!({}))).is_ok()
             {
                 return Ok(Background {
                     socket,

@@ -28,6 +28,27 @@ pub struct Request {
     pub meta: Option<Value>,
 }
 
+impl Request {
+    /// A request with only an operation and its arguments (the owner console's form); set
+    /// `token` and the rest for an agent.
+    pub fn new(op: &str, args: Value) -> Request {
+        Request {
+            op: op.into(),
+            token: None,
+            conversation: None,
+            tier: None,
+            args,
+            meta: None,
+        }
+    }
+
+    /// The same request made with an agent's token.
+    pub fn with_token(mut self, token: Option<&str>) -> Request {
+        self.token = token.map(String::from);
+        self
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Response {
     pub ok: bool,
