@@ -152,6 +152,9 @@ pub struct Common {
     /// Self-identification; must be the caller.
     #[arg(long = "as")]
     pub actor: Option<String>,
+    /// A key that makes a retry safe: a repeat in the same room is refused as exactly_once.
+    #[arg(long)]
+    pub idempotency_key: Option<String>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -235,9 +238,17 @@ pub enum TaskCmd {
         to: Option<String>,
         #[arg(long)]
         parent: Option<String>,
+        /// Typed scope a claim leases exclusively (namespace:resource, e.g. file:src/lib.rs).
+        #[arg(long = "scope")]
+        scopes: Vec<String>,
+        #[arg(long)]
+        idempotency_key: Option<String>,
     },
     Claim {
         task: String,
+        /// How long the claim may stay unresolved before it is recorded in doubt.
+        #[arg(long)]
+        ttl_ms: Option<u64>,
     },
     Show {
         task: String,
@@ -267,7 +278,8 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
         req(
             op,
             json!({"room": t.room, "text": t.text, "to": t.to, "task": t.task, "reply_to": t.reply_to,
-            "evidence": t.common.evidence, "parents": t.common.parent, "actor": t.common.actor}),
+            "evidence": t.common.evidence, "parents": t.common.parent, "actor": t.common.actor,
+            "idempotency_key": t.common.idempotency_key}),
         )
     };
     Ok(match cmd {
@@ -335,11 +347,16 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
                 title,
                 to,
                 parent,
+                scopes,
+                idempotency_key,
             } => req(
                 "task_create",
-                json!({"room": room, "title": title, "to": to, "parent": parent}),
+                json!({"room": room, "title": title, "to": to, "parent": parent, "scopes": scopes,
+                    "idempotency_key": idempotency_key}),
             ),
-            TaskCmd::Claim { task } => req("task_claim", json!({"task": task})),
+            TaskCmd::Claim { task, ttl_ms } => {
+                req("task_claim", json!({"task": task, "ttl_ms": ttl_ms}))
+            }
             TaskCmd::Show { task } => {
                 if agent.is_some() {
                     req("task_show", json!({"task": task}))
@@ -364,7 +381,8 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
             common,
         } => req(
             "reply",
-            json!({"room": room, "reply_to": reply_to, "text": text, "evidence": common.evidence, "parents": common.parent, "actor": common.actor}),
+            json!({"room": room, "reply_to": reply_to, "text": text, "evidence": common.evidence, "parents": common.parent, "actor": common.actor,
+                "idempotency_key": common.idempotency_key}),
         ),
         Cmd::Circle {
             room,
@@ -373,7 +391,8 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
             common,
         } => req(
             "circle",
-            json!({"room": room, "obligation": obligation, "text": text, "actor": common.actor}),
+            json!({"room": room, "obligation": obligation, "text": text, "actor": common.actor,
+                "idempotency_key": common.idempotency_key}),
         ),
         Cmd::Multiplex { args } => {
             let v: Value =

@@ -11,6 +11,7 @@ pub mod id;
 pub mod name;
 pub mod redact;
 pub mod refusal;
+pub mod scope;
 pub mod tier;
 pub mod wake;
 

@@ -62,6 +62,8 @@ codes! {
     TaskStateInvalid => "task_state_invalid",
     TaskNotHeld => "task_not_held",
     ObligationNotFound => "obligation_not_found",
+    // runtime invariants (detail.invariant names which one)
+    InvariantViolation => "invariant_violation",
     // egress
     ToolResultWithheld => "tool_result_withheld",
     // generic

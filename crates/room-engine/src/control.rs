@@ -8,7 +8,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) STRICT;
 INSERT INTO meta (key, value) VALUES ('control_epoch', '1');
 CREATE TABLE agents (
@@ -69,7 +70,13 @@ CREATE TABLE tasks (
     created_ms INTEGER NOT NULL,
     updated_ms INTEGER NOT NULL
 ) STRICT;
-"#];
+"#,
+    r#"
+ALTER TABLE tasks ADD COLUMN scopes TEXT NOT NULL DEFAULT '[]';
+CREATE INDEX tasks_parent ON tasks(parent) WHERE parent IS NOT NULL;
+CREATE INDEX tasks_claimed ON tasks(status) WHERE status = 'claimed';
+"#,
+];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentRow {
@@ -119,6 +126,30 @@ pub struct TaskRow {
     pub status: String,
     pub created_ms: u64,
     pub updated_ms: u64,
+    /// Typed scopes (`namespace:resource`) a claim of this task leases exclusively.
+    pub scopes: Vec<String>,
+}
+
+const TASK_COLS: &str =
+    "id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms, scopes";
+
+fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TaskRow> {
+    let scopes: String = r.get(10)?;
+    Ok(TaskRow {
+        id: r.get(0)?,
+        room: r.get(1)?,
+        project_id: r.get(2)?,
+        title: r.get(3)?,
+        owner: r.get(4)?,
+        recipient: r.get(5)?,
+        parent: r.get(6)?,
+        status: r.get(7)?,
+        created_ms: u(r.get(8)?),
+        updated_ms: u(r.get(9)?),
+        scopes: serde_json::from_str(&scopes).map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(10, rusqlite::types::Type::Text, Box::new(e))
+        })?,
+    })
 }
 
 /// In-memory copy of the rows every call reads (principals, policy, rooms, rosters). The
@@ -507,31 +538,38 @@ impl Control {
     pub fn task(&self, id: &str) -> Result<Option<TaskRow>> {
         Ok(self
             .conn
-            .prepare_cached(
-                "SELECT id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms FROM tasks WHERE id = ?1",
-            )?
-            .query_row([id], |r| {
-                Ok(TaskRow {
-                    id: r.get(0)?,
-                    room: r.get(1)?,
-                    project_id: r.get(2)?,
-                    title: r.get(3)?,
-                    owner: r.get(4)?,
-                    recipient: r.get(5)?,
-                    parent: r.get(6)?,
-                    status: r.get(7)?,
-                    created_ms: u(r.get(8)?),
-                    updated_ms: u(r.get(9)?),
-                })
-            })
+            .prepare_cached(&format!("SELECT {TASK_COLS} FROM tasks WHERE id = ?1"))?
+            .query_row([id], task_from_row)
             .optional()?)
+    }
+
+    /// Tasks whose parent is `parent`.
+    pub fn children(&self, parent: &str) -> Result<Vec<TaskRow>> {
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {TASK_COLS} FROM tasks WHERE parent = ?1 ORDER BY id"
+        ))?;
+        let rows = st.query_map([parent], task_from_row)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Claimed tasks that name a scope, in one project (or, outside projects, one room): the
+    /// live leases the `exclusive` invariant checks a new claim against.
+    pub fn leased(&self, project: Option<&str>, room: &str) -> Result<Vec<TaskRow>> {
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {TASK_COLS} FROM tasks WHERE status = 'claimed' AND scopes != '[]'
+               AND ((?1 IS NOT NULL AND project_id = ?1) OR (?1 IS NULL AND project_id IS NULL AND room = ?2))
+             ORDER BY id"
+        ))?;
+        let rows = st.query_map(params![project, room], task_from_row)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
     pub fn insert_task(&mut self, t: &TaskRow) -> Result<()> {
         self.conn.execute(
-            "INSERT INTO tasks (id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-            params![t.id, t.room, t.project_id, t.title, t.owner, t.recipient, t.parent, t.status, t.created_ms as i64, t.updated_ms as i64],
+            "INSERT INTO tasks (id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms, scopes)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+            params![t.id, t.room, t.project_id, t.title, t.owner, t.recipient, t.parent, t.status, t.created_ms as i64, t.updated_ms as i64,
+                serde_json::to_string(&t.scopes).expect("scopes serialize")],
         )?;
         Ok(())
     }

@@ -41,7 +41,60 @@ pub enum EventBody {
     Turn(Box<Turn>),
     /// Flush 2 of a turn: the mention and obligation records its flush 1 implies.
     Items(Items),
-    Task(TaskEvent),
+    Task(Box<TaskEvent>),
+    /// A runtime invariant's verdict (see `invariants`): a rejected act (its envelope never
+    /// committed), a flag beside a committed one, or an in-doubt lapse.
+    InvariantViolation(Violation),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Invariant {
+    ExactlyOnce,
+    WellFormed,
+    Exclusive,
+    Causal,
+    Resolution,
+}
+
+impl Invariant {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Invariant::ExactlyOnce => "exactly_once",
+            Invariant::WellFormed => "well_formed",
+            Invariant::Exclusive => "exclusive",
+            Invariant::Causal => "causal",
+            Invariant::Resolution => "resolution",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    /// The act was refused and its envelope not committed.
+    Reject,
+    /// The act was committed; the condition is surfaced beside it.
+    Flag,
+    /// An intention outlived its TTL unresolved: neither success nor failure.
+    InDoubt,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Violation {
+    /// The agent whose act or intention it concerns.
+    pub actor: String,
+    pub invariant: Invariant,
+    pub severity: Severity,
+    /// The act: a verb or task operation name.
+    pub act: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
+    /// The committed event a flag stands beside.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub detail: serde_json::Value,
 }
 
 /// Text that spilled into a blob.
@@ -155,6 +208,14 @@ pub struct Turn {
     pub task_transition: Option<TaskTransition>,
     #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
     pub detail: serde_json::Value,
+    /// The caller's key for `exactly_once`: a repeat of a registered key is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// Invariant flags raised by this turn. Each is also written as its own
+    /// `invariant_violation` record right after the turn, in the same append; if a crash cuts
+    /// them off, the next start writes them from here (as it completes a flush 2).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flags: Vec<Violation>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -194,6 +255,11 @@ pub struct TaskEvent {
     pub created: Option<TaskCreated>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transition: Option<TaskTransition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// A claim's TTL: unresolved past it, the claim is recorded in doubt (`resolution`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -203,6 +269,8 @@ pub struct TaskCreated {
     pub recipient: Option<String>,
     pub parent: Option<String>,
     pub project: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scopes: Vec<String>,
 }
 
 impl EventBody {
@@ -214,6 +282,7 @@ impl EventBody {
             EventBody::Turn(t) => &t.actor,
             EventBody::Items(i) => &i.actor,
             EventBody::Task(t) => &t.actor,
+            EventBody::InvariantViolation(v) => &v.actor,
         }
     }
 
@@ -225,6 +294,7 @@ impl EventBody {
             EventBody::Turn(_) => "turn",
             EventBody::Items(_) => "items",
             EventBody::Task(_) => "task",
+            EventBody::InvariantViolation(_) => "invariant_violation",
         }
     }
 
@@ -232,6 +302,18 @@ impl EventBody {
         match self {
             EventBody::Turn(t) => t.task.as_deref(),
             EventBody::Task(t) => Some(&t.task),
+            EventBody::InvariantViolation(v) => v.task.as_deref(),
+            _ => None,
+        }
+    }
+}
+
+impl EventBody {
+    /// The idempotency key a record registers, if any.
+    pub fn idempotency_key(&self) -> Option<&str> {
+        match self {
+            EventBody::Turn(t) => t.idempotency_key.as_deref(),
+            EventBody::Task(t) => t.idempotency_key.as_deref(),
             _ => None,
         }
     }

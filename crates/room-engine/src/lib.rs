@@ -5,6 +5,7 @@
 
 pub mod control;
 pub mod event;
+pub mod invariants;
 pub mod policy;
 pub mod principal;
 pub mod room;
@@ -45,6 +46,9 @@ pub struct EngineConfig {
     pub parents_max: usize,
     /// Injected journal faults (the simulator only).
     pub faults: Option<Arc<dyn room_store::journal::Faults>>,
+    /// A planted bug for the simulator's proof that its invariant oracle bites: the five
+    /// runtime invariants are not checked. Never set outside `room-sim`.
+    pub skip_invariants: bool,
 }
 
 impl Default for EngineConfig {
@@ -56,6 +60,7 @@ impl Default for EngineConfig {
             recipients_max: 64,
             parents_max: 16,
             faults: None,
+            skip_invariants: false,
         }
     }
 }

@@ -4,12 +4,17 @@
 //! from the journal at open, so a crash anywhere after the append loses nothing.
 
 use crate::control::RoomRow;
-use crate::event::{Binding, EventBody, ItemKindWire, ItemSpec, Items, TaskTransition, item_id};
+use crate::event::{
+    Binding, EventBody, Invariant, ItemKindWire, ItemSpec, Items, TaskTransition, item_id,
+};
 use crate::{Engine, Outcome, store_err};
 use room_core::chain::ChainTip;
+use room_core::wake::TASKED_DEADLINE_MS;
 use room_core::{Code, Record, Refusal, canon, id};
 use room_store::blobs::Blobs;
-use room_store::index::{Batch, CheckpointRow, EventRow, Index, ItemKind, ItemRow};
+use room_store::index::{
+    Batch, CheckpointRow, EventRow, Index, ItemKind, ItemRow, LifecycleChange,
+};
 use room_store::journal::Journal;
 use room_store::{StoreError, fs as sfs};
 use serde_json::json;
@@ -84,6 +89,15 @@ pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result
         task: body.task().map(String::from),
         body: canon::canonical_string(&r.event),
     });
+    if let Some(key) = body.idempotency_key() {
+        p.batch.idempotency.push((
+            body.actor().into(),
+            key.into(),
+            r.id.clone(),
+            r.seq,
+            body.task().map(String::from),
+        ));
+    }
     match &body {
         EventBody::Turn(t) => {
             for parent in t
@@ -107,6 +121,10 @@ pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result
             }
             if let Some(tr) = &t.task_transition {
                 p.tasks.push(TaskEffect::Transition(tr.clone()));
+                // done, blocked, decline and handoff each end the claimer's lifecycle
+                p.batch.lifecycles.push(LifecycleChange::Resolve {
+                    task: tr.task.clone(),
+                });
             }
         }
         EventBody::Items(items) => {
@@ -145,10 +163,30 @@ pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result
                     status: "open".into(),
                     created_ms: r.hlc.ms,
                     updated_ms: r.hlc.ms,
+                    scopes: c.scopes.clone(),
                 }));
             }
             if let Some(tr) = &te.transition {
                 p.tasks.push(TaskEffect::Transition(tr.clone()));
+                if tr.to == "claimed" {
+                    p.batch.lifecycles.push(LifecycleChange::Begin {
+                        agent: te.actor.clone(),
+                        task: te.task.clone(),
+                        seq: r.seq,
+                        at_ms: r.hlc.ms,
+                        ttl_ms: te.ttl_ms.unwrap_or(TASKED_DEADLINE_MS),
+                    });
+                }
+            }
+        }
+        EventBody::InvariantViolation(v) => {
+            if v.invariant == Invariant::Resolution
+                && let Some(task) = &v.task
+            {
+                p.batch.lifecycles.push(LifecycleChange::Lapsed {
+                    agent: v.actor.clone(),
+                    task: task.clone(),
+                });
             }
         }
         EventBody::MemberAdded { agent, .. } => {
@@ -365,6 +403,18 @@ impl RoomHandle {
         let body: EventBody =
             serde_json::from_str(&last.body).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         if let EventBody::Turn(t) = &body
+            && !t.flags.is_empty()
+        {
+            tracing::warn!(room = %self.name, event = %last.id, "writing invariant flags a crash cut off");
+            let flags = t.flags.iter().map(|f| {
+                let mut f = f.clone();
+                f.event = Some(last.id.clone());
+                EventBody::InvariantViolation(f)
+            });
+            self.commit(engine, flags.collect(), None)
+                .map_err(|r| StoreError::Corrupt(format!("completing flags: {r}")))?;
+        }
+        if let EventBody::Turn(t) = &body
             && !t.plan.is_empty()
         {
             tracing::warn!(room = %self.name, event = %last.id, "completing an interrupted second flush");
@@ -435,6 +485,18 @@ impl RoomHandle {
         bodies: Vec<EventBody>,
         fold: Option<CheckpointRow>,
     ) -> Outcome<Vec<Record>> {
+        self.commit_flagged(engine, bodies, fold, Vec::new())
+    }
+
+    /// `commit`, with invariant flags appended in the same batch, each naming the first
+    /// record as the event it stands beside: the act and its flags land together or not at all.
+    pub(crate) fn commit_flagged(
+        &mut self,
+        engine: &Engine,
+        mut bodies: Vec<EventBody>,
+        fold: Option<CheckpointRow>,
+        flags: Vec<crate::event::Violation>,
+    ) -> Outcome<Vec<Record>> {
         self.writable()?;
         let Some(journal) = self.journal.as_mut() else {
             return Err(Refusal::storage(format!(
@@ -442,17 +504,25 @@ impl RoomHandle {
                 self.name
             )));
         };
+        assert!(!bodies.is_empty(), "a commit writes at least one record");
         let mut tip = journal.tip();
-        let mut records = Vec::with_capacity(bodies.len());
-        for body in &bodies {
-            let hlc = tip.hlc.tick(engine.now_ms());
+        let mut records = Vec::with_capacity(bodies.len() + flags.len());
+        let first_hlc = tip.hlc.tick(engine.now_ms());
+        let first_id = id::event_id(first_hlc, engine.env.entropy.as_ref());
+        bodies.extend(flags.into_iter().map(|mut f| {
+            f.event = Some(first_id.clone());
+            EventBody::InvariantViolation(f)
+        }));
+        for (n, body) in bodies.iter().enumerate() {
+            // The first id is drawn before sealing so that flags can name it.
+            let (hlc, rid) = if n == 0 {
+                (first_hlc, first_id.clone())
+            } else {
+                let hlc = tip.hlc.tick(engine.now_ms());
+                (hlc, id::event_id(hlc, engine.env.entropy.as_ref()))
+            };
             let event = serde_json::to_value(body).expect("event bodies serialize");
-            let r = Record::seal(
-                &tip,
-                id::event_id(hlc, engine.env.entropy.as_ref()),
-                hlc,
-                event,
-            );
+            let r = Record::seal(&tip, rid, hlc, event);
             tip = ChainTip {
                 seq: r.seq,
                 hash: r.hash.clone(),

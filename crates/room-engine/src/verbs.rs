@@ -11,7 +11,7 @@ use crate::event::{
 use crate::principal::{AgentCaller, Principal};
 use crate::room::{RoomHandle, binding_of, graph_id};
 use crate::sync::Standing;
-use crate::{Engine, Outcome, lock_room, store_err};
+use crate::{Engine, Outcome, invariants, lock_room, store_err};
 use room_core::wake::{TASKED_DEADLINE_MS, UNTASKED_DEADLINE_MS};
 use room_core::{Code, Refusal, Verb, id, name};
 use room_store::blobs::INLINE_BYTES_MAX;
@@ -42,6 +42,20 @@ pub struct TurnArgs {
     pub obligation: Option<String>,
     /// A self-identifying argument ("as"/"actor"): must name the caller.
     pub actor: Option<String>,
+    /// `exactly_once`: a key this caller already used in this room is refused as a repeat.
+    pub idempotency_key: Option<String>,
+}
+
+/// Arguments of `task_create`, already decoded from the wire.
+#[derive(Debug, Clone, Default)]
+pub struct TaskCreateArgs {
+    pub room: String,
+    pub title: String,
+    pub to: Option<String>,
+    pub parent: Option<String>,
+    /// Typed scopes (`namespace:resource`) a claim of the task leases exclusively.
+    pub scopes: Vec<String>,
+    pub idempotency_key: Option<String>,
 }
 
 /// A turn that passed the gate and waits for its commit.
@@ -93,7 +107,7 @@ fn mentions_in(text: &str) -> Vec<String> {
 
 fn task_view(t: &TaskRow) -> Value {
     json!({"id": t.id, "room": t.room, "project": t.project_id, "title": t.title, "owner": t.owner,
-        "recipient": t.recipient, "parent": t.parent, "status": t.status})
+        "recipient": t.recipient, "parent": t.parent, "status": t.status, "scopes": t.scopes})
 }
 
 impl Engine {
@@ -393,15 +407,9 @@ impl Engine {
         Ok(page)
     }
 
-    pub fn task_create(
-        &self,
-        caller: &AgentCaller,
-        room: &str,
-        title: &str,
-        to: Option<&str>,
-        parent: Option<&str>,
-    ) -> Outcome<Value> {
+    pub fn task_create(&self, caller: &AgentCaller, a: TaskCreateArgs) -> Outcome<Value> {
         let p = self.authorize(caller, Verb::TaskCreate)?;
+        let (room, title) = (a.room.as_str(), a.title.as_str());
         if title.trim().is_empty()
             || title.len() > TITLE_BYTES_MAX
             || title.chars().any(char::is_control)
@@ -411,8 +419,10 @@ impl Engine {
                 format!("must be 1..={TITLE_BYTES_MAX} bytes without control characters"),
             ));
         }
+        invariants::check_key(a.idempotency_key.as_deref())?;
+        let scopes = invariants::parse_scopes(&a.scopes)?;
         let (handle, binding) = self.member_handle(&p, room)?;
-        if let Some(r) = to {
+        if let Some(r) = &a.to {
             name::validate("to", r)?;
             if !self.control().is_member(room, r).map_err(store_err)? {
                 return Err(Refusal::invalid(
@@ -421,7 +431,7 @@ impl Engine {
                 ));
             }
         }
-        if let Some(parent) = parent {
+        if let Some(parent) = &a.parent {
             if !id::is_task_id(parent) {
                 return Err(Refusal::invalid("parent", "not a task id"));
             }
@@ -431,20 +441,29 @@ impl Engine {
                 .ok_or_else(|| Refusal::new(Code::TaskNotFound, format!("no task {parent}")))?;
         }
         let task = id::task_id(self.env.entropy.as_ref());
-        let body = EventBody::Task(TaskEvent {
+        let te = TaskEvent {
             actor: p.name.clone(),
             action: "created".into(),
             task: task.clone(),
             created: Some(TaskCreated {
                 title: title.into(),
                 owner: p.name.clone(),
-                recipient: to.map(String::from),
-                parent: parent.map(String::from),
+                recipient: a.to.clone(),
+                parent: a.parent.clone(),
                 project: binding.project().map(String::from),
+                scopes,
             }),
             transition: None,
-        });
-        let rec = lock_room(&handle).commit(self, vec![body], None)?;
+            idempotency_key: a.idempotency_key.clone(),
+            ttl_ms: None,
+        };
+        let mut h = lock_room(&handle);
+        h.writable()?;
+        if let Err(v) = self.check_task_event(&h, &te, binding.project(), &[]) {
+            return Err(self.reject(&mut h, *v));
+        }
+        let rec = h.commit(self, vec![EventBody::Task(Box::new(te))], None)?;
+        drop(h);
         let t = self
             .control()
             .task(&task)
@@ -463,8 +482,14 @@ impl Engine {
             .ok_or_else(|| Refusal::new(Code::TaskNotFound, format!("no task {task}")))
     }
 
-    pub fn task_claim(&self, caller: &AgentCaller, task: &str) -> Outcome<Value> {
+    pub fn task_claim(
+        &self,
+        caller: &AgentCaller,
+        task: &str,
+        ttl_ms: Option<u64>,
+    ) -> Outcome<Value> {
         let p = self.authorize(caller, Verb::TaskClaim)?;
+        invariants::check_ttl(ttl_ms)?;
         let t = self.task_row(task)?;
         let (handle, _) = self.member_handle(&p, &t.room)?;
         let mut h = lock_room(&handle);
@@ -482,7 +507,7 @@ impl Engine {
                 ),
             ));
         }
-        let body = EventBody::Task(TaskEvent {
+        let te = TaskEvent {
             actor: p.name.clone(),
             action: "claimed".into(),
             task: task.into(),
@@ -493,8 +518,13 @@ impl Engine {
                 to: "claimed".into(),
                 recipient: Some(p.name.clone()),
             }),
-        });
-        let rec = h.commit(self, vec![body], None)?;
+            idempotency_key: None,
+            ttl_ms: Some(ttl_ms.unwrap_or(TASKED_DEADLINE_MS)),
+        };
+        if let Err(v) = self.check_task_event(&h, &te, t.project_id.as_deref(), &t.scopes) {
+            return Err(self.reject(&mut h, *v));
+        }
+        let rec = h.commit(self, vec![EventBody::Task(Box::new(te))], None)?;
         let t = self.task_row(task)?;
         Ok(json!({"task": task_view(&t), "event": rec[0].id}))
     }
@@ -532,6 +562,7 @@ impl Engine {
         }
         let p = self.authorize(caller, verb)?;
         self.check_actor(&p, args.actor.as_deref(), "actor")?;
+        invariants::check_key(args.idempotency_key.as_deref())?;
         let (handle, binding) = self.member_handle(&p, &args.room)?;
         let text = self.checked_text(verb, &args)?;
         let members = self.control().members(&args.room).map_err(store_err)?;
@@ -576,6 +607,16 @@ impl Engine {
         let (text, text_blob) = self.spill_text(&handle, text)?;
         let mut h = lock_room(&handle);
         h.writable()?;
+        // A retry whose first call landed learns so before any other check can shadow it.
+        if let Err(v) = self.check_exactly_once(
+            &h,
+            &p.name,
+            verb.as_str(),
+            args.idempotency_key.as_deref(),
+            args.task.as_deref(),
+        ) {
+            return Err(self.reject(&mut h, *v));
+        }
         let standing = self.standing(&h, key)?;
         let mut parents: Vec<String> = args.parents.clone();
         parents.extend(args.evidence.iter().cloned());
@@ -601,6 +642,8 @@ impl Engine {
             plan: ItemPlan::default(),
             task_transition: None,
             detail: Value::Null,
+            idempotency_key: args.idempotency_key.clone(),
+            flags: Vec::new(),
         };
         // Identifiers the verb does not interpret itself must still name real things of this
         // room: they are stored with the turn and travel in wake permits.
@@ -716,10 +759,27 @@ impl Engine {
         );
         let fold = Some(fold);
         let planned = !turn.plan.is_empty();
-        let rec = h.commit(
+        let mut turn = turn;
+        let flags = match self.check_turn(&h, &turn) {
+            Ok(flags) => flags,
+            Err(v) => return Err(self.reject(&mut h, *v)),
+        };
+        // A flag follows its act in the same batch, and completion after a crash looks at the
+        // last record: a turn with a second flush carries none, and a turn carries one at most.
+        assert!(
+            flags.is_empty() || (!planned && flags.len() == 1),
+            "only turns without items carry invariant flags, one at most"
+        );
+        turn.flags = flags.clone();
+        let flag_views: Vec<Value> = flags
+            .iter()
+            .map(|f| json!({"invariant": f.invariant.as_str(), "severity": "flag", "detail": f.detail}))
+            .collect();
+        let rec = h.commit_flagged(
             self,
             vec![EventBody::Turn(Box::new(turn.clone()))],
             if planned { None } else { fold.clone() },
+            flags,
         )?;
         let source = rec[0].id.clone();
         let items = if planned {
@@ -763,6 +823,7 @@ impl Engine {
             "resolved": turn.resolves,
             "task": turn.task,
             "detail": turn.detail,
+            "flags": flag_views,
         }))
     }
 

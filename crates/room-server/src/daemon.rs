@@ -18,6 +18,8 @@ use tokio::net::{UnixListener, UnixStream};
 
 /// How often pending index rows are committed when traffic is light.
 const INDEX_FLUSH_MS: u64 = 100;
+/// How often the `resolution` sweep looks for claims past their TTL (the engine decides).
+const INVARIANT_SWEEP_MS: u64 = 1_000;
 
 /// The system clock, for the daemon only; the engine sees it through `Clock`.
 pub struct SystemClock;
@@ -110,6 +112,23 @@ pub async fn serve(
             }
         }
     });
+    let sweeper = tokio::spawn({
+        let engine = engine.clone();
+        async move {
+            let mut tick =
+                tokio::time::interval(std::time::Duration::from_millis(INVARIANT_SWEEP_MS));
+            loop {
+                tick.tick().await;
+                let engine = engine.clone();
+                match tokio::task::spawn_blocking(move || engine.sweep_invariants()).await {
+                    Ok(Ok(0)) => {}
+                    Ok(Ok(n)) => tracing::warn!("{n} claims past their TTL recorded in doubt"),
+                    Ok(Err(r)) => tracing::error!("invariant sweep failed: {r}"),
+                    Err(e) => tracing::error!("invariant sweep panicked: {e}"),
+                }
+            }
+        }
+    });
     let uid = rustix::process::getuid().as_raw();
     let accept = async {
         loop {
@@ -134,6 +153,7 @@ pub async fn serve(
         h.abort();
     }
     flusher.abort();
+    sweeper.abort();
     let e = engine.clone();
     let _ = tokio::task::spawn_blocking(move || e.flush_indexes()).await;
     let _ = std::fs::remove_file(&sock);

@@ -283,6 +283,7 @@ fn turn_args(w: TurnWire) -> TurnArgs {
         parents: w.parents,
         obligation: w.obligation,
         actor: w.actor,
+        idempotency_key: w.idempotency_key,
     }
 }
 
@@ -328,13 +329,20 @@ fn agent_op(engine: &Engine, caller: &AgentCaller, op: &str, a: Value) -> Result
             let a: TaskCreateArgs = args(a)?;
             engine.task_create(
                 caller,
-                &a.room,
-                &a.title,
-                a.to.as_deref(),
-                a.parent.as_deref(),
+                room_engine::verbs::TaskCreateArgs {
+                    room: a.room,
+                    title: a.title,
+                    to: a.to,
+                    parent: a.parent,
+                    scopes: a.scopes,
+                    idempotency_key: a.idempotency_key,
+                },
             )
         }
-        Verb::TaskClaim => engine.task_claim(caller, &args::<TaskArgs>(a)?.task),
+        Verb::TaskClaim => {
+            let a: TaskClaimArgs = args(a)?;
+            engine.task_claim(caller, &a.task, a.ttl_ms)
+        }
         Verb::TaskShow => engine.task_show(caller, &args::<TaskArgs>(a)?.task),
         v => {
             let w: TurnWire = args(a)?;

@@ -168,12 +168,24 @@ pub struct TaskCreateArgs {
     pub to: Option<String>,
     #[serde(default)]
     pub parent: Option<String>,
+    #[serde(default)]
+    pub scopes: Vec<String>,
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TaskArgs {
     pub task: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskClaimArgs {
+    pub task: String,
+    #[serde(default)]
+    pub ttl_ms: Option<u64>,
 }
 
 /// Arguments of the nine contribution verbs. `action` is only for the multiplexer `room` op.
@@ -200,6 +212,8 @@ pub struct TurnWire {
     /// Self-identifying argument: if present it must name the caller.
     #[serde(default)]
     pub actor: Option<String>,
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -126,6 +126,57 @@ impl Fx {
         refusal
     }
 
+    /// Expect `invariant_violation` for `invariant`: the act's envelope was not committed and
+    /// the only change anywhere is its one `invariant_violation` record in `room`.
+    #[track_caller]
+    fn refuse_violation(
+        &mut self,
+        token: &str,
+        op: &str,
+        args: Value,
+        room: &str,
+        invariant: &str,
+    ) -> Refusal {
+        let before = self.snapshot();
+        let r = self.call(Some(token), op, args.clone());
+        let what = format!("{op} {args}");
+        let refusal = expect_code(r, "invariant_violation", &what);
+        assert_eq!(refusal.detail["invariant"], invariant, "{what}: {refusal}");
+        assert_eq!(refusal.detail["severity"], "reject");
+        let mut after = self.snapshot();
+        let events = after["logs"][room]["events"].as_array_mut().unwrap();
+        let v = events.pop().expect("the violation record");
+        assert_eq!(v["kind"], "invariant_violation", "{what}: {v}");
+        assert_eq!(v["event"]["invariant"], invariant);
+        assert_eq!(v["event"]["severity"], "reject");
+        assert_eq!(v["id"], refusal.detail["violation_event"]);
+        let strip = |s: &mut Value| {
+            s["logs"][room]["tip_seq"] = Value::Null;
+            for r in s["rooms"]["rooms"].as_array_mut().unwrap() {
+                r["tip_seq"] = Value::Null;
+            }
+            let lines: usize = s["journals"]
+                .as_object()
+                .unwrap()
+                .values()
+                .map(|v| v.as_u64().unwrap() as usize)
+                .sum();
+            s["journals"] = json!(lines);
+        };
+        let mut b = before.clone();
+        strip(&mut b);
+        let lines_before = b["journals"].as_u64().unwrap();
+        strip(&mut after);
+        assert_eq!(
+            after["journals"].as_u64().unwrap(),
+            lines_before + 1,
+            "{what}: one record"
+        );
+        after["journals"] = b["journals"].clone();
+        assert_eq!(b, after, "{what} changed more than its violation record");
+        refusal
+    }
+
     #[track_caller]
     fn refuse(&mut self, token: Option<&str>, op: &str, args: Value, code: &str) -> Refusal {
         self.refuse_req(&request(token, op, args), code)
@@ -1732,4 +1783,219 @@ fn array_shaped_request_is_refused() {
     let r = fx.client.raw(line.as_bytes()).expect("the daemon answers");
     expect_code(r, "invalid_argument", "array args");
     assert_eq!(before, fx.snapshot());
+}
+
+// ---------- the five runtime invariants ----------
+
+#[test]
+fn invariant_exactly_once_refuses_a_repeated_key() {
+    let mut fx = Fx::new();
+    let (a, b, _g) = fx.team("coord");
+    fx.sync_all(&b, "coord");
+    let say = json!({"room": "coord", "text": "deploy started", "idempotency_key": "deploy-7"});
+    let first = fx.ok(Some(&b), "say", say.clone());
+    // the retry of a call whose answer was lost is refused and names the first event
+    let r = fx.refuse_violation(&b, "say", say, "coord", "exactly_once");
+    assert_eq!(r.detail["original_event"], first["event"]);
+    assert_eq!(r.detail["key"], "deploy-7");
+    // the key is per actor: another agent may use the same one
+    fx.sync_all(&a, "coord");
+    fx.ok(
+        Some(&a),
+        "say",
+        json!({"room": "coord", "text": "ok", "idempotency_key": "deploy-7"}),
+    );
+    // task creation too, through the multiplexer
+    fx.sync_all(&a, "coord");
+    let create = json!({"action": "task_create", "room": "coord", "title": "ship", "idempotency_key": "ship-1"});
+    let t = fx.ok(Some(&a), "room", create.clone());
+    fx.tasks.push(t["task"]["id"].as_str().unwrap().to_string());
+    let r = fx.refuse_violation(&a, "room", create, "coord", "exactly_once");
+    assert_eq!(r.detail["original_task"], t["task"]["id"]);
+    // a malformed key is an argument error that writes nothing
+    for bad in ["", "has space", &"k".repeat(129)] {
+        let r = fx.refuse(
+            Some(&b),
+            "say",
+            json!({"room": "coord", "text": "x", "idempotency_key": bad}),
+            "invalid_argument",
+        );
+        assert_eq!(r.detail["field"], "idempotency_key");
+    }
+}
+
+#[test]
+fn invariant_well_formed_refuses_an_effect_outside_a_claim() {
+    let mut fx = Fx::new();
+    let (a, b, _g) = fx.team("coord");
+    let t = fx.task(&a, "coord", Some("beta"));
+    fx.sync_all(&b, "coord");
+    // beta acts on its task before claiming it
+    fx.refuse_violation(
+        &b,
+        "note",
+        json!({"room": "coord", "task": t, "text": "started"}),
+        "coord",
+        "well_formed",
+    );
+    fx.refuse_violation(
+        &b,
+        "send",
+        json!({"room": "coord", "task": t, "to": ["alpha"], "text": "question"}),
+        "coord",
+        "well_formed",
+    );
+    assert_eq!(fx.task_status(&t), "open");
+    fx.ok(Some(&b), "task_claim", json!({"task": t}));
+    fx.ok(
+        Some(&b),
+        "note",
+        json!({"room": "coord", "task": t, "text": "started"}),
+    );
+    fx.ok(Some(&b), "done", json!({"room": "coord", "task": t}));
+    // after the lifecycle resolved, no more effects on it
+    fx.refuse_violation(
+        &b,
+        "note",
+        json!({"room": "coord", "task": t, "text": "one more thing"}),
+        "coord",
+        "well_formed",
+    );
+}
+
+#[test]
+fn invariant_exclusive_refuses_an_overlapping_lease() {
+    let mut fx = Fx::new();
+    let (a, b, g) = fx.team("coord");
+    let create = |fx: &mut Fx, to: &str, scopes: Value| {
+        fx.sync_all(&a, "coord");
+        let t = fx.ok(
+            Some(&a),
+            "task_create",
+            json!({"room": "coord", "title": "edit", "to": to, "scopes": scopes}),
+        );
+        let id = t["task"]["id"].as_str().unwrap().to_string();
+        fx.tasks.push(id.clone());
+        id
+    };
+    let t1 = create(&mut fx, "beta", json!(["file:src"]));
+    let t2 = create(&mut fx, "gamma", json!(["file:src/lib.rs", "api:stripe"]));
+    let t3 = create(&mut fx, "gamma", json!(["file:docs", "api:github"]));
+    fx.ok(Some(&b), "task_claim", json!({"task": t1}));
+    let r = fx.refuse_violation(&g, "task_claim", json!({"task": t2}), "coord", "exclusive");
+    let c = &r.detail["conflicts"][0];
+    assert_eq!(
+        (
+            c["scope"].as_str(),
+            c["held_scope"].as_str(),
+            c["holder"].as_str()
+        ),
+        (Some("file:src/lib.rs"), Some("file:src"), Some("beta"))
+    );
+    assert_eq!(fx.task_status(&t2), "open");
+    // disjoint scopes are no conflict
+    fx.ok(Some(&g), "task_claim", json!({"task": t3}));
+    // the lease ends with the lifecycle
+    fx.sync_all(&b, "coord");
+    fx.ok(Some(&b), "done", json!({"room": "coord", "task": t1}));
+    fx.ok(Some(&g), "task_claim", json!({"task": t2}));
+    // malformed scopes never reach a lease
+    for bad in ["src", "file:/etc", "file:a/../b", "file:a//b"] {
+        let r = fx.refuse(
+            Some(&a),
+            "task_create",
+            json!({"room": "coord", "title": "x", "scopes": [bad]}),
+            "invalid_argument",
+        );
+        assert_eq!(r.detail["field"], "scopes");
+    }
+    let r = fx.refuse(
+        Some(&g),
+        "task_claim",
+        json!({"task": t2, "ttl_ms": 5}),
+        "invalid_argument",
+    );
+    assert_eq!(r.detail["field"], "ttl_ms");
+}
+
+#[test]
+fn invariant_causal_flags_done_over_unresolved_children() {
+    let mut fx = Fx::new();
+    let (a, b, _g) = fx.team("coord");
+    let parent = fx.task(&a, "coord", Some("beta"));
+    fx.sync_all(&a, "coord");
+    let child = fx.ok(
+        Some(&a),
+        "task_create",
+        json!({"room": "coord", "title": "sub", "to": "gamma", "parent": parent}),
+    );
+    fx.tasks
+        .push(child["task"]["id"].as_str().unwrap().to_string());
+    fx.sync_all(&b, "coord");
+    fx.ok(Some(&b), "task_claim", json!({"task": parent}));
+    let done = fx.ok(Some(&b), "done", json!({"room": "coord", "task": parent}));
+    // a flag, not a rejection: the act lands and the condition stands beside it
+    assert_eq!(done["flags"][0]["invariant"], "causal");
+    assert_eq!(
+        done["flags"][0]["detail"]["unresolved_children"][0]["task"],
+        child["task"]["id"]
+    );
+    assert_eq!(fx.task_status(&parent), "done");
+    let log = fx.ok(None, "room_log", json!({"room": "coord", "limit": 1000}));
+    let events = log["events"].as_array().unwrap();
+    let n = events.len();
+    assert_eq!(events[n - 2]["id"], done["event"]);
+    let flag = &events[n - 1]["event"];
+    assert_eq!(
+        (
+            flag["kind"].as_str(),
+            flag["invariant"].as_str(),
+            flag["severity"].as_str()
+        ),
+        (Some("invariant_violation"), Some("causal"), Some("flag"))
+    );
+    assert_eq!(flag["event"], done["event"]);
+}
+
+#[test]
+fn invariant_resolution_records_a_claim_past_its_ttl_in_doubt() {
+    let mut fx = Fx::new();
+    let (a, b, _g) = fx.team("coord");
+    let t = fx.task(&a, "coord", Some("beta"));
+    let claim = fx.ok(Some(&b), "task_claim", json!({"task": t, "ttl_ms": 1000}));
+    // the daemon sweeps every second; wait for its record (no time is asserted)
+    let mut found = None;
+    for _ in 0..300 {
+        let log = fx.ok(None, "room_log", json!({"room": "coord", "limit": 1000}));
+        found = log["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["kind"] == "invariant_violation")
+            .cloned();
+        if found.is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let v = found.expect("a lapsed claim is recorded within the sweep period")["event"].clone();
+    assert_eq!(v["invariant"], "resolution");
+    assert_eq!(v["severity"], "in_doubt");
+    assert_eq!(v["actor"], "beta");
+    assert_eq!(v["task"], t);
+    assert_eq!(v["event"], claim["event"]);
+    assert!(v["detail"]["elapsed_ms"].as_u64().unwrap() >= 1000);
+    // in doubt is not failure: the task stays claimed and recorded once
+    assert_eq!(fx.task_status(&t), "claimed");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let log = fx.ok(None, "room_log", json!({"room": "coord", "limit": 1000}));
+    let lapses = log["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "invariant_violation")
+        .count();
+    assert_eq!(lapses, 1);
+    fx.sync_all(&b, "coord");
+    fx.ok(Some(&b), "done", json!({"room": "coord", "task": t}));
 }

@@ -4,9 +4,17 @@
 //! same run exactly. After every step the simulator checks what Room promises:
 //! - nothing acknowledged is lost across crashes, and every chain verifies (HLC order included);
 //! - a refused call changes nothing;
-//! - no agent's turn lands past a foreign event it had not confirmed.
+//! - no agent's turn lands past a foreign event it had not confirmed;
+//! - the five runtime invariants hold over every journal, checked by an independent replay
+//!   (`oracle`): no repeated idempotency key, well-formed task lifecycles, no overlapping live
+//!   leases, a causal flag beside every `done` over unresolved children, and every claim past
+//!   its TTL at a sweep recorded in doubt;
+//! - a retry of an acknowledged-but-unanswered turn with its idempotency key is refused as a
+//!   repeat naming the original event.
 //!
 //! A failure names the seed and step; `room-sim --seed N` replays it.
+
+pub mod oracle;
 
 use room_core::env::{ManualClock, SeededEntropy};
 use room_core::{Code, Tier, Verb};
@@ -25,6 +33,8 @@ use std::sync::{Arc, Mutex};
 pub enum Broken {
     /// Acknowledge appends without fsync.
     AckBeforeFsync,
+    /// Do not check the five runtime invariants.
+    SkipInvariants,
 }
 
 #[derive(Debug, Clone)]
@@ -86,6 +96,8 @@ pub struct Report {
     pub acked_events: u64,
     /// Refusals by code.
     pub refusals: BTreeMap<String, u64>,
+    /// Invariant verdicts by invariant and severity.
+    pub invariants: BTreeMap<String, u64>,
 }
 
 struct Rng(u64);
@@ -128,7 +140,10 @@ struct Agent {
     /// Per room: what this agent has really confirmed (by reading or by the Fold Rule).
     confirmed: BTreeMap<String, u64>,
     open: BTreeMap<String, Vec<String>>,
-    tasks: Vec<String>,
+    /// Tasks addressed to this agent and not yet claimed: (room, task).
+    tasks: Vec<(String, String)>,
+    /// Tasks this agent claimed and has not yet settled: (room, task).
+    claimed: Vec<(String, String)>,
     /// Obligations this agent raised with send: (room, obligation id), for circle.
     raised: Vec<(String, String)>,
 }
@@ -151,6 +166,12 @@ pub struct Sim {
     report: Report,
     /// A crash was injected into the last append: restart before anything else.
     crash_pending: bool,
+    /// The clock and each room's tip at the last sweep that succeeded everywhere: every claim
+    /// begun by then whose TTL had run out must be recorded in doubt.
+    last_sweep: Option<(u64, BTreeMap<String, u64>)>,
+    /// Tasks created so far per room, for parents.
+    room_tasks: BTreeMap<String, Vec<String>>,
+    keys: u64,
 }
 
 fn scratch_dir() -> PathBuf {
@@ -169,7 +190,10 @@ impl Sim {
         let state = root.join("state");
         let boot = root.join("boot.toml");
         room_store::statedir::init(&state, &boot, &format!("sim-{}", cfg.seed)).expect("state dir");
-        let always = cfg.broken.map(|Broken::AckBeforeFsync| Fault::SkipSync);
+        let always = match cfg.broken {
+            Some(Broken::AckBeforeFsync) => Some(Fault::SkipSync),
+            _ => None,
+        };
         Sim {
             rng: Rng(cfg.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1),
             clock: Arc::new(ManualClock::new(1_790_000_000_000)),
@@ -190,6 +214,9 @@ impl Sim {
             recent: vec![],
             report: Report::default(),
             crash_pending: false,
+            last_sweep: None,
+            room_tasks: BTreeMap::new(),
+            keys: 0,
         }
     }
 
@@ -203,6 +230,7 @@ impl Sim {
         };
         let config = EngineConfig {
             faults: Some(self.faults.clone()),
+            skip_invariants: self.cfg.broken == Some(Broken::SkipInvariants),
             ..EngineConfig::default()
         };
         self.engine =
@@ -281,6 +309,7 @@ impl Sim {
                 confirmed: BTreeMap::new(),
                 open: BTreeMap::new(),
                 tasks: vec![],
+                claimed: vec![],
                 raised: vec![],
             });
         }
@@ -324,9 +353,9 @@ impl Sim {
         }
         let roll = self.rng.below(100);
         match roll {
-            0..=39 => self.agent_turn(),
-            40..=64 => self.agent_sync(),
-            65..=69 => self.task_flow(),
+            0..=34 => self.agent_turn(),
+            35..=59 => self.agent_sync(),
+            60..=69 => self.task_flow(),
             70..=72 => self.owner_rotate(),
             73..=74 => self.owner_revoke(),
             75..=76 => self.owner_reset(),
@@ -360,6 +389,7 @@ impl Sim {
                 Ok(())
             }
             86 if self.cfg.faults => self.crash_and_restart(),
+            87..=89 => self.sweep(),
             _ => {
                 self.clock.advance(1 + self.rng.below(50));
                 Ok(())
@@ -402,7 +432,14 @@ impl Sim {
                     .entry(r.code.as_str().to_string())
                     .or_default() += 1;
                 self.note(format!("{what} -> {}", r.code));
-                if r.code == Code::StorageFailed {
+                if let Some(inv) = r.detail["invariant"].as_str() {
+                    *self
+                        .report
+                        .invariants
+                        .entry(format!("{inv} (reject)"))
+                        .or_default() += 1;
+                }
+                if r.code == Code::StorageFailed || r.detail["violation_recorded"] == false {
                     // an injected fault: the journal may be poisoned; a crash follows
                     if injected || self.cfg.broken.is_some() {
                         self.crash_pending = true;
@@ -413,7 +450,9 @@ impl Sim {
                     }
                 }
                 let after = self.tips();
-                if after != before {
+                if r.code == Code::InvariantViolation {
+                    self.only_the_violation_was_written(&what, &before, &after)?;
+                } else if after != before {
                     return Err(self.fail(format!(
                         "refused call {what} ({}) changed the room tips {before:?} -> {after:?}",
                         r.code
@@ -423,6 +462,40 @@ impl Sim {
         }
         // a fault armed for an append that did not happen stays armed for the next one
         Ok(out)
+    }
+
+    /// A rejected act leaves exactly one trace: its `invariant_violation` record (never its
+    /// envelope), in one room.
+    fn only_the_violation_was_written(
+        &self,
+        what: &str,
+        before: &[u64],
+        after: &[u64],
+    ) -> Result<(), Failure> {
+        let changed: Vec<usize> = (0..before.len())
+            .filter(|&k| before[k] != after[k])
+            .collect();
+        let bad = || {
+            self.fail(format!(
+                "rejected {what} changed more than its violation record: {before:?} -> {after:?}"
+            ))
+        };
+        match changed.as_slice() {
+            [] => Ok(()),
+            [k] if after[*k] == before[*k] + 1 => {
+                let log = self
+                    .e()
+                    .room_log(&self.owner(), &self.rooms[*k], after[*k], 1)
+                    .map_err(|r| self.fail(r.to_string()))?;
+                let ev = &log["events"][0]["event"];
+                if ev["kind"] == "invariant_violation" && ev["severity"] == "reject" {
+                    Ok(())
+                } else {
+                    Err(bad())
+                }
+            }
+            _ => Err(bad()),
+        }
     }
 
     fn agent_sync(&mut self) -> Result<(), Failure> {
@@ -535,6 +608,23 @@ impl Sim {
                     ..Default::default()
                 },
             )
+        } else if k < 45
+            && let Some((_, t)) = self.agents[i]
+                .tasks
+                .iter()
+                .find(|(r, _)| *r == room)
+                .cloned()
+        {
+            // an effect on a task addressed to us that we have not claimed: not well formed
+            (
+                Verb::Note,
+                TurnArgs {
+                    room: room.clone(),
+                    text: Some(text),
+                    task: Some(t),
+                    ..Default::default()
+                },
+            )
         } else if k < 60 {
             (
                 Verb::Note,
@@ -564,9 +654,13 @@ impl Sim {
                 },
             )
         };
+        let mut args = args;
+        args.idempotency_key = self.maybe_key();
         let c = self.caller(i);
         let name = self.agents[i].name.clone();
-        let out = self.checked(format!("{name} {verb} {room}"), |e| e.turn(&c, verb, args))?;
+        let out = self.checked(format!("{name} {verb} {room}"), |e| {
+            e.turn(&c, verb, args.clone())
+        })?;
         let Ok(v) = out else { return Ok(()) };
         if verb == Verb::Reply {
             self.agents[i]
@@ -578,17 +672,27 @@ impl Sim {
         {
             self.agents[i].raised.push((room.clone(), ob.to_string()));
         }
-        self.record_turn(i, &room, &v)
+        self.record_turn(i, &room, &v, Some((verb, args)))
     }
 
     /// An accepted gated turn: check that it did not land past an unconfirmed foreign event,
     /// apply the Fold Rule to the model, and record it as acknowledged (unless the process
     /// "dies" before the answer reaches the agent).
-    fn record_turn(&mut self, i: usize, room: &str, v: &Value) -> Result<(), Failure> {
+    fn record_turn(
+        &mut self,
+        i: usize,
+        room: &str,
+        v: &Value,
+        call: Option<(Verb, TurnArgs)>,
+    ) -> Result<(), Failure> {
         let room = room.to_string();
         let name = self.agents[i].name.clone();
         let seq = v["seq"].as_u64().unwrap_or(0);
         let event = v["event"].as_str().unwrap_or_default().to_string();
+        for f in v["flags"].as_array().into_iter().flatten() {
+            let k = format!("{} (flag)", f["invariant"].as_str().unwrap_or("?"));
+            *self.report.invariants.entry(k).or_default() += 1;
+        }
         // The agent acted at `seq`: every foreign event before it must have been confirmed.
         let confirmed = self.agents[i].confirmed.get(&room).copied().unwrap_or(0);
         if seq > confirmed + 1 {
@@ -623,10 +727,53 @@ impl Sim {
         // agent: the event may exist, but it was never acknowledged.
         if self.cfg.faults && self.rng.chance(2) {
             self.note(format!("crash before the answer to {event} reached {name}"));
-            return self.crash_and_restart();
+            self.crash_and_restart()?;
+            if let Some((verb, args)) = call
+                && args.idempotency_key.is_some()
+            {
+                return self.retry(i, &event, verb, args);
+            }
+            return Ok(());
         }
         self.acked.entry(room).or_default().insert(event);
         Ok(())
+    }
+
+    fn mates(&self, i: usize, room: &str) -> Vec<String> {
+        self.agents
+            .iter()
+            .filter(|a| a.name != self.agents[i].name && a.rooms.iter().any(|r| r == room))
+            .map(|a| a.name.clone())
+            .collect()
+    }
+
+    fn agent_index(&self, name: &str) -> Option<usize> {
+        self.agents.iter().position(|a| a.name == name)
+    }
+
+    /// The agent never saw the answer and retries with the same key: the engine must refuse
+    /// the repeat and name the event the first call wrote.
+    fn retry(&mut self, i: usize, event: &str, verb: Verb, args: TurnArgs) -> Result<(), Failure> {
+        let c = self.caller(i);
+        let name = self.agents[i].name.clone();
+        let out = self.checked(
+            format!("{name} retries {verb} (first landed as {event})"),
+            |e| e.turn(&c, verb, args),
+        )?;
+        match out {
+            Err(r)
+                if r.code == Code::InvariantViolation
+                    && r.detail["invariant"] == "exactly_once"
+                    && r.detail["original_event"] == event =>
+            {
+                Ok(())
+            }
+            Err(r) if r.code == Code::StorageFailed => Ok(()),
+            other => Err(self.fail(format!(
+                "a retry of {event} with its idempotency key was not refused as a repeat of it (the original event is gone after a crash, or exactly_once is broken): {:?}",
+                other.map(|v| v["event"].clone()).map_err(|r| r.code)
+            ))),
+        }
     }
 
     fn task_flow(&mut self) -> Result<(), Failure> {
@@ -634,77 +781,248 @@ impl Sim {
         if self.agents[i].rooms.is_empty() {
             return Ok(());
         }
-        let room = self.agents[i].rooms[0].clone();
+        let k = self.rng.below(100);
+        // most task steps go to an agent that has something to claim or settle
+        let pick = |sim: &mut Sim, has: &dyn Fn(&Agent) -> bool| -> usize {
+            let holders: Vec<usize> = (0..sim.agents.len())
+                .filter(|&j| has(&sim.agents[j]))
+                .collect();
+            if holders.is_empty() || sim.rng.chance(20) {
+                i
+            } else {
+                holders[sim.rng.below(holders.len() as u64) as usize]
+            }
+        };
+        if k < 35 {
+            let j = pick(self, &|a: &Agent| !a.tasks.is_empty());
+            if let Some((room, t)) = self.agents[j].tasks.pop() {
+                return self.claim(j, &room, &t);
+            }
+        }
+        if k < 65 {
+            let j = pick(self, &|a: &Agent| !a.claimed.is_empty());
+            // leave some claims open a while, so that leases overlap and TTLs run out
+            if self.rng.chance(60)
+                && let Some((room, t)) = self.agents[j].claimed.pop()
+            {
+                return self.settle(j, &room, &t);
+            }
+            return Ok(());
+        }
+        if k < 75
+            && let Some((r, ob)) = self.agents[i].raised.pop()
+        {
+            return self.circle(i, &r, &ob);
+        }
+        // tasks are created by coordinators (every fourth agent); now and then by a member, to
+        // be refused for its tier
+        let coordinators: Vec<usize> = (0..self.agents.len())
+            .filter(|&j| j % 4 == 0 && !self.agents[j].rooms.is_empty())
+            .collect();
+        let creator = if coordinators.is_empty() || self.rng.chance(10) {
+            i
+        } else {
+            coordinators[self.rng.below(coordinators.len() as u64) as usize]
+        };
+        self.create_task(creator)
+    }
+
+    fn claim(&mut self, i: usize, room: &str, t: &str) -> Result<(), Failure> {
         let c = self.caller(i);
         let name = self.agents[i].name.clone();
-        if let Some(t) = self.agents[i].tasks.pop() {
-            let claimed = self.checked(format!("{name} claim {t}"), |e| e.task_claim(&c, &t))?;
-            if claimed.is_ok() {
-                self.catch_up(i, &room, 50)?;
-                let mates: Vec<String> = self
-                    .agents
-                    .iter()
-                    .filter(|a| a.name != name && a.rooms.contains(&room))
-                    .map(|a| a.name.clone())
-                    .collect();
-                let k = self.rng.below(100);
-                let (verb, to) = if k < 50 || mates.is_empty() {
-                    (Verb::Done, vec![])
-                } else if k < 65 {
-                    (Verb::Blocked, vec![])
-                } else if k < 80 {
-                    (Verb::Decline, vec![])
-                } else {
-                    (
-                        Verb::Handoff,
-                        vec![mates[self.rng.below(mates.len() as u64) as usize].clone()],
-                    )
-                };
-                let args = TurnArgs {
-                    room: room.clone(),
-                    task: Some(t.clone()),
-                    text: Some(format!("{verb} {t}")),
-                    to,
-                    ..Default::default()
-                };
-                let out = self.checked(format!("{name} {verb} {t}"), |e| e.turn(&c, verb, args))?;
-                if let Ok(v) = out {
-                    return self.record_turn(i, &room, &v);
-                }
-            }
-            return Ok(());
+        // short TTLs, so that clock jumps leave some claims unresolved past them
+        let ttl = self.rng.chance(40).then(|| 1_000 + self.rng.below(300_000));
+        let out = self.checked(format!("{name} claim {t} ttl={ttl:?}"), |e| {
+            e.task_claim(&c, t, ttl)
+        })?;
+        if out.is_ok() {
+            self.agents[i].claimed.push((room.into(), t.into()));
+        } else if self.rng.chance(50) {
+            // try again later (a lease may be released by then)
+            self.agents[i].tasks.push((room.into(), t.into()));
         }
-        if let Some((r, ob)) = self.agents[i].raised.pop()
-            && self.rng.chance(50)
-        {
-            self.catch_up(i, &r, 50)?;
+        Ok(())
+    }
+
+    /// Settle a claimed task: sometimes an effect first, then done, blocked, decline or handoff.
+    fn settle(&mut self, i: usize, room: &str, t: &str) -> Result<(), Failure> {
+        let c = self.caller(i);
+        let name = self.agents[i].name.clone();
+        self.catch_up(i, room, 50)?;
+        if self.rng.chance(30) {
             let args = TurnArgs {
-                room: r.clone(),
-                obligation: Some(ob.clone()),
-                text: Some("still waiting".into()),
+                room: room.into(),
+                task: Some(t.into()),
+                text: Some(format!("working on {t}")),
                 ..Default::default()
             };
-            let out = self.checked(format!("{name} circle {ob}"), |e| {
-                e.turn(&c, Verb::Circle, args)
+            let out = self.checked(format!("{name} note --task {t}"), |e| {
+                e.turn(&c, Verb::Note, args.clone())
             })?;
             if let Ok(v) = out {
-                return self.record_turn(i, &r, &v);
+                self.record_turn(i, room, &v, Some((Verb::Note, args)))?;
             }
-            return Ok(());
+            if self.crash_pending {
+                return Ok(());
+            }
+            self.catch_up(i, room, 50)?;
         }
-        let title = format!("task at step {}", self.step);
+        let mates = self.mates(i, room);
+        let k = self.rng.below(100);
+        let (verb, to) = if k < 55 || mates.is_empty() {
+            (Verb::Done, vec![])
+        } else if k < 70 {
+            (Verb::Blocked, vec![])
+        } else if k < 82 {
+            (Verb::Decline, vec![])
+        } else {
+            (
+                Verb::Handoff,
+                vec![mates[self.rng.below(mates.len() as u64) as usize].clone()],
+            )
+        };
+        let args = TurnArgs {
+            room: room.into(),
+            task: Some(t.into()),
+            text: Some(format!("{verb} {t}")),
+            to: to.clone(),
+            idempotency_key: self.maybe_key(),
+            ..Default::default()
+        };
+        let out = self.checked(format!("{name} {verb} {t}"), |e| {
+            e.turn(&c, verb, args.clone())
+        })?;
+        match out {
+            Ok(v) => {
+                match verb {
+                    Verb::Handoff => {
+                        if let Some(j) = self.agent_index(&to[0]) {
+                            self.agents[j].tasks.push((room.into(), t.into()));
+                        }
+                    }
+                    // a blocked task is resumed by claiming it again
+                    Verb::Blocked => self.agents[i].tasks.push((room.into(), t.into())),
+                    _ => {}
+                }
+                self.record_turn(i, room, &v, Some((verb, args)))
+            }
+            Err(_) => {
+                if self.rng.chance(50) {
+                    self.agents[i].claimed.push((room.into(), t.into()));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn circle(&mut self, i: usize, r: &str, ob: &str) -> Result<(), Failure> {
+        let c = self.caller(i);
+        let name = self.agents[i].name.clone();
+        self.catch_up(i, r, 50)?;
+        let args = TurnArgs {
+            room: r.into(),
+            obligation: Some(ob.into()),
+            text: Some("still waiting".into()),
+            ..Default::default()
+        };
+        let out = self.checked(format!("{name} circle {ob}"), |e| {
+            e.turn(&c, Verb::Circle, args.clone())
+        })?;
+        if let Ok(v) = out {
+            return self.record_turn(i, r, &v, Some((Verb::Circle, args)));
+        }
+        Ok(())
+    }
+
+    fn maybe_key(&mut self) -> Option<String> {
+        self.rng.chance(50).then(|| {
+            self.keys += 1;
+            format!("k-{}-{}", self.cfg.seed, self.keys)
+        })
+    }
+
+    /// A task for the creator or a mate, sometimes under a parent and with overlapping scopes.
+    fn create_task(&mut self, i: usize) -> Result<(), Failure> {
+        let room = self.agents[i].rooms[self.rng.below(self.agents[i].rooms.len() as u64) as usize]
+            .clone();
+        let c = self.caller(i);
+        let name = self.agents[i].name.clone();
+        let mates = self.mates(i, &room);
+        let to = if mates.is_empty() || self.rng.chance(60) {
+            name.clone()
+        } else {
+            mates[self.rng.below(mates.len() as u64) as usize].clone()
+        };
+        const POOL: [&str; 5] = [
+            "file:src",
+            "file:src/a.rs",
+            "file:src/b.rs",
+            "file:docs/guide.md",
+            "api:stripe",
+        ];
+        let scopes: Vec<String> = (0..self.rng.below(3).max(u64::from(self.rng.chance(60))))
+            .map(|_| POOL[self.rng.below(POOL.len() as u64) as usize].to_string())
+            .collect();
+        let known = self.room_tasks.get(&room).cloned().unwrap_or_default();
+        let parent = (!known.is_empty() && self.rng.chance(30))
+            .then(|| known[self.rng.below(known.len() as u64) as usize].clone());
+        let args = room_engine::verbs::TaskCreateArgs {
+            room: room.clone(),
+            title: format!("task at step {}", self.step),
+            to: Some(to.clone()),
+            parent,
+            scopes,
+            idempotency_key: self.maybe_key(),
+        };
         let out = self.checked(format!("{name} task_create {room}"), |e| {
-            e.task_create(&c, &room, &title, Some(&name), None)
+            e.task_create(&c, args)
         })?;
         if let Ok(v) = out {
             let t = v["task"]["id"].as_str().unwrap_or_default().to_string();
             self.acked
-                .entry(room)
+                .entry(room.clone())
                 .or_default()
                 .insert(v["event"].as_str().unwrap_or_default().to_string());
-            self.agents[i].tasks.push(t);
+            self.room_tasks
+                .entry(room.clone())
+                .or_default()
+                .push(t.clone());
+            if let Some(j) = self.agent_index(&to) {
+                self.agents[j].tasks.push((room, t));
+            }
         }
         Ok(())
+    }
+
+    /// The `resolution` sweep. Remember when it last succeeded everywhere and each room's tip
+    /// then: the oracle holds the engine to it.
+    fn sweep(&mut self) -> Result<(), Failure> {
+        let before = self.tips();
+        let injected = self.faults.next.lock().expect("fault lock").is_some();
+        let now = self.clock.0.load(std::sync::atomic::Ordering::SeqCst);
+        match self.e().sweep_invariants() {
+            Ok(n) => {
+                self.note(format!("sweep at {now}: {n} lapses recorded"));
+                if n > 0 {
+                    *self
+                        .report
+                        .invariants
+                        .entry("resolution (in_doubt)".into())
+                        .or_default() += n;
+                }
+                let tips: BTreeMap<String, u64> =
+                    self.rooms.iter().cloned().zip(self.tips()).collect();
+                self.last_sweep = Some((now, tips));
+                Ok(())
+            }
+            Err(r) if r.code == Code::StorageFailed && (injected || self.cfg.broken.is_some()) => {
+                self.note(format!("sweep -> {} (injected)", r.code));
+                self.crash_pending = true;
+                let _ = before;
+                Ok(())
+            }
+            Err(r) => Err(self.fail(format!("sweep failed: {r}"))),
+        }
     }
 
     fn owner_rotate(&mut self) -> Result<(), Failure> {
@@ -840,8 +1158,34 @@ impl Sim {
             if let Err(e) = room_store::journal::verify(&dir.join("EVENTS.jsonl"), &graph) {
                 return Err(self.fail(format!("chain of {graph} does not verify: {e}")));
             }
+            self.check_invariants(&dir, &graph)?;
         }
         Ok(())
+    }
+
+    /// Replay one journal through the independent oracle.
+    fn check_invariants(&self, dir: &Path, graph: &str) -> Result<(), Failure> {
+        let manifest: Value = std::fs::read(dir.join("manifest.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .ok_or_else(|| self.fail(format!("{graph}: unreadable manifest.json")))?;
+        let room = manifest["room"].as_str().unwrap_or_default().to_string();
+        let file =
+            std::fs::File::open(dir.join("EVENTS.jsonl")).map_err(|e| self.fail(e.to_string()))?;
+        let mut records = Vec::new();
+        room_store::journal::scan(&file, 0, room_core::chain::ChainTip::genesis(graph), |sc| {
+            records.push(sc.record);
+            Ok(())
+        })
+        .map_err(|e| self.fail(format!("{graph}: {e}")))?;
+        let sweep = self
+            .last_sweep
+            .as_ref()
+            .map(|(now_ms, tips)| oracle::Sweep {
+                now_ms: *now_ms,
+                tips: tips.clone(),
+            });
+        oracle::check_room(&room, &records, sweep.as_ref()).map_err(|e| self.fail(e))
     }
 }
 

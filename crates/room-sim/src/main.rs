@@ -1,7 +1,7 @@
 //! `room-sim`: run the deterministic simulator over a range of seeds, or replay one.
 //! `room-sim --seeds 0..50 --steps 400 [--agents N --rooms N]`, `room-sim --seed 17`,
 //! `room-sim --soak` (2,000 seeds of 2,000 steps with 200 agents in 40 rooms),
-//! `room-sim --broken ack-before-fsync` (a planted bug the simulator must find).
+//! `room-sim --broken ack-before-fsync|skip-invariants` (planted bugs the simulator must find).
 
 use room_sim::{Broken, SimConfig, run};
 
@@ -20,8 +20,11 @@ fn main() {
     let broken = match arg(&args, "--broken").as_deref() {
         None => None,
         Some("ack-before-fsync") => Some(Broken::AckBeforeFsync),
+        Some("skip-invariants") => Some(Broken::SkipInvariants),
         Some(other) => {
-            eprintln!("error: --broken {other:?}: the planted bug is ack-before-fsync");
+            eprintln!(
+                "error: --broken {other:?}: the planted bugs are ack-before-fsync and skip-invariants"
+            );
             std::process::exit(2);
         }
     };
@@ -59,6 +62,9 @@ fn main() {
                 for (k, v) in r.refusals {
                     *totals.refusals.entry(k).or_default() += v;
                 }
+                for (k, v) in r.invariants {
+                    *totals.invariants.entry(k).or_default() += v;
+                }
             }
             Err(f) => {
                 eprint!("{f}");
@@ -77,5 +83,6 @@ fn main() {
         totals.acked_events
     );
     eprintln!("refusals by code: {:?}", totals.refusals);
+    eprintln!("invariant verdicts: {:?}", totals.invariants);
     println!("{} passed, 0 failed", seeds.len());
 }

@@ -48,6 +48,36 @@ fn a_seed_replays_exactly() {
 }
 
 #[test]
+fn skipping_the_runtime_invariants_is_caught_within_the_budget() {
+    let mut caught = 0;
+    for seed in 0..CI_SEEDS {
+        if let Err(f) = run(SimConfig {
+            steps: CI_STEPS,
+            broken: Some(Broken::SkipInvariants),
+            ..SimConfig::new(seed)
+        }) {
+            assert!(
+                [
+                    "exactly_once",
+                    "well_formed",
+                    "exclusive",
+                    "causal",
+                    "resolution"
+                ]
+                .iter()
+                .any(|i| f.what.contains(i)),
+                "the planted bug shows as a broken invariant: {f}"
+            );
+            caught += 1;
+        }
+    }
+    assert!(
+        caught > 0,
+        "the simulator must find unchecked invariants within {CI_SEEDS} seeds"
+    );
+}
+
+#[test]
 fn acknowledging_before_fsync_is_caught_within_the_budget() {
     let mut caught = 0;
     for seed in 0..CI_SEEDS {

@@ -10,7 +10,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 use std::path::Path;
 
 /// Ordered migrations; `user_version` is the number applied.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) STRICT;
 CREATE TABLE events (
     seq INTEGER PRIMARY KEY,
@@ -81,10 +82,45 @@ CREATE TABLE receipts (
     created_ms INTEGER NOT NULL,
     confirmed_ms INTEGER
 ) STRICT;
-"#];
+"#,
+    r#"
+CREATE TABLE idempotency (
+    actor TEXT NOT NULL,
+    key TEXT NOT NULL,
+    event TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    task TEXT,
+    PRIMARY KEY (actor, key)
+) STRICT;
+CREATE INDEX idempotency_seq ON idempotency(seq);
+CREATE TABLE lifecycles (
+    agent TEXT NOT NULL,
+    task TEXT NOT NULL,
+    state TEXT NOT NULL,
+    began_seq INTEGER NOT NULL,
+    began_ms INTEGER NOT NULL,
+    ttl_ms INTEGER NOT NULL,
+    lapsed INTEGER NOT NULL,
+    PRIMARY KEY (agent, task)
+) STRICT;
+CREATE INDEX lifecycles_begun ON lifecycles(state, lapsed);
+"#,
+];
+
+/// The `exactly_once` registry's retention: the newest this many keys of a room are kept and
+/// older ones are evicted first-in first-out. An evicted key no longer gets duplicate
+/// protection; eviction grants nothing new.
+pub const IDEMPOTENCY_KEYS_MAX: u64 = 10_000;
 
 /// Tables that `room index rebuild` clears and refills from the journal.
-const PROJECTION_TABLES: &[&str] = &["mentions", "obligations", "causal_edges", "events"];
+const PROJECTION_TABLES: &[&str] = &[
+    "mentions",
+    "obligations",
+    "causal_edges",
+    "idempotency",
+    "lifecycles",
+    "events",
+];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EventRow {
@@ -174,7 +210,40 @@ pub struct Batch {
     /// (kind, item id, new status, resolving event id)
     pub resolutions: Vec<(ItemKind, String, String, String)>,
     pub checkpoints: Vec<CheckpointRow>,
+    /// `exactly_once`: (actor, key, event id, seq, task) registered by a committed record.
+    pub idempotency: Vec<(String, String, String, u64, Option<String>)>,
+    /// `well_formed` and `resolution`: lifecycle changes, applied in order.
+    pub lifecycles: Vec<LifecycleChange>,
     pub mark: Option<JournalMark>,
+}
+
+/// A change to one (agent, task) lifecycle: Begin → (Effect…) → Resolve.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LifecycleChange {
+    Begin {
+        agent: String,
+        task: String,
+        seq: u64,
+        at_ms: u64,
+        ttl_ms: u64,
+    },
+    /// Every begun lifecycle of the task is resolved (a task has at most one claimer).
+    Resolve { task: String },
+    /// The begin outlived its TTL unresolved and was recorded as in doubt.
+    Lapsed { agent: String, task: String },
+}
+
+/// One (agent, task) lifecycle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LifecycleRow {
+    pub agent: String,
+    pub task: String,
+    /// `begun` or `resolved`.
+    pub state: String,
+    pub began_seq: u64,
+    pub began_ms: u64,
+    pub ttl_ms: u64,
+    pub lapsed: bool,
 }
 
 /// Projection batches held in one open transaction before it commits. The journal is the
@@ -257,6 +326,20 @@ pub fn migrate(conn: &mut Connection, list: &[&str]) -> Result<()> {
         tx.commit()?;
     }
     Ok(())
+}
+
+const LIFECYCLE_COLS: &str = "agent, task, state, began_seq, began_ms, ttl_ms, lapsed";
+
+fn lifecycle_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<LifecycleRow> {
+    Ok(LifecycleRow {
+        agent: r.get(0)?,
+        task: r.get(1)?,
+        state: r.get(2)?,
+        began_seq: r.get::<_, i64>(3)? as u64,
+        began_ms: r.get::<_, i64>(4)? as u64,
+        ttl_ms: r.get::<_, i64>(5)? as u64,
+        lapsed: r.get::<_, i64>(6)? != 0,
+    })
 }
 
 fn event_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<EventRow> {
@@ -497,6 +580,7 @@ impl Index {
             for c in &b.checkpoints {
                 upsert_checkpoint(tx, c)?;
             }
+            Self::apply_invariant_rows(tx, b)?;
             if let Some(m) = &b.mark {
                 tx.execute(
                     "INSERT INTO meta (key, value) VALUES ('journal_mark', ?1)
@@ -506,6 +590,100 @@ impl Index {
             }
         }
         Ok(())
+    }
+
+    fn apply_invariant_rows(tx: &Connection, b: &Batch) -> Result<()> {
+        for (actor, key, event, seq, task) in &b.idempotency {
+            tx.prepare_cached(
+                "INSERT OR IGNORE INTO idempotency (actor, key, event, seq, task) VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?
+            .execute(params![actor, key, event, *seq as i64, task])?;
+        }
+        if !b.idempotency.is_empty() {
+            tx.prepare_cached(
+                "DELETE FROM idempotency WHERE seq < (SELECT seq FROM idempotency ORDER BY seq DESC LIMIT 1 OFFSET ?1)",
+            )?
+            .execute([(IDEMPOTENCY_KEYS_MAX - 1) as i64])?;
+        }
+        for c in &b.lifecycles {
+            match c {
+                LifecycleChange::Begin {
+                    agent,
+                    task,
+                    seq,
+                    at_ms,
+                    ttl_ms,
+                } => {
+                    tx.prepare_cached(
+                        "INSERT INTO lifecycles (agent, task, state, began_seq, began_ms, ttl_ms, lapsed)
+                         VALUES (?1, ?2, 'begun', ?3, ?4, ?5, 0)
+                         ON CONFLICT(agent, task) DO UPDATE SET state = 'begun', began_seq = ?3,
+                           began_ms = ?4, ttl_ms = ?5, lapsed = 0",
+                    )?
+                    .execute(params![agent, task, *seq as i64, *at_ms as i64, *ttl_ms as i64])?;
+                }
+                LifecycleChange::Resolve { task } => {
+                    tx.prepare_cached(
+                        "UPDATE lifecycles SET state = 'resolved' WHERE task = ?1 AND state = 'begun'",
+                    )?
+                    .execute([task])?;
+                }
+                LifecycleChange::Lapsed { agent, task } => {
+                    tx.prepare_cached(
+                        "UPDATE lifecycles SET lapsed = 1 WHERE agent = ?1 AND task = ?2",
+                    )?
+                    .execute([agent, task])?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `exactly_once`: the event (id, seq, task) that registered `key` for `actor`, if kept.
+    pub fn idempotent(
+        &self,
+        actor: &str,
+        key: &str,
+    ) -> Result<Option<(String, u64, Option<String>)>> {
+        Ok(self
+            .conn
+            .prepare_cached(
+                "SELECT event, seq, task FROM idempotency WHERE actor = ?1 AND key = ?2",
+            )?
+            .query_row([actor, key], |r| {
+                Ok((r.get(0)?, r.get::<_, i64>(1)? as u64, r.get(2)?))
+            })
+            .optional()?)
+    }
+
+    pub fn idempotency_keys(&self) -> Result<u64> {
+        Ok(self
+            .conn
+            .query_row("SELECT count(*) FROM idempotency", [], |r| {
+                r.get::<_, i64>(0)
+            })? as u64)
+    }
+
+    pub fn lifecycle(&self, agent: &str, task: &str) -> Result<Option<LifecycleRow>> {
+        Ok(self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {LIFECYCLE_COLS} FROM lifecycles WHERE agent = ?1 AND task = ?2"
+            ))?
+            .query_row([agent, task], lifecycle_from_row)
+            .optional()?)
+    }
+
+    /// `resolution`: begun lifecycles whose TTL ran out at `now_ms` and that are not yet
+    /// recorded as lapsed, oldest first, at most `limit`.
+    pub fn lapsed_begins(&self, now_ms: u64, limit: usize) -> Result<Vec<LifecycleRow>> {
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {LIFECYCLE_COLS} FROM lifecycles
+             WHERE state = 'begun' AND lapsed = 0 AND began_ms + ttl_ms <= ?1
+             ORDER BY began_seq LIMIT ?2"
+        ))?;
+        let rows = st.query_map(params![now_ms as i64, limit as i64], lifecycle_from_row)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
     /// Drop the projection (not receipts or checkpoints) so it can be refilled from the journal.

@@ -48,6 +48,7 @@ fn turn_schema(extra: &[(&str, Value)], required: &[&str]) -> Value {
         "actor".into(),
         json!({"type": "string", "description": "Optional self-identification; if given it must be your own agent name."}),
     );
+    props.insert("idempotency_key".into(), idempotency_key());
     let mut req = vec![json!("room")];
     req.extend(required.iter().map(|r| json!(r)));
     json!({"type": "object", "properties": props, "required": req, "additionalProperties": false})
@@ -79,6 +80,11 @@ fn evidence() -> (&'static str, Value) {
         "evidence",
         json!({"type": "array", "items": {"type": "string"}, "description": "Event ids (evt_…) of this room that support the message."}),
     )
+}
+
+fn idempotency_key() -> Value {
+    json!({"type": "string", "maxLength": 128, "pattern": "^[A-Za-z0-9._:-]+$",
+        "description": "Optional key that makes a retry safe: a repeat of a key you already used in this room is refused with invariant_violation (exactly_once) naming the event your first call wrote."})
 }
 
 fn reply_to() -> (&'static str, Value) {
@@ -116,8 +122,9 @@ other room_* action in that room. Oversized events arrive in item_chunk fragment
         ToolDef {
             name: "room_note",
             op: "note",
-            description: "Post status telemetry (progress, what you are doing). Wakes no one; @mentions are refused. Use room_say or room_send to address someone.",
-            input: turn_schema(&[text("The status text.")], &["text"]),
+            description: "Post status telemetry (progress, what you are doing). Wakes no one; @mentions are refused. Use room_say or room_send to address someone. \
+With a task addressed to you, claim it first (task_claim).",
+            input: turn_schema(&[text("The status text."), task()], &["text"]),
         },
         ToolDef {
             name: "room_say",
@@ -189,16 +196,22 @@ one source it answers them; with open items from several sources it is refused (
         ToolDef {
             name: "task_create",
             op: "task_create",
-            description: "Create a task in a room (coordinator tier), optionally for a recipient and under a parent task.",
+            description: "Create a task in a room (coordinator tier), optionally for a recipient, under a parent task, and with typed scopes \
+(namespace:resource, e.g. file:src/lib.rs or api:stripe) that a claim leases exclusively: file scopes conflict hierarchically, others by identity.",
             input: json!({"type": "object", "properties": {"room": s_room(), "title": {"type": "string", "maxLength": 256},
-                "to": {"type": "string", "description": "Recipient agent."}, "parent": {"type": "string", "description": "Parent task id."}},
+                "to": {"type": "string", "description": "Recipient agent."}, "parent": {"type": "string", "description": "Parent task id."},
+                "scopes": {"type": "array", "items": {"type": "string"}, "maxItems": 16, "description": "Typed scopes the task's claim leases."},
+                "idempotency_key": idempotency_key()},
                 "required": ["room", "title"], "additionalProperties": false}),
         },
         ToolDef {
             name: "task_claim",
             op: "task_claim",
-            description: "Claim an open task addressed to you (or to no one) before working on it.",
-            input: json!({"type": "object", "properties": {"task": {"type": "string"}}, "required": ["task"], "additionalProperties": false}),
+            description: "Claim an open task addressed to you (or to no one) before working on it. The claim leases the task's scopes \
+(a conflicting live lease is refused with invariant_violation, exclusive); unresolved after ttl_ms (default 20 minutes) it is recorded in doubt.",
+            input: json!({"type": "object", "properties": {"task": {"type": "string"},
+                "ttl_ms": {"type": "integer", "minimum": 1000, "maximum": 604_800_000, "description": "How long the claim may stay unresolved."}},
+                "required": ["task"], "additionalProperties": false}),
         },
         ToolDef {
             name: "task_show",
@@ -210,12 +223,14 @@ one source it answers them; with open items from several sources it is refused (
             name: "room",
             op: "room",
             description: "Multiplexer for every Room action: set action to one of whoami, list, sync, note, say, reply, send, handoff, done, blocked, decline, circle, \
-task_create, task_claim, task_show, and pass that action's arguments alongside (room, text, to, reply_to, task, evidence, parents, obligation, confirm, title, parent).",
+task_create, task_claim, task_show, and pass that action's arguments alongside (room, text, to, reply_to, task, evidence, parents, obligation, confirm, title, parent, \
+scopes, ttl_ms, idempotency_key).",
             input: json!({"type": "object", "properties": {
                 "action": {"type": "string", "enum": ["whoami", "list", "sync", "note", "say", "reply", "send", "handoff", "done", "blocked", "decline", "circle", "task_create", "task_claim", "task_show"]},
                 "room": {"type": "string"}, "text": {"type": "string"}, "to": {}, "reply_to": {"type": "string"}, "task": {"type": "string"},
                 "evidence": {"type": "array", "items": {"type": "string"}}, "parents": {"type": "array", "items": {"type": "string"}},
                 "obligation": {"type": "string"}, "confirm": {"type": "string"}, "title": {"type": "string"}, "parent": {"type": "string"},
+                "scopes": {"type": "array", "items": {"type": "string"}}, "ttl_ms": {"type": "integer"}, "idempotency_key": {"type": "string"},
                 "actor": {"type": "string"}},
                 "required": ["action"], "additionalProperties": false}),
         },

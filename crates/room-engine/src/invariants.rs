@@ -1,0 +1,378 @@
+//! The five runtime invariants, checked on the append path under the room's writer lock, after
+//! the verb's own checks and the Work Gate. The gates decide whether an act may proceed; these
+//! check the event stream's structure independently of them, from state projected from the
+//! journal (the `idempotency` and `lifecycles` tables of the sync index, the task rows of
+//! control.db), so they hold across crashes and replays.
+//!
+//! | invariant | state | verdict |
+//! |---|---|---|
+//! | `exactly_once` | per-room FIFO registry of (actor, idempotency key), newest 10,000 | reject |
+//! | `well_formed` | lifecycle per (agent, task): claim (begin) → note/send (effect) → done (resolve) | reject |
+//! | `exclusive` | live leases: claimed tasks' typed scopes in one project (or room) | reject |
+//! | `causal` | a task's children: `done` over unresolved children | flag |
+//! | `resolution` | begun lifecycles past their TTL without resolution | in doubt |
+//!
+//! A rejected act is recorded as an `invariant_violation` record without its envelope; a flag is
+//! committed in the same batch as the act it stands beside; a lapse is recorded by the sweep.
+//! Exactly-once here means event registration, not exactly-once external effect.
+
+use crate::event::{EventBody, Invariant, Severity, TaskEvent, Turn, Violation};
+use crate::room::RoomHandle;
+use crate::{Engine, Outcome, lock_room, store_err};
+use room_core::scope::{self, Scope};
+use room_core::{Code, Refusal, Verb};
+use serde_json::{Value, json};
+use std::sync::{Arc, Mutex};
+
+/// Idempotency keys: what a client may use (a UUID, a ULID, `build-42:retry`).
+pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 128;
+/// Claim TTL bounds for `resolution`.
+pub const CLAIM_TTL_MS_MIN: u64 = 1_000;
+pub const CLAIM_TTL_MS_MAX: u64 = 7 * 24 * 3_600_000;
+/// Lapses one sweep records per room, so a sweep stays short under the room lock.
+const LAPSES_PER_SWEEP_MAX: usize = 64;
+
+/// Validate a client's idempotency key at the edge of the engine.
+pub fn check_key(key: Option<&str>) -> Outcome<()> {
+    let Some(k) = key else { return Ok(()) };
+    if k.is_empty()
+        || k.len() > IDEMPOTENCY_KEY_BYTES_MAX
+        || !k
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+    {
+        return Err(Refusal::invalid(
+            "idempotency_key",
+            format!("must be 1..={IDEMPOTENCY_KEY_BYTES_MAX} of A-Z a-z 0-9 - _ . :"),
+        ));
+    }
+    Ok(())
+}
+
+pub fn check_ttl(ttl_ms: Option<u64>) -> Outcome<()> {
+    match ttl_ms {
+        Some(t) if !(CLAIM_TTL_MS_MIN..=CLAIM_TTL_MS_MAX).contains(&t) => Err(Refusal::invalid(
+            "ttl_ms",
+            format!("must be {CLAIM_TTL_MS_MIN}..={CLAIM_TTL_MS_MAX} milliseconds"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn violation(
+    actor: &str,
+    invariant: Invariant,
+    severity: Severity,
+    act: &str,
+    task: Option<&str>,
+    detail: Value,
+) -> Box<Violation> {
+    Box::new(Violation {
+        actor: actor.into(),
+        invariant,
+        severity,
+        act: act.into(),
+        task: task.map(String::from),
+        event: None,
+        detail,
+    })
+}
+
+impl Engine {
+    /// `exactly_once`: a key this actor already registered in this room is a repeat.
+    pub(crate) fn check_exactly_once(
+        &self,
+        h: &RoomHandle,
+        actor: &str,
+        act: &str,
+        key: Option<&str>,
+        task: Option<&str>,
+    ) -> Result<(), Box<Violation>> {
+        let Some(key) = key else { return Ok(()) };
+        if self.config.skip_invariants {
+            return Ok(());
+        }
+        let found = h.index.idempotent(actor, key).map_err(|e| {
+            // an unreadable registry cannot vouch for uniqueness
+            violation(
+                actor,
+                Invariant::ExactlyOnce,
+                Severity::Reject,
+                act,
+                task,
+                json!({"key": key, "why": format!("registry unreadable: {e}")}),
+            )
+        })?;
+        match found {
+            None => Ok(()),
+            Some((event, seq, original_task)) => Err(violation(
+                actor,
+                Invariant::ExactlyOnce,
+                Severity::Reject,
+                act,
+                task,
+                json!({"key": key, "original_event": event, "original_seq": seq, "original_task": original_task}),
+            )),
+        }
+    }
+
+    /// Check a turn about to be committed. `Err` is a rejection; `Ok` carries flags to commit
+    /// beside it.
+    pub(crate) fn check_turn(
+        &self,
+        h: &RoomHandle,
+        t: &Turn,
+    ) -> Result<Vec<Violation>, Box<Violation>> {
+        let act = t.verb.as_str();
+        self.check_exactly_once(
+            h,
+            &t.actor,
+            act,
+            t.idempotency_key.as_deref(),
+            t.task.as_deref(),
+        )?;
+        let Some(task) = t.task.as_deref() else {
+            return Ok(Vec::new());
+        };
+        if self.config.skip_invariants {
+            return Ok(Vec::new());
+        }
+        // state that cannot be read cannot vouch for the act
+        let unreadable = |e: room_store::StoreError| {
+            violation(
+                &t.actor,
+                Invariant::WellFormed,
+                Severity::Reject,
+                act,
+                Some(task),
+                json!({"why": format!("lifecycle state unreadable: {e}")}),
+            )
+        };
+        let row = self.control().task(task).map_err(unreadable)?;
+        let life = h.index.lifecycle(&t.actor, task).map_err(unreadable)?;
+        let begun = life.as_ref().is_some_and(|l| l.state == "begun");
+        let ill = |why: &str| {
+            violation(
+                &t.actor,
+                Invariant::WellFormed,
+                Severity::Reject,
+                act,
+                Some(task),
+                json!({"why": why, "lifecycle": life.as_ref().map(|l| l.state.clone())}),
+            )
+        };
+        // `done` resolves a lifecycle its actor began; an effect on a task by the task's own
+        // recipient happens inside a begun lifecycle.
+        if t.verb == Verb::Done && !begun {
+            return Err(ill(
+                "done resolves a task only inside a lifecycle its actor began with a claim",
+            ));
+        }
+        let recipient = row.as_ref().and_then(|r| r.recipient.as_deref());
+        if matches!(t.verb, Verb::Note | Verb::Send)
+            && recipient == Some(t.actor.as_str())
+            && !begun
+        {
+            return Err(ill(
+                "an effect on your own task needs a begun lifecycle: claim the task first",
+            ));
+        }
+        let mut flags = Vec::new();
+        if t.verb == Verb::Done {
+            let children = self
+                .control()
+                .children(task)
+                .map_err(|e| ill(&e.to_string()))?;
+            let open: Vec<Value> = children
+                .iter()
+                .filter(|c| !matches!(c.status.as_str(), "done" | "declined"))
+                .map(|c| json!({"task": c.id, "status": c.status}))
+                .collect();
+            if !open.is_empty() {
+                flags.push(*violation(
+                    &t.actor,
+                    Invariant::Causal,
+                    Severity::Flag,
+                    act,
+                    Some(task),
+                    json!({"unresolved_children": open}),
+                ));
+            }
+        }
+        Ok(flags)
+    }
+
+    /// Check a task event about to be committed: a repeated creation key, or a claim whose
+    /// scopes another live holder leases.
+    pub(crate) fn check_task_event(
+        &self,
+        h: &RoomHandle,
+        te: &TaskEvent,
+        project: Option<&str>,
+        scopes: &[String],
+    ) -> Result<(), Box<Violation>> {
+        let act = if te.created.is_some() {
+            "task_create"
+        } else {
+            "task_claim"
+        };
+        self.check_exactly_once(
+            h,
+            &te.actor,
+            act,
+            te.idempotency_key.as_deref(),
+            Some(&te.task),
+        )?;
+        let claiming = te.transition.as_ref().is_some_and(|t| t.to == "claimed");
+        if !claiming || scopes.is_empty() || self.config.skip_invariants {
+            return Ok(());
+        }
+        let mine: Vec<Scope> = scopes
+            .iter()
+            .filter_map(|s| Scope::parse("scopes", s).ok())
+            .collect();
+        let leased = self.control().leased(project, &h.name).map_err(|e| {
+            violation(
+                &te.actor,
+                Invariant::Exclusive,
+                Severity::Reject,
+                act,
+                Some(&te.task),
+                json!({"why": format!("leases unreadable: {e}")}),
+            )
+        })?;
+        let mut conflicts = Vec::new();
+        for other in leased
+            .iter()
+            .filter(|o| o.id != te.task && o.recipient.as_deref() != Some(te.actor.as_str()))
+        {
+            for theirs in other
+                .scopes
+                .iter()
+                .filter_map(|s| Scope::parse("scopes", s).ok())
+            {
+                if let Some(m) = mine.iter().find(|m| m.conflicts(&theirs)) {
+                    conflicts.push(
+                        json!({"scope": m.to_string(), "held_scope": theirs.to_string(),
+                        "task": other.id, "holder": other.recipient, "room": other.room}),
+                    );
+                }
+            }
+        }
+        if conflicts.is_empty() {
+            return Ok(());
+        }
+        Err(violation(
+            &te.actor,
+            Invariant::Exclusive,
+            Severity::Reject,
+            act,
+            Some(&te.task),
+            json!({"conflicts": conflicts}),
+        ))
+    }
+
+    /// Record a rejected act's violation (never its envelope) and turn it into the refusal the
+    /// caller gets. If even the record cannot be written, the refusal says so.
+    pub(crate) fn reject(&self, h: &mut RoomHandle, v: Violation) -> Refusal {
+        let message = match v.invariant {
+            Invariant::ExactlyOnce => format!(
+                "idempotency key {} was already used by {} in this room; nothing new was written",
+                v.detail["key"].as_str().unwrap_or_default(),
+                v.actor
+            ),
+            Invariant::WellFormed => format!(
+                "{} by {} is not well formed: {}",
+                v.act,
+                v.actor,
+                v.detail["why"].as_str().unwrap_or_default()
+            ),
+            Invariant::Exclusive => format!(
+                "{} would conflict with a live lease on an overlapping scope",
+                v.act
+            ),
+            Invariant::Causal | Invariant::Resolution => {
+                format!("{} violates {}", v.act, v.invariant.as_str())
+            }
+        };
+        let hint = match v.invariant {
+            Invariant::ExactlyOnce => {
+                "your earlier call landed as detail.original_event; sync to read it instead of repeating"
+            }
+            Invariant::WellFormed => "claim the task (task_claim) before acting on it",
+            Invariant::Exclusive => {
+                "wait for the holder to finish (done, blocked or handoff), or narrow this task's scopes"
+            }
+            Invariant::Causal | Invariant::Resolution => {
+                "see the invariant_violation record in the room"
+            }
+        };
+        let mut detail = json!({"invariant": v.invariant.as_str(), "severity": "reject"});
+        if let (Some(d), Some(extra)) = (detail.as_object_mut(), v.detail.as_object()) {
+            d.extend(extra.clone());
+        }
+        match h.commit(self, vec![EventBody::InvariantViolation(v)], None) {
+            Ok(rec) => detail["violation_event"] = json!(rec[0].id),
+            Err(r) => {
+                tracing::error!(room = %h.name, "an invariant violation could not be recorded: {r}");
+                detail["violation_recorded"] = json!(false);
+            }
+        }
+        Refusal::new(Code::InvariantViolation, message)
+            .detail(detail)
+            .hint(hint)
+    }
+
+    /// `resolution`: record every begun lifecycle whose TTL has run out unresolved as in doubt
+    /// (once each). The daemon calls this on a timer; the simulator between steps. Returns how
+    /// many lapses were recorded.
+    pub fn sweep_invariants(&self) -> Outcome<u64> {
+        let now = self.now_ms();
+        let handles: Vec<Arc<Mutex<RoomHandle>>> = self
+            .rooms
+            .lock()
+            .expect("rooms map lock")
+            .values()
+            .cloned()
+            .collect();
+        let mut recorded = 0;
+        for handle in handles {
+            let mut h = lock_room(&handle);
+            if h.writable().is_err() {
+                continue;
+            }
+            let lapsed = h
+                .index
+                .lapsed_begins(now, LAPSES_PER_SWEEP_MAX)
+                .map_err(store_err)?;
+            for l in lapsed {
+                let claim = h
+                    .index
+                    .event_by_seq(l.began_seq)
+                    .map_err(store_err)?
+                    .map(|e| e.id);
+                let v = Violation {
+                    actor: l.agent.clone(),
+                    invariant: Invariant::Resolution,
+                    severity: Severity::InDoubt,
+                    act: "task_claim".into(),
+                    task: Some(l.task.clone()),
+                    event: claim,
+                    detail: json!({"began_ms": l.began_ms, "ttl_ms": l.ttl_ms,
+                        "elapsed_ms": now.saturating_sub(l.began_ms), "observation": "unresolved"}),
+                };
+                h.commit(self, vec![EventBody::InvariantViolation(v)], None)?;
+                recorded += 1;
+            }
+        }
+        Ok(recorded)
+    }
+}
+
+/// Parse a task's scopes (for `task_create`).
+pub fn parse_scopes(list: &[String]) -> Outcome<Vec<String>> {
+    Ok(scope::parse_list("scopes", list)?
+        .iter()
+        .map(ToString::to_string)
+        .collect())
+}

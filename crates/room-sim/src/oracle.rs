@@ -1,0 +1,275 @@
+//! An independent check of the five runtime invariants over the journals as they are on disk.
+//! It shares no code with `room_engine::invariants`: it replays every record of a room from its
+//! raw JSON and rebuilds tasks, leases and lifecycles on its own, so a bug in the engine's
+//! checks (or their projection) shows up here instead of being agreed with.
+
+use room_core::Record;
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A sweep that succeeded: the clock it ran at and each room's tip right after it.
+pub struct Sweep {
+    pub now_ms: u64,
+    pub tips: BTreeMap<String, u64>,
+}
+
+const TASKED_TTL_MS: u64 = 20 * 60 * 1000;
+
+struct Task {
+    recipient: Option<String>,
+    status: String,
+    scopes: Vec<String>,
+    parent: Option<String>,
+}
+
+struct Life {
+    begun: bool,
+    began_ms: u64,
+    ttl_ms: u64,
+    lapsed: bool,
+}
+
+/// The oracle's own conflict rule: file scopes overlap when one path is a component-wise
+/// prefix of the other; other namespaces only when identical.
+fn overlap(a: &str, b: &str) -> bool {
+    match (a.strip_prefix("file:"), b.strip_prefix("file:")) {
+        (Some(x), Some(y)) => {
+            let (xs, ys): (Vec<&str>, Vec<&str>) = (x.split('/').collect(), y.split('/').collect());
+            let n = xs.len().min(ys.len());
+            xs[..n] == ys[..n]
+        }
+        (None, None) => a == b,
+        _ => false,
+    }
+}
+
+fn s(v: &Value) -> Option<String> {
+    v.as_str().map(String::from)
+}
+
+#[derive(Default)]
+struct Replay {
+    keys: BTreeSet<(String, String)>,
+    tasks: BTreeMap<String, Task>,
+    lives: BTreeMap<(String, String), Life>,
+    /// A `done` over unresolved children: (its event id, task), whose flag must come next.
+    expect_flag: Option<(String, String)>,
+}
+
+impl Replay {
+    fn record(&mut self, r: &Record) -> Result<(), String> {
+        let ev = &r.event;
+        let kind = ev["kind"].as_str().unwrap_or_default();
+        let actor = s(&ev["actor"]).unwrap_or_default();
+        let at = format!("seq {} ({})", r.seq, r.id);
+        if let Some((eid, task)) = self.expect_flag.take() {
+            let ok = kind == "invariant_violation"
+                && ev["invariant"] == "causal"
+                && ev["severity"] == "flag"
+                && ev["event"] == eid.as_str()
+                && ev["task"] == task.as_str();
+            if !ok {
+                return Err(format!(
+                    "causal: done {eid} on {task} over unresolved children is not followed by its flag (at {at})"
+                ));
+            }
+            return Ok(());
+        }
+        if kind != "invariant_violation"
+            && let Some(key) = s(&ev["idempotency_key"])
+            && !self.keys.insert((actor.clone(), key.clone()))
+        {
+            return Err(format!(
+                "exactly_once: {actor} committed idempotency key {key} twice (at {at})"
+            ));
+        }
+        match kind {
+            "task" => self.task(r, ev, &actor, &at),
+            "turn" => self.turn(r, ev, &actor, &at),
+            "invariant_violation" => self.violation(r, ev, &actor, &at),
+            _ => Ok(()),
+        }
+    }
+
+    fn task(&mut self, r: &Record, ev: &Value, actor: &str, at: &str) -> Result<(), String> {
+        let id = s(&ev["task"]).unwrap_or_default();
+        if let Some(c) = ev.get("created") {
+            self.tasks.insert(
+                id.clone(),
+                Task {
+                    recipient: s(&c["recipient"]),
+                    status: "open".into(),
+                    scopes: c["scopes"]
+                        .as_array()
+                        .map(|a| a.iter().filter_map(s).collect())
+                        .unwrap_or_default(),
+                    parent: s(&c["parent"]),
+                },
+            );
+        }
+        if ev["transition"]["to"] == "claimed" {
+            let mine = self
+                .tasks
+                .get(&id)
+                .map(|t| t.scopes.clone())
+                .unwrap_or_default();
+            for (oid, o) in &self.tasks {
+                if *oid == id || o.status != "claimed" || o.recipient.as_deref() == Some(actor) {
+                    continue;
+                }
+                for a in &mine {
+                    if let Some(b) = o.scopes.iter().find(|b| overlap(a, b)) {
+                        return Err(format!(
+                            "exclusive: {actor} claimed {id} ({a}) while {:?} held {oid} ({b}) (at {at})",
+                            o.recipient
+                        ));
+                    }
+                }
+            }
+            if let Some(t) = self.tasks.get_mut(&id) {
+                t.status = "claimed".into();
+                t.recipient = Some(actor.into());
+            }
+            self.lives.insert(
+                (actor.into(), id),
+                Life {
+                    begun: true,
+                    began_ms: r.hlc.ms,
+                    ttl_ms: ev["ttl_ms"].as_u64().unwrap_or(TASKED_TTL_MS),
+                    lapsed: false,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    fn begun(&self, actor: &str, task: &str) -> bool {
+        self.lives
+            .get(&(actor.to_string(), task.to_string()))
+            .is_some_and(|l| l.begun)
+    }
+
+    fn turn(&mut self, r: &Record, ev: &Value, actor: &str, at: &str) -> Result<(), String> {
+        let verb = ev["verb"].as_str().unwrap_or_default();
+        let Some(task) = s(&ev["task"]) else {
+            return Ok(());
+        };
+        if verb == "done" && !self.begun(actor, &task) {
+            return Err(format!(
+                "well_formed: {actor} did done on {task} outside a lifecycle it began (at {at})"
+            ));
+        }
+        let own = self
+            .tasks
+            .get(&task)
+            .is_some_and(|t| t.recipient.as_deref() == Some(actor));
+        if matches!(verb, "note" | "send") && own && !self.begun(actor, &task) {
+            return Err(format!(
+                "well_formed: {actor} did {verb} on its task {task} before claiming it (at {at})"
+            ));
+        }
+        if verb == "done" {
+            let open_children = self.tasks.values().any(|t| {
+                t.parent.as_deref() == Some(task.as_str())
+                    && !matches!(t.status.as_str(), "done" | "declined")
+            });
+            if open_children {
+                self.expect_flag = Some((r.id.clone(), task.clone()));
+            }
+        }
+        if let Some(tr) = ev.get("task_transition") {
+            if let Some(t) = self.tasks.get_mut(&task) {
+                t.status = s(&tr["to"]).unwrap_or_default();
+                t.recipient = s(&tr["recipient"]);
+            }
+            for ((_, lt), l) in self.lives.iter_mut() {
+                if *lt == task {
+                    l.begun = false;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn violation(&mut self, r: &Record, ev: &Value, actor: &str, at: &str) -> Result<(), String> {
+        match (ev["invariant"].as_str(), ev["severity"].as_str()) {
+            (Some("causal"), _) => Err(format!(
+                "causal: a flag with no done over unresolved children before it (at {at})"
+            )),
+            (Some("resolution"), Some("in_doubt")) => {
+                let task = s(&ev["task"]).unwrap_or_default();
+                let l = self.lives.get_mut(&(actor.to_string(), task.clone()));
+                match l {
+                    Some(l) if l.begun && !l.lapsed && l.began_ms + l.ttl_ms <= r.hlc.ms => {
+                        l.lapsed = true;
+                        Ok(())
+                    }
+                    _ => Err(format!(
+                        "resolution: {actor}'s claim of {task} recorded in doubt though it was not a begun, unlapsed claim past its TTL (at {at})"
+                    )),
+                }
+            }
+            (_, Some("reject")) => Ok(()),
+            other => Err(format!(
+                "an invariant_violation record of unknown shape {other:?} (at {at})"
+            )),
+        }
+    }
+
+    /// At a sweep: every begun claim past its TTL must have been recorded in doubt.
+    fn swept(&self, now_ms: u64, room: &str) -> Result<(), String> {
+        for ((agent, task), l) in &self.lives {
+            if l.begun && !l.lapsed && l.began_ms + l.ttl_ms <= now_ms {
+                return Err(format!(
+                    "resolution: in room {room}, {agent}'s claim of {task} (began {} ms, ttl {} ms) was past its TTL at the sweep at {now_ms} ms and not recorded in doubt",
+                    l.began_ms, l.ttl_ms
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Check one room's records (in journal order).
+pub fn check_room(room: &str, records: &[Record], sweep: Option<&Sweep>) -> Result<(), String> {
+    let mut replay = Replay::default();
+    let sweep_tip = sweep.and_then(|s| s.tips.get(room).copied());
+    if let Some(tip) = sweep_tip
+        && (records.len() as u64) < tip
+    {
+        return Err(format!(
+            "room {room}: record {tip}, durable at the last sweep, is gone after a crash ({} records left)",
+            records.len()
+        ));
+    }
+    if let (Some(sw), Some(0)) = (sweep, sweep_tip) {
+        replay.swept(sw.now_ms, room)?;
+    }
+    for r in records {
+        replay.record(r).map_err(|e| format!("room {room}: {e}"))?;
+        if let (Some(sw), Some(tip)) = (sweep, sweep_tip)
+            && r.seq == tip
+        {
+            replay.swept(sw.now_ms, room)?;
+        }
+    }
+    if let Some((eid, task)) = &replay.expect_flag {
+        return Err(format!(
+            "room {room}: causal: done {eid} on {task} over unresolved children is the last record and has no flag"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::overlap;
+
+    #[test]
+    fn the_oracle_overlap_rule() {
+        assert!(overlap("file:src", "file:src/a.rs"));
+        assert!(!overlap("file:src/a.rs", "file:src/b.rs"));
+        assert!(!overlap("file:src", "api:src"));
+        assert!(overlap("api:stripe", "api:stripe"));
+    }
+}
