@@ -285,11 +285,16 @@ impl RoomHandle {
             )));
         }
         let index = Index::open(&dir.join("sync_index.db"))?;
+        let blobs = Blobs::new(dir.join("blobs")).with_faults(engine.config.faults.clone());
+        let swept = blobs.sweep_temps()?;
+        if swept > 0 {
+            tracing::info!(room = %row.name, "removed {swept} blob temp files a crash left");
+        }
         let mut h = RoomHandle {
             name: row.name.clone(),
             graph_id: row.graph_id.clone(),
             binding: stored,
-            blobs: Blobs::new(dir.join("blobs")),
+            blobs,
             journal: None,
             index,
             dir,
@@ -312,6 +317,9 @@ impl RoomHandle {
         if let Err(e) = h.complete_pending(engine) {
             h.halt(format!("completing its last turn failed: {e}"));
         }
+        // recovery runs unfaulted; injected faults apply from here on (simulator only)
+        let db = h.dir.join("sync_index.db");
+        h.index.set_faults(engine.config.faults.clone(), &db);
         Ok(h)
     }
 

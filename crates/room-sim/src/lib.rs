@@ -118,15 +118,52 @@ impl Rng {
     }
 }
 
+/// Where an armed fault strikes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Target {
+    Journal,
+    Blob,
+    Index,
+}
+
+/// One armed fault at a time, for the next write of its target; `fired` says one struck since
+/// the last restart (a storage refusal is then expected, and a crash follows).
 #[derive(Debug)]
 struct SimFaults {
-    next: Mutex<Option<Fault>>,
+    next: Mutex<Option<(Target, Fault)>>,
+    fired: std::sync::atomic::AtomicBool,
     always: Option<Fault>,
+}
+
+impl SimFaults {
+    fn take(&self, target: Target) -> Option<Fault> {
+        let mut next = self.next.lock().expect("fault lock");
+        match *next {
+            Some((t, f)) if t == target => {
+                *next = None;
+                self.fired.store(true, std::sync::atomic::Ordering::SeqCst);
+                Some(f)
+            }
+            _ => None,
+        }
+    }
+
+    fn fired(&self) -> bool {
+        self.fired.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 impl Faults for SimFaults {
     fn on_append(&self, _path: &Path, _bytes: usize) -> Option<Fault> {
-        self.next.lock().expect("fault lock").take().or(self.always)
+        self.take(Target::Journal).or(self.always)
+    }
+
+    fn on_blob_write(&self, _path: &Path, _bytes: usize) -> Option<Fault> {
+        self.take(Target::Blob)
+    }
+
+    fn on_index_commit(&self, _path: &Path) -> Option<Fault> {
+        self.take(Target::Index)
     }
 }
 
@@ -200,6 +237,7 @@ impl Sim {
             entropy: Arc::new(SeededEntropy::new(cfg.seed ^ 0x5eed)),
             faults: Arc::new(SimFaults {
                 next: Mutex::new(None),
+                fired: std::sync::atomic::AtomicBool::new(false),
                 always,
             }),
             cfg,
@@ -383,15 +421,28 @@ impl Sim {
                     3 => Fault::SyncError,
                     _ => Fault::CrashAfterWrite,
                 };
-                *self.faults.next.lock().expect("fault lock") = Some(f);
+                let target = match self.rng.below(10) {
+                    0..=5 => Target::Journal,
+                    6..=7 => Target::Blob,
+                    _ => Target::Index,
+                };
+                *self.faults.next.lock().expect("fault lock") = Some((target, f));
                 self.report.faults += 1;
-                self.note(format!("next append fails: {f:?}"));
+                self.note(format!("next {target:?} write fails: {f:?}"));
                 Ok(())
             }
             86 if self.cfg.faults => self.crash_and_restart(),
             87..=89 => self.sweep(),
             _ => {
                 self.clock.advance(1 + self.rng.below(50));
+                // what the daemon does every 100 ms: commit pending index rows
+                if self.rng.chance(30) {
+                    self.e().flush_indexes();
+                    if self.faults.fired() {
+                        self.note("index flush hit the injected fault".into());
+                        self.crash_pending = true;
+                    }
+                }
                 Ok(())
             }
         }
@@ -417,8 +468,12 @@ impl Sim {
         f: impl FnOnce(&Engine) -> Result<T, room_core::Refusal>,
     ) -> Result<Result<T, room_core::Refusal>, Failure> {
         let before = self.tips();
-        let injected = self.faults.next.lock().expect("fault lock").is_some();
         let out = f(self.e());
+        let injected = self.faults.fired();
+        if injected {
+            // whatever the call answered, the store took a fault: restart before going on
+            self.crash_pending = true;
+        }
         match &out {
             Ok(_) => {
                 self.report.accepted += 1;
@@ -535,7 +590,17 @@ impl Sim {
                     self.agents[i].receipt.remove(&room);
                     continue;
                 }
-                Err(_) => return Ok(()),
+                Err(r) => {
+                    // A confirmation whose commit failed is in doubt: it may have landed. The
+                    // agent did read that page, so the model takes the upper bound.
+                    if r.code == Code::StorageFailed
+                        && let Some((_, to)) = confirm
+                    {
+                        let m = self.agents[i].confirmed.entry(room.clone()).or_default();
+                        *m = (*m).max(to);
+                    }
+                    return Ok(());
+                }
             };
             if let Some((_, to)) = confirm {
                 let m = self.agents[i].confirmed.entry(room.clone()).or_default();
@@ -998,7 +1063,6 @@ impl Sim {
     /// then: the oracle holds the engine to it.
     fn sweep(&mut self) -> Result<(), Failure> {
         let before = self.tips();
-        let injected = self.faults.next.lock().expect("fault lock").is_some();
         let now = self.clock.0.load(std::sync::atomic::Ordering::SeqCst);
         match self.e().sweep_invariants() {
             Ok(n) => {
@@ -1015,7 +1079,10 @@ impl Sim {
                 self.last_sweep = Some((now, tips));
                 Ok(())
             }
-            Err(r) if r.code == Code::StorageFailed && (injected || self.cfg.broken.is_some()) => {
+            Err(r)
+                if r.code == Code::StorageFailed
+                    && (self.faults.fired() || self.cfg.broken.is_some()) =>
+            {
                 self.note(format!("sweep -> {} (injected)", r.code));
                 self.crash_pending = true;
                 let _ = before;
@@ -1084,6 +1151,11 @@ impl Sim {
     /// part of what was written but not synced (a torn tail). Then restart and check.
     fn crash_and_restart(&mut self) -> Result<(), Failure> {
         self.crash_pending = false;
+        // a fault armed but not struck dies with the process; recovery runs unfaulted
+        *self.faults.next.lock().expect("fault lock") = None;
+        self.faults
+            .fired
+            .store(false, std::sync::atomic::Ordering::SeqCst);
         self.report.crashes += 1;
         let engine = self.engine.take().expect("an engine to crash");
         let journals = engine.crash_for_simulation();
@@ -1185,7 +1257,20 @@ impl Sim {
                 now_ms: *now_ms,
                 tips: tips.clone(),
             });
-        oracle::check_room(&room, &records, sweep.as_ref()).map_err(|e| self.fail(e))
+        oracle::check_room(&room, &records, sweep.as_ref()).map_err(|e| self.fail(e))?;
+        // a durable record never names a missing or damaged blob
+        let blobs = room_store::blobs::Blobs::new(dir.join("blobs"));
+        for r in &records {
+            if let Some(sha) = r.event["text_blob"]["sha256"].as_str()
+                && let Err(e) = blobs.get(sha, "txt")
+            {
+                return Err(self.fail(format!(
+                    "room {room}: record {} names blob {sha}, which does not read back: {e}",
+                    r.seq
+                )));
+            }
+        }
+        Ok(())
     }
 }
 

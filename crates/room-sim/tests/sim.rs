@@ -3,8 +3,8 @@
 
 use room_sim::{Broken, SimConfig, run};
 
-const CI_SEEDS: u64 = 12;
-const CI_STEPS: u64 = 300;
+const CI_SEEDS: u64 = 24;
+const CI_STEPS: u64 = 500;
 
 #[test]
 fn the_ci_seed_budget_passes() {

@@ -253,6 +253,11 @@ pub const DEFERRED_BATCHES_MAX: usize = 64;
 
 pub struct Index {
     conn: Connection,
+    /// Injected commit faults and the database path they are reported for (simulator only).
+    faults: Option<(
+        std::sync::Arc<dyn crate::journal::Faults>,
+        std::path::PathBuf,
+    )>,
     in_txn: bool,
     pending: usize,
     /// Set when pending projection rows were rolled back: the index is then behind a mark it
@@ -415,6 +420,7 @@ impl Index {
         migrate(&mut conn, MIGRATIONS)?;
         Ok(Index {
             conn,
+            faults: None,
             in_txn: false,
             pending: 0,
             broken: None,
@@ -444,9 +450,45 @@ impl Index {
         Ok(())
     }
 
+    /// Inject faults into commits (the simulator only).
+    pub fn set_faults(
+        &mut self,
+        faults: Option<std::sync::Arc<dyn crate::journal::Faults>>,
+        path: &Path,
+    ) {
+        self.faults = faults.map(|f| (f, path.to_path_buf()));
+    }
+
+    /// An injected commit fault, as SQLite would leave it: a failed write rolls the
+    /// transaction back; a failed fsync or a crash after the write leaves it committed but
+    /// unconfirmed. Either way the index is behind what the caller believes until a restart.
+    fn injected_commit(&mut self) -> Result<()> {
+        use crate::journal::Fault;
+        let Some(f) = self.faults.as_ref().and_then(|(f, p)| f.on_index_commit(p)) else {
+            return Ok(());
+        };
+        let committed = match f {
+            Fault::WriteError(_) | Fault::ShortWrite(_) => {
+                let _ = self.conn.execute_batch("ROLLBACK");
+                false
+            }
+            Fault::SyncError | Fault::CrashAfterWrite => {
+                self.conn.execute_batch("COMMIT")?;
+                true
+            }
+            Fault::SkipSync => return Ok(()),
+        };
+        self.in_txn = false;
+        self.pending = 0;
+        let why = format!("injected commit fault {f:?} (committed: {committed})");
+        self.broken = Some(why.clone());
+        Err(StoreError::Io(std::io::Error::other(why)))
+    }
+
     /// Commit whatever is pending.
     pub fn flush(&mut self) -> Result<()> {
         if self.in_txn {
+            self.injected_commit()?;
             if let Err(e) = self.conn.execute_batch("COMMIT") {
                 let _ = self.conn.execute_batch("ROLLBACK");
                 self.in_txn = false;
