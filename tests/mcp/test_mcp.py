@@ -156,6 +156,20 @@ async def actor_and_bad_args(client, fx, name):
     assert fx.journal_lines() == before
 
 
+async def idempotent_retry(client, fx, name):
+    """A retry with the same idempotency key is refused as a repeat naming the first event."""
+    key = f"retry-{uuid.uuid4()}"
+    args = {"room": "lobby", "text": "build 42 passed", "idempotency_key": key}
+    first = await client.call_tool("room_note", args)
+    assert not first.is_error, first.structured_content
+    before = fx.journal_lines()
+    ref = refusal(await client.call_tool("room_note", args))
+    assert ref["code"] == "invariant_violation", ref
+    assert ref["detail"]["invariant"] == "exactly_once", ref
+    assert ref["detail"]["original_event"] == first.structured_content["event"], ref
+    assert fx.journal_lines() == before + 1, "only the violation record is written"
+
+
 async def conversation_binding(client, fx, name):
     """The conversation comes from _meta (codex: threadId), never from arguments."""
     t1, t2 = str(uuid.uuid4()), str(uuid.uuid4())
@@ -218,7 +232,7 @@ for mode in ("auto", "legacy"):
 
                 # one session throughout: over stdio each `room mcp` process is its own conversation
                 async with Client(target(), mode=mode) as client:
-                    for fn in (gate_flow, denied_on_both_routes, actor_and_bad_args, conversation_binding):
+                    for fn in (gate_flow, denied_on_both_routes, actor_and_bad_args, idempotent_retry, conversation_binding):
                         await fn(client, fx, "alpha")
                     await revoked_mid_session(client, fx, "alpha", transport == "http")
 
