@@ -187,15 +187,23 @@ fn scene() -> anyhow::Result<()> {
         }
         confirm = page["receipt"].as_str().map(String::from);
     }
-    let replied = sc.ok(
-        Some(&b),
-        "reply",
-        json!({"room": "build", "reply_to": source, "text": "Looks good, two nits inline."}),
-    );
+    let reply = json!({"room": "build", "reply_to": source, "text": "Looks good, two nits inline.",
+        "idempotency_key": "review-parser-1"});
+    let replied = sc.ok(Some(&b), "reply", reply.clone());
     show(format!(
         "reply {} resolved {}",
         replied["event"].as_str().unwrap_or(""),
         replied["resolved"][0]["id"].as_str().unwrap_or("")
+    ));
+
+    sc.say("beta's host lost that answer and retries with the same idempotency key: exactly_once refuses the repeat.");
+    let r = sc.refused(Some(&b), "reply", reply);
+    show(format!(
+        "error[{}]: {} (invariant {}, original event {})",
+        r.code,
+        r.message,
+        r.detail["invariant"].as_str().unwrap_or(""),
+        r.detail["original_event"].as_str().unwrap_or("")
     ));
 
     sc.say("The owner revokes gamma. Its very next call is refused.");

@@ -277,7 +277,7 @@ impl Engine {
     pub(crate) fn reject(&self, h: &mut RoomHandle, v: Violation) -> Refusal {
         let message = match v.invariant {
             Invariant::ExactlyOnce => format!(
-                "idempotency key {} was already used by {} in this room; nothing new was written",
+                "idempotency key {} was already used by {} in this room; the act was not repeated",
                 v.detail["key"].as_str().unwrap_or_default(),
                 v.actor
             ),
