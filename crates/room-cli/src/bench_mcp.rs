@@ -141,6 +141,7 @@ fn over_http(dir: &Path, sessions: usize, secs: f64) -> anyhow::Result<(f64, Vec
         agents.push((token, format!("r{i}")));
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
+        .thread_name("bench-client")
         .enable_all()
         .build()?;
     let start = Instant::now();
@@ -430,6 +431,7 @@ pub fn swarm(a: &BenchArgs) -> anyhow::Result<()> {
         let rooms = r;
         let done = Arc::new(AtomicU64::new(0));
         let rt = tokio::runtime::Builder::new_multi_thread()
+            .thread_name("bench-client")
             .enable_all()
             .build()?;
         let start = Instant::now();

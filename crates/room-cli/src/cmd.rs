@@ -522,6 +522,7 @@ fn serve(cli: &Cli, listen: Option<std::net::SocketAddr>) -> i32 {
         listen,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
+        .thread_name("room-daemon")
         .enable_all()
         .build()
         .expect("tokio runtime");

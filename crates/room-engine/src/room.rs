@@ -36,6 +36,8 @@ pub struct RoomHandle {
     /// True when `read_only` is a rotated or replaced journal (the owner's `index rebuild`
     /// accepts it); otherwise a restart catches the room up from its journal.
     pub rotated: bool,
+    /// Recent sync renderings (the room lock guards it).
+    pub(crate) rendered: std::cell::RefCell<crate::sync::RenderCache>,
 }
 
 pub fn binding_of(row: &RoomRow) -> Binding {
@@ -300,6 +302,7 @@ impl RoomHandle {
             dir,
             read_only: None,
             rotated: false,
+            rendered: Default::default(),
         };
         let known = h.index.mark()?;
         match h.open_journal(engine, known.as_ref()) {

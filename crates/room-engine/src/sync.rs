@@ -13,6 +13,7 @@ use room_core::redact::Redactor;
 use room_core::{Code, Refusal, id, sha256_hex};
 use room_store::index::{CheckpointRow, EventRow, ReceiptRow};
 use serde_json::{Value, json};
+use std::sync::Arc;
 
 /// Bytes of each page kept for the envelope around the items.
 const ENVELOPE_BYTES_RESERVE: usize = 2048;
@@ -117,8 +118,30 @@ impl Engine {
         })
     }
 
-    /// The item as an agent sees it: the event with blob text inlined, redacted.
-    fn render(&self, h: &RoomHandle, e: &EventRow, redactor: &Redactor) -> Outcome<String> {
+    /// The item as an agent sees it: the event with blob text inlined, redacted. Every reader of
+    /// a room gets the same rendering (and each page is rendered again at its confirmation), so
+    /// recent renderings are kept per room, keyed by the record's hash and the policy's digest.
+    fn render(&self, h: &RoomHandle, e: &EventRow, redactor: &Redactor) -> Outcome<Arc<str>> {
+        if let Some(t) = h
+            .rendered
+            .borrow()
+            .get(e.seq, &e.hash, redactor.policy_sha256())
+        {
+            return Ok(t);
+        }
+        let text: Arc<str> = self.render_uncached(h, e, redactor)?.into();
+        h.rendered
+            .borrow_mut()
+            .put(e.seq, &e.hash, redactor.policy_sha256(), text.clone());
+        Ok(text)
+    }
+
+    fn render_uncached(
+        &self,
+        h: &RoomHandle,
+        e: &EventRow,
+        redactor: &Redactor,
+    ) -> Outcome<String> {
         let mut event: Value = serde_json::from_str(&e.body).map_err(Refusal::storage)?;
         if let Some(sha) = event
             .pointer("/text_blob/sha256")
@@ -432,5 +455,44 @@ impl Engine {
             }
         }
         Ok(())
+    }
+}
+
+/// Recent renderings of one room's events, bounded in bytes. An entry is used only for the same
+/// record (hash) under the same redaction policy (digest), so neither a rebuilt journal nor a
+/// policy change can serve a stale rendering.
+#[derive(Default)]
+pub(crate) struct RenderCache {
+    entries: std::collections::BTreeMap<u64, (String, String, Arc<str>)>,
+    bytes: usize,
+}
+
+/// Rendered bytes kept per room; larger renderings are not kept at all.
+const RENDER_CACHE_BYTES_MAX: usize = 512 * 1024;
+const RENDER_CACHE_ENTRY_BYTES_MAX: usize = 16 * 1024;
+
+impl RenderCache {
+    fn get(&self, seq: u64, hash: &str, policy: &str) -> Option<Arc<str>> {
+        self.entries
+            .get(&seq)
+            .filter(|(h, p, _)| h == hash && p == policy)
+            .map(|(_, _, t)| t.clone())
+    }
+
+    fn put(&mut self, seq: u64, hash: &str, policy: &str, text: Arc<str>) {
+        if text.len() > RENDER_CACHE_ENTRY_BYTES_MAX {
+            return;
+        }
+        self.bytes += text.len();
+        if let Some((_, _, old)) = self.entries.insert(seq, (hash.into(), policy.into(), text)) {
+            self.bytes -= old.len();
+        }
+        // readers follow the tip: the oldest renderings go first
+        while self.bytes > RENDER_CACHE_BYTES_MAX {
+            match self.entries.pop_first() {
+                Some((_, (_, _, t))) => self.bytes -= t.len(),
+                None => break,
+            }
+        }
     }
 }

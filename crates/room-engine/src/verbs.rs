@@ -397,13 +397,12 @@ impl Engine {
         let mut page = self.serve_page(&mut h, &st)?;
         page["confirmed"] = confirmed;
         // Oldest first and bounded: the page budget must not be defeated by a flood of mentions.
-        let open = h.index.open_items(&p.name).map_err(store_err)?;
-        page["open_items_total"] = json!(open.len());
-        page["open_items"] = open
-            .iter()
-            .take(OPEN_ITEMS_PAGE_MAX)
-            .map(item_view)
-            .collect();
+        let (open, total) = h
+            .index
+            .open_items_page(&p.name, OPEN_ITEMS_PAGE_MAX)
+            .map_err(store_err)?;
+        page["open_items_total"] = json!(total);
+        page["open_items"] = open.iter().map(item_view).collect();
         Ok(page)
     }
 

@@ -271,6 +271,7 @@ impl Background {
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_multi_thread()
+                .thread_name("room-daemon")
                 .enable_all()
                 .build()?;
             rt.block_on(serve(cfg, async {

@@ -105,6 +105,12 @@ CREATE TABLE lifecycles (
 ) STRICT;
 CREATE INDEX lifecycles_begun ON lifecycles(state, lapsed);
 "#,
+    r#"
+DROP INDEX mentions_open;
+DROP INDEX obligations_open;
+CREATE INDEX mentions_open ON mentions(agent, status, source_seq);
+CREATE INDEX obligations_open ON obligations(agent, status, source_seq);
+"#,
 ];
 
 /// The `exactly_once` registry's retention: the newest this many keys of a room are kept and
@@ -799,6 +805,33 @@ impl Index {
         }
         out.sort_by_key(|i| i.source_seq);
         Ok(out)
+    }
+
+    /// The oldest `limit` open items addressed to `agent`, and how many are open in all: what a
+    /// sync page lists, without loading every open item.
+    pub fn open_items_page(&self, agent: &str, limit: usize) -> Result<(Vec<ItemRow>, u64)> {
+        let mut out = Vec::new();
+        let mut total = 0u64;
+        for kind in [ItemKind::Mention, ItemKind::Obligation] {
+            let mut st = self.conn.prepare_cached(&format!(
+                "SELECT {ITEM_COLS} FROM {} WHERE agent = ?1 AND status = 'open' ORDER BY source_seq LIMIT ?2",
+                kind.table()
+            ))?;
+            let rows = st.query_map(params![agent, limit as i64], |r| item_from_row(kind, r))?;
+            for r in rows {
+                out.push(r?);
+            }
+            total += self
+                .conn
+                .prepare_cached(&format!(
+                    "SELECT count(*) FROM {} WHERE agent = ?1 AND status = 'open'",
+                    kind.table()
+                ))?
+                .query_row([agent], |r| r.get::<_, i64>(0))? as u64;
+        }
+        out.sort_by_key(|i| i.source_seq);
+        out.truncate(limit);
+        Ok((out, total))
     }
 
     pub fn item(&self, kind: ItemKind, id: &str) -> Result<Option<ItemRow>> {

@@ -71,15 +71,29 @@ fn object(v: Value) -> Arc<JsonObject> {
     }
 }
 
-/// The tool definitions a host sees in `mode`.
+/// The tool definitions a host sees in `mode` (built once).
 pub fn tool_list(mode: ToolsMode) -> Vec<Tool> {
-    tools::listed(mode)
-        .iter()
-        .map(|t| {
-            Tool::new(t.name, tools::description(t), object(t.input.clone()))
-                .with_raw_output_schema(object(tools::output_schema()))
-        })
-        .collect()
+    tools_of(mode).to_vec()
+}
+
+fn tools_of(mode: ToolsMode) -> &'static [Tool] {
+    fn build(mode: ToolsMode) -> Vec<Tool> {
+        tools::listed(mode)
+            .iter()
+            .map(|t| {
+                Tool::new(t.name, tools::description(t), object(t.input.clone()))
+                    .with_raw_output_schema(object(tools::output_schema()))
+            })
+            .collect()
+    }
+    static FULL: std::sync::LazyLock<Vec<Tool>> =
+        std::sync::LazyLock::new(|| build(ToolsMode::Full));
+    static COMPACT: std::sync::LazyLock<Vec<Tool>> =
+        std::sync::LazyLock::new(|| build(ToolsMode::Compact));
+    match mode {
+        ToolsMode::Full => &FULL,
+        ToolsMode::Compact => &COMPACT,
+    }
 }
 
 /// A short text rendering beside the structured content, for hosts that show only text.
@@ -129,7 +143,7 @@ impl ServerHandler for RoomMcp {
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
-        tool_list(self.mode).into_iter().find(|t| t.name == name)
+        tools_of(self.mode).iter().find(|t| t.name == name).cloned()
     }
 
     async fn call_tool(
@@ -138,7 +152,7 @@ impl ServerHandler for RoomMcp {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let Some(def) = tools::listed(self.mode)
-            .into_iter()
+            .iter()
             .find(|t| t.name == request.name.as_ref())
         else {
             return Err(McpError::invalid_params(

@@ -242,11 +242,19 @@ pub fn output_schema() -> Value {
     json!({"type": "object", "description": "The result object, or {refusal: {code, message, hint, detail}} when isError is true."})
 }
 
-pub fn listed(mode: ToolsMode) -> Vec<ToolDef> {
-    all()
-        .into_iter()
-        .filter(|t| mode == ToolsMode::Full || matches!(t.name, "room_sync" | "room"))
-        .collect()
+/// The tools a host sees in `mode`. Built once: every call looks its tool up here.
+pub fn listed(mode: ToolsMode) -> &'static [ToolDef] {
+    static FULL: std::sync::LazyLock<Vec<ToolDef>> = std::sync::LazyLock::new(all);
+    static COMPACT: std::sync::LazyLock<Vec<ToolDef>> = std::sync::LazyLock::new(|| {
+        all()
+            .into_iter()
+            .filter(|t| matches!(t.name, "room_sync" | "room"))
+            .collect()
+    });
+    match mode {
+        ToolsMode::Full => &FULL,
+        ToolsMode::Compact => &COMPACT,
+    }
 }
 
 /// The refusal advice appended to every description.
