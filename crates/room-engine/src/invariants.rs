@@ -328,6 +328,8 @@ impl Engine {
     /// many lapses were recorded.
     pub fn sweep_invariants(&self) -> Outcome<u64> {
         let now = self.now_ms();
+        // in name order (the map is ordered): a sweep's appends draw ids from the entropy
+        // source, so a seeded simulation replays only if the order is stable
         let handles: Vec<Arc<Mutex<RoomHandle>>> = self
             .rooms
             .lock()

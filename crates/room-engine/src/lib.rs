@@ -18,7 +18,7 @@ use control::Control;
 use room::RoomHandle;
 use room_core::{Clock, Code, Entropy, Fs, Refusal};
 use room_store::statedir::StateDir;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use policy::Policy;
@@ -77,7 +77,8 @@ pub struct Engine {
     pub(crate) env: Env,
     pub(crate) config: EngineConfig,
     pub(crate) control: Mutex<Control>,
-    pub(crate) rooms: Mutex<HashMap<String, Arc<Mutex<RoomHandle>>>>,
+    /// Open rooms by name, in name order: every walk over them (flushes, sweeps) is deterministic.
+    pub(crate) rooms: Mutex<BTreeMap<String, Arc<Mutex<RoomHandle>>>>,
     pub(crate) policy: policy::PolicyCache,
 }
 
@@ -102,7 +103,7 @@ impl Engine {
             env,
             config,
             control: Mutex::new(control),
-            rooms: Mutex::new(HashMap::new()),
+            rooms: Mutex::new(BTreeMap::new()),
             policy,
         };
         let rows = engine.control().rooms()?;
@@ -188,12 +189,8 @@ impl Engine {
     /// journal's path, its durable length and its current length, so a simulator can decide how
     /// much of the unsynced tail the crash kept.
     pub fn crash_for_simulation(self) -> Vec<(std::path::PathBuf, u64, u64)> {
-        let handles: Vec<_> = self
-            .rooms
-            .lock()
-            .expect("rooms map lock")
-            .drain()
-            .map(|(_, h)| h)
+        let handles: Vec<_> = std::mem::take(&mut *self.rooms.lock().expect("rooms map lock"))
+            .into_values()
             .collect();
         let mut out = Vec::new();
         for h in handles {

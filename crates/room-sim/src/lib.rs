@@ -209,6 +209,10 @@ pub struct Sim {
     /// Tasks created so far per room, for parents.
     room_tasks: BTreeMap<String, Vec<String>>,
     keys: u64,
+    /// The invariant oracle of each room, fed after every step.
+    oracles: Vec<oracle::RoomOracle>,
+    /// This step ran a sweep at this clock: the oracle checks it right after.
+    swept_at: Option<u64>,
 }
 
 fn scratch_dir() -> PathBuf {
@@ -255,6 +259,8 @@ impl Sim {
             last_sweep: None,
             room_tasks: BTreeMap::new(),
             keys: 0,
+            oracles: Vec::new(),
+            swept_at: None,
         }
     }
 
@@ -376,13 +382,63 @@ impl Sim {
     /// Run every step; the first broken promise ends the run.
     pub fn run(mut self) -> Result<Report, Failure> {
         self.setup().map_err(|e| self.fail(format!("setup: {e}")))?;
+        self.reset_oracles()?;
         while self.step < self.cfg.steps {
             self.one_step()?;
+            self.check_step()?;
             self.step += 1;
         }
         self.crash_and_restart()?;
         self.report.acked_events = self.acked.values().map(|s| s.len() as u64).sum();
         Ok(self.report)
+    }
+
+    /// One oracle per room, replayed from the start of its journal.
+    fn reset_oracles(&mut self) -> Result<(), Failure> {
+        self.oracles.clear();
+        for entry in
+            std::fs::read_dir(self.state.join("rooms")).map_err(|e| self.fail(e.to_string()))?
+        {
+            let dir = entry.map_err(|e| self.fail(e.to_string()))?.path();
+            let graph = dir
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default()
+                .to_string();
+            let manifest: Value = std::fs::read(dir.join("manifest.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok())
+                .ok_or_else(|| self.fail(format!("{graph}: unreadable manifest.json")))?;
+            let room = manifest["room"].as_str().unwrap_or_default().to_string();
+            self.oracles.push(oracle::RoomOracle::new(
+                &room,
+                &graph,
+                dir.join("EVENTS.jsonl"),
+            ));
+        }
+        self.oracles.sort_by(|a, b| a.path_cmp(b));
+        self.check_step()
+    }
+
+    /// After every step that left the store healthy: the five invariants over what each
+    /// journal gained, and the sweep's promise if the step swept.
+    fn check_step(&mut self) -> Result<(), Failure> {
+        let swept = self.swept_at.take();
+        if self.crash_pending {
+            // the restart replays everything from the start
+            return Ok(());
+        }
+        for k in 0..self.oracles.len() {
+            if let Err(e) = self.oracles[k].advance() {
+                return Err(self.fail(e));
+            }
+            if let Some(now) = swept
+                && let Err(e) = self.oracles[k].swept(now)
+            {
+                return Err(self.fail(e));
+            }
+        }
+        Ok(())
     }
 
     fn one_step(&mut self) -> Result<(), Failure> {
@@ -1077,6 +1133,7 @@ impl Sim {
                 let tips: BTreeMap<String, u64> =
                     self.rooms.iter().cloned().zip(self.tips()).collect();
                 self.last_sweep = Some((now, tips));
+                self.swept_at = Some(now);
                 Ok(())
             }
             Err(r)
@@ -1175,7 +1232,8 @@ impl Sim {
         }
         self.note("restart".into());
         self.open_engine().map_err(|e| self.fail(e))?;
-        self.check_durable()
+        self.check_durable()?;
+        self.reset_oracles()
     }
 
     /// Every acknowledged event is present and every chain verifies.

@@ -230,6 +230,82 @@ impl Replay {
     }
 }
 
+/// The oracle for one live room, fed after every step with what its journal gained.
+pub struct RoomOracle {
+    room: String,
+    path: std::path::PathBuf,
+    replay: Replay,
+    /// Where the records replayed so far end, and the chain tip there.
+    end: u64,
+    tip: room_core::chain::ChainTip,
+}
+
+impl RoomOracle {
+    pub fn new(room: &str, graph: &str, path: std::path::PathBuf) -> RoomOracle {
+        RoomOracle {
+            room: room.into(),
+            path,
+            replay: Replay::default(),
+            end: 0,
+            tip: room_core::chain::ChainTip::genesis(graph),
+        }
+    }
+
+    /// Replay the whole records appended since the last call. A `done` that needs a flag must
+    /// have it by now: both are written in one append.
+    pub fn advance(&mut self) -> Result<(), String> {
+        use std::os::unix::fs::FileExt;
+        let room = self.room.clone();
+        let file = std::fs::File::open(&self.path).map_err(|e| e.to_string())?;
+        // Read whole lines up to the journal's free space (the first NUL) or its end; the
+        // oracle parses and chains them itself rather than trusting the store's reader.
+        let mut tail = Vec::new();
+        let mut chunk = vec![0u8; 64 * 1024];
+        let mut at = self.end;
+        loop {
+            let n = file.read_at(&mut chunk, at).map_err(|e| e.to_string())?;
+            let data = &chunk[..n];
+            let stop = data.iter().position(|&b| b == 0);
+            tail.extend_from_slice(&data[..stop.unwrap_or(n)]);
+            if n == 0 || stop.is_some() {
+                break;
+            }
+            at += n as u64;
+        }
+        let whole = tail.iter().rposition(|&b| b == b'\n').map_or(0, |p| p + 1);
+        for line in tail[..whole]
+            .split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+        {
+            let r: Record = serde_json::from_slice(line)
+                .map_err(|e| format!("room {room}: a journal line is not a record: {e}"))?;
+            self.tip = r
+                .verify_after(&self.tip)
+                .map_err(|e| format!("room {room}: chain: {e}"))?;
+            self.replay
+                .record(&r)
+                .map_err(|e| format!("room {room}: {e}"))?;
+        }
+        self.end += whole as u64;
+        if let Some((eid, task)) = &self.replay.expect_flag {
+            return Err(format!(
+                "room {room}: causal: done {eid} on {task} over unresolved children was appended without its flag"
+            ));
+        }
+        Ok(())
+    }
+
+    /// A stable order for oracles (by journal path).
+    pub fn path_cmp(&self, other: &RoomOracle) -> std::cmp::Ordering {
+        self.path.cmp(&other.path)
+    }
+
+    /// Right after a sweep at `now_ms`: every begun claim past its TTL is recorded in doubt.
+    pub fn swept(&self, now_ms: u64) -> Result<(), String> {
+        self.replay.swept(now_ms, &self.room)
+    }
+}
+
 /// Check one room's records (in journal order).
 pub fn check_room(room: &str, records: &[Record], sweep: Option<&Sweep>) -> Result<(), String> {
     let mut replay = Replay::default();
