@@ -359,6 +359,10 @@ pub mod http {
                     format!("http://127.0.0.1:{port}"),
                 ])
                 .enforce_origin_validation()
+                // a tool call has one result and Room sends no progress in between: answer it
+                // as plain JSON rather than as an SSE stream (rmcp falls back to SSE on its own
+                // if a handler ever emits something first)
+                .with_json_response(true)
                 .with_max_request_body_bytes(REQUEST_BYTES_MAX);
             let engine = engine.clone();
             StreamableHttpService::new(
