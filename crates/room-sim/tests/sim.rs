@@ -22,6 +22,18 @@ fn the_ci_seed_budget_passes() {
 }
 
 #[test]
+fn hundreds_of_agents_in_many_rooms() {
+    let r = run(SimConfig {
+        steps: 1500,
+        agents: 200,
+        rooms: 40,
+        ..SimConfig::new(7)
+    })
+    .unwrap_or_else(|f| panic!("{f}"));
+    assert!(r.accepted > 500 && r.crashes > 0, "{r:?}");
+}
+
+#[test]
 fn a_seed_replays_exactly() {
     // long enough for index faults, flushes and sweeps, whose order over rooms must be stable
     for seed in [1, 26, 42] {
