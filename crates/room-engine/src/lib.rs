@@ -65,6 +65,15 @@ impl Default for EngineConfig {
     }
 }
 
+/// What a simulated crash may still take (see `Engine::crash_for_simulation`).
+#[derive(Debug, Default)]
+pub struct CrashState {
+    /// Each journal: path, durable length, current length.
+    pub journals: Vec<(std::path::PathBuf, u64, u64)>,
+    /// Files written but not yet synced (wake permits).
+    pub unsynced_files: Vec<std::path::PathBuf>,
+}
+
 /// The engine's windows on the world.
 pub struct Env {
     pub clock: Arc<dyn Clock>,
@@ -176,6 +185,15 @@ impl Engine {
             .collect();
         for h in handles {
             let mut room = lock_room(&h);
+            // a halted room's permits are re-derived at the next start, never marked durable
+            if room.read_only.is_none()
+                && let Err(e) = room.sync_wakes()
+            {
+                room.halt(format!(
+                    "syncing wake permits failed: {e}; restart to re-derive them"
+                ));
+                continue;
+            }
             if let Err(e) = room.index.flush() {
                 tracing::error!(room = %room.name, "index flush failed: {e}");
                 room.read_only = Some(format!(
@@ -185,14 +203,14 @@ impl Engine {
         }
     }
 
-    /// Stop as a crash would: pending index rows are discarded, nothing is flushed. Returns each
-    /// journal's path, its durable length and its current length, so a simulator can decide how
-    /// much of the unsynced tail the crash kept.
-    pub fn crash_for_simulation(self) -> Vec<(std::path::PathBuf, u64, u64)> {
+    /// Stop as a crash would: pending index rows are discarded, nothing is flushed. Returns what
+    /// a crash could still take: each journal's durable and current length, and the wake
+    /// permits written but not yet synced, so a simulator can decide what survives.
+    pub fn crash_for_simulation(self) -> CrashState {
         let handles: Vec<_> = std::mem::take(&mut *self.rooms.lock().expect("rooms map lock"))
             .into_values()
             .collect();
-        let mut out = Vec::new();
+        let mut out = CrashState::default();
         for h in handles {
             let mut room = lock_room(&h);
             room.index.discard_pending();
@@ -200,11 +218,14 @@ impl Engine {
                 let len = std::fs::metadata(j.path())
                     .map(|m| m.len())
                     .unwrap_or(j.mark().len);
-                out.push((j.path().to_path_buf(), j.synced_len(), len));
+                out.journals
+                    .push((j.path().to_path_buf(), j.synced_len(), len));
             }
+            out.unsynced_files.append(&mut room.wakes_unsynced);
         }
-        // a stable order, so that a simulator's draws over the journals replay exactly
-        out.sort();
+        // a stable order, so that a simulator's draws replay exactly
+        out.journals.sort();
+        out.unsynced_files.sort();
         out
     }
 

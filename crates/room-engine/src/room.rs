@@ -38,7 +38,16 @@ pub struct RoomHandle {
     pub rotated: bool,
     /// Recent sync renderings (the room lock guards it).
     pub(crate) rendered: std::cell::RefCell<crate::sync::RenderCache>,
+    /// Wake permits written since the last `sync_wakes`.
+    pub(crate) wakes_unsynced: Vec<PathBuf>,
+    /// Every permit of an items record up to this seq is durable.
+    wakes_mark: u64,
 }
+
+/// Lag after which the wakes mark is moved up even when no permit waits for a sync.
+const WAKES_MARK_LAG_MAX: u64 = 256;
+/// Items records re-derived per query at start.
+const REDERIVE_SLICE: usize = 512;
 
 pub fn binding_of(row: &RoomRow) -> Binding {
     match &row.project_id {
@@ -303,6 +312,8 @@ impl RoomHandle {
             read_only: None,
             rotated: false,
             rendered: Default::default(),
+            wakes_unsynced: Vec::new(),
+            wakes_mark: 0,
         };
         let known = h.index.mark()?;
         match h.open_journal(engine, known.as_ref()) {
@@ -319,6 +330,8 @@ impl RoomHandle {
         // not keep the daemon (and every other room) from starting.
         if let Err(e) = h.complete_pending(engine) {
             h.halt(format!("completing its last turn failed: {e}"));
+        } else if let Err(e) = h.rederive_wakes(engine) {
+            h.halt(format!("re-deriving its wake permits failed: {e}"));
         }
         // recovery runs unfaulted; injected faults apply from here on (simulator only)
         let db = h.dir.join("sync_index.db");
@@ -333,12 +346,77 @@ impl RoomHandle {
         self.journal = None;
         self.read_only = Some("index rebuild in progress or failed".into());
         self.index.clear_projection()?;
+        self.wakes_mark = 0;
         self.open_journal(engine, None)?;
         self.read_only = None;
         self.rotated = false;
         if let Err(e) = self.complete_pending(engine) {
             self.halt(format!("completing its last turn failed: {e}"));
         }
+        Ok(())
+    }
+
+    /// Write every wake permit the journal implies after the wakes mark that is missing or
+    /// damaged (a crash took it before its sync), then sync them all and move the mark.
+    fn rederive_wakes(&mut self, engine: &Engine) -> Result<(), StoreError> {
+        let mut mark = self.index.wakes_mark()?;
+        self.wakes_mark = mark;
+        loop {
+            let rows = self.index.items_after(mark, REDERIVE_SLICE)?;
+            let Some(last) = rows.last().map(|r| r.seq) else {
+                break;
+            };
+            for row in rows {
+                let Ok(EventBody::Items(items)) = serde_json::from_str::<EventBody>(&row.body)
+                else {
+                    return Err(StoreError::Corrupt(format!(
+                        "record {} is not items",
+                        row.seq
+                    )));
+                };
+                if items.wakes.is_empty() {
+                    continue;
+                }
+                let source = self
+                    .index
+                    .event_by_id(&items.source)?
+                    .ok_or_else(|| StoreError::Corrupt("items source".into()))?;
+                if let Ok(EventBody::Turn(t)) = serde_json::from_str::<EventBody>(&source.body) {
+                    engine
+                        .queue_wakes(self, &source, &t, &items)
+                        .map_err(|r| StoreError::Corrupt(format!("re-deriving wakes: {r}")))?;
+                }
+            }
+            mark = last;
+        }
+        self.sync_wakes_now()
+    }
+
+    /// Make the permits written since the last call durable and move the wakes mark to the tip
+    /// (the room lock is held: no turn is between its flushes and its permits). Nothing to do
+    /// when none waits and the mark is close enough behind.
+    pub(crate) fn sync_wakes(&mut self) -> Result<(), StoreError> {
+        if self.wakes_unsynced.is_empty() && self.tip().seq < self.wakes_mark + WAKES_MARK_LAG_MAX {
+            return Ok(());
+        }
+        self.sync_wakes_now()
+    }
+
+    fn sync_wakes_now(&mut self) -> Result<(), StoreError> {
+        let tip = self.tip().seq;
+        let mut dirs = std::collections::BTreeSet::new();
+        for p in &self.wakes_unsynced {
+            sfs::sync_file(p)?;
+            if let Some(d) = p.parent() {
+                dirs.insert(d.to_path_buf());
+            }
+        }
+        for d in &dirs {
+            sfs::sync_dir(d)?;
+        }
+        self.wakes_unsynced.clear();
+        self.index.set_wakes_mark(tip)?;
+        self.wakes_mark = tip;
         Ok(())
     }
 

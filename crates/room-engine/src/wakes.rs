@@ -2,7 +2,9 @@
 //! `wakes/<room>/<agent>/<source_event>.json` after flush 2. The permit's 18 fields are bound by
 //! `binding_sha256`; `not_after` counts from creation, so queue time consumes the deadline.
 //! Dispatch (revalidating the five authority centres) is a later stage; here permits are sealed,
-//! queued and listed.
+//! queued and listed. A permit is derived from the journal (its turn and items records), so it
+//! trails the journal like the index does: written at once, fsynced in a batch with the next
+//! index flush, and re-derived at start for every items record after the room's wakes mark.
 
 use crate::event::{Items, Turn};
 use crate::room::RoomHandle;
@@ -30,7 +32,7 @@ fn cut(s: &str, max: usize) -> String {
 impl Engine {
     pub(crate) fn queue_wakes(
         &self,
-        h: &RoomHandle,
+        h: &mut RoomHandle,
         source: &EventRow,
         t: &Turn,
         items: &Items,
@@ -119,7 +121,20 @@ impl Engine {
                 }
             }
             let bytes = serde_json::to_vec_pretty(&permit).map_err(Refusal::storage)?;
-            room_store::fs::create_new_durable(&path, &bytes).map_err(Refusal::storage)?;
+            // Permits are derived from the journal: written now, synced with the next index
+            // flush (`RoomHandle::sync_wakes`), re-derived at start for anything after the mark.
+            if !room_store::fs::create_new_unsynced(&path, &bytes).map_err(Refusal::storage)? {
+                // a permit already there (re-derivation) stays if it is whole and sealed
+                let whole = std::fs::read(&path)
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<WakePermit>(&b).ok())
+                    .is_some_and(|p| p.intact());
+                if !whole {
+                    tracing::warn!(path = %path.display(), "replacing a damaged wake permit");
+                    room_store::fs::write_atomic(&path, &bytes).map_err(Refusal::storage)?;
+                }
+            }
+            h.wakes_unsynced.push(path);
             out.push(permit);
         }
         Ok(out)

@@ -1215,8 +1215,8 @@ impl Sim {
             .store(false, std::sync::atomic::Ordering::SeqCst);
         self.report.crashes += 1;
         let engine = self.engine.take().expect("an engine to crash");
-        let journals = engine.crash_for_simulation();
-        for (path, synced, len) in journals {
+        let crash = engine.crash_for_simulation();
+        for (path, synced, len) in crash.journals {
             if len > synced {
                 let keep = synced + self.rng.below(len - synced + 1);
                 let f = std::fs::OpenOptions::new()
@@ -1228,6 +1228,27 @@ impl Sim {
                     "crash: {} keeps {keep} of {len} bytes ({synced} synced)",
                     path.display()
                 ));
+            }
+        }
+        // a file written but never synced may be gone, cut short, or whole
+        for path in crash.unsynced_files {
+            let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            match self.rng.below(10) {
+                0..=3 => {
+                    let _ = std::fs::remove_file(&path);
+                    self.note(format!("crash: lost {}", path.display()));
+                }
+                4..=5 => {
+                    let keep = self.rng.below(len.max(1));
+                    if let Ok(f) = std::fs::OpenOptions::new().write(true).open(&path) {
+                        f.set_len(keep).map_err(|e| self.fail(e.to_string()))?;
+                    }
+                    self.note(format!(
+                        "crash: {} keeps {keep} of {len} bytes",
+                        path.display()
+                    ));
+                }
+                _ => {}
             }
         }
         self.note("restart".into());
@@ -1316,6 +1337,30 @@ impl Sim {
                 tips: tips.clone(),
             });
         oracle::check_room(&room, &records, sweep.as_ref()).map_err(|e| self.fail(e))?;
+        // every wake permit the journal implies is queued, whole and sealed
+        for r in &records {
+            if r.event["kind"] != "items" {
+                continue;
+            }
+            let source = r.event["source"].as_str().unwrap_or_default();
+            for agent in r.event["wakes"].as_array().into_iter().flatten() {
+                let agent = agent.as_str().unwrap_or_default();
+                let path = self
+                    .state
+                    .join(format!("wakes/{room}/{agent}/{source}.json"));
+                let intact = std::fs::read(&path)
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<room_core::wake::WakePermit>(&b).ok())
+                    .is_some_and(|p| p.intact());
+                if !intact {
+                    return Err(self.fail(format!(
+                        "room {room}: the wake permit {} implied by record {} is missing or damaged after a restart",
+                        path.display(),
+                        r.seq
+                    )));
+                }
+            }
+        }
         // a durable record never names a missing or damaged blob
         let blobs = room_store::blobs::Blobs::new(dir.join("blobs"));
         for r in &records {

@@ -78,6 +78,29 @@ pub fn create_new_durable(path: &Path, bytes: &[u8]) -> std::io::Result<bool> {
     }
 }
 
+/// Create `path` with `bytes` unless it exists, without syncing: for files derived from the
+/// journal (wake permits), which are synced in batches and re-derived after a crash. Returns
+/// false when the file already existed.
+pub fn create_new_unsynced(path: &Path, bytes: &[u8]) -> std::io::Result<bool> {
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+    {
+        Ok(mut f) => {
+            f.write_all(bytes)?;
+            Ok(true)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// fsync a file that was written earlier.
+pub fn sync_file(path: &Path) -> std::io::Result<()> {
+    std::fs::File::open(path)?.sync_all()
+}
+
 /// Append one JSON line to a log file (errors.jsonl, artifacts.jsonl) and sync it.
 pub fn append_jsonl(path: &Path, value: &serde_json::Value) -> std::io::Result<()> {
     let mut f = std::fs::OpenOptions::new()

@@ -433,6 +433,45 @@ impl Index {
         })
     }
 
+    /// The seq up to which every wake permit the journal implies is known durable (0: none).
+    pub fn wakes_mark(&self) -> Result<u64> {
+        let v: Option<String> = self
+            .conn
+            .query_row("SELECT value FROM meta WHERE key = 'wakes_mark'", [], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        v.map_or(Ok(0), |s| {
+            s.parse()
+                .map_err(|e| StoreError::Corrupt(format!("wakes mark {s:?}: {e}")))
+        })
+    }
+
+    /// Record that every permit up to `seq` is durable, and commit (with anything pending).
+    pub fn set_wakes_mark(&mut self, seq: u64) -> Result<()> {
+        self.begin()?;
+        let set = self.conn.execute(
+            "INSERT INTO meta (key, value) VALUES ('wakes_mark', ?1)
+             ON CONFLICT(key) DO UPDATE SET value = ?1",
+            [seq.to_string()],
+        );
+        if let Err(e) = set {
+            self.abort();
+            return Err(e.into());
+        }
+        self.pending += 1;
+        self.flush()
+    }
+
+    /// Items records after `seq`, oldest first, at most `limit`: whose permits to re-derive.
+    pub fn items_after(&self, seq: u64, limit: usize) -> Result<Vec<EventRow>> {
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {EVENT_COLS} FROM events WHERE seq > ?1 AND kind = 'items' ORDER BY seq LIMIT ?2"
+        ))?;
+        let rows = st.query_map(params![seq as i64, limit as i64], event_from_row)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
     pub fn mark(&self) -> Result<Option<JournalMark>> {
         let v: Option<String> = self
             .conn
@@ -741,7 +780,10 @@ impl Index {
         for t in PROJECTION_TABLES {
             tx.execute(&format!("DELETE FROM {t}"), [])?;
         }
-        tx.execute("DELETE FROM meta WHERE key = 'journal_mark'", [])?;
+        tx.execute(
+            "DELETE FROM meta WHERE key IN ('journal_mark', 'wakes_mark')",
+            [],
+        )?;
         tx.commit()?;
         Ok(())
     }
