@@ -78,7 +78,33 @@ fn violation(
     })
 }
 
+/// Why a check did not pass: the act breaks an invariant (recorded, then refused), or the state
+/// that decides it could not be read (refused as a storage failure, nothing recorded: a broken
+/// disk is not the agent's violation).
+pub(crate) enum Check {
+    Reject(Box<Violation>),
+    Failed(Refusal),
+}
+
+impl From<Box<Violation>> for Check {
+    fn from(v: Box<Violation>) -> Check {
+        Check::Reject(v)
+    }
+}
+
+fn failed(e: room_store::StoreError) -> Check {
+    Check::Failed(store_err(e))
+}
+
 impl Engine {
+    /// Turn a failed check into the caller's refusal (recording a rejection first).
+    pub(crate) fn refuse_check(&self, h: &mut RoomHandle, c: Check) -> Refusal {
+        match c {
+            Check::Reject(v) => self.reject(h, *v),
+            Check::Failed(r) => r,
+        }
+    }
+
     /// `exactly_once`: a key this actor already registered in this room is a repeat.
     pub(crate) fn check_exactly_once(
         &self,
@@ -87,42 +113,28 @@ impl Engine {
         act: &str,
         key: Option<&str>,
         task: Option<&str>,
-    ) -> Result<(), Box<Violation>> {
+    ) -> Result<(), Check> {
         let Some(key) = key else { return Ok(()) };
         if self.config.skip_invariants {
             return Ok(());
         }
-        let found = h.index.idempotent(actor, key).map_err(|e| {
-            // an unreadable registry cannot vouch for uniqueness
-            violation(
-                actor,
-                Invariant::ExactlyOnce,
-                Severity::Reject,
-                act,
-                task,
-                json!({"key": key, "why": format!("registry unreadable: {e}")}),
-            )
-        })?;
+        let found = h.index.idempotent(actor, key).map_err(failed)?;
         match found {
             None => Ok(()),
-            Some((event, seq, original_task)) => Err(violation(
+            Some((event, seq, original_task)) => Err(Check::Reject(violation(
                 actor,
                 Invariant::ExactlyOnce,
                 Severity::Reject,
                 act,
                 task,
                 json!({"key": key, "original_event": event, "original_seq": seq, "original_task": original_task}),
-            )),
+            ))),
         }
     }
 
     /// Check a turn about to be committed. `Err` is a rejection; `Ok` carries flags to commit
     /// beside it.
-    pub(crate) fn check_turn(
-        &self,
-        h: &RoomHandle,
-        t: &Turn,
-    ) -> Result<Vec<Violation>, Box<Violation>> {
+    pub(crate) fn check_turn(&self, h: &RoomHandle, t: &Turn) -> Result<Vec<Violation>, Check> {
         let act = t.verb.as_str();
         self.check_exactly_once(
             h,
@@ -137,19 +149,8 @@ impl Engine {
         if self.config.skip_invariants {
             return Ok(Vec::new());
         }
-        // state that cannot be read cannot vouch for the act
-        let unreadable = |e: room_store::StoreError| {
-            violation(
-                &t.actor,
-                Invariant::WellFormed,
-                Severity::Reject,
-                act,
-                Some(task),
-                json!({"why": format!("lifecycle state unreadable: {e}")}),
-            )
-        };
-        let row = self.control().task(task).map_err(unreadable)?;
-        let life = h.index.lifecycle(&t.actor, task).map_err(unreadable)?;
+        let row = self.control().task(task).map_err(failed)?;
+        let life = h.index.lifecycle(&t.actor, task).map_err(failed)?;
         let begun = life.as_ref().is_some_and(|l| l.state == "begun");
         let ill = |why: &str| {
             violation(
@@ -166,7 +167,8 @@ impl Engine {
         if t.verb == Verb::Done && !begun {
             return Err(ill(
                 "done resolves a task only inside a lifecycle its actor began with a claim",
-            ));
+            )
+            .into());
         }
         let recipient = row.as_ref().and_then(|r| r.recipient.as_deref());
         if matches!(t.verb, Verb::Note | Verb::Send)
@@ -175,14 +177,12 @@ impl Engine {
         {
             return Err(ill(
                 "an effect on your own task needs a begun lifecycle: claim the task first",
-            ));
+            )
+            .into());
         }
         let mut flags = Vec::new();
         if t.verb == Verb::Done {
-            let children = self
-                .control()
-                .children(task)
-                .map_err(|e| ill(&e.to_string()))?;
+            let children = self.control().children(task).map_err(failed)?;
             let open: Vec<Value> = children
                 .iter()
                 .filter(|c| !matches!(c.status.as_str(), "done" | "declined"))
@@ -210,7 +210,7 @@ impl Engine {
         te: &TaskEvent,
         project: Option<&str>,
         scopes: &[String],
-    ) -> Result<(), Box<Violation>> {
+    ) -> Result<(), Check> {
         let act = if te.created.is_some() {
             "task_create"
         } else {
@@ -231,16 +231,7 @@ impl Engine {
             .iter()
             .filter_map(|s| Scope::parse("scopes", s).ok())
             .collect();
-        let leased = self.control().leased(project, &h.name).map_err(|e| {
-            violation(
-                &te.actor,
-                Invariant::Exclusive,
-                Severity::Reject,
-                act,
-                Some(&te.task),
-                json!({"why": format!("leases unreadable: {e}")}),
-            )
-        })?;
+        let leased = self.control().leased(project, &h.name).map_err(failed)?;
         let mut conflicts = Vec::new();
         for other in leased
             .iter()
@@ -252,10 +243,15 @@ impl Engine {
                 .filter_map(|s| Scope::parse("scopes", s).ok())
             {
                 if let Some(m) = mine.iter().find(|m| m.conflicts(&theirs)) {
-                    conflicts.push(
+                    // a lease in another room of the project is named, not described: the
+                    // caller may not be a member there
+                    conflicts.push(if other.room == h.name {
                         json!({"scope": m.to_string(), "held_scope": theirs.to_string(),
-                        "task": other.id, "holder": other.recipient, "room": other.room}),
-                    );
+                            "task": other.id, "holder": other.recipient})
+                    } else {
+                        json!({"scope": m.to_string(), "held_scope": theirs.to_string(),
+                            "elsewhere": "another room of this project"})
+                    });
                 }
             }
         }
@@ -269,7 +265,8 @@ impl Engine {
             act,
             Some(&te.task),
             json!({"conflicts": conflicts}),
-        ))
+        )
+        .into())
     }
 
     /// Record a rejected act's violation (never its envelope) and turn it into the refusal the
@@ -315,7 +312,12 @@ impl Engine {
             Ok(rec) => detail["violation_event"] = json!(rec[0].id),
             Err(r) => {
                 tracing::error!(room = %h.name, "an invariant violation could not be recorded: {r}");
-                detail["violation_recorded"] = json!(false);
+                // the act itself was refused either way; whether its record landed may be unknown
+                detail["violation_recorded"] = if r.detail["in_doubt"] == true {
+                    json!("in_doubt")
+                } else {
+                    json!(false)
+                };
             }
         }
         Refusal::new(Code::InvariantViolation, message)
@@ -338,34 +340,51 @@ impl Engine {
             .cloned()
             .collect();
         let mut recorded = 0;
+        let mut first_error = None;
+        // one room that cannot be swept must not keep the others from it
         for handle in handles {
             let mut h = lock_room(&handle);
             if h.writable().is_err() {
                 continue;
             }
-            let lapsed = h
-                .index
-                .lapsed_begins(now, LAPSES_PER_SWEEP_MAX)
-                .map_err(store_err)?;
-            for l in lapsed {
-                let claim = h
-                    .index
-                    .event_by_seq(l.began_seq)
-                    .map_err(store_err)?
-                    .map(|e| e.id);
-                let v = Violation {
-                    actor: l.agent.clone(),
-                    invariant: Invariant::Resolution,
-                    severity: Severity::InDoubt,
-                    act: "task_claim".into(),
-                    task: Some(l.task.clone()),
-                    event: claim,
-                    detail: json!({"began_ms": l.began_ms, "ttl_ms": l.ttl_ms,
-                        "elapsed_ms": now.saturating_sub(l.began_ms), "observation": "unresolved"}),
-                };
-                h.commit(self, vec![EventBody::InvariantViolation(v)], None)?;
-                recorded += 1;
+            match self.sweep_room(&mut h, now) {
+                Ok(n) => recorded += n,
+                Err(r) => {
+                    tracing::error!(room = %h.name, "invariant sweep: {r}");
+                    first_error.get_or_insert(r);
+                }
             }
+        }
+        match first_error {
+            Some(r) => Err(r),
+            None => Ok(recorded),
+        }
+    }
+
+    fn sweep_room(&self, h: &mut RoomHandle, now: u64) -> Outcome<u64> {
+        let lapsed = h
+            .index
+            .lapsed_begins(now, LAPSES_PER_SWEEP_MAX)
+            .map_err(store_err)?;
+        let mut recorded = 0;
+        for l in lapsed {
+            let claim = h
+                .index
+                .event_by_seq(l.began_seq)
+                .map_err(store_err)?
+                .map(|e| e.id);
+            let v = Violation {
+                actor: l.agent.clone(),
+                invariant: Invariant::Resolution,
+                severity: Severity::InDoubt,
+                act: "task_claim".into(),
+                task: Some(l.task.clone()),
+                event: claim,
+                detail: json!({"began_ms": l.began_ms, "ttl_ms": l.ttl_ms,
+                    "elapsed_ms": now.saturating_sub(l.began_ms), "observation": "unresolved"}),
+            };
+            h.commit(self, vec![EventBody::InvariantViolation(v)], None)?;
+            recorded += 1;
         }
         Ok(recorded)
     }

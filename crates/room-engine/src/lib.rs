@@ -88,6 +88,9 @@ pub struct Engine {
     pub(crate) control: Mutex<Control>,
     /// Open rooms by name, in name order: every walk over them (flushes, sweeps) is deterministic.
     pub(crate) rooms: Mutex<BTreeMap<String, Arc<Mutex<RoomHandle>>>>,
+    /// Held from a scoped claim's `exclusive` check through its commit: leases span the rooms
+    /// of a project, and each room lock covers only its own room. Taken before a room lock.
+    pub(crate) lease_lock: Mutex<()>,
     pub(crate) policy: policy::PolicyCache,
 }
 
@@ -113,6 +116,7 @@ impl Engine {
             config,
             control: Mutex::new(control),
             rooms: Mutex::new(BTreeMap::new()),
+            lease_lock: Mutex::new(()),
             policy,
         };
         let rows = engine.control().rooms()?;

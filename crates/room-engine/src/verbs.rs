@@ -434,10 +434,21 @@ impl Engine {
             if !id::is_task_id(parent) {
                 return Err(Refusal::invalid("parent", "not a task id"));
             }
-            self.control()
+            let pt = self
+                .control()
                 .task(parent)
                 .map_err(store_err)?
                 .ok_or_else(|| Refusal::new(Code::TaskNotFound, format!("no task {parent}")))?;
+            // a child lives beside its parent: the causal flag of the parent's done names the
+            // children, which must not carry one room's tasks into another
+            if pt.room != room {
+                return Err(Refusal::invalid(
+                    "parent",
+                    format!(
+                        "task {parent} belongs to another room; a subtask is created in its parent's room"
+                    ),
+                ));
+            }
         }
         let task = id::task_id(self.env.entropy.as_ref());
         let te = TaskEvent {
@@ -459,7 +470,7 @@ impl Engine {
         let mut h = lock_room(&handle);
         h.writable()?;
         if let Err(v) = self.check_task_event(&h, &te, binding.project(), &[]) {
-            return Err(self.reject(&mut h, *v));
+            return Err(self.refuse_check(&mut h, v));
         }
         let rec = h.commit(self, vec![EventBody::Task(Box::new(te))], None)?;
         drop(h);
@@ -491,6 +502,12 @@ impl Engine {
         invariants::check_ttl(ttl_ms)?;
         let t = self.task_row(task)?;
         let (handle, _) = self.member_handle(&p, &t.room)?;
+        // scopes never change after creation, so whether the lease lock is needed is known now
+        let _leases = (!t.scopes.is_empty()).then(|| {
+            self.lease_lock
+                .lock()
+                .expect("lease lock is never poisoned")
+        });
         let mut h = lock_room(&handle);
         h.writable()?;
         let t = self.task_row(task)?;
@@ -521,7 +538,7 @@ impl Engine {
             ttl_ms: Some(ttl_ms.unwrap_or(TASKED_DEADLINE_MS)),
         };
         if let Err(v) = self.check_task_event(&h, &te, t.project_id.as_deref(), &t.scopes) {
-            return Err(self.reject(&mut h, *v));
+            return Err(self.refuse_check(&mut h, v));
         }
         let rec = h.commit(self, vec![EventBody::Task(Box::new(te))], None)?;
         let t = self.task_row(task)?;
@@ -614,7 +631,7 @@ impl Engine {
             args.idempotency_key.as_deref(),
             args.task.as_deref(),
         ) {
-            return Err(self.reject(&mut h, *v));
+            return Err(self.refuse_check(&mut h, v));
         }
         let standing = self.standing(&h, key)?;
         let mut parents: Vec<String> = args.parents.clone();
@@ -761,7 +778,7 @@ impl Engine {
         let mut turn = turn;
         let flags = match self.check_turn(&h, &turn) {
             Ok(flags) => flags,
-            Err(v) => return Err(self.reject(&mut h, *v)),
+            Err(v) => return Err(self.refuse_check(&mut h, v)),
         };
         // A flag follows its act in the same batch, and completion after a crash looks at the
         // last record: a turn with a second flush carries none, and a turn carries one at most.

@@ -1794,12 +1794,13 @@ fn invariant_exactly_once_refuses_a_repeated_key() {
     fx.sync_all(&b, "coord");
     let say = json!({"room": "coord", "text": "deploy started", "idempotency_key": "deploy-7"});
     let first = fx.ok(Some(&b), "say", say.clone());
+    fx.sync_all(&a, "coord");
     // the retry of a call whose answer was lost is refused and names the first event
     let r = fx.refuse_violation(&b, "say", say, "coord", "exactly_once");
     assert_eq!(r.detail["original_event"], first["event"]);
     assert_eq!(r.detail["key"], "deploy-7");
+    // the violation record is evidence, not an act: it holds no room-mate at the gate, and
     // the key is per actor: another agent may use the same one
-    fx.sync_all(&a, "coord");
     fx.ok(
         Some(&a),
         "say",
@@ -1955,6 +1956,56 @@ fn invariant_causal_flags_done_over_unresolved_children() {
         (Some("invariant_violation"), Some("causal"), Some("flag"))
     );
     assert_eq!(flag["event"], done["event"]);
+    // a subtask lives in its parent's room
+    fx.ok(
+        None,
+        "room_create",
+        json!({"name": "other", "members": ["alpha"]}),
+    );
+    let r = fx.refuse(
+        Some(&a),
+        "task_create",
+        json!({"room": "other", "title": "sub", "parent": parent}),
+        "invalid_argument",
+    );
+    assert_eq!(r.detail["field"], "parent");
+}
+
+#[test]
+fn invariant_exclusive_spans_the_rooms_of_a_project_without_describing_them() {
+    let mut fx = Fx::new();
+    let a = fx.enroll("alpha", "coordinator");
+    let b = fx.enroll("beta", "member");
+    let g = fx.enroll("gamma", "member");
+    let (_, pid) = fx.open_project("app");
+    fx.ok(
+        None,
+        "room_create",
+        json!({"name": "p1", "project": pid, "members": ["alpha", "beta"]}),
+    );
+    fx.ok(
+        None,
+        "room_create",
+        json!({"name": "p2", "project": pid, "members": ["alpha", "gamma"]}),
+    );
+    let create = |fx: &mut Fx, room: &str, to: &str| {
+        fx.sync_all(&a, room);
+        let t = fx.ok(
+            Some(&a),
+            "task_create",
+            json!({"room": room, "title": "edit", "to": to, "scopes": ["file:src/lib.rs"]}),
+        );
+        let id = t["task"]["id"].as_str().unwrap().to_string();
+        fx.tasks.push(id.clone());
+        id
+    };
+    let t1 = create(&mut fx, "p1", "beta");
+    let t2 = create(&mut fx, "p2", "gamma");
+    fx.ok(Some(&b), "task_claim", json!({"task": t1}));
+    let r = fx.refuse_violation(&g, "task_claim", json!({"task": t2}), "p2", "exclusive");
+    let c = &r.detail["conflicts"][0];
+    assert_eq!(c["elsewhere"], "another room of this project", "{r}");
+    assert!(c["task"].is_null() && c["holder"].is_null(), "{r}");
 }
 
 #[test]

@@ -5,7 +5,7 @@
 
 use room_core::Record;
 use serde_json::Value;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 /// A sweep that succeeded: the clock it ran at and each room's tip right after it.
 pub struct Sweep {
@@ -49,7 +49,8 @@ fn s(v: &Value) -> Option<String> {
 
 #[derive(Default)]
 struct Replay {
-    keys: BTreeSet<(String, String)>,
+    /// (actor, key) → the event that registered it.
+    keys: BTreeMap<(String, String), String>,
     tasks: BTreeMap<String, Task>,
     lives: BTreeMap<(String, String), Life>,
     /// A `done` over unresolved children: (its event id, task), whose flag must come next.
@@ -77,7 +78,10 @@ impl Replay {
         }
         if kind != "invariant_violation"
             && let Some(key) = s(&ev["idempotency_key"])
-            && !self.keys.insert((actor.clone(), key.clone()))
+            && self
+                .keys
+                .insert((actor.clone(), key.clone()), r.id.clone())
+                .is_some()
         {
             return Err(format!(
                 "exactly_once: {actor} committed idempotency key {key} twice (at {at})"
@@ -209,10 +213,52 @@ impl Replay {
                     )),
                 }
             }
-            (_, Some("reject")) => Ok(()),
+            (Some(inv), Some("reject")) => self.rejected(inv, ev, actor, at),
             other => Err(format!(
                 "an invariant_violation record of unknown shape {other:?} (at {at})"
             )),
+        }
+    }
+
+    /// A rejection must be justified by the state the oracle itself replayed: an engine that
+    /// refused good acts would pass every other check.
+    fn rejected(&self, inv: &str, ev: &Value, actor: &str, at: &str) -> Result<(), String> {
+        let task = s(&ev["task"]).unwrap_or_default();
+        let act = ev["act"].as_str().unwrap_or_default();
+        let ok = match inv {
+            "exactly_once" => {
+                let key = s(&ev["detail"]["key"]).unwrap_or_default();
+                self.keys.get(&(actor.to_string(), key)).map(String::as_str)
+                    == ev["detail"]["original_event"].as_str()
+            }
+            "well_formed" => {
+                let own = self
+                    .tasks
+                    .get(&task)
+                    .is_some_and(|t| t.recipient.as_deref() == Some(actor));
+                !self.begun(actor, &task) && (act == "done" || own)
+            }
+            "exclusive" => {
+                let mine = self
+                    .tasks
+                    .get(&task)
+                    .map(|t| t.scopes.clone())
+                    .unwrap_or_default();
+                self.tasks.iter().any(|(oid, o)| {
+                    *oid != task
+                        && o.status == "claimed"
+                        && o.recipient.as_deref() != Some(actor)
+                        && o.scopes.iter().any(|b| mine.iter().any(|a| overlap(a, b)))
+                })
+            }
+            _ => false,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(format!(
+                "{inv}: {actor}'s {act} on {task:?} was rejected though the replayed state does not justify it (at {at})"
+            ))
         }
     }
 

@@ -104,6 +104,8 @@ CREATE TABLE lifecycles (
     PRIMARY KEY (agent, task)
 ) STRICT;
 CREATE INDEX lifecycles_begun ON lifecycles(state, lapsed);
+-- the new tables are projections of records already in the journal: replay it at the next open
+DELETE FROM meta WHERE key = 'journal_mark';
 "#,
     r#"
 DROP INDEX mentions_open;
@@ -681,8 +683,12 @@ impl Index {
 
     fn apply_invariant_rows(tx: &Connection, b: &Batch) -> Result<()> {
         for (actor, key, event, seq, task) in &b.idempotency {
+            // the newest use of a key wins, so a replay that meets a key reused after its
+            // eviction ends where the live registry did
             tx.prepare_cached(
-                "INSERT OR IGNORE INTO idempotency (actor, key, event, seq, task) VALUES (?1, ?2, ?3, ?4, ?5)",
+                "INSERT INTO idempotency (actor, key, event, seq, task) VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT(actor, key) DO UPDATE SET event = excluded.event, seq = excluded.seq,
+                   task = excluded.task WHERE excluded.seq > idempotency.seq",
             )?
             .execute(params![actor, key, event, *seq as i64, task])?;
         }
@@ -813,12 +819,15 @@ impl Index {
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
-    /// The first event after `seq` whose actor is not `actor`.
+    /// The first event after `seq` whose actor is not `actor`. Invariant verdicts are evidence
+    /// about acts, not acts: they do not hold anyone at the gate (else one agent repeating a
+    /// refused call would stall every room-mate).
     pub fn first_foreign_after(&self, seq: u64, actor: &str) -> Result<Option<u64>> {
         Ok(self
             .conn
             .prepare_cached(
-                "SELECT seq FROM events WHERE seq > ?1 AND actor != ?2 ORDER BY seq LIMIT 1",
+                "SELECT seq FROM events WHERE seq > ?1 AND actor != ?2 AND kind != 'invariant_violation'
+                 ORDER BY seq LIMIT 1",
             )?
             .query_row(params![seq as i64, actor], |r| r.get::<_, i64>(0))
             .optional()?
