@@ -1,6 +1,6 @@
 //! Engine-level tests for what the daemon cannot reach deterministically: the race between a
 //! turn's preparation and its commit, the Fold Rule, page chunking, completion of an interrupted
-//! second flush, and HLC order under a clock that steps back.
+//! second flush, HLC order under a clock that steps back, and an index upgraded from schema 1.
 
 use room_core::env::{ManualClock, SeededEntropy};
 use room_core::{Code, Tier, Verb};
@@ -491,4 +491,68 @@ fn the_audit_walks_every_causal_ancestor() {
         e.room_audit(&owner(&e), "r", "nonsense").unwrap_err().code,
         Code::InvalidArgument
     );
+}
+
+/// A state dir from before the invariants (sync index at schema 1, no lifecycles) opens with
+/// its journal replayed into the new tables: a task claimed before the upgrade can be finished.
+#[test]
+fn an_upgraded_index_replays_claims_into_lifecycles() {
+    let fx = Fixture::new();
+    let (a, t) = {
+        let e = fx.engine(1);
+        let a = agent(&e, "alpha", Tier::Coordinator);
+        e.room_create(&owner(&e), "r", None, &["alpha".into()])
+            .unwrap();
+        let t = e
+            .task_create(
+                &a,
+                room_engine::verbs::TaskCreateArgs {
+                    room: "r".into(),
+                    title: "t".into(),
+                    to: Some("alpha".into()),
+                    ..Default::default()
+                },
+            )
+            .unwrap()["task"]["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        e.task_claim(&a, &t, None).unwrap();
+        e.flush_indexes();
+        (a, t)
+    };
+    // turn the index back into schema 1 as an older build left it
+    let shard = std::fs::read_dir(fx.state.join("rooms"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    {
+        let c = rusqlite::Connection::open(shard.join("sync_index.db")).unwrap();
+        c.execute_batch(
+            "DROP TABLE idempotency; DROP TABLE lifecycles;
+             DROP INDEX mentions_open; DROP INDEX obligations_open;
+             CREATE INDEX mentions_open ON mentions(agent, status);
+             CREATE INDEX obligations_open ON obligations(agent, status);
+             PRAGMA user_version = 1;",
+        )
+        .unwrap();
+    }
+    let e = fx.engine(2);
+    let a = AgentCaller {
+        token: a.token,
+        ..a
+    };
+    catch_up(&e, &a, "r");
+    let done = e.turn(
+        &a,
+        Verb::Done,
+        TurnArgs {
+            room: "r".into(),
+            task: Some(t.clone()),
+            ..Default::default()
+        },
+    );
+    assert!(done.is_ok(), "done after the upgrade: {done:?}");
 }
