@@ -169,6 +169,11 @@ struct Cache {
 pub struct Control {
     pub(crate) conn: Connection,
     cache: Cache,
+    /// Injected commit faults and the database path they are reported for (simulator only).
+    faults: Option<(
+        std::sync::Arc<dyn room_store::journal::Faults>,
+        std::path::PathBuf,
+    )>,
 }
 
 fn u(v: i64) -> u64 {
@@ -183,6 +188,7 @@ impl Control {
         let mut c = Control {
             conn,
             cache: Cache::default(),
+            faults: None,
         };
         c.cache.epoch = c.load_control_epoch()?;
         for a in c.load_agents()? {
@@ -339,7 +345,7 @@ impl Control {
             .optional()?)
     }
 
-    pub fn insert_agent(&mut self, a: &AgentRow) -> Result<()> {
+    fn insert_agent_unfaulted(&mut self, a: &AgentRow) -> Result<()> {
         self.conn.execute(
             "INSERT INTO agents (name, secret_sha256, registration_sha256, generation, max_tier, host_kind, created_ms, revoked_ms)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, NULL)",
@@ -349,7 +355,7 @@ impl Control {
     }
 
     /// Replace an agent's secret; the old digest is retired in the same transaction.
-    pub fn replace_secret(
+    fn replace_secret_unfaulted(
         &mut self,
         old: &AgentRow,
         new_secret: &str,
@@ -369,7 +375,7 @@ impl Control {
         self.reload_agent(&old.name)
     }
 
-    pub fn revoke(&mut self, a: &AgentRow, now_ms: u64) -> Result<()> {
+    fn revoke_unfaulted(&mut self, a: &AgentRow, now_ms: u64) -> Result<()> {
         let tx = self.conn.transaction()?;
         tx.execute(
             "INSERT OR IGNORE INTO retired_secrets (secret_sha256, agent, retired_ms, why) VALUES (?1, ?2, ?3, 'revoked')",
@@ -383,7 +389,7 @@ impl Control {
         self.reload_agent(&a.name)
     }
 
-    pub fn set_max_tier(&mut self, agent: &str, tier: &str) -> Result<()> {
+    fn set_max_tier_unfaulted(&mut self, agent: &str, tier: &str) -> Result<()> {
         self.conn.execute(
             "UPDATE agents SET max_tier = ?2 WHERE name = ?1",
             params![agent, tier],
@@ -399,7 +405,7 @@ impl Control {
             .collect::<rusqlite::Result<_>>()?)
     }
 
-    pub fn set_verb_denied(&mut self, agent: &str, verb: &str, denied: bool) -> Result<()> {
+    fn set_verb_denied_unfaulted(&mut self, agent: &str, verb: &str, denied: bool) -> Result<()> {
         if denied {
             self.conn.execute(
                 "INSERT OR IGNORE INTO denied_verbs (agent, verb) VALUES (?1, ?2)",
@@ -435,7 +441,7 @@ impl Control {
             .collect::<rusqlite::Result<_>>()?)
     }
 
-    pub fn insert_project(&mut self, p: &ProjectRow) -> Result<()> {
+    fn insert_project_unfaulted(&mut self, p: &ProjectRow) -> Result<()> {
         self.conn.execute(
             "INSERT INTO projects (id, name, requested_root, canonical_root, dev, ino, mnt_id, opened_ms)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
@@ -483,7 +489,7 @@ impl Control {
             .optional()?)
     }
 
-    pub fn insert_room(&mut self, r: &RoomRow, members: &[String]) -> Result<()> {
+    fn insert_room_unfaulted(&mut self, r: &RoomRow, members: &[String]) -> Result<()> {
         let tx = self.conn.transaction()?;
         tx.execute(
             "INSERT INTO rooms (name, graph_id, project_id, created_ms, revision, reset_gen, reset_ms, admission_gen)
@@ -509,7 +515,7 @@ impl Control {
     }
 
     /// Add a member; bumps the room's revision (the participant set is part of every view).
-    pub fn add_member(&mut self, room: &str, agent: &str) -> Result<bool> {
+    fn add_member_unfaulted(&mut self, room: &str, agent: &str) -> Result<bool> {
         let tx = self.conn.transaction()?;
         let n = tx.execute(
             "INSERT OR IGNORE INTO members (room, agent) VALUES (?1, ?2)",
@@ -527,7 +533,7 @@ impl Control {
     }
 
     /// Reset the room's view as of the `room_reset` record at `seq`; replaying it is a no-op.
-    pub fn reset_room_at(&mut self, room: &str, seq: u64, at_ms: u64) -> Result<()> {
+    fn reset_room_at_unfaulted(&mut self, room: &str, seq: u64, at_ms: u64) -> Result<()> {
         self.conn.execute(
             "UPDATE rooms SET reset_gen = ?2, revision = revision + 1, reset_ms = ?3 WHERE name = ?1 AND reset_gen < ?2",
             params![room, seq as i64, at_ms as i64],
@@ -564,7 +570,7 @@ impl Control {
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
-    pub fn insert_task(&mut self, t: &TaskRow) -> Result<()> {
+    fn insert_task_unfaulted(&mut self, t: &TaskRow) -> Result<()> {
         self.conn.execute(
             "INSERT INTO tasks (id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms, scopes)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
@@ -576,7 +582,7 @@ impl Control {
 
     /// Compare-and-set a task's status and recipient: returns false when the task was not in
     /// `from_status` any more (a concurrent change won).
-    pub fn update_task(
+    fn update_task_unfaulted(
         &mut self,
         id: &str,
         from_status: &str,
@@ -589,5 +595,99 @@ impl Control {
             params![id, from_status, status, recipient, now_ms as i64],
         )?;
         Ok(n == 1)
+    }
+}
+
+/// Every write to control.db passes here, so the simulator can fault its commits as SQLite
+/// would leave them: a failed write changes nothing; a failed fsync or a crash after the write
+/// leaves the change made but unconfirmed (the caller gets an error either way).
+impl Control {
+    pub fn set_faults(
+        &mut self,
+        faults: Option<std::sync::Arc<dyn room_store::journal::Faults>>,
+        path: &Path,
+    ) {
+        self.faults = faults.map(|f| (f, path.to_path_buf()));
+    }
+
+    fn write<T>(&mut self, f: impl FnOnce(&mut Control) -> Result<T>) -> Result<T> {
+        use room_store::journal::Fault;
+        let fault = self
+            .faults
+            .as_ref()
+            .and_then(|(faults, path)| faults.on_index_commit(path));
+        match fault {
+            None | Some(Fault::SkipSync) => f(self),
+            Some(Fault::WriteError(kind)) => Err(StoreError::Io(std::io::Error::new(
+                kind,
+                "injected control.db write failure",
+            ))),
+            Some(Fault::ShortWrite(_)) => Err(StoreError::Io(std::io::Error::other(
+                "injected control.db short write",
+            ))),
+            Some(f2 @ (Fault::SyncError | Fault::CrashAfterWrite)) => {
+                f(self)?;
+                Err(StoreError::Io(std::io::Error::other(format!(
+                    "injected control.db fault {f2:?} after the write"
+                ))))
+            }
+        }
+    }
+
+    pub fn insert_agent(&mut self, a: &AgentRow) -> Result<()> {
+        self.write(|c| c.insert_agent_unfaulted(a))
+    }
+
+    pub fn replace_secret(
+        &mut self,
+        old: &AgentRow,
+        new_secret: &str,
+        new_registration: &str,
+        now_ms: u64,
+    ) -> Result<()> {
+        self.write(|c| c.replace_secret_unfaulted(old, new_secret, new_registration, now_ms))
+    }
+
+    pub fn revoke(&mut self, a: &AgentRow, now_ms: u64) -> Result<()> {
+        self.write(|c| c.revoke_unfaulted(a, now_ms))
+    }
+
+    pub fn set_max_tier(&mut self, agent: &str, tier: &str) -> Result<()> {
+        self.write(|c| c.set_max_tier_unfaulted(agent, tier))
+    }
+
+    pub fn set_verb_denied(&mut self, agent: &str, verb: &str, denied: bool) -> Result<()> {
+        self.write(|c| c.set_verb_denied_unfaulted(agent, verb, denied))
+    }
+
+    pub fn insert_project(&mut self, p: &ProjectRow) -> Result<()> {
+        self.write(|c| c.insert_project_unfaulted(p))
+    }
+
+    pub fn insert_room(&mut self, r: &RoomRow, members: &[String]) -> Result<()> {
+        self.write(|c| c.insert_room_unfaulted(r, members))
+    }
+
+    pub fn add_member(&mut self, room: &str, agent: &str) -> Result<bool> {
+        self.write(|c| c.add_member_unfaulted(room, agent))
+    }
+
+    pub fn reset_room_at(&mut self, room: &str, seq: u64, at_ms: u64) -> Result<()> {
+        self.write(|c| c.reset_room_at_unfaulted(room, seq, at_ms))
+    }
+
+    pub fn insert_task(&mut self, t: &TaskRow) -> Result<()> {
+        self.write(|c| c.insert_task_unfaulted(t))
+    }
+
+    pub fn update_task(
+        &mut self,
+        id: &str,
+        from_status: &str,
+        status: &str,
+        recipient: Option<&str>,
+        now_ms: u64,
+    ) -> Result<bool> {
+        self.write(|c| c.update_task_unfaulted(id, from_status, status, recipient, now_ms))
     }
 }

@@ -128,6 +128,11 @@ impl Engine {
                 .expect("rooms map lock")
                 .insert(row.name.clone(), Arc::new(Mutex::new(handle)));
         }
+        // recovery runs unfaulted; injected faults apply from here on (simulator only)
+        let db = engine.state.control_db();
+        engine
+            .control()
+            .set_faults(engine.config.faults.clone(), &db);
         Ok(engine)
     }
 
