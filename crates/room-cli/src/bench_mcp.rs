@@ -340,6 +340,27 @@ fn dir_bytes(p: &Path, suffix: &str) -> u64 {
     total
 }
 
+/// CPU time (ns) spent so far by this process's threads whose name starts with `prefix`, from
+/// `/proc/self/task/*/schedstat`. Threads that already exited are not counted, so this is a
+/// lower bound.
+fn threads_cpu_ns(prefix: &str) -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    let mut total = 0;
+    for t in tasks.flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with(prefix) {
+            continue;
+        }
+        total += std::fs::read_to_string(t.path().join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    total
+}
+
 fn rss_peak_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -359,7 +380,7 @@ pub fn swarm(a: &BenchArgs) -> anyhow::Result<()> {
         dir.display()
     );
     println!(
-        "{:>7} {:>6} {:>11} {:>10} {:>8} {:>8} {:>9} {:>10} {:>9} {:>10} {:>11}",
+        "{:>7} {:>6} {:>11} {:>10} {:>8} {:>8} {:>9} {:>10} {:>9} {:>10} {:>11} {:>13}",
         "agents",
         "rooms",
         "accepted/s",
@@ -370,7 +391,8 @@ pub fn swarm(a: &BenchArgs) -> anyhow::Result<()> {
         "gate-ref %",
         "RSS MiB",
         "index MiB",
-        "journal MiB"
+        "journal MiB",
+        "daemon µs/call"
     );
     for n in [10usize, 100, 500]
         .into_iter()
@@ -435,6 +457,7 @@ pub fn swarm(a: &BenchArgs) -> anyhow::Result<()> {
             .enable_all()
             .build()?;
         let start = Instant::now();
+        let daemon_cpu_before = threads_cpu_ns("room-daemon");
         let tallies = rt.block_on(async {
             let tasks: Vec<_> = agents
                 .into_iter()
@@ -473,6 +496,7 @@ pub fn swarm(a: &BenchArgs) -> anyhow::Result<()> {
             anyhow::Ok(out)
         })?;
         let elapsed = start.elapsed().as_secs_f64();
+        let daemon_cpu_ns = threads_cpu_ns("room-daemon").saturating_sub(daemon_cpu_before);
         daemon.stop()?;
         let mut lat: Vec<Duration> = tallies.iter().flat_map(|t| t.lat.iter().copied()).collect();
         let accepted: u64 = tallies.iter().map(|t| t.accepted).sum();
@@ -484,7 +508,7 @@ pub fn swarm(a: &BenchArgs) -> anyhow::Result<()> {
                 .unwrap_or_else(|| "-".into())
         };
         println!(
-            "{:>7} {:>6} {:>11.0} {:>10.0} {:>8} {:>8} {:>9} {:>10.1} {:>9.0} {:>10.1} {:>11.1}",
+            "{:>7} {:>6} {:>11.0} {:>10.0} {:>8} {:>8} {:>9} {:>10.1} {:>9.0} {:>10.1} {:>11.1} {:>13.0}",
             n,
             rooms,
             accepted as f64 / elapsed,
@@ -496,6 +520,7 @@ pub fn swarm(a: &BenchArgs) -> anyhow::Result<()> {
             rss_peak_kib() as f64 / 1024.0,
             dir_bytes(&state.join("rooms"), ".db") as f64 / (1 << 20) as f64,
             dir_bytes(&state.join("rooms"), "EVENTS.jsonl") as f64 / (1 << 20) as f64,
+            daemon_cpu_ns as f64 / 1000.0 / calls.max(1) as f64,
         );
         if other > 0 {
             let mut codes: std::collections::BTreeMap<String, u64> = Default::default();
