@@ -115,6 +115,9 @@ CREATE INDEX obligations_open ON obligations(agent, status, source_seq);
 "#,
 ];
 
+/// Open items counted per kind for a sync page's total; past it the total is a lower bound.
+pub const OPEN_ITEMS_COUNT_MAX: u64 = 10_000;
+
 /// The `exactly_once` registry's retention: the newest this many keys of a room are kept and
 /// older ones are evicted first-in first-out. An evicted key no longer gets duplicate
 /// protection; eviction grants nothing new.
@@ -858,7 +861,8 @@ impl Index {
         Ok(out)
     }
 
-    /// The oldest `limit` open items addressed to `agent`, and how many are open in all: what a
+    /// The oldest `limit` open items addressed to `agent`, and how many are open in all (counted
+    /// up to `OPEN_ITEMS_COUNT_MAX` per kind, so a flood of mentions costs a bounded scan): what a
     /// sync page lists, without loading every open item.
     pub fn open_items_page(&self, agent: &str, limit: usize) -> Result<(Vec<ItemRow>, u64)> {
         let mut out = Vec::new();
@@ -875,10 +879,12 @@ impl Index {
             total += self
                 .conn
                 .prepare_cached(&format!(
-                    "SELECT count(*) FROM {} WHERE agent = ?1 AND status = 'open'",
+                    "SELECT count(*) FROM (SELECT 1 FROM {} WHERE agent = ?1 AND status = 'open' LIMIT ?2)",
                     kind.table()
                 ))?
-                .query_row([agent], |r| r.get::<_, i64>(0))? as u64;
+                .query_row(params![agent, OPEN_ITEMS_COUNT_MAX as i64], |r| {
+                    r.get::<_, i64>(0)
+                })? as u64;
         }
         out.sort_by_key(|i| i.source_seq);
         out.truncate(limit);
