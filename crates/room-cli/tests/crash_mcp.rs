@@ -22,15 +22,10 @@ const AGENTS: usize = 8;
 const ROUNDS: usize = 5;
 
 fn owner(sock: &Path, op: &str, args: Value) -> Value {
-    let req = Request {
-        op: op.into(),
-        token: None,
-        conversation: None,
-        tier: None,
-        args,
-        meta: None,
-    };
-    let r = Client::connect(sock).unwrap().call(&req).unwrap();
+    let r = Client::connect(sock)
+        .unwrap()
+        .call(&Request::new(op, args))
+        .unwrap();
     r.result.unwrap_or_else(|| panic!("{op}: {:?}", r.refusal))
 }
 

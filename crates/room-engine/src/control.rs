@@ -345,56 +345,64 @@ impl Control {
             .optional()?)
     }
 
-    fn insert_agent_unfaulted(&mut self, a: &AgentRow) -> Result<()> {
-        self.conn.execute(
-            "INSERT INTO agents (name, secret_sha256, registration_sha256, generation, max_tier, host_kind, created_ms, revoked_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, NULL)",
-            params![a.name, a.secret_sha256, a.registration_sha256, a.generation as i64, a.max_tier, a.host_kind, a.created_ms as i64],
-        )?;
-        self.reload_agent(&a.name)
+    pub fn insert_agent(&mut self, a: &AgentRow) -> Result<()> {
+        self.write(|c| {
+            c.conn.execute(
+                "INSERT INTO agents (name, secret_sha256, registration_sha256, generation, max_tier, host_kind, created_ms, revoked_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, NULL)",
+                params![a.name, a.secret_sha256, a.registration_sha256, a.generation as i64, a.max_tier, a.host_kind, a.created_ms as i64],
+            )?;
+            c.reload_agent(&a.name)
+        })
     }
 
     /// Replace an agent's secret; the old digest is retired in the same transaction.
-    fn replace_secret_unfaulted(
+    pub fn replace_secret(
         &mut self,
         old: &AgentRow,
         new_secret: &str,
         new_registration: &str,
         now_ms: u64,
     ) -> Result<()> {
-        let tx = self.conn.transaction()?;
-        tx.execute(
-            "INSERT OR IGNORE INTO retired_secrets (secret_sha256, agent, retired_ms, why) VALUES (?1, ?2, ?3, 'rotated')",
-            params![old.secret_sha256, old.name, now_ms as i64],
-        )?;
-        tx.execute(
-            "UPDATE agents SET secret_sha256 = ?2, registration_sha256 = ?3, generation = generation + 1, revoked_ms = NULL WHERE name = ?1",
-            params![old.name, new_secret, new_registration],
-        )?;
-        tx.commit()?;
-        self.reload_agent(&old.name)
+        self.write(|c| {
+            let tx = c.conn.transaction()?;
+            tx.execute(
+                "INSERT OR IGNORE INTO retired_secrets (secret_sha256, agent, retired_ms, why) VALUES (?1, ?2, ?3, 'rotated')",
+                params![old.secret_sha256, old.name, now_ms as i64],
+            )?;
+            tx.execute(
+                "UPDATE agents SET secret_sha256 = ?2, registration_sha256 = ?3, generation = generation + 1, revoked_ms = NULL WHERE name = ?1",
+                params![old.name, new_secret, new_registration],
+            )?;
+            tx.commit()?;
+            c.reload_agent(&old.name)
+        })
     }
 
-    fn revoke_unfaulted(&mut self, a: &AgentRow, now_ms: u64) -> Result<()> {
-        let tx = self.conn.transaction()?;
-        tx.execute(
-            "INSERT OR IGNORE INTO retired_secrets (secret_sha256, agent, retired_ms, why) VALUES (?1, ?2, ?3, 'revoked')",
-            params![a.secret_sha256, a.name, now_ms as i64],
-        )?;
-        tx.execute(
-            "UPDATE agents SET revoked_ms = ?2 WHERE name = ?1",
-            params![a.name, now_ms as i64],
-        )?;
-        tx.commit()?;
-        self.reload_agent(&a.name)
+    pub fn revoke(&mut self, a: &AgentRow, now_ms: u64) -> Result<()> {
+        self.write(|c| {
+            let tx = c.conn.transaction()?;
+            tx.execute(
+                "INSERT OR IGNORE INTO retired_secrets (secret_sha256, agent, retired_ms, why) VALUES (?1, ?2, ?3, 'revoked')",
+                params![a.secret_sha256, a.name, now_ms as i64],
+            )?;
+            tx.execute(
+                "UPDATE agents SET revoked_ms = ?2 WHERE name = ?1",
+                params![a.name, now_ms as i64],
+            )?;
+            tx.commit()?;
+            c.reload_agent(&a.name)
+        })
     }
 
-    fn set_max_tier_unfaulted(&mut self, agent: &str, tier: &str) -> Result<()> {
-        self.conn.execute(
-            "UPDATE agents SET max_tier = ?2 WHERE name = ?1",
-            params![agent, tier],
-        )?;
-        self.reload_agent(agent)
+    pub fn set_max_tier(&mut self, agent: &str, tier: &str) -> Result<()> {
+        self.write(|c| {
+            c.conn.execute(
+                "UPDATE agents SET max_tier = ?2 WHERE name = ?1",
+                params![agent, tier],
+            )?;
+            c.reload_agent(agent)
+        })
     }
 
     fn load_denied_verbs(&self, agent: &str) -> Result<Vec<String>> {
@@ -405,19 +413,21 @@ impl Control {
             .collect::<rusqlite::Result<_>>()?)
     }
 
-    fn set_verb_denied_unfaulted(&mut self, agent: &str, verb: &str, denied: bool) -> Result<()> {
-        if denied {
-            self.conn.execute(
-                "INSERT OR IGNORE INTO denied_verbs (agent, verb) VALUES (?1, ?2)",
-                params![agent, verb],
-            )?;
-        } else {
-            self.conn.execute(
-                "DELETE FROM denied_verbs WHERE agent = ?1 AND verb = ?2",
-                params![agent, verb],
-            )?;
-        }
-        self.reload_agent(agent)
+    pub fn set_verb_denied(&mut self, agent: &str, verb: &str, denied: bool) -> Result<()> {
+        self.write(|c| {
+            if denied {
+                c.conn.execute(
+                    "INSERT OR IGNORE INTO denied_verbs (agent, verb) VALUES (?1, ?2)",
+                    params![agent, verb],
+                )?;
+            } else {
+                c.conn.execute(
+                    "DELETE FROM denied_verbs WHERE agent = ?1 AND verb = ?2",
+                    params![agent, verb],
+                )?;
+            }
+            c.reload_agent(agent)
+        })
     }
 
     fn load_projects(&self) -> Result<Vec<ProjectRow>> {
@@ -441,14 +451,16 @@ impl Control {
             .collect::<rusqlite::Result<_>>()?)
     }
 
-    fn insert_project_unfaulted(&mut self, p: &ProjectRow) -> Result<()> {
-        self.conn.execute(
-            "INSERT INTO projects (id, name, requested_root, canonical_root, dev, ino, mnt_id, opened_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-            params![p.id, p.name, p.requested_root, p.canonical_root, p.dev as i64, p.ino as i64, p.mnt_id as i64, p.opened_ms as i64],
-        )?;
-        self.cache.projects = self.load_projects()?;
-        Ok(())
+    pub fn insert_project(&mut self, p: &ProjectRow) -> Result<()> {
+        self.write(|c| {
+            c.conn.execute(
+                "INSERT INTO projects (id, name, requested_root, canonical_root, dev, ino, mnt_id, opened_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![p.id, p.name, p.requested_root, p.canonical_root, p.dev as i64, p.ino as i64, p.mnt_id as i64, p.opened_ms as i64],
+            )?;
+            c.cache.projects = c.load_projects()?;
+            Ok(())
+        })
     }
 
     const ROOM_COLS: &'static str =
@@ -489,21 +501,23 @@ impl Control {
             .optional()?)
     }
 
-    fn insert_room_unfaulted(&mut self, r: &RoomRow, members: &[String]) -> Result<()> {
-        let tx = self.conn.transaction()?;
-        tx.execute(
-            "INSERT INTO rooms (name, graph_id, project_id, created_ms, revision, reset_gen, reset_ms, admission_gen)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-            params![r.name, r.graph_id, r.project_id, r.created_ms as i64, r.revision as i64, r.reset_gen as i64, r.reset_ms.map(|v| v as i64), r.admission_gen as i64],
-        )?;
-        for m in members {
+    pub fn insert_room(&mut self, r: &RoomRow, members: &[String]) -> Result<()> {
+        self.write(|c| {
+            let tx = c.conn.transaction()?;
             tx.execute(
-                "INSERT OR IGNORE INTO members (room, agent) VALUES (?1, ?2)",
-                params![r.name, m],
+                "INSERT INTO rooms (name, graph_id, project_id, created_ms, revision, reset_gen, reset_ms, admission_gen)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![r.name, r.graph_id, r.project_id, r.created_ms as i64, r.revision as i64, r.reset_gen as i64, r.reset_ms.map(|v| v as i64), r.admission_gen as i64],
             )?;
-        }
-        tx.commit()?;
-        self.reload_room(&r.name)
+            for m in members {
+                tx.execute(
+                    "INSERT OR IGNORE INTO members (room, agent) VALUES (?1, ?2)",
+                    params![r.name, m],
+                )?;
+            }
+            tx.commit()?;
+            c.reload_room(&r.name)
+        })
     }
 
     fn load_members(&self, room: &str) -> Result<Vec<String>> {
@@ -515,30 +529,34 @@ impl Control {
     }
 
     /// Add a member; bumps the room's revision (the participant set is part of every view).
-    fn add_member_unfaulted(&mut self, room: &str, agent: &str) -> Result<bool> {
-        let tx = self.conn.transaction()?;
-        let n = tx.execute(
-            "INSERT OR IGNORE INTO members (room, agent) VALUES (?1, ?2)",
-            params![room, agent],
-        )?;
-        if n > 0 {
-            tx.execute(
-                "UPDATE rooms SET revision = revision + 1 WHERE name = ?1",
-                [room],
+    pub fn add_member(&mut self, room: &str, agent: &str) -> Result<bool> {
+        self.write(|c| {
+            let tx = c.conn.transaction()?;
+            let n = tx.execute(
+                "INSERT OR IGNORE INTO members (room, agent) VALUES (?1, ?2)",
+                params![room, agent],
             )?;
-        }
-        tx.commit()?;
-        self.reload_room(room)?;
-        Ok(n > 0)
+            if n > 0 {
+                tx.execute(
+                    "UPDATE rooms SET revision = revision + 1 WHERE name = ?1",
+                    [room],
+                )?;
+            }
+            tx.commit()?;
+            c.reload_room(room)?;
+            Ok(n > 0)
+        })
     }
 
     /// Reset the room's view as of the `room_reset` record at `seq`; replaying it is a no-op.
-    fn reset_room_at_unfaulted(&mut self, room: &str, seq: u64, at_ms: u64) -> Result<()> {
-        self.conn.execute(
-            "UPDATE rooms SET reset_gen = ?2, revision = revision + 1, reset_ms = ?3 WHERE name = ?1 AND reset_gen < ?2",
-            params![room, seq as i64, at_ms as i64],
-        )?;
-        self.reload_room(room)
+    pub fn reset_room_at(&mut self, room: &str, seq: u64, at_ms: u64) -> Result<()> {
+        self.write(|c| {
+            c.conn.execute(
+                "UPDATE rooms SET reset_gen = ?2, revision = revision + 1, reset_ms = ?3 WHERE name = ?1 AND reset_gen < ?2",
+                params![room, seq as i64, at_ms as i64],
+            )?;
+            c.reload_room(room)
+        })
     }
 
     pub fn task(&self, id: &str) -> Result<Option<TaskRow>> {
@@ -570,19 +588,21 @@ impl Control {
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
-    fn insert_task_unfaulted(&mut self, t: &TaskRow) -> Result<()> {
-        self.conn.execute(
-            "INSERT INTO tasks (id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms, scopes)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-            params![t.id, t.room, t.project_id, t.title, t.owner, t.recipient, t.parent, t.status, t.created_ms as i64, t.updated_ms as i64,
-                serde_json::to_string(&t.scopes).expect("scopes serialize")],
-        )?;
-        Ok(())
+    pub fn insert_task(&mut self, t: &TaskRow) -> Result<()> {
+        self.write(|c| {
+            c.conn.execute(
+                "INSERT INTO tasks (id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms, scopes)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                params![t.id, t.room, t.project_id, t.title, t.owner, t.recipient, t.parent, t.status, t.created_ms as i64, t.updated_ms as i64,
+                    serde_json::to_string(&t.scopes).expect("scopes serialize")],
+            )?;
+            Ok(())
+        })
     }
 
     /// Compare-and-set a task's status and recipient: returns false when the task was not in
     /// `from_status` any more (a concurrent change won).
-    fn update_task_unfaulted(
+    pub fn update_task(
         &mut self,
         id: &str,
         from_status: &str,
@@ -590,11 +610,13 @@ impl Control {
         recipient: Option<&str>,
         now_ms: u64,
     ) -> Result<bool> {
-        let n = self.conn.execute(
-            "UPDATE tasks SET status = ?3, recipient = ?4, updated_ms = ?5 WHERE id = ?1 AND status = ?2",
-            params![id, from_status, status, recipient, now_ms as i64],
-        )?;
-        Ok(n == 1)
+        self.write(|c| {
+            let n = c.conn.execute(
+                "UPDATE tasks SET status = ?3, recipient = ?4, updated_ms = ?5 WHERE id = ?1 AND status = ?2",
+                params![id, from_status, status, recipient, now_ms as i64],
+            )?;
+            Ok(n == 1)
+        })
     }
 }
 
@@ -632,62 +654,5 @@ impl Control {
                 ))))
             }
         }
-    }
-
-    pub fn insert_agent(&mut self, a: &AgentRow) -> Result<()> {
-        self.write(|c| c.insert_agent_unfaulted(a))
-    }
-
-    pub fn replace_secret(
-        &mut self,
-        old: &AgentRow,
-        new_secret: &str,
-        new_registration: &str,
-        now_ms: u64,
-    ) -> Result<()> {
-        self.write(|c| c.replace_secret_unfaulted(old, new_secret, new_registration, now_ms))
-    }
-
-    pub fn revoke(&mut self, a: &AgentRow, now_ms: u64) -> Result<()> {
-        self.write(|c| c.revoke_unfaulted(a, now_ms))
-    }
-
-    pub fn set_max_tier(&mut self, agent: &str, tier: &str) -> Result<()> {
-        self.write(|c| c.set_max_tier_unfaulted(agent, tier))
-    }
-
-    pub fn set_verb_denied(&mut self, agent: &str, verb: &str, denied: bool) -> Result<()> {
-        self.write(|c| c.set_verb_denied_unfaulted(agent, verb, denied))
-    }
-
-    pub fn insert_project(&mut self, p: &ProjectRow) -> Result<()> {
-        self.write(|c| c.insert_project_unfaulted(p))
-    }
-
-    pub fn insert_room(&mut self, r: &RoomRow, members: &[String]) -> Result<()> {
-        self.write(|c| c.insert_room_unfaulted(r, members))
-    }
-
-    pub fn add_member(&mut self, room: &str, agent: &str) -> Result<bool> {
-        self.write(|c| c.add_member_unfaulted(room, agent))
-    }
-
-    pub fn reset_room_at(&mut self, room: &str, seq: u64, at_ms: u64) -> Result<()> {
-        self.write(|c| c.reset_room_at_unfaulted(room, seq, at_ms))
-    }
-
-    pub fn insert_task(&mut self, t: &TaskRow) -> Result<()> {
-        self.write(|c| c.insert_task_unfaulted(t))
-    }
-
-    pub fn update_task(
-        &mut self,
-        id: &str,
-        from_status: &str,
-        status: &str,
-        recipient: Option<&str>,
-        now_ms: u64,
-    ) -> Result<bool> {
-        self.write(|c| c.update_task_unfaulted(id, from_status, status, recipient, now_ms))
     }
 }

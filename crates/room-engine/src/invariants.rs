@@ -22,7 +22,6 @@ use crate::{Engine, Outcome, lock_room, store_err};
 use room_core::scope::{self, Scope};
 use room_core::{Code, Refusal, Verb};
 use serde_json::{Value, json};
-use std::sync::{Arc, Mutex};
 
 /// Idempotency keys: what a client may use (a UUID, a ULID, `build-42:retry`).
 pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 128;
@@ -330,15 +329,9 @@ impl Engine {
     /// many lapses were recorded.
     pub fn sweep_invariants(&self) -> Outcome<u64> {
         let now = self.now_ms();
-        // in name order (the map is ordered): a sweep's appends draw ids from the entropy
-        // source, so a seeded simulation replays only if the order is stable
-        let handles: Vec<Arc<Mutex<RoomHandle>>> = self
-            .rooms
-            .lock()
-            .expect("rooms map lock")
-            .values()
-            .cloned()
-            .collect();
+        // in name order: a sweep's appends draw ids from the entropy source, so a seeded
+        // simulation replays only if the order is stable
+        let handles = self.room_handles();
         let mut recorded = 0;
         let mut first_error = None;
         // one room that cannot be swept must not keep the others from it

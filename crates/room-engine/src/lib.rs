@@ -154,6 +154,16 @@ impl Engine {
         self.env.clock.now_ms()
     }
 
+    /// Every open room, in name order (a stable order: walks over rooms replay from a seed).
+    pub(crate) fn room_handles(&self) -> Vec<Arc<Mutex<RoomHandle>>> {
+        self.rooms
+            .lock()
+            .expect("rooms map lock")
+            .values()
+            .cloned()
+            .collect()
+    }
+
     pub(crate) fn room_handle(&self, name: &str) -> Outcome<Arc<Mutex<RoomHandle>>> {
         self.rooms
             .lock()
@@ -185,14 +195,7 @@ impl Engine {
     /// at shutdown; correctness does not depend on it (the journal is the commit point), only
     /// how much catching up the next start does.
     pub fn flush_indexes(&self) {
-        let handles: Vec<_> = self
-            .rooms
-            .lock()
-            .expect("rooms map lock")
-            .values()
-            .cloned()
-            .collect();
-        for h in handles {
+        for h in self.room_handles() {
             let mut room = lock_room(&h);
             // a halted room's permits are re-derived at the next start, never marked durable
             if room.read_only.is_none()

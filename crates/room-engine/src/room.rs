@@ -326,13 +326,7 @@ impl RoomHandle {
             }
             Err(e) => return Err(e),
         }
-        // A room that cannot finish its last turn stays readable but refuses writes; it must
-        // not keep the daemon (and every other room) from starting.
-        if let Err(e) = h.complete_pending(engine) {
-            h.halt(format!("completing its last turn failed: {e}"));
-        } else if let Err(e) = h.rederive_wakes(engine) {
-            h.halt(format!("re-deriving its wake permits failed: {e}"));
-        }
+        h.recover(engine);
         // recovery runs unfaulted; injected faults apply from here on (simulator only)
         let db = h.dir.join("sync_index.db");
         h.index.set_faults(engine.config.faults.clone(), &db);
@@ -350,10 +344,19 @@ impl RoomHandle {
         self.open_journal(engine, None)?;
         self.read_only = None;
         self.rotated = false;
+        self.recover(engine);
+        Ok(())
+    }
+
+    /// Finish what a crash may have cut off: the last turn's flush 2 and flags, then the wake
+    /// permits after the wakes mark. A room that cannot must not keep the daemon (and every
+    /// other room) from starting: it stays readable and refuses writes.
+    fn recover(&mut self, engine: &Engine) {
         if let Err(e) = self.complete_pending(engine) {
             self.halt(format!("completing its last turn failed: {e}"));
+        } else if let Err(e) = self.rederive_wakes(engine) {
+            self.halt(format!("re-deriving its wake permits failed: {e}"));
         }
-        Ok(())
     }
 
     /// Write every wake permit the journal implies after the wakes mark that is missing or
@@ -474,8 +477,8 @@ impl RoomHandle {
         Ok(())
     }
 
-    /// If the last record is a turn whose plan has no flush 2 yet, write it now (and its wake
-    /// permits). Only the last record can be in that state: a room's writer lock covers both
+    /// If the last record is a turn whose flags or flush 2 are missing, write them now (its wake
+    /// permits follow from `rederive_wakes`). Only the last record can be in that state: a room's writer lock covers both
     /// flushes, so nothing else can be appended between them.
     fn complete_pending(&mut self, engine: &Engine) -> Result<(), StoreError> {
         let tip = match &self.journal {
@@ -509,18 +512,6 @@ impl RoomHandle {
             tracing::warn!(room = %self.name, event = %last.id, "completing an interrupted second flush");
             self.flush_items(engine, &last.id, t, None)
                 .map_err(|r| StoreError::Corrupt(format!("completing flush 2: {r}")))?;
-        }
-        // Wake permits are files written after flush 2; re-derive any that a crash cut off.
-        if let EventBody::Items(items) = &body {
-            let source = self
-                .index
-                .event_by_id(&items.source)?
-                .ok_or_else(|| StoreError::Corrupt("items source".into()))?;
-            if let Ok(EventBody::Turn(t)) = serde_json::from_str::<EventBody>(&source.body) {
-                engine
-                    .queue_wakes(self, &source, &t, items)
-                    .map_err(|r| StoreError::Corrupt(format!("completing wakes: {r}")))?;
-            }
         }
         Ok(())
     }

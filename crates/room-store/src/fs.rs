@@ -62,20 +62,12 @@ pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
 
 /// Create a file only if absent, durably. Returns false when it already existed.
 pub fn create_new_durable(path: &Path, bytes: &[u8]) -> std::io::Result<bool> {
-    match std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(path)
-    {
-        Ok(mut f) => {
-            f.write_all(bytes)?;
-            f.sync_all()?;
-            sync_dir(path.parent().unwrap_or(Path::new(".")))?;
-            Ok(true)
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
-        Err(e) => Err(e),
+    if !create_new_unsynced(path, bytes)? {
+        return Ok(false);
     }
+    sync_file(path)?;
+    sync_dir(path.parent().unwrap_or(Path::new(".")))?;
+    Ok(true)
 }
 
 /// Create `path` with `bytes` unless it exists, without syncing: for files derived from the
