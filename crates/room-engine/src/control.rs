@@ -2,7 +2,7 @@
 //! credential digests, verb policy, project grants, rooms and rosters, tasks, and the control
 //! epoch. Every change here is committed (synchronous=FULL) before the call that made it returns.
 
-use room_store::index::{configure_owned, migrate};
+use room_store::index::SqliteConfig;
 use room_store::{Result, StoreError};
 use rusqlite::{Connection, OptionalExtension, params};
 use std::collections::{BTreeMap, HashMap};
@@ -169,11 +169,6 @@ struct Cache {
 pub struct Control {
     pub(crate) conn: Connection,
     cache: Cache,
-    /// Injected commit faults and the database path they are reported for (simulator only).
-    faults: Option<(
-        std::sync::Arc<dyn room_store::journal::Faults>,
-        std::path::PathBuf,
-    )>,
 }
 
 fn u(v: i64) -> u64 {
@@ -181,15 +176,20 @@ fn u(v: i64) -> u64 {
 }
 
 impl Control {
-    pub fn open(path: &Path) -> Result<Control> {
-        let mut conn = Connection::open(path)?;
-        configure_owned(&conn)?;
-        migrate(&mut conn, MIGRATIONS)?;
+    pub fn open(path: &Path, cfg: &SqliteConfig) -> Result<Control> {
+        let conn = room_store::index::open_owned(path, cfg, MIGRATIONS)?;
         let mut c = Control {
             conn,
             cache: Cache::default(),
-            faults: None,
         };
+        c.load_cache()?;
+        Ok(c)
+    }
+
+    /// Fill the cache from the database, as it stands.
+    fn load_cache(&mut self) -> Result<()> {
+        let c = self;
+        c.cache = Cache::default();
         c.cache.epoch = c.load_control_epoch()?;
         for a in c.load_agents()? {
             c.reload_agent(&a.name)?;
@@ -198,7 +198,7 @@ impl Control {
         for r in c.load_rooms()? {
             c.reload_room(&r.name)?;
         }
-        Ok(c)
+        Ok(())
     }
 
     fn reload_agent(&mut self, name: &str) -> Result<()> {
@@ -620,39 +620,17 @@ impl Control {
     }
 }
 
-/// Every write to control.db passes here, so the simulator can fault its commits as SQLite
-/// would leave them: a failed write changes nothing; a failed fsync or a crash after the write
-/// leaves the change made but unconfirmed (the caller gets an error either way).
+/// Every write to control.db passes here. A write that fails may have been rolled back by
+/// SQLite, or committed but not confirmed by fsync: the cache is then filled anew from what the
+/// database says, so no decision rests on a row that is not there.
 impl Control {
-    pub fn set_faults(
-        &mut self,
-        faults: Option<std::sync::Arc<dyn room_store::journal::Faults>>,
-        path: &Path,
-    ) {
-        self.faults = faults.map(|f| (f, path.to_path_buf()));
-    }
-
     fn write<T>(&mut self, f: impl FnOnce(&mut Control) -> Result<T>) -> Result<T> {
-        use room_store::journal::Fault;
-        let fault = self
-            .faults
-            .as_ref()
-            .and_then(|(faults, path)| faults.on_index_commit(path));
-        match fault {
-            None | Some(Fault::SkipSync) => f(self),
-            Some(Fault::WriteError(kind)) => Err(StoreError::Io(std::io::Error::new(
-                kind,
-                "injected control.db write failure",
-            ))),
-            Some(Fault::ShortWrite(_)) => Err(StoreError::Io(std::io::Error::other(
-                "injected control.db short write",
-            ))),
-            Some(f2 @ (Fault::SyncError | Fault::CrashAfterWrite)) => {
-                f(self)?;
-                Err(StoreError::Io(std::io::Error::other(format!(
-                    "injected control.db fault {f2:?} after the write"
-                ))))
-            }
+        let out = f(self);
+        if out.is_err()
+            && let Err(e) = self.load_cache()
+        {
+            tracing::error!("control.db cache reload after a failed write failed too: {e}");
         }
+        out
     }
 }

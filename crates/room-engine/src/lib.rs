@@ -44,8 +44,10 @@ pub struct EngineConfig {
     pub recipients_max: usize,
     /// Most explicit causal parents or evidence handles one turn may name.
     pub parents_max: usize,
-    /// Injected journal faults (the simulator only).
+    /// Injected journal and blob faults (the simulator only).
     pub faults: Option<Arc<dyn room_store::journal::Faults>>,
+    /// How control.db and the sync indexes are opened (the simulator's disk under SQLite).
+    pub sqlite: room_store::index::SqliteConfig,
     /// A planted bug for the simulator's proof that its invariant oracle bites: the five
     /// runtime invariants are not checked. Never set outside `room-sim`.
     pub skip_invariants: bool,
@@ -60,6 +62,7 @@ impl Default for EngineConfig {
             recipients_max: 64,
             parents_max: 16,
             faults: None,
+            sqlite: Default::default(),
             skip_invariants: false,
         }
     }
@@ -108,7 +111,7 @@ impl Engine {
         env: Env,
         config: EngineConfig,
     ) -> Result<Engine, room_store::StoreError> {
-        let control = Control::open(&state.control_db())?;
+        let control = Control::open(&state.control_db(), &config.sqlite)?;
         let policy = policy::PolicyCache::new(state.config());
         let engine = Engine {
             state,
@@ -128,11 +131,6 @@ impl Engine {
                 .expect("rooms map lock")
                 .insert(row.name.clone(), Arc::new(Mutex::new(handle)));
         }
-        // recovery runs unfaulted; injected faults apply from here on (simulator only)
-        let db = engine.state.control_db();
-        engine
-            .control()
-            .set_faults(engine.config.faults.clone(), &db);
         Ok(engine)
     }
 

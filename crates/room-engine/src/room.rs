@@ -295,7 +295,7 @@ impl RoomHandle {
                 row.name
             )));
         }
-        let index = Index::open(&dir.join("sync_index.db"))?;
+        let index = Index::open_with(&dir.join("sync_index.db"), &engine.config.sqlite)?;
         let blobs = Blobs::new(dir.join("blobs")).with_faults(engine.config.faults.clone());
         let swept = blobs.sweep_temps()?;
         if swept > 0 {
@@ -327,9 +327,6 @@ impl RoomHandle {
             Err(e) => return Err(e),
         }
         h.recover(engine);
-        // recovery runs unfaulted; injected faults apply from here on (simulator only)
-        let db = h.dir.join("sync_index.db");
-        h.index.set_faults(engine.config.faults.clone(), &db);
         Ok(h)
     }
 

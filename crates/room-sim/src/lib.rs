@@ -14,6 +14,7 @@
 //!
 //! A failure names the seed and step; `room-sim --seed N` replays it.
 
+pub mod disk;
 pub mod oracle;
 
 use room_core::env::{ManualClock, SeededEntropy};
@@ -35,6 +36,9 @@ pub enum Broken {
     AckBeforeFsync,
     /// Do not check the five runtime invariants.
     SkipInvariants,
+    /// The disk under SQLite answers fsync without writing anything (control.db and the sync
+    /// indexes then lose acknowledged changes at a crash).
+    SqliteFsyncLies,
 }
 
 #[derive(Debug, Clone)]
@@ -98,6 +102,8 @@ pub struct Report {
     pub refusals: BTreeMap<String, u64>,
     /// Invariant verdicts by invariant and severity.
     pub invariants: BTreeMap<String, u64>,
+    /// SQLite's traffic on the simulated disk.
+    pub disk: disk::DiskStats,
 }
 
 struct Rng(u64);
@@ -131,16 +137,26 @@ enum Target {
 /// the last restart (a storage refusal is then expected, and a crash follows).
 #[derive(Debug)]
 struct SimFaults {
-    next: Mutex<Option<(Target, Fault)>>,
+    /// The armed fault, and how many of its target's write points it lets pass first.
+    next: Mutex<Option<(Target, Fault, u32)>>,
     fired: std::sync::atomic::AtomicBool,
     always: Option<Fault>,
 }
 
 impl SimFaults {
     fn take(&self, target: Target) -> Option<Fault> {
+        self.take_if(target, |_| true)
+    }
+
+    /// The armed fault, if it is for `target` and of a kind this write point can suffer.
+    fn take_if(&self, target: Target, kind: impl Fn(Fault) -> bool) -> Option<Fault> {
         let mut next = self.next.lock().expect("fault lock");
-        match *next {
-            Some((t, f)) if t == target => {
+        match &mut *next {
+            Some((t, f, pass)) if *t == target && kind(*f) && *pass > 0 => {
+                *pass -= 1;
+                None
+            }
+            &mut Some((t, f, _)) if t == target && kind(f) => {
                 *next = None;
                 self.fired.store(true, std::sync::atomic::Ordering::SeqCst);
                 Some(f)
@@ -162,13 +178,35 @@ impl Faults for SimFaults {
     fn on_blob_write(&self, _path: &Path, _bytes: usize) -> Option<Fault> {
         self.take(Target::Blob)
     }
+}
 
-    fn on_index_commit(&self, path: &Path) -> Option<Fault> {
-        if path.file_name().is_some_and(|n| n == "control.db") {
-            self.take(Target::Control)
-        } else {
-            self.take(Target::Index)
-        }
+/// SQLite's writes and syncs, under it: control.db (and its WAL) or a room's sync index.
+impl disk::DiskFaults for SimFaults {
+    fn on_write(&self, path: &Path) -> Option<Fault> {
+        self.take_if(sqlite_target(path), |f| {
+            matches!(
+                f,
+                Fault::WriteError(_) | Fault::ShortWrite(_) | Fault::CrashAfterWrite
+            )
+        })
+    }
+
+    fn on_sync(&self, path: &Path) -> Option<Fault> {
+        self.take_if(sqlite_target(path), |f| {
+            matches!(f, Fault::SyncError | Fault::CrashAfterWrite)
+        })
+    }
+}
+
+fn sqlite_target(path: &Path) -> Target {
+    let control = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("control.db"));
+    if control {
+        Target::Control
+    } else {
+        Target::Index
     }
 }
 
@@ -176,6 +214,8 @@ struct Agent {
     name: String,
     token: String,
     revoked: bool,
+    /// A rotation or revocation of this agent failed on storage: whether it took is unknown.
+    control_doubt: bool,
     rooms: Vec<String>,
     /// Per room: the last receipt read and the position it covers.
     receipt: BTreeMap<String, (String, u64)>,
@@ -199,6 +239,8 @@ pub struct Sim {
     clock: Arc<ManualClock>,
     entropy: Arc<SeededEntropy>,
     faults: Arc<SimFaults>,
+    /// The page cache under SQLite.
+    disk: disk::Mount,
     engine: Option<Engine>,
     agents: Vec<Agent>,
     rooms: Vec<String>,
@@ -240,15 +282,21 @@ impl Sim {
             Some(Broken::AckBeforeFsync) => Some(Fault::SkipSync),
             _ => None,
         };
+        let faults = Arc::new(SimFaults {
+            next: Mutex::new(None),
+            fired: std::sync::atomic::AtomicBool::new(false),
+            always,
+        });
         Sim {
+            disk: disk::Mount::new(
+                &root,
+                faults.clone(),
+                cfg.broken == Some(Broken::SqliteFsyncLies),
+            ),
             rng: Rng(cfg.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1),
             clock: Arc::new(ManualClock::new(1_790_000_000_000)),
             entropy: Arc::new(SeededEntropy::new(cfg.seed ^ 0x5eed)),
-            faults: Arc::new(SimFaults {
-                next: Mutex::new(None),
-                fired: std::sync::atomic::AtomicBool::new(false),
-                always,
-            }),
+            faults,
             cfg,
             _tmp: tmp,
             state,
@@ -279,6 +327,11 @@ impl Sim {
         };
         let config = EngineConfig {
             faults: Some(self.faults.clone()),
+            sqlite: room_store::index::SqliteConfig {
+                vfs: Some(disk::VFS_NAME.to_string()),
+                // checkpoint after nearly every commit, so crashes and faults land inside them
+                wal_autocheckpoint_pages: 4,
+            },
             skip_invariants: self.cfg.broken == Some(Broken::SkipInvariants),
             ..EngineConfig::default()
         };
@@ -353,6 +406,7 @@ impl Sim {
                 name,
                 token,
                 revoked: false,
+                control_doubt: false,
                 rooms: vec![],
                 receipt: BTreeMap::new(),
                 confirmed: BTreeMap::new(),
@@ -395,6 +449,7 @@ impl Sim {
         }
         self.crash_and_restart()?;
         self.report.acked_events = self.acked.values().map(|s| s.len() as u64).sum();
+        self.report.disk = self.disk.stats();
         Ok(self.report)
     }
 
@@ -488,9 +543,17 @@ impl Sim {
                     7..=8 => Target::Index,
                     _ => Target::Control,
                 };
-                *self.faults.next.lock().expect("fault lock") = Some((target, f));
+                // SQLite writes many pages and syncs per commit: strike any one of them
+                let pass = match target {
+                    Target::Index | Target::Control => self.rng.below(12) as u32,
+                    Target::Journal | Target::Blob => 0,
+                };
+                *self.faults.next.lock().expect("fault lock") = Some((target, f, pass));
                 self.report.faults += 1;
-                self.note(format!("next {target:?} write fails: {f:?}"));
+                self.note(format!(
+                    "{target:?} write point {} from now fails: {f:?}",
+                    pass + 1
+                ));
                 Ok(())
             }
             86 if self.cfg.faults => self.crash_and_restart(),
@@ -1166,6 +1229,7 @@ impl Sim {
         let out = self.checked(format!("owner rotate {name}"), |e| {
             e.rotate(&sim_owner(e), &name)
         })?;
+        self.agents[i].control_doubt = matches!(&out, Err(r) if r.code == Code::StorageFailed);
         if let Ok(en) = out {
             self.agents[i].token = en.token;
             self.agents[i].revoked = false;
@@ -1179,12 +1243,11 @@ impl Sim {
     fn owner_revoke(&mut self) -> Result<(), Failure> {
         let i = self.pick_agent();
         let name = self.agents[i].name.clone();
-        if self
-            .checked(format!("owner revoke {name}"), |e| {
-                e.revoke(&sim_owner(e), &name)
-            })?
-            .is_ok()
-        {
+        let out = self.checked(format!("owner revoke {name}"), |e| {
+            e.revoke(&sim_owner(e), &name)
+        })?;
+        self.agents[i].control_doubt = matches!(&out, Err(r) if r.code == Code::StorageFailed);
+        if out.is_ok() {
             self.agents[i].revoked = true;
             // its next call must be refused
             let c = self.caller(i);
@@ -1226,7 +1289,16 @@ impl Sim {
             .store(false, std::sync::atomic::Ordering::SeqCst);
         self.report.crashes += 1;
         let engine = self.engine.take().expect("an engine to crash");
+        self.disk.crash();
         let crash = engine.crash_for_simulation();
+        let rng = &mut self.rng;
+        let notes = self
+            .disk
+            .restart(&mut |n| rng.below(n))
+            .map_err(|e| self.fail(format!("restarting the simulated disk: {e}")))?;
+        for n in notes {
+            self.note(n);
+        }
         for (path, synced, len) in crash.journals {
             if len > synced {
                 let keep = synced + self.rng.below(len - synced + 1);
@@ -1268,8 +1340,29 @@ impl Sim {
         self.reset_oracles()
     }
 
-    /// Every acknowledged event is present and every chain verifies.
+    /// Every acknowledged event is present, every chain verifies, and every acknowledged
+    /// rotation and revocation holds.
     fn check_durable(&mut self) -> Result<(), Failure> {
+        for i in 0..self.agents.len() {
+            if self.agents[i].control_doubt {
+                continue;
+            }
+            let c = self.caller(i);
+            let out = self.e().whoami(&c);
+            let a = &self.agents[i];
+            match (a.revoked, &out) {
+                (true, Err(r)) if r.code == Code::CredentialRevoked => {}
+                (false, Ok(_)) => {}
+                _ => {
+                    return Err(self.fail(format!(
+                        "after a restart {} (revoked: {}) is answered {:?}: an acknowledged registration, rotation or revocation was lost",
+                        a.name,
+                        a.revoked,
+                        out.map(|_| "ok").map_err(|r| r.code)
+                    )));
+                }
+            }
+        }
         for room in self.rooms.clone() {
             let view = self
                 .e()

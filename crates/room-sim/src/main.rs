@@ -1,7 +1,8 @@
 //! `room-sim`: run the deterministic simulator over a range of seeds, or replay one.
 //! `room-sim --seeds 0..50 --steps 400 [--agents N --rooms N]`, `room-sim --seed 17`,
 //! `room-sim --soak` (2,000 seeds of 2,000 steps with 200 agents in 40 rooms),
-//! `room-sim --broken ack-before-fsync|skip-invariants` (planted bugs the simulator must find).
+//! `room-sim --broken ack-before-fsync|skip-invariants|sqlite-fsync-lies` (planted bugs the
+//! simulator must find).
 
 use room_sim::{Broken, SimConfig, run};
 
@@ -21,9 +22,10 @@ fn main() {
         None => None,
         Some("ack-before-fsync") => Some(Broken::AckBeforeFsync),
         Some("skip-invariants") => Some(Broken::SkipInvariants),
+        Some("sqlite-fsync-lies") => Some(Broken::SqliteFsyncLies),
         Some(other) => {
             eprintln!(
-                "error: --broken {other:?}: the planted bugs are ack-before-fsync and skip-invariants"
+                "error: --broken {other:?}: the planted bugs are ack-before-fsync, skip-invariants and sqlite-fsync-lies"
             );
             std::process::exit(2);
         }
@@ -59,6 +61,7 @@ fn main() {
                 totals.crashes += r.crashes;
                 totals.faults += r.faults;
                 totals.acked_events += r.acked_events;
+                totals.disk += r.disk;
                 for (k, v) in r.refusals {
                     *totals.refusals.entry(k).or_default() += v;
                 }
@@ -81,6 +84,11 @@ fn main() {
         totals.crashes,
         totals.faults,
         totals.acked_events
+    );
+    let d = totals.disk;
+    eprintln!(
+        "SQLite on the simulated disk: {} writes ({} checkpointed to a database file), {} syncs, {} struck by faults; unsynced writes at crashes: {} lost, {} torn, {} kept",
+        d.writes, d.db_writes, d.syncs, d.faults, d.lost, d.torn, d.kept
     );
     eprintln!("refusals by code: {:?}", totals.refusals);
     eprintln!("invariant verdicts: {:?}", totals.invariants);

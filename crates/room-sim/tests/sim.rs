@@ -113,3 +113,27 @@ fn acknowledging_before_fsync_is_caught_within_the_budget() {
         "the simulator must find the planted bug within {CI_SEEDS} seeds"
     );
 }
+
+#[test]
+fn a_disk_that_lies_about_fsync_under_sqlite_is_caught_within_the_budget() {
+    let mut caught = 0;
+    for seed in 0..CI_SEEDS {
+        if let Err(f) = run(SimConfig {
+            steps: CI_STEPS,
+            broken: Some(Broken::SqliteFsyncLies),
+            ..SimConfig::new(seed)
+        }) {
+            assert!(
+                f.what.contains("was lost")
+                    || f.what.contains("is gone after a crash")
+                    || f.what.contains("malformed"),
+                "the planted bug shows as a lost acknowledged change or a corrupted database: {f}"
+            );
+            caught += 1;
+        }
+    }
+    assert!(
+        caught > 0,
+        "the simulator must find a lying fsync under SQLite within {CI_SEEDS} seeds"
+    );
+}

@@ -264,11 +264,6 @@ pub const DEFERRED_BATCHES_MAX: usize = 64;
 
 pub struct Index {
     conn: Connection,
-    /// Injected commit faults and the database path they are reported for (simulator only).
-    faults: Option<(
-        std::sync::Arc<dyn crate::journal::Faults>,
-        std::path::PathBuf,
-    )>,
     in_txn: bool,
     pending: usize,
     /// Set when pending projection rows were rolled back: the index is then behind a mark it
@@ -284,9 +279,52 @@ impl Drop for Index {
     }
 }
 
+/// How the daemon opens its SQLite databases.
+#[derive(Debug, Clone)]
+pub struct SqliteConfig {
+    /// A named SQLite VFS (the simulator's disk), or `None` for SQLite's default.
+    pub vfs: Option<String>,
+    /// WAL pages after which a commit checkpoints into the database file (SQLite's default is
+    /// 1000; the simulator checkpoints far more often, to crash inside checkpoints).
+    pub wal_autocheckpoint_pages: u32,
+}
+
+impl Default for SqliteConfig {
+    fn default() -> Self {
+        SqliteConfig {
+            vfs: None,
+            wal_autocheckpoint_pages: 1000,
+        }
+    }
+}
+
+/// Open a database the daemon owns alone, configured and migrated.
+pub fn open_owned(path: &Path, cfg: &SqliteConfig, migrations: &[&str]) -> Result<Connection> {
+    let mut conn = match &cfg.vfs {
+        Some(v) => {
+            Connection::open_with_flags_and_vfs(path, rusqlite::OpenFlags::default(), v.as_str())?
+        }
+        None => Connection::open(path)?,
+    };
+    configure_owned(&conn)?;
+    let pages: i64 = conn.pragma_update_and_check(
+        None,
+        "wal_autocheckpoint",
+        cfg.wal_autocheckpoint_pages,
+        |r| r.get(0),
+    )?;
+    if pages != i64::from(cfg.wal_autocheckpoint_pages) {
+        return Err(StoreError::Pragma(format!(
+            "pragma wal_autocheckpoint reads back as {pages}; refusing to run"
+        )));
+    }
+    migrate(&mut conn, migrations)?;
+    Ok(conn)
+}
+
 /// The daemon owns its databases alone (it holds the state dir lock): exclusive locking spares
 /// a file-lock round trip per statement. Then the four pragmas, read back.
-pub fn configure_owned(conn: &Connection) -> Result<()> {
+fn configure_owned(conn: &Connection) -> Result<()> {
     let mode: String =
         conn.pragma_update_and_check(None, "locking_mode", "EXCLUSIVE", |r| r.get(0))?;
     if !mode.eq_ignore_ascii_case("exclusive") {
@@ -426,12 +464,13 @@ fn upsert_checkpoint(conn: &Connection, c: &CheckpointRow) -> rusqlite::Result<(
 
 impl Index {
     pub fn open(path: &Path) -> Result<Index> {
-        let mut conn = Connection::open(path)?;
-        configure_owned(&conn)?;
-        migrate(&mut conn, MIGRATIONS)?;
+        Index::open_with(path, &SqliteConfig::default())
+    }
+
+    pub fn open_with(path: &Path, cfg: &SqliteConfig) -> Result<Index> {
+        let conn = open_owned(path, cfg, MIGRATIONS)?;
         Ok(Index {
             conn,
-            faults: None,
             in_txn: false,
             pending: 0,
             broken: None,
@@ -500,45 +539,9 @@ impl Index {
         Ok(())
     }
 
-    /// Inject faults into commits (the simulator only).
-    pub fn set_faults(
-        &mut self,
-        faults: Option<std::sync::Arc<dyn crate::journal::Faults>>,
-        path: &Path,
-    ) {
-        self.faults = faults.map(|f| (f, path.to_path_buf()));
-    }
-
-    /// An injected commit fault, as SQLite would leave it: a failed write rolls the
-    /// transaction back; a failed fsync or a crash after the write leaves it committed but
-    /// unconfirmed. Either way the index is behind what the caller believes until a restart.
-    fn injected_commit(&mut self) -> Result<()> {
-        use crate::journal::Fault;
-        let Some(f) = self.faults.as_ref().and_then(|(f, p)| f.on_index_commit(p)) else {
-            return Ok(());
-        };
-        let committed = match f {
-            Fault::WriteError(_) | Fault::ShortWrite(_) => {
-                let _ = self.conn.execute_batch("ROLLBACK");
-                false
-            }
-            Fault::SyncError | Fault::CrashAfterWrite => {
-                self.conn.execute_batch("COMMIT")?;
-                true
-            }
-            Fault::SkipSync => return Ok(()),
-        };
-        self.in_txn = false;
-        self.pending = 0;
-        let why = format!("injected commit fault {f:?} (committed: {committed})");
-        self.broken = Some(why.clone());
-        Err(StoreError::Io(std::io::Error::other(why)))
-    }
-
     /// Commit whatever is pending.
     pub fn flush(&mut self) -> Result<()> {
         if self.in_txn {
-            self.injected_commit()?;
             if let Err(e) = self.conn.execute_batch("COMMIT") {
                 let _ = self.conn.execute_batch("ROLLBACK");
                 self.in_txn = false;

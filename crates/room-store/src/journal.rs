@@ -191,16 +191,12 @@ pub enum Fault {
     SkipSync,
 }
 
-/// Decides faults at the store's write points: journal appends, blob writes and sync-index
-/// commits. Only the simulator installs one.
+/// Decides faults at the store's own write points: journal appends and blob writes. (SQLite's
+/// writes are faulted under it, by the simulator's VFS.) Only the simulator installs one.
 pub trait Faults: Send + Sync + std::fmt::Debug {
     fn on_append(&self, path: &Path, bytes: usize) -> Option<Fault>;
     /// A blob write (temp file, fsync, rename, directory fsync).
     fn on_blob_write(&self, _path: &Path, _bytes: usize) -> Option<Fault> {
-        None
-    }
-    /// A sync-index transaction commit.
-    fn on_index_commit(&self, _path: &Path) -> Option<Fault> {
         None
     }
 }
