@@ -37,6 +37,21 @@ struct Cached {
     dirty: Vec<(u64, u64)>,
     /// The size changed since the last sync.
     resized: bool,
+    /// The smallest size since the last sync: bytes past it were cut, even if later writes
+    /// grew the file again, and must not come back from the disk.
+    low_water: Option<u64>,
+}
+
+impl Cached {
+    /// The unsynced writes, clipped to the current size.
+    fn clipped(&self) -> Vec<(u64, u64)> {
+        let len = self.data.len() as u64;
+        self.dirty
+            .iter()
+            .map(|&(a, b)| (a.min(len), b.min(len)))
+            .filter(|(a, b)| a < b)
+            .collect()
+    }
 }
 
 /// What SQLite did on the simulated disk, so a run shows the page cache was in play.
@@ -68,6 +83,8 @@ impl std::ops::AddAssign for DiskStats {
 
 struct DiskState {
     files: BTreeMap<PathBuf, Cached>,
+    /// SQLite handles open on cached files: none may outlive a crash.
+    open: usize,
     stats: DiskStats,
     /// The process has died: nothing more reaches the disk until the restart.
     crashed: bool,
@@ -105,12 +122,15 @@ impl Mount {
     /// Simulate the page cache of every SQLite file under `root` (registering the VFS once).
     pub fn new(root: &Path, faults: Arc<dyn DiskFaults>, lying_sync: bool) -> Mount {
         register();
+        // SQLite names files by their canonical path
+        let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
         let disk = Arc::new(Disk {
-            root: root.to_path_buf(),
+            root,
             faults,
             lying_sync,
             state: Mutex::new(DiskState {
                 files: BTreeMap::new(),
+                open: 0,
                 stats: DiskStats::default(),
                 crashed: false,
             }),
@@ -133,17 +153,24 @@ impl Mount {
     /// part of what was written since. The caches are dropped; SQLite reads the disk anew.
     pub fn restart(&self, rng: &mut dyn FnMut(u64) -> u64) -> std::io::Result<Vec<String>> {
         let mut st = self.0.lock();
+        if st.open > 0 {
+            return Err(std::io::Error::other(format!(
+                "{} SQLite files are still open at the restart",
+                st.open
+            )));
+        }
         let mut notes = Vec::new();
         for (path, c) in std::mem::take(&mut st.files) {
             if c.dirty.is_empty() && !c.resized {
                 continue;
             }
-            let kept = survivors(&c, rng);
-            let torn = kept.iter().filter(|r| !c.dirty.contains(r)).count() as u64;
+            let clipped = c.clipped();
+            let kept = survivors(&clipped, rng);
+            let torn = kept.iter().filter(|r| !clipped.contains(r)).count() as u64;
             st.stats.torn += torn;
             st.stats.kept += kept.len() as u64 - torn;
-            st.stats.lost += (c.dirty.len() - kept.len()) as u64;
-            let keep_size = kept.len() == c.dirty.len() && rng(2) == 0;
+            st.stats.lost += (clipped.len() - kept.len()) as u64;
+            let keep_size = c.resized && kept.len() == clipped.len() && rng(2) == 0;
             if kept.is_empty() && !keep_size {
                 notes.push(format!(
                     "crash: {} loses its unsynced writes",
@@ -156,6 +183,9 @@ impl Mount {
                 .create(true)
                 .truncate(false)
                 .open(&path)?;
+            if keep_size && let Some(low) = c.low_water {
+                f.set_len(low)?;
+            }
             use std::os::unix::fs::FileExt;
             for (a, b) in &kept {
                 f.write_all_at(&c.data[*a as usize..*b as usize], *a)?;
@@ -167,7 +197,7 @@ impl Mount {
                 "crash: {} keeps {} of {} unsynced writes",
                 path.display(),
                 kept.len(),
-                c.dirty.len()
+                clipped.len()
             ));
         }
         st.crashed = false;
@@ -175,14 +205,9 @@ impl Mount {
     }
 }
 
-/// Which unsynced writes reach the disk at a crash, clipped to the cached size.
-fn survivors(c: &Cached, rng: &mut dyn FnMut(u64) -> u64) -> Vec<(u64, u64)> {
-    let len = c.data.len() as u64;
-    let clipped = c
-        .dirty
-        .iter()
-        .map(|&(a, b)| (a.min(len), b.min(len)))
-        .filter(|(a, b)| a < b);
+/// Which of the (clipped) unsynced writes reach the disk at a crash.
+fn survivors(clipped: &[(u64, u64)], rng: &mut dyn FnMut(u64) -> u64) -> Vec<(u64, u64)> {
+    let clipped = clipped.iter().copied();
     let torn = |(a, b): (u64, u64), rng: &mut dyn FnMut(u64) -> u64| {
         let sectors = (b - a).div_ceil(SECTOR_BYTES);
         (a, (a + rng(sectors + 1) * SECTOR_BYTES).min(b))
@@ -243,10 +268,10 @@ fn register() {
                 xDelete: Some(x_delete),
                 xAccess: Some(x_access),
                 xFullPathname: Some(x_full_pathname),
-                xDlOpen: None,
-                xDlError: None,
-                xDlSym: None,
-                xDlClose: None,
+                xDlOpen: (*inner).xDlOpen,
+                xDlError: (*inner).xDlError,
+                xDlSym: (*inner).xDlSym,
+                xDlClose: (*inner).xDlClose,
                 xRandomness: Some(x_randomness),
                 xSleep: Some(x_sleep),
                 xCurrentTime: Some(x_current_time),
@@ -374,14 +399,29 @@ unsafe extern "C" fn x_open(
             None
         };
         if let Some(d) = &disk {
-            d.lock()
-                .files
-                .entry(path.clone())
-                .or_insert_with(|| Cached {
-                    data: std::fs::read(&path).unwrap_or_default(),
-                    dirty: Vec::new(),
-                    resized: false,
-                });
+            let mut st = d.lock();
+            if !st.files.contains_key(&path) {
+                // the first open since the restart reads the disk, through this very handle
+                match read_whole(inner) {
+                    Ok(data) => {
+                        st.files.insert(
+                            path.clone(),
+                            Cached {
+                                data,
+                                dirty: Vec::new(),
+                                resized: false,
+                                low_water: None,
+                            },
+                        );
+                    }
+                    Err(rc) => {
+                        (*(*inner).pMethods).xClose.expect("xClose")(inner);
+                        std::alloc::dealloc(inner as *mut u8, layout);
+                        return rc;
+                    }
+                }
+            }
+            st.open += 1;
         }
         let sim = file as *mut SimFile;
         (*sim).inner = inner;
@@ -391,9 +431,36 @@ unsafe extern "C" fn x_open(
     }
 }
 
+/// A file's whole content, read through an open handle of the default VFS.
+///
+/// # Safety
+/// `f` is an open file of the default VFS.
+unsafe fn read_whole(f: *mut ffi::sqlite3_file) -> Result<Vec<u8>, c_int> {
+    // SAFETY: per the contract; the buffer is as long as the read.
+    unsafe {
+        let m = &*(*f).pMethods;
+        let mut size: ffi::sqlite3_int64 = 0;
+        let rc = m.xFileSize.expect("xFileSize")(f, &mut size);
+        if rc != ffi::SQLITE_OK {
+            return Err(rc);
+        }
+        let mut data = vec![0u8; size as usize];
+        if size > 0 {
+            let rc = m.xRead.expect("xRead")(f, data.as_mut_ptr() as *mut c_void, size as c_int, 0);
+            if rc != ffi::SQLITE_OK {
+                return Err(rc);
+            }
+        }
+        Ok(data)
+    }
+}
+
 unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
     // SAFETY: SQLite closes each file it opened once; the page cache outlives the handle.
     unsafe {
+        if let Some(d) = &ctx(f).disk {
+            d.lock().open -= 1;
+        }
         let (i, m) = inner(f);
         let rc = m.xClose.expect("xClose")(i);
         let sim = f as *mut SimFile;
@@ -415,7 +482,10 @@ unsafe extern "C" fn x_read(
     let out = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, amt as usize) };
     let c = unsafe { ctx(f) };
     let cached = with_cache(c, |st, _| {
-        let data = &st.files[&c.path].data;
+        let Some(file) = st.files.get(&c.path) else {
+            return ffi::SQLITE_IOERR_READ;
+        };
+        let data = &file.data;
         let off = off as usize;
         let n = data.len().saturating_sub(off).min(out.len());
         if n > 0 {
@@ -462,7 +532,9 @@ unsafe extern "C" fn x_write(
             }
             Some(_) => (0, ffi::SQLITE_IOERR_WRITE),
         };
-        let file = st.files.get_mut(&c.path).expect("an open file is cached");
+        let Some(file) = st.files.get_mut(&c.path) else {
+            return ffi::SQLITE_IOERR_WRITE;
+        };
         let off = off as usize;
         if n > 0 {
             if file.data.len() < off + n {
@@ -485,7 +557,13 @@ unsafe extern "C" fn x_truncate(f: *mut ffi::sqlite3_file, size: ffi::sqlite3_in
         if st.crashed {
             return ffi::SQLITE_IOERR_TRUNCATE;
         }
-        let file = st.files.get_mut(&c.path).expect("an open file is cached");
+        let Some(file) = st.files.get_mut(&c.path) else {
+            return ffi::SQLITE_IOERR_TRUNCATE;
+        };
+        let size = size as u64;
+        if size < file.data.len() as u64 {
+            file.low_water = Some(file.low_water.map_or(size, |l| l.min(size)));
+        }
         file.data.resize(size as usize, 0);
         file.resized = true;
         ffi::SQLITE_OK
@@ -506,7 +584,9 @@ unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
         st.stats.syncs += 1;
         let fault = disk.faults.on_sync(&c.path);
         st.stats.faults += u64::from(fault.is_some());
-        let file = st.files.get_mut(&c.path).expect("an open file is cached");
+        let Some(file) = st.files.get_mut(&c.path) else {
+            return ffi::SQLITE_IOERR_FSYNC;
+        };
         match fault {
             None => {}
             Some(Fault::CrashAfterWrite) => {
@@ -517,6 +597,7 @@ unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
                 // the kernel marks the pages clean without writing them
                 file.dirty.clear();
                 file.resized = false;
+                file.low_water = None;
                 return ffi::SQLITE_IOERR_FSYNC;
             }
         }
@@ -524,22 +605,26 @@ unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
             return ffi::SQLITE_OK;
         }
         let len = file.data.len() as u64;
-        for &(a, b) in &file.dirty {
-            let (a, b) = (a.min(len), b.min(len));
-            if a < b {
-                let bytes = &file.data[a as usize..b as usize];
-                // SAFETY: the inner file is open; the bytes live through the call.
-                let rc = unsafe {
-                    m.xWrite.expect("xWrite")(
-                        i,
-                        bytes.as_ptr() as *const c_void,
-                        bytes.len() as c_int,
-                        a as ffi::sqlite3_int64,
-                    )
-                };
-                if rc != ffi::SQLITE_OK {
-                    return rc;
-                }
+        if let Some(low) = file.low_water {
+            // SAFETY: the inner file is open.
+            let rc = unsafe { m.xTruncate.expect("xTruncate")(i, low as ffi::sqlite3_int64) };
+            if rc != ffi::SQLITE_OK {
+                return rc;
+            }
+        }
+        for (a, b) in file.clipped() {
+            let bytes = &file.data[a as usize..b as usize];
+            // SAFETY: the inner file is open; the bytes live through the call.
+            let rc = unsafe {
+                m.xWrite.expect("xWrite")(
+                    i,
+                    bytes.as_ptr() as *const c_void,
+                    bytes.len() as c_int,
+                    a as ffi::sqlite3_int64,
+                )
+            };
+            if rc != ffi::SQLITE_OK {
+                return rc;
             }
         }
         // SAFETY: as above.
@@ -549,6 +634,7 @@ unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
         }
         file.dirty.clear();
         file.resized = false;
+        file.low_water = None;
         // SAFETY: as above.
         unsafe { m.xSync.expect("xSync")(i, flags) }
     });
@@ -561,10 +647,13 @@ unsafe extern "C" fn x_file_size(
 ) -> c_int {
     let c = unsafe { ctx(f) };
     let cached = with_cache(c, |st, _| {
-        st.files[&c.path].data.len() as ffi::sqlite3_int64
+        st.files
+            .get(&c.path)
+            .map(|f| f.data.len() as ffi::sqlite3_int64)
     });
     match cached {
-        Some(n) => {
+        Some(None) => ffi::SQLITE_IOERR_FSTAT,
+        Some(Some(n)) => {
             // SAFETY: SQLite passes a place for the size.
             unsafe { *size = n };
             ffi::SQLITE_OK

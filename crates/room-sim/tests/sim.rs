@@ -15,8 +15,8 @@ fn the_ci_seed_budget_passes() {
         })
         .unwrap_or_else(|f| panic!("{f}"));
         assert!(
-            r.accepted > 0 && r.crashes > 0,
-            "seed {seed} exercised writes and crashes: {r:?}"
+            r.accepted > 0 && r.crashes > 0 && r.disk.writes > 0 && r.disk.db_writes > 0,
+            "seed {seed} exercised writes, crashes and SQLite on the simulated disk: {r:?}"
         );
     }
 }
