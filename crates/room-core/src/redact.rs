@@ -3,7 +3,7 @@
 //! redactor renders sync pages at delivery and again at confirmation, so a policy change between
 //! the two is detected rather than silently papered over.
 
-use regex::Regex;
+use regex::{Regex, RegexSet};
 use serde_json::Value;
 use std::borrow::Cow;
 
@@ -24,6 +24,8 @@ const BUILTIN: &[&str] = &[
 
 #[derive(Debug, Clone)]
 pub struct Redactor {
+    /// Every pattern in one automaton: most strings match none, and are passed in one scan.
+    any: RegexSet,
     set: Vec<Regex>,
     /// Digest of the pattern list: two redactors with the same policy have the same digest.
     policy_sha256: String,
@@ -39,8 +41,13 @@ impl Redactor {
         for p in &all {
             set.push(Regex::new(p).map_err(|e| format!("redaction pattern {p:?}: {e}"))?);
         }
+        let any = RegexSet::new(&all).map_err(|e| format!("redaction patterns: {e}"))?;
         let policy_sha256 = crate::canon::digest_of(&all);
-        Ok(Redactor { set, policy_sha256 })
+        Ok(Redactor {
+            any,
+            set,
+            policy_sha256,
+        })
     }
 
     pub fn builtin() -> Redactor {
@@ -53,6 +60,9 @@ impl Redactor {
 
     pub fn redact<'a>(&self, s: &'a str) -> Cow<'a, str> {
         let mut out = Cow::Borrowed(s);
+        if !self.any.is_match(s) {
+            return out;
+        }
         for re in &self.set {
             if re.is_match(&out) {
                 out = Cow::Owned(re.replace_all(&out, REDACTED).into_owned());
@@ -63,15 +73,32 @@ impl Redactor {
 
     /// Redact every string (and every object key) inside a JSON value.
     pub fn redact_value(&self, v: &Value) -> Value {
+        let mut out = v.clone();
+        self.redact_in_place(&mut out);
+        out
+    }
+
+    /// Redact every string (and every object key) inside a JSON value, touching only what
+    /// matches.
+    pub fn redact_in_place(&self, v: &mut Value) {
         match v {
-            Value::String(s) => Value::String(self.redact(s).into_owned()),
-            Value::Array(a) => Value::Array(a.iter().map(|x| self.redact_value(x)).collect()),
-            Value::Object(m) => Value::Object(
-                m.iter()
-                    .map(|(k, x)| (self.redact(k).into_owned(), self.redact_value(x)))
-                    .collect(),
-            ),
-            other => other.clone(),
+            Value::String(s) => {
+                if let Cow::Owned(r) = self.redact(s) {
+                    *s = r;
+                }
+            }
+            Value::Array(a) => a.iter_mut().for_each(|x| self.redact_in_place(x)),
+            Value::Object(m) if m.keys().any(|k| self.any.is_match(k)) => {
+                *m = std::mem::take(m)
+                    .into_iter()
+                    .map(|(k, mut x)| {
+                        self.redact_in_place(&mut x);
+                        (self.redact(&k).into_owned(), x)
+                    })
+                    .collect();
+            }
+            Value::Object(m) => m.values_mut().for_each(|x| self.redact_in_place(x)),
+            _ => {}
         }
     }
 }

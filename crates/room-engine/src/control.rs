@@ -164,6 +164,8 @@ struct Cache {
     projects: Vec<ProjectRow>,
     rooms: BTreeMap<String, RoomRow>,
     members: HashMap<String, Vec<String>>,
+    /// Per room, its view generation digest (see `view_gen`), dropped when the room reloads.
+    view_gens: HashMap<String, String>,
 }
 
 pub struct Control {
@@ -218,6 +220,7 @@ impl Control {
     }
 
     fn reload_room(&mut self, name: &str) -> Result<()> {
+        self.cache.view_gens.remove(name);
         match self.load_room(name)? {
             Some(r) => {
                 self.cache
@@ -274,6 +277,23 @@ impl Control {
 
     pub fn room(&self, name: &str) -> Result<Option<RoomRow>> {
         Ok(self.cache.rooms.get(name).cloned())
+    }
+
+    /// The room's view generation, computed by `digest` from its row and roster once per change
+    /// of either (every sync and turn needs it). `None`: no such room.
+    pub fn view_gen(
+        &mut self,
+        room: &str,
+        digest: impl FnOnce(&RoomRow, &[String]) -> String,
+    ) -> Option<String> {
+        if let Some(v) = self.cache.view_gens.get(room) {
+            return Some(v.clone());
+        }
+        let row = self.cache.rooms.get(room)?;
+        let members = self.cache.members.get(room).map_or(&[][..], Vec::as_slice);
+        let v = digest(row, members);
+        self.cache.view_gens.insert(room.to_string(), v.clone());
+        Some(v)
     }
 
     pub fn members(&self, room: &str) -> Result<Vec<String>> {

@@ -241,7 +241,7 @@ impl Engine {
 
     /// The current policy (fleet ceiling, redactor), re-read from config.toml when it changed.
     pub fn policy(&self) -> Policy {
-        self.policy.current()
+        self.policy.current(self.env.clock.now_ms())
     }
 }
 

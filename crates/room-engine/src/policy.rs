@@ -1,5 +1,6 @@
-//! Owner policy from `config.toml`: the fleet tier ceiling and the redaction patterns. Re-read
-//! on every call (cached by file content), so an edit bites on the next call. A policy that
+//! Owner policy from `config.toml`: the fleet tier ceiling and the redaction patterns. Checked
+//! on every call (a `stat`, and a read when the file changed or changed too recently for its
+//! timestamps to tell), so an edit bites on the next call. A policy that
 //! cannot be loaded fails closed: the ceiling drops to observer and results are withheld.
 
 use room_core::redact::Redactor;
@@ -88,9 +89,45 @@ impl Policy {
     }
 }
 
+/// What tells one version of config.toml from another without reading it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+}
+
+impl Stamp {
+    fn of(m: &std::fs::Metadata) -> Stamp {
+        use std::os::unix::fs::MetadataExt;
+        Stamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+            ctime_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
+        }
+    }
+}
+
+/// A file changed less than this long ago may change again within the same timestamp tick,
+/// leaving its stamp as it was ("racy" in git's words): such a version is re-read on every
+/// call until it has settled.
+const RACY_MS: i128 = 2_000;
+
+struct Seen {
+    stamp: Option<Stamp>,
+    /// The stamp alone proves the content unchanged.
+    settled: bool,
+    bytes: Vec<u8>,
+    policy: Policy,
+}
+
 pub(crate) struct PolicyCache {
     path: PathBuf,
-    cached: Mutex<Option<(Vec<u8>, Policy)>>,
+    cached: Mutex<Option<Seen>>,
 }
 
 impl PolicyCache {
@@ -101,21 +138,42 @@ impl PolicyCache {
         }
     }
 
-    pub fn current(&self) -> Policy {
+    /// The policy in force now: one `stat` when config.toml has not changed, a read (and a
+    /// parse if the bytes differ) when it has or may have.
+    pub fn current(&self, now_ms: u64) -> Policy {
+        let stamp = match std::fs::metadata(&self.path) {
+            Ok(m) => Some(Stamp::of(&m)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return failed(format!("config.toml unreadable: {e}")),
+        };
+        if let Some(seen) = self.cached.lock().expect("policy cache lock").as_ref()
+            && seen.settled
+            && seen.stamp == stamp
+        {
+            return seen.policy.clone();
+        }
         let bytes = match std::fs::read(&self.path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
             Err(e) => return failed(format!("config.toml unreadable: {e}")),
         };
+        let settled = match stamp {
+            // a file created since would change the stamp
+            None => bytes.is_empty(),
+            Some(s) => s.ctime_ns / 1_000_000 + RACY_MS < i128::from(now_ms),
+        };
         let mut cache = self.cached.lock().expect("policy cache lock");
-        if let Some((seen, p)) = cache.as_ref()
-            && *seen == bytes
-        {
-            return p.clone();
-        }
-        let p = parse(&bytes);
-        *cache = Some((bytes, p.clone()));
-        p
+        let policy = match cache.as_ref() {
+            Some(seen) if seen.bytes == bytes => seen.policy.clone(),
+            _ => parse(&bytes),
+        };
+        *cache = Some(Seen {
+            stamp,
+            settled,
+            bytes,
+            policy: policy.clone(),
+        });
+        policy
     }
 }
 
@@ -150,5 +208,35 @@ fn parse(bytes: &[u8]) -> Policy {
             conversation_meta: Arc::new(cfg.mcp.conversation_meta),
         },
         Err(e) => failed(format!("config.toml: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wall_ms() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_millis() as u64
+    }
+
+    #[test]
+    fn an_edit_of_the_same_size_within_one_timestamp_tick_is_seen() {
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("config.toml");
+        let cache = PolicyCache::new(path.clone());
+        assert_eq!(cache.current(wall_ms()).ceiling, Tier::Operator);
+        // two versions of equal length, written back to back: their stamps may be equal
+        let a = "[fleet]\nceiling = \"member\"   #\n";
+        let b = "[fleet]\nceiling = \"observer\" #\n";
+        assert_eq!(a.len(), b.len());
+        std::fs::write(&path, a).unwrap();
+        assert_eq!(cache.current(wall_ms()).ceiling, Tier::Member);
+        std::fs::write(&path, b).unwrap();
+        assert_eq!(cache.current(wall_ms()).ceiling, Tier::Observer);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(cache.current(wall_ms()).ceiling, Tier::Operator);
     }
 }

@@ -70,19 +70,18 @@ pub struct Page {
 
 impl Engine {
     pub(crate) fn sync_key(&self, p: &Principal, room: &str) -> Outcome<SyncKey> {
-        let c = self.control();
-        let row = c
-            .room(room)
-            .map_err(store_err)?
+        let view_gen = self
+            .control()
+            .view_gen(room, |row, members| {
+                digest_of(&json!({
+                    "admission": row.admission_gen, "reset": row.reset_gen, "project": row.project_id,
+                    "participants": members, "readers": members,
+                }))
+            })
             .ok_or_else(|| Refusal::new(Code::RoomNotFound, "room vanished"))?;
-        let members = c.members(room).map_err(store_err)?;
         let conversation_key = digest_of(&json!({
             "instance": self.state.instance_id, "actor": p.name, "registration": p.registration_sha256,
             "conversation": p.conversation, "room": room,
-        }));
-        let view_gen = digest_of(&json!({
-            "admission": row.admission_gen, "reset": row.reset_gen, "project": row.project_id,
-            "participants": members, "readers": members,
         }));
         Ok(SyncKey {
             actor: p.name.clone(),
@@ -155,11 +154,12 @@ impl Engine {
                 .expect("events are objects")
                 .remove("text_blob");
         }
-        let item = json!({
+        let mut item = json!({
             "seq": e.seq, "id": e.id, "actor": e.actor, "kind": e.kind,
             "hlc": format!("{}.{}", e.hlc_ms, e.hlc_c), "event": event,
         });
-        Ok(canonical_string(&redactor.redact_value(&item)))
+        redactor.redact_in_place(&mut item);
+        Ok(canonical_string(&item))
     }
 
     /// Build the page that starts at `start`, or re-render exactly up to `until` (confirmation).

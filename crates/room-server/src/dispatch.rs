@@ -194,11 +194,14 @@ fn egress(engine: &Engine, out: Result<Value, Refusal>) -> Response {
         Err(withheld) => return Response::refused(withheld),
     };
     match out {
-        Ok(v) => Response::ok(redactor.redact_value(&v)),
+        Ok(mut v) => {
+            redactor.redact_in_place(&mut v);
+            Response::ok(v)
+        }
         Err(mut r) => {
             r.message = redactor.redact(&r.message).into_owned();
             r.hint = r.hint.map(|h| redactor.redact(&h).into_owned());
-            r.detail = redactor.redact_value(&r.detail);
+            redactor.redact_in_place(&mut r.detail);
             Response::refused(r)
         }
     }

@@ -279,6 +279,9 @@ impl Drop for Index {
     }
 }
 
+/// Prepared statements each daemon connection keeps (more than it has distinct statements).
+pub const STATEMENTS_CACHED_MAX: usize = 128;
+
 /// How the daemon opens its SQLite databases.
 #[derive(Debug, Clone)]
 pub struct SqliteConfig {
@@ -307,6 +310,9 @@ pub fn open_owned(path: &Path, cfg: &SqliteConfig, migrations: &[&str]) -> Resul
         None => Connection::open(path)?,
     };
     configure_owned(&conn)?;
+    // rusqlite keeps 16 prepared statements by default; the index alone has more, and an
+    // evicted one is parsed and planned again on its next use
+    conn.set_prepared_statement_cache_capacity(STATEMENTS_CACHED_MAX);
     let pages: i64 = conn.pragma_update_and_check(
         None,
         "wal_autocheckpoint",
@@ -335,8 +341,19 @@ fn configure_owned(conn: &Connection) -> Result<()> {
     configure(conn)
 }
 
-/// Set the four pragmas and read each back.
+/// Set the four pragmas and read each back, and pin query plans.
 pub fn configure(conn: &Connection) -> Result<()> {
+    // SQLite 3.5x re-plans a statement whenever a bound LIMIT or range value changes, which cost
+    // a full re-prepare on most sync pages; our plans ride fixed indexes, so keep them stable.
+    let qpsg = conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+        true,
+    )?;
+    if !qpsg {
+        return Err(StoreError::Pragma(
+            "the query planner stability guarantee does not hold; refusing to run".into(),
+        ));
+    }
     conn.pragma_update(None, "busy_timeout", 5000)?;
     let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
     conn.pragma_update(None, "synchronous", "FULL")?;
