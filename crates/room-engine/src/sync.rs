@@ -365,25 +365,27 @@ impl Engine {
             )
             .hint("sync again and confirm the new receipt"));
         }
-        if end <= st.pos && !st.view_changed {
-            return Ok(st.clone());
-        }
+        // Already covered (the Fold Rule moved past it): the checkpoint stays where it is, but is
+        // written durably now, since the Fold Rule's advances ride the open transaction and the
+        // reader is about to be told this confirmation holds.
+        let covered = end <= st.pos && !st.view_changed;
         // A confirmed receipt must start at (or before) what is already confirmed: no gaps.
-        if start > st.pos {
+        if !covered && start > st.pos {
             return Err(Refusal::new(
                 Code::RoomSyncRequired,
                 "the receipt starts after your checkpoint; earlier events are unread",
             )
             .hint("sync again without --confirm"));
         }
+        let to = if covered { st.pos } else { end };
         let cp = CheckpointRow {
             actor: st.key.actor.clone(),
             conversation: st.key.conversation.clone(),
             conversation_key: st.key.conversation_key.clone(),
             view_gen: st.key.view_gen.clone(),
-            confirmed_seq: end.seq,
-            chunk_seq: (end.offset > 0).then_some(end.seq + 1),
-            chunk_offset: end.offset,
+            confirmed_seq: to.seq,
+            chunk_seq: (to.offset > 0).then_some(to.seq + 1),
+            chunk_offset: to.offset,
             updated_ms: self.now_ms(),
         };
         h.index
@@ -391,7 +393,7 @@ impl Engine {
             .map_err(store_err)?;
         Ok(Standing {
             key: st.key.clone(),
-            pos: end,
+            pos: to,
             view_changed: false,
         })
     }

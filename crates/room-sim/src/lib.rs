@@ -221,6 +221,9 @@ struct Agent {
     receipt: BTreeMap<String, (String, u64)>,
     /// Per room: what this agent has really confirmed (by reading or by the Fold Rule).
     confirmed: BTreeMap<String, u64>,
+    /// Per room: the checkpoint its last acknowledged confirmation established, which must
+    /// survive any crash (the Fold Rule's advances may not).
+    confirmed_durably: BTreeMap<String, u64>,
     open: BTreeMap<String, Vec<String>>,
     /// Tasks addressed to this agent and not yet claimed: (room, task).
     tasks: Vec<(String, String)>,
@@ -331,6 +334,7 @@ impl Sim {
                 vfs: Some(disk::VFS_NAME.to_string()),
                 // checkpoint after nearly every commit, so crashes and faults land inside them
                 wal_autocheckpoint_pages: 4,
+                index_checkpoint_commits: 2,
             },
             skip_invariants: self.cfg.broken == Some(Broken::SkipInvariants),
             ..EngineConfig::default()
@@ -410,6 +414,7 @@ impl Sim {
                 rooms: vec![],
                 receipt: BTreeMap::new(),
                 confirmed: BTreeMap::new(),
+                confirmed_durably: BTreeMap::new(),
                 open: BTreeMap::new(),
                 tasks: vec![],
                 claimed: vec![],
@@ -734,8 +739,12 @@ impl Sim {
                 let m = self.agents[i].confirmed.entry(room.clone()).or_default();
                 *m = (*m).max(to);
             }
+            if let Some(seq) = page["confirmed"]["confirmed_seq"].as_u64() {
+                self.agents[i].confirmed_durably.insert(room.clone(), seq);
+            }
             if page["view_changed"] == true {
                 self.agents[i].confirmed.insert(room.clone(), 0);
+                self.agents[i].confirmed_durably.remove(&room);
             }
             let to = page["to_seq"].as_u64().unwrap_or(0);
             let receipt = page["receipt"].as_str().unwrap_or_default().to_string();
@@ -1235,6 +1244,7 @@ impl Sim {
             self.agents[i].revoked = false;
             // a new registration is a new conversation key: nothing is confirmed for it
             self.agents[i].confirmed.clear();
+            self.agents[i].confirmed_durably.clear();
             self.agents[i].receipt.clear();
         }
         Ok(())
@@ -1272,6 +1282,7 @@ impl Sim {
         {
             for a in &mut self.agents {
                 a.confirmed.remove(&room);
+                a.confirmed_durably.remove(&room);
                 a.receipt.remove(&room);
             }
         }
@@ -1341,8 +1352,9 @@ impl Sim {
     }
 
     /// Every acknowledged event is present, every chain verifies, and every acknowledged
-    /// rotation and revocation holds.
+    /// rotation, revocation and confirmation holds.
     fn check_durable(&mut self) -> Result<(), Failure> {
+        self.check_confirmations()?;
         for i in 0..self.agents.len() {
             if self.agents[i].control_doubt {
                 continue;
@@ -1414,6 +1426,31 @@ impl Sim {
                 return Err(self.fail(format!("chain of {graph} does not verify: {e}")));
             }
             self.check_invariants(&dir, &graph)?;
+        }
+        Ok(())
+    }
+
+    /// Each checkpoint an acknowledged confirmation established is still there (a sync without
+    /// a confirmation reports it).
+    fn check_confirmations(&mut self) -> Result<(), Failure> {
+        for i in 0..self.agents.len() {
+            let a = &self.agents[i];
+            if a.revoked || a.control_doubt {
+                continue;
+            }
+            let c = self.caller(i);
+            for (room, floor) in a.confirmed_durably.clone() {
+                let Ok(page) = self.e().sync(&c, &room, None) else {
+                    continue;
+                };
+                let now = page["confirmed_seq"].as_u64().unwrap_or(0);
+                if page["view_changed"] != true && now < floor {
+                    return Err(self.fail(format!(
+                        "after a restart {} stands at {now} in {room}, below the {floor} its acknowledged confirmation established",
+                        self.agents[i].name
+                    )));
+                }
+            }
         }
         Ok(())
     }

@@ -88,3 +88,43 @@ fn a_failed_fsync_loses_its_writes_at_the_next_crash() {
     // the first commit's fsync failed; the nine after it were fsynced and survive
     assert_eq!(n, 9);
 }
+
+/// The sync index fsyncs only what the journal cannot re-create: a confirmation's checkpoint
+/// survives a crash that loses every unsynced write, a projection-only commit after it does not
+/// (and one before it rides its fsync).
+#[test]
+fn the_index_fsyncs_confirmations_and_lets_projection_commits_trail() {
+    use room_store::index::{CheckpointRow, Index, SqliteConfig};
+    let tmp = tempfile::tempdir().unwrap();
+    let faults = Arc::new(OneFault::default());
+    let mount = Mount::new(tmp.path(), faults, false);
+    let db = tmp.path().join("sync_index.db");
+    let cfg = SqliteConfig {
+        vfs: Some(VFS_NAME.to_string()),
+        ..SqliteConfig::default()
+    };
+    let cp = CheckpointRow {
+        actor: "a".into(),
+        conversation: "c".into(),
+        conversation_key: "k".into(),
+        view_gen: "v".into(),
+        confirmed_seq: 7,
+        chunk_seq: None,
+        chunk_offset: 0,
+        updated_ms: 1,
+    };
+    let mut idx = Index::open_with(&db, &cfg).unwrap();
+    idx.set_wakes_mark(5).unwrap();
+    idx.put_checkpoint(&cp).unwrap();
+    idx.set_wakes_mark(9).unwrap();
+    assert_eq!(idx.wakes_mark().unwrap(), 9);
+    mount.crash();
+    drop(idx);
+    mount.restart(&mut |_| 0).unwrap();
+    let idx = Index::open_with(&db, &cfg).unwrap();
+    assert_eq!(
+        idx.checkpoint("a", "c").unwrap().map(|c| c.confirmed_seq),
+        Some(7)
+    );
+    assert_eq!(idx.wakes_mark().unwrap(), 5);
+}

@@ -265,6 +265,11 @@ pub const DEFERRED_BATCHES_MAX: usize = 64;
 pub struct Index {
     conn: Connection,
     in_txn: bool,
+    /// The connection's synchronous mode is FULL (else NORMAL): see `durable`.
+    sync_full: bool,
+    /// Commits since the last checkpoint, and how many are due between two.
+    commits: u32,
+    checkpoint_commits: u32,
     pending: usize,
     /// Set when pending projection rows were rolled back: the index is then behind a mark it
     /// may already have written, and must not be read or written until a restart catches up.
@@ -287,9 +292,15 @@ pub const STATEMENTS_CACHED_MAX: usize = 128;
 pub struct SqliteConfig {
     /// A named SQLite VFS (the simulator's disk), or `None` for SQLite's default.
     pub vfs: Option<String>,
-    /// WAL pages after which a commit checkpoints into the database file (SQLite's default is
-    /// 1000; the simulator checkpoints far more often, to crash inside checkpoints).
+    /// WAL pages after which a commit of control.db checkpoints into the database file
+    /// (SQLite's default is 1000; the simulator checkpoints far more often, to crash inside
+    /// checkpoints).
     pub wal_autocheckpoint_pages: u32,
+    /// Commits of a sync index between its checkpoints. A sync index does not checkpoint
+    /// automatically: its projection commits are not fsynced, and SQLite ignores a failure of
+    /// an automatic checkpoint, whose failed WAL fsync would leave a hole that silently drops
+    /// every later (durable) commit at the next recovery. Its own checkpoints report failure.
+    pub index_checkpoint_commits: u32,
 }
 
 impl Default for SqliteConfig {
@@ -297,6 +308,7 @@ impl Default for SqliteConfig {
         SqliteConfig {
             vfs: None,
             wal_autocheckpoint_pages: 1000,
+            index_checkpoint_commits: 64,
         }
     }
 }
@@ -485,13 +497,38 @@ impl Index {
     }
 
     pub fn open_with(path: &Path, cfg: &SqliteConfig) -> Result<Index> {
-        let conn = open_owned(path, cfg, MIGRATIONS)?;
+        let manual = SqliteConfig {
+            wal_autocheckpoint_pages: 0,
+            ..cfg.clone()
+        };
+        let conn = open_owned(path, &manual, MIGRATIONS)?;
         Ok(Index {
             conn,
             in_txn: false,
+            sync_full: true,
             pending: 0,
             broken: None,
+            commits: 0,
+            checkpoint_commits: cfg.index_checkpoint_commits.max(1),
         })
+    }
+
+    /// Copy the WAL into the database file (and fsync both), reporting any failure: after a
+    /// failed fsync the WAL may have a hole, so the index is broken until a restart.
+    fn checkpoint_wal(&mut self) -> Result<()> {
+        debug_assert!(!self.in_txn, "checkpoints run between transactions");
+        let done = self
+            .conn
+            .prepare_cached("PRAGMA wal_checkpoint(PASSIVE)")
+            .and_then(|mut st| st.query_row([], |r| r.get::<_, i64>(0)));
+        self.commits = 0;
+        match done {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                self.broken = Some(format!("checkpoint failed: {e}"));
+                Err(e.into())
+            }
+        }
     }
 
     /// The seq up to which every wake permit the journal implies is known durable (0: none).
@@ -550,13 +587,53 @@ impl Index {
 
     fn begin(&mut self) -> Result<()> {
         if !self.in_txn {
+            self.set_sync_full(false)?;
             self.conn.execute_batch("BEGIN IMMEDIATE")?;
             self.in_txn = true;
         }
         Ok(())
     }
 
+    /// SQLite refuses to change the mode inside a transaction: only called outside one.
+    fn set_sync_full(&mut self, full: bool) -> Result<()> {
+        debug_assert!(!self.in_txn, "synchronous changes outside a transaction");
+        if self.sync_full != full {
+            let mode = if full { "FULL" } else { "NORMAL" };
+            self.conn
+                .prepare_cached(&format!("PRAGMA synchronous = {mode}"))?
+                .execute([])?;
+            self.sync_full = full;
+        }
+        Ok(())
+    }
+
+    /// Run `f` in a transaction of its own that commits at synchronous=FULL, after committing
+    /// what is pending: state that is not in the journal (a confirmation and the checkpoint it
+    /// establishes) is durable before it is acknowledged. The WAL fsync covers every earlier
+    /// commit too.
+    fn durable(&mut self, f: impl FnOnce(&Connection) -> rusqlite::Result<()>) -> Result<()> {
+        if let Some(why) = &self.broken {
+            return Err(StoreError::Io(std::io::Error::other(format!(
+                "the sync index is broken until a restart: {why}"
+            ))));
+        }
+        self.flush()?;
+        self.set_sync_full(true)?;
+        self.conn.execute_batch("BEGIN IMMEDIATE")?;
+        self.in_txn = true;
+        if let Err(e) = f(&self.conn) {
+            let _ = self.conn.execute_batch("ROLLBACK");
+            self.in_txn = false;
+            return Err(e.into());
+        }
+        self.flush()
+    }
+
     /// Commit whatever is pending.
+    /// Commit whatever is pending. Transactions opened by `begin` run at synchronous=NORMAL:
+    /// projection rows, receipts and marks, all of which the journal re-creates or a reader
+    /// recovers from (DESIGN §10), so a crash may lose them and the next open catches the index
+    /// up from the journal. Those opened by `durable` run at FULL.
     pub fn flush(&mut self) -> Result<()> {
         if self.in_txn {
             if let Err(e) = self.conn.execute_batch("COMMIT") {
@@ -568,6 +645,10 @@ impl Index {
             }
             self.in_txn = false;
             self.pending = 0;
+            self.commits += 1;
+            if self.commits >= self.checkpoint_commits {
+                self.checkpoint_wal()?;
+            }
         }
         Ok(())
     }
@@ -944,8 +1025,7 @@ impl Index {
     }
 
     pub fn put_checkpoint(&mut self, c: &CheckpointRow) -> Result<()> {
-        self.isolated(|conn| upsert_checkpoint(conn, c))?;
-        self.flush()
+        self.durable(|conn| upsert_checkpoint(conn, c))
     }
 
     pub fn put_receipt(&mut self, r: &ReceiptRow) -> Result<()> {
@@ -1021,12 +1101,11 @@ impl Index {
         now_ms: u64,
         checkpoint: &CheckpointRow,
     ) -> Result<()> {
-        self.isolated(|conn| {
+        self.durable(|conn| {
             conn.prepare_cached("UPDATE receipts SET confirmed_ms = ?2 WHERE id = ?1")
                 .and_then(|mut st| st.execute(params![receipt_id, now_ms as i64]))
                 .and_then(|_| upsert_checkpoint(conn, checkpoint))
-        })?;
-        self.flush()
+        })
     }
 
     /// Audit path: every ancestor of `id` over `causal_edges`, up to `depth_max` links.
