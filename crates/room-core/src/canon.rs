@@ -27,6 +27,41 @@ pub fn digest_of<T: Serialize>(value: &T) -> String {
     sha256_hex(&canonical_bytes(value))
 }
 
+/// The digest of the canonical form of an array, built from its elements' canonical texts
+/// without serializing them again: a canonical array is its elements' canonical texts joined
+/// by commas in brackets.
+pub struct ArrayDigest {
+    hasher: Sha256,
+    empty: bool,
+}
+
+impl Default for ArrayDigest {
+    fn default() -> Self {
+        let mut hasher = Sha256::new();
+        hasher.update(b"[");
+        ArrayDigest {
+            hasher,
+            empty: true,
+        }
+    }
+}
+
+impl ArrayDigest {
+    /// Add the next element, given as its canonical text.
+    pub fn push(&mut self, canonical_element: &str) {
+        if !self.empty {
+            self.hasher.update(b",");
+        }
+        self.empty = false;
+        self.hasher.update(canonical_element.as_bytes());
+    }
+
+    pub fn finish(mut self) -> String {
+        self.hasher.update(b"]");
+        hex::encode(self.hasher.finalize())
+    }
+}
+
 /// True when `s` is 64 lower-case hex characters.
 pub fn is_sha256_hex(s: &str) -> bool {
     s.len() == 64
@@ -38,6 +73,22 @@ pub fn is_sha256_hex(s: &str) -> bool {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn an_array_digest_from_element_texts_is_the_digest_of_the_array() {
+        let items = [
+            serde_json::json!({"b": 1, "a": "x\u{e9}"}),
+            serde_json::json!([1, 2.5, null]),
+            serde_json::json!("s"),
+        ];
+        for n in 0..=items.len() {
+            let mut d = ArrayDigest::default();
+            for v in &items[..n] {
+                d.push(&canonical_string(v));
+            }
+            assert_eq!(d.finish(), digest_of(&items[..n].to_vec()), "{n} elements");
+        }
+    }
     use serde_json::{Value, json};
 
     #[test]

@@ -10,7 +10,7 @@ use crate::room::RoomHandle;
 use crate::{Engine, Outcome, store_err};
 use room_core::canon::{canonical_string, digest_of};
 use room_core::redact::Redactor;
-use room_core::{Code, Refusal, id, sha256_hex};
+use room_core::{Code, Refusal, id};
 use room_store::index::{CheckpointRow, EventRow, ReceiptRow};
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -64,6 +64,8 @@ pub struct Standing {
 #[derive(Debug, Clone)]
 pub struct Page {
     pub items: Vec<Value>,
+    /// Digest of the canonical form of `items`, taken from the texts they were parsed from.
+    pub items_sha256: String,
     pub start: Pos,
     pub end: Pos,
 }
@@ -174,6 +176,7 @@ impl Engine {
         let chunk = self.config.chunk_bytes;
         let mut used = 0usize;
         let mut items = Vec::new();
+        let mut digest = room_core::canon::ArrayDigest::default();
         let mut end = start;
         let mut next = start.seq + 1;
         'outer: loop {
@@ -199,6 +202,7 @@ impl Engine {
                     }
                     used += text.len() + 1;
                     items.push(serde_json::from_str(&text).expect("rendered items are JSON"));
+                    digest.push(&text);
                     end = Pos {
                         seq: e.seq,
                         offset: 0,
@@ -233,12 +237,14 @@ impl Engine {
                         "fragment": if fin { "item_complete" } else { "item_chunk" },
                         "offset": o, "total_bytes": text.len(), "data": piece,
                     });
-                    let size = canonical_string(&frag).len() + 1;
+                    let canon = canonical_string(&frag);
+                    let size = canon.len() + 1;
                     if used + size > budget && until.is_none() {
                         break 'outer;
                     }
                     used += size;
                     items.push(frag);
+                    digest.push(&canon);
                     end = if fin {
                         Pos {
                             seq: e.seq,
@@ -256,7 +262,12 @@ impl Engine {
                 }
             }
         }
-        Ok(Page { items, start, end })
+        Ok(Page {
+            items,
+            items_sha256: digest.finish(),
+            start,
+            end,
+        })
     }
 
     /// Render a page from the caller's standing, store its receipt, return the wire view.
@@ -278,7 +289,7 @@ impl Engine {
             chunk_offset: page.end.offset,
             tip_seq: tip.seq,
             tip_hash: tip.hash.clone(),
-            delivered_sha256: sha256_hex(canonical_string(&page.items).as_bytes()),
+            delivered_sha256: page.items_sha256.clone(),
             created_ms: self.now_ms(),
             confirmed_ms: None,
         };
@@ -358,7 +369,7 @@ impl Engine {
             offset: r.chunk_offset,
         };
         let page = self.build_page(h, start, Some(end), redactor)?;
-        if sha256_hex(canonical_string(&page.items).as_bytes()) != r.delivered_sha256 {
+        if page.items_sha256 != r.delivered_sha256 {
             return Err(Refusal::new(
                 Code::RoomSyncDeliveryPolicyChanged,
                 "what was delivered differs from what the current redaction policy would deliver",
