@@ -588,10 +588,15 @@ impl Index {
     fn begin(&mut self) -> Result<()> {
         if !self.in_txn {
             self.set_sync_full(false)?;
-            self.conn.execute_batch("BEGIN IMMEDIATE")?;
+            self.run("BEGIN IMMEDIATE")?;
             self.in_txn = true;
         }
         Ok(())
+    }
+
+    /// One transaction-control statement, prepared once: they run several times per call.
+    fn run(&self, sql: &str) -> rusqlite::Result<()> {
+        self.conn.prepare_cached(sql)?.execute([]).map(|_| ())
     }
 
     /// SQLite refuses to change the mode inside a transaction: only called outside one.
@@ -619,10 +624,10 @@ impl Index {
         }
         self.flush()?;
         self.set_sync_full(true)?;
-        self.conn.execute_batch("BEGIN IMMEDIATE")?;
+        self.run("BEGIN IMMEDIATE")?;
         self.in_txn = true;
         if let Err(e) = f(&self.conn) {
-            let _ = self.conn.execute_batch("ROLLBACK");
+            let _ = self.run("ROLLBACK");
             self.in_txn = false;
             return Err(e.into());
         }
@@ -636,8 +641,8 @@ impl Index {
     /// up from the journal. Those opened by `durable` run at FULL.
     pub fn flush(&mut self) -> Result<()> {
         if self.in_txn {
-            if let Err(e) = self.conn.execute_batch("COMMIT") {
-                let _ = self.conn.execute_batch("ROLLBACK");
+            if let Err(e) = self.run("COMMIT") {
+                let _ = self.run("ROLLBACK");
                 self.in_txn = false;
                 self.broken = Some(format!("commit failed: {e}"));
                 self.pending = 0;
@@ -660,7 +665,7 @@ impl Index {
 
     fn abort(&mut self) {
         if self.in_txn {
-            let _ = self.conn.execute_batch("ROLLBACK");
+            let _ = self.run("ROLLBACK");
             self.in_txn = false;
             if self.pending > 0 {
                 self.broken = Some(format!(
@@ -681,10 +686,10 @@ impl Index {
     /// statements, never the projection rows pending beside it.
     fn isolated(&mut self, f: impl FnOnce(&Connection) -> rusqlite::Result<()>) -> Result<()> {
         self.begin()?;
-        self.conn.execute_batch("SAVEPOINT isolated")?;
+        self.run("SAVEPOINT isolated")?;
         match f(&self.conn) {
             Ok(()) => {
-                self.conn.execute_batch("RELEASE isolated")?;
+                self.run("RELEASE isolated")?;
                 Ok(())
             }
             Err(e) => {
