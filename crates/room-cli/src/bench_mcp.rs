@@ -1,12 +1,14 @@
 //! `room bench mcp`: gated tool calls per second and their latency over streamable HTTP with 1,
 //! 16 and 64 concurrent sessions, each agent alone in its own room, as a ratio to the same turns
-//! made in-process in the same run. The client is rmcp's own streamable-HTTP client.
+//! made in-process in the same run. The client is rmcp's own streamable-HTTP client, speaking the
+//! current protocol (2026-07-28).
 
 use crate::bench::{BenchArgs, own_rooms, pct};
-use rmcp::ServiceExt;
 use rmcp::model::CallToolRequestParams;
+use rmcp::model::ProtocolVersion;
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::{ClientLifecycleMode, ClientServiceExt};
 use room_server::client::Client;
 use room_server::daemon::{Background, ServeConfig};
 use room_server::wire::Request;
@@ -39,6 +41,14 @@ fn http_client() -> reqwest::Client {
         .expect("a reqwest client builds")
 }
 
+/// The current protocol (2026-07-28: no session, per-request metadata, plain JSON results), as
+/// today's SDK clients speak it by default.
+fn modern() -> ClientLifecycleMode {
+    ClientLifecycleMode::Discover {
+        preferred_versions: vec![ProtocolVersion::LATEST],
+    }
+}
+
 async fn session(
     url: String,
     token: String,
@@ -49,7 +59,7 @@ async fn session(
         http_client(),
         StreamableHttpClientTransportConfig::with_uri(url).auth_header(token),
     );
-    let client = ().serve(transport).await?;
+    let client = ().serve_with_lifecycle(transport, modern()).await?;
     let mut confirm: Option<String> = None;
     loop {
         let mut args = json!({"room": room});
@@ -238,7 +248,7 @@ async fn swarm_agent(
         http_client(),
         StreamableHttpClientTransportConfig::with_uri(url).auth_header(a.token.clone()),
     );
-    let client = ().serve(transport).await?;
+    let client = ().serve_with_lifecycle(transport, modern()).await?;
     let mut t = Tally::default();
     let mut rng = seed | 1;
     let mut next = move || {
