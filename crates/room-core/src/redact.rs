@@ -25,7 +25,9 @@ const BUILTIN: &[&str] = &[
 #[derive(Debug, Clone)]
 pub struct Redactor {
     /// Every pattern in one automaton: most strings match none, and are passed in one scan.
-    any: RegexSet,
+    /// `None` when the combined automaton exceeds the regex size limit although each pattern
+    /// fits: then every pattern is tried on every string, as before the prefilter.
+    any: Option<RegexSet>,
     set: Vec<Regex>,
     /// Digest of the pattern list: two redactors with the same policy have the same digest.
     policy_sha256: String,
@@ -41,7 +43,7 @@ impl Redactor {
         for p in &all {
             set.push(Regex::new(p).map_err(|e| format!("redaction pattern {p:?}: {e}"))?);
         }
-        let any = RegexSet::new(&all).map_err(|e| format!("redaction patterns: {e}"))?;
+        let any = RegexSet::new(&all).ok();
         let policy_sha256 = crate::canon::digest_of(&all);
         Ok(Redactor {
             any,
@@ -60,7 +62,7 @@ impl Redactor {
 
     pub fn redact<'a>(&self, s: &'a str) -> Cow<'a, str> {
         let mut out = Cow::Borrowed(s);
-        if !self.any.is_match(s) {
+        if !self.may_match(s) {
             return out;
         }
         for re in &self.set {
@@ -69,6 +71,10 @@ impl Redactor {
             }
         }
         out
+    }
+
+    fn may_match(&self, s: &str) -> bool {
+        self.any.as_ref().is_none_or(|set| set.is_match(s))
     }
 
     /// Redact every string (and every object key) inside a JSON value.
@@ -88,7 +94,7 @@ impl Redactor {
                 }
             }
             Value::Array(a) => a.iter_mut().for_each(|x| self.redact_in_place(x)),
-            Value::Object(m) if m.keys().any(|k| self.any.is_match(k)) => {
+            Value::Object(m) if m.keys().any(|k| self.may_match(k)) => {
                 *m = std::mem::take(m)
                     .into_iter()
                     .map(|(k, mut x)| {

@@ -128,3 +128,36 @@ fn the_index_fsyncs_confirmations_and_lets_projection_commits_trail() {
     );
     assert_eq!(idx.wakes_mark().unwrap(), 5);
 }
+
+/// A durable commit whose rows are unchanged still fsyncs (SQLite would write nothing for it),
+/// so what was committed before it is covered.
+#[test]
+fn a_durable_commit_of_unchanged_rows_still_syncs_what_came_before() {
+    use room_store::index::{CheckpointRow, Index, SqliteConfig};
+    let tmp = tempfile::tempdir().unwrap();
+    let mount = Mount::new(tmp.path(), Arc::new(OneFault::default()), false);
+    let db = tmp.path().join("sync_index.db");
+    let cfg = SqliteConfig {
+        vfs: Some(VFS_NAME.to_string()),
+        ..SqliteConfig::default()
+    };
+    let cp = CheckpointRow {
+        actor: "a".into(),
+        conversation: "c".into(),
+        conversation_key: "k".into(),
+        view_gen: "v".into(),
+        confirmed_seq: 7,
+        chunk_seq: None,
+        chunk_offset: 0,
+        updated_ms: 1,
+    };
+    let mut idx = Index::open_with(&db, &cfg).unwrap();
+    idx.put_checkpoint(&cp).unwrap();
+    idx.set_wakes_mark(9).unwrap();
+    idx.put_checkpoint(&cp).unwrap();
+    mount.crash();
+    drop(idx);
+    mount.restart(&mut |_| 0).unwrap();
+    let idx = Index::open_with(&db, &cfg).unwrap();
+    assert_eq!(idx.wakes_mark().unwrap(), 9);
+}

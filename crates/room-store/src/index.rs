@@ -626,20 +626,37 @@ impl Index {
         self.set_sync_full(true)?;
         self.run("BEGIN IMMEDIATE")?;
         self.in_txn = true;
-        if let Err(e) = f(&self.conn) {
+        // SQLite writes nothing (and so syncs nothing) for a transaction whose rows are byte for
+        // byte what they were: a counter makes sure this one has a page to commit and fsync.
+        let written = f(&self.conn).and_then(|()| {
+            self.run(
+                "INSERT INTO meta (key, value) VALUES ('durable_commits', '1')
+                 ON CONFLICT(key) DO UPDATE SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT)",
+            )
+        });
+        if let Err(e) = written {
             let _ = self.run("ROLLBACK");
             self.in_txn = false;
             return Err(e.into());
         }
-        self.flush()
+        // no checkpoint here: its failure must not turn a durable commit into a refusal
+        self.commit_open()
     }
 
-    /// Commit whatever is pending.
     /// Commit whatever is pending. Transactions opened by `begin` run at synchronous=NORMAL:
     /// projection rows, receipts and marks, all of which the journal re-creates or a reader
     /// recovers from (DESIGN §10), so a crash may lose them and the next open catches the index
     /// up from the journal. Those opened by `durable` run at FULL.
     pub fn flush(&mut self) -> Result<()> {
+        self.commit_open()?;
+        if self.commits >= self.checkpoint_commits {
+            self.checkpoint_wal()?;
+        }
+        Ok(())
+    }
+
+    /// Commit the open transaction, if any, at the connection's current synchronous mode.
+    fn commit_open(&mut self) -> Result<()> {
         if self.in_txn {
             if let Err(e) = self.run("COMMIT") {
                 let _ = self.run("ROLLBACK");
@@ -651,9 +668,6 @@ impl Index {
             self.in_txn = false;
             self.pending = 0;
             self.commits += 1;
-            if self.commits >= self.checkpoint_commits {
-                self.checkpoint_wal()?;
-            }
         }
         Ok(())
     }
@@ -891,6 +905,8 @@ impl Index {
     /// Drop the projection (not receipts or checkpoints) so it can be refilled from the journal.
     pub fn clear_projection(&mut self) -> Result<()> {
         self.flush()?;
+        // the owner is told the rebuild began from nothing: that must survive a crash
+        self.set_sync_full(true)?;
         let tx = self.conn.transaction()?;
         for t in PROJECTION_TABLES {
             tx.execute(&format!("DELETE FROM {t}"), [])?;
