@@ -171,6 +171,9 @@ struct Cache {
 pub struct Control {
     pub(crate) conn: Connection,
     cache: Cache,
+    /// A reload after a failed write failed too: the cache may be partial (it fails closed)
+    /// until a reload succeeds, which is tried again on every use.
+    stale: bool,
 }
 
 fn u(v: i64) -> u64 {
@@ -183,6 +186,7 @@ impl Control {
         let mut c = Control {
             conn,
             cache: Cache::default(),
+            stale: false,
         };
         c.load_cache()?;
         Ok(c)
@@ -646,11 +650,21 @@ impl Control {
 impl Control {
     fn write<T>(&mut self, f: impl FnOnce(&mut Control) -> Result<T>) -> Result<T> {
         let out = f(self);
-        if out.is_err()
-            && let Err(e) = self.load_cache()
-        {
-            tracing::error!("control.db cache reload after a failed write failed too: {e}");
+        if out.is_err() {
+            self.stale = true;
+            self.refresh_if_stale();
         }
         out
+    }
+
+    /// Reload the cache if an earlier reload failed (see `stale`).
+    pub(crate) fn refresh_if_stale(&mut self) {
+        if !self.stale {
+            return;
+        }
+        match self.load_cache() {
+            Ok(()) => self.stale = false,
+            Err(e) => tracing::error!("control.db cache reload failed (retried on next use): {e}"),
+        }
     }
 }

@@ -143,9 +143,12 @@ impl Engine {
     }
 
     pub(crate) fn control(&self) -> MutexGuard<'_, Control> {
-        self.control
+        let mut c = self
+            .control
             .lock()
-            .expect("control lock is never poisoned: no panics while held")
+            .expect("control lock is never poisoned: no panics while held");
+        c.refresh_if_stale();
+        c
     }
 
     pub(crate) fn now_ms(&self) -> u64 {
