@@ -30,6 +30,12 @@ pub const CLAIM_TTL_MS_MIN: u64 = 1_000;
 pub const CLAIM_TTL_MS_MAX: u64 = 7 * 24 * 3_600_000;
 /// Lapses one sweep records per room, so a sweep stays short under the room lock.
 const LAPSES_PER_SWEEP_MAX: usize = 64;
+/// Rejections of one actor recorded per room within `VIOLATION_WINDOW_MS`; later ones within
+/// the window are refused the same way but leave no record.
+pub const VIOLATION_RECORDS_PER_WINDOW_MAX: usize = 16;
+pub const VIOLATION_WINDOW_MS: u64 = 60_000;
+/// Recent rejections remembered per room for that count.
+const VIOLATIONS_TRACKED_MAX: usize = 4_096;
 
 /// Validate a client's idempotency key at the edge of the engine.
 pub fn check_key(key: Option<&str>) -> Outcome<()> {
@@ -307,6 +313,17 @@ impl Engine {
         if let (Some(d), Some(extra)) = (detail.as_object_mut(), v.detail.as_object()) {
             d.extend(extra.clone());
         }
+        if !self.may_record_violation(h, &v.actor) {
+            // an agent repeating a refused call in a loop must not fill the journal: the
+            // refusal stands, its record is left out
+            detail["violation_recorded"] = json!("rate_limited");
+            return Refusal::new(Code::InvariantViolation, message)
+                .detail(detail)
+                .hint(format!(
+                    "{hint}; {VIOLATION_RECORDS_PER_WINDOW_MAX} rejections of yours were recorded in this room within {} s, so this one was not",
+                    VIOLATION_WINDOW_MS / 1000
+                ));
+        }
         match h.commit(self, vec![EventBody::InvariantViolation(v)], None) {
             Ok(rec) => detail["violation_event"] = json!(rec[0].id),
             Err(r) => {
@@ -322,6 +339,29 @@ impl Engine {
         Refusal::new(Code::InvariantViolation, message)
             .detail(detail)
             .hint(hint)
+    }
+
+    /// Whether a rejection of `actor`'s may be recorded now: at most
+    /// `VIOLATION_RECORDS_PER_WINDOW_MAX` per actor and room within `VIOLATION_WINDOW_MS`.
+    /// Counted in memory: a restart forgets the window, which only lets a few more through.
+    fn may_record_violation(&self, h: &mut RoomHandle, actor: &str) -> bool {
+        let now = self.now_ms();
+        let recent = &mut h.violations_recent;
+        while recent
+            .front()
+            .is_some_and(|(_, at)| at.saturating_add(VIOLATION_WINDOW_MS) <= now)
+        {
+            recent.pop_front();
+        }
+        let mine = recent.iter().filter(|(a, _)| a == actor).count();
+        if mine >= VIOLATION_RECORDS_PER_WINDOW_MAX {
+            return false;
+        }
+        if recent.len() >= VIOLATIONS_TRACKED_MAX {
+            recent.pop_front();
+        }
+        recent.push_back((actor.to_string(), now));
+        true
     }
 
     /// `resolution`: record every begun lifecycle whose TTL has run out unresolved as in doubt

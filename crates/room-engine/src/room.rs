@@ -42,6 +42,8 @@ pub struct RoomHandle {
     pub(crate) wakes_unsynced: Vec<PathBuf>,
     /// Every permit of an items record up to this seq is durable.
     wakes_mark: u64,
+    /// When this room recorded its recent rejections, and whose (see `invariants::reject`).
+    pub(crate) violations_recent: std::collections::VecDeque<(String, u64)>,
 }
 
 /// Lag after which the wakes mark is moved up even when no permit waits for a sync.
@@ -314,6 +316,7 @@ impl RoomHandle {
             rendered: Default::default(),
             wakes_unsynced: Vec::new(),
             wakes_mark: 0,
+            violations_recent: Default::default(),
         };
         let known = h.index.mark()?;
         match h.open_journal(engine, known.as_ref()) {

@@ -1826,6 +1826,27 @@ fn invariant_exactly_once_refuses_a_repeated_key() {
 }
 
 #[test]
+fn invariant_rejections_in_a_loop_stop_filling_the_journal() {
+    let mut fx = Fx::new();
+    let (_a, b, _g) = fx.team("coord");
+    fx.sync_all(&b, "coord");
+    let say = json!({"room": "coord", "text": "retry me", "idempotency_key": "loop-1"});
+    fx.ok(Some(&b), "say", say.clone());
+    // the first rejections within the window are recorded, one record each
+    for _ in 0..16 {
+        let r = fx.refuse_violation(&b, "say", say.clone(), "coord", "exactly_once");
+        assert!(r.detail["violation_event"].is_string(), "{r}");
+    }
+    // after that the same refusal, with nothing written (refuse checks the state is unchanged)
+    for _ in 0..3 {
+        let r = fx.refuse(Some(&b), "say", say.clone(), "invariant_violation");
+        assert_eq!(r.detail["invariant"], "exactly_once");
+        assert_eq!(r.detail["violation_recorded"], "rate_limited", "{r}");
+        assert!(r.hint.as_deref().unwrap_or_default().contains("not"), "{r}");
+    }
+}
+
+#[test]
 fn invariant_well_formed_refuses_an_effect_outside_a_claim() {
     let mut fx = Fx::new();
     let (a, b, _g) = fx.team("coord");
