@@ -461,24 +461,11 @@ impl Sim {
     /// One oracle per room, replayed from the start of its journal.
     fn reset_oracles(&mut self) -> Result<(), Failure> {
         self.oracles.clear();
-        for entry in
-            std::fs::read_dir(self.state.join("rooms")).map_err(|e| self.fail(e.to_string()))?
-        {
-            let dir = entry.map_err(|e| self.fail(e.to_string()))?.path();
-            let graph = dir
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or_default()
-                .to_string();
-            let manifest: Value = std::fs::read(dir.join("manifest.json"))
-                .ok()
-                .and_then(|b| serde_json::from_slice(&b).ok())
-                .ok_or_else(|| self.fail(format!("{graph}: unreadable manifest.json")))?;
-            let room = manifest["room"].as_str().unwrap_or_default().to_string();
+        for r in self.rooms_on_disk()? {
             self.oracles.push(oracle::RoomOracle::new(
-                &room,
-                &graph,
-                dir.join("EVENTS.jsonl"),
+                &r.room,
+                &r.graph,
+                r.dir.join("EVENTS.jsonl"),
             ));
         }
         self.oracles.sort_by(|a, b| a.path_cmp(b));
@@ -1414,18 +1401,11 @@ impl Sim {
                 )));
             }
         }
-        let rooms_dir = self.state.join("rooms");
-        for entry in std::fs::read_dir(&rooms_dir).map_err(|e| self.fail(e.to_string()))? {
-            let dir = entry.map_err(|e| self.fail(e.to_string()))?.path();
-            let graph = dir
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or_default()
-                .to_string();
-            if let Err(e) = room_store::journal::verify(&dir.join("EVENTS.jsonl"), &graph) {
-                return Err(self.fail(format!("chain of {graph} does not verify: {e}")));
+        for r in self.rooms_on_disk()? {
+            if let Err(e) = room_store::journal::verify(&r.dir.join("EVENTS.jsonl"), &r.graph) {
+                return Err(self.fail(format!("chain of {} does not verify: {e}", r.graph)));
             }
-            self.check_invariants(&dir, &graph)?;
+            self.check_invariants(&r)?;
         }
         Ok(())
     }
@@ -1455,13 +1435,31 @@ impl Sim {
         Ok(())
     }
 
+    /// Every room shard in the state dir, with the room its manifest names.
+    fn rooms_on_disk(&self) -> Result<Vec<RoomDir>, Failure> {
+        let mut out = Vec::new();
+        for entry in
+            std::fs::read_dir(self.state.join("rooms")).map_err(|e| self.fail(e.to_string()))?
+        {
+            let dir = entry.map_err(|e| self.fail(e.to_string()))?.path();
+            let graph = dir
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default()
+                .to_string();
+            let manifest: Value = std::fs::read(dir.join("manifest.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok())
+                .ok_or_else(|| self.fail(format!("{graph}: unreadable manifest.json")))?;
+            let room = manifest["room"].as_str().unwrap_or_default().to_string();
+            out.push(RoomDir { dir, graph, room });
+        }
+        Ok(out)
+    }
+
     /// Replay one journal through the independent oracle.
-    fn check_invariants(&self, dir: &Path, graph: &str) -> Result<(), Failure> {
-        let manifest: Value = std::fs::read(dir.join("manifest.json"))
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .ok_or_else(|| self.fail(format!("{graph}: unreadable manifest.json")))?;
-        let room = manifest["room"].as_str().unwrap_or_default().to_string();
+    fn check_invariants(&self, r: &RoomDir) -> Result<(), Failure> {
+        let (dir, graph, room) = (&r.dir, r.graph.as_str(), &r.room);
         let file =
             std::fs::File::open(dir.join("EVENTS.jsonl")).map_err(|e| self.fail(e.to_string()))?;
         let mut records = Vec::new();
@@ -1477,7 +1475,7 @@ impl Sim {
                 now_ms: *now_ms,
                 tips: tips.clone(),
             });
-        oracle::check_room(&room, &records, sweep.as_ref()).map_err(|e| self.fail(e))?;
+        oracle::check_room(room, &records, sweep.as_ref()).map_err(|e| self.fail(e))?;
         // every wake permit the journal implies is queued, whole and sealed
         for r in &records {
             if r.event["kind"] != "items" {
@@ -1516,6 +1514,13 @@ impl Sim {
         }
         Ok(())
     }
+}
+
+/// One room shard on disk.
+struct RoomDir {
+    dir: PathBuf,
+    graph: String,
+    room: String,
 }
 
 fn sim_owner(e: &Engine) -> room_engine::Owner {

@@ -3,6 +3,7 @@
 //! its writes at the next crash although SQLite read them back until then.
 
 use room_sim::disk::{DiskFaults, Mount, VFS_NAME};
+use room_store::index::{CheckpointRow, Index, SqliteConfig};
 use room_store::journal::Fault;
 use rusqlite::{Connection, OpenFlags};
 use std::path::Path;
@@ -89,39 +90,66 @@ fn a_failed_fsync_loses_its_writes_at_the_next_crash() {
     assert_eq!(n, 9);
 }
 
+/// A sync index on a simulated disk, and the crash that loses every unsynced write.
+struct IndexOnDisk {
+    _tmp: tempfile::TempDir,
+    mount: Mount,
+    db: std::path::PathBuf,
+    cfg: SqliteConfig,
+}
+
+impl IndexOnDisk {
+    fn new() -> IndexOnDisk {
+        let tmp = tempfile::tempdir().unwrap();
+        let mount = Mount::new(tmp.path(), Arc::new(OneFault::default()), false);
+        IndexOnDisk {
+            db: tmp.path().join("sync_index.db"),
+            cfg: SqliteConfig {
+                vfs: Some(VFS_NAME.to_string()),
+                ..SqliteConfig::default()
+            },
+            _tmp: tmp,
+            mount,
+        }
+    }
+
+    fn open(&self) -> Index {
+        Index::open_with(&self.db, &self.cfg).unwrap()
+    }
+
+    fn crash_and_reopen(&self, idx: Index) -> Index {
+        self.mount.crash();
+        drop(idx);
+        self.mount.restart(&mut |_| 0).unwrap();
+        self.open()
+    }
+}
+
+fn checkpoint_at(confirmed_seq: u64) -> CheckpointRow {
+    CheckpointRow {
+        actor: "a".into(),
+        conversation: "c".into(),
+        conversation_key: "k".into(),
+        view_gen: "v".into(),
+        confirmed_seq,
+        chunk_seq: None,
+        chunk_offset: 0,
+        updated_ms: 1,
+    }
+}
+
 /// The sync index fsyncs only what the journal cannot re-create: a confirmation's checkpoint
 /// survives a crash that loses every unsynced write, a projection-only commit after it does not
 /// (and one before it rides its fsync).
 #[test]
 fn the_index_fsyncs_confirmations_and_lets_projection_commits_trail() {
-    use room_store::index::{CheckpointRow, Index, SqliteConfig};
-    let tmp = tempfile::tempdir().unwrap();
-    let faults = Arc::new(OneFault::default());
-    let mount = Mount::new(tmp.path(), faults, false);
-    let db = tmp.path().join("sync_index.db");
-    let cfg = SqliteConfig {
-        vfs: Some(VFS_NAME.to_string()),
-        ..SqliteConfig::default()
-    };
-    let cp = CheckpointRow {
-        actor: "a".into(),
-        conversation: "c".into(),
-        conversation_key: "k".into(),
-        view_gen: "v".into(),
-        confirmed_seq: 7,
-        chunk_seq: None,
-        chunk_offset: 0,
-        updated_ms: 1,
-    };
-    let mut idx = Index::open_with(&db, &cfg).unwrap();
+    let disk = IndexOnDisk::new();
+    let mut idx = disk.open();
     idx.set_wakes_mark(5).unwrap();
-    idx.put_checkpoint(&cp).unwrap();
+    idx.put_checkpoint(&checkpoint_at(7)).unwrap();
     idx.set_wakes_mark(9).unwrap();
     assert_eq!(idx.wakes_mark().unwrap(), 9);
-    mount.crash();
-    drop(idx);
-    mount.restart(&mut |_| 0).unwrap();
-    let idx = Index::open_with(&db, &cfg).unwrap();
+    let idx = disk.crash_and_reopen(idx);
     assert_eq!(
         idx.checkpoint("a", "c").unwrap().map(|c| c.confirmed_seq),
         Some(7)
@@ -133,31 +161,11 @@ fn the_index_fsyncs_confirmations_and_lets_projection_commits_trail() {
 /// so what was committed before it is covered.
 #[test]
 fn a_durable_commit_of_unchanged_rows_still_syncs_what_came_before() {
-    use room_store::index::{CheckpointRow, Index, SqliteConfig};
-    let tmp = tempfile::tempdir().unwrap();
-    let mount = Mount::new(tmp.path(), Arc::new(OneFault::default()), false);
-    let db = tmp.path().join("sync_index.db");
-    let cfg = SqliteConfig {
-        vfs: Some(VFS_NAME.to_string()),
-        ..SqliteConfig::default()
-    };
-    let cp = CheckpointRow {
-        actor: "a".into(),
-        conversation: "c".into(),
-        conversation_key: "k".into(),
-        view_gen: "v".into(),
-        confirmed_seq: 7,
-        chunk_seq: None,
-        chunk_offset: 0,
-        updated_ms: 1,
-    };
-    let mut idx = Index::open_with(&db, &cfg).unwrap();
-    idx.put_checkpoint(&cp).unwrap();
+    let disk = IndexOnDisk::new();
+    let mut idx = disk.open();
+    idx.put_checkpoint(&checkpoint_at(7)).unwrap();
     idx.set_wakes_mark(9).unwrap();
-    idx.put_checkpoint(&cp).unwrap();
-    mount.crash();
-    drop(idx);
-    mount.restart(&mut |_| 0).unwrap();
-    let idx = Index::open_with(&db, &cfg).unwrap();
+    idx.put_checkpoint(&checkpoint_at(7)).unwrap();
+    let idx = disk.crash_and_reopen(idx);
     assert_eq!(idx.wakes_mark().unwrap(), 9);
 }
