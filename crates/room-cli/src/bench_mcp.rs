@@ -404,12 +404,16 @@ pub fn swarm(a: &BenchArgs) -> anyhow::Result<()> {
         "journal MiB",
         "daemon µs/call"
     );
+    // Each size's state dir is removed only when the whole bench ends: deleting tens of
+    // thousands of files just before the next size would charge that size for the cleanup
+    // (ext4 without a journal scans recently freed inodes on every file creation for a while).
+    let mut finished_dirs = vec![];
     for n in [10usize, 100, 500]
         .into_iter()
         .filter(|n| *n <= a.writers_max.max(10) * 2)
     {
         let Served {
-            _tmp,
+            _tmp: tmp,
             state,
             daemon,
             sock,
@@ -508,6 +512,7 @@ pub fn swarm(a: &BenchArgs) -> anyhow::Result<()> {
         let elapsed = start.elapsed().as_secs_f64();
         let daemon_cpu_ns = threads_cpu_ns("room-daemon").saturating_sub(daemon_cpu_before);
         daemon.stop()?;
+        finished_dirs.push(tmp);
         let mut lat: Vec<Duration> = tallies.iter().flat_map(|t| t.lat.iter().copied()).collect();
         let accepted: u64 = tallies.iter().map(|t| t.accepted).sum();
         let gate: u64 = tallies.iter().map(|t| t.gate_refused).sum();
@@ -542,5 +547,6 @@ pub fn swarm(a: &BenchArgs) -> anyhow::Result<()> {
             eprintln!("  note: {other} turns refused for other reasons: {codes:?}");
         }
     }
+    drop(finished_dirs);
     Ok(())
 }

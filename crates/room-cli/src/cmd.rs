@@ -521,11 +521,7 @@ fn serve(cli: &Cli, listen: Option<std::net::SocketAddr>) -> i32 {
         bootstrap: statedir::default_bootstrap_path(),
         listen,
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .thread_name("room-daemon")
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let rt = room_server::daemon::runtime().expect("tokio runtime");
     let result = rt.block_on(room_server::daemon::serve(cfg, async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .expect("signal handler");
