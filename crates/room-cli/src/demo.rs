@@ -155,7 +155,7 @@ fn scene() -> anyhow::Result<()> {
     let wakes = sc.ok(None, "wakes_list", json!({"room": "build"}));
     let w = &wakes["wakes"][0];
     show(format!(
-        "wake permit {} for {} (task {}), not_after {}",
+        "wake permit queued as {} for {} (task {}), not_after {}",
         w["path"].as_str().unwrap_or(""),
         w["agent"].as_str().unwrap_or(""),
         w["task"].as_str().unwrap_or(""),

@@ -1,6 +1,7 @@
 //! `control.db`: the machine-wide tables that are not per-room projections: principals and their
-//! credential digests, verb policy, project grants, rooms and rosters, tasks, and the control
-//! epoch. Every change here is committed (synchronous=FULL) before the call that made it returns.
+//! credential digests, verb policy, project grants, rooms and rosters, tasks, the wake queue and
+//! the control epoch. Every change here is committed (synchronous=FULL) before the call that made
+//! it returns; wake permits, derived from the journal, are committed in batches by the flush.
 
 use room_store::index::SqliteConfig;
 use room_store::{Result, StoreError};
@@ -76,7 +77,33 @@ ALTER TABLE tasks ADD COLUMN scopes TEXT NOT NULL DEFAULT '[]';
 CREATE INDEX tasks_parent ON tasks(parent) WHERE parent IS NOT NULL;
 CREATE INDEX tasks_claimed ON tasks(status) WHERE status = 'claimed';
 "#,
+    r#"
+CREATE TABLE wakes (
+    room TEXT NOT NULL REFERENCES rooms(name),
+    agent TEXT NOT NULL,
+    source_event TEXT NOT NULL,
+    created_ms INTEGER NOT NULL,
+    permit TEXT NOT NULL,
+    PRIMARY KEY (room, agent, source_event)
+) STRICT;
+CREATE INDEX wakes_created ON wakes(created_ms);
+-- permits sealed before this table existed were files: every room queues its permits anew
+INSERT INTO meta (key, value) VALUES ('wakes_requeue', '1');
+"#,
 ];
+
+/// One sealed permit as the queue stores it: its key and its canonical JSON.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WakeRow {
+    pub room: String,
+    pub agent: String,
+    pub source_event: String,
+    pub created_ms: u64,
+    pub permit: String,
+}
+
+/// Most permits one `wakes` read returns.
+pub const WAKES_PAGE_MAX: usize = 10_000;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentRow {
@@ -641,6 +668,77 @@ impl Control {
             )?;
             Ok(n == 1)
         })
+    }
+}
+
+/// The wake queue. Permits trail the journal, so they are written in batches (one
+/// transaction for every room's new permits) rather than one commit per turn.
+impl Control {
+    /// Queue `rows` in one transaction. A permit already queued under the same key stays as it
+    /// was sealed (re-derivation after a crash reproduces only what is missing).
+    pub fn insert_wakes(&mut self, rows: &[WakeRow]) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        self.write(|c| {
+            let tx = c.conn.transaction()?;
+            {
+                let mut st = tx.prepare_cached(
+                    "INSERT OR IGNORE INTO wakes (room, agent, source_event, created_ms, permit)
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                )?;
+                for w in rows {
+                    st.execute(params![
+                        w.room,
+                        w.agent,
+                        w.source_event,
+                        w.created_ms as i64,
+                        w.permit
+                    ])?;
+                }
+            }
+            tx.commit()?;
+            Ok(())
+        })
+    }
+
+    /// Every room must queue all its permits from the start of its journal (set by the
+    /// migration that created the queue).
+    pub fn wakes_requeue_pending(&self) -> Result<bool> {
+        Ok(self
+            .conn
+            .query_row("SELECT 1 FROM meta WHERE key = 'wakes_requeue'", [], |_| {
+                Ok(())
+            })
+            .optional()?
+            .is_some())
+    }
+
+    pub fn wakes_requeue_done(&mut self) -> Result<()> {
+        self.write(|c| {
+            c.conn
+                .execute("DELETE FROM meta WHERE key = 'wakes_requeue'", [])?;
+            Ok(())
+        })
+    }
+
+    /// Queued permits, oldest first, optionally of one room; at most [`WAKES_PAGE_MAX`].
+    pub fn wakes(&self, room: Option<&str>) -> Result<Vec<WakeRow>> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT room, agent, source_event, created_ms, permit FROM wakes
+             WHERE ?1 IS NULL OR room = ?1
+             ORDER BY created_ms, room, agent, source_event LIMIT ?2",
+        )?;
+        let rows = st.query_map(params![room, WAKES_PAGE_MAX as i64], |r| {
+            Ok(WakeRow {
+                room: r.get(0)?,
+                agent: r.get(1)?,
+                source_event: r.get(2)?,
+                created_ms: u(r.get(3)?),
+                permit: r.get(4)?,
+            })
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 }
 

@@ -73,8 +73,6 @@ impl Default for EngineConfig {
 pub struct CrashState {
     /// Each journal: path, durable length, current length.
     pub journals: Vec<(std::path::PathBuf, u64, u64)>,
-    /// Files written but not yet synced (wake permits).
-    pub unsynced_files: Vec<std::path::PathBuf>,
 }
 
 /// The engine's windows on the world.
@@ -130,6 +128,9 @@ impl Engine {
                 .lock()
                 .expect("rooms map lock")
                 .insert(row.name.clone(), Arc::new(Mutex::new(handle)));
+        }
+        if engine.control().wakes_requeue_pending()? {
+            engine.requeue_all_wakes()?;
         }
         Ok(engine)
     }
@@ -196,21 +197,66 @@ impl Engine {
     /// at shutdown; correctness does not depend on it (the journal is the commit point), only
     /// how much catching up the next start does.
     pub fn flush_indexes(&self) {
+        self.flush_wakes();
         for h in self.room_handles() {
             let mut room = lock_room(&h);
-            // a halted room's permits are re-derived at the next start, never marked durable
-            if room.read_only.is_none()
-                && let Err(e) = room.sync_wakes()
-            {
-                room.halt(format!(
-                    "syncing wake permits failed: {e}; restart to re-derive them"
-                ));
-                continue;
-            }
             if let Err(e) = room.index.flush() {
                 tracing::error!(room = %room.name, "index flush failed: {e}");
                 room.read_only = Some(format!(
                     "index flush failed: {e}; restart to catch up from the journal"
+                ));
+            }
+        }
+    }
+
+    /// Queue every room's permits from the start of its journal (once, after the migration that
+    /// created the queue). A room that cannot (read-only) keeps the request for the next start.
+    fn requeue_all_wakes(&self) -> Result<(), room_store::StoreError> {
+        let mut all = true;
+        for h in self.room_handles() {
+            let mut room = lock_room(&h);
+            if room.read_only.is_some() {
+                all = false;
+                continue;
+            }
+            room.requeue_wakes(self)?;
+        }
+        if all {
+            self.control().wakes_requeue_done()?;
+        }
+        Ok(())
+    }
+
+    /// Write every room's newly sealed wake permits to the queue in control.db, in one
+    /// transaction, then move each room's wakes mark. Permits are derived from the journal, so
+    /// until then a crash only means they are re-derived at the next start; a room whose
+    /// permits could not be written refuses writes until that restart.
+    pub fn flush_wakes(&self) {
+        let mut due = Vec::new();
+        let mut rows = Vec::new();
+        for h in self.room_handles() {
+            let mut room = lock_room(&h);
+            // a halted room's permits are re-derived at the next start, never marked queued
+            if room.read_only.is_none()
+                && let Some((tip, mut pending)) = room.take_wakes_due()
+            {
+                rows.append(&mut pending);
+                due.push((h.clone(), tip));
+            }
+        }
+        if due.is_empty() {
+            return;
+        }
+        let written = self.control().insert_wakes(&rows);
+        for (h, tip) in due {
+            let mut room = lock_room(&h);
+            let queued = match &written {
+                Ok(()) => room.wakes_queued(tip).map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            if let Err(e) = queued {
+                room.halt(format!(
+                    "queueing wake permits failed: {e}; restart to re-derive them"
                 ));
             }
         }
@@ -234,11 +280,9 @@ impl Engine {
                 out.journals
                     .push((j.path().to_path_buf(), j.synced_len(), len));
             }
-            out.unsynced_files.append(&mut room.wakes_unsynced);
         }
         // a stable order, so that a simulator's draws replay exactly
         out.journals.sort();
-        out.unsynced_files.sort();
         out
     }
 

@@ -3,7 +3,7 @@
 //! projected; derived state (index rows, task effects, flush 2, wake permits) is caught up
 //! from the journal at open, so a crash anywhere after the append loses nothing.
 
-use crate::control::RoomRow;
+use crate::control::{RoomRow, WakeRow};
 use crate::event::{
     Binding, EventBody, Invariant, ItemKindWire, ItemSpec, Items, TaskTransition, item_id,
 };
@@ -38,8 +38,8 @@ pub struct RoomHandle {
     pub rotated: bool,
     /// Recent sync renderings (the room lock guards it).
     pub(crate) rendered: std::cell::RefCell<crate::sync::RenderCache>,
-    /// Wake permits written since the last `sync_wakes`.
-    pub(crate) wakes_unsynced: Vec<PathBuf>,
+    /// Wake permits sealed since the last time the queue was written (`Engine::flush_wakes`).
+    pub(crate) wakes_pending: Vec<WakeRow>,
     /// Every permit of an items record up to this seq is durable.
     wakes_mark: u64,
     /// When this room recorded its recent rejections, and whose (see `invariants::reject`).
@@ -314,7 +314,7 @@ impl RoomHandle {
             read_only: None,
             rotated: false,
             rendered: Default::default(),
-            wakes_unsynced: Vec::new(),
+            wakes_pending: Vec::new(),
             wakes_mark: 0,
             violations_recent: Default::default(),
         };
@@ -359,8 +359,14 @@ impl RoomHandle {
         }
     }
 
-    /// Write every wake permit the journal implies after the wakes mark that is missing or
-    /// damaged (a crash took it before its sync), then sync them all and move the mark.
+    /// Queue every wake permit of the journal from its start (see `Engine::requeue_all_wakes`).
+    pub(crate) fn requeue_wakes(&mut self, engine: &Engine) -> Result<(), StoreError> {
+        self.index.set_wakes_mark(0)?;
+        self.rederive_wakes(engine)
+    }
+
+    /// Queue every wake permit the journal implies after the wakes mark that is missing (a
+    /// crash took it before the queue was written), then move the mark.
     fn rederive_wakes(&mut self, engine: &Engine) -> Result<(), StoreError> {
         let mut mark = self.index.wakes_mark()?;
         self.wakes_mark = mark;
@@ -392,34 +398,30 @@ impl RoomHandle {
             }
             mark = last;
         }
-        self.sync_wakes_now()
-    }
-
-    /// Make the permits written since the last call durable and move the wakes mark to the tip
-    /// (the room lock is held: no turn is between its flushes and its permits). Nothing to do
-    /// when none waits and the mark is close enough behind.
-    pub(crate) fn sync_wakes(&mut self) -> Result<(), StoreError> {
-        if self.wakes_unsynced.is_empty() && self.tip().seq < self.wakes_mark + WAKES_MARK_LAG_MAX {
-            return Ok(());
+        let (tip, rows) = (self.tip().seq, std::mem::take(&mut self.wakes_pending));
+        if !rows.is_empty() {
+            engine.control().insert_wakes(&rows)?;
         }
-        self.sync_wakes_now()
+        self.wakes_queued(tip)
     }
 
-    fn sync_wakes_now(&mut self) -> Result<(), StoreError> {
+    /// The permits sealed since the last call and the tip they cover, when the queue is due a
+    /// write: some wait, or the wakes mark lags far enough that a start would re-derive a lot.
+    /// The room lock is held, so no turn is between its flushes and its permits.
+    pub(crate) fn take_wakes_due(&mut self) -> Option<(u64, Vec<WakeRow>)> {
         let tip = self.tip().seq;
-        let mut dirs = std::collections::BTreeSet::new();
-        for p in &self.wakes_unsynced {
-            sfs::sync_file(p)?;
-            if let Some(d) = p.parent() {
-                dirs.insert(d.to_path_buf());
-            }
+        if self.wakes_pending.is_empty() && tip < self.wakes_mark + WAKES_MARK_LAG_MAX {
+            return None;
         }
-        for d in &dirs {
-            sfs::sync_dir(d)?;
+        Some((tip, std::mem::take(&mut self.wakes_pending)))
+    }
+
+    /// Every permit up to `tip` is queued durably: move the wakes mark there.
+    pub(crate) fn wakes_queued(&mut self, tip: u64) -> Result<(), StoreError> {
+        if tip > self.wakes_mark {
+            self.index.set_wakes_mark(tip)?;
+            self.wakes_mark = tip;
         }
-        self.wakes_unsynced.clear();
-        self.index.set_wakes_mark(tip)?;
-        self.wakes_mark = tip;
         Ok(())
     }
 

@@ -243,8 +243,8 @@ fn an_interrupted_second_flush_is_completed_at_open_with_the_same_ids() {
     for f in ["sync_index.db", "sync_index.db-wal", "sync_index.db-shm"] {
         let _ = std::fs::remove_file(room_dir.join(f));
     }
-    let wake = f.state.join(first["wakes"][0].as_str().unwrap());
-    std::fs::remove_file(&wake).unwrap();
+    // the engine was dropped without a flush: its wake permit never reached the queue
+    let wake = first["wakes"][0].as_str().unwrap().to_string();
 
     let e = f.engine(5);
     let log = e.room_log(&owner(&e), "r", 1, 100).unwrap();
@@ -259,7 +259,19 @@ fn an_interrupted_second_flush_is_completed_at_open_with_the_same_ids() {
         ob[0]["id"], first["obligations"][0]["id"],
         "completion re-derives the same obligation id"
     );
-    assert!(wake.exists(), "the wake permit is re-sealed");
+    let queued = e.wakes_view(&owner(&e), Some("r")).unwrap();
+    let paths: Vec<&str> = queued["wakes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|w| w["intact"] == true)
+        .map(|w| w["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        paths,
+        [wake.as_str()],
+        "the wake permit is re-sealed and queued"
+    );
     // opening again completes nothing more
     drop(e);
     let e = f.engine(6);
@@ -555,4 +567,64 @@ fn an_upgraded_index_replays_claims_into_lifecycles() {
         },
     );
     assert!(done.is_ok(), "done after the upgrade: {done:?}");
+}
+
+/// A state dir from before the wake queue moved into control.db (permits were files, control.db
+/// at schema 2) queues every permit its journals imply when it first opens, and only then.
+#[test]
+fn permits_sealed_before_the_queue_existed_are_queued_at_the_upgrade() {
+    let fx = Fixture::new();
+    let paths = |e: &Engine| -> Vec<String> {
+        e.wakes_view(&owner(e), None).unwrap()["wakes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|w| w["intact"] == true)
+            .map(|w| w["path"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let before = {
+        let e = fx.engine(1);
+        let a = agent(&e, "alpha", Tier::Member);
+        agent(&e, "beta", Tier::Member);
+        e.room_create(&owner(&e), "r", None, &["alpha".into(), "beta".into()])
+            .unwrap();
+        for text in ["one", "two"] {
+            catch_up(&e, &a, "r");
+            e.turn(
+                &a,
+                Verb::Send,
+                TurnArgs {
+                    to: vec!["beta".into()],
+                    ..say("r", text)
+                },
+            )
+            .unwrap();
+        }
+        e.flush_indexes();
+        paths(&e)
+    };
+    assert_eq!(before.len(), 2);
+    // control.db back at schema 2, as an older build left it (its permits were files)
+    {
+        let c = rusqlite::Connection::open(fx.state.join("control.db")).unwrap();
+        c.execute_batch(
+            "DROP TABLE wakes; DELETE FROM meta WHERE key = 'wakes_requeue';
+             PRAGMA user_version = 2;",
+        )
+        .unwrap();
+    }
+    let e = fx.engine(2);
+    assert_eq!(paths(&e), before, "every permit is queued at the upgrade");
+    drop(e);
+    // once: the request is gone after it was carried out
+    let c = rusqlite::Connection::open(fx.state.join("control.db")).unwrap();
+    let left: i64 = c
+        .query_row(
+            "SELECT count(*) FROM meta WHERE key = 'wakes_requeue'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(left, 0);
 }

@@ -1311,27 +1311,6 @@ impl Sim {
                 ));
             }
         }
-        // a file written but never synced may be gone, cut short, or whole
-        for path in crash.unsynced_files {
-            let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-            match self.rng.below(10) {
-                0..=3 => {
-                    let _ = std::fs::remove_file(&path);
-                    self.note(format!("crash: lost {}", path.display()));
-                }
-                4..=5 => {
-                    let keep = self.rng.below(len.max(1));
-                    if let Ok(f) = std::fs::OpenOptions::new().write(true).open(&path) {
-                        f.set_len(keep).map_err(|e| self.fail(e.to_string()))?;
-                    }
-                    self.note(format!(
-                        "crash: {} keeps {keep} of {len} bytes",
-                        path.display()
-                    ));
-                }
-                _ => {}
-            }
-        }
         self.note("restart".into());
         self.open_engine().map_err(|e| self.fail(e))?;
         self.check_durable()?;
@@ -1477,6 +1456,16 @@ impl Sim {
             });
         oracle::check_room(room, &records, sweep.as_ref()).map_err(|e| self.fail(e))?;
         // every wake permit the journal implies is queued, whole and sealed
+        let queued: std::collections::BTreeSet<String> = self
+            .e()
+            .wakes_view(&self.owner(), Some(room))
+            .map_err(|r| self.fail(format!("room {room}: listing its wake queue: {r}")))?["wakes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|w| w["intact"] == true)
+            .filter_map(|w| w["path"].as_str().map(str::to_string))
+            .collect();
         for r in &records {
             if r.event["kind"] != "items" {
                 continue;
@@ -1484,17 +1473,10 @@ impl Sim {
             let source = r.event["source"].as_str().unwrap_or_default();
             for agent in r.event["wakes"].as_array().into_iter().flatten() {
                 let agent = agent.as_str().unwrap_or_default();
-                let path = self
-                    .state
-                    .join(format!("wakes/{room}/{agent}/{source}.json"));
-                let intact = std::fs::read(&path)
-                    .ok()
-                    .and_then(|b| serde_json::from_slice::<room_core::wake::WakePermit>(&b).ok())
-                    .is_some_and(|p| p.intact());
-                if !intact {
+                let path = format!("wakes/{room}/{agent}/{source}.json");
+                if !queued.contains(&path) {
                     return Err(self.fail(format!(
-                        "room {room}: the wake permit {} implied by record {} is missing or damaged after a restart",
-                        path.display(),
+                        "room {room}: the wake permit {path} implied by record {} is missing or damaged after a restart",
                         r.seq
                     )));
                 }
