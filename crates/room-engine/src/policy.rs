@@ -121,10 +121,6 @@ struct Seen {
     stamp: Option<Stamp>,
     /// The stamp alone proves the content unchanged.
     settled: bool,
-    /// Engine clock when the stamp was last taken. A call handles several checks within one
-    /// millisecond; a second `stat` in the same millisecond could only see an edit that is
-    /// concurrent with the call, which may take effect on either side of it.
-    stamped_at_ms: u64,
     bytes: Vec<u8>,
     policy: Policy,
 }
@@ -145,22 +141,15 @@ impl PolicyCache {
     /// The policy in force now: one `stat` when config.toml has not changed, a read (and a
     /// parse if the bytes differ) when it has or may have.
     pub fn current(&self, now_ms: u64) -> Policy {
-        if let Some(seen) = self.cached.lock().expect("policy cache lock").as_ref()
-            && seen.settled
-            && seen.stamped_at_ms == now_ms
-        {
-            return seen.policy.clone();
-        }
         let stamp = match std::fs::metadata(&self.path) {
             Ok(m) => Some(Stamp::of(&m)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return failed(format!("config.toml unreadable: {e}")),
         };
-        if let Some(seen) = self.cached.lock().expect("policy cache lock").as_mut()
+        if let Some(seen) = self.cached.lock().expect("policy cache lock").as_ref()
             && seen.settled
             && seen.stamp == stamp
         {
-            seen.stamped_at_ms = now_ms;
             return seen.policy.clone();
         }
         let bytes = match std::fs::read(&self.path) {
@@ -181,7 +170,6 @@ impl PolicyCache {
         *cache = Some(Seen {
             stamp,
             settled,
-            stamped_at_ms: now_ms,
             bytes,
             policy: policy.clone(),
         });
@@ -250,20 +238,5 @@ mod tests {
         assert_eq!(cache.current(wall_ms()).ceiling, Tier::Observer);
         std::fs::remove_file(&path).unwrap();
         assert_eq!(cache.current(wall_ms()).ceiling, Tier::Operator);
-    }
-
-    #[test]
-    fn a_settled_file_is_checked_once_per_millisecond() {
-        let t = tempfile::tempdir().unwrap();
-        let path = t.path().join("config.toml");
-        std::fs::write(&path, "[fleet]\nceiling = \"member\"\n").unwrap();
-        let cache = PolicyCache::new(path.clone());
-        // well past the racy window, so the stamp alone settles the content
-        let later = wall_ms() + 10 * RACY_MS as u64;
-        assert_eq!(cache.current(later).ceiling, Tier::Member);
-        std::fs::write(&path, "[fleet]\nceiling = \"observer\"\n").unwrap();
-        // within the same millisecond the edit is concurrent with the check
-        assert_eq!(cache.current(later).ceiling, Tier::Member);
-        assert_eq!(cache.current(later + 1).ceiling, Tier::Observer);
     }
 }
