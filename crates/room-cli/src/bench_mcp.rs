@@ -114,6 +114,7 @@ fn served(dir: &Path, instance: &str) -> anyhow::Result<Served> {
         state_dir: state.clone(),
         bootstrap: boot,
         listen: Some("127.0.0.1:0".parse().expect("a loopback address")),
+        engine_threads: room_server::daemon::engine_threads_default(),
     })?;
     let sock = daemon.socket.clone();
     let url = format!(

@@ -37,6 +37,9 @@ pub enum Cmd {
         /// Also listen for HTTP on this loopback address (for example 127.0.0.1:7878).
         #[arg(long)]
         listen: Option<std::net::SocketAddr>,
+        /// Threads that run engine calls (default: 4 per core); more for a disk with slow fsyncs.
+        #[arg(long, value_parser = clap::value_parser!(u16).range(1..=512))]
+        engine_threads: Option<u16>,
     },
     /// The stdio MCP server for agent hosts (needs ROOM_TOKEN; starts a daemon if none runs).
     Mcp {
@@ -421,7 +424,10 @@ fn prune(v: &mut Value) {
 pub fn run(cli: Cli) -> i32 {
     match &cli.cmd {
         Cmd::Init => return init(&cli),
-        Cmd::Serve { listen } => return serve(&cli, *listen),
+        Cmd::Serve {
+            listen,
+            engine_threads,
+        } => return serve(&cli, *listen, *engine_threads),
         Cmd::Demo => return crate::demo::run(),
         Cmd::Bench(a) => return crate::bench::run(a),
         Cmd::Verify { room } => return verify(&cli, room.as_deref()),
@@ -515,13 +521,15 @@ fn init(cli: &Cli) -> i32 {
     }
 }
 
-fn serve(cli: &Cli, listen: Option<std::net::SocketAddr>) -> i32 {
+fn serve(cli: &Cli, listen: Option<std::net::SocketAddr>, engine_threads: Option<u16>) -> i32 {
     let cfg = room_server::daemon::ServeConfig {
         state_dir: state_dir(cli),
         bootstrap: statedir::default_bootstrap_path(),
         listen,
+        engine_threads: engine_threads
+            .map_or_else(room_server::daemon::engine_threads_default, usize::from),
     };
-    let rt = room_server::daemon::runtime().expect("tokio runtime");
+    let rt = room_server::daemon::runtime(cfg.engine_threads).expect("tokio runtime");
     let result = rt.block_on(room_server::daemon::serve(cfg, async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .expect("signal handler");

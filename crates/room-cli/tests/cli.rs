@@ -74,6 +74,18 @@ fn a_session_from_init_to_refusal_and_the_start_refusals() {
     assert!(env.run(&["init"], None).status.success());
     let mut daemon = env.serve(&env.state);
 
+    // an engine thread count out of range is a usage error naming the flag
+    let bad = env
+        .cmd(&env.state, &["serve", "--engine-threads", "0"], None)
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+    assert!(
+        stderr(&bad).contains("--engine-threads"),
+        "{}",
+        stderr(&bad)
+    );
+
     // a second daemon on the same state dir names the first one's pid
     let second = env.cmd(&env.state, &["serve"], None).output().unwrap();
     assert_eq!(second.status.code(), Some(4), "{}", stderr(&second));

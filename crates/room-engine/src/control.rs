@@ -755,6 +755,11 @@ impl Control {
         out
     }
 
+    /// An earlier reload failed: the cache must be reloaded before it is trusted.
+    pub(crate) fn is_stale(&self) -> bool {
+        self.stale
+    }
+
     /// Reload the cache if an earlier reload failed (see `stale`).
     pub(crate) fn refresh_if_stale(&mut self) {
         if !self.stale {

@@ -3,7 +3,7 @@
 //! its SHA-256 is stored. Every call re-reads the credential, the owner's per-agent policy and
 //! the fleet ceiling, so a rotation, revocation or policy change bites on the very next call.
 
-use crate::control::AgentRow;
+use crate::control::{AgentRow, Control};
 use crate::{Engine, Outcome, store_err};
 use room_core::canon::digest_of;
 use room_core::{Code, Refusal, Tier, Verb, name, sha256_hex};
@@ -193,34 +193,28 @@ impl Engine {
 
     /// Authenticate a token against the current credential table.
     pub fn authenticate(&self, token: &str) -> Outcome<AgentRow> {
-        let digest = sha256_hex(token.as_bytes());
-        let c = self.control();
-        if let Some(row) = c.agent_by_secret(&digest).map_err(store_err)? {
-            // The lookup was by digest; compare again in constant time before trusting it.
-            if bool::from(row.secret_sha256.as_bytes().ct_eq(digest.as_bytes())) {
-                if row.revoked_ms.is_some() {
-                    return Err(Refusal::new(
-                        Code::CredentialRevoked,
-                        format!("credential of {} is revoked", row.name),
-                    )
-                    .hint("ask the owner for `room agent rotate` to get a new token"));
-                }
-                return Ok(row);
-            }
-        }
-        if let Some((agent, why)) = c.retired_secret(&digest).map_err(store_err)? {
-            return Err(Refusal::new(
-                Code::CredentialRevoked,
-                format!("credential of {agent} was {why}"),
-            )
-            .hint("use the current token for this agent"));
-        }
-        Err(
-            Refusal::new(Code::CredentialInvalid, "credential is not known")
-                .hint("check ROOM_TOKEN"),
-        )
+        authenticate_in(&self.control(), token)
     }
 
+    /// [`Engine::authenticate`] when control.db is not busy (a commit holds it for an fsync),
+    /// `None` otherwise: for a caller that must not block, such as an async HTTP layer, which
+    /// then takes the blocking path.
+    pub fn try_authenticate(&self, token: &str) -> Option<Outcome<AgentRow>> {
+        let c = match self.control.try_lock() {
+            Ok(c) => c,
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+            Err(std::sync::TryLockError::Poisoned(_)) => {
+                panic!("control lock is never poisoned: no panics while held")
+            }
+        };
+        if c.is_stale() {
+            return None;
+        }
+        Some(authenticate_in(&c, token))
+    }
+}
+
+impl Engine {
     /// Authenticate and authorize one call of `verb`: credential, effective tier, verb policy.
     pub fn authorize(&self, caller: &AgentCaller, verb: Verb) -> Outcome<Principal> {
         validate_conversation(&caller.conversation)?;
@@ -279,4 +273,30 @@ impl Engine {
             _ => Ok(()),
         }
     }
+}
+
+/// The credential check itself, over a held control lock.
+fn authenticate_in(c: &Control, token: &str) -> Outcome<AgentRow> {
+    let digest = sha256_hex(token.as_bytes());
+    if let Some(row) = c.agent_by_secret(&digest).map_err(store_err)? {
+        // The lookup was by digest; compare again in constant time before trusting it.
+        if bool::from(row.secret_sha256.as_bytes().ct_eq(digest.as_bytes())) {
+            if row.revoked_ms.is_some() {
+                return Err(Refusal::new(
+                    Code::CredentialRevoked,
+                    format!("credential of {} is revoked", row.name),
+                )
+                .hint("ask the owner for `room agent rotate` to get a new token"));
+            }
+            return Ok(row);
+        }
+    }
+    if let Some((agent, why)) = c.retired_secret(&digest).map_err(store_err)? {
+        return Err(Refusal::new(
+            Code::CredentialRevoked,
+            format!("credential of {agent} was {why}"),
+        )
+        .hint("use the current token for this agent"));
+    }
+    Err(Refusal::new(Code::CredentialInvalid, "credential is not known").hint("check ROOM_TOKEN"))
 }
