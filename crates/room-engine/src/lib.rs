@@ -288,7 +288,13 @@ impl Engine {
 
     /// The current policy (fleet ceiling, redactor), re-read from config.toml when it changed.
     pub fn policy(&self) -> Policy {
-        self.policy.current(self.env.clock.now_ms())
+        self.policy.for_check(self.env.clock.now_ms())
+    }
+
+    /// Open one call's scope on this thread (see [`policy::OneCall`]); the daemon wraps each
+    /// request in one.
+    pub fn one_call(&self) -> policy::OneCall {
+        policy::OneCall::enter()
     }
 }
 

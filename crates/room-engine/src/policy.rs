@@ -211,6 +211,52 @@ fn parse(bytes: &[u8]) -> Policy {
     }
 }
 
+thread_local! {
+    /// The policy of the call running on this thread (see [`OneCall`]), once first read.
+    static CALL_POLICY: std::cell::RefCell<Option<Policy>> = const { std::cell::RefCell::new(None) };
+    /// Whether a call scope is open on this thread (scopes nest; the outermost owns the policy).
+    static IN_CALL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// One call's scope on this thread: the owner policy is read at the call's first check and
+/// holds until the scope ends, so every check of one call sees the same policy, and a call
+/// costs one `stat` of config.toml instead of one per check. Dropping it ends the scope, on
+/// a panic too.
+pub struct OneCall {
+    outermost: bool,
+}
+
+impl OneCall {
+    pub(crate) fn enter() -> OneCall {
+        let outermost = !IN_CALL.with(|c| c.replace(true));
+        OneCall { outermost }
+    }
+}
+
+impl Drop for OneCall {
+    fn drop(&mut self) {
+        if self.outermost {
+            IN_CALL.with(|c| c.set(false));
+            CALL_POLICY.with(|p| p.borrow_mut().take());
+        }
+    }
+}
+
+impl PolicyCache {
+    /// The policy for a check: the call's own when a call scope is open, else the current one.
+    pub fn for_check(&self, now_ms: u64) -> Policy {
+        if !IN_CALL.with(|c| c.get()) {
+            return self.current(now_ms);
+        }
+        if let Some(p) = CALL_POLICY.with(|p| p.borrow().clone()) {
+            return p;
+        }
+        let p = self.current(now_ms);
+        CALL_POLICY.with(|c| *c.borrow_mut() = Some(p.clone()));
+        p
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,5 +284,27 @@ mod tests {
         assert_eq!(cache.current(wall_ms()).ceiling, Tier::Observer);
         std::fs::remove_file(&path).unwrap();
         assert_eq!(cache.current(wall_ms()).ceiling, Tier::Operator);
+    }
+
+    #[test]
+    fn one_call_sees_one_policy_and_the_next_call_sees_the_edit() {
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("config.toml");
+        std::fs::write(&path, "[fleet]\nceiling = \"member\"\n").unwrap();
+        let cache = PolicyCache::new(path.clone());
+        {
+            let _call = OneCall::enter();
+            assert_eq!(cache.for_check(wall_ms()).ceiling, Tier::Member);
+            std::fs::write(&path, "[fleet]\nceiling = \"observer\"\n").unwrap();
+            {
+                let _nested = OneCall::enter();
+                assert_eq!(cache.for_check(wall_ms()).ceiling, Tier::Member);
+            }
+            // the nested scope's end does not end the call's
+            assert_eq!(cache.for_check(wall_ms()).ceiling, Tier::Member);
+        }
+        assert_eq!(cache.for_check(wall_ms()).ceiling, Tier::Observer);
+        let _next = OneCall::enter();
+        assert_eq!(cache.for_check(wall_ms()).ceiling, Tier::Observer);
     }
 }

@@ -87,6 +87,8 @@ pub fn handle(
     req: Request,
     bearer: Option<String>,
 ) -> Response {
+    // one owner policy for the whole call, redaction of its answer included
+    let _call = engine.one_call();
     let token = match (bearer, req.token.clone()) {
         (Some(_), Some(_)) => {
             return Response::refused(Refusal::invalid(
