@@ -87,6 +87,7 @@ CREATE TABLE wakes (
     PRIMARY KEY (room, agent, source_event)
 ) STRICT;
 CREATE INDEX wakes_created ON wakes(created_ms);
+CREATE INDEX wakes_room_created ON wakes(room, created_ms);
 -- permits sealed before this table existed were files: every room queues its permits anew
 INSERT INTO meta (key, value) VALUES ('wakes_requeue', '1');
 "#,
@@ -724,11 +725,14 @@ impl Control {
 
     /// Queued permits, oldest first, optionally of one room; at most [`WAKES_PAGE_MAX`].
     pub fn wakes(&self, room: Option<&str>) -> Result<Vec<WakeRow>> {
-        let mut st = self.conn.prepare_cached(
-            "SELECT room, agent, source_event, created_ms, permit FROM wakes
-             WHERE ?1 IS NULL OR room = ?1
-             ORDER BY created_ms, room, agent, source_event LIMIT ?2",
-        )?;
+        // two statements, so each can use its index (a room's rows, or all by creation)
+        let mut st = self.conn.prepare_cached(if room.is_some() {
+            "SELECT room, agent, source_event, created_ms, permit FROM wakes WHERE room = ?1
+             ORDER BY created_ms, agent, source_event LIMIT ?2"
+        } else {
+            "SELECT room, agent, source_event, created_ms, permit FROM wakes WHERE ?1 IS NULL
+             ORDER BY created_ms, room, agent, source_event LIMIT ?2"
+        })?;
         let rows = st.query_map(params![room, WAKES_PAGE_MAX as i64], |r| {
             Ok(WakeRow {
                 room: r.get(0)?,

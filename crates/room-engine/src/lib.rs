@@ -92,6 +92,10 @@ pub struct Engine {
     /// Held from a scoped claim's `exclusive` check through its commit: leases span the rooms
     /// of a project, and each room lock covers only its own room. Taken before a room lock.
     pub(crate) lease_lock: Mutex<()>,
+    /// Held for the whole of a `flush_wakes`, taken before any room lock. Two flushes at once
+    /// could let the later one move a room's wakes mark past permits the earlier one took but
+    /// has not yet written (and may fail to write).
+    pub(crate) wakes_flush_lock: Mutex<()>,
     pub(crate) policy: policy::PolicyCache,
 }
 
@@ -118,6 +122,7 @@ impl Engine {
             control: Mutex::new(control),
             rooms: Mutex::new(BTreeMap::new()),
             lease_lock: Mutex::new(()),
+            wakes_flush_lock: Mutex::new(()),
             policy,
         };
         let rows = engine.control().rooms()?;
@@ -219,7 +224,11 @@ impl Engine {
                 all = false;
                 continue;
             }
-            room.requeue_wakes(self)?;
+            if let Err(e) = room.requeue_wakes(self) {
+                // this room refuses writes and asks again at the next start; the others go on
+                room.halt(format!("re-queueing its wake permits failed: {e}"));
+                all = false;
+            }
         }
         if all {
             self.control().wakes_requeue_done()?;
@@ -232,6 +241,10 @@ impl Engine {
     /// until then a crash only means they are re-derived at the next start; a room whose
     /// permits could not be written refuses writes until that restart.
     pub fn flush_wakes(&self) {
+        let _one_at_a_time = self
+            .wakes_flush_lock
+            .lock()
+            .expect("wakes flush lock is never poisoned: no panics while held");
         let mut due = Vec::new();
         let mut rows = Vec::new();
         for h in self.room_handles() {

@@ -224,12 +224,17 @@ thread_local! {
 /// a panic too.
 pub struct OneCall {
     outermost: bool,
+    /// Not `Send`: the scope must end on the thread that opened it.
+    _this_thread: std::marker::PhantomData<*const ()>,
 }
 
 impl OneCall {
     pub(crate) fn enter() -> OneCall {
         let outermost = !IN_CALL.with(|c| c.replace(true));
-        OneCall { outermost }
+        OneCall {
+            outermost,
+            _this_thread: std::marker::PhantomData,
+        }
     }
 }
 

@@ -132,6 +132,7 @@ impl Engine {
         }
         self.flush_wakes();
         let rows = self.control().wakes(room).map_err(store_err)?;
+        let truncated = rows.len() >= crate::control::WAKES_PAGE_MAX;
         let out: Vec<Value> = rows
             .into_iter()
             .map(|w| match serde_json::from_str::<WakePermit>(&w.permit) {
@@ -148,6 +149,7 @@ impl Engine {
                 }),
             })
             .collect();
-        Ok(json!({"wakes": out}))
+        // the oldest WAKES_PAGE_MAX permits; say so rather than hide the rest
+        Ok(json!({"wakes": out, "truncated": truncated}))
     }
 }

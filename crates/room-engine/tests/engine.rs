@@ -614,7 +614,24 @@ fn permits_sealed_before_the_queue_existed_are_queued_at_the_upgrade() {
         )
         .unwrap();
     }
-    let e = fx.engine(2);
+    // a policy under which no permit can be sealed: the re-queue fails; the daemon still opens,
+    // the room with permits refuses writes, and the request stays for the next start
+    let cfg = fx.state.join("config.toml");
+    let good = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(&cfg, good.replace("patterns = []", "patterns = [\"(\"]")).unwrap();
+    {
+        let e = fx.engine(2);
+        let rooms = e.rooms_view(&owner(&e)).unwrap();
+        assert!(
+            rooms["rooms"][0]["read_only"]
+                .as_str()
+                .is_some_and(|why| why.contains("re-queueing")),
+            "{rooms}"
+        );
+    }
+    std::fs::write(&cfg, good).unwrap();
+    let e = fx.engine(3);
+    assert!(e.rooms_view(&owner(&e)).unwrap()["rooms"][0]["read_only"].is_null());
     assert_eq!(paths(&e), before, "every permit is queued at the upgrade");
     drop(e);
     // once: the request is gone after it was carried out
