@@ -74,6 +74,12 @@ impl WakePermit {
 }
 
 /// RFC 3339 UTC text for a millisecond timestamp (deterministic: no clock is read).
+/// The canonical path of the permit waking `agent` for `source_event` in `room`: its key in the
+/// queue and where dispatch will hand it to the worker's claim.
+pub fn wake_path(room: &str, agent: &str, source_event: &str) -> String {
+    format!("wakes/{room}/{agent}/{source_event}.json")
+}
+
 pub fn rfc3339_ms(ms: u64) -> String {
     let secs = (ms / 1000) as i64;
     let days = secs.div_euclid(86_400);

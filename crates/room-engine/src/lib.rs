@@ -275,9 +275,9 @@ impl Engine {
         }
     }
 
-    /// Stop as a crash would: pending index rows are discarded, nothing is flushed. Returns what
-    /// a crash could still take: each journal's durable and current length, and the wake
-    /// permits written but not yet synced, so a simulator can decide what survives.
+    /// Stop as a crash would: pending index rows and wake permits not yet queued are discarded,
+    /// nothing is flushed. Returns what a crash could still take, each journal's durable and
+    /// current length, so a simulator can decide what survives.
     pub fn crash_for_simulation(self) -> CrashState {
         let handles: Vec<_> = std::mem::take(&mut *self.rooms.lock().expect("rooms map lock"))
             .into_values()

@@ -212,9 +212,7 @@ impl Engine {
         }
         Some(authenticate_in(&c, token))
     }
-}
 
-impl Engine {
     /// Authenticate and authorize one call of `verb`: credential, effective tier, verb policy.
     pub fn authorize(&self, caller: &AgentCaller, verb: Verb) -> Outcome<Principal> {
         validate_conversation(&caller.conversation)?;

@@ -826,7 +826,7 @@ impl Engine {
             .map(|i| {
                 i.wakes
                     .iter()
-                    .map(|a| format!("wakes/{}/{}/{}.json", h.name, a, source))
+                    .map(|a| room_core::wake::wake_path(&h.name, a, &source))
                     .collect()
             })
             .unwrap_or_default();

@@ -14,7 +14,7 @@ use crate::control::WakeRow;
 use crate::event::{Items, Turn};
 use crate::room::RoomHandle;
 use crate::{Engine, Outcome, store_err};
-use room_core::wake::{RoomAuthority, WAKE_SCHEMA, WakeBinding, WakePermit, rfc3339_ms};
+use room_core::wake::{RoomAuthority, WAKE_SCHEMA, WakeBinding, WakePermit, rfc3339_ms, wake_path};
 use room_core::{Code, Refusal};
 use room_store::index::EventRow;
 use serde_json::{Value, json};
@@ -71,7 +71,7 @@ impl Engine {
         let mut out = Vec::new();
         for recipient in &recipients {
             let agent = &recipient.name;
-            let rel = format!("wakes/{}/{}/{}.json", h.name, agent, source.id);
+            let rel = wake_path(&h.name, agent, &source.id);
             let binding = WakeBinding {
                 schema: WAKE_SCHEMA.into(),
                 room: h.name.clone(),
@@ -143,7 +143,7 @@ impl Engine {
                     v
                 }
                 Err(e) => json!({
-                    "path": format!("wakes/{}/{}/{}.json", w.room, w.agent, w.source_event),
+                    "path": wake_path(&w.room, &w.agent, &w.source_event),
                     "intact": false,
                     "error": e.to_string(),
                 }),

@@ -1473,7 +1473,7 @@ impl Sim {
             let source = r.event["source"].as_str().unwrap_or_default();
             for agent in r.event["wakes"].as_array().into_iter().flatten() {
                 let agent = agent.as_str().unwrap_or_default();
-                let path = format!("wakes/{room}/{agent}/{source}.json");
+                let path = room_core::wake::wake_path(room, agent, source);
                 if !queued.contains(&path) {
                     return Err(self.fail(format!(
                         "room {room}: the wake permit {path} implied by record {} is missing or damaged after a restart",

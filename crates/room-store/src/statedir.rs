@@ -47,9 +47,6 @@ impl StateDir {
     pub fn rooms(&self) -> PathBuf {
         self.root.join("rooms")
     }
-    pub fn wakes(&self) -> PathBuf {
-        self.root.join("wakes")
-    }
     pub fn control_db(&self) -> PathBuf {
         self.root.join("control.db")
     }
