@@ -32,6 +32,20 @@ pub struct BenchArgs {
     /// Skip the multi-writer rows above this many writers.
     #[arg(long, default_value_t = 256)]
     pub writers_max: usize,
+    /// The swarm's MCP client: `lean` (a minimal streamable-HTTP client that sends what rmcp's
+    /// does and parses only what the swarm reads, so that the load generator takes less of the
+    /// cores it shares with the daemon) or `rmcp` (rmcp's own client).
+    #[arg(long, value_enum, default_value = "lean")]
+    pub client: ClientKind,
+    /// After each swarm size, each tool's calls and latency (on stderr).
+    #[arg(long)]
+    pub by_tool: bool,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum ClientKind {
+    Lean,
+    Rmcp,
 }
 
 struct Row {

@@ -3,7 +3,8 @@
 //! made in-process in the same run. The client is rmcp's own streamable-HTTP client, speaking the
 //! current protocol (2026-07-28).
 
-use crate::bench::{BenchArgs, own_rooms, pct};
+use crate::bench::{BenchArgs, ClientKind, own_rooms, pct};
+use crate::mcp_http::McpHttp;
 use rmcp::model::CallToolRequestParams;
 use rmcp::model::ProtocolVersion;
 use rmcp::transport::StreamableHttpClientTransport;
@@ -12,6 +13,7 @@ use rmcp::{ClientLifecycleMode, ClientServiceExt};
 use room_server::client::Client;
 use room_server::daemon::{Background, ServeConfig};
 use room_server::wire::Request;
+use serde::Deserialize;
 use serde_json::{Value, json};
 use std::path::Path;
 use std::sync::Arc;
@@ -213,6 +215,7 @@ struct Tally {
     gate_refused: u64,
     other_refused: u64,
     other_codes: std::collections::BTreeMap<String, u64>,
+    by_tool: std::collections::BTreeMap<&'static str, Vec<Duration>>,
 }
 
 struct Agent {
@@ -222,34 +225,153 @@ struct Agent {
     mates: Vec<String>,
 }
 
+/// What the swarm reads of a tool's structured content.
+#[derive(Deserialize, Default)]
+struct Answer {
+    receipt: Option<String>,
+    items: Option<Vec<PageItem>>,
+    open_items: Option<Vec<OpenItem>>,
+    refusal: Option<Refused>,
+}
+
+#[derive(Deserialize)]
+struct OpenItem {
+    id: String,
+}
+
+/// What the swarm reads of a page item: whether it creates a task for someone.
+#[derive(Deserialize)]
+struct PageItem {
+    kind: Option<String>,
+    event: Option<ItemEvent>,
+}
+
+#[derive(Deserialize)]
+struct ItemEvent {
+    action: Option<String>,
+    task: Option<String>,
+    created: Option<Created>,
+}
+
+#[derive(Deserialize)]
+struct Created {
+    recipient: Option<String>,
+}
+
+impl PageItem {
+    /// The task this item creates for `agent`, if it creates one.
+    fn task_for(&self, agent: &str) -> Option<&str> {
+        let e = self.event.as_ref()?;
+        let for_agent = self.kind.as_deref() == Some("task")
+            && e.action.as_deref() == Some("created")
+            && e.created.as_ref()?.recipient.as_deref() == Some(agent);
+        if for_agent { e.task.as_deref() } else { None }
+    }
+}
+
+#[derive(Deserialize)]
+struct Refused {
+    code: String,
+}
+
+/// The swarm's MCP client: the lean one by default, rmcp's own on `--client rmcp`.
+enum SwarmClient {
+    Lean(McpHttp),
+    Rmcp(rmcp::service::RunningService<rmcp::RoleClient, ()>),
+}
+
+impl SwarmClient {
+    async fn connect(kind: ClientKind, url: &str, token: &str) -> anyhow::Result<Self> {
+        Ok(match kind {
+            ClientKind::Lean => {
+                SwarmClient::Lean(McpHttp::connect(http_client(), url, token).await?)
+            }
+            ClientKind::Rmcp => {
+                let transport = StreamableHttpClientTransport::with_client(
+                    http_client(),
+                    StreamableHttpClientTransportConfig::with_uri(url.to_string())
+                        .auth_header(token.to_string()),
+                );
+                SwarmClient::Rmcp(().serve_with_lifecycle(transport, modern()).await?)
+            }
+        })
+    }
+
+    async fn call(&mut self, tool: &'static str, args: Value) -> anyhow::Result<(bool, Answer)> {
+        match self {
+            SwarmClient::Lean(c) => c.call_tool(tool, args).await,
+            SwarmClient::Rmcp(c) => {
+                let r = c
+                    .call_tool(CallToolRequestParams::new(tool).with_arguments(obj(args)))
+                    .await?;
+                let a = match r.structured_content {
+                    Some(v) => serde_json::from_value(v)?,
+                    None => Answer::default(),
+                };
+                Ok((r.is_error != Some(true), a))
+            }
+        }
+    }
+
+    async fn close(self) -> anyhow::Result<()> {
+        if let SwarmClient::Rmcp(c) = self {
+            c.cancel().await?;
+        }
+        Ok(())
+    }
+}
+
 async fn call(
-    client: &rmcp::service::RunningService<rmcp::RoleClient, ()>,
+    client: &mut SwarmClient,
     tally: &mut Tally,
     tool: &'static str,
     args: Value,
-) -> anyhow::Result<(bool, Value)> {
+) -> anyhow::Result<(bool, Answer)> {
     let t = Instant::now();
-    let r = client
-        .call_tool(CallToolRequestParams::new(tool).with_arguments(obj(args)))
-        .await?;
+    let r = client.call(tool, args).await?;
     tally.lat.push(t.elapsed());
-    let v = r.structured_content.unwrap_or_default();
-    Ok((r.is_error != Some(true), v))
+    tally.by_tool.entry(tool).or_default().push(t.elapsed());
+    Ok(r)
+}
+
+/// A refusal by the Work Gate: a room-mate wrote first.
+fn gated(a: &Answer) -> bool {
+    a.refusal.as_ref().is_some_and(|r| {
+        matches!(
+            r.code.as_str(),
+            "room_sync_required" | "room_sync_concurrent_arrival"
+        )
+    })
+}
+
+impl Tally {
+    fn record(&mut self, tool: &str, ok: bool, a: Answer, done: &AtomicU64) {
+        if ok {
+            self.accepted += 1;
+            done.fetch_add(1, Ordering::Relaxed);
+        } else if gated(&a) {
+            self.gate_refused += 1;
+        } else {
+            self.other_refused += 1;
+            let code = a.refusal.map(|r| r.code).unwrap_or_default();
+            *self
+                .other_codes
+                .entry(format!("{tool}:{code}"))
+                .or_default() += 1;
+        }
+    }
 }
 
 /// One agent: catch up, then a realistic mix of turns until the deadline.
 async fn swarm_agent(
     url: String,
+    kind: ClientKind,
     a: Agent,
     secs: f64,
     seed: u64,
     done: Arc<AtomicU64>,
 ) -> anyhow::Result<Tally> {
-    let transport = StreamableHttpClientTransport::with_client(
-        http_client(),
-        StreamableHttpClientTransportConfig::with_uri(url).auth_header(a.token.clone()),
-    );
-    let client = ().serve_with_lifecycle(transport, modern()).await?;
+    let mut client = SwarmClient::connect(kind, &url, &a.token).await?;
     let mut t = Tally::default();
     let mut rng = seed | 1;
     let mut next = move || {
@@ -259,7 +381,10 @@ async fn swarm_agent(
         rng
     };
     let start = Instant::now();
-    let mut open: Vec<String> = vec![];
+    let mut open: Vec<OpenItem> = vec![];
+    // tasks created for this agent and not yet claimed; tasks it claimed and has not finished
+    let mut assigned: std::collections::VecDeque<String> = Default::default();
+    let mut claimed: std::collections::VecDeque<String> = Default::default();
     while start.elapsed().as_secs_f64() < secs {
         // read until caught up
         let mut confirm: Option<String> = None;
@@ -268,41 +393,56 @@ async fn swarm_agent(
             if let Some(c) = &confirm {
                 args["confirm"] = json!(c);
             }
-            let (ok, page) = call(&client, &mut t, "room_sync", args).await?;
+            let (ok, page) = call(&mut client, &mut t, "room_sync", args).await?;
             if !ok {
                 break;
             }
-            open = page["open_items"]
-                .as_array()
-                .map(|v| {
-                    v.iter()
-                        .filter_map(|i| i["id"].as_str().map(String::from))
-                        .collect()
-                })
-                .unwrap_or_default();
-            if page["items"].as_array().is_none_or(Vec::is_empty) {
+            open = page.open_items.unwrap_or_default();
+            let items = page.items.unwrap_or_default();
+            assigned.extend(
+                items
+                    .iter()
+                    .filter_map(|i| i.task_for(&a.name))
+                    .map(String::from),
+            );
+            if items.is_empty() {
                 break;
             }
-            confirm = page["receipt"].as_str().map(String::from);
+            confirm = page.receipt;
+        }
+        // a task created for this agent is claimed before anything else
+        if let Some(task) = assigned.pop_front() {
+            let (ok, v) = call(&mut client, &mut t, "task_claim", json!({"task": task})).await?;
+            if ok {
+                claimed.push_back(task);
+            }
+            t.record("task_claim", ok, v, &done);
+            continue;
         }
         let mate = a.mates[(next() as usize) % a.mates.len()].clone();
         let roll = next() % 100;
-        let (tool, args) = if roll < 15 && !open.is_empty() {
+        let (tool, args) = if roll < 10 && !claimed.is_empty() {
+            let task = claimed.pop_front().expect("a claimed task");
+            (
+                "room_done",
+                json!({"room": a.room, "task": task, "text": format!("{} finished it", a.name)}),
+            )
+        } else if roll < 25 && !open.is_empty() {
             (
                 "room_reply",
-                json!({"room": a.room, "reply_to": open[0], "text": format!("{} answers", a.name)}),
+                json!({"room": a.room, "reply_to": open[0].id, "text": format!("{} answers", a.name)}),
             )
-        } else if roll < 35 {
+        } else if roll < 45 {
             (
                 "room_send",
                 json!({"room": a.room, "to": [mate], "text": format!("{} asks {mate} to look at item {}", a.name, next() % 1000)}),
             )
-        } else if roll < 40 {
+        } else if roll < 50 {
             (
                 "task_create",
                 json!({"room": a.room, "title": format!("task from {}", a.name), "to": mate}),
             )
-        } else if roll < 55 {
+        } else if roll < 65 {
             (
                 "room_note",
                 json!({"room": a.room, "text": format!("{} status: step {} of the plan", a.name, next() % 50)}),
@@ -313,26 +453,16 @@ async fn swarm_agent(
                 json!({"room": a.room, "to": [mate], "text": format!("{} to {mate}: {}", a.name, "a".repeat((next() % 400) as usize))}),
             )
         };
-        let (ok, v) = call(&client, &mut t, tool, args).await?;
-        if ok {
-            t.accepted += 1;
-            done.fetch_add(1, Ordering::Relaxed);
-        } else if matches!(
-            v["refusal"]["code"].as_str(),
-            Some("room_sync_required" | "room_sync_concurrent_arrival")
-        ) {
-            t.gate_refused += 1;
-        } else {
-            t.other_refused += 1;
-            *t.other_codes
-                .entry(format!(
-                    "{tool}:{}",
-                    v["refusal"]["code"].as_str().unwrap_or("?")
-                ))
-                .or_default() += 1;
+        let (ok, v) = call(&mut client, &mut t, tool, args.clone()).await?;
+        if tool == "room_done" && !ok && gated(&v) {
+            // the gate sent it back to read first: finish it next time
+            if let Some(task) = args["task"].as_str() {
+                claimed.push_front(task.to_string());
+            }
         }
+        t.record(tool, ok, v, &done);
     }
-    client.cancel().await?;
+    client.close().await?;
     Ok(t)
 }
 
@@ -387,11 +517,12 @@ pub fn swarm(a: &BenchArgs) -> anyhow::Result<()> {
     let dir = a.dir.clone().unwrap_or_else(std::env::temp_dir);
     let secs = a.seconds.max(5.0);
     eprintln!(
-        "swarm in {} for {secs} s per size (rooms of 2 to 8 agents, MCP over streamable HTTP) …",
-        dir.display()
+        "swarm in {} for {secs} s per size (rooms of 2 to 8 agents, MCP over streamable HTTP, {:?} client) …",
+        dir.display(),
+        a.client
     );
     println!(
-        "{:>7} {:>6} {:>11} {:>10} {:>8} {:>8} {:>9} {:>10} {:>9} {:>10} {:>11} {:>13}",
+        "{:>7} {:>6} {:>11} {:>10} {:>8} {:>8} {:>9} {:>10} {:>9} {:>10} {:>11} {:>13} {:>13}",
         "agents",
         "rooms",
         "accepted/s",
@@ -403,7 +534,8 @@ pub fn swarm(a: &BenchArgs) -> anyhow::Result<()> {
         "RSS MiB",
         "index MiB",
         "journal MiB",
-        "daemon µs/call"
+        "daemon µs/call",
+        "client µs/call"
     );
     // Each size's state dir is removed only when the whole bench ends: deleting tens of
     // thousands of files just before the next size would charge that size for the cleanup
@@ -473,6 +605,7 @@ pub fn swarm(a: &BenchArgs) -> anyhow::Result<()> {
             .build()?;
         let start = Instant::now();
         let daemon_cpu_before = threads_cpu_ns("room-daemon");
+        let client_cpu_before = threads_cpu_ns("bench-client");
         let tallies = rt.block_on(async {
             let tasks: Vec<_> = agents
                 .into_iter()
@@ -480,6 +613,7 @@ pub fn swarm(a: &BenchArgs) -> anyhow::Result<()> {
                 .map(|(k, ag)| {
                     tokio::spawn(swarm_agent(
                         url.clone(),
+                        a.client,
                         ag,
                         secs,
                         0x9e37_79b9 ^ k as u64,
@@ -512,6 +646,7 @@ pub fn swarm(a: &BenchArgs) -> anyhow::Result<()> {
         })?;
         let elapsed = start.elapsed().as_secs_f64();
         let daemon_cpu_ns = threads_cpu_ns("room-daemon").saturating_sub(daemon_cpu_before);
+        let client_cpu_ns = threads_cpu_ns("bench-client").saturating_sub(client_cpu_before);
         daemon.stop()?;
         finished_dirs.push(tmp);
         let mut lat: Vec<Duration> = tallies.iter().flat_map(|t| t.lat.iter().copied()).collect();
@@ -524,7 +659,7 @@ pub fn swarm(a: &BenchArgs) -> anyhow::Result<()> {
                 .unwrap_or_else(|| "-".into())
         };
         println!(
-            "{:>7} {:>6} {:>11.0} {:>10.0} {:>8} {:>8} {:>9} {:>10.1} {:>9.0} {:>10.1} {:>11.1} {:>13.0}",
+            "{:>7} {:>6} {:>11.0} {:>10.0} {:>8} {:>8} {:>9} {:>10.1} {:>9.0} {:>10.1} {:>11.1} {:>13.0} {:>13.0}",
             n,
             rooms,
             accepted as f64 / elapsed,
@@ -537,7 +672,25 @@ pub fn swarm(a: &BenchArgs) -> anyhow::Result<()> {
             dir_bytes(&state.join("rooms"), ".db") as f64 / (1 << 20) as f64,
             dir_bytes(&state.join("rooms"), "EVENTS.jsonl") as f64 / (1 << 20) as f64,
             daemon_cpu_ns as f64 / 1000.0 / calls.max(1) as f64,
+            client_cpu_ns as f64 / 1000.0 / calls.max(1) as f64,
         );
+        if a.by_tool {
+            let mut by: std::collections::BTreeMap<&str, Vec<Duration>> = Default::default();
+            for t in &tallies {
+                for (k, v) in &t.by_tool {
+                    by.entry(k).or_default().extend(v);
+                }
+            }
+            for (k, mut v) in by {
+                eprintln!(
+                    "  {k:<12} {:>7} calls  p50 {} ms  p99 {} ms  max {} ms",
+                    v.len(),
+                    ms(pct(&mut v, 0.5)),
+                    ms(pct(&mut v, 0.99)),
+                    ms(pct(&mut v, 1.0))
+                );
+            }
+        }
         if other > 0 {
             let mut codes: std::collections::BTreeMap<String, u64> = Default::default();
             for t in &tallies {

@@ -8,6 +8,7 @@ mod cmd;
 mod connect;
 mod demo;
 mod mcp_cmd;
+mod mcp_http;
 
 use clap::Parser;
 

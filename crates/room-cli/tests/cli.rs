@@ -232,3 +232,56 @@ fn a_session_from_init_to_refusal_and_the_start_refusals() {
     assert_eq!(down.status.code(), Some(3));
     assert!(stderr(&down).contains("room serve"));
 }
+
+/// `room bench swarm` end to end at its smallest size, on both of its MCP clients: every call is
+/// answered, agents claim the tasks created for them and finish them, and nothing is refused but
+/// by the Work Gate.
+#[test]
+fn the_swarm_bench_runs_on_both_clients() {
+    let env = Env::new();
+    for client in ["lean", "rmcp"] {
+        let root = env.root.to_str().unwrap();
+        let out = env.run(
+            &[
+                "bench",
+                "swarm",
+                "--seconds",
+                "5",
+                "--writers-max",
+                "5",
+                "--by-tool",
+                "--client",
+                client,
+                "--dir",
+                root,
+            ],
+            None,
+        );
+        let (stdout, err) = (String::from_utf8_lossy(&out.stdout), stderr(&out));
+        assert!(out.status.success(), "{client}: {err}");
+        let row: Vec<&str> = stdout
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some("10"))
+            .unwrap_or_else(|| panic!("{client}: no row for 10 agents: {stdout}"))
+            .split_whitespace()
+            .collect();
+        let (accepted, calls): (f64, f64) = (row[2].parse().unwrap(), row[3].parse().unwrap());
+        assert!(accepted > 0.0 && calls > accepted, "{client}: {stdout}");
+        for tool in [
+            "room_sync",
+            "task_create",
+            "task_claim",
+            "room_done",
+            "room_reply",
+        ] {
+            assert!(
+                err.lines().any(|l| l.trim_start().starts_with(tool)),
+                "{client}: no {tool} calls: {err}"
+            );
+        }
+        assert!(
+            !err.contains("refused for other reasons"),
+            "{client}: {err}"
+        );
+    }
+}
