@@ -25,8 +25,10 @@ const PREVIEW_CHARS: usize = 256;
 const LOG_PAGE_MAX: usize = 1000;
 /// How many causal links an audit walks.
 const AUDIT_DEPTH_MAX: u32 = 1000;
-/// Open mentions and obligations listed with each sync page (the total is always given).
-const OPEN_ITEMS_PAGE_MAX: usize = 32;
+/// Open mentions and obligations listed with each sync page, oldest first (the total is always
+/// given). Each sync repeats them and a model reads every byte of a tool result, so the list is
+/// what to answer next, not the whole inbox: answering the oldest brings the next ones up.
+pub const OPEN_ITEMS_PAGE_MAX: usize = 8;
 
 /// Arguments of a contribution verb, already decoded from the wire.
 #[derive(Debug, Clone, Default)]
@@ -404,7 +406,7 @@ impl Engine {
         page["open_items_total"] = json!(total);
         // past the count limit the total is a lower bound
         page["open_items_total_capped"] = json!(total >= room_store::index::OPEN_ITEMS_COUNT_MAX);
-        page["open_items"] = open.iter().map(item_view).collect();
+        page["open_items"] = open.iter().map(open_item_view).collect();
         Ok(page)
     }
 
@@ -1293,6 +1295,17 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+/// An open item as a sync page lists it: without what every listed item shares (addressed to
+/// the reader, open, resolved by nothing).
+pub fn open_item_view(i: &ItemRow) -> Value {
+    debug_assert!(
+        i.status == "open",
+        "only open items are listed in a sync page"
+    );
+    json!({"id": i.id, "kind": if i.kind == ItemKind::Mention { "mention" } else { "obligation" },
+        "source": i.source, "from": i.from_agent, "task": i.task, "not_after_ms": i.not_after_ms})
 }
 
 pub fn item_view(i: &ItemRow) -> Value {

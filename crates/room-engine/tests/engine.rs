@@ -645,3 +645,61 @@ fn permits_sealed_before_the_queue_existed_are_queued_at_the_upgrade() {
         .unwrap();
     assert_eq!(left, 0);
 }
+
+/// A sync page lists the oldest open items addressed to the reader, at most
+/// `OPEN_ITEMS_PAGE_MAX`, without the fields every listed item shares, and the total; answering
+/// the oldest brings the next one up.
+#[test]
+fn a_sync_page_lists_the_oldest_open_items_and_their_total() {
+    let f = Fixture::new();
+    let e = f.engine(7);
+    let a = agent(&e, "alpha", Tier::Member);
+    let b = agent(&e, "beta", Tier::Member);
+    e.room_create(&owner(&e), "r", None, &["alpha".into(), "beta".into()])
+        .unwrap();
+    let n = room_engine::verbs::OPEN_ITEMS_PAGE_MAX + 3;
+    let mut sources = vec![];
+    for k in 0..n {
+        catch_up(&e, &a, "r");
+        let args = TurnArgs {
+            to: vec!["beta".into()],
+            ..say("r", &format!("question {k}"))
+        };
+        let out = e.turn(&a, Verb::Say, args).unwrap();
+        sources.push(out["event"].as_str().unwrap().to_string());
+    }
+    let pages = catch_up(&e, &b, "r");
+    let last = pages.last().unwrap();
+    assert_eq!(last["open_items_total"], n as u64);
+    let open = last["open_items"].as_array().unwrap();
+    assert_eq!(open.len(), room_engine::verbs::OPEN_ITEMS_PAGE_MAX);
+    let listed: Vec<&str> = open.iter().map(|i| i["source"].as_str().unwrap()).collect();
+    assert_eq!(
+        listed,
+        sources[..open.len()]
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+    );
+    for i in open {
+        assert_eq!(i["kind"], "mention");
+        assert_eq!(i["from"], "alpha");
+        for shared in ["agent", "status", "resolved_by"] {
+            assert!(i.get(shared).is_none(), "{shared} in {i}");
+        }
+    }
+    // answering the oldest brings the next one up
+    let oldest = open[0]["id"].as_str().unwrap().to_string();
+    let reply = TurnArgs {
+        reply_to: Some(oldest.clone()),
+        ..say("r", "answered")
+    };
+    e.turn(&b, Verb::Reply, reply).unwrap();
+    let page = e.sync(&b, "r", None).unwrap();
+    assert_eq!(page["open_items_total"], n as u64 - 1);
+    assert_eq!(page["open_items"][0]["source"], sources[1].as_str());
+    assert_eq!(
+        page["open_items"].as_array().unwrap().last().unwrap()["source"],
+        sources[room_engine::verbs::OPEN_ITEMS_PAGE_MAX].as_str()
+    );
+}
