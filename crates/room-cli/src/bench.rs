@@ -37,6 +37,13 @@ pub struct BenchArgs {
     /// cores it shares with the daemon) or `rmcp` (rmcp's own client).
     #[arg(long, value_enum, default_value = "lean")]
     pub client: ClientKind,
+    /// The swarm's sizes (agents, 2 to 5,000 each), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "10,100,500",
+          value_parser = clap::value_parser!(u64).range(2..=5_000))]
+    pub agents: Vec<u64>,
+    /// The daemon's engine threads in `mcp` and `swarm` (default: as `room serve`).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=512))]
+    pub engine_threads: Option<u64>,
     /// After each swarm size, each tool's calls and latency (on stderr).
     #[arg(long)]
     pub by_tool: bool,

@@ -107,7 +107,7 @@ struct Served {
     url: String,
 }
 
-fn served(dir: &Path, instance: &str) -> anyhow::Result<Served> {
+fn served(dir: &Path, instance: &str, engine_threads: Option<u64>) -> anyhow::Result<Served> {
     let tmp = tempfile::tempdir_in(dir)?;
     let root = std::fs::canonicalize(tmp.path())?;
     let (state, boot) = (root.join("state"), root.join("boot.toml"));
@@ -116,7 +116,9 @@ fn served(dir: &Path, instance: &str) -> anyhow::Result<Served> {
         state_dir: state.clone(),
         bootstrap: boot,
         listen: Some("127.0.0.1:0".parse().expect("a loopback address")),
-        engine_threads: room_server::daemon::engine_threads_default(),
+        engine_threads: engine_threads
+            .map(|n| n as usize)
+            .unwrap_or_else(room_server::daemon::engine_threads_default),
     })?;
     let sock = daemon.socket.clone();
     let url = format!(
@@ -132,14 +134,19 @@ fn served(dir: &Path, instance: &str) -> anyhow::Result<Served> {
     })
 }
 
-fn over_http(dir: &Path, sessions: usize, secs: f64) -> anyhow::Result<(f64, Vec<Duration>)> {
+fn over_http(
+    dir: &Path,
+    sessions: usize,
+    secs: f64,
+    engine_threads: Option<u64>,
+) -> anyhow::Result<(f64, Vec<Duration>)> {
     let Served {
         _tmp,
         state: _,
         daemon,
         sock,
         url,
-    } = served(dir, "bench-mcp")?;
+    } = served(dir, "bench-mcp", engine_threads)?;
     let mut agents = vec![];
     for i in 0..sessions {
         let token = owner(&sock, "agent_enroll", json!({"name": format!("s{i}")}))?["token"]
@@ -188,7 +195,7 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<()> {
     for n in [1usize, 16, 64] {
         eprintln!("  {n} session(s) …");
         let (base, _) = own_rooms(&dir, n, a.seconds)?;
-        let (rate, mut lat) = over_http(&dir, n, a.seconds)?;
+        let (rate, mut lat) = over_http(&dir, n, a.seconds, a.engine_threads)?;
         let f = |v: Option<f64>| v.map(|x| format!("{x:.0}")).unwrap_or_else(|| "-".into());
         println!(
             "{:<40} {:>12.0} {:>10} {:>10} {:>13.2}x",
@@ -272,6 +279,20 @@ impl PageItem {
 #[derive(Deserialize)]
 struct Refused {
     code: String,
+    detail: Option<RefusalDetail>,
+}
+
+/// A Work Gate refusal hands over the unread page: the agent reads it and confirms its
+/// receipt in its next sync, as the tools tell a model to.
+#[derive(Deserialize)]
+struct RefusalDetail {
+    next_page: Option<NextPage>,
+}
+
+#[derive(Deserialize)]
+struct NextPage {
+    receipt: Option<String>,
+    items: Option<Vec<PageItem>>,
 }
 
 /// The swarm's MCP client: the lean one by default, rmcp's own on `--client rmcp`.
@@ -385,9 +406,11 @@ async fn swarm_agent(
     // tasks created for this agent and not yet claimed; tasks it claimed and has not finished
     let mut assigned: std::collections::VecDeque<String> = Default::default();
     let mut claimed: std::collections::VecDeque<String> = Default::default();
+    // the receipt of a page a refusal handed over, read and not yet confirmed
+    let mut handed: Option<String> = None;
     while start.elapsed().as_secs_f64() < secs {
         // read until caught up
-        let mut confirm: Option<String> = None;
+        let mut confirm: Option<String> = handed.take();
         for _ in 0..32 {
             let mut args = json!({"room": a.room});
             if let Some(c) = &confirm {
@@ -453,12 +476,27 @@ async fn swarm_agent(
                 json!({"room": a.room, "to": [mate], "text": format!("{} to {mate}: {}", a.name, "a".repeat((next() % 400) as usize))}),
             )
         };
-        let (ok, v) = call(&mut client, &mut t, tool, args.clone()).await?;
+        let (ok, mut v) = call(&mut client, &mut t, tool, args.clone()).await?;
         if tool == "room_done" && !ok && gated(&v) {
             // the gate sent it back to read first: finish it next time
             if let Some(task) = args["task"].as_str() {
                 claimed.push_front(task.to_string());
             }
+        }
+        if let Some(page) = v
+            .refusal
+            .as_mut()
+            .and_then(|r| r.detail.take())
+            .and_then(|d| d.next_page)
+        {
+            let items = page.items.unwrap_or_default();
+            assigned.extend(
+                items
+                    .iter()
+                    .filter_map(|i| i.task_for(&a.name))
+                    .map(String::from),
+            );
+            handed = page.receipt;
         }
         t.record(tool, ok, v, &done);
     }
@@ -541,8 +579,10 @@ pub fn swarm(a: &BenchArgs) -> anyhow::Result<()> {
     // thousands of files just before the next size would charge that size for the cleanup
     // (ext4 without a journal scans recently freed inodes on every file creation for a while).
     let mut finished_dirs = vec![];
-    for n in [10usize, 100, 500]
-        .into_iter()
+    for n in a
+        .agents
+        .iter()
+        .map(|n| *n as usize)
         .filter(|n| *n <= a.writers_max.max(10) * 2)
     {
         let Served {
@@ -551,7 +591,7 @@ pub fn swarm(a: &BenchArgs) -> anyhow::Result<()> {
             daemon,
             sock,
             url,
-        } = served(&dir, "swarm")?;
+        } = served(&dir, "swarm", a.engine_threads)?;
         // rooms of 2..=8 agents
         let mut agents = vec![];
         let mut i = 0;
