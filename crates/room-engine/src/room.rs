@@ -673,8 +673,18 @@ impl RoomHandle {
         let items = Items {
             actor: t.actor.clone(),
             source: source_id.into(),
-            mentions: t.plan.mention.iter().map(|a| spec("mnt", a)).collect(),
-            obligations: t.plan.oblige.iter().map(|a| spec("obl", a)).collect(),
+            mentions: t
+                .plan
+                .mention
+                .iter()
+                .map(|a| spec(crate::event::MENTION_PREFIX, a))
+                .collect(),
+            obligations: t
+                .plan
+                .oblige
+                .iter()
+                .map(|a| spec(crate::event::OBLIGATION_PREFIX, a))
+                .collect(),
             wakes: t.plan.wake.clone(),
         };
         self.commit(engine, vec![EventBody::Items(items.clone())], fold)?;

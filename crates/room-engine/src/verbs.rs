@@ -971,12 +971,8 @@ impl Engine {
         now: u64,
     ) -> Outcome<()> {
         let coordination = matches!(binding, Binding::Coordination);
-        // Only the verbs that answer or settle items need the caller's open items.
-        let open = if matches!(verb, Verb::Say | Verb::Reply | Verb::Done | Verb::Decline) {
-            h.index.open_items(&p.name).map_err(store_err)?
-        } else {
-            Vec::new()
-        };
+        // The verbs that answer or settle items read only the items they name: by id (an
+        // item's id derives from its source and addressee), by task, or the oldest sources.
         let resolve = |items: &[&ItemRow], status: &str| -> Vec<Resolution> {
             items
                 .iter()
@@ -1013,27 +1009,35 @@ impl Engine {
                 }
                 if let Some(r) = &args.reply_to {
                     self.known_target(h, r)?;
-                    let hits: Vec<&ItemRow> = open
-                        .iter()
-                        .filter(|i| i.source == *r || i.id == *r)
-                        .collect();
-                    turn.resolves = resolve(&hits, "resolved");
-                } else if turn.to.is_empty() && !open.is_empty() {
-                    let sources: BTreeSet<&str> = open.iter().map(|i| i.source.as_str()).collect();
+                    let open = open_items_named(h, &p.name, r)?;
+                    turn.resolves = resolve(&open.iter().collect::<Vec<_>>(), "resolved");
+                } else if turn.to.is_empty() {
+                    let mut sources = h
+                        .index
+                        .open_sources(&p.name, OPEN_ITEMS_PAGE_MAX + 1)
+                        .map_err(store_err)?;
                     if sources.len() > 1 {
+                        let truncated = sources.len() > OPEN_ITEMS_PAGE_MAX;
+                        sources.truncate(OPEN_ITEMS_PAGE_MAX);
+                        let how_many = if truncated {
+                            format!("more than {OPEN_ITEMS_PAGE_MAX}")
+                        } else {
+                            sources.len().to_string()
+                        };
                         return Err(Refusal::new(
                             Code::SayReplyTargetAmbiguous,
                             format!(
-                                "you have open items from {} sources; say which one you answer",
-                                sources.len()
+                                "you have open items from {how_many} sources; say which one you answer"
                             ),
                         )
-                        .detail(json!({"sources": sources}))
+                        .detail(json!({"sources": sources, "sources_truncated": truncated}))
                         .hint("pass --reply-to EVENT, or address someone with --to"));
                     }
-                    let hits: Vec<&ItemRow> = open.iter().collect();
-                    turn.resolves = resolve(&hits, "resolved");
-                    turn.reply_to = sources.into_iter().next().map(String::from);
+                    if let Some(source) = sources.pop() {
+                        let open = open_items_named(h, &p.name, &source)?;
+                        turn.resolves = resolve(&open.iter().collect::<Vec<_>>(), "resolved");
+                        turn.reply_to = Some(source);
+                    }
                 }
                 let what = if coordination {
                     Deliver::NOTIFY
@@ -1047,10 +1051,8 @@ impl Engine {
                     Refusal::invalid("reply_to", "reply needs reply_to (an event or item id)")
                 })?;
                 self.known_target(h, target)?;
-                let hits: Vec<&ItemRow> = open
-                    .iter()
-                    .filter(|i| i.source == target || i.id == target)
-                    .collect();
+                let open = open_items_named(h, &p.name, target)?;
+                let hits: Vec<&ItemRow> = open.iter().collect();
                 if hits.is_empty() {
                     return Err(Refusal::new(
                         Code::ReplyTargetNotAddressed,
@@ -1145,11 +1147,13 @@ impl Engine {
                         format!("task {} is {}; claim it before done", t.id, t.status),
                     ));
                 }
+                let open = h
+                    .index
+                    .open_items_for_task(&p.name, &t.id)
+                    .map_err(store_err)?;
                 let hits: Vec<&ItemRow> = open
                     .iter()
-                    .filter(|i| {
-                        i.kind == ItemKind::Obligation && i.task.as_deref() == Some(t.id.as_str())
-                    })
+                    .filter(|i| i.kind == ItemKind::Obligation)
                     .collect();
                 turn.resolves = resolve(&hits, "resolved");
                 turn.task_transition = Some(TaskTransition {
@@ -1204,11 +1208,11 @@ impl Engine {
                         format!("task {} is {}", t.id, t.status),
                     ));
                 }
-                let hits: Vec<&ItemRow> = open
-                    .iter()
-                    .filter(|i| i.task.as_deref() == Some(t.id.as_str()))
-                    .collect();
-                turn.resolves = resolve(&hits, "declined");
+                let open = h
+                    .index
+                    .open_items_for_task(&p.name, &t.id)
+                    .map_err(store_err)?;
+                turn.resolves = resolve(&open.iter().collect::<Vec<_>>(), "declined");
                 turn.task_transition = Some(TaskTransition {
                     task: t.id.clone(),
                     from: t.status.clone(),
@@ -1306,6 +1310,32 @@ pub fn open_item_view(i: &ItemRow) -> Value {
     );
     json!({"id": i.id, "kind": if i.kind == ItemKind::Mention { "mention" } else { "obligation" },
         "source": i.source, "from": i.from_agent, "task": i.task, "not_after_ms": i.not_after_ms})
+}
+
+/// The open items addressed to `agent` that `target` names: the item with that id, or the ones
+/// its source event holds for `agent` (at most one of each kind, since an item's id derives from
+/// its source and addressee). Four primary-key reads, however many items are open.
+fn open_items_named(h: &RoomHandle, agent: &str, target: &str) -> Outcome<Vec<ItemRow>> {
+    let mut out: Vec<ItemRow> = Vec::new();
+    for (kind, prefix) in [
+        (ItemKind::Mention, crate::event::MENTION_PREFIX),
+        (ItemKind::Obligation, crate::event::OBLIGATION_PREFIX),
+    ] {
+        for id in [
+            target.to_string(),
+            crate::event::item_id(prefix, target, agent),
+        ] {
+            if let Some(i) = h.index.item(kind, &id).map_err(store_err)?
+                && i.agent == agent
+                && i.status == "open"
+                && !out.iter().any(|o| o.id == i.id)
+            {
+                out.push(i);
+            }
+        }
+    }
+    out.sort_by_key(|i| i.source_seq);
+    Ok(out)
 }
 
 pub fn item_view(i: &ItemRow) -> Value {

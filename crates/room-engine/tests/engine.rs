@@ -545,6 +545,7 @@ fn an_upgraded_index_replays_claims_into_lifecycles() {
         c.execute_batch(
             "DROP TABLE idempotency; DROP TABLE lifecycles;
              DROP INDEX mentions_open; DROP INDEX obligations_open;
+             DROP INDEX mentions_task_open; DROP INDEX obligations_task_open;
              CREATE INDEX mentions_open ON mentions(agent, status);
              CREATE INDEX obligations_open ON obligations(agent, status);
              PRAGMA user_version = 1;",
@@ -688,6 +689,20 @@ fn a_sync_page_lists_the_oldest_open_items_and_their_total() {
             assert!(i.get(shared).is_none(), "{shared} in {i}");
         }
     }
+    // an untargeted say over items from more sources than a page lists is refused, naming the
+    // oldest sources only, and writes nothing
+    let before = tip(&e, "r");
+    let err = e.turn(&b, Verb::Say, say("r", "which one?")).unwrap_err();
+    assert_eq!(err.code, Code::SayReplyTargetAmbiguous);
+    let named: Vec<&str> = err.detail["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap())
+        .collect();
+    assert_eq!(named, listed);
+    assert_eq!(err.detail["sources_truncated"], true);
+    assert_eq!(tip(&e, "r"), before);
     // answering the oldest brings the next one up
     let oldest = open[0]["id"].as_str().unwrap().to_string();
     let reply = TurnArgs {
@@ -702,4 +717,14 @@ fn a_sync_page_lists_the_oldest_open_items_and_their_total() {
         page["open_items"].as_array().unwrap().last().unwrap()["source"],
         sources[room_engine::verbs::OPEN_ITEMS_PAGE_MAX].as_str()
     );
+    // a reply may name the source event instead of the item
+    catch_up(&e, &b, "r");
+    let reply = TurnArgs {
+        reply_to: Some(sources[1].clone()),
+        ..say("r", "answered too")
+    };
+    let out = e.turn(&b, Verb::Reply, reply).unwrap();
+    assert_eq!(out["resolved"].as_array().map(Vec::len), Some(1), "{out}");
+    let page = e.sync(&b, "r", None).unwrap();
+    assert_eq!(page["open_items_total"], n as u64 - 2);
 }

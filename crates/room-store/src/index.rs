@@ -113,6 +113,10 @@ DROP INDEX obligations_open;
 CREATE INDEX mentions_open ON mentions(agent, status, source_seq);
 CREATE INDEX obligations_open ON obligations(agent, status, source_seq);
 "#,
+    r#"
+CREATE INDEX mentions_task_open ON mentions(agent, task) WHERE status = 'open' AND task IS NOT NULL;
+CREATE INDEX obligations_task_open ON obligations(agent, task) WHERE status = 'open' AND task IS NOT NULL;
+"#,
 ];
 
 /// Open items counted per kind for a sync page's total; past it the total is a lower bound.
@@ -966,23 +970,6 @@ impl Index {
             as u64)
     }
 
-    /// Open mentions and obligations addressed to `agent`, oldest first.
-    pub fn open_items(&self, agent: &str) -> Result<Vec<ItemRow>> {
-        let mut out = Vec::new();
-        for kind in [ItemKind::Mention, ItemKind::Obligation] {
-            let mut st = self.conn.prepare_cached(&format!(
-                "SELECT {ITEM_COLS} FROM {} WHERE agent = ?1 AND status = 'open' ORDER BY source_seq",
-                kind.table()
-            ))?;
-            let rows = st.query_map([agent], |r| item_from_row(kind, r))?;
-            for r in rows {
-                out.push(r?);
-            }
-        }
-        out.sort_by_key(|i| i.source_seq);
-        Ok(out)
-    }
-
     /// The oldest `limit` open items addressed to `agent`, and how many are open in all (counted
     /// up to `OPEN_ITEMS_COUNT_MAX` per kind, so a flood of mentions costs a bounded scan): what a
     /// sync page lists, without loading every open item.
@@ -1011,6 +998,46 @@ impl Index {
         out.sort_by_key(|i| i.source_seq);
         out.truncate(limit);
         Ok((out, total))
+    }
+
+    /// The sources of the open items addressed to `agent`, oldest first, at most `limit` of
+    /// them: an item's id is derived from its source and addressee, so each source holds at most
+    /// one item of each kind for one agent and `limit` rows of each kind are enough.
+    pub fn open_sources(&self, agent: &str, limit: usize) -> Result<Vec<String>> {
+        let mut seen: Vec<(u64, String)> = Vec::new();
+        for kind in [ItemKind::Mention, ItemKind::Obligation] {
+            let mut st = self.conn.prepare_cached(&format!(
+                "SELECT source, source_seq FROM {} WHERE agent = ?1 AND status = 'open' ORDER BY source_seq LIMIT ?2",
+                kind.table()
+            ))?;
+            let rows = st.query_map(params![agent, limit as i64], |r| {
+                Ok((r.get::<_, i64>(1)? as u64, r.get::<_, String>(0)?))
+            })?;
+            for r in rows {
+                seen.push(r?);
+            }
+        }
+        seen.sort();
+        seen.dedup();
+        seen.truncate(limit);
+        Ok(seen.into_iter().map(|(_, s)| s).collect())
+    }
+
+    /// The open items addressed to `agent` for `task`, oldest first.
+    pub fn open_items_for_task(&self, agent: &str, task: &str) -> Result<Vec<ItemRow>> {
+        let mut out = Vec::new();
+        for kind in [ItemKind::Mention, ItemKind::Obligation] {
+            let mut st = self.conn.prepare_cached(&format!(
+                "SELECT {ITEM_COLS} FROM {} WHERE agent = ?1 AND task = ?2 AND status = 'open'",
+                kind.table()
+            ))?;
+            let rows = st.query_map([agent, task], |r| item_from_row(kind, r))?;
+            for r in rows {
+                out.push(r?);
+            }
+        }
+        out.sort_by_key(|i| i.source_seq);
+        Ok(out)
     }
 
     pub fn item(&self, kind: ItemKind, id: &str) -> Result<Option<ItemRow>> {
