@@ -304,9 +304,7 @@ enum SwarmClient {
 impl SwarmClient {
     async fn connect(kind: ClientKind, url: &str, token: &str) -> anyhow::Result<Self> {
         Ok(match kind {
-            ClientKind::Lean => {
-                SwarmClient::Lean(McpHttp::connect(http_client(), url, token).await?)
-            }
+            ClientKind::Lean => SwarmClient::Lean(McpHttp::connect(url, token).await?),
             ClientKind::Rmcp => {
                 let transport = StreamableHttpClientTransport::with_client(
                     http_client(),

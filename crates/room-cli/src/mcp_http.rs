@@ -1,15 +1,19 @@
 //! A minimal MCP streamable-HTTP client (protocol 2026-07-28) for the swarm load generator.
 //!
 //! Why not rmcp's client here: the swarm's clients share the machine's two cores with the
-//! daemon they measure, and rmcp's client (a service task per connection, a typed model of every
-//! message, the whole result parsed twice: text and structured content) took 150–190 µs of CPU a
-//! call, about two fifths of the machine. The instrument should not eat what it measures. This
-//! client sends byte for byte what rmcp's client sends (the same headers and `_meta`, checked
-//! against a capture of rmcp 3.11's requests) and reads only the fields the swarm needs, so the
-//! daemon does exactly the same work for it. `room bench swarm --client rmcp` runs the swarm on
-//! rmcp's client instead, and the crash test and the Python SDK tests prove the real clients.
+//! daemon they measure, and rmcp's client (reqwest, a service task per connection, a typed
+//! model of every message, the whole result parsed twice: text and structured content) took
+//! 150–190 µs of CPU a call, about two fifths of the machine. The instrument should not eat what
+//! it measures. This client holds one HTTP/1.1 connection (hyper, no pool), sends what rmcp's
+//! client sends (the same headers and `_meta`, checked against a capture of rmcp 3.11's
+//! requests) and reads only the fields the swarm needs, so the daemon does exactly the same work
+//! for it. `room bench swarm --client rmcp` runs the swarm on rmcp's client instead, and the
+//! crash test and the Python SDK tests prove the real clients.
 
-use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Bytes;
+use hyper::client::conn::http1::SendRequest;
+use hyper::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HOST, HeaderValue};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -22,8 +26,9 @@ pub const PROTOCOL: &str = "2026-07-28";
 const RESPONSE_BYTES_MAX: usize = 1 << 20;
 
 pub struct McpHttp {
-    http: reqwest::Client,
-    url: String,
+    conn: SendRequest<Full<Bytes>>,
+    path: String,
+    host: HeaderValue,
     auth: HeaderValue,
     next_id: u64,
 }
@@ -55,11 +60,27 @@ struct ToolResult<T> {
 }
 
 impl McpHttp {
-    /// Connect and discover: the server must speak [`PROTOCOL`].
-    pub async fn connect(http: reqwest::Client, url: &str, token: &str) -> anyhow::Result<Self> {
+    /// Connect to `url` (`http://host:port/path`) and discover: the server must speak
+    /// [`PROTOCOL`].
+    pub async fn connect(url: &str, token: &str) -> anyhow::Result<Self> {
+        let rest = url
+            .strip_prefix("http://")
+            .ok_or_else(|| anyhow::anyhow!("{url}: only http:// URLs"))?;
+        let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        let stream = tokio::net::TcpStream::connect(authority).await?;
+        // without it a kept connection waits out a delayed ACK on every call
+        stream.set_nodelay(true)?;
+        let (conn, driver) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+        tokio::spawn(driver);
         let mut c = McpHttp {
-            http,
-            url: url.to_string(),
+            conn,
+            path: if path.is_empty() {
+                "/".into()
+            } else {
+                path.into()
+            },
+            host: HeaderValue::from_str(authority)?,
             auth: HeaderValue::from_str(&format!("Bearer {token}"))?,
             next_id: 0,
         };
@@ -108,9 +129,8 @@ impl McpHttp {
         let body = serde_json::to_vec(&json!({
             "jsonrpc": "2.0", "id": id, "method": method, "params": params,
         }))?;
-        let mut req = self
-            .http
-            .post(&self.url)
+        let mut req = hyper::Request::post(self.path.as_str())
+            .header(HOST, self.host.clone())
             .header(ACCEPT, "application/json, text/event-stream")
             .header(AUTHORIZATION, self.auth.clone())
             .header(CONTENT_TYPE, "application/json")
@@ -119,18 +139,21 @@ impl McpHttp {
         if let Some(n) = name {
             req = req.header("mcp-name", n);
         }
-        let resp = req.body(body).send().await?;
+        self.conn.ready().await?;
+        let resp = self
+            .conn
+            .send_request(req.body(Full::new(Bytes::from(body)))?)
+            .await?;
         let status = resp.status();
         let sse = resp
             .headers()
             .get(CONTENT_TYPE)
             .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-        let bytes = resp.bytes().await?;
-        anyhow::ensure!(
-            bytes.len() <= RESPONSE_BYTES_MAX,
-            "{method}: a response of {} bytes",
-            bytes.len()
-        );
+        let bytes = Limited::new(resp.into_body(), RESPONSE_BYTES_MAX)
+            .collect()
+            .await
+            .map_err(|e| anyhow::anyhow!("{method}: reading the response: {e}"))?
+            .to_bytes();
         anyhow::ensure!(
             status.is_success(),
             "{method}: HTTP {status}: {}",
