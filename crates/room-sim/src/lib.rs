@@ -104,6 +104,12 @@ pub struct Report {
     pub invariants: BTreeMap<String, u64>,
     /// SQLite's traffic on the simulated disk.
     pub disk: disk::DiskStats,
+    /// Journals with unsynced bytes at a crash, cut to a prefix of them.
+    pub journals_cut: u64,
+    /// Journals with unsynced bytes at a crash that kept only some of their sectors, and those
+    /// where a sector after a lost one was kept (written out of order).
+    pub journals_sectored: u64,
+    pub journals_out_of_order: u64,
 }
 
 struct Rng(u64);
@@ -1299,22 +1305,68 @@ impl Sim {
         }
         for (path, synced, len) in crash.journals {
             if len > synced {
-                let keep = synced + self.rng.below(len - synced + 1);
-                let f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(&path)
-                    .map_err(|e| self.fail(e.to_string()))?;
-                f.set_len(keep).map_err(|e| self.fail(e.to_string()))?;
-                self.note(format!(
-                    "crash: {} keeps {keep} of {len} bytes ({synced} synced)",
-                    path.display()
-                ));
+                self.crash_journal(&path, synced, len)?;
             }
         }
         self.note("restart".into());
         self.open_engine().map_err(|e| self.fail(e))?;
         self.check_durable()?;
         self.reset_oracles()
+    }
+
+    /// What a crash leaves of a journal's unsynced bytes `[synced, len)`: either a prefix of them
+    /// (the file cut anywhere in the range), or any subset of their 512-byte sectors, each written
+    /// whole or not at all, in no order, since the disk may persist unsynced writes in any order.
+    /// A sector that was not written reads as the zeros the journal preallocated there.
+    fn crash_journal(&mut self, path: &Path, synced: u64, len: u64) -> Result<(), Failure> {
+        use std::os::unix::fs::FileExt;
+        const SECTOR_BYTES: u64 = 512;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| self.fail(e.to_string()))?;
+        // Past the last byte written lie the preallocated zeros: nothing there to lose.
+        let mut bytes = vec![0u8; (len - synced) as usize];
+        f.read_exact_at(&mut bytes, synced)
+            .map_err(|e| self.fail(e.to_string()))?;
+        let written = synced
+            + bytes
+                .iter()
+                .rposition(|b| *b != 0)
+                .map_or(0, |i| i as u64 + 1);
+        if written == synced || self.rng.chance(30) {
+            let keep = synced + self.rng.below(len - synced + 1);
+            f.set_len(keep).map_err(|e| self.fail(e.to_string()))?;
+            self.report.journals_cut += u64::from(written > synced);
+            self.note(format!(
+                "crash: {} keeps {keep} of {len} bytes ({synced} synced, {written} written)",
+                path.display()
+            ));
+            return Ok(());
+        }
+        let mut lost = vec![];
+        let mut out_of_order = false;
+        let mut at = synced;
+        while at < written {
+            let sector_end = (at / SECTOR_BYTES + 1) * SECTOR_BYTES;
+            let end = sector_end.min(written);
+            if self.rng.chance(50) {
+                f.write_all_at(&vec![0u8; (end - at) as usize], at)
+                    .map_err(|e| self.fail(e.to_string()))?;
+                lost.push(at);
+            } else if !lost.is_empty() {
+                out_of_order = true;
+            }
+            at = end;
+        }
+        self.report.journals_sectored += 1;
+        self.report.journals_out_of_order += u64::from(out_of_order);
+        self.note(format!(
+            "crash: {} loses unsynced sectors at {lost:?} of [{synced}, {written})",
+            path.display()
+        ));
+        Ok(())
     }
 
     /// Every acknowledged event is present, every chain verifies, and every acknowledged

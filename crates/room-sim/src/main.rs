@@ -62,6 +62,9 @@ fn main() {
                 totals.faults += r.faults;
                 totals.acked_events += r.acked_events;
                 totals.disk += r.disk;
+                totals.journals_cut += r.journals_cut;
+                totals.journals_sectored += r.journals_sectored;
+                totals.journals_out_of_order += r.journals_out_of_order;
                 for (k, v) in r.refusals {
                     *totals.refusals.entry(k).or_default() += v;
                 }
@@ -89,6 +92,10 @@ fn main() {
     eprintln!(
         "SQLite on the simulated disk: {} writes ({} checkpointed to a database file), {} syncs, {} struck by faults; unsynced writes at crashes: {} lost, {} torn, {} kept",
         d.writes, d.db_writes, d.syncs, d.faults, d.lost, d.torn, d.kept
+    );
+    eprintln!(
+        "journals with unsynced bytes at crashes: {} cut to a prefix, {} kept some sectors ({} out of order)",
+        totals.journals_cut, totals.journals_sectored, totals.journals_out_of_order
     );
     eprintln!("refusals by code: {:?}", totals.refusals);
     eprintln!("invariant verdicts: {:?}", totals.invariants);

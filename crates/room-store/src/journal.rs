@@ -17,6 +17,8 @@ use std::sync::Arc;
 pub const BATCH_BYTES: usize = 1 << 20;
 pub const RECORD_BYTES_MAX: usize = 8 << 20;
 pub const ANCHOR_BYTES_MAX: u64 = 4096;
+/// The unit a disk writes whole: a crash keeps or loses each sector of an unsynced write.
+const SECTOR_BYTES: u64 = 512;
 /// The journal grows in zero-filled steps of this size, so that an append overwrites bytes that
 /// are already allocated and written: its fdatasync then changes no file size or extent map,
 /// which costs markedly less than growing the file at every append.
@@ -58,10 +60,13 @@ pub struct ScanEnd {
     pub tip: ChainTip,
     /// End of the last whole record.
     pub end: u64,
-    /// Bytes after the last newline: a torn append.
+    /// Bytes after the last whole record that are not free space: a torn append, or sectors of
+    /// unsynced appends that a crash persisted out of order (`scattered`).
     pub torn_bytes: u64,
     /// Preallocated zero bytes after the last record (and any torn bytes).
     pub free_bytes: u64,
+    /// The torn bytes lie on both sides of zeros: sectors written out of order.
+    pub scattered: bool,
 }
 
 /// Read records from `start`, verifying chain and HLC order from `tip`, in 1 MiB batches.
@@ -88,6 +93,9 @@ pub fn scan(
         let mut consumed = 0usize;
         while let Some(nl) = pending[consumed..].iter().position(|&b| b == b'\n') {
             let line = &pending[consumed..consumed + nl];
+            if line.contains(&0) {
+                break; // the free space begins in this line: see below
+            }
             let offset = pos + consumed as u64;
             let record: Record = serde_json::from_slice(line).map_err(|e| {
                 StoreError::Corrupt(format!(
@@ -111,32 +119,35 @@ pub fn scan(
         // is the preallocated free space, after whatever torn bytes precede it.
         if let Some(z) = pending.iter().position(|&b| b == 0) {
             let free_start = pos + z as u64;
-            if let Some(bad) = pending[z..].iter().position(|&b| b != 0) {
+            let in_pending = pending[z..]
+                .iter()
+                .rposition(|&b| b != 0)
+                .map(|i| free_start + i as u64);
+            let last_nonzero =
+                last_nonzero_from(file, read_at, file_len, &mut chunk)?.or(in_pending);
+            let Some(last) = last_nonzero else {
+                return Ok(ScanEnd {
+                    tip,
+                    end: pos,
+                    torn_bytes: z as u64,
+                    free_bytes: file_len - pos - z as u64,
+                    scattered: false,
+                });
+            };
+            // Written bytes after a run of zeros. Appends are contiguous and acknowledged only
+            // once synced, so no acknowledged record lies past a zero: if they look like what a
+            // crash leaves of unsynced appends, they are cut with the torn tail.
+            if !crash_debris(file, free_start, last, &mut chunk)? {
                 return Err(StoreError::Corrupt(format!(
-                    "non-zero byte at {} in the journal's free space",
-                    free_start + bad as u64
+                    "non-zero byte at {last} in the journal's free space (which starts at {free_start}), not as a crash leaves unsynced sectors"
                 )));
-            }
-            let mut at = read_at;
-            while at < file_len {
-                let want = ((file_len - at) as usize).min(BATCH_BYTES);
-                let n = file.read_at(&mut chunk[..want], at)?;
-                if n == 0 {
-                    break;
-                }
-                if let Some(bad) = chunk[..n].iter().position(|&b| b != 0) {
-                    return Err(StoreError::Corrupt(format!(
-                        "non-zero byte at {} in the journal's free space",
-                        at + bad as u64
-                    )));
-                }
-                at += n as u64;
             }
             return Ok(ScanEnd {
                 tip,
                 end: pos,
-                torn_bytes: z as u64,
-                free_bytes: file_len - pos - z as u64,
+                torn_bytes: last + 1 - pos,
+                free_bytes: file_len - last - 1,
+                scattered: true,
             });
         }
         if pending.len() > RECORD_BYTES_MAX {
@@ -151,7 +162,76 @@ pub fn scan(
         tip,
         end: pos,
         torn_bytes: pending.len() as u64,
+        scattered: false,
     })
+}
+
+/// Whether `[free_start, last]` (`free_start` the first zero after the last whole record, `last`
+/// the last non-zero byte) is what a crash leaves of unsynced appends. The disk writes each
+/// sector whole or not at all and in no particular order; a sector never written reads as the
+/// preallocated zeros. So: zeros from `free_start` to its sector's end (the sector that holds the
+/// synced end was not rewritten), then sectors that are either all zeros or record bytes from
+/// their first byte on (records hold no NUL); only the last sector with data may stop early,
+/// where the written bytes ended.
+fn crash_debris(file: &File, free_start: u64, last: u64, chunk: &mut [u8]) -> Result<bool> {
+    let first_full = free_start.div_ceil(SECTOR_BYTES) * SECTOR_BYTES;
+    let mut ended = false;
+    let mut at = free_start;
+    while at <= last {
+        // whole sectors per read, so that no sector straddles two reads
+        let want = ((last + 1 - at) as usize).min(chunk.len());
+        let n = file.read_at(&mut chunk[..want], at)?;
+        if n == 0 {
+            break;
+        }
+        let mut off = 0usize;
+        while off < n {
+            let s_start = at + off as u64;
+            let s_end = if s_start < first_full {
+                first_full
+            } else {
+                s_start + SECTOR_BYTES
+            };
+            let len = ((s_end - s_start) as usize).min(n - off);
+            let sector = &chunk[off..off + len];
+            let data = sector.iter().position(|&b| b == 0).unwrap_or(len);
+            if sector[data..].iter().any(|&b| b != 0) {
+                return Ok(false); // zeros inside a sector's data
+            }
+            if data > 0 {
+                if s_start < first_full || ended {
+                    return Ok(false);
+                }
+                ended = data < len;
+            }
+            off += len;
+        }
+        at += n as u64;
+    }
+    Ok(true)
+}
+
+/// The offset of the last non-zero byte in `[from, file_len)`, if any.
+fn last_nonzero_from(
+    file: &File,
+    from: u64,
+    file_len: u64,
+    chunk: &mut [u8],
+) -> Result<Option<u64>> {
+    let mut last = None;
+    let mut at = from;
+    while at < file_len {
+        let want = ((file_len - at) as usize).min(chunk.len());
+        let n = file.read_at(&mut chunk[..want], at)?;
+        if n == 0 {
+            break;
+        }
+        if let Some(i) = chunk[..n].iter().rposition(|&b| b != 0) {
+            last = Some(at + i as u64);
+        }
+        at += n as u64;
+    }
+    Ok(last)
 }
 
 fn anchor_of(file: &File, len: u64) -> Result<String> {
@@ -259,7 +339,7 @@ impl Journal {
         };
         let end = scan(&file, start, tip, each)?;
         if end.torn_bytes > 0 {
-            tracing::warn!(path = %path.display(), bytes = end.torn_bytes, "cutting a torn final line");
+            tracing::warn!(path = %path.display(), bytes = end.torn_bytes, scattered = end.scattered, "cutting a torn tail");
             file.set_len(end.end)?;
             file.sync_all()?;
             crate::fs::append_jsonl(
@@ -269,6 +349,7 @@ impl Journal {
                     "journal": path.display().to_string(),
                     "offset": end.end,
                     "bytes": end.torn_bytes,
+                    "scattered": end.scattered,
                     "after_seq": end.tip.seq,
                 }),
             )?;
@@ -610,6 +691,53 @@ mod tests {
         // a non-zero byte in the free space is not a torn append: it is corruption
         let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
         f.write_all_at(b"x", GROWTH_BYTES - 10).unwrap();
+        assert!(matches!(verify(&p, "g"), Err(StoreError::Corrupt(_))));
+    }
+
+    #[test]
+    fn unsynced_sectors_a_crash_persisted_out_of_order_are_cut_with_the_torn_tail() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("EVENTS.jsonl");
+        let (mut j, _) = open(t.path(), None).unwrap();
+        j.append(&records(&j.tip(), 3)).unwrap();
+        let end = j.mark().len;
+        let unsynced: Vec<u8> = records(&j.tip(), 40)
+            .iter()
+            .flat_map(|r| {
+                let mut l = r.to_line();
+                l.push(b'\n');
+                l
+            })
+            .collect();
+        drop(j);
+        // the unsynced appends' first sectors were lost, a later one and the last one were kept
+        let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+        let s1 = (end / SECTOR_BYTES + 2) * SECTOR_BYTES;
+        let s2 = s1 + 2 * SECTOR_BYTES;
+        let from = |at: u64| &unsynced[(at - end) as usize..];
+        f.write_all_at(&from(s1)[..SECTOR_BYTES as usize], s1)
+            .unwrap();
+        f.write_all_at(&from(s2)[..100], s2).unwrap();
+        drop(f);
+        let r = verify(&p, "g").unwrap();
+        assert_eq!((r.records, r.bytes), (3, end));
+        assert_eq!(r.torn_bytes, s2 + 100 - end);
+        let errors = t.path().join("errors.jsonl");
+        let (mut j, seen) = open(t.path(), None).unwrap();
+        assert_eq!(seen, vec![1, 2, 3]);
+        let log = std::fs::read_to_string(&errors).unwrap();
+        assert!(
+            log.contains("torn_tail_cut") && log.contains("\"scattered\":true"),
+            "{log}"
+        );
+        j.append(&records(&j.tip(), 1)).unwrap();
+        drop(j);
+        assert_eq!(verify(&p, "g").unwrap().records, 4);
+        // data that starts inside a sector after zeros is not what a crash leaves
+        let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+        let len = std::fs::metadata(&p).unwrap().len();
+        f.write_all_at(b"{\"x\"", len - SECTOR_BYTES - 7).unwrap();
+        drop(f);
         assert!(matches!(verify(&p, "g"), Err(StoreError::Corrupt(_))));
     }
 
