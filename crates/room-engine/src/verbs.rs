@@ -404,8 +404,6 @@ impl Engine {
             .open_items_page(&p.name, OPEN_ITEMS_PAGE_MAX)
             .map_err(store_err)?;
         page["open_items_total"] = json!(total);
-        // past the count limit the total is a lower bound
-        page["open_items_total_capped"] = json!(total >= room_store::index::OPEN_ITEMS_COUNT_MAX);
         page["open_items"] = open.iter().map(open_item_view).collect();
         Ok(page)
     }

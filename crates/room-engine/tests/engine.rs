@@ -546,6 +546,10 @@ fn an_upgraded_index_replays_claims_into_lifecycles() {
             "DROP TABLE idempotency; DROP TABLE lifecycles;
              DROP INDEX mentions_open; DROP INDEX obligations_open;
              DROP INDEX mentions_task_open; DROP INDEX obligations_task_open;
+             DROP TABLE open_counts;
+             DROP TRIGGER mentions_opened; DROP TRIGGER mentions_closed; DROP TRIGGER mentions_deleted;
+             DROP TRIGGER obligations_opened; DROP TRIGGER obligations_closed;
+             DROP TRIGGER obligations_deleted;
              CREATE INDEX mentions_open ON mentions(agent, status);
              CREATE INDEX obligations_open ON obligations(agent, status);
              PRAGMA user_version = 1;",

@@ -750,6 +750,16 @@ impl Sim {
                         .collect()
                 })
                 .unwrap_or_default();
+            // the total is kept apart from the items (triggers): it must agree with the list
+            let total = page["open_items_total"].as_u64().unwrap_or(u64::MAX);
+            let listed = open.len() as u64;
+            if total < listed
+                || (listed < room_engine::verbs::OPEN_ITEMS_PAGE_MAX as u64 && total != listed)
+            {
+                return Err(self.fail(format!(
+                    "{room}: the sync page lists {listed} open items but says {total} are open"
+                )));
+            }
             self.agents[i].open.insert(room.clone(), open);
             if page["items"].as_array().is_some_and(Vec::is_empty) {
                 break;

@@ -117,10 +117,43 @@ CREATE INDEX obligations_open ON obligations(agent, status, source_seq);
 CREATE INDEX mentions_task_open ON mentions(agent, task) WHERE status = 'open' AND task IS NOT NULL;
 CREATE INDEX obligations_task_open ON obligations(agent, task) WHERE status = 'open' AND task IS NOT NULL;
 "#,
+    // Open items per addressee, kept by triggers in the same transaction as the items, so that a
+    // sync page's total costs one read however many items are open.
+    r#"
+CREATE TABLE open_counts (
+    agent TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    n INTEGER NOT NULL,
+    PRIMARY KEY (agent, kind)
+) STRICT, WITHOUT ROWID;
+INSERT INTO open_counts (agent, kind, n)
+    SELECT agent, 'mention', count(*) FROM mentions WHERE status = 'open' GROUP BY agent;
+INSERT INTO open_counts (agent, kind, n)
+    SELECT agent, 'obligation', count(*) FROM obligations WHERE status = 'open' GROUP BY agent;
+CREATE TRIGGER mentions_opened AFTER INSERT ON mentions WHEN NEW.status = 'open' BEGIN
+    INSERT INTO open_counts (agent, kind, n) VALUES (NEW.agent, 'mention', 1)
+        ON CONFLICT (agent, kind) DO UPDATE SET n = n + 1;
+END;
+CREATE TRIGGER mentions_closed AFTER UPDATE OF status ON mentions
+    WHEN OLD.status = 'open' AND NEW.status != 'open' BEGIN
+    UPDATE open_counts SET n = n - 1 WHERE agent = OLD.agent AND kind = 'mention';
+END;
+CREATE TRIGGER mentions_deleted AFTER DELETE ON mentions WHEN OLD.status = 'open' BEGIN
+    UPDATE open_counts SET n = n - 1 WHERE agent = OLD.agent AND kind = 'mention';
+END;
+CREATE TRIGGER obligations_opened AFTER INSERT ON obligations WHEN NEW.status = 'open' BEGIN
+    INSERT INTO open_counts (agent, kind, n) VALUES (NEW.agent, 'obligation', 1)
+        ON CONFLICT (agent, kind) DO UPDATE SET n = n + 1;
+END;
+CREATE TRIGGER obligations_closed AFTER UPDATE OF status ON obligations
+    WHEN OLD.status = 'open' AND NEW.status != 'open' BEGIN
+    UPDATE open_counts SET n = n - 1 WHERE agent = OLD.agent AND kind = 'obligation';
+END;
+CREATE TRIGGER obligations_deleted AFTER DELETE ON obligations WHEN OLD.status = 'open' BEGIN
+    UPDATE open_counts SET n = n - 1 WHERE agent = OLD.agent AND kind = 'obligation';
+END;
+"#,
 ];
-
-/// Open items counted per kind for a sync page's total; past it the total is a lower bound.
-pub const OPEN_ITEMS_COUNT_MAX: u64 = 10_000;
 
 /// The `exactly_once` registry's retention: the newest this many keys of a room are kept and
 /// older ones are evicted first-in first-out. An evicted key no longer gets duplicate
@@ -131,6 +164,7 @@ pub const IDEMPOTENCY_KEYS_MAX: u64 = 10_000;
 const PROJECTION_TABLES: &[&str] = &[
     "mentions",
     "obligations",
+    "open_counts",
     "causal_edges",
     "idempotency",
     "lifecycles",
@@ -970,12 +1004,10 @@ impl Index {
             as u64)
     }
 
-    /// The oldest `limit` open items addressed to `agent`, and how many are open in all (counted
-    /// up to `OPEN_ITEMS_COUNT_MAX` per kind, so a flood of mentions costs a bounded scan): what a
+    /// The oldest `limit` open items addressed to `agent`, and how many are open in all: what a
     /// sync page lists, without loading every open item.
     pub fn open_items_page(&self, agent: &str, limit: usize) -> Result<(Vec<ItemRow>, u64)> {
         let mut out = Vec::new();
-        let mut total = 0u64;
         for kind in [ItemKind::Mention, ItemKind::Obligation] {
             let mut st = self.conn.prepare_cached(&format!(
                 "SELECT {ITEM_COLS} FROM {} WHERE agent = ?1 AND status = 'open' ORDER BY source_seq LIMIT ?2",
@@ -985,19 +1017,19 @@ impl Index {
             for r in rows {
                 out.push(r?);
             }
-            total += self
-                .conn
-                .prepare_cached(&format!(
-                    "SELECT count(*) FROM (SELECT 1 FROM {} WHERE agent = ?1 AND status = 'open' LIMIT ?2)",
-                    kind.table()
-                ))?
-                .query_row(params![agent, OPEN_ITEMS_COUNT_MAX as i64], |r| {
-                    r.get::<_, i64>(0)
-                })? as u64;
         }
         out.sort_by_key(|i| i.source_seq);
         out.truncate(limit);
-        Ok((out, total))
+        let total: i64 = self
+            .conn
+            .prepare_cached("SELECT coalesce(sum(n), 0) FROM open_counts WHERE agent = ?1")?
+            .query_row([agent], |r| r.get(0))?;
+        debug_assert!(
+            total >= out.len() as i64,
+            "open_counts says {total} open items for {agent} but {} are listed",
+            out.len()
+        );
+        Ok((out, total as u64))
     }
 
     /// The sources of the open items addressed to `agent`, oldest first, at most `limit` of
@@ -1231,5 +1263,88 @@ mod tests {
         assert_eq!(idx.ancestors("e4", 1).unwrap(), vec!["e3"]);
         assert_eq!(idx.first_foreign_after(0, "a").unwrap(), None);
         assert_eq!(idx.first_foreign_after(0, "b").unwrap(), Some(1));
+    }
+
+    /// The open-item totals the triggers keep match a count of the rows after inserts, a repeated
+    /// insert, resolutions, a rolled-back batch and a projection rebuild.
+    #[test]
+    fn open_counts_follow_the_items() {
+        let t = tempfile::tempdir().unwrap();
+        let mut idx = Index::open(&t.path().join("i.db")).unwrap();
+        let ev = |seq: u64| EventRow {
+            seq,
+            id: format!("e{seq}"),
+            kind: "turn".into(),
+            actor: "a".into(),
+            hlc_ms: seq,
+            hlc_c: 0,
+            hash: "h".into(),
+            task: None,
+            body: "{}".into(),
+        };
+        let item = |kind, seq: u64, agent: &str| ItemRow {
+            kind,
+            id: format!("{kind:?}{seq}{agent}"),
+            source: format!("e{seq}"),
+            source_seq: seq,
+            agent: agent.into(),
+            from_agent: "a".into(),
+            task: None,
+            status: "open".into(),
+            resolved_by: None,
+            not_after_ms: None,
+        };
+        let counted = |idx: &Index, agent: &str| {
+            let rows: i64 = ["mentions", "obligations"]
+                .iter()
+                .map(|t| {
+                    idx.conn
+                        .query_row(
+                            &format!(
+                                "SELECT count(*) FROM {t} WHERE agent = ?1 AND status = 'open'"
+                            ),
+                            [agent],
+                            |r| r.get::<_, i64>(0),
+                        )
+                        .unwrap()
+                })
+                .sum();
+            let (_, total) = idx.open_items_page(agent, 8).unwrap();
+            assert_eq!(total as i64, rows, "{agent}");
+            total
+        };
+        let mut items = vec![];
+        for seq in 1..=6 {
+            items.push(item(ItemKind::Mention, seq, "b"));
+            items.push(item(ItemKind::Obligation, seq, "b"));
+            items.push(item(ItemKind::Mention, seq, "c"));
+        }
+        let batch = Batch {
+            events: (1..=6).map(ev).collect(),
+            items: items.clone(),
+            ..Default::default()
+        };
+        idx.apply(&batch).unwrap();
+        assert_eq!((counted(&idx, "b"), counted(&idx, "c")), (12, 6));
+        // a replayed batch inserts nothing twice
+        idx.apply(&batch).unwrap();
+        assert_eq!(counted(&idx, "b"), 12);
+        let resolve = |it: &ItemRow| (it.kind, it.id.clone(), "resolved".into(), "e6".into());
+        idx.apply(&Batch {
+            resolutions: vec![resolve(&items[0]), resolve(&items[1]), resolve(&items[0])],
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!((counted(&idx, "b"), counted(&idx, "c")), (10, 6));
+        // rolled back with the batch it rode in
+        idx.apply_deferred(&Batch {
+            resolutions: vec![resolve(&items[3])],
+            ..Default::default()
+        })
+        .unwrap();
+        idx.discard_pending();
+        assert_eq!(counted(&idx, "b"), 10);
+        idx.clear_projection().unwrap();
+        assert_eq!((counted(&idx, "b"), counted(&idx, "c")), (0, 0));
     }
 }
