@@ -341,6 +341,8 @@ impl Sim {
                 // checkpoint after nearly every commit, so crashes and faults land inside them
                 wal_autocheckpoint_pages: 4,
                 index_checkpoint_commits: 2,
+                // evict receipts often, so that confirmations meet evicted ones
+                receipts_kept_max: 64,
             },
             skip_invariants: self.cfg.broken == Some(Broken::SkipInvariants),
             ..EngineConfig::default()

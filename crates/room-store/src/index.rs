@@ -312,6 +312,7 @@ pub struct Index {
     /// Set when pending projection rows were rolled back: the index is then behind a mark it
     /// may already have written, and must not be read or written until a restart catches up.
     broken: Option<String>,
+    receipts_kept_max: u64,
 }
 
 impl Drop for Index {
@@ -339,6 +340,10 @@ pub struct SqliteConfig {
     /// an automatic checkpoint, whose failed WAL fsync would leave a hole that silently drops
     /// every later (durable) commit at the next recovery. Its own checkpoints report failure.
     pub index_checkpoint_commits: u32,
+    /// Sync receipts a sync index keeps, newest first: one is written per page served, and a
+    /// receipt matters only until its page is confirmed or read again. Confirming an evicted
+    /// one is refused `receipt_unknown`, and the reader syncs again.
+    pub receipts_kept_max: u64,
 }
 
 impl Default for SqliteConfig {
@@ -347,9 +352,13 @@ impl Default for SqliteConfig {
             vfs: None,
             wal_autocheckpoint_pages: 1000,
             index_checkpoint_commits: 64,
+            receipts_kept_max: 100_000,
         }
     }
 }
+
+/// Receipts written between two evictions of the oldest (at most `receipts_kept_max`).
+const RECEIPTS_EVICT_EVERY: u64 = 1024;
 
 /// Open a database the daemon owns alone, configured and migrated.
 pub fn open_owned(path: &Path, cfg: &SqliteConfig, migrations: &[&str]) -> Result<Connection> {
@@ -510,12 +519,13 @@ fn checkpoint_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<CheckpointRow>
 }
 
 fn upsert_checkpoint(conn: &Connection, c: &CheckpointRow) -> rusqlite::Result<()> {
-    conn.execute(
+    conn.prepare_cached(
         "INSERT INTO checkpoints (actor, conversation, conversation_key, view_gen, confirmed_seq, chunk_seq, chunk_offset, updated_ms)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
          ON CONFLICT(actor, conversation) DO UPDATE SET conversation_key = ?3, view_gen = ?4,
            confirmed_seq = ?5, chunk_seq = ?6, chunk_offset = ?7, updated_ms = ?8",
-        params![
+    )?
+    .execute(params![
             c.actor,
             c.conversation,
             c.conversation_key,
@@ -548,6 +558,7 @@ impl Index {
             broken: None,
             commits: 0,
             checkpoint_commits: cfg.index_checkpoint_commits.max(1),
+            receipts_kept_max: cfg.receipts_kept_max.max(1),
         })
     }
 
@@ -1134,6 +1145,15 @@ impl Index {
             ]))
             .map(|_| ())
         })?;
+        let rowid = self.conn.last_insert_rowid() as u64;
+        let keep = self.receipts_kept_max;
+        if rowid > keep && rowid.is_multiple_of(RECEIPTS_EVICT_EVERY.min(keep)) {
+            self.isolated(|conn| {
+                conn.prepare_cached("DELETE FROM receipts WHERE rowid <= ?1")?
+                    .execute([(rowid - keep) as i64])
+                    .map(|_| ())
+            })?;
+        }
         // A receipt only names what was delivered; losing it in a crash makes its confirmation
         // fail with receipt_unknown and the reader syncs again. So it rides the open
         // transaction; the confirmation that trusts it commits durably.
@@ -1346,5 +1366,42 @@ mod tests {
         assert_eq!(counted(&idx, "b"), 10);
         idx.clear_projection().unwrap();
         assert_eq!((counted(&idx, "b"), counted(&idx, "c")), (0, 0));
+    }
+
+    /// A sync index keeps the newest `receipts_kept_max` receipts and evicts the oldest.
+    #[test]
+    fn the_oldest_receipts_are_evicted() {
+        let t = tempfile::tempdir().unwrap();
+        let cfg = SqliteConfig {
+            receipts_kept_max: 10,
+            ..SqliteConfig::default()
+        };
+        let mut idx = Index::open_with(&t.path().join("i.db"), &cfg).unwrap();
+        let receipt = |n: u64| ReceiptRow {
+            id: format!("rcpt_{n:032x}"),
+            actor: "a".into(),
+            conversation: "c".into(),
+            conversation_key: "k".into(),
+            view_gen: "v".into(),
+            from_seq: 0,
+            from_offset: 0,
+            to_seq: n,
+            chunk_seq: None,
+            chunk_offset: 0,
+            tip_seq: n,
+            tip_hash: "h".into(),
+            delivered_sha256: "d".into(),
+            created_ms: n,
+            confirmed_ms: None,
+        };
+        for n in 1..=35 {
+            idx.put_receipt(&receipt(n)).unwrap();
+        }
+        idx.flush().unwrap();
+        let kept: Vec<u64> = (1..=35)
+            .filter(|n| idx.receipt(&receipt(*n).id).unwrap().is_some())
+            .collect();
+        // evicted at the 10th, 20th and 30th: the newest ten of those, and every one since
+        assert_eq!(kept, (21..=35).collect::<Vec<_>>());
     }
 }
