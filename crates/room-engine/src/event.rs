@@ -319,11 +319,11 @@ impl EventBody {
     }
 }
 
-/// Deterministic item ids: completion after a crash re-derives the same ids.
 /// Id prefixes of mentions and obligations.
 pub const MENTION_PREFIX: &str = "mnt";
 pub const OBLIGATION_PREFIX: &str = "obl";
 
+/// Deterministic item ids: completion after a crash re-derives the same ids.
 pub fn item_id(prefix: &str, source: &str, agent: &str) -> String {
     let d = room_core::sha256_hex(format!("{prefix}:{source}:{agent}").as_bytes());
     format!("{prefix}_{}", &d[..16])

@@ -753,7 +753,9 @@ impl Sim {
                 })
                 .unwrap_or_default();
             // the total is kept apart from the items (triggers): it must agree with the list
-            let total = page["open_items_total"].as_u64().unwrap_or(u64::MAX);
+            let Some(total) = page["open_items_total"].as_u64() else {
+                return Err(self.fail(format!("{room}: a sync page without open_items_total")));
+            };
             let listed = open.len() as u64;
             if total < listed
                 || (listed < room_engine::verbs::OPEN_ITEMS_PAGE_MAX as u64 && total != listed)

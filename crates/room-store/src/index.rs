@@ -1035,11 +1035,12 @@ impl Index {
             .conn
             .prepare_cached("SELECT coalesce(sum(n), 0) FROM open_counts WHERE agent = ?1")?
             .query_row([agent], |r| r.get(0))?;
-        debug_assert!(
-            total >= out.len() as i64,
-            "open_counts says {total} open items for {agent} but {} are listed",
-            out.len()
-        );
+        if total < out.len() as i64 {
+            return Err(StoreError::Corrupt(format!(
+                "open_counts says {total} open items for {agent} but {} are listed",
+                out.len()
+            )));
+        }
         Ok((out, total as u64))
     }
 

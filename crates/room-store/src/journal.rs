@@ -16,6 +16,8 @@ use std::sync::Arc;
 
 pub const BATCH_BYTES: usize = 1 << 20;
 pub const RECORD_BYTES_MAX: usize = 8 << 20;
+/// One append's bytes (its records, each a line): the most a crash can leave unsynced.
+pub const APPEND_BYTES_MAX: usize = 2 * RECORD_BYTES_MAX;
 pub const ANCHOR_BYTES_MAX: u64 = 4096;
 /// The unit a disk writes whole: a crash keeps or loses each sector of an unsynced write.
 const SECTOR_BYTES: u64 = 512;
@@ -137,7 +139,7 @@ pub fn scan(
             // Written bytes after a run of zeros. Appends are contiguous and acknowledged only
             // once synced, so no acknowledged record lies past a zero: if they look like what a
             // crash leaves of unsynced appends, they are cut with the torn tail.
-            if !crash_debris(file, free_start, last, &mut chunk)? {
+            if !crash_debris(file, pos, free_start, last, &mut chunk)? {
                 return Err(StoreError::Corrupt(format!(
                     "non-zero byte at {last} in the journal's free space (which starts at {free_start}), not as a crash leaves unsynced sectors"
                 )));
@@ -166,47 +168,67 @@ pub fn scan(
     })
 }
 
-/// Whether `[free_start, last]` (`free_start` the first zero after the last whole record, `last`
-/// the last non-zero byte) is what a crash leaves of unsynced appends. The disk writes each
-/// sector whole or not at all and in no particular order; a sector never written reads as the
-/// preallocated zeros. So: zeros from `free_start` to its sector's end (the sector that holds the
-/// synced end was not rewritten), then sectors that are either all zeros or record bytes from
-/// their first byte on (records hold no NUL); only the last sector with data may stop early,
-/// where the written bytes ended.
-fn crash_debris(file: &File, free_start: u64, last: u64, chunk: &mut [u8]) -> Result<bool> {
-    let first_full = free_start.div_ceil(SECTOR_BYTES) * SECTOR_BYTES;
+/// Whether `[free_start, last]` (`free_start` the first zero after the last whole record `end`,
+/// `last` the last non-zero byte) is what a crash leaves of one unsynced append. Appends run one
+/// at a time and each is synced before the next, so at most one is unsynced: the debris fits in
+/// `APPEND_BYTES_MAX`, or it is not debris (a hole in synced data must not cost what follows it).
+/// The disk writes each sector whole or not at all, in no particular order, and a sector never
+/// written reads as the preallocated zeros. So:
+/// - if torn bytes precede `free_start` inside its sector, that sector was written and the append
+///   ended in it: nothing may follow;
+/// - otherwise the rest of `free_start`'s sector is zeros (it holds the synced end and was not
+///   rewritten), and every later sector is all zeros or record bytes from its first byte on
+///   (records hold no NUL);
+/// - a sector whose bytes stop early holds the append's end, which is a newline, and no sector
+///   after it holds anything.
+fn crash_debris(
+    file: &File,
+    end: u64,
+    free_start: u64,
+    last: u64,
+    chunk: &mut [u8],
+) -> Result<bool> {
+    if last + 1 - end > APPEND_BYTES_MAX as u64 {
+        return Ok(false);
+    }
+    if free_start > end && !free_start.is_multiple_of(SECTOR_BYTES) {
+        return Ok(false);
+    }
+    // whole sectors, up to the one that holds `last`, clipped to the file
+    let file_len = file.metadata()?.len();
+    let stop = ((last / SECTOR_BYTES + 1) * SECTOR_BYTES).min(file_len);
     let mut ended = false;
     let mut at = free_start;
-    while at <= last {
-        // whole sectors per read, so that no sector straddles two reads
-        let want = ((last + 1 - at) as usize).min(chunk.len());
-        let n = file.read_at(&mut chunk[..want], at)?;
-        if n == 0 {
-            break;
-        }
+    while at < stop {
+        // each read ends on a sector boundary, so no sector straddles two reads
+        let room = chunk.len() - (at % SECTOR_BYTES) as usize;
+        let want = ((stop - at) as usize).min(room);
+        file.read_exact_at(&mut chunk[..want], at)?;
         let mut off = 0usize;
-        while off < n {
+        while off < want {
             let s_start = at + off as u64;
-            let s_end = if s_start < first_full {
-                first_full
-            } else {
-                s_start + SECTOR_BYTES
-            };
-            let len = ((s_end - s_start) as usize).min(n - off);
+            let s_end = ((s_start / SECTOR_BYTES + 1) * SECTOR_BYTES).min(stop);
+            let len = (s_end - s_start) as usize;
             let sector = &chunk[off..off + len];
             let data = sector.iter().position(|&b| b == 0).unwrap_or(len);
             if sector[data..].iter().any(|&b| b != 0) {
                 return Ok(false); // zeros inside a sector's data
             }
             if data > 0 {
-                if s_start < first_full || ended {
+                let whole_from_start = s_start.is_multiple_of(SECTOR_BYTES);
+                if !whole_from_start || ended {
                     return Ok(false);
                 }
-                ended = data < len;
+                if data < len {
+                    if sector[data - 1] != b'\n' {
+                        return Ok(false); // an append ends with its newline
+                    }
+                    ended = true;
+                }
             }
             off += len;
         }
-        at += n as u64;
+        at += want as u64;
     }
     Ok(true)
 }
@@ -340,6 +362,17 @@ impl Journal {
         let end = scan(&file, start, tip, each)?;
         if end.torn_bytes > 0 {
             tracing::warn!(path = %path.display(), bytes = end.torn_bytes, scattered = end.scattered, "cutting a torn tail");
+            // Bytes past a hole are cut only in the shape a crash leaves, but they are kept
+            // beside the journal all the same: a cut must never be the only copy of anything.
+            let kept_in = if end.scattered {
+                let mut cut = vec![0u8; end.torn_bytes as usize];
+                file.read_exact_at(&mut cut, end.end)?;
+                let side = path.with_extension(format!("jsonl.cut-{}", end.end));
+                crate::fs::write_atomic(&side, &cut)?;
+                Some(side.display().to_string())
+            } else {
+                None
+            };
             file.set_len(end.end)?;
             file.sync_all()?;
             crate::fs::append_jsonl(
@@ -350,6 +383,7 @@ impl Journal {
                     "offset": end.end,
                     "bytes": end.torn_bytes,
                     "scattered": end.scattered,
+                    "kept_in": kept_in,
                     "after_seq": end.tip.seq,
                 }),
             )?;
@@ -459,6 +493,12 @@ impl Journal {
             }
             ranges.push((start, len));
         }
+        if buf.len() > APPEND_BYTES_MAX {
+            return Err(StoreError::Corrupt(format!(
+                "an append of {} bytes exceeds {APPEND_BYTES_MAX}",
+                buf.len()
+            )));
+        }
         let old_len = self.mark.len;
         let fault = self
             .faults
@@ -546,7 +586,8 @@ pub struct VerifyReport {
     pub records: u64,
     pub tip_hash: String,
     pub bytes: u64,
-    /// Bytes of a torn final line that the next daemon start will cut.
+    /// Bytes after the last whole record that the next daemon start will cut: a torn final
+    /// line, or sectors of an unsynced append a crash persisted out of order.
     pub torn_bytes: u64,
 }
 
@@ -701,6 +742,7 @@ mod tests {
         let (mut j, _) = open(t.path(), None).unwrap();
         j.append(&records(&j.tip(), 3)).unwrap();
         let end = j.mark().len;
+        // one unsynced append of 40 records at [end, written)
         let unsynced: Vec<u8> = records(&j.tip(), 40)
             .iter()
             .flat_map(|r| {
@@ -709,19 +751,24 @@ mod tests {
                 l
             })
             .collect();
+        let written = end + unsynced.len() as u64;
         drop(j);
-        // the unsynced appends' first sectors were lost, a later one and the last one were kept
+        // the crash lost its first sectors, kept a later one and the one holding its end
         let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+        let sector_at =
+            |at: u64| (at - end) as usize..((at + SECTOR_BYTES).min(written) - end) as usize;
         let s1 = (end / SECTOR_BYTES + 2) * SECTOR_BYTES;
-        let s2 = s1 + 2 * SECTOR_BYTES;
-        let from = |at: u64| &unsynced[(at - end) as usize..];
-        f.write_all_at(&from(s1)[..SECTOR_BYTES as usize], s1)
+        let s_last = (written - 1) / SECTOR_BYTES * SECTOR_BYTES;
+        assert!(
+            s1 + SECTOR_BYTES < s_last,
+            "the append spans enough sectors"
+        );
+        f.write_all_at(&unsynced[sector_at(s1)], s1).unwrap();
+        f.write_all_at(&unsynced[sector_at(s_last)], s_last)
             .unwrap();
-        f.write_all_at(&from(s2)[..100], s2).unwrap();
         drop(f);
         let r = verify(&p, "g").unwrap();
-        assert_eq!((r.records, r.bytes), (3, end));
-        assert_eq!(r.torn_bytes, s2 + 100 - end);
+        assert_eq!((r.records, r.bytes, r.torn_bytes), (3, end, written - end));
         let errors = t.path().join("errors.jsonl");
         let (mut j, seen) = open(t.path(), None).unwrap();
         assert_eq!(seen, vec![1, 2, 3]);
@@ -730,15 +777,52 @@ mod tests {
             log.contains("torn_tail_cut") && log.contains("\"scattered\":true"),
             "{log}"
         );
+        // what was cut is kept beside the journal
+        let side = t.path().join(format!("EVENTS.jsonl.cut-{end}"));
+        let kept = std::fs::read(&side).unwrap();
+        assert_eq!(kept.len() as u64, written - end);
+        assert_eq!(
+            &kept[(s1 - end) as usize..][..SECTOR_BYTES as usize],
+            &unsynced[sector_at(s1)]
+        );
         j.append(&records(&j.tip(), 1)).unwrap();
         drop(j);
         assert_eq!(verify(&p, "g").unwrap().records, 4);
-        // data that starts inside a sector after zeros is not what a crash leaves
-        let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
-        let len = std::fs::metadata(&p).unwrap().len();
-        f.write_all_at(b"{\"x\"", len - SECTOR_BYTES - 7).unwrap();
-        drop(f);
-        assert!(matches!(verify(&p, "g"), Err(StoreError::Corrupt(_))));
+    }
+
+    #[test]
+    fn bytes_past_a_hole_unlike_a_crash_are_corruption() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("EVENTS.jsonl");
+        let (mut j, _) = open(t.path(), None).unwrap();
+        j.append(&records(&j.tip(), 3)).unwrap();
+        let end = j.mark().len;
+        drop(j);
+        let hole_end = (end / SECTOR_BYTES + 1) * SECTOR_BYTES;
+        let write = |bytes: &[u8], at: u64| {
+            let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+            f.write_all_at(bytes, at).unwrap();
+        };
+        let corrupt = || matches!(verify(&p, "g"), Err(StoreError::Corrupt(_)));
+        // data that starts inside a sector
+        write(b"{\"x\":1}\n", hole_end + SECTOR_BYTES + 7);
+        assert!(corrupt());
+        write(&[0u8; 16], hole_end + SECTOR_BYTES + 7);
+        // a sector whose data stops early without the newline an append ends with
+        write(b"{\"x\":1}", hole_end + SECTOR_BYTES);
+        assert!(corrupt());
+        write(b"\n", hole_end + SECTOR_BYTES + 7);
+        assert!(!corrupt(), "a whole sector ending in a newline is debris");
+        // torn bytes before the zeros in the same sector: that append ended there
+        assert_ne!((end + 8) % SECTOR_BYTES, 0);
+        write(b"{\"seq\":4", end);
+        assert!(corrupt());
+        write(&[0u8; 8], end);
+        // more than one append can leave unsynced: a hole in synced data, not debris
+        let mut big = vec![b'a'; APPEND_BYTES_MAX + SECTOR_BYTES as usize];
+        *big.last_mut().unwrap() = b'\n';
+        write(&big, hole_end);
+        assert!(corrupt());
     }
 
     #[test]
