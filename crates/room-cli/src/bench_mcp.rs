@@ -265,6 +265,15 @@ struct Created {
     recipient: Option<String>,
 }
 
+/// The tasks these page items create for `agent`.
+fn tasks_for(items: &[PageItem], agent: &str) -> Vec<String> {
+    items
+        .iter()
+        .filter_map(|i| i.task_for(agent))
+        .map(String::from)
+        .collect()
+}
+
 impl PageItem {
     /// The task this item creates for `agent`, if it creates one.
     fn task_for(&self, agent: &str) -> Option<&str> {
@@ -420,12 +429,7 @@ async fn swarm_agent(
             }
             open = page.open_items.unwrap_or_default();
             let items = page.items.unwrap_or_default();
-            assigned.extend(
-                items
-                    .iter()
-                    .filter_map(|i| i.task_for(&a.name))
-                    .map(String::from),
-            );
+            assigned.extend(tasks_for(&items, &a.name));
             if items.is_empty() {
                 break;
             }
@@ -487,13 +491,7 @@ async fn swarm_agent(
             .and_then(|r| r.detail.take())
             .and_then(|d| d.next_page)
         {
-            let items = page.items.unwrap_or_default();
-            assigned.extend(
-                items
-                    .iter()
-                    .filter_map(|i| i.task_for(&a.name))
-                    .map(String::from),
-            );
+            assigned.extend(tasks_for(&page.items.unwrap_or_default(), &a.name));
             handed = page.receipt;
         }
         t.record(tool, ok, v, &done);

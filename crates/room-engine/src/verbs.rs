@@ -971,7 +971,7 @@ impl Engine {
         let coordination = matches!(binding, Binding::Coordination);
         // The verbs that answer or settle items read only the items they name: by id (an
         // item's id derives from its source and addressee), by task, or the oldest sources.
-        let resolve = |items: &[&ItemRow], status: &str| -> Vec<Resolution> {
+        let resolve = |items: &[ItemRow], status: &str| -> Vec<Resolution> {
             items
                 .iter()
                 .map(|i| Resolution {
@@ -1007,8 +1007,7 @@ impl Engine {
                 }
                 if let Some(r) = &args.reply_to {
                     self.known_target(h, r)?;
-                    let open = open_items_named(h, &p.name, r)?;
-                    turn.resolves = resolve(&open.iter().collect::<Vec<_>>(), "resolved");
+                    turn.resolves = resolve(&open_items_named(h, &p.name, r)?, "resolved");
                 } else if turn.to.is_empty() {
                     let mut sources = h
                         .index
@@ -1032,8 +1031,8 @@ impl Engine {
                         .hint("pass --reply-to EVENT, or address someone with --to"));
                     }
                     if let Some(source) = sources.pop() {
-                        let open = open_items_named(h, &p.name, &source)?;
-                        turn.resolves = resolve(&open.iter().collect::<Vec<_>>(), "resolved");
+                        turn.resolves =
+                            resolve(&open_items_named(h, &p.name, &source)?, "resolved");
                         turn.reply_to = Some(source);
                     }
                 }
@@ -1049,8 +1048,7 @@ impl Engine {
                     Refusal::invalid("reply_to", "reply needs reply_to (an event or item id)")
                 })?;
                 self.known_target(h, target)?;
-                let open = open_items_named(h, &p.name, target)?;
-                let hits: Vec<&ItemRow> = open.iter().collect();
+                let hits = open_items_named(h, &p.name, target)?;
                 if hits.is_empty() {
                     return Err(Refusal::new(
                         Code::ReplyTargetNotAddressed,
@@ -1145,14 +1143,11 @@ impl Engine {
                         format!("task {} is {}; claim it before done", t.id, t.status),
                     ));
                 }
-                let open = h
+                let mut hits = h
                     .index
                     .open_items_for_task(&p.name, &t.id)
                     .map_err(store_err)?;
-                let hits: Vec<&ItemRow> = open
-                    .iter()
-                    .filter(|i| i.kind == ItemKind::Obligation)
-                    .collect();
+                hits.retain(|i| i.kind == ItemKind::Obligation);
                 turn.resolves = resolve(&hits, "resolved");
                 turn.task_transition = Some(TaskTransition {
                     task: t.id.clone(),
@@ -1206,11 +1201,11 @@ impl Engine {
                         format!("task {} is {}", t.id, t.status),
                     ));
                 }
-                let open = h
+                let hits = h
                     .index
                     .open_items_for_task(&p.name, &t.id)
                     .map_err(store_err)?;
-                turn.resolves = resolve(&open.iter().collect::<Vec<_>>(), "declined");
+                turn.resolves = resolve(&hits, "declined");
                 turn.task_transition = Some(TaskTransition {
                     task: t.id.clone(),
                     from: t.status.clone(),
@@ -1306,7 +1301,7 @@ pub fn open_item_view(i: &ItemRow) -> Value {
         i.status == "open",
         "only open items are listed in a sync page"
     );
-    json!({"id": i.id, "kind": if i.kind == ItemKind::Mention { "mention" } else { "obligation" },
+    json!({"id": i.id, "kind": kind_name(i.kind),
         "source": i.source, "from": i.from_agent, "task": i.task, "not_after_ms": i.not_after_ms})
 }
 
@@ -1326,7 +1321,6 @@ fn open_items_named(h: &RoomHandle, agent: &str, target: &str) -> Outcome<Vec<It
             if let Some(i) = h.index.item(kind, &id).map_err(store_err)?
                 && i.agent == agent
                 && i.status == "open"
-                && !out.iter().any(|o| o.id == i.id)
             {
                 out.push(i);
             }
@@ -1336,8 +1330,15 @@ fn open_items_named(h: &RoomHandle, agent: &str, target: &str) -> Outcome<Vec<It
     Ok(out)
 }
 
+fn kind_name(k: ItemKind) -> &'static str {
+    match k {
+        ItemKind::Mention => "mention",
+        ItemKind::Obligation => "obligation",
+    }
+}
+
 pub fn item_view(i: &ItemRow) -> Value {
-    json!({"id": i.id, "kind": if i.kind == ItemKind::Mention { "mention" } else { "obligation" },
+    json!({"id": i.id, "kind": kind_name(i.kind),
         "source": i.source, "agent": i.agent, "from": i.from_agent, "task": i.task, "status": i.status,
         "resolved_by": i.resolved_by, "not_after_ms": i.not_after_ms})
 }

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 pub const VFS_NAME: &str = "room-sim";
 
 /// A torn write keeps whole sectors of this size.
-const SECTOR_BYTES: u64 = 512;
+pub(crate) const SECTOR_BYTES: u64 = 512;
 
 /// Decides the fault, if any, for SQLite's next write or sync of a file.
 pub trait DiskFaults: Send + Sync {

@@ -1333,8 +1333,8 @@ impl Sim {
     /// whole or not at all, in no order, since the disk may persist unsynced writes in any order.
     /// A sector that was not written reads as the zeros the journal preallocated there.
     fn crash_journal(&mut self, path: &Path, synced: u64, len: u64) -> Result<(), Failure> {
+        use disk::SECTOR_BYTES;
         use std::os::unix::fs::FileExt;
-        const SECTOR_BYTES: u64 = 512;
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)

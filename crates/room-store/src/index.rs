@@ -1018,18 +1018,10 @@ impl Index {
     /// The oldest `limit` open items addressed to `agent`, and how many are open in all: what a
     /// sync page lists, without loading every open item.
     pub fn open_items_page(&self, agent: &str, limit: usize) -> Result<(Vec<ItemRow>, u64)> {
-        let mut out = Vec::new();
-        for kind in [ItemKind::Mention, ItemKind::Obligation] {
-            let mut st = self.conn.prepare_cached(&format!(
-                "SELECT {ITEM_COLS} FROM {} WHERE agent = ?1 AND status = 'open' ORDER BY source_seq LIMIT ?2",
-                kind.table()
-            ))?;
-            let rows = st.query_map(params![agent, limit as i64], |r| item_from_row(kind, r))?;
-            for r in rows {
-                out.push(r?);
-            }
-        }
-        out.sort_by_key(|i| i.source_seq);
+        let mut out = self.items_where(
+            "agent = ?1 AND status = 'open' ORDER BY source_seq LIMIT ?2",
+            params![agent, limit as i64],
+        )?;
         out.truncate(limit);
         let total: i64 = self
             .conn
@@ -1069,13 +1061,22 @@ impl Index {
 
     /// The open items addressed to `agent` for `task`, oldest first.
     pub fn open_items_for_task(&self, agent: &str, task: &str) -> Result<Vec<ItemRow>> {
+        self.items_where(
+            "agent = ?1 AND task = ?2 AND status = 'open'",
+            params![agent, task],
+        )
+    }
+
+    /// The mentions and obligations `filter` (a WHERE clause and what follows it) selects from
+    /// each table, oldest first, mentions before obligations of the same source.
+    fn items_where(&self, filter: &str, params: &[&dyn rusqlite::ToSql]) -> Result<Vec<ItemRow>> {
         let mut out = Vec::new();
         for kind in [ItemKind::Mention, ItemKind::Obligation] {
             let mut st = self.conn.prepare_cached(&format!(
-                "SELECT {ITEM_COLS} FROM {} WHERE agent = ?1 AND task = ?2 AND status = 'open'",
+                "SELECT {ITEM_COLS} FROM {} WHERE {filter}",
                 kind.table()
             ))?;
-            let rows = st.query_map([agent, task], |r| item_from_row(kind, r))?;
+            let rows = st.query_map(params, |r| item_from_row(kind, r))?;
             for r in rows {
                 out.push(r?);
             }
@@ -1228,6 +1229,21 @@ impl Index {
 mod tests {
     use super::*;
 
+    /// A turn by `a` at `seq`, with id `e<seq>`.
+    fn event_row(seq: u64) -> EventRow {
+        EventRow {
+            seq,
+            id: format!("e{seq}"),
+            kind: "turn".into(),
+            actor: "a".into(),
+            hlc_ms: seq,
+            hlc_c: 0,
+            hash: "h".into(),
+            task: None,
+            body: "{}".into(),
+        }
+    }
+
     #[test]
     fn pragmas_are_verified_and_migrations_idempotent() {
         let t = tempfile::tempdir().unwrap();
@@ -1257,19 +1273,8 @@ mod tests {
     fn ancestors_walk_the_edges() {
         let t = tempfile::tempdir().unwrap();
         let mut idx = Index::open(&t.path().join("i.db")).unwrap();
-        let ev = |seq: u64| EventRow {
-            seq,
-            id: format!("e{seq}"),
-            kind: "turn".into(),
-            actor: "a".into(),
-            hlc_ms: seq,
-            hlc_c: 0,
-            hash: "h".into(),
-            task: None,
-            body: "{}".into(),
-        };
         let batch = Batch {
-            events: (1..=4).map(ev).collect(),
+            events: (1..=4).map(event_row).collect(),
             edges: vec![
                 ("e2".into(), "e1".into()),
                 ("e3".into(), "e2".into()),
@@ -1292,17 +1297,6 @@ mod tests {
     fn open_counts_follow_the_items() {
         let t = tempfile::tempdir().unwrap();
         let mut idx = Index::open(&t.path().join("i.db")).unwrap();
-        let ev = |seq: u64| EventRow {
-            seq,
-            id: format!("e{seq}"),
-            kind: "turn".into(),
-            actor: "a".into(),
-            hlc_ms: seq,
-            hlc_c: 0,
-            hash: "h".into(),
-            task: None,
-            body: "{}".into(),
-        };
         let item = |kind, seq: u64, agent: &str| ItemRow {
             kind,
             id: format!("{kind:?}{seq}{agent}"),
@@ -1341,7 +1335,7 @@ mod tests {
             items.push(item(ItemKind::Mention, seq, "c"));
         }
         let batch = Batch {
-            events: (1..=6).map(ev).collect(),
+            events: (1..=6).map(event_row).collect(),
             items: items.clone(),
             ..Default::default()
         };

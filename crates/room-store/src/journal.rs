@@ -139,7 +139,7 @@ pub fn scan(
             // Written bytes after a run of zeros. Appends are contiguous and acknowledged only
             // once synced, so no acknowledged record lies past a zero: if they look like what a
             // crash leaves of unsynced appends, they are cut with the torn tail.
-            if !crash_debris(file, pos, free_start, last, &mut chunk)? {
+            if !crash_debris(file, file_len, pos, free_start, last, &mut chunk)? {
                 return Err(StoreError::Corrupt(format!(
                     "non-zero byte at {last} in the journal's free space (which starts at {free_start}), not as a crash leaves unsynced sectors"
                 )));
@@ -183,6 +183,7 @@ pub fn scan(
 ///   after it holds anything.
 fn crash_debris(
     file: &File,
+    file_len: u64,
     end: u64,
     free_start: u64,
     last: u64,
@@ -195,7 +196,6 @@ fn crash_debris(
         return Ok(false);
     }
     // whole sectors, up to the one that holds `last`, clipped to the file
-    let file_len = file.metadata()?.len();
     let stop = ((last / SECTOR_BYTES + 1) * SECTOR_BYTES).min(file_len);
     let mut ended = false;
     let mut at = free_start;
@@ -608,6 +608,16 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// A journal in a fresh directory holding three records, and where they end.
+    fn three_records() -> (tempfile::TempDir, PathBuf, Journal, u64) {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("EVENTS.jsonl");
+        let (mut j, _) = open(t.path(), None).unwrap();
+        j.append(&records(&j.tip(), 3)).unwrap();
+        let end = j.mark().len;
+        (t, p, j, end)
+    }
+
     fn records(tip: &ChainTip, n: usize) -> Vec<Record> {
         let mut t = tip.clone();
         let mut out = vec![];
@@ -714,11 +724,7 @@ mod tests {
 
     #[test]
     fn preallocated_space_is_free_and_stray_bytes_in_it_are_corruption() {
-        let t = tempfile::tempdir().unwrap();
-        let p = t.path().join("EVENTS.jsonl");
-        let (mut j, _) = open(t.path(), None).unwrap();
-        j.append(&records(&j.tip(), 3)).unwrap();
-        let end = j.mark().len;
+        let (t, p, j, end) = three_records();
         drop(j);
         assert_eq!(std::fs::metadata(&p).unwrap().len(), GROWTH_BYTES);
         let r = verify(&p, "g").unwrap();
@@ -737,11 +743,7 @@ mod tests {
 
     #[test]
     fn unsynced_sectors_a_crash_persisted_out_of_order_are_cut_with_the_torn_tail() {
-        let t = tempfile::tempdir().unwrap();
-        let p = t.path().join("EVENTS.jsonl");
-        let (mut j, _) = open(t.path(), None).unwrap();
-        j.append(&records(&j.tip(), 3)).unwrap();
-        let end = j.mark().len;
+        let (t, p, j, end) = three_records();
         // one unsynced append of 40 records at [end, written)
         let unsynced: Vec<u8> = records(&j.tip(), 40)
             .iter()
@@ -792,11 +794,7 @@ mod tests {
 
     #[test]
     fn bytes_past_a_hole_unlike_a_crash_are_corruption() {
-        let t = tempfile::tempdir().unwrap();
-        let p = t.path().join("EVENTS.jsonl");
-        let (mut j, _) = open(t.path(), None).unwrap();
-        j.append(&records(&j.tip(), 3)).unwrap();
-        let end = j.mark().len;
+        let (_t, p, j, end) = three_records();
         drop(j);
         let hole_end = (end / SECTOR_BYTES + 1) * SECTOR_BYTES;
         let write = |bytes: &[u8], at: u64| {
