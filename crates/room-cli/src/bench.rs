@@ -7,6 +7,7 @@ use room_core::{Code, Tier, Verb};
 use room_engine::principal::AgentCaller;
 use room_engine::verbs::TurnArgs;
 use room_engine::{Engine, EngineConfig};
+use room_store::RoomIndex;
 use room_store::index::{Batch, CheckpointRow, EventRow, Index};
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -122,9 +123,11 @@ fn world(dir: &Path) -> anyhow::Result<World> {
     let tmp = tempfile::tempdir_in(dir)?;
     let root = std::fs::canonicalize(tmp.path())?;
     let state = room_store::statedir::init(&root.join("state"), &root.join("boot.toml"), "bench")?;
+    let store = room_server::daemon::embedded_store(&state);
     let engine = Engine::open(
         state,
         room_server::daemon::real_env(),
+        store,
         EngineConfig::default(),
     )?;
     Ok(World {

@@ -594,23 +594,15 @@ pub fn verify(cli: &Cli, only: Option<&str>) -> i32 {
 
 pub fn verify_dir(dir: &std::path::Path, only: Option<&str>) -> Result<Vec<Value>, String> {
     let rooms = dir.join("rooms");
-    let entries = std::fs::read_dir(&rooms).map_err(|e| format!("{}: {e}", rooms.display()))?;
+    let shards =
+        room_store::shard::on_disk(&rooms).map_err(|e| format!("{}: {e}", rooms.display()))?;
     let mut out = Vec::new();
-    for e in entries.flatten() {
-        let shard = e.path();
-        let manifest: Value = match std::fs::read(shard.join("manifest.json"))
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-        {
-            Some(m) => m,
-            None => continue,
-        };
-        let room = manifest["room"].as_str().unwrap_or("?").to_string();
+    for (shard, manifest) in shards {
+        let room = manifest.room;
         if only.is_some_and(|o| o != room) {
             continue;
         }
-        let graph = manifest["graph_id"].as_str().unwrap_or_default();
-        match room_store::journal::verify(&shard.join("EVENTS.jsonl"), graph) {
+        match room_store::journal::verify(&shard.journal(), &manifest.graph_id) {
             Ok(r) => out.push(json!({"room": room, "ok": true, "records": r.records, "tip_hash": r.tip_hash, "torn_bytes": r.torn_bytes})),
             Err(err) => out.push(json!({"room": room, "ok": false, "error": err.to_string()})),
         }

@@ -72,9 +72,28 @@ pub struct ObjectId {
     pub mnt_id: u64,
 }
 
-/// What the engine asks of the file system for territory checks. The daemon passes the real
-/// one (statx, realpath); a simulation can pass its own.
+/// What tells one version of a file from another without reading it: identity, length and
+/// both timestamps (nanoseconds since the epoch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileStamp {
+    pub dev: u64,
+    pub ino: u64,
+    pub len: u64,
+    pub mtime_ns: i128,
+    pub ctime_ns: i128,
+}
+
+/// Everything the engine asks of the file system: territory checks, the owner's policy file
+/// and the pins beside project grants. The daemon passes the real one (statx, realpath); a
+/// simulation can pass its own. Shards, journals and blobs are the storage backend's.
 pub trait Fs: Send + Sync {
+    /// The stamp of the file at `path` (following symlinks).
+    fn stamp(&self, path: &std::path::Path) -> std::io::Result<FileStamp>;
+    /// The whole content of the file at `path`.
+    fn read(&self, path: &std::path::Path) -> std::io::Result<Vec<u8>>;
+    /// Write a file so that after a crash it is absent, the old version or complete, creating
+    /// its directory first if needed.
+    fn write_atomic(&self, path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()>;
     /// The canonical absolute path (symlinks resolved).
     fn canonicalize(&self, path: &std::path::Path) -> std::io::Result<std::path::PathBuf>;
     /// Identity of the object at `path` without following a final symlink.

@@ -17,7 +17,7 @@ pub mod wake;
 
 pub use canon::{canonical_bytes, sha256_hex};
 pub use chain::{ChainError, Record};
-pub use env::{Clock, Entropy, Fs, ObjectId};
+pub use env::{Clock, Entropy, FileStamp, Fs, ObjectId};
 pub use hlc::Hlc;
 pub use refusal::{Code, Refusal};
 pub use tier::{Tier, Verb};

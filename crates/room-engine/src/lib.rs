@@ -3,7 +3,6 @@
 //! takes its clock, entropy and file system as traits, never reads the wall clock or spawns a
 //! thread, and knows nothing of HTTP, MCP or tokio, so it can run inside a seeded simulation.
 
-pub mod control;
 pub mod event;
 pub mod invariants;
 pub mod policy;
@@ -14,10 +13,10 @@ pub mod territory;
 pub mod verbs;
 pub mod wakes;
 
-use control::Control;
 use room::RoomHandle;
 use room_core::{Clock, Code, Entropy, Fs, Refusal};
 use room_store::statedir::StateDir;
+use room_store::{Backend, ControlStore};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -44,10 +43,6 @@ pub struct EngineConfig {
     pub recipients_max: usize,
     /// Most explicit causal parents or evidence handles one turn may name.
     pub parents_max: usize,
-    /// Injected journal and blob faults (the simulator only).
-    pub faults: Option<Arc<dyn room_store::journal::Faults>>,
-    /// How control.db and the sync indexes are opened (the simulator's disk under SQLite).
-    pub sqlite: room_store::index::SqliteConfig,
     /// A planted bug for the simulator's proof that its invariant oracle bites: the five
     /// runtime invariants are not checked. Never set outside `room-sim`.
     pub skip_invariants: bool,
@@ -61,8 +56,6 @@ impl Default for EngineConfig {
             chunk_bytes: 1024,
             recipients_max: 64,
             parents_max: 16,
-            faults: None,
-            sqlite: Default::default(),
             skip_invariants: false,
         }
     }
@@ -86,7 +79,9 @@ pub struct Engine {
     pub(crate) state: StateDir,
     pub(crate) env: Env,
     pub(crate) config: EngineConfig,
-    pub(crate) control: Mutex<Control>,
+    /// Where everything durable lives (`room_store::Backend`).
+    pub(crate) store: Arc<dyn Backend>,
+    pub(crate) control: Mutex<Box<dyn ControlStore>>,
     /// Open rooms by name, in name order: every walk over them (flushes, sweeps) is deterministic.
     pub(crate) rooms: Mutex<BTreeMap<String, Arc<Mutex<RoomHandle>>>>,
     /// Held from a scoped claim's `exclusive` check through its commit: leases span the rooms
@@ -106,19 +101,22 @@ pub(crate) fn store_err(e: room_store::StoreError) -> Refusal {
 }
 
 impl Engine {
-    /// Open the engine over a validated state dir: open control.db, then every room (journal
-    /// reconciliation, index catch-up, completion of an interrupted second flush).
+    /// Open the engine over a validated state dir and its storage: the control store, then
+    /// every room (journal reconciliation, index catch-up, completion of an interrupted second
+    /// flush).
     pub fn open(
         state: StateDir,
         env: Env,
+        store: Arc<dyn Backend>,
         config: EngineConfig,
     ) -> Result<Engine, room_store::StoreError> {
-        let control = Control::open(&state.control_db(), &config.sqlite)?;
-        let policy = policy::PolicyCache::new(state.config());
+        let control = store.open_control()?;
+        let policy = policy::PolicyCache::new(state.config(), env.fs.clone());
         let engine = Engine {
             state,
             env,
             config,
+            store,
             control: Mutex::new(control),
             rooms: Mutex::new(BTreeMap::new()),
             lease_lock: Mutex::new(()),
@@ -148,7 +146,7 @@ impl Engine {
         &self.config
     }
 
-    pub(crate) fn control(&self) -> MutexGuard<'_, Control> {
+    pub(crate) fn control(&self) -> MutexGuard<'_, Box<dyn ControlStore>> {
         let mut c = self
             .control
             .lock()
@@ -287,11 +285,8 @@ impl Engine {
             let mut room = lock_room(&h);
             room.index.discard_pending();
             if let Some(j) = &room.journal {
-                let len = std::fs::metadata(j.path())
-                    .map(|m| m.len())
-                    .unwrap_or(j.mark().len);
                 out.journals
-                    .push((j.path().to_path_buf(), j.synced_len(), len));
+                    .push((j.location(), j.synced_len(), j.len_now()));
             }
         }
         // a stable order, so that a simulator's draws replay exactly

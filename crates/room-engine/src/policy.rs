@@ -4,7 +4,7 @@
 //! cannot be loaded fails closed: the ceiling drops to observer and results are withheld.
 
 use room_core::redact::Redactor;
-use room_core::{Code, Refusal, Tier};
+use room_core::{Code, FileStamp, Fs, Refusal, Tier};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -89,36 +89,13 @@ impl Policy {
     }
 }
 
-/// What tells one version of config.toml from another without reading it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Stamp {
-    dev: u64,
-    ino: u64,
-    len: u64,
-    mtime_ns: i128,
-    ctime_ns: i128,
-}
-
-impl Stamp {
-    fn of(m: &std::fs::Metadata) -> Stamp {
-        use std::os::unix::fs::MetadataExt;
-        Stamp {
-            dev: m.dev(),
-            ino: m.ino(),
-            len: m.len(),
-            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
-            ctime_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
-        }
-    }
-}
-
 /// A file changed less than this long ago may change again within the same timestamp tick,
 /// leaving its stamp as it was ("racy" in git's words): such a version is re-read on every
 /// call until it has settled.
 const RACY_MS: i128 = 2_000;
 
 struct Seen {
-    stamp: Option<Stamp>,
+    stamp: Option<FileStamp>,
     /// The stamp alone proves the content unchanged.
     settled: bool,
     bytes: Vec<u8>,
@@ -127,13 +104,15 @@ struct Seen {
 
 pub(crate) struct PolicyCache {
     path: PathBuf,
+    fs: Arc<dyn Fs>,
     cached: Mutex<Option<Seen>>,
 }
 
 impl PolicyCache {
-    pub fn new(path: PathBuf) -> Self {
+    pub fn new(path: PathBuf, fs: Arc<dyn Fs>) -> Self {
         PolicyCache {
             path,
+            fs,
             cached: Mutex::new(None),
         }
     }
@@ -141,8 +120,8 @@ impl PolicyCache {
     /// The policy in force now: one `stat` when config.toml has not changed, a read (and a
     /// parse if the bytes differ) when it has or may have.
     pub fn current(&self, now_ms: u64) -> Policy {
-        let stamp = match std::fs::metadata(&self.path) {
-            Ok(m) => Some(Stamp::of(&m)),
+        let stamp = match self.fs.stamp(&self.path) {
+            Ok(s) => Some(s),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return failed(format!("config.toml unreadable: {e}")),
         };
@@ -152,7 +131,7 @@ impl PolicyCache {
         {
             return seen.policy.clone();
         }
-        let bytes = match std::fs::read(&self.path) {
+        let bytes = match self.fs.read(&self.path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
             Err(e) => return failed(format!("config.toml unreadable: {e}")),
@@ -263,6 +242,7 @@ impl PolicyCache {
 }
 
 #[cfg(test)]
+#[allow(clippy::disallowed_methods, clippy::disallowed_types)] // tests edit real files
 mod tests {
     use super::*;
 
@@ -277,7 +257,7 @@ mod tests {
     fn an_edit_of_the_same_size_within_one_timestamp_tick_is_seen() {
         let t = tempfile::tempdir().unwrap();
         let path = t.path().join("config.toml");
-        let cache = PolicyCache::new(path.clone());
+        let cache = PolicyCache::new(path.clone(), Arc::new(room_store::fs::RealFs));
         assert_eq!(cache.current(wall_ms()).ceiling, Tier::Operator);
         // two versions of equal length, written back to back: their stamps may be equal
         let a = "[fleet]\nceiling = \"member\"   #\n";
@@ -296,7 +276,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let path = t.path().join("config.toml");
         std::fs::write(&path, "[fleet]\nceiling = \"member\"\n").unwrap();
-        let cache = PolicyCache::new(path.clone());
+        let cache = PolicyCache::new(path.clone(), Arc::new(room_store::fs::RealFs));
         {
             let _call = OneCall::enter();
             assert_eq!(cache.for_check(wall_ms()).ceiling, Tier::Member);

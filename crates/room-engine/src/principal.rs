@@ -3,10 +3,11 @@
 //! its SHA-256 is stored. Every call re-reads the credential, the owner's per-agent policy and
 //! the fleet ceiling, so a rotation, revocation or policy change bites on the very next call.
 
-use crate::control::{AgentRow, Control};
 use crate::{Engine, Outcome, store_err};
 use room_core::canon::digest_of;
 use room_core::{Code, Refusal, Tier, Verb, name, sha256_hex};
+use room_store::ControlStore;
+use room_store::control::AgentRow;
 use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 
@@ -193,7 +194,7 @@ impl Engine {
 
     /// Authenticate a token against the current credential table.
     pub fn authenticate(&self, token: &str) -> Outcome<AgentRow> {
-        authenticate_in(&self.control(), token)
+        authenticate_in(self.control().as_ref(), token)
     }
 
     /// [`Engine::authenticate`] when control.db is not busy (a commit holds it for an fsync),
@@ -210,7 +211,7 @@ impl Engine {
         if c.is_stale() {
             return None;
         }
-        Some(authenticate_in(&c, token))
+        Some(authenticate_in(c.as_ref(), token))
     }
 
     /// Authenticate and authorize one call of `verb`: credential, effective tier, verb policy.
@@ -274,7 +275,7 @@ impl Engine {
 }
 
 /// The credential check itself, over a held control lock.
-fn authenticate_in(c: &Control, token: &str) -> Outcome<AgentRow> {
+fn authenticate_in(c: &dyn ControlStore, token: &str) -> Outcome<AgentRow> {
     let digest = sha256_hex(token.as_bytes());
     if let Some(row) = c.agent_by_secret(&digest).map_err(store_err)? {
         // The lookup was by digest; compare again in constant time before trusting it.

@@ -3,7 +3,6 @@
 //! projected; derived state (index rows, task effects, flush 2, wake permits) is caught up
 //! from the journal at open, so a crash anywhere after the append loses nothing.
 
-use crate::control::{RoomRow, WakeRow};
 use crate::event::{
     Binding, EventBody, Invariant, ItemKindWire, ItemSpec, Items, TaskTransition, item_id,
 };
@@ -11,14 +10,11 @@ use crate::{Engine, Outcome, store_err};
 use room_core::chain::ChainTip;
 use room_core::wake::TASKED_DEADLINE_MS;
 use room_core::{Code, Record, Refusal, canon, id};
-use room_store::blobs::Blobs;
-use room_store::index::{
-    Batch, CheckpointRow, EventRow, Index, ItemKind, ItemRow, LifecycleChange,
-};
-use room_store::journal::Journal;
-use room_store::{StoreError, fs as sfs};
+use room_store::control::{RoomRow, TaskRow, WakeRow};
+use room_store::index::{Batch, CheckpointRow, EventRow, ItemKind, ItemRow, LifecycleChange};
+use room_store::{BlobStore, RoomIndex, RoomLog, ShardCreated, StoreError};
 use serde_json::json;
-use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Catch-up applies the projection in slices of this many records.
 const CATCH_UP_SLICE: usize = 512;
@@ -27,10 +23,9 @@ pub struct RoomHandle {
     pub name: String,
     pub graph_id: String,
     pub binding: Binding,
-    pub dir: PathBuf,
-    pub journal: Option<Journal>,
-    pub index: Index,
-    pub blobs: Blobs,
+    pub journal: Option<Box<dyn RoomLog>>,
+    pub index: Box<dyn RoomIndex>,
+    pub blobs: Arc<dyn BlobStore>,
     /// Why the room refuses writes, when it does (a rotated journal, a failed projection).
     pub read_only: Option<String>,
     /// True when `read_only` is a rotated or replaced journal (the owner's `index rebuild`
@@ -73,7 +68,7 @@ pub(crate) struct Projection {
 /// What a record changes in control.db. Applied at commit and again at catch-up, so each is
 /// idempotent: a crash between the journal append and control.db loses nothing.
 pub(crate) enum TaskEffect {
-    Create(crate::control::TaskRow),
+    Create(TaskRow),
     Transition(TaskTransition),
     /// A member joins (no-op when already one).
     Member {
@@ -165,7 +160,7 @@ pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result
         }
         EventBody::Task(te) => {
             if let Some(c) = &te.created {
-                p.tasks.push(TaskEffect::Create(crate::control::TaskRow {
+                p.tasks.push(TaskEffect::Create(TaskRow {
                     id: te.task.clone(),
                     room: room.into(),
                     project_id: c.project.clone(),
@@ -252,53 +247,46 @@ impl Engine {
 }
 
 impl RoomHandle {
-    /// Create the shard for a new room. Refuses to overwrite an existing `binding.json`.
+    /// Create the shard for a new room. Refuses to overwrite a stored binding.
     pub fn create_shard(engine: &Engine, row: &RoomRow) -> Outcome<()> {
-        let dir = engine.state.rooms().join(&row.graph_id);
-        std::fs::create_dir_all(dir.join("blobs")).map_err(Refusal::storage)?;
-        // the new directories must be durable before anything in them is acknowledged
-        sfs::sync_dir(&dir)
-            .and_then(|()| sfs::sync_dir(&engine.state.rooms()))
-            .map_err(Refusal::storage)?;
-        let binding = binding_of(row);
-        let bytes = canon::canonical_bytes(&binding);
-        if !sfs::create_new_durable(&dir.join("binding.json"), &bytes).map_err(Refusal::storage)? {
-            let existing = std::fs::read(dir.join("binding.json")).map_err(Refusal::storage)?;
-            if existing != bytes {
-                return Err(Refusal::new(
-                    Code::GraphProjectRebindRefused,
-                    format!(
-                        "room {} is bound to another scope; a room's binding never changes",
-                        row.name
-                    ),
-                )
-                .hint("create a room with a new name"));
-            }
+        let binding = canon::canonical_bytes(&binding_of(row));
+        let manifest = room_store::shard::Manifest {
+            schema: room_store::shard::SHARD_SCHEMA.into(),
+            room: row.name.clone(),
+            graph_id: row.graph_id.clone(),
+            instance: engine.state.instance_id.clone(),
+            created_ms: row.created_ms,
+        };
+        let created = engine
+            .store
+            .create_shard(&row.graph_id, &binding, &canon::canonical_bytes(&manifest))
+            .map_err(store_err)?;
+        match created {
+            ShardCreated::Ready => Ok(()),
+            ShardCreated::BoundElsewhere(_) => Err(Refusal::new(
+                Code::GraphProjectRebindRefused,
+                format!(
+                    "room {} is bound to another scope; a room's binding never changes",
+                    row.name
+                ),
+            )
+            .hint("create a room with a new name")),
         }
-        let manifest = json!({"schema": "room-shard-v1", "room": row.name, "graph_id": row.graph_id,
-            "instance": engine.state.instance_id, "created_ms": row.created_ms});
-        sfs::create_new_durable(
-            &dir.join("manifest.json"),
-            &canon::canonical_bytes(&manifest),
-        )
-        .map_err(Refusal::storage)?;
-        Ok(())
     }
 
     /// Open a room: reconcile the journal with the index, catch the projection up, and finish
     /// a turn whose second flush was interrupted.
     pub fn open(engine: &Engine, row: &RoomRow) -> Result<RoomHandle, StoreError> {
-        let dir = engine.state.rooms().join(&row.graph_id);
-        let stored: Binding = serde_json::from_slice(&std::fs::read(dir.join("binding.json"))?)
-            .map_err(|e| StoreError::Corrupt(format!("{}: binding.json: {e}", row.name)))?;
+        let stored: Binding = serde_json::from_slice(&engine.store.read_binding(&row.graph_id)?)
+            .map_err(|e| StoreError::Corrupt(format!("{}: binding: {e}", row.name)))?;
         if stored != binding_of(row) {
             return Err(StoreError::Corrupt(format!(
-                "{}: binding.json disagrees with control.db",
+                "{}: the stored binding disagrees with the control store",
                 row.name
             )));
         }
-        let index = Index::open_with(&dir.join("sync_index.db"), &engine.config.sqlite)?;
-        let blobs = Blobs::new(dir.join("blobs")).with_faults(engine.config.faults.clone());
+        let index = engine.store.open_index(&row.graph_id)?;
+        let blobs = engine.store.open_blobs(&row.graph_id)?;
         let swept = blobs.sweep_temps()?;
         if swept > 0 {
             tracing::info!(room = %row.name, "removed {swept} blob temp files a crash left");
@@ -310,7 +298,6 @@ impl RoomHandle {
             blobs,
             journal: None,
             index,
-            dir,
             read_only: None,
             rotated: false,
             rendered: Default::default(),
@@ -444,34 +431,27 @@ impl RoomHandle {
         let journal = {
             let index = &mut self.index;
             let room = self.name.clone();
-            Journal::open(
-                &self.dir.join("EVENTS.jsonl"),
-                &self.graph_id,
-                known,
-                &self.dir.join("errors.jsonl"),
-                |s| {
-                    project_into(&mut pending, &room, &s.record)?;
-                    if pending.batch.events.len() >= CATCH_UP_SLICE {
-                        let p = std::mem::replace(
-                            &mut pending,
-                            Projection {
-                                batch: Batch::default(),
-                                tasks: Vec::new(),
-                            },
-                        );
-                        index.apply(&p.batch)?;
-                        if let Err(e) = engine.apply_task_effects(&p.tasks, s.record.hlc.ms) {
-                            failed = Some(e);
-                        }
+            engine.store.open_log(&self.graph_id, known, &mut |s| {
+                project_into(&mut pending, &room, &s.record)?;
+                if pending.batch.events.len() >= CATCH_UP_SLICE {
+                    let p = std::mem::replace(
+                        &mut pending,
+                        Projection {
+                            batch: Batch::default(),
+                            tasks: Vec::new(),
+                        },
+                    );
+                    index.apply(&p.batch)?;
+                    if let Err(e) = engine.apply_task_effects(&p.tasks, s.record.hlc.ms) {
+                        failed = Some(e);
                     }
-                    Ok(())
-                },
-            )?
+                }
+                Ok(())
+            })?
         };
         if let Some(e) = failed {
             return Err(e);
         }
-        let journal = journal.with_faults(engine.config.faults.clone());
         pending.batch.mark = Some(journal.mark().clone());
         self.index.apply(&pending.batch)?;
         engine.apply_task_effects(&pending.tasks, journal.tip().hlc.ms)?;
@@ -521,7 +501,7 @@ impl RoomHandle {
     pub fn tip(&self) -> ChainTip {
         self.journal
             .as_ref()
-            .map(Journal::tip)
+            .map(|j| j.tip())
             .unwrap_or_else(|| ChainTip::genesis(&self.graph_id))
     }
 
@@ -580,6 +560,12 @@ impl RoomHandle {
         flags: Vec<crate::event::Violation>,
     ) -> Outcome<Vec<Record>> {
         self.writable()?;
+        // held from sealing through the append: another writer of this room (another daemon
+        // on a shared backend) must not chain onto the same tip
+        let _writer = engine
+            .store
+            .room_writer(&self.graph_id)
+            .map_err(store_err)?;
         let Some(journal) = self.journal.as_mut() else {
             return Err(Refusal::storage(format!(
                 "room {} has no open journal",

@@ -74,7 +74,7 @@ impl Engine {
     pub(crate) fn sync_key(&self, p: &Principal, room: &str) -> Outcome<SyncKey> {
         let view_gen = self
             .control()
-            .view_gen(room, |row, members| {
+            .view_gen(room, &|row, members| {
                 digest_of(&json!({
                     "admission": row.admission_gen, "reset": row.reset_gen, "project": row.project_id,
                     "participants": members, "readers": members,

@@ -2,9 +2,9 @@
 //! requested and canonical roots and the (device, inode, mount id) of both; every
 //! project-scoped call re-derives them, and any change is `project_root_redirected`.
 
-use crate::control::ProjectRow;
 use crate::{Engine, Outcome, store_err};
 use room_core::{Code, ObjectId, Refusal, id, name};
+use room_store::control::ProjectRow;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 
@@ -117,10 +117,10 @@ impl Engine {
     }
 
     fn pin_requested(&self, row: &ProjectRow, oid: ObjectId) -> Outcome<()> {
-        let path = self.state.root.join("projects");
-        std::fs::create_dir_all(&path).map_err(Refusal::storage)?;
         let bytes = serde_json::to_vec(&oid).map_err(Refusal::storage)?;
-        room_store::fs::write_atomic(&path.join(format!("{}.requested.json", row.id)), &bytes)
+        self.env
+            .fs
+            .write_atomic(&self.state.project_pin(&row.id), &bytes)
             .map_err(Refusal::storage)
     }
 
@@ -157,12 +157,8 @@ impl Engine {
                 "is a different directory object than the one granted".into(),
             ));
         }
-        let pinned = self
-            .state
-            .root
-            .join("projects")
-            .join(format!("{}.requested.json", p.id));
-        let want: ObjectId = std::fs::read(&pinned)
+        let want: ObjectId = fs
+            .read(&self.state.project_pin(&p.id))
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok())
             .ok_or_else(|| redirected(&p, "its pinned identity record is missing".into()))?;

@@ -3,7 +3,6 @@
 //! is prepared outside the room's writer lock and committed under it after rechecking the
 //! frontier: a foreign event that arrived in between is `room_sync_concurrent_arrival`.
 
-use crate::control::{RoomRow, TaskRow};
 use crate::event::{
     Binding, BlobRef, Deliver, EventBody, ItemKindWire, ItemPlan, Resolution, TaskCreated,
     TaskEvent, TaskTransition, Turn,
@@ -15,6 +14,7 @@ use crate::{Engine, Outcome, invariants, lock_room, store_err};
 use room_core::wake::{TASKED_DEADLINE_MS, UNTASKED_DEADLINE_MS};
 use room_core::{Code, Refusal, Verb, id, name};
 use room_store::blobs::INLINE_BYTES_MAX;
+use room_store::control::{RoomRow, TaskRow};
 use room_store::index::{CheckpointRow, ItemKind, ItemRow};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;

@@ -10,12 +10,12 @@
 //! wakes mark. One transaction per flush instead of a file and an fsync per permit: creating a
 //! file per waking turn cost the daemon about a tenth of its CPU under the swarm benchmark.
 
-use crate::control::WakeRow;
 use crate::event::{Items, Turn};
 use crate::room::RoomHandle;
 use crate::{Engine, Outcome, store_err};
 use room_core::wake::{RoomAuthority, WAKE_SCHEMA, WakeBinding, WakePermit, rfc3339_ms, wake_path};
 use room_core::{Code, Refusal};
+use room_store::control::WakeRow;
 use room_store::index::EventRow;
 use serde_json::{Value, json};
 
@@ -132,7 +132,7 @@ impl Engine {
         }
         self.flush_wakes();
         let rows = self.control().wakes(room).map_err(store_err)?;
-        let truncated = rows.len() >= crate::control::WAKES_PAGE_MAX;
+        let truncated = rows.len() >= room_store::control::WAKES_PAGE_MAX;
         let out: Vec<Value> = rows
             .into_iter()
             .map(|w| match serde_json::from_str::<WakePermit>(&w.permit) {

@@ -1,6 +1,7 @@
 //! Engine-level tests for what the daemon cannot reach deterministically: the race between a
 //! turn's preparation and its commit, the Fold Rule, page chunking, completion of an interrupted
 //! second flush, HLC order under a clock that steps back, and an index upgraded from schema 1.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)] // tests edit real files
 
 use room_core::env::{ManualClock, SeededEntropy};
 use room_core::{Code, Tier, Verb};
@@ -8,7 +9,9 @@ use room_engine::principal::AgentCaller;
 use room_engine::verbs::TurnArgs;
 use room_engine::{Engine, EngineConfig, Env};
 use room_store::fs::RealFs;
+use room_store::shard::Shard;
 use room_store::statedir;
+use room_store::{SqliteBackend, SqliteBackendConfig};
 use serde_json::Value;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -42,8 +45,16 @@ impl Fixture {
             entropy: Arc::new(SeededEntropy::new(seed)),
             fs: Arc::new(RealFs),
         };
-        Engine::open(s, env, EngineConfig::default()).unwrap()
+        let store = Arc::new(SqliteBackend::new(&s, SqliteBackendConfig::default()));
+        Engine::open(s, env, store, EngineConfig::default()).unwrap()
     }
+}
+
+/// The shard of the fixture's one room.
+fn only_shard(f: &Fixture) -> Shard {
+    let mut all = room_store::shard::on_disk(&f.state.join("rooms")).unwrap();
+    assert_eq!(all.len(), 1, "one room");
+    all.remove(0).0
 }
 
 fn owner(e: &Engine) -> room_engine::Owner {
@@ -223,16 +234,11 @@ fn an_interrupted_second_flush_is_completed_at_open_with_the_same_ids() {
                 },
             )
             .unwrap();
-        let dir = std::fs::read_dir(f.state.join("rooms"))
-            .unwrap()
-            .next()
-            .unwrap()
-            .unwrap()
-            .path();
-        (dir, sent)
+        let shard = only_shard(&f);
+        (shard, sent)
     };
     // Simulate a crash after flush 1: drop the last journal line (flush 2), the index and the wake.
-    let journal = room_dir.join("EVENTS.jsonl");
+    let journal = room_dir.journal();
     let text = std::fs::read_to_string(&journal).unwrap();
     // the records, without the preallocated zeros after them
     let text = text.trim_end_matches('\0');
@@ -240,8 +246,8 @@ fn an_interrupted_second_flush_is_completed_at_open_with_the_same_ids() {
     assert!(lines.last().unwrap().contains("\"kind\":\"items\""));
     lines.pop();
     std::fs::write(&journal, lines.join("\n") + "\n").unwrap();
-    for f in ["sync_index.db", "sync_index.db-wal", "sync_index.db-shm"] {
-        let _ = std::fs::remove_file(room_dir.join(f));
+    for f in room_dir.index_files() {
+        let _ = std::fs::remove_file(f);
     }
     // the engine was dropped without a flush: its wake permit never reached the queue
     let wake = first["wakes"][0].as_str().unwrap().to_string();
@@ -295,14 +301,9 @@ fn a_clock_that_steps_back_still_yields_a_verifying_chain() {
         }
         e.turn(&a, Verb::Note, say("r", &format!("n{i}"))).unwrap();
     }
-    let dir = std::fs::read_dir(f.state.join("rooms"))
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
-    let graph = dir.file_name().unwrap().to_str().unwrap().to_string();
-    let report = room_store::journal::verify(&dir.join("EVENTS.jsonl"), &graph).unwrap();
+    let shard = only_shard(&f);
+    let graph = shard.read_manifest().unwrap().graph_id;
+    let report = room_store::journal::verify(&shard.journal(), &graph).unwrap();
     assert_eq!(report.records, 21);
 }
 
@@ -363,11 +364,12 @@ fn a_turn_whose_second_flush_fails_halts_the_room_and_is_completed_at_restart() 
             entropy: Arc::new(SeededEntropy::new(10)),
             fs: Arc::new(RealFs),
         };
-        let cfg = EngineConfig {
+        let store = SqliteBackendConfig {
             faults: Some(Arc::new(FailNth(0.into(), 2))),
-            ..EngineConfig::default()
+            ..SqliteBackendConfig::default()
         };
-        let e = Engine::open(s, env, cfg).unwrap();
+        let store = Arc::new(SqliteBackend::new(&s, store));
+        let e = Engine::open(s, env, store, EngineConfig::default()).unwrap();
         let err = e
             .turn(
                 &a,
@@ -419,13 +421,8 @@ fn a_failed_index_rebuild_leaves_the_room_refusing_writes_without_a_panic() {
     }
     drop(e);
     // corrupt a record in the middle, keeping the length (so reconciliation at open passes)
-    let dir = std::fs::read_dir(f.state.join("rooms"))
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
-    let journal = dir.join("EVENTS.jsonl");
+    let shard = only_shard(&f);
+    let journal = shard.journal();
     let text = std::fs::read_to_string(&journal)
         .unwrap()
         .replacen("\"n0\"", "\"X0\"", 1);
@@ -534,28 +531,7 @@ fn an_upgraded_index_replays_claims_into_lifecycles() {
         (a, t)
     };
     // turn the index back into schema 1 as an older build left it
-    let shard = std::fs::read_dir(fx.state.join("rooms"))
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
-    {
-        let c = rusqlite::Connection::open(shard.join("sync_index.db")).unwrap();
-        c.execute_batch(
-            "DROP TABLE idempotency; DROP TABLE lifecycles;
-             DROP INDEX mentions_open; DROP INDEX obligations_open;
-             DROP INDEX mentions_task_open; DROP INDEX obligations_task_open;
-             DROP TABLE open_counts;
-             DROP TRIGGER mentions_opened; DROP TRIGGER mentions_closed; DROP TRIGGER mentions_deleted;
-             DROP TRIGGER obligations_opened; DROP TRIGGER obligations_closed;
-             DROP TRIGGER obligations_deleted;
-             CREATE INDEX mentions_open ON mentions(agent, status);
-             CREATE INDEX obligations_open ON obligations(agent, status);
-             PRAGMA user_version = 1;",
-        )
-        .unwrap();
-    }
+    room_store::fixtures::index_back_to_schema_1(&only_shard(&fx).index()).unwrap();
     let e = fx.engine(2);
     let a = AgentCaller {
         token: a.token,
@@ -611,14 +587,7 @@ fn permits_sealed_before_the_queue_existed_are_queued_at_the_upgrade() {
     };
     assert_eq!(before.len(), 2);
     // control.db back at schema 2, as an older build left it (its permits were files)
-    {
-        let c = rusqlite::Connection::open(fx.state.join("control.db")).unwrap();
-        c.execute_batch(
-            "DROP TABLE wakes; DELETE FROM meta WHERE key = 'wakes_requeue';
-             PRAGMA user_version = 2;",
-        )
-        .unwrap();
-    }
+    room_store::fixtures::control_back_to_schema_2(&fx.state.join("control.db")).unwrap();
     // a policy under which no permit can be sealed: the re-queue fails; the daemon still opens,
     // the room with permits refuses writes, and the request stays for the next start
     let cfg = fx.state.join("config.toml");
@@ -640,15 +609,10 @@ fn permits_sealed_before_the_queue_existed_are_queued_at_the_upgrade() {
     assert_eq!(paths(&e), before, "every permit is queued at the upgrade");
     drop(e);
     // once: the request is gone after it was carried out
-    let c = rusqlite::Connection::open(fx.state.join("control.db")).unwrap();
-    let left: i64 = c
-        .query_row(
-            "SELECT count(*) FROM meta WHERE key = 'wakes_requeue'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert_eq!(left, 0);
+    assert!(
+        !room_store::fixtures::control_meta_has(&fx.state.join("control.db"), "wakes_requeue")
+            .unwrap()
+    );
 }
 
 /// A sync page lists the oldest open items addressed to the reader, at most

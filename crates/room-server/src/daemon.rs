@@ -83,13 +83,23 @@ pub struct ServeConfig {
     pub engine_threads: usize,
 }
 
+/// The embedded default storage: SQLite and journal files under the state dir.
+pub fn embedded_store(state: &StateDir) -> Arc<dyn room_store::Backend> {
+    Arc::new(room_store::SqliteBackend::new(state, Default::default()))
+}
+
 /// Validate, lock, open. Split-brain and a held lock are errors here, before anything listens.
 pub fn open_engine(cfg: &ServeConfig) -> anyhow::Result<(StateDir, statedir::DaemonLock, Engine)> {
     let state =
         statedir::validate(&cfg.state_dir, &cfg.bootstrap).map_err(|e| anyhow::anyhow!("{e}"))?;
     let lock = statedir::lock(&state).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let engine = Engine::open(state.clone(), real_env(), EngineConfig::default())
-        .map_err(|e| anyhow::anyhow!("cannot open the engine: {e}"))?;
+    let engine = Engine::open(
+        state.clone(),
+        real_env(),
+        embedded_store(&state),
+        EngineConfig::default(),
+    )
+    .map_err(|e| anyhow::anyhow!("cannot open the engine: {e}"))?;
     Ok((state, lock, engine))
 }
 

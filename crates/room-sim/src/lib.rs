@@ -334,7 +334,7 @@ impl Sim {
             entropy: self.entropy.clone(),
             fs: Arc::new(RealFs),
         };
-        let config = EngineConfig {
+        let store = room_store::SqliteBackendConfig {
             faults: Some(self.faults.clone()),
             sqlite: room_store::index::SqliteConfig {
                 vfs: Some(disk::VFS_NAME.to_string()),
@@ -344,11 +344,16 @@ impl Sim {
                 // evict receipts often, so that confirmations meet evicted ones
                 receipts_kept_max: 64,
             },
+        };
+        let store = Arc::new(room_store::SqliteBackend::new(&s, store));
+        let config = EngineConfig {
             skip_invariants: self.cfg.broken == Some(Broken::SkipInvariants),
             ..EngineConfig::default()
         };
-        self.engine =
-            Some(Engine::open(s, env, config).map_err(|e| format!("engine failed to open: {e}"))?);
+        self.engine = Some(
+            Engine::open(s, env, store, config)
+                .map_err(|e| format!("engine failed to open: {e}"))?,
+        );
         Ok(())
     }
 
@@ -473,7 +478,7 @@ impl Sim {
             self.oracles.push(oracle::RoomOracle::new(
                 &r.room,
                 &r.graph,
-                r.dir.join("EVENTS.jsonl"),
+                r.shard.journal(),
             ));
         }
         self.oracles.sort_by(|a, b| a.path_cmp(b));
@@ -1447,7 +1452,7 @@ impl Sim {
             }
         }
         for r in self.rooms_on_disk()? {
-            if let Err(e) = room_store::journal::verify(&r.dir.join("EVENTS.jsonl"), &r.graph) {
+            if let Err(e) = room_store::journal::verify(&r.shard.journal(), &r.graph) {
                 return Err(self.fail(format!("chain of {} does not verify: {e}", r.graph)));
             }
             self.check_invariants(&r)?;
@@ -1482,31 +1487,31 @@ impl Sim {
 
     /// Every room shard in the state dir, with the room its manifest names.
     fn rooms_on_disk(&self) -> Result<Vec<RoomDir>, Failure> {
-        let mut out = Vec::new();
-        for entry in
-            std::fs::read_dir(self.state.join("rooms")).map_err(|e| self.fail(e.to_string()))?
-        {
-            let dir = entry.map_err(|e| self.fail(e.to_string()))?.path();
-            let graph = dir
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or_default()
-                .to_string();
-            let manifest: Value = std::fs::read(dir.join("manifest.json"))
-                .ok()
-                .and_then(|b| serde_json::from_slice(&b).ok())
-                .ok_or_else(|| self.fail(format!("{graph}: unreadable manifest.json")))?;
-            let room = manifest["room"].as_str().unwrap_or_default().to_string();
-            out.push(RoomDir { dir, graph, room });
+        let rooms = self.state.join("rooms");
+        let shards = room_store::shard::on_disk(&rooms).map_err(|e| self.fail(e.to_string()))?;
+        let named = std::fs::read_dir(&rooms)
+            .map_err(|e| self.fail(e.to_string()))?
+            .count();
+        if named != shards.len() {
+            return Err(self.fail(format!(
+                "{} of {named} room shards have no readable manifest",
+                named - shards.len()
+            )));
         }
-        Ok(out)
+        Ok(shards
+            .into_iter()
+            .map(|(shard, m)| RoomDir {
+                shard,
+                graph: m.graph_id,
+                room: m.room,
+            })
+            .collect())
     }
 
     /// Replay one journal through the independent oracle.
     fn check_invariants(&self, r: &RoomDir) -> Result<(), Failure> {
-        let (dir, graph, room) = (&r.dir, r.graph.as_str(), &r.room);
-        let file =
-            std::fs::File::open(dir.join("EVENTS.jsonl")).map_err(|e| self.fail(e.to_string()))?;
+        let (shard, graph, room) = (&r.shard, r.graph.as_str(), &r.room);
+        let file = std::fs::File::open(shard.journal()).map_err(|e| self.fail(e.to_string()))?;
         let mut records = Vec::new();
         room_store::journal::scan(&file, 0, room_core::chain::ChainTip::genesis(graph), |sc| {
             records.push(sc.record);
@@ -1549,7 +1554,8 @@ impl Sim {
             }
         }
         // a durable record never names a missing or damaged blob
-        let blobs = room_store::blobs::Blobs::new(dir.join("blobs"));
+        use room_store::BlobStore;
+        let blobs = room_store::blobs::Blobs::new(shard.blobs());
         for r in &records {
             if let Some(sha) = r.event["text_blob"]["sha256"].as_str()
                 && let Err(e) = blobs.get(sha, "txt")
@@ -1566,7 +1572,7 @@ impl Sim {
 
 /// One room shard on disk.
 struct RoomDir {
-    dir: PathBuf,
+    shard: room_store::shard::Shard,
     graph: String,
     room: String,
 }

@@ -3,6 +3,7 @@
 //! its writes at the next crash although SQLite read them back until then.
 
 use room_sim::disk::{DiskFaults, Mount, VFS_NAME};
+use room_store::RoomIndex;
 use room_store::index::{CheckpointRow, Index, SqliteConfig};
 use room_store::journal::Fault;
 use rusqlite::{Connection, OpenFlags};

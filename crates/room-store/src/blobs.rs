@@ -1,6 +1,7 @@
 //! Content-addressed blobs: payloads too large to sit in a journal line. A blob is written and
 //! synced before the record that names it, so a durable record never points at a missing blob.
 
+use crate::backend::BlobStore;
 use crate::journal::{Fault, Faults};
 use room_core::sha256_hex;
 use std::io::Write;
@@ -28,24 +29,6 @@ impl Blobs {
     pub fn with_faults(mut self, faults: Option<Arc<dyn Faults>>) -> Self {
         self.faults = faults;
         self
-    }
-
-    /// Remove temp files a crash left behind: no record ever names one.
-    pub fn sweep_temps(&self) -> std::io::Result<usize> {
-        let mut n = 0;
-        let Ok(dir) = std::fs::read_dir(&self.dir) else {
-            return Ok(0);
-        };
-        for e in dir {
-            let e = e?;
-            let name = e.file_name();
-            let name = name.to_string_lossy();
-            if name.starts_with('.') && name.ends_with(".tmp") {
-                std::fs::remove_file(e.path())?;
-                n += 1;
-            }
-        }
-        Ok(n)
     }
 
     /// An injected fault: what lands on disk before the write fails (never the final name).
@@ -87,8 +70,32 @@ impl Blobs {
         self.dir.join(format!("{sha}.{ext}"))
     }
 
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl BlobStore for Blobs {
+    /// Remove temp files a crash left behind: no record ever names one.
+    fn sweep_temps(&self) -> std::io::Result<usize> {
+        let mut n = 0;
+        let Ok(dir) = std::fs::read_dir(&self.dir) else {
+            return Ok(0);
+        };
+        for e in dir {
+            let e = e?;
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with('.') && name.ends_with(".tmp") {
+                std::fs::remove_file(e.path())?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
     /// Store `bytes`; returns their SHA-256. Idempotent.
-    pub fn put(&self, bytes: &[u8], ext: &str) -> std::io::Result<String> {
+    fn put(&self, bytes: &[u8], ext: &str) -> std::io::Result<String> {
         let sha = sha256_hex(bytes);
         let path = self.path(&sha, ext);
         if !path.exists() {
@@ -99,7 +106,7 @@ impl Blobs {
     }
 
     /// Read a blob back and verify its digest; a mismatch is corruption, reported as an error.
-    pub fn get(&self, sha: &str, ext: &str) -> std::io::Result<Vec<u8>> {
+    fn get(&self, sha: &str, ext: &str) -> std::io::Result<Vec<u8>> {
         if !room_core::canon::is_sha256_hex(sha) {
             return Err(std::io::Error::other(format!("bad blob digest {sha:?}")));
         }
@@ -110,9 +117,5 @@ impl Blobs {
             )));
         }
         Ok(bytes)
-    }
-
-    pub fn dir(&self) -> &Path {
-        &self.dir
     }
 }

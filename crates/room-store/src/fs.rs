@@ -1,6 +1,6 @@
 //! The real file system behind `room_core::Fs`, and durable-write helpers.
 
-use room_core::{Fs, ObjectId};
+use room_core::{FileStamp, Fs, ObjectId};
 use rustix::fs::{AtFlags, CWD, StatxFlags};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -9,6 +9,29 @@ use std::path::{Path, PathBuf};
 pub struct RealFs;
 
 impl Fs for RealFs {
+    fn stamp(&self, path: &Path) -> std::io::Result<FileStamp> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path)?;
+        Ok(FileStamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+            ctime_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
+        })
+    }
+
+    fn read(&self, path: &Path) -> std::io::Result<Vec<u8>> {
+        std::fs::read(path)
+    }
+
+    fn write_atomic(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        write_atomic(path, bytes)
+    }
+
     fn canonicalize(&self, path: &Path) -> std::io::Result<PathBuf> {
         std::fs::canonicalize(path)
     }

@@ -4,6 +4,7 @@
 //! if any differs: an index that silently runs without WAL or full sync would acknowledge
 //! checkpoints that a power cut can take back.
 
+use crate::backend::{ChangeStamp, RoomIndex};
 use crate::journal::JournalMark;
 use crate::{Result, StoreError};
 use rusqlite::{Connection, OptionalExtension, params};
@@ -313,6 +314,8 @@ pub struct Index {
     /// may already have written, and must not be read or written until a restart catches up.
     broken: Option<String>,
     receipts_kept_max: u64,
+    /// Writes through this handle, for the change stamp.
+    writes: u64,
 }
 
 impl Drop for Index {
@@ -359,6 +362,14 @@ impl Default for SqliteConfig {
 
 /// Receipts written between two evictions of the oldest (at most `receipts_kept_max`).
 const RECEIPTS_EVICT_EVERY: u64 = 1024;
+
+/// SQLite's count of commits by other connections (`PRAGMA data_version`): the external half
+/// of a change stamp.
+pub(crate) fn data_version(conn: &Connection) -> Result<u64> {
+    Ok(conn
+        .prepare_cached("PRAGMA data_version")?
+        .query_row([], |r| r.get::<_, i64>(0))? as u64)
+}
 
 /// Open a database the daemon owns alone, configured and migrated.
 pub fn open_owned(path: &Path, cfg: &SqliteConfig, migrations: &[&str]) -> Result<Connection> {
@@ -559,6 +570,7 @@ impl Index {
             commits: 0,
             checkpoint_commits: cfg.index_checkpoint_commits.max(1),
             receipts_kept_max: cfg.receipts_kept_max.max(1),
+            writes: 0,
         })
     }
 
@@ -580,61 +592,8 @@ impl Index {
         }
     }
 
-    /// The seq up to which every wake permit the journal implies is known durable (0: none).
-    pub fn wakes_mark(&self) -> Result<u64> {
-        let v: Option<String> = self
-            .conn
-            .query_row("SELECT value FROM meta WHERE key = 'wakes_mark'", [], |r| {
-                r.get(0)
-            })
-            .optional()?;
-        v.map_or(Ok(0), |s| {
-            s.parse()
-                .map_err(|e| StoreError::Corrupt(format!("wakes mark {s:?}: {e}")))
-        })
-    }
-
-    /// Record that every permit up to `seq` is durable, and commit (with anything pending).
-    pub fn set_wakes_mark(&mut self, seq: u64) -> Result<()> {
-        self.begin()?;
-        let set = self.conn.execute(
-            "INSERT INTO meta (key, value) VALUES ('wakes_mark', ?1)
-             ON CONFLICT(key) DO UPDATE SET value = ?1",
-            [seq.to_string()],
-        );
-        if let Err(e) = set {
-            self.abort();
-            return Err(e.into());
-        }
-        self.pending += 1;
-        self.flush()
-    }
-
-    /// Items records after `seq`, oldest first, at most `limit`: whose permits to re-derive.
-    pub fn items_after(&self, seq: u64, limit: usize) -> Result<Vec<EventRow>> {
-        let mut st = self.conn.prepare_cached(&format!(
-            "SELECT {EVENT_COLS} FROM events WHERE seq > ?1 AND kind = 'items' ORDER BY seq LIMIT ?2"
-        ))?;
-        let rows = st.query_map(params![seq as i64, limit as i64], event_from_row)?;
-        Ok(rows.collect::<rusqlite::Result<_>>()?)
-    }
-
-    pub fn mark(&self) -> Result<Option<JournalMark>> {
-        let v: Option<String> = self
-            .conn
-            .query_row(
-                "SELECT value FROM meta WHERE key = 'journal_mark'",
-                [],
-                |r| r.get(0),
-            )
-            .optional()?;
-        v.map(|s| {
-            serde_json::from_str(&s).map_err(|e| StoreError::Corrupt(format!("journal mark: {e}")))
-        })
-        .transpose()
-    }
-
     fn begin(&mut self) -> Result<()> {
+        self.writes += 1;
         if !self.in_txn {
             self.set_sync_full(false)?;
             self.run("BEGIN IMMEDIATE")?;
@@ -672,6 +631,7 @@ impl Index {
             ))));
         }
         self.flush()?;
+        self.writes += 1;
         self.set_sync_full(true)?;
         self.run("BEGIN IMMEDIATE")?;
         self.in_txn = true;
@@ -692,18 +652,6 @@ impl Index {
         self.commit_open()
     }
 
-    /// Commit whatever is pending. Transactions opened by `begin` run at synchronous=NORMAL:
-    /// projection rows, receipts and marks, all of which the journal re-creates or a reader
-    /// recovers from (DESIGN §10), so a crash may lose them and the next open catches the index
-    /// up from the journal. Those opened by `durable` run at FULL.
-    pub fn flush(&mut self) -> Result<()> {
-        self.commit_open()?;
-        if self.commits >= self.checkpoint_commits {
-            self.checkpoint_wal()?;
-        }
-        Ok(())
-    }
-
     /// Commit the open transaction, if any, at the connection's current synchronous mode.
     fn commit_open(&mut self) -> Result<()> {
         if self.in_txn {
@@ -721,11 +669,6 @@ impl Index {
         Ok(())
     }
 
-    /// Drop pending rows without committing them: what a crash does (simulation).
-    pub fn discard_pending(&mut self) {
-        self.abort();
-    }
-
     fn abort(&mut self) {
         if self.in_txn {
             let _ = self.run("ROLLBACK");
@@ -738,11 +681,6 @@ impl Index {
             }
             self.pending = 0;
         }
-    }
-
-    /// Why the index can no longer be trusted in this process, if it cannot.
-    pub fn broken(&self) -> Option<&str> {
-        self.broken.as_deref()
     }
 
     /// Run `f` inside a savepoint of the open transaction: its failure undoes only its own
@@ -766,28 +704,6 @@ impl Index {
                 Err(e.into())
             }
         }
-    }
-
-    /// Apply a batch and commit it (with anything pending) before returning.
-    pub fn apply(&mut self, b: &Batch) -> Result<()> {
-        self.apply_deferred(b)?;
-        self.flush()
-    }
-
-    /// Apply a batch inside the open transaction; commit every `DEFERRED_BATCHES_MAX` batches.
-    /// Reads on this connection see the rows at once. On error everything pending is rolled
-    /// back (the caller must then treat the index as behind its journal).
-    pub fn apply_deferred(&mut self, b: &Batch) -> Result<()> {
-        self.begin()?;
-        if let Err(e) = Self::apply_rows(&self.conn, b) {
-            self.abort();
-            return Err(e);
-        }
-        self.pending += 1;
-        if self.pending >= DEFERRED_BATCHES_MAX {
-            self.flush()?;
-        }
-        Ok(())
     }
 
     fn apply_rows(tx: &Connection, b: &Batch) -> Result<()> {
@@ -904,12 +820,133 @@ impl Index {
         Ok(())
     }
 
+    /// The mentions and obligations `filter` (a WHERE clause and what follows it) selects from
+    /// each table, oldest first, mentions before obligations of the same source.
+    fn items_where(&self, filter: &str, params: &[&dyn rusqlite::ToSql]) -> Result<Vec<ItemRow>> {
+        let mut out = Vec::new();
+        for kind in [ItemKind::Mention, ItemKind::Obligation] {
+            let mut st = self.conn.prepare_cached(&format!(
+                "SELECT {ITEM_COLS} FROM {} WHERE {filter}",
+                kind.table()
+            ))?;
+            let rows = st.query_map(params, |r| item_from_row(kind, r))?;
+            for r in rows {
+                out.push(r?);
+            }
+        }
+        out.sort_by_key(|i| i.source_seq);
+        Ok(out)
+    }
+}
+
+impl RoomIndex for Index {
+    fn change_stamp(&self) -> Result<ChangeStamp> {
+        Ok(ChangeStamp {
+            external: data_version(&self.conn)?,
+            local: self.writes,
+        })
+    }
+
+    /// The seq up to which every wake permit the journal implies is known durable (0: none).
+    fn wakes_mark(&self) -> Result<u64> {
+        let v: Option<String> = self
+            .conn
+            .query_row("SELECT value FROM meta WHERE key = 'wakes_mark'", [], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        v.map_or(Ok(0), |s| {
+            s.parse()
+                .map_err(|e| StoreError::Corrupt(format!("wakes mark {s:?}: {e}")))
+        })
+    }
+
+    /// Record that every permit up to `seq` is durable, and commit (with anything pending).
+    fn set_wakes_mark(&mut self, seq: u64) -> Result<()> {
+        self.begin()?;
+        let set = self.conn.execute(
+            "INSERT INTO meta (key, value) VALUES ('wakes_mark', ?1)
+             ON CONFLICT(key) DO UPDATE SET value = ?1",
+            [seq.to_string()],
+        );
+        if let Err(e) = set {
+            self.abort();
+            return Err(e.into());
+        }
+        self.pending += 1;
+        self.flush()
+    }
+
+    /// Items records after `seq`, oldest first, at most `limit`: whose permits to re-derive.
+    fn items_after(&self, seq: u64, limit: usize) -> Result<Vec<EventRow>> {
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {EVENT_COLS} FROM events WHERE seq > ?1 AND kind = 'items' ORDER BY seq LIMIT ?2"
+        ))?;
+        let rows = st.query_map(params![seq as i64, limit as i64], event_from_row)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    fn mark(&self) -> Result<Option<JournalMark>> {
+        let v: Option<String> = self
+            .conn
+            .query_row(
+                "SELECT value FROM meta WHERE key = 'journal_mark'",
+                [],
+                |r| r.get(0),
+            )
+            .optional()?;
+        v.map(|s| {
+            serde_json::from_str(&s).map_err(|e| StoreError::Corrupt(format!("journal mark: {e}")))
+        })
+        .transpose()
+    }
+
+    /// Commit whatever is pending. Transactions opened by `begin` run at synchronous=NORMAL:
+    /// projection rows, receipts and marks, all of which the journal re-creates or a reader
+    /// recovers from (DESIGN §10), so a crash may lose them and the next open catches the index
+    /// up from the journal. Those opened by `durable` run at FULL.
+    fn flush(&mut self) -> Result<()> {
+        self.commit_open()?;
+        if self.commits >= self.checkpoint_commits {
+            self.checkpoint_wal()?;
+        }
+        Ok(())
+    }
+
+    /// Drop pending rows without committing them: what a crash does (simulation).
+    fn discard_pending(&mut self) {
+        self.abort();
+    }
+
+    /// Why the index can no longer be trusted in this process, if it cannot.
+    fn broken(&self) -> Option<&str> {
+        self.broken.as_deref()
+    }
+
+    /// Apply a batch and commit it (with anything pending) before returning.
+    fn apply(&mut self, b: &Batch) -> Result<()> {
+        self.apply_deferred(b)?;
+        self.flush()
+    }
+
+    /// Apply a batch inside the open transaction; commit every `DEFERRED_BATCHES_MAX` batches.
+    /// Reads on this connection see the rows at once. On error everything pending is rolled
+    /// back (the caller must then treat the index as behind its journal).
+    fn apply_deferred(&mut self, b: &Batch) -> Result<()> {
+        self.begin()?;
+        if let Err(e) = Self::apply_rows(&self.conn, b) {
+            self.abort();
+            return Err(e);
+        }
+        self.pending += 1;
+        if self.pending >= DEFERRED_BATCHES_MAX {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
     /// `exactly_once`: the event (id, seq, task) that registered `key` for `actor`, if kept.
-    pub fn idempotent(
-        &self,
-        actor: &str,
-        key: &str,
-    ) -> Result<Option<(String, u64, Option<String>)>> {
+    fn idempotent(&self, actor: &str, key: &str) -> Result<Option<(String, u64, Option<String>)>> {
         Ok(self
             .conn
             .prepare_cached(
@@ -921,7 +958,7 @@ impl Index {
             .optional()?)
     }
 
-    pub fn idempotency_keys(&self) -> Result<u64> {
+    fn idempotency_keys(&self) -> Result<u64> {
         Ok(self
             .conn
             .query_row("SELECT count(*) FROM idempotency", [], |r| {
@@ -929,7 +966,7 @@ impl Index {
             })? as u64)
     }
 
-    pub fn lifecycle(&self, agent: &str, task: &str) -> Result<Option<LifecycleRow>> {
+    fn lifecycle(&self, agent: &str, task: &str) -> Result<Option<LifecycleRow>> {
         Ok(self
             .conn
             .prepare_cached(&format!(
@@ -941,7 +978,7 @@ impl Index {
 
     /// `resolution`: begun lifecycles whose TTL ran out at `now_ms` and that are not yet
     /// recorded as lapsed, oldest first, at most `limit`.
-    pub fn lapsed_begins(&self, now_ms: u64, limit: usize) -> Result<Vec<LifecycleRow>> {
+    fn lapsed_begins(&self, now_ms: u64, limit: usize) -> Result<Vec<LifecycleRow>> {
         let mut st = self.conn.prepare_cached(&format!(
             "SELECT {LIFECYCLE_COLS} FROM lifecycles
              WHERE state = 'begun' AND lapsed = 0 AND began_ms + ttl_ms <= ?1
@@ -952,7 +989,7 @@ impl Index {
     }
 
     /// Drop the projection (not receipts or checkpoints) so it can be refilled from the journal.
-    pub fn clear_projection(&mut self) -> Result<()> {
+    fn clear_projection(&mut self) -> Result<()> {
         self.flush()?;
         // the owner is told the rebuild began from nothing: that must survive a crash
         self.set_sync_full(true)?;
@@ -968,7 +1005,7 @@ impl Index {
         Ok(())
     }
 
-    pub fn event_by_seq(&self, seq: u64) -> Result<Option<EventRow>> {
+    fn event_by_seq(&self, seq: u64) -> Result<Option<EventRow>> {
         Ok(self
             .conn
             .prepare_cached(&format!("SELECT {EVENT_COLS} FROM events WHERE seq = ?1"))?
@@ -976,7 +1013,7 @@ impl Index {
             .optional()?)
     }
 
-    pub fn event_by_id(&self, id: &str) -> Result<Option<EventRow>> {
+    fn event_by_id(&self, id: &str) -> Result<Option<EventRow>> {
         Ok(self
             .conn
             .prepare_cached(&format!("SELECT {EVENT_COLS} FROM events WHERE id = ?1"))?
@@ -985,7 +1022,7 @@ impl Index {
     }
 
     /// Events with seq ≥ `from`, at most `limit`.
-    pub fn events_from(&self, from: u64, limit: usize) -> Result<Vec<EventRow>> {
+    fn events_from(&self, from: u64, limit: usize) -> Result<Vec<EventRow>> {
         let mut st = self.conn.prepare_cached(&format!(
             "SELECT {EVENT_COLS} FROM events WHERE seq >= ?1 ORDER BY seq LIMIT ?2"
         ))?;
@@ -996,7 +1033,7 @@ impl Index {
     /// The first event after `seq` whose actor is not `actor`. Invariant verdicts are evidence
     /// about acts, not acts: they do not hold anyone at the gate (else one agent repeating a
     /// refused call would stall every room-mate).
-    pub fn first_foreign_after(&self, seq: u64, actor: &str) -> Result<Option<u64>> {
+    fn first_foreign_after(&self, seq: u64, actor: &str) -> Result<Option<u64>> {
         Ok(self
             .conn
             .prepare_cached(
@@ -1008,7 +1045,7 @@ impl Index {
             .map(|v| v as u64))
     }
 
-    pub fn event_count(&self) -> Result<u64> {
+    fn event_count(&self) -> Result<u64> {
         Ok(self
             .conn
             .query_row("SELECT count(*) FROM events", [], |r| r.get::<_, i64>(0))?
@@ -1017,7 +1054,7 @@ impl Index {
 
     /// The oldest `limit` open items addressed to `agent`, and how many are open in all: what a
     /// sync page lists, without loading every open item.
-    pub fn open_items_page(&self, agent: &str, limit: usize) -> Result<(Vec<ItemRow>, u64)> {
+    fn open_items_page(&self, agent: &str, limit: usize) -> Result<(Vec<ItemRow>, u64)> {
         let mut out = self.items_where(
             "agent = ?1 AND status = 'open' ORDER BY source_seq LIMIT ?2",
             params![agent, limit as i64],
@@ -1039,7 +1076,7 @@ impl Index {
     /// The sources of the open items addressed to `agent`, oldest first, at most `limit` of
     /// them: an item's id is derived from its source and addressee, so each source holds at most
     /// one item of each kind for one agent and `limit` rows of each kind are enough.
-    pub fn open_sources(&self, agent: &str, limit: usize) -> Result<Vec<String>> {
+    fn open_sources(&self, agent: &str, limit: usize) -> Result<Vec<String>> {
         let mut seen: Vec<(u64, String)> = Vec::new();
         for kind in [ItemKind::Mention, ItemKind::Obligation] {
             let mut st = self.conn.prepare_cached(&format!(
@@ -1060,32 +1097,14 @@ impl Index {
     }
 
     /// The open items addressed to `agent` for `task`, oldest first.
-    pub fn open_items_for_task(&self, agent: &str, task: &str) -> Result<Vec<ItemRow>> {
+    fn open_items_for_task(&self, agent: &str, task: &str) -> Result<Vec<ItemRow>> {
         self.items_where(
             "agent = ?1 AND task = ?2 AND status = 'open'",
             params![agent, task],
         )
     }
 
-    /// The mentions and obligations `filter` (a WHERE clause and what follows it) selects from
-    /// each table, oldest first, mentions before obligations of the same source.
-    fn items_where(&self, filter: &str, params: &[&dyn rusqlite::ToSql]) -> Result<Vec<ItemRow>> {
-        let mut out = Vec::new();
-        for kind in [ItemKind::Mention, ItemKind::Obligation] {
-            let mut st = self.conn.prepare_cached(&format!(
-                "SELECT {ITEM_COLS} FROM {} WHERE {filter}",
-                kind.table()
-            ))?;
-            let rows = st.query_map(params, |r| item_from_row(kind, r))?;
-            for r in rows {
-                out.push(r?);
-            }
-        }
-        out.sort_by_key(|i| i.source_seq);
-        Ok(out)
-    }
-
-    pub fn item(&self, kind: ItemKind, id: &str) -> Result<Option<ItemRow>> {
+    fn item(&self, kind: ItemKind, id: &str) -> Result<Option<ItemRow>> {
         Ok(self
             .conn
             .prepare_cached(&format!(
@@ -1097,7 +1116,7 @@ impl Index {
     }
 
     /// Every item of a kind, for listings and audits.
-    pub fn items(&self, kind: ItemKind) -> Result<Vec<ItemRow>> {
+    fn items(&self, kind: ItemKind) -> Result<Vec<ItemRow>> {
         let mut st = self.conn.prepare_cached(&format!(
             "SELECT {ITEM_COLS} FROM {} ORDER BY source_seq, id",
             kind.table()
@@ -1106,7 +1125,7 @@ impl Index {
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
-    pub fn checkpoint(&self, actor: &str, conversation: &str) -> Result<Option<CheckpointRow>> {
+    fn checkpoint(&self, actor: &str, conversation: &str) -> Result<Option<CheckpointRow>> {
         Ok(self
             .conn
             .prepare_cached(
@@ -1117,11 +1136,11 @@ impl Index {
             .optional()?)
     }
 
-    pub fn put_checkpoint(&mut self, c: &CheckpointRow) -> Result<()> {
+    fn put_checkpoint(&mut self, c: &CheckpointRow) -> Result<()> {
         self.durable(|conn| upsert_checkpoint(conn, c))
     }
 
-    pub fn put_receipt(&mut self, r: &ReceiptRow) -> Result<()> {
+    fn put_receipt(&mut self, r: &ReceiptRow) -> Result<()> {
         self.isolated(|conn| {
             conn.prepare_cached(
             "INSERT INTO receipts (id, actor, conversation, conversation_key, view_gen, from_seq, from_offset, to_seq,
@@ -1166,7 +1185,7 @@ impl Index {
         Ok(())
     }
 
-    pub fn receipt(&self, id: &str) -> Result<Option<ReceiptRow>> {
+    fn receipt(&self, id: &str) -> Result<Option<ReceiptRow>> {
         Ok(self
             .conn
             .prepare_cached(
@@ -1197,12 +1216,7 @@ impl Index {
     }
 
     /// Mark a receipt confirmed and store the checkpoint it establishes, atomically and durably.
-    pub fn confirm(
-        &mut self,
-        receipt_id: &str,
-        now_ms: u64,
-        checkpoint: &CheckpointRow,
-    ) -> Result<()> {
+    fn confirm(&mut self, receipt_id: &str, now_ms: u64, checkpoint: &CheckpointRow) -> Result<()> {
         self.durable(|conn| {
             conn.prepare_cached("UPDATE receipts SET confirmed_ms = ?2 WHERE id = ?1")
                 .and_then(|mut st| st.execute(params![receipt_id, now_ms as i64]))
@@ -1211,7 +1225,7 @@ impl Index {
     }
 
     /// Audit path: every ancestor of `id` over `causal_edges`, up to `depth_max` links.
-    pub fn ancestors(&self, id: &str, depth_max: u32) -> Result<Vec<String>> {
+    fn ancestors(&self, id: &str, depth_max: u32) -> Result<Vec<String>> {
         let mut st = self.conn.prepare_cached(
             "WITH RECURSIVE anc(id, depth) AS (
                 SELECT parent, 1 FROM causal_edges WHERE child = ?1

@@ -5,6 +5,7 @@
 //! refused rather than silently re-read. A torn final line (a crash mid-append, never
 //! acknowledged) is cut back to the last whole record and logged.
 
+use crate::backend::RoomLog;
 use crate::{Result, StoreError};
 use room_core::chain::ChainTip;
 use room_core::{Hlc, Record, sha256_hex};
@@ -446,31 +447,41 @@ impl Journal {
         self
     }
 
-    /// Bytes known to be durable; anything past it would not survive a power cut.
-    pub fn synced_len(&self) -> u64 {
-        self.synced_len
-    }
-
     pub fn path(&self) -> &Path {
         &self.path
     }
+}
 
-    pub fn mark(&self) -> &JournalMark {
+impl RoomLog for Journal {
+    fn len_now(&self) -> u64 {
+        std::fs::metadata(&self.path).map_or(self.mark.len, |m| m.len())
+    }
+
+    fn location(&self) -> PathBuf {
+        self.path.clone()
+    }
+
+    /// Bytes known to be durable; anything past it would not survive a power cut.
+    fn synced_len(&self) -> u64 {
+        self.synced_len
+    }
+
+    fn mark(&self) -> &JournalMark {
         &self.mark
     }
 
-    pub fn tip(&self) -> ChainTip {
+    fn tip(&self) -> ChainTip {
         self.mark.tip()
     }
 
-    pub fn poisoned(&self) -> Option<&str> {
+    fn poisoned(&self) -> Option<&str> {
         self.poisoned.as_deref()
     }
 
     /// Append sealed records and make them durable. Returns each record's (offset, len).
     /// On failure the journal is cut back to its previous length; if even that fails it is
     /// poisoned and refuses further appends until reopened.
-    pub fn append(&mut self, records: &[Record]) -> Result<Vec<(u64, u64)>> {
+    fn append(&mut self, records: &[Record]) -> Result<Vec<(u64, u64)>> {
         if let Some(why) = &self.poisoned {
             return Err(StoreError::Corrupt(format!("journal is poisoned: {why}")));
         }

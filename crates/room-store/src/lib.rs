@@ -1,12 +1,26 @@
 //! Room's durable storage. The journal append (fdatasync'ed) is the commit point of every event;
 //! the SQLite sync index is a projection of the journal plus the receipts and checkpoints that
-//! only it holds. This crate knows bytes, files and tables; what they mean is the engine's.
+//! only it holds; `control` holds the machine-wide tables. The engine reaches all of it through
+//! the traits in `backend`. This crate knows bytes, files and tables; what they mean is the
+//! engine's.
 
+pub mod backend;
 pub mod blobs;
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
+pub mod control;
+#[cfg(feature = "fixtures")]
+pub mod fixtures;
 pub mod fs;
 pub mod index;
 pub mod journal;
+pub mod shard;
 pub mod statedir;
+
+pub use backend::{
+    Backend, BlobStore, ChangeStamp, ControlStore, RoomIndex, RoomLog, ShardCreated, SqliteBackend,
+    SqliteBackendConfig, WriterGuard,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

@@ -47,6 +47,16 @@ impl StateDir {
     pub fn rooms(&self) -> PathBuf {
         self.root.join("rooms")
     }
+    /// The shard of one room.
+    pub fn shard(&self, graph_id: &str) -> crate::shard::Shard {
+        crate::shard::Shard::at(&self.rooms(), graph_id)
+    }
+    /// The identity of a project grant's requested path, pinned beside the grant.
+    pub fn project_pin(&self, project_id: &str) -> PathBuf {
+        self.root
+            .join("projects")
+            .join(format!("{project_id}.requested.json"))
+    }
     pub fn control_db(&self) -> PathBuf {
         self.root.join("control.db")
     }

@@ -3,8 +3,9 @@
 //! the control epoch. Every change here is committed (synchronous=FULL) before the call that made
 //! it returns; wake permits, derived from the journal, are committed in batches by the flush.
 
-use room_store::index::SqliteConfig;
-use room_store::{Result, StoreError};
+use crate::backend::{ChangeStamp, ControlStore};
+use crate::index::SqliteConfig;
+use crate::{Result, StoreError};
 use rusqlite::{Connection, OptionalExtension, params};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -196,8 +197,10 @@ struct Cache {
     view_gens: HashMap<String, String>,
 }
 
-pub struct Control {
-    pub(crate) conn: Connection,
+pub struct SqliteControl {
+    conn: Connection,
+    /// Writes through this handle, for the change stamp.
+    writes: u64,
     cache: Cache,
     /// A reload after a failed write failed too: the cache may be partial (it fails closed)
     /// until a reload succeeds, which is tried again on every use.
@@ -208,11 +211,12 @@ fn u(v: i64) -> u64 {
     v as u64
 }
 
-impl Control {
-    pub fn open(path: &Path, cfg: &SqliteConfig) -> Result<Control> {
-        let conn = room_store::index::open_owned(path, cfg, MIGRATIONS)?;
-        let mut c = Control {
+impl SqliteControl {
+    pub fn open(path: &Path, cfg: &SqliteConfig) -> Result<SqliteControl> {
+        let conn = crate::index::open_owned(path, cfg, MIGRATIONS)?;
+        let mut c = SqliteControl {
             conn,
+            writes: 0,
             cache: Cache::default(),
             stale: false,
         };
@@ -268,78 +272,6 @@ impl Control {
         Ok(())
     }
 
-    pub fn control_epoch(&self) -> Result<u64> {
-        Ok(self.cache.epoch)
-    }
-
-    pub fn agent(&self, name: &str) -> Result<Option<AgentRow>> {
-        Ok(self.cache.agents.get(name).cloned())
-    }
-
-    pub fn agent_by_secret(&self, secret_sha256: &str) -> Result<Option<AgentRow>> {
-        Ok(self
-            .cache
-            .by_secret
-            .get(secret_sha256)
-            .and_then(|n| self.cache.agents.get(n))
-            .cloned())
-    }
-
-    pub fn agents(&self) -> Result<Vec<AgentRow>> {
-        let mut v: Vec<AgentRow> = self.cache.agents.values().cloned().collect();
-        v.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(v)
-    }
-
-    pub fn denied_verbs(&self, agent: &str) -> Result<Vec<String>> {
-        Ok(self.cache.denied.get(agent).cloned().unwrap_or_default())
-    }
-
-    pub fn projects(&self) -> Result<Vec<ProjectRow>> {
-        Ok(self.cache.projects.clone())
-    }
-
-    pub fn project(&self, id: &str) -> Result<Option<ProjectRow>> {
-        Ok(self.cache.projects.iter().find(|p| p.id == id).cloned())
-    }
-
-    pub fn rooms(&self) -> Result<Vec<RoomRow>> {
-        Ok(self.cache.rooms.values().cloned().collect())
-    }
-
-    pub fn room(&self, name: &str) -> Result<Option<RoomRow>> {
-        Ok(self.cache.rooms.get(name).cloned())
-    }
-
-    /// The room's view generation, computed by `digest` from its row and roster once per change
-    /// of either (every sync and turn needs it). `None`: no such room.
-    pub fn view_gen(
-        &mut self,
-        room: &str,
-        digest: impl FnOnce(&RoomRow, &[String]) -> String,
-    ) -> Option<String> {
-        if let Some(v) = self.cache.view_gens.get(room) {
-            return Some(v.clone());
-        }
-        let row = self.cache.rooms.get(room)?;
-        let members = self.cache.members.get(room).map_or(&[][..], Vec::as_slice);
-        let v = digest(row, members);
-        self.cache.view_gens.insert(room.to_string(), v.clone());
-        Some(v)
-    }
-
-    pub fn members(&self, room: &str) -> Result<Vec<String>> {
-        Ok(self.cache.members.get(room).cloned().unwrap_or_default())
-    }
-
-    pub fn is_member(&self, room: &str, agent: &str) -> Result<bool> {
-        Ok(self
-            .cache
-            .members
-            .get(room)
-            .is_some_and(|m| m.iter().any(|a| a == agent)))
-    }
-
     fn load_control_epoch(&self) -> Result<u64> {
         let v: String = self.conn.query_row(
             "SELECT value FROM meta WHERE key = 'control_epoch'",
@@ -389,97 +321,12 @@ impl Control {
         Ok(out)
     }
 
-    pub fn retired_secret(&self, secret_sha256: &str) -> Result<Option<(String, String)>> {
-        Ok(self
-            .conn
-            .prepare_cached("SELECT agent, why FROM retired_secrets WHERE secret_sha256 = ?1")?
-            .query_row([secret_sha256], |r| Ok((r.get(0)?, r.get(1)?)))
-            .optional()?)
-    }
-
-    pub fn insert_agent(&mut self, a: &AgentRow) -> Result<()> {
-        self.write(|c| {
-            c.conn.execute(
-                "INSERT INTO agents (name, secret_sha256, registration_sha256, generation, max_tier, host_kind, created_ms, revoked_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, NULL)",
-                params![a.name, a.secret_sha256, a.registration_sha256, a.generation as i64, a.max_tier, a.host_kind, a.created_ms as i64],
-            )?;
-            c.reload_agent(&a.name)
-        })
-    }
-
-    /// Replace an agent's secret; the old digest is retired in the same transaction.
-    pub fn replace_secret(
-        &mut self,
-        old: &AgentRow,
-        new_secret: &str,
-        new_registration: &str,
-        now_ms: u64,
-    ) -> Result<()> {
-        self.write(|c| {
-            let tx = c.conn.transaction()?;
-            tx.execute(
-                "INSERT OR IGNORE INTO retired_secrets (secret_sha256, agent, retired_ms, why) VALUES (?1, ?2, ?3, 'rotated')",
-                params![old.secret_sha256, old.name, now_ms as i64],
-            )?;
-            tx.execute(
-                "UPDATE agents SET secret_sha256 = ?2, registration_sha256 = ?3, generation = generation + 1, revoked_ms = NULL WHERE name = ?1",
-                params![old.name, new_secret, new_registration],
-            )?;
-            tx.commit()?;
-            c.reload_agent(&old.name)
-        })
-    }
-
-    pub fn revoke(&mut self, a: &AgentRow, now_ms: u64) -> Result<()> {
-        self.write(|c| {
-            let tx = c.conn.transaction()?;
-            tx.execute(
-                "INSERT OR IGNORE INTO retired_secrets (secret_sha256, agent, retired_ms, why) VALUES (?1, ?2, ?3, 'revoked')",
-                params![a.secret_sha256, a.name, now_ms as i64],
-            )?;
-            tx.execute(
-                "UPDATE agents SET revoked_ms = ?2 WHERE name = ?1",
-                params![a.name, now_ms as i64],
-            )?;
-            tx.commit()?;
-            c.reload_agent(&a.name)
-        })
-    }
-
-    pub fn set_max_tier(&mut self, agent: &str, tier: &str) -> Result<()> {
-        self.write(|c| {
-            c.conn.execute(
-                "UPDATE agents SET max_tier = ?2 WHERE name = ?1",
-                params![agent, tier],
-            )?;
-            c.reload_agent(agent)
-        })
-    }
-
     fn load_denied_verbs(&self, agent: &str) -> Result<Vec<String>> {
         Ok(self
             .conn
             .prepare_cached("SELECT verb FROM denied_verbs WHERE agent = ?1 ORDER BY verb")?
             .query_map([agent], |r| r.get(0))?
             .collect::<rusqlite::Result<_>>()?)
-    }
-
-    pub fn set_verb_denied(&mut self, agent: &str, verb: &str, denied: bool) -> Result<()> {
-        self.write(|c| {
-            if denied {
-                c.conn.execute(
-                    "INSERT OR IGNORE INTO denied_verbs (agent, verb) VALUES (?1, ?2)",
-                    params![agent, verb],
-                )?;
-            } else {
-                c.conn.execute(
-                    "DELETE FROM denied_verbs WHERE agent = ?1 AND verb = ?2",
-                    params![agent, verb],
-                )?;
-            }
-            c.reload_agent(agent)
-        })
     }
 
     fn load_projects(&self) -> Result<Vec<ProjectRow>> {
@@ -501,18 +348,6 @@ impl Control {
                 })
             })?
             .collect::<rusqlite::Result<_>>()?)
-    }
-
-    pub fn insert_project(&mut self, p: &ProjectRow) -> Result<()> {
-        self.write(|c| {
-            c.conn.execute(
-                "INSERT INTO projects (id, name, requested_root, canonical_root, dev, ino, mnt_id, opened_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-                params![p.id, p.name, p.requested_root, p.canonical_root, p.dev as i64, p.ino as i64, p.mnt_id as i64, p.opened_ms as i64],
-            )?;
-            c.cache.projects = c.load_projects()?;
-            Ok(())
-        })
     }
 
     const ROOM_COLS: &'static str =
@@ -553,7 +388,193 @@ impl Control {
             .optional()?)
     }
 
-    pub fn insert_room(&mut self, r: &RoomRow, members: &[String]) -> Result<()> {
+    fn load_members(&self, room: &str) -> Result<Vec<String>> {
+        Ok(self
+            .conn
+            .prepare_cached("SELECT agent FROM members WHERE room = ?1 ORDER BY agent")?
+            .query_map([room], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?)
+    }
+}
+
+impl ControlStore for SqliteControl {
+    fn change_stamp(&self) -> Result<ChangeStamp> {
+        Ok(ChangeStamp {
+            external: crate::index::data_version(&self.conn)?,
+            local: self.writes,
+        })
+    }
+
+    fn control_epoch(&self) -> Result<u64> {
+        Ok(self.cache.epoch)
+    }
+
+    fn agent(&self, name: &str) -> Result<Option<AgentRow>> {
+        Ok(self.cache.agents.get(name).cloned())
+    }
+
+    fn agent_by_secret(&self, secret_sha256: &str) -> Result<Option<AgentRow>> {
+        Ok(self
+            .cache
+            .by_secret
+            .get(secret_sha256)
+            .and_then(|n| self.cache.agents.get(n))
+            .cloned())
+    }
+
+    fn agents(&self) -> Result<Vec<AgentRow>> {
+        let mut v: Vec<AgentRow> = self.cache.agents.values().cloned().collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(v)
+    }
+
+    fn denied_verbs(&self, agent: &str) -> Result<Vec<String>> {
+        Ok(self.cache.denied.get(agent).cloned().unwrap_or_default())
+    }
+
+    fn projects(&self) -> Result<Vec<ProjectRow>> {
+        Ok(self.cache.projects.clone())
+    }
+
+    fn project(&self, id: &str) -> Result<Option<ProjectRow>> {
+        Ok(self.cache.projects.iter().find(|p| p.id == id).cloned())
+    }
+
+    fn rooms(&self) -> Result<Vec<RoomRow>> {
+        Ok(self.cache.rooms.values().cloned().collect())
+    }
+
+    fn room(&self, name: &str) -> Result<Option<RoomRow>> {
+        Ok(self.cache.rooms.get(name).cloned())
+    }
+
+    /// The room's view generation, computed by `digest` from its row and roster once per change
+    /// of either (every sync and turn needs it). `None`: no such room.
+    fn view_gen(
+        &mut self,
+        room: &str,
+        digest: &dyn Fn(&RoomRow, &[String]) -> String,
+    ) -> Option<String> {
+        if let Some(v) = self.cache.view_gens.get(room) {
+            return Some(v.clone());
+        }
+        let row = self.cache.rooms.get(room)?;
+        let members = self.cache.members.get(room).map_or(&[][..], Vec::as_slice);
+        let v = digest(row, members);
+        self.cache.view_gens.insert(room.to_string(), v.clone());
+        Some(v)
+    }
+
+    fn members(&self, room: &str) -> Result<Vec<String>> {
+        Ok(self.cache.members.get(room).cloned().unwrap_or_default())
+    }
+
+    fn is_member(&self, room: &str, agent: &str) -> Result<bool> {
+        Ok(self
+            .cache
+            .members
+            .get(room)
+            .is_some_and(|m| m.iter().any(|a| a == agent)))
+    }
+
+    fn retired_secret(&self, secret_sha256: &str) -> Result<Option<(String, String)>> {
+        Ok(self
+            .conn
+            .prepare_cached("SELECT agent, why FROM retired_secrets WHERE secret_sha256 = ?1")?
+            .query_row([secret_sha256], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?)
+    }
+
+    fn insert_agent(&mut self, a: &AgentRow) -> Result<()> {
+        self.write(|c| {
+            c.conn.execute(
+                "INSERT INTO agents (name, secret_sha256, registration_sha256, generation, max_tier, host_kind, created_ms, revoked_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, NULL)",
+                params![a.name, a.secret_sha256, a.registration_sha256, a.generation as i64, a.max_tier, a.host_kind, a.created_ms as i64],
+            )?;
+            c.reload_agent(&a.name)
+        })
+    }
+
+    /// Replace an agent's secret; the old digest is retired in the same transaction.
+    fn replace_secret(
+        &mut self,
+        old: &AgentRow,
+        new_secret: &str,
+        new_registration: &str,
+        now_ms: u64,
+    ) -> Result<()> {
+        self.write(|c| {
+            let tx = c.conn.transaction()?;
+            tx.execute(
+                "INSERT OR IGNORE INTO retired_secrets (secret_sha256, agent, retired_ms, why) VALUES (?1, ?2, ?3, 'rotated')",
+                params![old.secret_sha256, old.name, now_ms as i64],
+            )?;
+            tx.execute(
+                "UPDATE agents SET secret_sha256 = ?2, registration_sha256 = ?3, generation = generation + 1, revoked_ms = NULL WHERE name = ?1",
+                params![old.name, new_secret, new_registration],
+            )?;
+            tx.commit()?;
+            c.reload_agent(&old.name)
+        })
+    }
+
+    fn revoke(&mut self, a: &AgentRow, now_ms: u64) -> Result<()> {
+        self.write(|c| {
+            let tx = c.conn.transaction()?;
+            tx.execute(
+                "INSERT OR IGNORE INTO retired_secrets (secret_sha256, agent, retired_ms, why) VALUES (?1, ?2, ?3, 'revoked')",
+                params![a.secret_sha256, a.name, now_ms as i64],
+            )?;
+            tx.execute(
+                "UPDATE agents SET revoked_ms = ?2 WHERE name = ?1",
+                params![a.name, now_ms as i64],
+            )?;
+            tx.commit()?;
+            c.reload_agent(&a.name)
+        })
+    }
+
+    fn set_max_tier(&mut self, agent: &str, tier: &str) -> Result<()> {
+        self.write(|c| {
+            c.conn.execute(
+                "UPDATE agents SET max_tier = ?2 WHERE name = ?1",
+                params![agent, tier],
+            )?;
+            c.reload_agent(agent)
+        })
+    }
+
+    fn set_verb_denied(&mut self, agent: &str, verb: &str, denied: bool) -> Result<()> {
+        self.write(|c| {
+            if denied {
+                c.conn.execute(
+                    "INSERT OR IGNORE INTO denied_verbs (agent, verb) VALUES (?1, ?2)",
+                    params![agent, verb],
+                )?;
+            } else {
+                c.conn.execute(
+                    "DELETE FROM denied_verbs WHERE agent = ?1 AND verb = ?2",
+                    params![agent, verb],
+                )?;
+            }
+            c.reload_agent(agent)
+        })
+    }
+
+    fn insert_project(&mut self, p: &ProjectRow) -> Result<()> {
+        self.write(|c| {
+            c.conn.execute(
+                "INSERT INTO projects (id, name, requested_root, canonical_root, dev, ino, mnt_id, opened_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![p.id, p.name, p.requested_root, p.canonical_root, p.dev as i64, p.ino as i64, p.mnt_id as i64, p.opened_ms as i64],
+            )?;
+            c.cache.projects = c.load_projects()?;
+            Ok(())
+        })
+    }
+
+    fn insert_room(&mut self, r: &RoomRow, members: &[String]) -> Result<()> {
         self.write(|c| {
             let tx = c.conn.transaction()?;
             tx.execute(
@@ -572,16 +593,8 @@ impl Control {
         })
     }
 
-    fn load_members(&self, room: &str) -> Result<Vec<String>> {
-        Ok(self
-            .conn
-            .prepare_cached("SELECT agent FROM members WHERE room = ?1 ORDER BY agent")?
-            .query_map([room], |r| r.get(0))?
-            .collect::<rusqlite::Result<_>>()?)
-    }
-
     /// Add a member; bumps the room's revision (the participant set is part of every view).
-    pub fn add_member(&mut self, room: &str, agent: &str) -> Result<bool> {
+    fn add_member(&mut self, room: &str, agent: &str) -> Result<bool> {
         self.write(|c| {
             let tx = c.conn.transaction()?;
             let n = tx.execute(
@@ -601,7 +614,7 @@ impl Control {
     }
 
     /// Reset the room's view as of the `room_reset` record at `seq`; replaying it is a no-op.
-    pub fn reset_room_at(&mut self, room: &str, seq: u64, at_ms: u64) -> Result<()> {
+    fn reset_room_at(&mut self, room: &str, seq: u64, at_ms: u64) -> Result<()> {
         self.write(|c| {
             c.conn.execute(
                 "UPDATE rooms SET reset_gen = ?2, revision = revision + 1, reset_ms = ?3 WHERE name = ?1 AND reset_gen < ?2",
@@ -611,7 +624,7 @@ impl Control {
         })
     }
 
-    pub fn task(&self, id: &str) -> Result<Option<TaskRow>> {
+    fn task(&self, id: &str) -> Result<Option<TaskRow>> {
         Ok(self
             .conn
             .prepare_cached(&format!("SELECT {TASK_COLS} FROM tasks WHERE id = ?1"))?
@@ -620,7 +633,7 @@ impl Control {
     }
 
     /// Tasks whose parent is `parent`.
-    pub fn children(&self, parent: &str) -> Result<Vec<TaskRow>> {
+    fn children(&self, parent: &str) -> Result<Vec<TaskRow>> {
         let mut st = self.conn.prepare_cached(&format!(
             "SELECT {TASK_COLS} FROM tasks WHERE parent = ?1 ORDER BY id"
         ))?;
@@ -630,7 +643,7 @@ impl Control {
 
     /// Claimed tasks that name a scope, in one project (or, outside projects, one room): the
     /// live leases the `exclusive` invariant checks a new claim against.
-    pub fn leased(&self, project: Option<&str>, room: &str) -> Result<Vec<TaskRow>> {
+    fn leased(&self, project: Option<&str>, room: &str) -> Result<Vec<TaskRow>> {
         let mut st = self.conn.prepare_cached(&format!(
             "SELECT {TASK_COLS} FROM tasks WHERE status = 'claimed' AND scopes != '[]'
                AND ((?1 IS NOT NULL AND project_id = ?1) OR (?1 IS NULL AND project_id IS NULL AND room = ?2))
@@ -640,7 +653,7 @@ impl Control {
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
-    pub fn insert_task(&mut self, t: &TaskRow) -> Result<()> {
+    fn insert_task(&mut self, t: &TaskRow) -> Result<()> {
         self.write(|c| {
             c.conn.execute(
                 "INSERT INTO tasks (id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms, scopes)
@@ -654,7 +667,7 @@ impl Control {
 
     /// Compare-and-set a task's status and recipient: returns false when the task was not in
     /// `from_status` any more (a concurrent change won).
-    pub fn update_task(
+    fn update_task(
         &mut self,
         id: &str,
         from_status: &str,
@@ -670,14 +683,10 @@ impl Control {
             Ok(n == 1)
         })
     }
-}
 
-/// The wake queue. Permits trail the journal, so they are written in batches (one
-/// transaction for every room's new permits) rather than one commit per turn.
-impl Control {
     /// Queue `rows` in one transaction. A permit already queued under the same key stays as it
     /// was sealed (re-derivation after a crash reproduces only what is missing).
-    pub fn insert_wakes(&mut self, rows: &[WakeRow]) -> Result<()> {
+    fn insert_wakes(&mut self, rows: &[WakeRow]) -> Result<()> {
         if rows.is_empty() {
             return Ok(());
         }
@@ -705,7 +714,7 @@ impl Control {
 
     /// Every room must queue all its permits from the start of its journal (set by the
     /// migration that created the queue).
-    pub fn wakes_requeue_pending(&self) -> Result<bool> {
+    fn wakes_requeue_pending(&self) -> Result<bool> {
         Ok(self
             .conn
             .query_row("SELECT 1 FROM meta WHERE key = 'wakes_requeue'", [], |_| {
@@ -715,7 +724,7 @@ impl Control {
             .is_some())
     }
 
-    pub fn wakes_requeue_done(&mut self) -> Result<()> {
+    fn wakes_requeue_done(&mut self) -> Result<()> {
         self.write(|c| {
             c.conn
                 .execute("DELETE FROM meta WHERE key = 'wakes_requeue'", [])?;
@@ -724,7 +733,7 @@ impl Control {
     }
 
     /// Queued permits, oldest first, optionally of one room; at most [`WAKES_PAGE_MAX`].
-    pub fn wakes(&self, room: Option<&str>) -> Result<Vec<WakeRow>> {
+    fn wakes(&self, room: Option<&str>) -> Result<Vec<WakeRow>> {
         // two statements, so each can use its index (a room's rows, or all by creation)
         let mut st = self.conn.prepare_cached(if room.is_some() {
             "SELECT room, agent, source_event, created_ms, permit FROM wakes WHERE room = ?1
@@ -744,28 +753,14 @@ impl Control {
         })?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
-}
-
-/// Every write to control.db passes here. A write that fails may have been rolled back by
-/// SQLite, or committed but not confirmed by fsync: the cache is then filled anew from what the
-/// database says, so no decision rests on a row that is not there.
-impl Control {
-    fn write<T>(&mut self, f: impl FnOnce(&mut Control) -> Result<T>) -> Result<T> {
-        let out = f(self);
-        if out.is_err() {
-            self.stale = true;
-            self.refresh_if_stale();
-        }
-        out
-    }
 
     /// An earlier reload failed: the cache must be reloaded before it is trusted.
-    pub(crate) fn is_stale(&self) -> bool {
+    fn is_stale(&self) -> bool {
         self.stale
     }
 
     /// Reload the cache if an earlier reload failed (see `stale`).
-    pub(crate) fn refresh_if_stale(&mut self) {
+    fn refresh_if_stale(&mut self) {
         if !self.stale {
             return;
         }
@@ -773,5 +768,20 @@ impl Control {
             Ok(()) => self.stale = false,
             Err(e) => tracing::error!("control.db cache reload failed (retried on next use): {e}"),
         }
+    }
+}
+
+/// Every write to control.db passes here. A write that fails may have been rolled back by
+/// SQLite, or committed but not confirmed by fsync: the cache is then filled anew from what the
+/// database says, so no decision rests on a row that is not there.
+impl SqliteControl {
+    fn write<T>(&mut self, f: impl FnOnce(&mut SqliteControl) -> Result<T>) -> Result<T> {
+        self.writes += 1;
+        let out = f(self);
+        if out.is_err() {
+            self.stale = true;
+            self.refresh_if_stale();
+        }
+        out
     }
 }

@@ -1,0 +1,395 @@
+//! The storage traits the engine reaches the world through, shaped by what it asks: a room's
+//! log (the journal: append, tip, verify), a room's index (the projection, sync state and
+//! invariant state), its blobs, and the machine-wide control store (principals, grants,
+//! rooms, tasks, wakes). A [`Backend`] opens them and hands out a room's writer guard. All SQL
+//! lives behind these traits; the embedded SQLite backend is [`SqliteBackend`], and every
+//! backend runs the same conformance suite (`crate::conformance`).
+
+use crate::control::{AgentRow, ProjectRow, RoomRow, TaskRow, WakeRow};
+use crate::index::{
+    Batch, CheckpointRow, EventRow, ItemKind, ItemRow, LifecycleRow, ReceiptRow, SqliteConfig,
+};
+use crate::journal::{Faults, JournalMark, Scanned};
+use crate::shard::Shard;
+use crate::statedir::StateDir;
+use crate::{Result, StoreError};
+use room_core::Record;
+use room_core::chain::ChainTip;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex};
+
+/// Tells one state of a store from another without reading it: equal stamps mean nothing was
+/// written in between, by this handle (`local`) or by any other writer (`external`). A cache
+/// kept beside a store compares stamps to know when to reload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ChangeStamp {
+    pub external: u64,
+    pub local: u64,
+}
+
+/// A room's journal: the commit point of every event.
+pub trait RoomLog: Send {
+    /// Append sealed records and make them durable; each record's (offset, len). A failure
+    /// leaves nothing appended, or poisons the log when even that is unknown
+    /// (`StoreError::InDoubt`: the bytes may or may not survive).
+    fn append(&mut self, records: &[Record]) -> Result<Vec<(u64, u64)>>;
+    /// The last durable record's position.
+    fn tip(&self) -> ChainTip;
+    /// Where the log stands, as the index records it for reconciliation at the next open.
+    fn mark(&self) -> &JournalMark;
+    /// Why the log refuses appends, when it does (a failed sync).
+    fn poisoned(&self) -> Option<&str>;
+    /// Bytes known to be durable.
+    fn synced_len(&self) -> u64;
+    /// Bytes in the log now, durable or not (what a simulated crash may still take).
+    fn len_now(&self) -> u64;
+    /// Where the log lives, for messages and the simulator's crash model.
+    fn location(&self) -> PathBuf;
+}
+
+/// A room's sync index: the projection of its log, plus the receipts and checkpoints that
+/// only it holds.
+pub trait RoomIndex: Send {
+    fn change_stamp(&self) -> Result<ChangeStamp>;
+    /// Every permit of an items record up to this seq is queued durably.
+    fn wakes_mark(&self) -> Result<u64>;
+    fn set_wakes_mark(&mut self, seq: u64) -> Result<()>;
+    /// Items records after `seq`, oldest first, at most `limit`.
+    fn items_after(&self, seq: u64, limit: usize) -> Result<Vec<EventRow>>;
+    /// The log position the projection covers.
+    fn mark(&self) -> Result<Option<JournalMark>>;
+    /// Commit pending projection rows.
+    fn flush(&mut self) -> Result<()>;
+    /// Drop pending projection rows as a crash would (the simulator only).
+    fn discard_pending(&mut self);
+    /// Why the index refuses reads, when it lost rows it had acknowledged.
+    fn broken(&self) -> Option<&str>;
+    /// Apply a batch and commit it at once.
+    fn apply(&mut self, b: &Batch) -> Result<()>;
+    /// Apply a batch into the open transaction (committed by `flush` or a durable write).
+    fn apply_deferred(&mut self, b: &Batch) -> Result<()>;
+    /// `exactly_once`: the (event id, seq, task) a key was first used for.
+    fn idempotent(&self, actor: &str, key: &str) -> Result<Option<(String, u64, Option<String>)>>;
+    fn idempotency_keys(&self) -> Result<u64>;
+    fn lifecycle(&self, agent: &str, task: &str) -> Result<Option<LifecycleRow>>;
+    fn lapsed_begins(&self, now_ms: u64, limit: usize) -> Result<Vec<LifecycleRow>>;
+    /// Drop the projection (receipts and checkpoints stay) for a rebuild from the log.
+    fn clear_projection(&mut self) -> Result<()>;
+    fn event_by_seq(&self, seq: u64) -> Result<Option<EventRow>>;
+    fn event_by_id(&self, id: &str) -> Result<Option<EventRow>>;
+    fn events_from(&self, from: u64, limit: usize) -> Result<Vec<EventRow>>;
+    /// The first event after `seq` not written by `actor` that holds readers at the gate.
+    fn first_foreign_after(&self, seq: u64, actor: &str) -> Result<Option<u64>>;
+    fn event_count(&self) -> Result<u64>;
+    /// The oldest open items of `agent`, at most `limit`, and their total.
+    fn open_items_page(&self, agent: &str, limit: usize) -> Result<(Vec<ItemRow>, u64)>;
+    fn open_sources(&self, agent: &str, limit: usize) -> Result<Vec<String>>;
+    fn open_items_for_task(&self, agent: &str, task: &str) -> Result<Vec<ItemRow>>;
+    fn item(&self, kind: ItemKind, id: &str) -> Result<Option<ItemRow>>;
+    fn items(&self, kind: ItemKind) -> Result<Vec<ItemRow>>;
+    fn checkpoint(&self, actor: &str, conversation: &str) -> Result<Option<CheckpointRow>>;
+    /// Store a checkpoint durably before returning.
+    fn put_checkpoint(&mut self, c: &CheckpointRow) -> Result<()>;
+    fn put_receipt(&mut self, r: &ReceiptRow) -> Result<()>;
+    fn receipt(&self, id: &str) -> Result<Option<ReceiptRow>>;
+    /// Mark a receipt confirmed and store its checkpoint, atomically and durably.
+    fn confirm(&mut self, receipt_id: &str, now_ms: u64, checkpoint: &CheckpointRow) -> Result<()>;
+    /// Audit path: every ancestor of `id`, up to `depth_max` links.
+    fn ancestors(&self, id: &str, depth_max: u32) -> Result<Vec<String>>;
+}
+
+/// Content-addressed payloads too large for a log line.
+pub trait BlobStore: Send + Sync {
+    /// Store `bytes` durably; their SHA-256. Idempotent.
+    fn put(&self, bytes: &[u8], ext: &str) -> std::io::Result<String>;
+    /// Read a blob back, verified against its digest.
+    fn get(&self, sha: &str, ext: &str) -> std::io::Result<Vec<u8>>;
+    /// Remove what an interrupted `put` left; how many.
+    fn sweep_temps(&self) -> std::io::Result<usize>;
+}
+
+/// The machine-wide control store. Every write is durable before it returns.
+pub trait ControlStore: Send {
+    fn change_stamp(&self) -> Result<ChangeStamp>;
+    /// Reload any cache an earlier failed write left in doubt (retried on every use).
+    fn refresh_if_stale(&mut self);
+    /// A cache reload after a failed write failed too: reads must wait for `refresh_if_stale`.
+    fn is_stale(&self) -> bool;
+    fn control_epoch(&self) -> Result<u64>;
+    fn agent(&self, name: &str) -> Result<Option<AgentRow>>;
+    fn agent_by_secret(&self, secret_sha256: &str) -> Result<Option<AgentRow>>;
+    fn agents(&self) -> Result<Vec<AgentRow>>;
+    fn denied_verbs(&self, agent: &str) -> Result<Vec<String>>;
+    fn projects(&self) -> Result<Vec<ProjectRow>>;
+    fn project(&self, id: &str) -> Result<Option<ProjectRow>>;
+    fn rooms(&self) -> Result<Vec<RoomRow>>;
+    fn room(&self, name: &str) -> Result<Option<RoomRow>>;
+    /// The room's view generation, computed by `digest` once per change of its row or roster.
+    fn view_gen(
+        &mut self,
+        room: &str,
+        digest: &dyn Fn(&RoomRow, &[String]) -> String,
+    ) -> Option<String>;
+    fn members(&self, room: &str) -> Result<Vec<String>>;
+    fn is_member(&self, room: &str, agent: &str) -> Result<bool>;
+    /// The agent and reason of a retired credential digest.
+    fn retired_secret(&self, secret_sha256: &str) -> Result<Option<(String, String)>>;
+    fn insert_agent(&mut self, a: &AgentRow) -> Result<()>;
+    /// Replace an agent's secret; the old digest is retired in the same transaction.
+    fn replace_secret(
+        &mut self,
+        old: &AgentRow,
+        new_secret: &str,
+        new_registration: &str,
+        now_ms: u64,
+    ) -> Result<()>;
+    fn revoke(&mut self, a: &AgentRow, now_ms: u64) -> Result<()>;
+    fn set_max_tier(&mut self, agent: &str, tier: &str) -> Result<()>;
+    fn set_verb_denied(&mut self, agent: &str, verb: &str, denied: bool) -> Result<()>;
+    fn insert_project(&mut self, p: &ProjectRow) -> Result<()>;
+    fn insert_room(&mut self, r: &RoomRow, members: &[String]) -> Result<()>;
+    /// Add a member (false when already one); bumps the room's revision.
+    fn add_member(&mut self, room: &str, agent: &str) -> Result<bool>;
+    /// Reset the room's view as of the reset record at `seq`; a replay is a no-op.
+    fn reset_room_at(&mut self, room: &str, seq: u64, at_ms: u64) -> Result<()>;
+    fn task(&self, id: &str) -> Result<Option<TaskRow>>;
+    fn children(&self, parent: &str) -> Result<Vec<TaskRow>>;
+    /// Claimed tasks that name a scope, in one project (or, outside projects, one room).
+    fn leased(&self, project: Option<&str>, room: &str) -> Result<Vec<TaskRow>>;
+    fn insert_task(&mut self, t: &TaskRow) -> Result<()>;
+    /// Compare-and-set a task's status and recipient; false when it was not in `from_status`.
+    fn update_task(
+        &mut self,
+        id: &str,
+        from_status: &str,
+        status: &str,
+        recipient: Option<&str>,
+        now_ms: u64,
+    ) -> Result<bool>;
+    /// Queue permits in one transaction; a permit already queued stays as sealed.
+    fn insert_wakes(&mut self, rows: &[WakeRow]) -> Result<()>;
+    fn wakes_requeue_pending(&self) -> Result<bool>;
+    fn wakes_requeue_done(&mut self) -> Result<()>;
+    /// Queued permits, oldest first, optionally of one room; at most `WAKES_PAGE_MAX`.
+    fn wakes(&self, room: Option<&str>) -> Result<Vec<WakeRow>>;
+}
+
+/// What creating a shard found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ShardCreated {
+    /// The shard is new (or its binding was already exactly this one).
+    Ready,
+    /// A binding is already stored and differs: these are its bytes.
+    BoundElsewhere(Vec<u8>),
+}
+
+/// Opens a room's log with a callback fed every record after `known` (all of them when it is
+/// `None`), so the caller can catch its projection up in the same pass.
+pub type ScanEach<'a> = &'a mut dyn FnMut(Scanned) -> Result<()>;
+
+/// A storage backend: opens the control store and each room's parts, and serializes a room's
+/// writers.
+pub trait Backend: Send + Sync {
+    fn open_control(&self) -> Result<Box<dyn ControlStore>>;
+    /// Create a room's shard with its binding and manifest, durably; never overwrites a
+    /// stored binding.
+    fn create_shard(&self, graph_id: &str, binding: &[u8], manifest: &[u8])
+    -> Result<ShardCreated>;
+    /// The stored binding of a room.
+    fn read_binding(&self, graph_id: &str) -> Result<Vec<u8>>;
+    fn open_index(&self, graph_id: &str) -> Result<Box<dyn RoomIndex>>;
+    fn open_log(
+        &self,
+        graph_id: &str,
+        known: Option<&JournalMark>,
+        each: ScanEach<'_>,
+    ) -> Result<Box<dyn RoomLog>>;
+    fn open_blobs(&self, graph_id: &str) -> Result<Arc<dyn BlobStore>>;
+    /// Check a room's whole chain from its first record without changing anything.
+    fn verify_log(&self, graph_id: &str) -> Result<crate::journal::VerifyReport>;
+    /// The right to append to a room until the guard drops. Blocks while another holds it.
+    fn room_writer(&self, graph_id: &str) -> Result<WriterGuard>;
+}
+
+/// Held while a room is written. SQLite: one daemon owns the state dir (its lock file), so
+/// the guard is in-process; a shared database would hold a row lock on the room's head.
+pub struct WriterGuard {
+    _held: Box<dyn Send>,
+}
+
+impl WriterGuard {
+    pub fn new(held: Box<dyn Send>) -> WriterGuard {
+        WriterGuard { _held: held }
+    }
+}
+
+/// A lock whose guard owns a reference to it, so a guard can outlive the map it came from.
+#[derive(Default)]
+struct InProcessLock {
+    held: Mutex<bool>,
+    freed: Condvar,
+}
+
+struct InProcessHeld(Arc<InProcessLock>);
+
+impl InProcessLock {
+    fn acquire(self: &Arc<Self>) -> InProcessHeld {
+        let mut held = self.held.lock().expect("writer lock is never poisoned");
+        while *held {
+            held = self
+                .freed
+                .wait(held)
+                .expect("writer lock is never poisoned");
+        }
+        *held = true;
+        InProcessHeld(self.clone())
+    }
+}
+
+impl Drop for InProcessHeld {
+    fn drop(&mut self) {
+        *self.0.held.lock().expect("writer lock is never poisoned") = false;
+        self.0.freed.notify_one();
+    }
+}
+
+/// How the SQLite backend opens its files.
+#[derive(Debug, Clone, Default)]
+pub struct SqliteBackendConfig {
+    pub sqlite: SqliteConfig,
+    /// Injected journal and blob faults (the simulator only).
+    pub faults: Option<Arc<dyn Faults>>,
+}
+
+/// The embedded default: control.db and, per room, a journal file, a SQLite sync index and a
+/// blob directory under the state dir.
+pub struct SqliteBackend {
+    control_db: PathBuf,
+    rooms: PathBuf,
+    config: SqliteBackendConfig,
+    writers: Mutex<HashMap<String, Arc<InProcessLock>>>,
+}
+
+impl SqliteBackend {
+    pub fn new(state: &StateDir, config: SqliteBackendConfig) -> SqliteBackend {
+        SqliteBackend {
+            control_db: state.control_db(),
+            rooms: state.rooms(),
+            config,
+            writers: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn shard(&self, graph_id: &str) -> Shard {
+        Shard::at(&self.rooms, graph_id)
+    }
+}
+
+impl Backend for SqliteBackend {
+    fn open_control(&self) -> Result<Box<dyn ControlStore>> {
+        Ok(Box::new(crate::control::SqliteControl::open(
+            &self.control_db,
+            &self.config.sqlite,
+        )?))
+    }
+
+    fn create_shard(
+        &self,
+        graph_id: &str,
+        binding: &[u8],
+        manifest: &[u8],
+    ) -> Result<ShardCreated> {
+        Ok(self.shard(graph_id).create(binding, manifest)?)
+    }
+
+    fn read_binding(&self, graph_id: &str) -> Result<Vec<u8>> {
+        Ok(std::fs::read(self.shard(graph_id).binding())?)
+    }
+
+    fn open_index(&self, graph_id: &str) -> Result<Box<dyn RoomIndex>> {
+        Ok(Box::new(crate::index::Index::open_with(
+            &self.shard(graph_id).index(),
+            &self.config.sqlite,
+        )?))
+    }
+
+    fn open_log(
+        &self,
+        graph_id: &str,
+        known: Option<&JournalMark>,
+        each: ScanEach<'_>,
+    ) -> Result<Box<dyn RoomLog>> {
+        let shard = self.shard(graph_id);
+        let journal = crate::journal::Journal::open(
+            &shard.journal(),
+            graph_id,
+            known,
+            &shard.errors(),
+            each,
+        )?;
+        Ok(Box::new(journal.with_faults(self.config.faults.clone())))
+    }
+
+    fn open_blobs(&self, graph_id: &str) -> Result<Arc<dyn BlobStore>> {
+        Ok(Arc::new(
+            crate::blobs::Blobs::new(self.shard(graph_id).blobs())
+                .with_faults(self.config.faults.clone()),
+        ))
+    }
+
+    fn verify_log(&self, graph_id: &str) -> Result<crate::journal::VerifyReport> {
+        crate::journal::verify(&self.shard(graph_id).journal(), graph_id)
+    }
+
+    fn room_writer(&self, graph_id: &str) -> Result<WriterGuard> {
+        let lock = self
+            .writers
+            .lock()
+            .map_err(|_| StoreError::Corrupt("writer map lock poisoned".into()))?
+            .entry(graph_id.to_string())
+            .or_default()
+            .clone();
+        Ok(WriterGuard::new(Box::new(lock.acquire())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conformance::{CASES, Harness};
+
+    /// A fresh state dir per case; reopening drops nothing but the backend value.
+    struct Sqlite {
+        dir: Option<tempfile::TempDir>,
+        state: Option<StateDir>,
+    }
+
+    impl Harness for Sqlite {
+        fn fresh(&mut self) -> Arc<dyn Backend> {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let root = std::fs::canonicalize(dir.path()).expect("canonical temp dir");
+            let state = crate::statedir::init(&root.join("state"), &root.join("boot.toml"), "c")
+                .expect("state dir");
+            self.dir = Some(dir);
+            self.state = Some(state);
+            self.reopen()
+        }
+
+        fn reopen(&mut self) -> Arc<dyn Backend> {
+            let state = self.state.as_ref().expect("fresh before reopen");
+            Arc::new(SqliteBackend::new(state, SqliteBackendConfig::default()))
+        }
+    }
+
+    #[test]
+    fn the_sqlite_backend_conforms() {
+        for (name, case) in CASES {
+            eprintln!("conformance: {name}");
+            case(&mut Sqlite {
+                dir: None,
+                state: None,
+            });
+        }
+    }
+}

@@ -1,0 +1,820 @@
+//! The storage conformance suite: what every [`Backend`] promises the engine, written once
+//! against the traits. A backend's tests run every case here through a [`Harness`] that makes
+//! a fresh store and reopens it (see `backend::tests` for SQLite; the `cases!` list keeps a new
+//! case from being forgotten by a backend). Each case covers the operations, the errors they
+//! map to, and the durability promises a test can reach: a write that returned is there after
+//! reopening, and a failed write leaves no partial row.
+
+use crate::backend::{Backend, ShardCreated};
+use crate::control::{AgentRow, ProjectRow, RoomRow, TaskRow, WakeRow};
+use crate::index::{
+    Batch, CheckpointRow, EventRow, ItemKind, ItemRow, LifecycleChange, ReceiptRow,
+};
+use room_core::chain::ChainTip;
+use room_core::{Hlc, Record};
+use serde_json::json;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Makes and reopens one store under test.
+pub trait Harness {
+    /// A new, empty store.
+    fn fresh(&mut self) -> Arc<dyn Backend>;
+    /// The same store, opened again; the caller has dropped every handle of the last one.
+    fn reopen(&mut self) -> Arc<dyn Backend>;
+}
+
+/// One case of the suite.
+pub type Case = fn(&mut dyn Harness);
+
+/// Every case, by name, for a backend's test module: `for (name, case) in CASES`.
+pub const CASES: &[(&str, Case)] = &[
+    ("control_agents", control_agents),
+    ("control_rooms_and_members", control_rooms_and_members),
+    (
+        "control_failed_write_leaves_nothing",
+        control_failed_write_leaves_nothing,
+    ),
+    ("control_tasks", control_tasks),
+    ("control_wakes", control_wakes),
+    ("control_change_stamp", control_change_stamp),
+    ("shard_binding_is_immutable", shard_binding_is_immutable),
+    ("log_append_scan_and_reopen", log_append_scan_and_reopen),
+    ("log_refuses_a_broken_chain", log_refuses_a_broken_chain),
+    ("index_projection", index_projection),
+    (
+        "index_sync_state_survives_reopen_and_rebuild",
+        index_sync_state_survives_reopen_and_rebuild,
+    ),
+    ("index_invariant_state", index_invariant_state),
+    ("blobs", blobs),
+    (
+        "writer_guard_serializes_one_room",
+        writer_guard_serializes_one_room,
+    ),
+];
+
+fn agent(name: &str, secret: &str) -> AgentRow {
+    AgentRow {
+        name: name.into(),
+        secret_sha256: secret.into(),
+        registration_sha256: format!("reg-{secret}"),
+        generation: 1,
+        max_tier: "member".into(),
+        host_kind: "generic".into(),
+        created_ms: 10,
+        revoked_ms: None,
+    }
+}
+
+fn room(name: &str, project: Option<&str>) -> RoomRow {
+    RoomRow {
+        name: name.into(),
+        graph_id: format!("g_{name}"),
+        project_id: project.map(String::from),
+        created_ms: 20,
+        revision: 0,
+        reset_gen: 0,
+        reset_ms: None,
+        admission_gen: 0,
+    }
+}
+
+fn project(id: &str, root: &str) -> ProjectRow {
+    ProjectRow {
+        id: id.into(),
+        name: id.into(),
+        requested_root: root.into(),
+        canonical_root: root.into(),
+        dev: 1,
+        ino: 2,
+        mnt_id: 3,
+        opened_ms: 5,
+    }
+}
+
+fn task(id: &str, room: &str, project: Option<&str>, scopes: &[&str]) -> TaskRow {
+    TaskRow {
+        id: id.into(),
+        room: room.into(),
+        project_id: project.map(String::from),
+        title: format!("title {id}"),
+        owner: "alpha".into(),
+        recipient: Some("beta".into()),
+        parent: None,
+        status: "open".into(),
+        created_ms: 30,
+        updated_ms: 30,
+        scopes: scopes.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+/// Agents: insert, look up by name and secret, rotate, revoke, policy; all after a reopen.
+pub fn control_agents(h: &mut dyn Harness) {
+    let store = h.fresh();
+    {
+        let mut c = store.open_control().unwrap();
+        c.insert_agent(&agent("beta", "s-b")).unwrap();
+        c.insert_agent(&agent("alpha", "s-a")).unwrap();
+        assert!(
+            c.insert_agent(&agent("alpha", "s-x")).is_err(),
+            "names are unique"
+        );
+        assert!(
+            c.insert_agent(&agent("gamma", "s-a")).is_err(),
+            "secrets are unique"
+        );
+        assert_eq!(c.agent_by_secret("s-x").unwrap(), None);
+        let names: Vec<String> = c.agents().unwrap().into_iter().map(|a| a.name).collect();
+        assert_eq!(
+            names,
+            ["alpha", "beta"],
+            "in name order, nothing of the refused"
+        );
+        let a = c.agent("alpha").unwrap().unwrap();
+        c.replace_secret(&a, "s-a2", "reg-2", 40).unwrap();
+        assert_eq!(c.agent_by_secret("s-a").unwrap(), None);
+        assert_eq!(c.agent_by_secret("s-a2").unwrap().unwrap().generation, 2);
+        assert_eq!(
+            c.retired_secret("s-a").unwrap(),
+            Some(("alpha".into(), "rotated".into()))
+        );
+        let b = c.agent("beta").unwrap().unwrap();
+        c.revoke(&b, 50).unwrap();
+        c.set_max_tier("alpha", "operator").unwrap();
+        c.set_verb_denied("alpha", "send", true).unwrap();
+        c.set_verb_denied("alpha", "note", true).unwrap();
+        c.set_verb_denied("alpha", "note", false).unwrap();
+        assert_eq!(c.agent("nobody").unwrap(), None);
+    }
+    let store = h.reopen();
+    let c = store.open_control().unwrap();
+    let a = c.agent("alpha").unwrap().unwrap();
+    assert_eq!(
+        (a.secret_sha256.as_str(), a.max_tier.as_str()),
+        ("s-a2", "operator")
+    );
+    assert_eq!(c.denied_verbs("alpha").unwrap(), ["send"]);
+    assert_eq!(c.agent("beta").unwrap().unwrap().revoked_ms, Some(50));
+    assert_eq!(
+        c.retired_secret("s-b").unwrap(),
+        Some(("beta".into(), "revoked".into()))
+    );
+    assert_eq!(c.control_epoch().unwrap(), 1);
+}
+
+/// Projects, rooms and rosters: membership bumps the revision, a reset replays as a no-op,
+/// the view generation is recomputed only after a change.
+pub fn control_rooms_and_members(h: &mut dyn Harness) {
+    let store = h.fresh();
+    {
+        let mut c = store.open_control().unwrap();
+        for n in ["alpha", "beta", "gamma"] {
+            c.insert_agent(&agent(n, &format!("s-{n}"))).unwrap();
+        }
+        c.insert_project(&project("prj_1", "/p/one")).unwrap();
+        assert!(
+            c.insert_project(&project("prj_2", "/p/one")).is_err(),
+            "one grant per canonical root"
+        );
+        c.insert_room(
+            &room("build", Some("prj_1")),
+            &["alpha".into(), "beta".into()],
+        )
+        .unwrap();
+        c.insert_room(&room("chat", None), &[]).unwrap();
+        assert!(
+            c.insert_room(&room("chat", None), &[]).is_err(),
+            "room names are unique"
+        );
+        assert!(c.is_member("build", "alpha").unwrap());
+        assert!(!c.is_member("build", "gamma").unwrap());
+        let calls = std::cell::Cell::new(0);
+        let digest = |r: &RoomRow, m: &[String]| {
+            calls.set(calls.get() + 1);
+            format!("{}:{}:{}", r.revision, r.reset_gen, m.join(","))
+        };
+        assert_eq!(c.view_gen("build", &digest).unwrap(), "0:0:alpha,beta");
+        assert_eq!(c.view_gen("build", &digest).unwrap(), "0:0:alpha,beta");
+        assert_eq!(calls.get(), 1, "cached until the room changes");
+        assert!(c.add_member("build", "gamma").unwrap());
+        assert!(!c.add_member("build", "gamma").unwrap(), "already a member");
+        assert_eq!(
+            c.view_gen("build", &digest).unwrap(),
+            "1:0:alpha,beta,gamma"
+        );
+        c.reset_room_at("build", 7, 70).unwrap();
+        c.reset_room_at("build", 5, 50).unwrap();
+        assert_eq!(c.view_gen("nowhere", &digest), None);
+    }
+    let store = h.reopen();
+    let c = store.open_control().unwrap();
+    let r = c.room("build").unwrap().unwrap();
+    assert_eq!((r.revision, r.reset_gen, r.reset_ms), (2, 7, Some(70)));
+    assert_eq!(c.members("build").unwrap(), ["alpha", "beta", "gamma"]);
+    let names: Vec<String> = c.rooms().unwrap().into_iter().map(|r| r.name).collect();
+    assert_eq!(names, ["build", "chat"]);
+    assert_eq!(
+        c.project("prj_1").unwrap().unwrap().canonical_root,
+        "/p/one"
+    );
+    assert_eq!(c.projects().unwrap().len(), 1);
+    assert_eq!(c.room("nowhere").unwrap(), None);
+}
+
+/// A write that fails (a roster naming an unknown agent, a room of an unknown project) leaves
+/// no row behind, in the handle that failed and after a reopen.
+pub fn control_failed_write_leaves_nothing(h: &mut dyn Harness) {
+    let store = h.fresh();
+    {
+        let mut c = store.open_control().unwrap();
+        c.insert_agent(&agent("alpha", "s-a")).unwrap();
+        let before = c.change_stamp().unwrap();
+        assert!(
+            c.insert_room(&room("r", None), &["alpha".into(), "ghost".into()])
+                .is_err()
+        );
+        assert!(c.insert_room(&room("p", Some("prj_missing")), &[]).is_err());
+        assert_eq!(c.room("r").unwrap(), None);
+        assert_eq!(c.room("p").unwrap(), None);
+        assert!(c.members("r").unwrap().is_empty());
+        assert!(
+            c.insert_task(&task("tsk_1", "nowhere", None, &[])).is_err(),
+            "a task of an unknown room"
+        );
+        assert_eq!(c.task("tsk_1").unwrap(), None);
+        assert!(!c.is_stale(), "the cache reloaded after the failures");
+        assert_ne!(
+            before,
+            c.change_stamp().unwrap(),
+            "attempts count as writes"
+        );
+    }
+    let store = h.reopen();
+    let c = store.open_control().unwrap();
+    assert!(c.rooms().unwrap().is_empty());
+    assert_eq!(c.task("tsk_1").unwrap(), None);
+}
+
+/// Tasks: lookup, children, compare-and-set transitions, and the live leases of a project
+/// (or, outside projects, of one room).
+pub fn control_tasks(h: &mut dyn Harness) {
+    let store = h.fresh();
+    {
+        let mut c = store.open_control().unwrap();
+        c.insert_project(&project("prj_1", "/p/one")).unwrap();
+        c.insert_room(&room("build", Some("prj_1")), &[]).unwrap();
+        c.insert_room(&room("test", Some("prj_1")), &[]).unwrap();
+        c.insert_room(&room("chat", None), &[]).unwrap();
+        c.insert_task(&task("tsk_a", "build", Some("prj_1"), &["file:src/"]))
+            .unwrap();
+        c.insert_task(&task("tsk_b", "test", Some("prj_1"), &["file:tests/"]))
+            .unwrap();
+        c.insert_task(&task("tsk_c", "chat", None, &["topic:x"]))
+            .unwrap();
+        c.insert_task(&TaskRow {
+            parent: Some("tsk_a".into()),
+            ..task("tsk_d", "build", Some("prj_1"), &[])
+        })
+        .unwrap();
+        assert!(
+            c.insert_task(&task("tsk_a", "build", None, &[])).is_err(),
+            "task ids are unique"
+        );
+        for t in ["tsk_a", "tsk_b", "tsk_c", "tsk_d"] {
+            assert!(
+                c.update_task(t, "open", "claimed", Some("beta"), 40)
+                    .unwrap()
+            );
+        }
+        assert!(
+            !c.update_task("tsk_a", "open", "done", None, 41).unwrap(),
+            "a stale compare-and-set changes nothing"
+        );
+        assert!(c.update_task("tsk_b", "claimed", "done", None, 42).unwrap());
+    }
+    let store = h.reopen();
+    let c = store.open_control().unwrap();
+    let a = c.task("tsk_a").unwrap().unwrap();
+    assert_eq!((a.status.as_str(), a.updated_ms), ("claimed", 40));
+    assert_eq!(a.scopes, ["file:src/"]);
+    assert_eq!(c.task("tsk_b").unwrap().unwrap().status, "done");
+    let kids: Vec<String> = c
+        .children("tsk_a")
+        .unwrap()
+        .into_iter()
+        .map(|t| t.id)
+        .collect();
+    assert_eq!(kids, ["tsk_d"]);
+    let leased = |p: Option<&str>, r: &str| -> Vec<String> {
+        c.leased(p, r).unwrap().into_iter().map(|t| t.id).collect()
+    };
+    // claimed and scoped: tsk_d names no scope, tsk_b is done
+    assert_eq!(leased(Some("prj_1"), "build"), ["tsk_a"]);
+    assert_eq!(leased(None, "chat"), ["tsk_c"]);
+    assert!(
+        leased(None, "build").is_empty(),
+        "a project's leases are not a room's"
+    );
+}
+
+/// The wake queue: a permit once queued stays as sealed, reads are oldest first, per room or
+/// all; the one-time re-queue request.
+pub fn control_wakes(h: &mut dyn Harness) {
+    let store = h.fresh();
+    let w = |room: &str, agent: &str, src: &str, at: u64, permit: &str| WakeRow {
+        room: room.into(),
+        agent: agent.into(),
+        source_event: src.into(),
+        created_ms: at,
+        permit: permit.into(),
+    };
+    {
+        let mut c = store.open_control().unwrap();
+        c.insert_room(&room("a", None), &[]).unwrap();
+        c.insert_room(&room("b", None), &[]).unwrap();
+        assert!(
+            c.wakes_requeue_pending().unwrap(),
+            "a new store asks for one re-queue"
+        );
+        c.wakes_requeue_done().unwrap();
+        c.insert_wakes(&[w("b", "x", "e2", 20, "p1"), w("a", "y", "e1", 10, "p2")])
+            .unwrap();
+        c.insert_wakes(&[
+            w("b", "x", "e2", 99, "changed"),
+            w("a", "z", "e3", 30, "p3"),
+        ])
+        .unwrap();
+        c.insert_wakes(&[]).unwrap();
+        assert!(
+            c.insert_wakes(&[w("a", "q", "e4", 40, "p4"), w("ghost", "q", "e4", 40, "p5")])
+                .is_err(),
+            "a permit of an unknown room"
+        );
+    }
+    let store = h.reopen();
+    let c = store.open_control().unwrap();
+    assert!(!c.wakes_requeue_pending().unwrap());
+    let all: Vec<(String, String)> = c
+        .wakes(None)
+        .unwrap()
+        .into_iter()
+        .map(|w| (w.room, w.permit))
+        .collect();
+    let want = [("a", "p2"), ("b", "p1"), ("a", "p3")].map(|(r, p)| (r.into(), p.into()));
+    assert_eq!(
+        all, want,
+        "oldest first; the re-seal and the failed batch changed nothing"
+    );
+    let a: Vec<String> = c
+        .wakes(Some("a"))
+        .unwrap()
+        .into_iter()
+        .map(|w| w.agent)
+        .collect();
+    assert_eq!(a, ["y", "z"]);
+}
+
+/// A read leaves the change stamp as it was; a write moves it.
+pub fn control_change_stamp(h: &mut dyn Harness) {
+    let store = h.fresh();
+    let mut c = store.open_control().unwrap();
+    let s0 = c.change_stamp().unwrap();
+    c.agents().unwrap();
+    c.room("none").unwrap();
+    assert_eq!(c.change_stamp().unwrap(), s0);
+    c.insert_agent(&agent("alpha", "s-a")).unwrap();
+    let s1 = c.change_stamp().unwrap();
+    assert_ne!(s1, s0);
+    c.set_max_tier("alpha", "observer").unwrap();
+    assert_ne!(c.change_stamp().unwrap(), s1);
+}
+
+/// A shard's binding is written once: the same one again is fine, another is refused with the
+/// stored bytes.
+pub fn shard_binding_is_immutable(h: &mut dyn Harness) {
+    let store = h.fresh();
+    let b1 = br#"{"kind":"coordination"}"#;
+    let b2 = br#"{"id":"prj_1","kind":"project"}"#;
+    assert_eq!(
+        store.create_shard("g_1", b1, b"{}").unwrap(),
+        ShardCreated::Ready
+    );
+    assert_eq!(
+        store.create_shard("g_1", b1, b"{}").unwrap(),
+        ShardCreated::Ready
+    );
+    assert_eq!(
+        store.create_shard("g_1", b2, b"{}").unwrap(),
+        ShardCreated::BoundElsewhere(b1.to_vec())
+    );
+    let store = h.reopen();
+    assert_eq!(store.read_binding("g_1").unwrap(), b1);
+    assert!(store.read_binding("g_none").is_err());
+}
+
+fn chain(graph: &str, from: &ChainTip, n: u64) -> Vec<Record> {
+    let mut tip = from.clone();
+    let mut out = Vec::new();
+    for i in 0..n {
+        let hlc = Hlc {
+            ms: 1_000 + tip.seq + 1,
+            c: 0,
+        };
+        let r = Record::seal(
+            &tip,
+            format!("evt_{graph}_{}_{i}", tip.seq + 1),
+            hlc,
+            json!({"kind": "note", "n": tip.seq + 1}),
+        );
+        tip = ChainTip {
+            seq: r.seq,
+            hash: r.hash.clone(),
+            hlc,
+        };
+        out.push(r);
+    }
+    out
+}
+
+/// Appends are durable and chained; a reopen scans every record after the known mark (all of
+/// them without one) and lands on the same tip; offline verification agrees.
+pub fn log_append_scan_and_reopen(h: &mut dyn Harness) {
+    let store = h.fresh();
+    store.create_shard("g_log", b"{}", b"{}").unwrap();
+    let mark = {
+        let mut log = store.open_log("g_log", None, &mut |_| Ok(())).unwrap();
+        assert_eq!(log.tip().seq, 0);
+        let first = chain("g_log", &log.tip(), 3);
+        assert_eq!(log.append(&first).unwrap().len(), 3);
+        let more = chain("g_log", &log.tip(), 2);
+        log.append(&more).unwrap();
+        assert_eq!(log.tip().seq, 5);
+        assert!(log.synced_len() > 0 && log.poisoned().is_none());
+        assert_eq!(log.mark().tip_seq, 5);
+        log.mark().clone()
+    };
+    let store = h.reopen();
+    let mut seen = Vec::new();
+    let log = store
+        .open_log("g_log", None, &mut |s| {
+            seen.push(s.record.seq);
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(seen, [1, 2, 3, 4, 5]);
+    assert_eq!(log.tip(), mark.tip());
+    drop(log);
+    let mut after_mark = 0;
+    let log = store
+        .open_log("g_log", Some(&mark), &mut |_| {
+            after_mark += 1;
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(after_mark, 0, "nothing past the mark the index knew");
+    drop(log);
+    let report = store.verify_log("g_log").unwrap();
+    assert_eq!((report.records, report.tip_hash), (5, mark.tip_hash));
+}
+
+/// A record that does not chain onto the tip is refused and nothing of its batch lands.
+pub fn log_refuses_a_broken_chain(h: &mut dyn Harness) {
+    let store = h.fresh();
+    store.create_shard("g_bad", b"{}", b"{}").unwrap();
+    {
+        let mut log = store.open_log("g_bad", None, &mut |_| Ok(())).unwrap();
+        log.append(&chain("g_bad", &log.tip(), 2)).unwrap();
+        let mut batch = chain("g_bad", &log.tip(), 2);
+        batch[1].prev = "0".repeat(64);
+        assert!(log.append(&batch).is_err());
+        assert_eq!(
+            log.tip().seq,
+            2,
+            "the valid first record of the batch did not land"
+        );
+        let stale = chain("g_bad", &ChainTip::genesis("g_bad"), 1);
+        assert!(log.append(&stale).is_err(), "a record for an old tip");
+        log.append(&chain("g_bad", &log.tip(), 1)).unwrap();
+    }
+    let store = h.reopen();
+    assert_eq!(store.verify_log("g_bad").unwrap().records, 3);
+}
+
+fn event(seq: u64, actor: &str, kind: &str) -> EventRow {
+    EventRow {
+        seq,
+        id: format!("evt_{seq}"),
+        kind: kind.into(),
+        actor: actor.into(),
+        hlc_ms: seq,
+        hlc_c: 0,
+        hash: format!("h{seq}"),
+        task: None,
+        body: "{}".into(),
+    }
+}
+
+fn item(kind: ItemKind, id: &str, source_seq: u64, agent: &str) -> ItemRow {
+    ItemRow {
+        kind,
+        id: id.into(),
+        source: format!("evt_{source_seq}"),
+        source_seq,
+        agent: agent.into(),
+        from_agent: "alpha".into(),
+        task: None,
+        status: "open".into(),
+        resolved_by: None,
+        not_after_ms: Some(1_000),
+    }
+}
+
+/// The projection: events by seq and id, the gate's foreign-event query, items and their
+/// resolution, the open-item page and total, causal ancestors; all after a reopen.
+pub fn index_projection(h: &mut dyn Harness) {
+    let store = h.fresh();
+    {
+        store.create_shard("g_ix", b"{}", b"{}").unwrap();
+        let mut idx = store.open_index("g_ix").unwrap();
+        assert_eq!(idx.mark().unwrap(), None);
+        idx.apply(&Batch {
+            events: vec![
+                event(1, "alpha", "turn"),
+                event(2, "beta", "invariant_violation"),
+                event(3, "alpha", "turn"),
+                event(4, "beta", "turn"),
+            ],
+            edges: vec![
+                ("evt_3".into(), "evt_1".into()),
+                ("evt_4".into(), "evt_3".into()),
+            ],
+            items: vec![
+                item(ItemKind::Mention, "mnt_1", 1, "beta"),
+                item(ItemKind::Obligation, "obl_1", 1, "beta"),
+                item(ItemKind::Mention, "mnt_3", 3, "beta"),
+            ],
+            ..Batch::default()
+        })
+        .unwrap();
+        idx.apply_deferred(&Batch {
+            resolutions: vec![(
+                ItemKind::Mention,
+                "mnt_1".into(),
+                "answered".into(),
+                "evt_4".into(),
+            )],
+            ..Batch::default()
+        })
+        .unwrap();
+        idx.flush().unwrap();
+    }
+    let store = h.reopen();
+    let idx = store.open_index("g_ix").unwrap();
+    assert!(idx.broken().is_none());
+    assert_eq!(idx.event_count().unwrap(), 4);
+    assert_eq!(idx.event_by_seq(3).unwrap().unwrap().id, "evt_3");
+    assert_eq!(idx.event_by_id("evt_4").unwrap().unwrap().seq, 4);
+    assert_eq!(idx.event_by_id("evt_9").unwrap(), None);
+    let seqs: Vec<u64> = idx
+        .events_from(2, 2)
+        .unwrap()
+        .iter()
+        .map(|e| e.seq)
+        .collect();
+    assert_eq!(seqs, [2, 3]);
+    assert_eq!(
+        idx.first_foreign_after(1, "alpha").unwrap(),
+        Some(4),
+        "invariant records hold no one at the gate"
+    );
+    assert_eq!(idx.first_foreign_after(4, "alpha").unwrap(), None);
+    let (page, total) = idx.open_items_page("beta", 1).unwrap();
+    assert_eq!((page.len(), total), (1, 2), "mnt_1 is resolved");
+    let m = idx.item(ItemKind::Mention, "mnt_1").unwrap().unwrap();
+    assert_eq!(
+        (m.status.as_str(), m.resolved_by.as_deref()),
+        ("answered", Some("evt_4"))
+    );
+    assert_eq!(idx.items(ItemKind::Obligation).unwrap().len(), 1);
+    assert_eq!(idx.open_sources("beta", 8).unwrap(), ["evt_1", "evt_3"]);
+    let mut anc = idx.ancestors("evt_4", 16).unwrap();
+    anc.sort();
+    assert_eq!(anc, ["evt_1", "evt_3"]);
+    assert_eq!(
+        idx.ancestors("evt_4", 1).unwrap(),
+        ["evt_3"],
+        "bounded by depth"
+    );
+}
+
+fn checkpoint(seq: u64) -> CheckpointRow {
+    CheckpointRow {
+        actor: "beta".into(),
+        conversation: "c".into(),
+        conversation_key: "k".into(),
+        view_gen: "v".into(),
+        confirmed_seq: seq,
+        chunk_seq: None,
+        chunk_offset: 0,
+        updated_ms: seq,
+    }
+}
+
+/// Receipts and checkpoints: a confirmation is durable when it returns, and both survive a
+/// reopen and a cleared projection.
+pub fn index_sync_state_survives_reopen_and_rebuild(h: &mut dyn Harness) {
+    let store = h.fresh();
+    let receipt = ReceiptRow {
+        id: "rcpt_1".into(),
+        actor: "beta".into(),
+        conversation: "c".into(),
+        conversation_key: "k".into(),
+        view_gen: "v".into(),
+        from_seq: 0,
+        from_offset: 0,
+        to_seq: 2,
+        chunk_seq: None,
+        chunk_offset: 0,
+        tip_seq: 2,
+        tip_hash: "h2".into(),
+        delivered_sha256: "d".into(),
+        created_ms: 5,
+        confirmed_ms: None,
+    };
+    {
+        store.create_shard("g_sync", b"{}", b"{}").unwrap();
+        let mut idx = store.open_index("g_sync").unwrap();
+        idx.apply(&Batch {
+            events: vec![event(1, "alpha", "turn"), event(2, "alpha", "turn")],
+            ..Batch::default()
+        })
+        .unwrap();
+        idx.put_receipt(&receipt).unwrap();
+        assert_eq!(idx.receipt("rcpt_1").unwrap().unwrap().to_seq, 2);
+        idx.confirm("rcpt_1", 9, &checkpoint(2)).unwrap();
+        idx.put_checkpoint(&CheckpointRow {
+            actor: "gamma".into(),
+            ..checkpoint(1)
+        })
+        .unwrap();
+        idx.set_wakes_mark(2).unwrap();
+    }
+    let store = h.reopen();
+    let mut idx = store.open_index("g_sync").unwrap();
+    assert_eq!(
+        idx.receipt("rcpt_1").unwrap().unwrap().confirmed_ms,
+        Some(9)
+    );
+    assert_eq!(
+        idx.checkpoint("beta", "c").unwrap().unwrap().confirmed_seq,
+        2
+    );
+    assert_eq!(
+        idx.checkpoint("gamma", "c").unwrap().unwrap().confirmed_seq,
+        1
+    );
+    assert_eq!(idx.checkpoint("delta", "c").unwrap(), None);
+    assert_eq!(idx.wakes_mark().unwrap(), 2);
+    idx.clear_projection().unwrap();
+    assert_eq!(idx.event_count().unwrap(), 0);
+    assert!(
+        idx.receipt("rcpt_1").unwrap().is_some(),
+        "receipts survive a rebuild"
+    );
+    assert!(
+        idx.checkpoint("beta", "c").unwrap().is_some(),
+        "checkpoints too"
+    );
+}
+
+/// `exactly_once` keys and (agent, task) lifecycles: begun, lapsed past the TTL, resolved.
+pub fn index_invariant_state(h: &mut dyn Harness) {
+    let store = h.fresh();
+    {
+        store.create_shard("g_inv", b"{}", b"{}").unwrap();
+        let mut idx = store.open_index("g_inv").unwrap();
+        idx.apply(&Batch {
+            events: vec![event(1, "alpha", "task"), event(2, "beta", "task")],
+            idempotency: vec![("alpha".into(), "k1".into(), "evt_1".into(), 1, None)],
+            lifecycles: vec![
+                LifecycleChange::Begin {
+                    agent: "alpha".into(),
+                    task: "tsk_1".into(),
+                    seq: 1,
+                    at_ms: 100,
+                    ttl_ms: 50,
+                },
+                LifecycleChange::Begin {
+                    agent: "beta".into(),
+                    task: "tsk_2".into(),
+                    seq: 2,
+                    at_ms: 100,
+                    ttl_ms: 10_000,
+                },
+            ],
+            ..Batch::default()
+        })
+        .unwrap();
+    }
+    let store = h.reopen();
+    let mut idx = store.open_index("g_inv").unwrap();
+    assert_eq!(
+        idx.idempotent("alpha", "k1").unwrap(),
+        Some(("evt_1".into(), 1, None))
+    );
+    assert_eq!(
+        idx.idempotent("beta", "k1").unwrap(),
+        None,
+        "keys are per actor"
+    );
+    assert_eq!(idx.idempotency_keys().unwrap(), 1);
+    let lapsed: Vec<String> = idx
+        .lapsed_begins(200, 10)
+        .unwrap()
+        .into_iter()
+        .map(|l| l.task)
+        .collect();
+    assert_eq!(lapsed, ["tsk_1"]);
+    idx.apply(&Batch {
+        lifecycles: vec![LifecycleChange::Lapsed {
+            agent: "alpha".into(),
+            task: "tsk_1".into(),
+        }],
+        ..Batch::default()
+    })
+    .unwrap();
+    assert!(idx.lifecycle("alpha", "tsk_1").unwrap().unwrap().lapsed);
+    assert!(
+        idx.lapsed_begins(200, 10).unwrap().is_empty(),
+        "recorded once"
+    );
+    idx.apply(&Batch {
+        lifecycles: vec![LifecycleChange::Resolve {
+            task: "tsk_2".into(),
+        }],
+        ..Batch::default()
+    })
+    .unwrap();
+    assert_eq!(
+        idx.lifecycle("beta", "tsk_2").unwrap().unwrap().state,
+        "resolved"
+    );
+    assert_eq!(idx.lifecycle("beta", "tsk_9").unwrap(), None);
+}
+
+/// Blobs round-trip by digest, are idempotent, and refuse a malformed or unknown digest.
+pub fn blobs(h: &mut dyn Harness) {
+    let store = h.fresh();
+    store.create_shard("g_blob", b"{}", b"{}").unwrap();
+    let sha = {
+        let blobs = store.open_blobs("g_blob").unwrap();
+        let sha = blobs.put(b"payload", "txt").unwrap();
+        assert_eq!(blobs.put(b"payload", "txt").unwrap(), sha);
+        assert_eq!(sha, room_core::sha256_hex(b"payload"));
+        assert!(
+            blobs.get("../../etc/passwd", "txt").is_err(),
+            "not a digest"
+        );
+        assert!(blobs.get(&"0".repeat(64), "txt").is_err(), "unknown");
+        assert_eq!(blobs.sweep_temps().unwrap(), 0);
+        sha
+    };
+    let store = h.reopen();
+    assert_eq!(
+        store
+            .open_blobs("g_blob")
+            .unwrap()
+            .get(&sha, "txt")
+            .unwrap(),
+        b"payload"
+    );
+}
+
+/// One writer per room at a time; writers of different rooms do not wait for each other.
+pub fn writer_guard_serializes_one_room(h: &mut dyn Harness) {
+    let store = h.fresh();
+    let first = store.room_writer("g_w").unwrap();
+    let other_room = store.room_writer("g_v").unwrap();
+    drop(other_room);
+    let second_held = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = {
+        let (store, held) = (store.clone(), second_held.clone());
+        std::thread::spawn(move || {
+            tx.send(()).unwrap();
+            let _g = store.room_writer("g_w").unwrap();
+            held.store(true, Ordering::SeqCst);
+        })
+    };
+    rx.recv().unwrap();
+    // give the waiter time to reach the guard; whatever it has done, it cannot hold it
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert!(
+        !second_held.load(Ordering::SeqCst),
+        "two writers of one room"
+    );
+    drop(first);
+    waiter.join().unwrap();
+    assert!(second_held.load(Ordering::SeqCst));
+}

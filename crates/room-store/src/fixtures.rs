@@ -1,0 +1,40 @@
+//! Files as older builds left them, for the upgrade tests of the crates above (feature
+//! `fixtures`, never in a release build): the SQL that fakes them stays in this crate.
+
+use crate::Result;
+use rusqlite::{Connection, OptionalExtension};
+use std::path::Path;
+
+/// Turn a sync index back into schema 1 (before the invariant tables and the open counts).
+pub fn index_back_to_schema_1(path: &Path) -> Result<()> {
+    Connection::open(path)?.execute_batch(
+        "DROP TABLE idempotency; DROP TABLE lifecycles;
+         DROP INDEX mentions_open; DROP INDEX obligations_open;
+         DROP INDEX mentions_task_open; DROP INDEX obligations_task_open;
+         DROP TABLE open_counts;
+         DROP TRIGGER mentions_opened; DROP TRIGGER mentions_closed; DROP TRIGGER mentions_deleted;
+         DROP TRIGGER obligations_opened; DROP TRIGGER obligations_closed;
+         DROP TRIGGER obligations_deleted;
+         CREATE INDEX mentions_open ON mentions(agent, status);
+         CREATE INDEX obligations_open ON obligations(agent, status);
+         PRAGMA user_version = 1;",
+    )?;
+    Ok(())
+}
+
+/// Turn control.db back into schema 2 (wake permits were files, no queue).
+pub fn control_back_to_schema_2(path: &Path) -> Result<()> {
+    Connection::open(path)?.execute_batch(
+        "DROP TABLE wakes; DELETE FROM meta WHERE key = 'wakes_requeue';
+         PRAGMA user_version = 2;",
+    )?;
+    Ok(())
+}
+
+/// Whether control.db's meta table holds `key`.
+pub fn control_meta_has(path: &Path, key: &str) -> Result<bool> {
+    Ok(Connection::open(path)?
+        .query_row("SELECT 1 FROM meta WHERE key = ?1", [key], |_| Ok(()))
+        .optional()?
+        .is_some())
+}
