@@ -186,8 +186,3 @@ pub fn project_view(p: &ProjectRow) -> Value {
         "root_object_id": {"dev": p.dev, "ino": p.ino, "mnt_id": p.mnt_id},
     })
 }
-
-/// A deliberate regression: the engine reading a file behind `Env::fs`'s back.
-pub fn probe_disallowed() -> usize {
-    std::fs::read("/etc/hostname").map_or(0, |b| b.len())
-}
