@@ -94,6 +94,8 @@ pub trait Fs: Send + Sync {
     /// Write a file so that after a crash it is absent, the old version or complete, creating
     /// its directory first if needed.
     fn write_atomic(&self, path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()>;
+    /// Append `bytes` to the file at `path` (created if absent) and sync them.
+    fn append(&self, path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()>;
     /// The canonical absolute path (symlinks resolved).
     fn canonicalize(&self, path: &std::path::Path) -> std::io::Result<std::path::PathBuf>;
     /// Identity of the object at `path` without following a final symlink.

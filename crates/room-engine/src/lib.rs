@@ -3,21 +3,24 @@
 //! takes its clock, entropy and file system as traits, never reads the wall clock or spawns a
 //! thread, and knows nothing of HTTP, MCP or tokio, so it can run inside a seeded simulation.
 
+pub mod authority;
 pub mod event;
 pub mod invariants;
 pub mod policy;
 pub mod principal;
 pub mod room;
+pub mod rooms;
 pub mod sync;
 pub mod territory;
 pub mod verbs;
 pub mod wakes;
 
+use authority::Authority;
 use room::RoomHandle;
 use room_core::{Clock, Code, Entropy, Fs, Refusal};
 use room_store::statedir::StateDir;
 use room_store::{Backend, ControlStore};
-use std::collections::BTreeMap;
+use rooms::Rooms;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use policy::Policy;
@@ -69,29 +72,24 @@ pub struct CrashState {
 }
 
 /// The engine's windows on the world.
+#[derive(Clone)]
 pub struct Env {
     pub clock: Arc<dyn Clock>,
     pub entropy: Arc<dyn Entropy>,
     pub fs: Arc<dyn Fs>,
 }
 
+/// The facade over the engine's parts. Each part owns its state: `authority` (principals,
+/// tiers, policy, grants, the control store), `rooms` (the storage backend, open room handles
+/// and their locks). The gate (`sync`), the turns (`verbs`), the invariants and the wake
+/// permits hold no state of their own: theirs lives in the room handles they lock. A later
+/// floor (dispatch, cancellation, collaborations) arrives as a part beside these.
 pub struct Engine {
     pub(crate) state: StateDir,
     pub(crate) env: Env,
     pub(crate) config: EngineConfig,
-    /// Where everything durable lives (`room_store::Backend`).
-    pub(crate) store: Arc<dyn Backend>,
-    pub(crate) control: Mutex<Box<dyn ControlStore>>,
-    /// Open rooms by name, in name order: every walk over them (flushes, sweeps) is deterministic.
-    pub(crate) rooms: Mutex<BTreeMap<String, Arc<Mutex<RoomHandle>>>>,
-    /// Held from a scoped claim's `exclusive` check through its commit: leases span the rooms
-    /// of a project, and each room lock covers only its own room. Taken before a room lock.
-    pub(crate) lease_lock: Mutex<()>,
-    /// Held for the whole of a `flush_wakes`, taken before any room lock. Two flushes at once
-    /// could let the later one move a room's wakes mark past permits the earlier one took but
-    /// has not yet written (and may fail to write).
-    pub(crate) wakes_flush_lock: Mutex<()>,
-    pub(crate) policy: policy::PolicyCache,
+    pub(crate) authority: Authority,
+    pub(crate) rooms: Rooms,
 }
 
 pub type Outcome<T> = Result<T, Refusal>;
@@ -111,26 +109,17 @@ impl Engine {
         config: EngineConfig,
     ) -> Result<Engine, room_store::StoreError> {
         let control = store.open_control()?;
-        let policy = policy::PolicyCache::new(state.config(), env.fs.clone());
         let engine = Engine {
+            authority: Authority::new(env.clone(), state.clone(), control),
+            rooms: Rooms::new(store),
             state,
             env,
             config,
-            store,
-            control: Mutex::new(control),
-            rooms: Mutex::new(BTreeMap::new()),
-            lease_lock: Mutex::new(()),
-            wakes_flush_lock: Mutex::new(()),
-            policy,
         };
         let rows = engine.control().rooms()?;
         for row in rows {
             let handle = RoomHandle::open(&engine, &row)?;
-            engine
-                .rooms
-                .lock()
-                .expect("rooms map lock")
-                .insert(row.name.clone(), Arc::new(Mutex::new(handle)));
+            engine.rooms.insert(&row.name, handle);
         }
         if engine.control().wakes_requeue_pending()? {
             engine.requeue_all_wakes()?;
@@ -147,38 +136,19 @@ impl Engine {
     }
 
     pub(crate) fn control(&self) -> MutexGuard<'_, Box<dyn ControlStore>> {
-        let mut c = self
-            .control
-            .lock()
-            .expect("control lock is never poisoned: no panics while held");
-        c.refresh_if_stale();
-        c
+        self.authority.control()
     }
 
     pub(crate) fn now_ms(&self) -> u64 {
         self.env.clock.now_ms()
     }
 
-    /// Every open room, in name order (a stable order: walks over rooms replay from a seed).
-    pub(crate) fn room_handles(&self) -> Vec<Arc<Mutex<RoomHandle>>> {
-        self.rooms
-            .lock()
-            .expect("rooms map lock")
-            .values()
-            .cloned()
-            .collect()
+    pub(crate) fn room_handles(&self) -> Vec<rooms::Handle> {
+        self.rooms.handles()
     }
 
-    pub(crate) fn room_handle(&self, name: &str) -> Outcome<Arc<Mutex<RoomHandle>>> {
-        self.rooms
-            .lock()
-            .expect("rooms map lock")
-            .get(name)
-            .cloned()
-            .ok_or_else(|| {
-                Refusal::new(Code::RoomNotFound, format!("no room named {name:?}"))
-                    .hint("run `room list` to see rooms")
-            })
+    pub(crate) fn room_handle(&self, name: &str) -> Outcome<rooms::Handle> {
+        self.rooms.handle(name)
     }
 
     /// Owner standing for `caller`: the local owner console has it; an agent does not, whatever
@@ -239,10 +209,7 @@ impl Engine {
     /// until then a crash only means they are re-derived at the next start; a room whose
     /// permits could not be written refuses writes until that restart.
     pub fn flush_wakes(&self) {
-        let _one_at_a_time = self
-            .wakes_flush_lock
-            .lock()
-            .expect("wakes flush lock is never poisoned: no panics while held");
+        let _one_at_a_time = self.rooms.wakes_flush_lock();
         let mut due = Vec::new();
         let mut rows = Vec::new();
         for h in self.room_handles() {
@@ -277,9 +244,7 @@ impl Engine {
     /// nothing is flushed. Returns what a crash could still take, each journal's durable and
     /// current length, so a simulator can decide what survives.
     pub fn crash_for_simulation(self) -> CrashState {
-        let handles: Vec<_> = std::mem::take(&mut *self.rooms.lock().expect("rooms map lock"))
-            .into_values()
-            .collect();
+        let handles = self.rooms.take_all();
         let mut out = CrashState::default();
         for h in handles {
             let mut room = lock_room(&h);
@@ -296,13 +261,87 @@ impl Engine {
 
     /// The current policy (fleet ceiling, redactor), re-read from config.toml when it changed.
     pub fn policy(&self) -> Policy {
-        self.policy.for_check(self.env.clock.now_ms())
+        self.authority.policy()
     }
 
     /// Open one call's scope on this thread (see [`policy::OneCall`]); the daemon wraps each
     /// request in one.
     pub fn one_call(&self) -> policy::OneCall {
         policy::OneCall::enter()
+    }
+}
+
+/// The authority part's operations, as the daemon calls them.
+impl Engine {
+    pub fn enroll(
+        &self,
+        owner: &Owner,
+        agent: &str,
+        max_tier: room_core::Tier,
+        host: &str,
+    ) -> Outcome<principal::Enrolled> {
+        self.authority.enroll(owner, agent, max_tier, host)
+    }
+
+    pub fn rotate(&self, owner: &Owner, agent: &str) -> Outcome<principal::Enrolled> {
+        self.authority.rotate(owner, agent)
+    }
+
+    pub fn revoke(&self, owner: &Owner, agent: &str) -> Outcome<serde_json::Value> {
+        self.authority.revoke(owner, agent)
+    }
+
+    pub fn set_agent_policy(
+        &self,
+        owner: &Owner,
+        agent: &str,
+        deny: &[room_core::Verb],
+        allow: &[room_core::Verb],
+        max_tier: Option<room_core::Tier>,
+    ) -> Outcome<serde_json::Value> {
+        self.authority
+            .set_agent_policy(owner, agent, deny, allow, max_tier)
+    }
+
+    pub fn agents_view(&self, owner: &Owner) -> Outcome<serde_json::Value> {
+        self.authority.agents_view(owner)
+    }
+
+    pub fn authenticate(&self, token: &str) -> Outcome<room_store::control::AgentRow> {
+        self.authority.authenticate(token)
+    }
+
+    pub fn try_authenticate(&self, token: &str) -> Option<Outcome<room_store::control::AgentRow>> {
+        self.authority.try_authenticate(token)
+    }
+
+    pub fn authorize(
+        &self,
+        caller: &principal::AgentCaller,
+        verb: room_core::Verb,
+    ) -> Outcome<Principal> {
+        self.authority.authorize(caller, verb)
+    }
+
+    pub fn check_actor(&self, p: &Principal, claimed: Option<&str>, field: &str) -> Outcome<()> {
+        self.authority.check_actor(p, claimed, field)
+    }
+
+    pub fn project_open(
+        &self,
+        owner: &Owner,
+        requested: &str,
+        name: Option<&str>,
+    ) -> Outcome<serde_json::Value> {
+        self.authority.project_open(owner, requested, name)
+    }
+
+    pub fn revalidate_project(&self, project_id: &str) -> Outcome<room_store::control::ProjectRow> {
+        self.authority.revalidate_project(project_id)
+    }
+
+    pub fn projects_view(&self, owner: &Owner) -> Outcome<serde_json::Value> {
+        self.authority.projects_view(owner)
     }
 }
 

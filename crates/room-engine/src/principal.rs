@@ -3,7 +3,8 @@
 //! its SHA-256 is stored. Every call re-reads the credential, the owner's per-agent policy and
 //! the fleet ceiling, so a rotation, revocation or policy change bites on the very next call.
 
-use crate::{Engine, Outcome, store_err};
+use crate::authority::Authority;
+use crate::{Outcome, store_err};
 use room_core::canon::digest_of;
 use room_core::{Code, Refusal, Tier, Verb, name, sha256_hex};
 use room_store::ControlStore;
@@ -64,7 +65,7 @@ pub fn validate_conversation(c: &str) -> Outcome<()> {
     Ok(())
 }
 
-impl Engine {
+impl Authority {
     fn new_token(&self) -> (String, String) {
         let token = format!("{TOKEN_PREFIX}{}", self.env.entropy.hex(32));
         let digest = sha256_hex(token.as_bytes());
@@ -197,7 +198,7 @@ impl Engine {
         authenticate_in(self.control().as_ref(), token)
     }
 
-    /// [`Engine::authenticate`] when control.db is not busy (a commit holds it for an fsync),
+    /// [`Authority::authenticate`] when control.db is not busy (a commit holds it for an fsync),
     /// `None` otherwise: for a caller that must not block, such as an async HTTP layer, which
     /// then takes the blocking path.
     pub fn try_authenticate(&self, token: &str) -> Option<Outcome<AgentRow>> {
@@ -261,7 +262,11 @@ impl Engine {
                     "kind": "actor_mismatch", "principal": p.name, "claimed": c,
                     "field": field, "at_ms": self.now_ms(),
                 });
-                room_store::fs::append_jsonl(&self.state.root.join("integrity.jsonl"), &signal)
+                let mut line = serde_json::to_vec(&signal).expect("a signal serializes");
+                line.push(b'\n');
+                self.env
+                    .fs
+                    .append(&self.state.integrity_log(), &line)
                     .map_err(Refusal::storage)?;
                 Err(Refusal::new(
                     Code::ActorMismatch,

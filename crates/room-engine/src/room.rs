@@ -258,6 +258,7 @@ impl RoomHandle {
             created_ms: row.created_ms,
         };
         let created = engine
+            .rooms
             .store
             .create_shard(&row.graph_id, &binding, &canon::canonical_bytes(&manifest))
             .map_err(store_err)?;
@@ -277,16 +278,17 @@ impl RoomHandle {
     /// Open a room: reconcile the journal with the index, catch the projection up, and finish
     /// a turn whose second flush was interrupted.
     pub fn open(engine: &Engine, row: &RoomRow) -> Result<RoomHandle, StoreError> {
-        let stored: Binding = serde_json::from_slice(&engine.store.read_binding(&row.graph_id)?)
-            .map_err(|e| StoreError::Corrupt(format!("{}: binding: {e}", row.name)))?;
+        let stored: Binding =
+            serde_json::from_slice(&engine.rooms.store.read_binding(&row.graph_id)?)
+                .map_err(|e| StoreError::Corrupt(format!("{}: binding: {e}", row.name)))?;
         if stored != binding_of(row) {
             return Err(StoreError::Corrupt(format!(
                 "{}: the stored binding disagrees with the control store",
                 row.name
             )));
         }
-        let index = engine.store.open_index(&row.graph_id)?;
-        let blobs = engine.store.open_blobs(&row.graph_id)?;
+        let index = engine.rooms.store.open_index(&row.graph_id)?;
+        let blobs = engine.rooms.store.open_blobs(&row.graph_id)?;
         let swept = blobs.sweep_temps()?;
         if swept > 0 {
             tracing::info!(room = %row.name, "removed {swept} blob temp files a crash left");
@@ -431,23 +433,26 @@ impl RoomHandle {
         let journal = {
             let index = &mut self.index;
             let room = self.name.clone();
-            engine.store.open_log(&self.graph_id, known, &mut |s| {
-                project_into(&mut pending, &room, &s.record)?;
-                if pending.batch.events.len() >= CATCH_UP_SLICE {
-                    let p = std::mem::replace(
-                        &mut pending,
-                        Projection {
-                            batch: Batch::default(),
-                            tasks: Vec::new(),
-                        },
-                    );
-                    index.apply(&p.batch)?;
-                    if let Err(e) = engine.apply_task_effects(&p.tasks, s.record.hlc.ms) {
-                        failed = Some(e);
+            engine
+                .rooms
+                .store
+                .open_log(&self.graph_id, known, &mut |s| {
+                    project_into(&mut pending, &room, &s.record)?;
+                    if pending.batch.events.len() >= CATCH_UP_SLICE {
+                        let p = std::mem::replace(
+                            &mut pending,
+                            Projection {
+                                batch: Batch::default(),
+                                tasks: Vec::new(),
+                            },
+                        );
+                        index.apply(&p.batch)?;
+                        if let Err(e) = engine.apply_task_effects(&p.tasks, s.record.hlc.ms) {
+                            failed = Some(e);
+                        }
                     }
-                }
-                Ok(())
-            })?
+                    Ok(())
+                })?
         };
         if let Some(e) = failed {
             return Err(e);
@@ -563,6 +568,7 @@ impl RoomHandle {
         // held from sealing through the append: another writer of this room (another daemon
         // on a shared backend) must not chain onto the same tip
         let _writer = engine
+            .rooms
             .store
             .room_writer(&self.graph_id)
             .map_err(store_err)?;

@@ -2,7 +2,8 @@
 //! requested and canonical roots and the (device, inode, mount id) of both; every
 //! project-scoped call re-derives them, and any change is `project_root_redirected`.
 
-use crate::{Engine, Outcome, store_err};
+use crate::authority::Authority;
+use crate::{Outcome, store_err};
 use room_core::{Code, ObjectId, Refusal, id, name};
 use room_store::control::ProjectRow;
 use serde_json::{Value, json};
@@ -26,7 +27,7 @@ fn overlaps(a: &Path, b: &Path) -> bool {
     a.starts_with(b) || b.starts_with(a)
 }
 
-impl Engine {
+impl Authority {
     /// Open a project grant over `requested`.
     pub fn project_open(
         &self,

@@ -174,11 +174,7 @@ impl Engine {
             .insert_room(&row, members)
             .map_err(store_err)?;
         let handle = RoomHandle::open(self, &row).map_err(store_err)?;
-        let handle = Arc::new(Mutex::new(handle));
-        self.rooms
-            .lock()
-            .expect("rooms map lock")
-            .insert(room.into(), handle.clone());
+        let handle = self.rooms.insert(room, handle);
         let body = EventBody::RoomCreated {
             actor: "owner".into(),
             room: room.into(),
@@ -505,11 +501,7 @@ impl Engine {
         let t = self.task_row(task)?;
         let (handle, _) = self.member_handle(&p, &t.room)?;
         // scopes never change after creation, so whether the lease lock is needed is known now
-        let _leases = (!t.scopes.is_empty()).then(|| {
-            self.lease_lock
-                .lock()
-                .expect("lease lock is never poisoned")
-        });
+        let _leases = (!t.scopes.is_empty()).then(|| self.rooms.lease_lock());
         let mut h = lock_room(&handle);
         h.writable()?;
         let t = self.task_row(task)?;
@@ -911,13 +903,7 @@ impl Engine {
             {
                 continue;
             }
-            let others: Vec<(String, Arc<Mutex<RoomHandle>>)> = self
-                .rooms
-                .lock()
-                .expect("rooms map lock")
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
+            let others = self.rooms.named();
             for (name, h) in others {
                 if name != room
                     && lock_room(&h)

@@ -25,6 +25,10 @@ impl Fs for RealFs {
         std::fs::read(path)
     }
 
+    fn append(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        append_bytes(path, bytes)
+    }
+
     fn write_atomic(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
@@ -118,12 +122,17 @@ pub fn sync_file(path: &Path) -> std::io::Result<()> {
 
 /// Append one JSON line to a log file (errors.jsonl, artifacts.jsonl) and sync it.
 pub fn append_jsonl(path: &Path, value: &serde_json::Value) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(value).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    append_bytes(path, &line)
+}
+
+/// Append `bytes` to `path` (created if absent) and sync them.
+pub fn append_bytes(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let mut f = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(path)?;
-    let mut line = serde_json::to_vec(value).map_err(std::io::Error::other)?;
-    line.push(b'\n');
-    f.write_all(&line)?;
+    f.write_all(bytes)?;
     f.sync_data()
 }

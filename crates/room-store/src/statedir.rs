@@ -57,6 +57,10 @@ impl StateDir {
             .join("projects")
             .join(format!("{project_id}.requested.json"))
     }
+    /// Integrity signals (a caller naming another principal), one JSON object a line.
+    pub fn integrity_log(&self) -> PathBuf {
+        self.root.join("integrity.jsonl")
+    }
     pub fn control_db(&self) -> PathBuf {
         self.root.join("control.db")
     }

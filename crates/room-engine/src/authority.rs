@@ -1,0 +1,48 @@
+//! Authority: who may act, and with what standing. It owns the control store (principals and
+//! their credential digests, verb policy, project grants, rosters, tasks, the wake queue) and
+//! the owner policy read from `config.toml`. Credentials (`principal`) and territory
+//! (`territory`) are its methods; every other part asks it, never the store directly for a
+//! decision of standing.
+
+use crate::Env;
+use crate::policy::{self, Policy};
+use room_store::ControlStore;
+use room_store::statedir::StateDir;
+use std::sync::{Mutex, MutexGuard};
+
+pub struct Authority {
+    pub(crate) env: Env,
+    pub(crate) state: StateDir,
+    pub(crate) control: Mutex<Box<dyn ControlStore>>,
+    pub(crate) policy: policy::PolicyCache,
+}
+
+impl Authority {
+    pub(crate) fn new(env: Env, state: StateDir, control: Box<dyn ControlStore>) -> Authority {
+        let policy = policy::PolicyCache::new(state.config(), env.fs.clone());
+        Authority {
+            env,
+            state,
+            control: Mutex::new(control),
+            policy,
+        }
+    }
+
+    pub(crate) fn control(&self) -> MutexGuard<'_, Box<dyn ControlStore>> {
+        let mut c = self
+            .control
+            .lock()
+            .expect("control lock is never poisoned: no panics while held");
+        c.refresh_if_stale();
+        c
+    }
+
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.env.clock.now_ms()
+    }
+
+    /// The current policy (fleet ceiling, redactor), re-read from config.toml when it changed.
+    pub fn policy(&self) -> Policy {
+        self.policy.for_check(self.env.clock.now_ms())
+    }
+}
