@@ -5,7 +5,7 @@
 
 use crate::control::{RoomRow, WakeRow};
 use crate::event::{
-    Binding, EventBody, Invariant, ItemKindWire, ItemSpec, Items, TaskTransition, item_id,
+    Binding, EventBody, Invariant, ItemSpec, Items, TaskStatus, TaskTransition, item_id,
 };
 use crate::{Engine, Outcome, store_err};
 use room_core::chain::ChainTip;
@@ -124,13 +124,12 @@ pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result
                 }
             }
             for res in &t.resolves {
-                let kind = match res.item {
-                    ItemKindWire::Mention => ItemKind::Mention,
-                    ItemKindWire::Obligation => ItemKind::Obligation,
-                };
-                p.batch
-                    .resolutions
-                    .push((kind, res.id.clone(), res.status.clone(), r.id.clone()));
+                p.batch.resolutions.push((
+                    res.item,
+                    res.id.clone(),
+                    res.status.clone(),
+                    r.id.clone(),
+                ));
             }
             if let Some(tr) = &t.task_transition {
                 p.tasks.push(TaskEffect::Transition(tr.clone()));
@@ -173,7 +172,7 @@ pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result
                     owner: c.owner.clone(),
                     recipient: c.recipient.clone(),
                     parent: c.parent.clone(),
-                    status: "open".into(),
+                    status: TaskStatus::Open,
                     created_ms: r.hlc.ms,
                     updated_ms: r.hlc.ms,
                     scopes: c.scopes.clone(),
@@ -181,7 +180,7 @@ pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result
             }
             if let Some(tr) = &te.transition {
                 p.tasks.push(TaskEffect::Transition(tr.clone()));
-                if tr.to == "claimed" {
+                if tr.to == TaskStatus::Claimed {
                     p.batch.lifecycles.push(LifecycleChange::Begin {
                         agent: te.actor.clone(),
                         task: te.task.clone(),
@@ -237,7 +236,13 @@ impl Engine {
                     }
                 }
                 TaskEffect::Transition(tr) => {
-                    c.update_task(&tr.task, &tr.from, &tr.to, tr.recipient.as_deref(), at_ms)?;
+                    c.update_task(
+                        &tr.task,
+                        tr.from.as_str(),
+                        tr.to.as_str(),
+                        tr.recipient.as_deref(),
+                        at_ms,
+                    )?;
                 }
                 TaskEffect::Member { room, agent } => {
                     c.add_member(room, agent)?;

@@ -5,8 +5,8 @@
 
 use crate::control::{RoomRow, TaskRow};
 use crate::event::{
-    Binding, BlobRef, Deliver, EventBody, ItemKindWire, ItemPlan, Resolution, TaskCreated,
-    TaskEvent, TaskTransition, Turn,
+    Binding, BlobRef, Deliver, EventBody, ItemKind, ItemPlan, Resolution, TaskCreated, TaskEvent,
+    TaskStatus, TaskTransition, Turn,
 };
 use crate::principal::{AgentCaller, Principal};
 use crate::room::{RoomHandle, binding_of, graph_id};
@@ -15,7 +15,7 @@ use crate::{Engine, Outcome, invariants, lock_room, store_err};
 use room_core::wake::{TASKED_DEADLINE_MS, UNTASKED_DEADLINE_MS};
 use room_core::{Code, Refusal, Verb, id, name};
 use room_store::blobs::INLINE_BYTES_MAX;
-use room_store::index::{CheckpointRow, ItemKind, ItemRow};
+use room_store::index::{CheckpointRow, ItemRow};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -319,7 +319,7 @@ impl Engine {
                     "event": serde_json::from_str::<Value>(&e.body).unwrap_or(Value::Null)})
             })
             .collect();
-        let items: Vec<Value> = [ItemKind::Mention, ItemKind::Obligation]
+        let items: Vec<Value> = ItemKind::ALL
             .into_iter()
             .flat_map(|k| h.index.items(k).unwrap_or_default())
             .map(|i| item_view(&i))
@@ -514,7 +514,7 @@ impl Engine {
         h.writable()?;
         let t = self.task_row(task)?;
         // a blocked task is resumed by claiming it again
-        if !matches!(t.status.as_str(), "open" | "blocked")
+        if !matches!(t.status, TaskStatus::Open | TaskStatus::Blocked)
             || t.recipient.as_deref().is_some_and(|r| r != p.name)
         {
             return Err(Refusal::new(
@@ -532,8 +532,8 @@ impl Engine {
             created: None,
             transition: Some(TaskTransition {
                 task: task.into(),
-                from: t.status.clone(),
-                to: "claimed".into(),
+                from: t.status,
+                to: TaskStatus::Claimed,
                 recipient: Some(p.name.clone()),
             }),
             idempotency_key: None,
@@ -678,16 +678,7 @@ impl Engine {
         let resolves = turn
             .resolves
             .iter()
-            .map(|r| {
-                (
-                    if r.item == ItemKindWire::Mention {
-                        ItemKind::Mention
-                    } else {
-                        ItemKind::Obligation
-                    },
-                    r.id.clone(),
-                )
-            })
+            .map(|r| (r.item, r.id.clone()))
             .collect();
         let snapshot_seq = h.tip().seq;
         drop(h);
@@ -976,11 +967,7 @@ impl Engine {
                 .iter()
                 .map(|i| Resolution {
                     id: i.id.clone(),
-                    item: if i.kind == ItemKind::Mention {
-                        ItemKindWire::Mention
-                    } else {
-                        ItemKindWire::Obligation
-                    },
+                    item: i.kind,
                     status: status.into(),
                 })
                 .collect()
@@ -1073,7 +1060,7 @@ impl Engine {
                     (None, Binding::Coordination) => false,
                     (Some(_), _) => {
                         let t = self.require_task(h, verb, args)?;
-                        if !matches!(t.status.as_str(), "open" | "claimed" | "blocked") {
+                        if t.status.is_settled() {
                             return Err(Refusal::new(
                                 Code::TaskStateInvalid,
                                 format!("task {} is {}", t.id, t.status),
@@ -1103,7 +1090,7 @@ impl Engine {
                         format!("task {} is not yours to hand off", t.id),
                     ));
                 }
-                if !matches!(t.status.as_str(), "open" | "claimed" | "blocked") {
+                if t.status.is_settled() {
                     return Err(Refusal::new(
                         Code::TaskStateInvalid,
                         format!("task {} is {}", t.id, t.status),
@@ -1117,8 +1104,8 @@ impl Engine {
                 };
                 turn.task_transition = Some(TaskTransition {
                     task: t.id.clone(),
-                    from: t.status.clone(),
-                    to: "open".into(),
+                    from: t.status,
+                    to: TaskStatus::Open,
                     recipient: Some(to.clone()),
                 });
                 turn.detail = json!({"lease_transferred": false, "fresh_claim_required": true, "from": p.name, "to": to});
@@ -1137,7 +1124,7 @@ impl Engine {
                         format!("task {} is not held by {}", t.id, p.name),
                     ));
                 }
-                if t.status != "claimed" {
+                if t.status != TaskStatus::Claimed {
                     return Err(Refusal::new(
                         Code::TaskStateInvalid,
                         format!("task {} is {}; claim it before done", t.id, t.status),
@@ -1151,8 +1138,8 @@ impl Engine {
                 turn.resolves = resolve(&hits, "resolved");
                 turn.task_transition = Some(TaskTransition {
                     task: t.id.clone(),
-                    from: "claimed".into(),
-                    to: "done".into(),
+                    from: TaskStatus::Claimed,
+                    to: TaskStatus::Done,
                     recipient: Some(p.name.clone()),
                 });
                 turn.detail = json!({"acceptance": "not_evaluated", "acceptance_results": []});
@@ -1165,7 +1152,7 @@ impl Engine {
                         format!("task {} is not held by {}", t.id, p.name),
                     ));
                 }
-                if !matches!(t.status.as_str(), "open" | "claimed") {
+                if !matches!(t.status, TaskStatus::Open | TaskStatus::Claimed) {
                     return Err(Refusal::new(
                         Code::TaskStateInvalid,
                         format!("task {} is {}", t.id, t.status),
@@ -1173,8 +1160,8 @@ impl Engine {
                 }
                 turn.task_transition = Some(TaskTransition {
                     task: t.id.clone(),
-                    from: t.status.clone(),
-                    to: "blocked".into(),
+                    from: t.status,
+                    to: TaskStatus::Blocked,
                     recipient: Some(p.name.clone()),
                 });
                 if t.owner != p.name {
@@ -1195,7 +1182,7 @@ impl Engine {
                         format!("task {} is not addressed to {}", t.id, p.name),
                     ));
                 }
-                if !matches!(t.status.as_str(), "open" | "claimed" | "blocked") {
+                if t.status.is_settled() {
                     return Err(Refusal::new(
                         Code::TaskStateInvalid,
                         format!("task {} is {}", t.id, t.status),
@@ -1208,8 +1195,8 @@ impl Engine {
                 turn.resolves = resolve(&hits, "declined");
                 turn.task_transition = Some(TaskTransition {
                     task: t.id.clone(),
-                    from: t.status.clone(),
-                    to: "declined".into(),
+                    from: t.status,
+                    to: TaskStatus::Declined,
                     recipient: Some(p.name.clone()),
                 });
                 if t.owner != p.name {
@@ -1301,7 +1288,7 @@ pub fn open_item_view(i: &ItemRow) -> Value {
         i.status == "open",
         "only open items are listed in a sync page"
     );
-    json!({"id": i.id, "kind": kind_name(i.kind),
+    json!({"id": i.id, "kind": i.kind.as_str(),
         "source": i.source, "from": i.from_agent, "task": i.task, "not_after_ms": i.not_after_ms})
 }
 
@@ -1310,13 +1297,10 @@ pub fn open_item_view(i: &ItemRow) -> Value {
 /// its source and addressee). Four primary-key reads, however many items are open.
 fn open_items_named(h: &RoomHandle, agent: &str, target: &str) -> Outcome<Vec<ItemRow>> {
     let mut out: Vec<ItemRow> = Vec::new();
-    for (kind, prefix) in [
-        (ItemKind::Mention, crate::event::MENTION_PREFIX),
-        (ItemKind::Obligation, crate::event::OBLIGATION_PREFIX),
-    ] {
+    for kind in ItemKind::ALL {
         for id in [
             target.to_string(),
-            crate::event::item_id(prefix, target, agent),
+            crate::event::item_id(kind.prefix(), target, agent),
         ] {
             if let Some(i) = h.index.item(kind, &id).map_err(store_err)?
                 && i.agent == agent
@@ -1330,15 +1314,8 @@ fn open_items_named(h: &RoomHandle, agent: &str, target: &str) -> Outcome<Vec<It
     Ok(out)
 }
 
-fn kind_name(k: ItemKind) -> &'static str {
-    match k {
-        ItemKind::Mention => "mention",
-        ItemKind::Obligation => "obligation",
-    }
-}
-
 pub fn item_view(i: &ItemRow) -> Value {
-    json!({"id": i.id, "kind": kind_name(i.kind),
+    json!({"id": i.id, "kind": i.kind.as_str(),
         "source": i.source, "agent": i.agent, "from": i.from_agent, "task": i.task, "status": i.status,
         "resolved_by": i.resolved_by, "not_after_ms": i.not_after_ms})
 }
