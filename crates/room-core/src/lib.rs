@@ -22,4 +22,4 @@ pub use env::{Clock, Entropy, Fs, ObjectId};
 pub use event::TaskStatus;
 pub use hlc::Hlc;
 pub use refusal::{Code, Refusal};
-pub use tier::{Tier, Verb};
+pub use tier::{GatedVerb, Tier, Verb};
