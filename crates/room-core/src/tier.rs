@@ -104,20 +104,30 @@ impl Verb {
         Verb::ALL.into_iter().find(|v| v.as_str() == s)
     }
 
+    /// One of the nine participant verbs that must pass the Work Gate, as such.
+    pub fn gated(self) -> Option<GatedVerb> {
+        Some(match self {
+            Verb::Note => GatedVerb::Note,
+            Verb::Say => GatedVerb::Say,
+            Verb::Reply => GatedVerb::Reply,
+            Verb::Send => GatedVerb::Send,
+            Verb::Done => GatedVerb::Done,
+            Verb::Blocked => GatedVerb::Blocked,
+            Verb::Decline => GatedVerb::Decline,
+            Verb::Handoff => GatedVerb::Handoff,
+            Verb::Circle => GatedVerb::Circle,
+            Verb::Whoami
+            | Verb::List
+            | Verb::Sync
+            | Verb::TaskCreate
+            | Verb::TaskClaim
+            | Verb::TaskShow => return None,
+        })
+    }
+
     /// The nine participant verbs that must pass the Work Gate.
     pub fn is_gated(self) -> bool {
-        matches!(
-            self,
-            Verb::Note
-                | Verb::Say
-                | Verb::Reply
-                | Verb::Send
-                | Verb::Done
-                | Verb::Blocked
-                | Verb::Decline
-                | Verb::Handoff
-                | Verb::Circle
-        )
+        self.gated().is_some()
     }
 
     /// The lowest effective tier that may use the verb.
@@ -136,6 +146,61 @@ impl std::fmt::Display for Verb {
     }
 }
 
+/// A contribution verb: one of the nine that must pass the Work Gate (DESIGN §6). Only these
+/// reach a turn's planning, so a plan never meets a verb it has no rule for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum GatedVerb {
+    Note,
+    Say,
+    Reply,
+    Send,
+    Done,
+    Blocked,
+    Decline,
+    Handoff,
+    Circle,
+}
+
+impl GatedVerb {
+    pub const ALL: [GatedVerb; 9] = [
+        GatedVerb::Note,
+        GatedVerb::Say,
+        GatedVerb::Reply,
+        GatedVerb::Send,
+        GatedVerb::Done,
+        GatedVerb::Blocked,
+        GatedVerb::Decline,
+        GatedVerb::Handoff,
+        GatedVerb::Circle,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        Verb::from(self).as_str()
+    }
+}
+
+impl From<GatedVerb> for Verb {
+    fn from(v: GatedVerb) -> Verb {
+        match v {
+            GatedVerb::Note => Verb::Note,
+            GatedVerb::Say => Verb::Say,
+            GatedVerb::Reply => Verb::Reply,
+            GatedVerb::Send => Verb::Send,
+            GatedVerb::Done => Verb::Done,
+            GatedVerb::Blocked => Verb::Blocked,
+            GatedVerb::Decline => Verb::Decline,
+            GatedVerb::Handoff => Verb::Handoff,
+            GatedVerb::Circle => Verb::Circle,
+        }
+    }
+}
+
+impl std::fmt::Display for GatedVerb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -146,5 +211,15 @@ mod tests {
         for v in Verb::ALL {
             assert_eq!(Verb::parse(v.as_str()), Some(v));
         }
+    }
+
+    #[test]
+    fn gated_verbs_convert_both_ways() {
+        for g in GatedVerb::ALL {
+            assert_eq!(Verb::from(g).gated(), Some(g));
+            assert_eq!(g.to_string(), Verb::from(g).to_string());
+        }
+        let gated: Vec<GatedVerb> = Verb::ALL.into_iter().filter_map(Verb::gated).collect();
+        assert_eq!(gated.len(), GatedVerb::ALL.len());
     }
 }

@@ -16,7 +16,7 @@
 //! committed in the same batch as the act it stands beside; a lapse is recorded by the sweep.
 //! Exactly-once here means event registration, not exactly-once external effect.
 
-use crate::event::{EventBody, Invariant, Severity, TaskEvent, Turn, Violation};
+use crate::event::{EventBody, Invariant, Severity, TaskEvent, TaskStatus, Turn, Violation};
 use crate::room::RoomHandle;
 use crate::{Engine, Outcome, lock_room, store_err};
 use room_core::scope::{self, Scope};
@@ -190,7 +190,7 @@ impl Engine {
             let children = self.control().children(task).map_err(failed)?;
             let open: Vec<Value> = children
                 .iter()
-                .filter(|c| !matches!(c.status.as_str(), "done" | "declined"))
+                .filter(|c| !c.status.is_settled())
                 .map(|c| json!({"task": c.id, "status": c.status}))
                 .collect();
             if !open.is_empty() {
@@ -228,7 +228,10 @@ impl Engine {
             te.idempotency_key.as_deref(),
             Some(&te.task),
         )?;
-        let claiming = te.transition.as_ref().is_some_and(|t| t.to == "claimed");
+        let claiming = te
+            .transition
+            .as_ref()
+            .is_some_and(|t| t.to == TaskStatus::Claimed);
         if !claiming || scopes.is_empty() || self.config.skip_invariants {
             return Ok(());
         }

@@ -4,7 +4,7 @@
 //! from the journal at open, so a crash anywhere after the append loses nothing.
 
 use crate::event::{
-    Binding, EventBody, Invariant, ItemKindWire, ItemSpec, Items, TaskTransition, item_id,
+    Binding, EventBody, Invariant, ItemSpec, Items, TaskStatus, TaskTransition, item_id,
 };
 use crate::{Engine, Outcome, store_err};
 use room_core::chain::ChainTip;
@@ -119,13 +119,12 @@ pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result
                 }
             }
             for res in &t.resolves {
-                let kind = match res.item {
-                    ItemKindWire::Mention => ItemKind::Mention,
-                    ItemKindWire::Obligation => ItemKind::Obligation,
-                };
-                p.batch
-                    .resolutions
-                    .push((kind, res.id.clone(), res.status.clone(), r.id.clone()));
+                p.batch.resolutions.push((
+                    res.item,
+                    res.id.clone(),
+                    res.status.clone(),
+                    r.id.clone(),
+                ));
             }
             if let Some(tr) = &t.task_transition {
                 p.tasks.push(TaskEffect::Transition(tr.clone()));
@@ -168,7 +167,7 @@ pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result
                     owner: c.owner.clone(),
                     recipient: c.recipient.clone(),
                     parent: c.parent.clone(),
-                    status: "open".into(),
+                    status: TaskStatus::Open,
                     created_ms: r.hlc.ms,
                     updated_ms: r.hlc.ms,
                     scopes: c.scopes.clone(),
@@ -176,7 +175,7 @@ pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result
             }
             if let Some(tr) = &te.transition {
                 p.tasks.push(TaskEffect::Transition(tr.clone()));
-                if tr.to == "claimed" {
+                if tr.to == TaskStatus::Claimed {
                     p.batch.lifecycles.push(LifecycleChange::Begin {
                         agent: te.actor.clone(),
                         task: te.task.clone(),
@@ -232,7 +231,13 @@ impl Engine {
                     }
                 }
                 TaskEffect::Transition(tr) => {
-                    c.update_task(&tr.task, &tr.from, &tr.to, tr.recipient.as_deref(), at_ms)?;
+                    c.update_task(
+                        &tr.task,
+                        tr.from.as_str(),
+                        tr.to.as_str(),
+                        tr.recipient.as_deref(),
+                        at_ms,
+                    )?;
                 }
                 TaskEffect::Member { room, agent } => {
                     c.add_member(room, agent)?;

@@ -4,18 +4,18 @@
 //! frontier: a foreign event that arrived in between is `room_sync_concurrent_arrival`.
 
 use crate::event::{
-    Binding, BlobRef, Deliver, EventBody, ItemKindWire, ItemPlan, Resolution, TaskCreated,
-    TaskEvent, TaskTransition, Turn,
+    Binding, BlobRef, Deliver, EventBody, ItemKind, ItemPlan, Resolution, TaskCreated, TaskEvent,
+    TaskStatus, TaskTransition, Turn,
 };
 use crate::principal::{AgentCaller, Principal};
 use crate::room::{RoomHandle, binding_of, graph_id};
 use crate::sync::Standing;
 use crate::{Engine, Outcome, invariants, lock_room, store_err};
 use room_core::wake::{TASKED_DEADLINE_MS, UNTASKED_DEADLINE_MS};
-use room_core::{Code, Refusal, Verb, id, name};
+use room_core::{Code, GatedVerb, Refusal, Verb, id, name};
 use room_store::blobs::INLINE_BYTES_MAX;
 use room_store::control::{RoomRow, TaskRow};
-use room_store::index::{CheckpointRow, ItemKind, ItemRow};
+use room_store::index::{CheckpointRow, ItemRow};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -68,6 +68,28 @@ pub struct Prepared {
     snapshot_seq: u64,
     turn: Turn,
     resolves: Vec<(ItemKind, String)>,
+}
+
+/// What every verb's plan reads: the room (under its writer lock), the caller, the turn's
+/// arguments, the room's binding, the members its text mentions, and the time.
+struct PlanCx<'a> {
+    h: &'a RoomHandle,
+    p: &'a Principal,
+    args: &'a TurnArgs,
+    binding: &'a Binding,
+    mentioned: &'a [String],
+    now: u64,
+}
+
+impl PlanCx<'_> {
+    /// How a notice reaches its recipients: it wakes them in a coordination room; in a
+    /// project room (where waking is `send`'s) it is an inbox entry.
+    fn notice(&self) -> Deliver {
+        match self.binding {
+            Binding::Coordination => Deliver::NOTIFY,
+            Binding::Project { .. } => Deliver::INBOX,
+        }
+    }
 }
 
 fn member_refusal(agent: &str, room: &str) -> Refusal {
@@ -315,7 +337,7 @@ impl Engine {
                     "event": serde_json::from_str::<Value>(&e.body).unwrap_or(Value::Null)})
             })
             .collect();
-        let items: Vec<Value> = [ItemKind::Mention, ItemKind::Obligation]
+        let items: Vec<Value> = ItemKind::ALL
             .into_iter()
             .flat_map(|k| h.index.items(k).unwrap_or_default())
             .map(|i| item_view(&i))
@@ -506,7 +528,7 @@ impl Engine {
         h.writable()?;
         let t = self.task_row(task)?;
         // a blocked task is resumed by claiming it again
-        if !matches!(t.status.as_str(), "open" | "blocked")
+        if !matches!(t.status, TaskStatus::Open | TaskStatus::Blocked)
             || t.recipient.as_deref().is_some_and(|r| r != p.name)
         {
             return Err(Refusal::new(
@@ -522,12 +544,7 @@ impl Engine {
             action: "claimed".into(),
             task: task.into(),
             created: None,
-            transition: Some(TaskTransition {
-                task: task.into(),
-                from: t.status.clone(),
-                to: "claimed".into(),
-                recipient: Some(p.name.clone()),
-            }),
+            transition: Some(moved(&t, TaskStatus::Claimed, &p.name)),
             idempotency_key: None,
             ttl_ms: Some(ttl_ms.unwrap_or(TASKED_DEADLINE_MS)),
         };
@@ -564,13 +581,14 @@ impl Engine {
         verb: Verb,
         args: TurnArgs,
     ) -> Outcome<Prepared> {
-        if !verb.is_gated() {
+        // Only a gated verb goes on (in the `else`, `verb` is still the one asked for).
+        let Some(verb) = verb.gated() else {
             return Err(Refusal::invalid(
                 "verb",
                 format!("{verb} is not a contribution verb"),
             ));
-        }
-        let p = self.authorize(caller, verb)?;
+        };
+        let p = self.authorize(caller, verb.into())?;
         self.check_actor(&p, args.actor.as_deref(), "actor")?;
         invariants::check_key(args.idempotency_key.as_deref())?;
         let (handle, binding) = self.member_handle(&p, &args.room)?;
@@ -639,7 +657,7 @@ impl Engine {
         recipients.extend(mentioned.iter().cloned());
         let mut turn = Turn {
             actor: p.name.clone(),
-            verb,
+            verb: verb.into(),
             conversation_key: standing.key.conversation_key.clone(),
             text,
             text_blob,
@@ -658,28 +676,29 @@ impl Engine {
         // Identifiers the verb does not interpret itself must still name real things of this
         // room: they are stored with the turn and travel in wake permits.
         if let Some(r) = &args.reply_to
-            && !matches!(verb, Verb::Say | Verb::Reply)
+            && !matches!(verb, GatedVerb::Say | GatedVerb::Reply)
         {
             self.known_target(&h, r)?;
         }
-        if args.task.is_some() && matches!(verb, Verb::Note | Verb::Reply | Verb::Circle) {
+        if args.task.is_some()
+            && matches!(verb, GatedVerb::Note | GatedVerb::Reply | GatedVerb::Circle)
+        {
             self.require_task(&h, verb, &args)?;
         }
         let now = self.now_ms();
-        self.plan_verb(&h, &p, verb, &args, &binding, &mentioned, &mut turn, now)?;
+        let cx = PlanCx {
+            h: &h,
+            p: &p,
+            args: &args,
+            binding: &binding,
+            mentioned: &mentioned,
+            now,
+        };
+        self.plan_verb(verb, &cx, &mut turn)?;
         let resolves = turn
             .resolves
             .iter()
-            .map(|r| {
-                (
-                    if r.item == ItemKindWire::Mention {
-                        ItemKind::Mention
-                    } else {
-                        ItemKind::Obligation
-                    },
-                    r.id.clone(),
-                )
-            })
+            .map(|r| (r.item, r.id.clone()))
             .collect();
         let snapshot_seq = h.tip().seq;
         drop(h);
@@ -837,10 +856,14 @@ impl Engine {
         }))
     }
 
-    fn checked_text(&self, verb: Verb, args: &TurnArgs) -> Outcome<Option<String>> {
+    fn checked_text(&self, verb: GatedVerb, args: &TurnArgs) -> Outcome<Option<String>> {
         let needs_text = matches!(
             verb,
-            Verb::Note | Verb::Say | Verb::Reply | Verb::Send | Verb::Blocked
+            GatedVerb::Note
+                | GatedVerb::Say
+                | GatedVerb::Reply
+                | GatedVerb::Send
+                | GatedVerb::Blocked
         );
         match &args.text {
             Some(t) if t.len() > self.config.text_bytes_max => Err(Refusal::new(
@@ -927,7 +950,7 @@ impl Engine {
         Ok(())
     }
 
-    fn require_task(&self, h: &RoomHandle, verb: Verb, args: &TurnArgs) -> Outcome<TaskRow> {
+    fn require_task(&self, h: &RoomHandle, verb: GatedVerb, args: &TurnArgs) -> Outcome<TaskRow> {
         let task = args.task.as_deref().ok_or_else(|| {
             Refusal::new(Code::TaskRequired, format!("{verb} needs a task"))
                 .detail(json!({"field": "task"}))
@@ -942,312 +965,244 @@ impl Engine {
         Ok(t)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn plan_verb(
-        &self,
-        h: &RoomHandle,
-        p: &Principal,
-        verb: Verb,
-        args: &TurnArgs,
-        binding: &Binding,
-        mentioned: &[String],
-        turn: &mut Turn,
-        now: u64,
-    ) -> Outcome<()> {
-        let coordination = matches!(binding, Binding::Coordination);
-        // The verbs that answer or settle items read only the items they name: by id (an
-        // item's id derives from its source and addressee), by task, or the oldest sources.
-        let resolve = |items: &[ItemRow], status: &str| -> Vec<Resolution> {
-            items
-                .iter()
-                .map(|i| Resolution {
-                    id: i.id.clone(),
-                    item: if i.kind == ItemKind::Mention {
-                        ItemKindWire::Mention
-                    } else {
-                        ItemKindWire::Obligation
-                    },
-                    status: status.into(),
-                })
-                .collect()
-        };
+    /// Each verb's rule (DESIGN §6), one function each.
+    fn plan_verb(&self, verb: GatedVerb, cx: &PlanCx<'_>, turn: &mut Turn) -> Outcome<()> {
         match verb {
-            Verb::Note => {
-                if !mentioned.is_empty() {
-                    return Err(Refusal::new(
-                        Code::NoteMentionsRefused,
-                        format!("a note cannot mention anyone ({})", mentioned.join(", ")),
-                    )
-                    .hint("use say or send to address someone"));
-                }
-                if !args.to.is_empty() {
-                    return Err(Refusal::invalid("to", "a note addresses no one"));
-                }
-            }
-            Verb::Say => {
-                if args.task.is_some() {
-                    return Err(
-                        Refusal::new(Code::SayTaskRefused, "say does not carry a task")
-                            .hint("use send for task-bound work"),
-                    );
-                }
-                if let Some(r) = &args.reply_to {
-                    self.known_target(h, r)?;
-                    turn.resolves = resolve(&open_items_named(h, &p.name, r)?, "resolved");
-                } else if turn.to.is_empty() {
-                    let mut sources = h
-                        .index
-                        .open_sources(&p.name, OPEN_ITEMS_PAGE_MAX + 1)
-                        .map_err(store_err)?;
-                    if sources.len() > 1 {
-                        let truncated = sources.len() > OPEN_ITEMS_PAGE_MAX;
-                        sources.truncate(OPEN_ITEMS_PAGE_MAX);
-                        let how_many = if truncated {
-                            format!("more than {OPEN_ITEMS_PAGE_MAX}")
-                        } else {
-                            sources.len().to_string()
-                        };
-                        return Err(Refusal::new(
-                            Code::SayReplyTargetAmbiguous,
-                            format!(
-                                "you have open items from {how_many} sources; say which one you answer"
-                            ),
-                        )
-                        .detail(json!({"sources": sources, "sources_truncated": truncated}))
-                        .hint("pass --reply-to EVENT, or address someone with --to"));
-                    }
-                    if let Some(source) = sources.pop() {
-                        turn.resolves =
-                            resolve(&open_items_named(h, &p.name, &source)?, "resolved");
-                        turn.reply_to = Some(source);
-                    }
-                }
-                let what = if coordination {
-                    Deliver::NOTIFY
-                } else {
-                    Deliver::INBOX
-                };
-                turn.plan = ItemPlan::to(&turn.to, what, now, UNTASKED_DEADLINE_MS);
-            }
-            Verb::Reply => {
-                let target = args.reply_to.as_deref().ok_or_else(|| {
-                    Refusal::invalid("reply_to", "reply needs reply_to (an event or item id)")
-                })?;
-                self.known_target(h, target)?;
-                let hits = open_items_named(h, &p.name, target)?;
-                if hits.is_empty() {
-                    return Err(Refusal::new(
-                        Code::ReplyTargetNotAddressed,
-                        format!("{target} holds nothing open addressed to {}", p.name),
-                    )
-                    .hint(
-                        "reply to a mention or obligation that is yours (see open_items in sync)",
-                    ));
-                }
-                turn.resolves = resolve(&hits, "resolved");
-            }
-            Verb::Send => {
-                let tasked = match (&args.task, binding) {
-                    (None, Binding::Project { .. }) => {
-                        return Err(Refusal::new(
-                            Code::SendTaskRequired,
-                            "send in a project room needs a task",
-                        )
-                        .detail(json!({"field": "task"}))
-                        .hint("create one with task_create, then send --task"));
-                    }
-                    (None, Binding::Coordination) => false,
-                    (Some(_), _) => {
-                        let t = self.require_task(h, verb, args)?;
-                        if !matches!(t.status.as_str(), "open" | "claimed" | "blocked") {
-                            return Err(Refusal::new(
-                                Code::TaskStateInvalid,
-                                format!("task {} is {}", t.id, t.status),
-                            ));
-                        }
-                        true
-                    }
-                };
-                if turn.to.is_empty() {
-                    return Err(Refusal::invalid(
-                        "to",
-                        "send needs at least one recipient (--to or @mention)",
-                    ));
-                }
-                let deadline = if tasked {
-                    TASKED_DEADLINE_MS
-                } else {
-                    UNTASKED_DEADLINE_MS
-                };
-                turn.plan = ItemPlan::to(&turn.to, Deliver::ASSIGN, now, deadline);
-            }
-            Verb::Handoff => {
-                let t = self.require_task(h, verb, args)?;
-                if t.recipient.as_deref() != Some(p.name.as_str()) && t.owner != p.name {
-                    return Err(Refusal::new(
-                        Code::TaskNotHeld,
-                        format!("task {} is not yours to hand off", t.id),
-                    ));
-                }
-                if !matches!(t.status.as_str(), "open" | "claimed" | "blocked") {
-                    return Err(Refusal::new(
-                        Code::TaskStateInvalid,
-                        format!("task {} is {}", t.id, t.status),
-                    ));
-                }
-                let [to] = turn.to.as_slice() else {
-                    return Err(Refusal::invalid(
-                        "to",
-                        "handoff needs exactly one new recipient",
-                    ));
-                };
-                turn.task_transition = Some(TaskTransition {
-                    task: t.id.clone(),
-                    from: t.status.clone(),
-                    to: "open".into(),
-                    recipient: Some(to.clone()),
-                });
-                turn.detail = json!({"lease_transferred": false, "fresh_claim_required": true, "from": p.name, "to": to});
-                let what = if coordination {
-                    Deliver::NOTIFY
-                } else {
-                    Deliver::INBOX
-                };
-                turn.plan = ItemPlan::to(std::slice::from_ref(to), what, now, TASKED_DEADLINE_MS);
-            }
-            Verb::Done => {
-                let t = self.require_task(h, verb, args)?;
-                if t.recipient.as_deref() != Some(p.name.as_str()) {
-                    return Err(Refusal::new(
-                        Code::TaskNotHeld,
-                        format!("task {} is not held by {}", t.id, p.name),
-                    ));
-                }
-                if t.status != "claimed" {
-                    return Err(Refusal::new(
-                        Code::TaskStateInvalid,
-                        format!("task {} is {}; claim it before done", t.id, t.status),
-                    ));
-                }
-                let mut hits = h
-                    .index
-                    .open_items_for_task(&p.name, &t.id)
-                    .map_err(store_err)?;
-                hits.retain(|i| i.kind == ItemKind::Obligation);
-                turn.resolves = resolve(&hits, "resolved");
-                turn.task_transition = Some(TaskTransition {
-                    task: t.id.clone(),
-                    from: "claimed".into(),
-                    to: "done".into(),
-                    recipient: Some(p.name.clone()),
-                });
-                turn.detail = json!({"acceptance": "not_evaluated", "acceptance_results": []});
-            }
-            Verb::Blocked => {
-                let t = self.require_task(h, verb, args)?;
-                if t.recipient.as_deref() != Some(p.name.as_str()) {
-                    return Err(Refusal::new(
-                        Code::TaskNotHeld,
-                        format!("task {} is not held by {}", t.id, p.name),
-                    ));
-                }
-                if !matches!(t.status.as_str(), "open" | "claimed") {
-                    return Err(Refusal::new(
-                        Code::TaskStateInvalid,
-                        format!("task {} is {}", t.id, t.status),
-                    ));
-                }
-                turn.task_transition = Some(TaskTransition {
-                    task: t.id.clone(),
-                    from: t.status.clone(),
-                    to: "blocked".into(),
-                    recipient: Some(p.name.clone()),
-                });
-                if t.owner != p.name {
-                    turn.to = vec![t.owner.clone()];
-                    turn.plan = ItemPlan::to(
-                        std::slice::from_ref(&t.owner),
-                        Deliver::ASSIGN,
-                        now,
-                        TASKED_DEADLINE_MS,
-                    );
-                }
-            }
-            Verb::Decline => {
-                let t = self.require_task(h, verb, args)?;
-                if t.recipient.as_deref() != Some(p.name.as_str()) {
-                    return Err(Refusal::new(
-                        Code::TaskNotHeld,
-                        format!("task {} is not addressed to {}", t.id, p.name),
-                    ));
-                }
-                if !matches!(t.status.as_str(), "open" | "claimed" | "blocked") {
-                    return Err(Refusal::new(
-                        Code::TaskStateInvalid,
-                        format!("task {} is {}", t.id, t.status),
-                    ));
-                }
-                let hits = h
-                    .index
-                    .open_items_for_task(&p.name, &t.id)
-                    .map_err(store_err)?;
-                turn.resolves = resolve(&hits, "declined");
-                turn.task_transition = Some(TaskTransition {
-                    task: t.id.clone(),
-                    from: t.status.clone(),
-                    to: "declined".into(),
-                    recipient: Some(p.name.clone()),
-                });
-                if t.owner != p.name {
-                    turn.to = vec![t.owner.clone()];
-                    turn.plan = ItemPlan::to(
-                        std::slice::from_ref(&t.owner),
-                        Deliver::NOTIFY,
-                        now,
-                        TASKED_DEADLINE_MS,
-                    );
-                }
-            }
-            Verb::Circle => {
-                let ob = args.obligation.as_deref().ok_or_else(|| {
-                    Refusal::invalid("obligation", "circle needs the obligation id it re-raises")
-                })?;
-                if !id::is_obligation_id(ob) {
-                    return Err(Refusal::invalid(
-                        "obligation",
-                        "not an obligation id (obl_ and 16 hex)",
-                    ));
-                }
-                let row = h.index.item(ItemKind::Obligation, ob).map_err(store_err)?;
-                let row = match row {
-                    Some(r) if r.from_agent == p.name && r.status == "open" => r,
-                    _ => {
-                        return Err(Refusal::new(
-                            Code::ObligationNotFound,
-                            format!("{ob} is not an open obligation you raised in this room"),
-                        ));
-                    }
-                };
-                turn.to = vec![row.agent.clone()];
-                turn.reply_to = Some(row.source.clone());
-                turn.task = row.task.clone();
-                let not_after = row.not_after_ms.unwrap_or(now);
-                turn.detail = json!({"obligation": ob, "original_not_after_ms": not_after});
-                turn.plan = ItemPlan {
-                    mention: vec![],
-                    oblige: vec![],
-                    wake: vec![row.agent.clone()],
-                    not_after_ms: not_after,
-                    deadline_ms: if row.task.is_some() {
-                        TASKED_DEADLINE_MS
-                    } else {
-                        UNTASKED_DEADLINE_MS
-                    },
-                };
-            }
-            _ => unreachable!("only gated verbs reach plan_verb"),
+            GatedVerb::Note => self.plan_note(cx, turn),
+            GatedVerb::Say => self.plan_say(cx, turn),
+            GatedVerb::Reply => self.plan_reply(cx, turn),
+            GatedVerb::Send => self.plan_send(cx, turn),
+            GatedVerb::Done => self.plan_done(cx, turn),
+            GatedVerb::Blocked => self.plan_blocked(cx, turn),
+            GatedVerb::Decline => self.plan_decline(cx, turn),
+            GatedVerb::Handoff => self.plan_handoff(cx, turn),
+            GatedVerb::Circle => self.plan_circle(cx, turn),
+        }
+    }
+
+    /// `note`: status telemetry. It addresses no one, and a visible @mention is refused.
+    fn plan_note(&self, cx: &PlanCx<'_>, _turn: &mut Turn) -> Outcome<()> {
+        if !cx.mentioned.is_empty() {
+            return Err(Refusal::new(
+                Code::NoteMentionsRefused,
+                format!("a note cannot mention anyone ({})", cx.mentioned.join(", ")),
+            )
+            .hint("use say or send to address someone"));
+        }
+        if !cx.args.to.is_empty() {
+            return Err(Refusal::invalid("to", "a note addresses no one"));
         }
         Ok(())
+    }
+
+    /// `say`: carries no task. An explicit `reply_to` resolves what its target holds for the
+    /// caller; an untargeted say to no one answers the caller's one open source (from more
+    /// than one it is ambiguous). It wakes its recipients in coordination rooms only.
+    fn plan_say(&self, cx: &PlanCx<'_>, turn: &mut Turn) -> Outcome<()> {
+        if cx.args.task.is_some() {
+            return Err(
+                Refusal::new(Code::SayTaskRefused, "say does not carry a task")
+                    .hint("use send for task-bound work"),
+            );
+        }
+        let me = cx.p.name.as_str();
+        if let Some(r) = &cx.args.reply_to {
+            self.known_target(cx.h, r)?;
+            turn.resolves = resolutions(&open_items_named(cx.h, me, r)?, "resolved");
+        } else if turn.to.is_empty()
+            && let Some(source) = only_open_source(cx.h, me)?
+        {
+            turn.resolves = resolutions(&open_items_named(cx.h, me, &source)?, "resolved");
+            turn.reply_to = Some(source);
+        }
+        turn.plan = ItemPlan::to(&turn.to, cx.notice(), cx.now, UNTASKED_DEADLINE_MS);
+        Ok(())
+    }
+
+    /// `reply`: answers a mention or obligation addressed to the caller (named by its id or
+    /// its source event). Wakes no one.
+    fn plan_reply(&self, cx: &PlanCx<'_>, turn: &mut Turn) -> Outcome<()> {
+        let target = cx.args.reply_to.as_deref().ok_or_else(|| {
+            Refusal::invalid("reply_to", "reply needs reply_to (an event or item id)")
+        })?;
+        self.known_target(cx.h, target)?;
+        let hits = open_items_named(cx.h, &cx.p.name, target)?;
+        if hits.is_empty() {
+            return Err(Refusal::new(
+                Code::ReplyTargetNotAddressed,
+                format!("{target} holds nothing open addressed to {}", cx.p.name),
+            )
+            .hint("reply to a mention or obligation that is yours (see open_items in sync)"));
+        }
+        turn.resolves = resolutions(&hits, "resolved");
+        Ok(())
+    }
+
+    /// `send`: an assignment (mention, obligation, wake) to each recipient. A project room
+    /// needs a task, and a task must not be settled.
+    fn plan_send(&self, cx: &PlanCx<'_>, turn: &mut Turn) -> Outcome<()> {
+        let tasked = match (&cx.args.task, cx.binding) {
+            (None, Binding::Project { .. }) => {
+                return Err(Refusal::new(
+                    Code::SendTaskRequired,
+                    "send in a project room needs a task",
+                )
+                .detail(json!({"field": "task"}))
+                .hint("create one with task_create, then send --task"));
+            }
+            (None, Binding::Coordination) => false,
+            (Some(_), _) => {
+                let t = self.require_task(cx.h, GatedVerb::Send, cx.args)?;
+                if !LIVE.contains(&t.status) {
+                    return Err(task_state_invalid(&t, ""));
+                }
+                true
+            }
+        };
+        if turn.to.is_empty() {
+            return Err(Refusal::invalid(
+                "to",
+                "send needs at least one recipient (--to or @mention)",
+            ));
+        }
+        let deadline = if tasked {
+            TASKED_DEADLINE_MS
+        } else {
+            UNTASKED_DEADLINE_MS
+        };
+        turn.plan = ItemPlan::to(&turn.to, Deliver::ASSIGN, cx.now, deadline);
+        Ok(())
+    }
+
+    /// `handoff`: the task goes back to open for exactly one new recipient, who gets it in its
+    /// inbox (a wake in coordination rooms). No lease moves: the new recipient must claim.
+    fn plan_handoff(&self, cx: &PlanCx<'_>, turn: &mut Turn) -> Outcome<()> {
+        let t = self.held_task(GatedVerb::Handoff, cx, LIVE)?;
+        let [to] = turn.to.as_slice() else {
+            return Err(Refusal::invalid(
+                "to",
+                "handoff needs exactly one new recipient",
+            ));
+        };
+        let to = to.clone();
+        turn.task_transition = Some(moved(&t, TaskStatus::Open, &to));
+        turn.detail = json!({"lease_transferred": false, "fresh_claim_required": true, "from": cx.p.name, "to": to});
+        turn.plan = ItemPlan::to(
+            std::slice::from_ref(&to),
+            cx.notice(),
+            cx.now,
+            TASKED_DEADLINE_MS,
+        );
+        Ok(())
+    }
+
+    /// `done`: the caller's claimed task is done, and the caller's obligations on it resolve.
+    /// Acceptance is not evaluated yet, and the turn says so.
+    fn plan_done(&self, cx: &PlanCx<'_>, turn: &mut Turn) -> Outcome<()> {
+        let t = self.held_task(GatedVerb::Done, cx, &[TaskStatus::Claimed])?;
+        let mut hits =
+            cx.h.index
+                .open_items_for_task(&cx.p.name, &t.id)
+                .map_err(store_err)?;
+        hits.retain(|i| i.kind == ItemKind::Obligation);
+        turn.resolves = resolutions(&hits, "resolved");
+        turn.task_transition = Some(moved(&t, TaskStatus::Done, &cx.p.name));
+        turn.detail = json!({"acceptance": "not_evaluated", "acceptance_results": []});
+        Ok(())
+    }
+
+    /// `blocked`: the caller's task is blocked; its owner gets an obligation to answer.
+    fn plan_blocked(&self, cx: &PlanCx<'_>, turn: &mut Turn) -> Outcome<()> {
+        let open_or_claimed = [TaskStatus::Open, TaskStatus::Claimed];
+        let t = self.held_task(GatedVerb::Blocked, cx, &open_or_claimed)?;
+        turn.task_transition = Some(moved(&t, TaskStatus::Blocked, &cx.p.name));
+        tell_owner(cx, &t, Deliver::ASSIGN, turn);
+        Ok(())
+    }
+
+    /// `decline`: the caller refuses the task addressed to it; its items on the task resolve
+    /// as declined (never as done) and the owner is notified.
+    fn plan_decline(&self, cx: &PlanCx<'_>, turn: &mut Turn) -> Outcome<()> {
+        let t = self.held_task(GatedVerb::Decline, cx, LIVE)?;
+        let hits =
+            cx.h.index
+                .open_items_for_task(&cx.p.name, &t.id)
+                .map_err(store_err)?;
+        turn.resolves = resolutions(&hits, "declined");
+        turn.task_transition = Some(moved(&t, TaskStatus::Declined, &cx.p.name));
+        tell_owner(cx, &t, Deliver::NOTIFY, turn);
+        Ok(())
+    }
+
+    /// `circle`: re-raises an open obligation the caller raised, waking its addressee under
+    /// the original deadline.
+    fn plan_circle(&self, cx: &PlanCx<'_>, turn: &mut Turn) -> Outcome<()> {
+        let ob = cx.args.obligation.as_deref().ok_or_else(|| {
+            Refusal::invalid("obligation", "circle needs the obligation id it re-raises")
+        })?;
+        if !id::is_obligation_id(ob) {
+            return Err(Refusal::invalid(
+                "obligation",
+                "not an obligation id (obl_ and 16 hex)",
+            ));
+        }
+        let row =
+            cx.h.index
+                .item(ItemKind::Obligation, ob)
+                .map_err(store_err)?;
+        let row = match row {
+            Some(r) if r.from_agent == cx.p.name && r.status == "open" => r,
+            _ => {
+                return Err(Refusal::new(
+                    Code::ObligationNotFound,
+                    format!("{ob} is not an open obligation you raised in this room"),
+                ));
+            }
+        };
+        turn.to = vec![row.agent.clone()];
+        turn.reply_to = Some(row.source.clone());
+        turn.task = row.task.clone();
+        let not_after = row.not_after_ms.unwrap_or(cx.now);
+        turn.detail = json!({"obligation": ob, "original_not_after_ms": not_after});
+        turn.plan = ItemPlan {
+            mention: vec![],
+            oblige: vec![],
+            wake: vec![row.agent.clone()],
+            not_after_ms: not_after,
+            deadline_ms: if row.task.is_some() {
+                TASKED_DEADLINE_MS
+            } else {
+                UNTASKED_DEADLINE_MS
+            },
+        };
+        Ok(())
+    }
+
+    /// The turn's task, held by the caller and in one of `from`: what every verb that moves a
+    /// task checks first (done, blocked, decline, handoff). The holder is the task's
+    /// recipient; a handoff may also come from its owner.
+    fn held_task(&self, verb: GatedVerb, cx: &PlanCx<'_>, from: &[TaskStatus]) -> Outcome<TaskRow> {
+        let t = self.require_task(cx.h, verb, cx.args)?;
+        let me = cx.p.name.as_str();
+        let holds =
+            t.recipient.as_deref() == Some(me) || (verb == GatedVerb::Handoff && t.owner == me);
+        if !holds {
+            let why = match verb {
+                GatedVerb::Handoff => format!("task {} is not yours to hand off", t.id),
+                GatedVerb::Decline => format!("task {} is not addressed to {me}", t.id),
+                _ => format!("task {} is not held by {me}", t.id),
+            };
+            return Err(Refusal::new(Code::TaskNotHeld, why));
+        }
+        if !from.contains(&t.status) {
+            let then = if verb == GatedVerb::Done {
+                "; claim it before done"
+            } else {
+                ""
+            };
+            return Err(task_state_invalid(&t, then));
+        }
+        Ok(t)
     }
 
     /// A reply target must be an event or item of this room.
@@ -1287,7 +1242,7 @@ pub fn open_item_view(i: &ItemRow) -> Value {
         i.status == "open",
         "only open items are listed in a sync page"
     );
-    json!({"id": i.id, "kind": kind_name(i.kind),
+    json!({"id": i.id, "kind": i.kind.as_str(),
         "source": i.source, "from": i.from_agent, "task": i.task, "not_after_ms": i.not_after_ms})
 }
 
@@ -1296,13 +1251,10 @@ pub fn open_item_view(i: &ItemRow) -> Value {
 /// its source and addressee). Four primary-key reads, however many items are open.
 fn open_items_named(h: &RoomHandle, agent: &str, target: &str) -> Outcome<Vec<ItemRow>> {
     let mut out: Vec<ItemRow> = Vec::new();
-    for (kind, prefix) in [
-        (ItemKind::Mention, crate::event::MENTION_PREFIX),
-        (ItemKind::Obligation, crate::event::OBLIGATION_PREFIX),
-    ] {
+    for kind in ItemKind::ALL {
         for id in [
             target.to_string(),
-            crate::event::item_id(prefix, target, agent),
+            crate::event::item_id(kind.prefix(), target, agent),
         ] {
             if let Some(i) = h.index.item(kind, &id).map_err(store_err)?
                 && i.agent == agent
@@ -1316,15 +1268,80 @@ fn open_items_named(h: &RoomHandle, agent: &str, target: &str) -> Outcome<Vec<It
     Ok(out)
 }
 
-fn kind_name(k: ItemKind) -> &'static str {
-    match k {
-        ItemKind::Mention => "mention",
-        ItemKind::Obligation => "obligation",
+/// The statuses a verb can still move a task from: every one but done and declined.
+const LIVE: &[TaskStatus] = &[TaskStatus::Open, TaskStatus::Claimed, TaskStatus::Blocked];
+
+/// The compare-and-set that moves `t` from the status it was read in to `to`, for `recipient`.
+fn moved(t: &TaskRow, to: TaskStatus, recipient: &str) -> TaskTransition {
+    TaskTransition {
+        task: t.id.clone(),
+        from: t.status,
+        to,
+        recipient: Some(recipient.into()),
     }
 }
 
+fn task_state_invalid(t: &TaskRow, then: &str) -> Refusal {
+    Refusal::new(
+        Code::TaskStateInvalid,
+        format!("task {} is {}{then}", t.id, t.status),
+    )
+}
+
+/// A task's owner hears of what its recipient did to it (unless they are one agent).
+fn tell_owner(cx: &PlanCx<'_>, t: &TaskRow, what: Deliver, turn: &mut Turn) {
+    if t.owner != cx.p.name {
+        turn.to = vec![t.owner.clone()];
+        turn.plan = ItemPlan::to(
+            std::slice::from_ref(&t.owner),
+            what,
+            cx.now,
+            TASKED_DEADLINE_MS,
+        );
+    }
+}
+
+/// The verbs that answer or settle items read only the items they name: by id (an item's id
+/// derives from its source and addressee), by task, or the oldest sources.
+fn resolutions(items: &[ItemRow], status: &str) -> Vec<Resolution> {
+    items
+        .iter()
+        .map(|i| Resolution {
+            id: i.id.clone(),
+            item: i.kind,
+            status: status.into(),
+        })
+        .collect()
+}
+
+/// The one source the open items addressed to `agent` come from, if any. Items from more
+/// than one source make an untargeted say ambiguous: `say_reply_target_ambiguous`, before
+/// anything is written.
+fn only_open_source(h: &RoomHandle, agent: &str) -> Outcome<Option<String>> {
+    let mut sources = h
+        .index
+        .open_sources(agent, OPEN_ITEMS_PAGE_MAX + 1)
+        .map_err(store_err)?;
+    if sources.len() > 1 {
+        let truncated = sources.len() > OPEN_ITEMS_PAGE_MAX;
+        sources.truncate(OPEN_ITEMS_PAGE_MAX);
+        let how_many = if truncated {
+            format!("more than {OPEN_ITEMS_PAGE_MAX}")
+        } else {
+            sources.len().to_string()
+        };
+        return Err(Refusal::new(
+            Code::SayReplyTargetAmbiguous,
+            format!("you have open items from {how_many} sources; say which one you answer"),
+        )
+        .detail(json!({"sources": sources, "sources_truncated": truncated}))
+        .hint("pass --reply-to EVENT, or address someone with --to"));
+    }
+    Ok(sources.pop())
+}
+
 pub fn item_view(i: &ItemRow) -> Value {
-    json!({"id": i.id, "kind": kind_name(i.kind),
+    json!({"id": i.id, "kind": i.kind.as_str(),
         "source": i.source, "agent": i.agent, "from": i.from_agent, "task": i.task, "status": i.status,
         "resolved_by": i.resolved_by, "not_after_ms": i.not_after_ms})
 }

@@ -696,3 +696,23 @@ fn a_sync_page_lists_the_oldest_open_items_and_their_total() {
     let page = e.sync(&b, "r", None).unwrap();
     assert_eq!(page["open_items_total"], n as u64 - 2);
 }
+
+#[test]
+fn only_a_gated_verb_reaches_a_turn() {
+    let f = Fixture::new();
+    let e = f.engine(9);
+    let a = agent(&e, "alpha", Tier::Coordinator);
+    e.room_create(&owner(&e), "r", None, &["alpha".into()])
+        .unwrap();
+    catch_up(&e, &a, "r");
+    let before = tip(&e, "r");
+    for verb in Verb::ALL.into_iter().filter(|v| !v.is_gated()) {
+        let err = e.turn(&a, verb, say("r", "hello")).unwrap_err();
+        assert_eq!(err.code, Code::InvalidArgument);
+        assert_eq!(
+            err.message,
+            format!("verb: {verb} is not a contribution verb")
+        );
+    }
+    assert_eq!(tip(&e, "r"), before);
+}

@@ -11,7 +11,7 @@ use crate::index::{
     Batch, CheckpointRow, EventRow, ItemKind, ItemRow, LifecycleChange, ReceiptRow,
 };
 use room_core::chain::ChainTip;
-use room_core::{Hlc, Record};
+use room_core::{Hlc, Record, TaskStatus};
 use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -102,7 +102,7 @@ fn task(id: &str, room: &str, project: Option<&str>, scopes: &[&str]) -> TaskRow
         owner: "alpha".into(),
         recipient: Some("beta".into()),
         parent: None,
-        status: "open".into(),
+        status: TaskStatus::Open,
         created_ms: 30,
         updated_ms: 30,
         scopes: scopes.iter().map(|s| s.to_string()).collect(),
@@ -298,7 +298,7 @@ pub fn control_tasks(h: &mut dyn Harness) {
     let a = c.task("tsk_a").unwrap().unwrap();
     assert_eq!((a.status.as_str(), a.updated_ms), ("claimed", 40));
     assert_eq!(a.scopes, ["file:src/"]);
-    assert_eq!(c.task("tsk_b").unwrap().unwrap().status, "done");
+    assert_eq!(c.task("tsk_b").unwrap().unwrap().status, TaskStatus::Done);
     let kids: Vec<String> = c
         .children("tsk_a")
         .unwrap()

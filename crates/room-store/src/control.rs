@@ -6,6 +6,7 @@
 use crate::backend::{ChangeStamp, ControlStore};
 use crate::index::SqliteConfig;
 use crate::{Result, StoreError};
+use room_core::TaskStatus;
 use rusqlite::{Connection, OptionalExtension, params};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -152,7 +153,7 @@ pub struct TaskRow {
     pub owner: String,
     pub recipient: Option<String>,
     pub parent: Option<String>,
-    pub status: String,
+    pub status: TaskStatus,
     pub created_ms: u64,
     pub updated_ms: u64,
     /// Typed scopes (`namespace:resource`) a claim of this task leases exclusively.
@@ -172,13 +173,30 @@ fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TaskRow> {
         owner: r.get(4)?,
         recipient: r.get(5)?,
         parent: r.get(6)?,
-        status: r.get(7)?,
+        status: {
+            let s: String = r.get(7)?;
+            TaskStatus::parse(&s).ok_or_else(|| {
+                let e = StoreError::Corrupt(format!("task status {s:?}"));
+                rusqlite::Error::FromSqlConversionFailure(7, rusqlite::types::Type::Text, e.into())
+            })?
+        },
         created_ms: u(r.get(8)?),
         updated_ms: u(r.get(9)?),
         scopes: serde_json::from_str(&scopes).map_err(|e| {
             rusqlite::Error::FromSqlConversionFailure(10, rusqlite::types::Type::Text, Box::new(e))
         })?,
     })
+}
+
+/// A row error that `task_from_row` found to be corruption (a status no version writes) is
+/// reported as such; any other stays an SQLite error.
+fn task_err(e: rusqlite::Error) -> StoreError {
+    match e {
+        rusqlite::Error::FromSqlConversionFailure(_, _, inner) if inner.is::<StoreError>() => {
+            *inner.downcast::<StoreError>().expect("checked by is")
+        }
+        e => StoreError::Sql(e),
+    }
 }
 
 /// In-memory copy of the rows every call reads (principals, policy, rooms, rosters). The
@@ -625,11 +643,11 @@ impl ControlStore for SqliteControl {
     }
 
     fn task(&self, id: &str) -> Result<Option<TaskRow>> {
-        Ok(self
-            .conn
+        self.conn
             .prepare_cached(&format!("SELECT {TASK_COLS} FROM tasks WHERE id = ?1"))?
             .query_row([id], task_from_row)
-            .optional()?)
+            .optional()
+            .map_err(task_err)
     }
 
     /// Tasks whose parent is `parent`.
@@ -638,7 +656,7 @@ impl ControlStore for SqliteControl {
             "SELECT {TASK_COLS} FROM tasks WHERE parent = ?1 ORDER BY id"
         ))?;
         let rows = st.query_map([parent], task_from_row)?;
-        Ok(rows.collect::<rusqlite::Result<_>>()?)
+        rows.collect::<rusqlite::Result<_>>().map_err(task_err)
     }
 
     /// Claimed tasks that name a scope, in one project (or, outside projects, one room): the
@@ -650,7 +668,7 @@ impl ControlStore for SqliteControl {
              ORDER BY id"
         ))?;
         let rows = st.query_map(params![project, room], task_from_row)?;
-        Ok(rows.collect::<rusqlite::Result<_>>()?)
+        rows.collect::<rusqlite::Result<_>>().map_err(task_err)
     }
 
     fn insert_task(&mut self, t: &TaskRow) -> Result<()> {
@@ -658,7 +676,7 @@ impl ControlStore for SqliteControl {
             c.conn.execute(
                 "INSERT INTO tasks (id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms, scopes)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-                params![t.id, t.room, t.project_id, t.title, t.owner, t.recipient, t.parent, t.status, t.created_ms as i64, t.updated_ms as i64,
+                params![t.id, t.room, t.project_id, t.title, t.owner, t.recipient, t.parent, t.status.as_str(), t.created_ms as i64, t.updated_ms as i64,
                     serde_json::to_string(&t.scopes).expect("scopes serialize")],
             )?;
             Ok(())

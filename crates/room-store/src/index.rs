@@ -186,13 +186,14 @@ pub struct EventRow {
     pub body: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ItemKind {
-    Mention,
-    Obligation,
+/// The item kinds are the journal's (`room_core::event::ItemKind`); each has its own table.
+pub use room_core::event::ItemKind;
+
+trait Table {
+    fn table(self) -> &'static str;
 }
 
-impl ItemKind {
+impl Table for ItemKind {
     fn table(self) -> &'static str {
         match self {
             ItemKind::Mention => "mentions",

@@ -1,0 +1,485 @@
+//! The journal's event schema: the domain events a room's journal carries, as the journal
+//! stores them (canonical JSON). Every reader of journals (the engine's projection, the
+//! simulator's oracle, a dashboard) shares these types without depending on the engine. The
+//! serde attributes are the on-disk format: journals are hash-chained, so a change to any of
+//! them must keep every written event's canonical JSON byte-identical.
+
+use crate::Verb;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "scope", rename_all = "snake_case")]
+pub enum Binding {
+    Coordination,
+    Project { id: String },
+}
+
+impl Binding {
+    pub fn project(&self) -> Option<&str> {
+        match self {
+            Binding::Coordination => None,
+            Binding::Project { id } => Some(id),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum EventBody {
+    RoomCreated {
+        actor: String,
+        room: String,
+        binding: Binding,
+        members: Vec<String>,
+    },
+    MemberAdded {
+        actor: String,
+        agent: String,
+    },
+    RoomReset {
+        actor: String,
+    },
+    Turn(Box<Turn>),
+    /// Flush 2 of a turn: the mention and obligation records its flush 1 implies.
+    Items(Items),
+    Task(Box<TaskEvent>),
+    /// A runtime invariant's verdict (see `invariants`): a rejected act (its envelope never
+    /// committed), a flag beside a committed one, or an in-doubt lapse.
+    InvariantViolation(Violation),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Invariant {
+    ExactlyOnce,
+    WellFormed,
+    Exclusive,
+    Causal,
+    Resolution,
+}
+
+impl Invariant {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Invariant::ExactlyOnce => "exactly_once",
+            Invariant::WellFormed => "well_formed",
+            Invariant::Exclusive => "exclusive",
+            Invariant::Causal => "causal",
+            Invariant::Resolution => "resolution",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    /// The act was refused and its envelope not committed.
+    Reject,
+    /// The act was committed; the condition is surfaced beside it.
+    Flag,
+    /// An intention outlived its TTL unresolved: neither success nor failure.
+    InDoubt,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Violation {
+    /// The agent whose act or intention it concerns.
+    pub actor: String,
+    pub invariant: Invariant,
+    pub severity: Severity,
+    /// The act: a verb or task operation name.
+    pub act: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
+    /// The committed event a flag stands beside.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub detail: serde_json::Value,
+}
+
+/// Text that spilled into a blob.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlobRef {
+    pub sha256: String,
+    pub bytes: u64,
+    pub preview: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resolution {
+    pub id: String,
+    pub item: ItemKind,
+    /// The item's new status (`resolved`, `declined`).
+    pub status: String,
+}
+
+/// The two kinds of item a turn's flush 2 creates for its recipients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ItemKind {
+    Mention,
+    Obligation,
+}
+
+impl ItemKind {
+    pub const ALL: [ItemKind; 2] = [ItemKind::Mention, ItemKind::Obligation];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ItemKind::Mention => "mention",
+            ItemKind::Obligation => "obligation",
+        }
+    }
+
+    /// The prefix of this kind's item ids (see `item_id`).
+    pub fn prefix(self) -> &'static str {
+        match self {
+            ItemKind::Mention => MENTION_PREFIX,
+            ItemKind::Obligation => OBLIGATION_PREFIX,
+        }
+    }
+}
+
+impl std::fmt::Display for ItemKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A task's status, stored as its snake_case name (in task transitions and control.db rows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskStatus {
+    /// Created or handed off: waiting for its recipient (or anyone, when it has none) to claim it.
+    Open,
+    /// Held by its recipient, who began a lifecycle on it.
+    Claimed,
+    /// Its recipient cannot go on; a claim resumes it.
+    Blocked,
+    Done,
+    /// Its recipient refused the assignment.
+    Declined,
+}
+
+impl TaskStatus {
+    pub const ALL: [TaskStatus; 5] = [
+        TaskStatus::Open,
+        TaskStatus::Claimed,
+        TaskStatus::Blocked,
+        TaskStatus::Done,
+        TaskStatus::Declined,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::Open => "open",
+            TaskStatus::Claimed => "claimed",
+            TaskStatus::Blocked => "blocked",
+            TaskStatus::Done => "done",
+            TaskStatus::Declined => "declined",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<TaskStatus> {
+        TaskStatus::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+
+    /// Done or declined: no verb moves the task any more.
+    pub fn is_settled(self) -> bool {
+        matches!(self, TaskStatus::Done | TaskStatus::Declined)
+    }
+}
+
+impl std::fmt::Display for TaskStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a turn's flush 2 must create, fixed in flush 1 so completion after a crash is exact.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ItemPlan {
+    /// Recipients that get a mention.
+    pub mention: Vec<String>,
+    /// Recipients that get an obligation.
+    pub oblige: Vec<String>,
+    /// Recipients that get a sealed wake permit.
+    pub wake: Vec<String>,
+    /// Milliseconds since epoch after which the obligations and wakes lapse.
+    pub not_after_ms: u64,
+    pub deadline_ms: u64,
+}
+
+/// What each recipient of a turn gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deliver {
+    pub mention: bool,
+    pub oblige: bool,
+    pub wake: bool,
+}
+
+impl Deliver {
+    /// An assignment: a mention, an obligation to answer, and a wake.
+    pub const ASSIGN: Deliver = Deliver {
+        mention: true,
+        oblige: true,
+        wake: true,
+    };
+    /// A notice that wakes but asks for nothing.
+    pub const NOTIFY: Deliver = Deliver {
+        mention: true,
+        oblige: false,
+        wake: true,
+    };
+    /// An inbox entry only.
+    pub const INBOX: Deliver = Deliver {
+        mention: true,
+        oblige: false,
+        wake: false,
+    };
+}
+
+impl ItemPlan {
+    /// The same delivery for every recipient, lapsing `deadline_ms` after `now_ms`.
+    pub fn to(recipients: &[String], what: Deliver, now_ms: u64, deadline_ms: u64) -> ItemPlan {
+        let pick = |on: bool| if on { recipients.to_vec() } else { vec![] };
+        ItemPlan {
+            mention: pick(what.mention),
+            oblige: pick(what.oblige),
+            wake: pick(what.wake),
+            not_after_ms: now_ms + deadline_ms,
+            deadline_ms,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.mention.is_empty() && self.oblige.is_empty() && self.wake.is_empty()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Turn {
+    pub actor: String,
+    pub verb: Verb,
+    /// Digest of the author's conversation key (for audits; never the raw conversation).
+    pub conversation_key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_blob: Option<BlobRef>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub to: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_to: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parents: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub evidence: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resolves: Vec<Resolution>,
+    #[serde(default, skip_serializing_if = "ItemPlan::is_empty")]
+    pub plan: ItemPlan,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_transition: Option<TaskTransition>,
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub detail: serde_json::Value,
+    /// The caller's key for `exactly_once`: a repeat of a registered key is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// Invariant flags raised by this turn. Each is also written as its own
+    /// `invariant_violation` record right after the turn, in the same append; if a crash cuts
+    /// them off, the next start writes them from here (as it completes a flush 2).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flags: Vec<Violation>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ItemSpec {
+    pub id: String,
+    pub agent: String,
+    pub from: String,
+    #[serde(default)]
+    pub task: Option<String>,
+    pub not_after_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Items {
+    pub actor: String,
+    pub source: String,
+    pub mentions: Vec<ItemSpec>,
+    pub obligations: Vec<ItemSpec>,
+    pub wakes: Vec<String>,
+}
+
+/// A compare-and-set on a task row: applied only if the task is still in `from`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskTransition {
+    pub task: String,
+    pub from: TaskStatus,
+    pub to: TaskStatus,
+    pub recipient: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskEvent {
+    pub actor: String,
+    pub action: String,
+    pub task: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created: Option<TaskCreated>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transition: Option<TaskTransition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// A claim's TTL: unresolved past it, the claim is recorded in doubt (`resolution`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskCreated {
+    pub title: String,
+    pub owner: String,
+    pub recipient: Option<String>,
+    pub parent: Option<String>,
+    pub project: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scopes: Vec<String>,
+}
+
+impl EventBody {
+    pub fn actor(&self) -> &str {
+        match self {
+            EventBody::RoomCreated { actor, .. }
+            | EventBody::MemberAdded { actor, .. }
+            | EventBody::RoomReset { actor } => actor,
+            EventBody::Turn(t) => &t.actor,
+            EventBody::Items(i) => &i.actor,
+            EventBody::Task(t) => &t.actor,
+            EventBody::InvariantViolation(v) => &v.actor,
+        }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EventBody::RoomCreated { .. } => "room_created",
+            EventBody::MemberAdded { .. } => "member_added",
+            EventBody::RoomReset { .. } => "room_reset",
+            EventBody::Turn(_) => "turn",
+            EventBody::Items(_) => "items",
+            EventBody::Task(_) => "task",
+            EventBody::InvariantViolation(_) => "invariant_violation",
+        }
+    }
+
+    pub fn task(&self) -> Option<&str> {
+        match self {
+            EventBody::Turn(t) => t.task.as_deref(),
+            EventBody::Task(t) => Some(&t.task),
+            EventBody::InvariantViolation(v) => v.task.as_deref(),
+            _ => None,
+        }
+    }
+}
+
+impl EventBody {
+    /// The idempotency key a record registers, if any.
+    pub fn idempotency_key(&self) -> Option<&str> {
+        match self {
+            EventBody::Turn(t) => t.idempotency_key.as_deref(),
+            EventBody::Task(t) => t.idempotency_key.as_deref(),
+            _ => None,
+        }
+    }
+}
+
+/// Id prefixes of mentions and obligations.
+pub const MENTION_PREFIX: &str = "mnt";
+pub const OBLIGATION_PREFIX: &str = "obl";
+
+/// Deterministic item ids: completion after a crash re-derives the same ids.
+pub fn item_id(prefix: &str, source: &str, agent: &str) -> String {
+    let d = crate::sha256_hex(format!("{prefix}:{source}:{agent}").as_bytes());
+    format!("{prefix}_{}", &d[..16])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn statuses_and_kinds_are_stored_by_name() {
+        for s in TaskStatus::ALL {
+            assert_eq!(TaskStatus::parse(s.as_str()), Some(s));
+            assert_eq!(serde_json::to_value(s).unwrap(), json!(s.as_str()));
+            assert_eq!(s.to_string(), s.as_str());
+        }
+        assert_eq!(TaskStatus::parse("lapsed"), None);
+        for k in ItemKind::ALL {
+            assert_eq!(serde_json::to_value(k).unwrap(), json!(k.as_str()));
+        }
+    }
+
+    /// The journal's bytes: a turn and a task event as they were written before these types
+    /// moved here (journals are hash-chained, so their canonical JSON must never change).
+    #[test]
+    fn events_keep_their_canonical_json() {
+        let turn = EventBody::Turn(Box::new(Turn {
+            actor: "a".into(),
+            verb: Verb::Done,
+            conversation_key: "k".into(),
+            text: None,
+            text_blob: None,
+            to: vec![],
+            reply_to: None,
+            parents: vec![],
+            task: Some("tsk_1".into()),
+            evidence: vec![],
+            resolves: vec![Resolution {
+                id: "obl_1".into(),
+                item: ItemKind::Obligation,
+                status: "resolved".into(),
+            }],
+            plan: ItemPlan::default(),
+            task_transition: Some(TaskTransition {
+                task: "tsk_1".into(),
+                from: TaskStatus::Claimed,
+                to: TaskStatus::Done,
+                recipient: Some("a".into()),
+            }),
+            detail: serde_json::Value::Null,
+            idempotency_key: None,
+            flags: vec![],
+        }));
+        assert_eq!(
+            crate::canon::canonical_string(&serde_json::to_value(&turn).unwrap()),
+            r#"{"actor":"a","conversation_key":"k","kind":"turn","resolves":[{"id":"obl_1","item":"obligation","status":"resolved"}],"task":"tsk_1","task_transition":{"from":"claimed","recipient":"a","task":"tsk_1","to":"done"},"verb":"done"}"#
+        );
+        let claim = EventBody::Task(Box::new(TaskEvent {
+            actor: "a".into(),
+            action: "claimed".into(),
+            task: "tsk_1".into(),
+            created: None,
+            transition: Some(TaskTransition {
+                task: "tsk_1".into(),
+                from: TaskStatus::Blocked,
+                to: TaskStatus::Claimed,
+                recipient: None,
+            }),
+            idempotency_key: None,
+            ttl_ms: Some(5),
+        }));
+        assert_eq!(
+            crate::canon::canonical_string(&serde_json::to_value(&claim).unwrap()),
+            r#"{"action":"claimed","actor":"a","kind":"task","task":"tsk_1","transition":{"from":"blocked","recipient":null,"task":"tsk_1","to":"claimed"},"ttl_ms":5}"#
+        );
+        let back: EventBody =
+            serde_json::from_value(serde_json::to_value(&claim).unwrap()).unwrap();
+        assert_eq!(back, claim);
+    }
+}
