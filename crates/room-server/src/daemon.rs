@@ -6,7 +6,7 @@ use crate::dispatch::{self, Transport};
 use crate::wire::{REQUEST_BYTES_MAX, Request, Response};
 use anyhow::{Context, bail};
 use room_core::{Clock, Code, Entropy, Refusal};
-use room_engine::{Engine, EngineConfig, Env};
+use room_engine::{Engine, EngineConfig, Env, Evidence};
 use room_store::fs::RealFs;
 use room_store::statedir::{self, StateDir};
 use std::net::SocketAddr;
@@ -88,7 +88,12 @@ pub fn open_engine(cfg: &ServeConfig) -> anyhow::Result<(StateDir, statedir::Dae
     let state =
         statedir::validate(&cfg.state_dir, &cfg.bootstrap).map_err(|e| anyhow::anyhow!("{e}"))?;
     let lock = statedir::lock(&state).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let engine = Engine::open(state.clone(), real_env(), EngineConfig::default())
+    let config = EngineConfig {
+        // the owner is whoever runs the daemon: a socket peer of this uid is the owner console
+        owner_uid: rustix::process::getuid().as_raw(),
+        ..EngineConfig::default()
+    };
+    let engine = Engine::open(state.clone(), real_env(), config)
         .map_err(|e| anyhow::anyhow!("cannot open the engine: {e}"))?;
     Ok((state, lock, engine))
 }
@@ -155,14 +160,13 @@ pub async fn serve(
             }
         }
     });
-    let uid = rustix::process::getuid().as_raw();
     let accept = async {
         loop {
             match listener.accept().await {
                 Ok((stream, _)) => {
                     let engine = engine.clone();
                     tokio::spawn(async move {
-                        if let Err(e) = connection(stream, engine, uid).await {
+                        if let Err(e) = connection(stream, engine).await {
                             tracing::debug!("connection ended: {e}");
                         }
                     });
@@ -187,13 +191,13 @@ pub async fn serve(
     Ok(())
 }
 
-async fn connection(stream: UnixStream, engine: Arc<Engine>, uid: u32) -> anyhow::Result<()> {
+async fn connection(stream: UnixStream, engine: Arc<Engine>) -> anyhow::Result<()> {
+    // what the kernel says about the peer; the engine decides what standing that gives
     let peer = stream.peer_cred()?;
-    let transport = if peer.uid() == uid {
-        Transport::OwnerConsole
-    } else {
-        Transport::ForeignSocket
-    };
+    let transport = Transport::UnixSocket(Evidence::UnixPeer {
+        uid: peer.uid(),
+        pid: peer.pid().map_or(0, |p| p.cast_unsigned()),
+    });
     let (read, mut write) = stream.into_split();
     let mut reader = BufReader::new(read);
     let mut line = Vec::new();
@@ -217,7 +221,7 @@ async fn connection(stream: UnixStream, engine: Arc<Engine>, uid: u32) -> anyhow
             write_response(&mut write, &r).await?;
             return Ok(()); // the rest of the oversized line cannot be trusted as a frame
         } else {
-            decode_and_handle(&engine, transport, &line, None).await
+            decode_and_handle(&engine, transport.clone(), &line, None).await
         };
         write_response(&mut write, &resp).await?;
     }
