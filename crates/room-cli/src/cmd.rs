@@ -1,8 +1,10 @@
 //! Command-line grammar and its mapping onto daemon requests.
 
 use clap::{Args, Parser, Subcommand};
-use room_server::client::{Client, ClientError};
-use room_server::wire::{Request, Response};
+use room_server::ServerError;
+use room_server::client::Client;
+use room_server::wire::Request;
+use room_store::StoreError;
 use room_store::statedir;
 use serde_json::{Value, json};
 use std::path::PathBuf;
@@ -10,6 +12,26 @@ use std::path::PathBuf;
 pub const EXIT_REFUSED: i32 = 1;
 pub const EXIT_IO: i32 = 3;
 pub const EXIT_STATE: i32 = 4;
+
+/// The exit status for an error of the server library, chosen by its case: a refusal is 1; a
+/// state directory that is a split brain or already served is 4; anything else (no daemon, a
+/// broken connection, I/O) is 3.
+pub fn exit_code(e: &ServerError) -> i32 {
+    match e {
+        ServerError::Refused(_) => EXIT_REFUSED,
+        ServerError::State(StoreError::SplitBrain(_) | StoreError::Locked { .. }) => EXIT_STATE,
+        ServerError::DaemonUnreachable { .. }
+        | ServerError::Connection(_)
+        | ServerError::Protocol(_)
+        | ServerError::State(_)
+        | ServerError::EngineOpen(_)
+        | ServerError::ListenNotLoopback(_)
+        | ServerError::Bind { .. }
+        | ServerError::Io(_)
+        | ServerError::Mcp(_)
+        | ServerError::Daemon(_) => EXIT_IO,
+    }
+}
 
 #[derive(Parser, Debug)]
 #[command(
@@ -454,21 +476,27 @@ pub fn run(cli: Cli) -> i32 {
     };
     prune(&mut req.args);
     let sock = state_dir(&cli).join("room.sock");
-    let resp = Client::connect(&sock).and_then(|mut c| c.call(&req));
+    let resp = Client::connect(&sock).and_then(|mut c| c.request(&req));
     print_response(resp, cli.json)
 }
 
-pub fn print_response(resp: Result<Response, ClientError>, as_json: bool) -> i32 {
+pub fn print_response(resp: Result<Value, ServerError>, as_json: bool) -> i32 {
     match resp {
+        Err(ServerError::Refused(refusal)) => {
+            if as_json {
+                println!("{}", json!({"refusal": refusal}));
+            }
+            eprintln!("{refusal}");
+            exit_code(&ServerError::Refused(refusal))
+        }
         Err(e) => {
             eprintln!("error: {e}");
-            if matches!(e, ClientError::Unreachable { .. }) {
+            if matches!(e, ServerError::DaemonUnreachable { .. }) {
                 eprintln!("hint: start the daemon with `room serve` (after `room init`)");
             }
-            EXIT_IO
+            exit_code(&e)
         }
-        Ok(r) if r.ok => {
-            let v = r.result.unwrap_or(Value::Null);
+        Ok(v) => {
             if as_json {
                 println!("{v}");
             } else {
@@ -478,14 +506,6 @@ pub fn print_response(resp: Result<Response, ClientError>, as_json: bool) -> i32
                 );
             }
             0
-        }
-        Ok(r) => {
-            let refusal = r.refusal.expect("a failed response carries a refusal");
-            if as_json {
-                println!("{}", json!({"refusal": refusal}));
-            }
-            eprintln!("{refusal}");
-            EXIT_REFUSED
         }
     }
 }
@@ -541,18 +561,13 @@ fn serve(cli: &Cli, listen: Option<std::net::SocketAddr>, engine_threads: Option
     match result {
         Ok(()) => 0,
         Err(e) => {
-            let msg = format!("{e:#}");
-            eprintln!("error: {msg}");
-            if msg.contains("state_dir_split_brain") {
+            eprintln!("error: {e}");
+            if matches!(e, ServerError::State(StoreError::SplitBrain(_))) {
                 eprintln!(
                     "hint: this directory is not the state dir the machine bootstrap knows; run `room init` on the right one"
                 );
             }
-            if msg.contains("state_dir_split_brain") || msg.contains("already running") {
-                EXIT_STATE
-            } else {
-                EXIT_IO
-            }
+            exit_code(&e)
         }
     }
 }
@@ -632,22 +647,17 @@ fn connect(cli: &Cli, host: crate::connect::Host, agent: &str, max_tier: Option<
     if let Some(t) = max_tier {
         args["max_tier"] = json!(t);
     }
-    let mut resp = Client::connect(&sock).and_then(|mut c| c.call(&owner("agent_enroll", args)));
+    let mut resp = Client::connect(&sock).and_then(|mut c| c.request(&owner("agent_enroll", args)));
     let mut rotated = false;
-    if let Ok(r) = &resp
-        && r.refusal
-            .as_ref()
-            .is_some_and(|r| r.code == room_core::Code::AlreadyExists)
+    if let Err(ServerError::Refused(r)) = &resp
+        && r.code == room_core::Code::AlreadyExists
     {
         rotated = true;
         resp = Client::connect(&sock)
-            .and_then(|mut c| c.call(&owner("agent_rotate", json!({"name": agent}))));
+            .and_then(|mut c| c.request(&owner("agent_rotate", json!({"name": agent}))));
     }
     let token = match resp {
-        Ok(r) if r.ok => r
-            .result
-            .and_then(|v| v["token"].as_str().map(String::from))
-            .unwrap_or_default(),
+        Ok(v) => v["token"].as_str().map(String::from).unwrap_or_default(),
         other => return print_response(other, cli.json),
     };
     let http = std::fs::read_to_string(state.join("http.addr")).ok();
@@ -682,4 +692,30 @@ fn connect(cli: &Cli, host: crate::connect::Host, agent: &str, max_tier: Option<
         println!("# {n}");
     }
     0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_come_from_the_error_case() {
+        let refused =
+            ServerError::Refused(room_core::Refusal::new(room_core::Code::OwnerRequired, "x"));
+        assert_eq!(exit_code(&refused), EXIT_REFUSED);
+        let split = ServerError::State(StoreError::SplitBrain("moved".into()));
+        assert_eq!(exit_code(&split), EXIT_STATE);
+        let locked = ServerError::State(StoreError::Locked { pid: "1".into() });
+        assert_eq!(exit_code(&locked), EXIT_STATE);
+        let unreadable = ServerError::State(StoreError::Corrupt("marker".into()));
+        assert_eq!(exit_code(&unreadable), EXIT_IO);
+        let down = ServerError::DaemonUnreachable {
+            path: "/x/room.sock".into(),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        };
+        assert_eq!(exit_code(&down), EXIT_IO);
+        // a message that merely mentions a state error does not make it one
+        let text = ServerError::Daemon("state_dir_split_brain already running".into());
+        assert_eq!(exit_code(&text), EXIT_IO);
+    }
 }

@@ -5,5 +5,8 @@
 pub mod client;
 pub mod daemon;
 pub mod dispatch;
+pub mod error;
 pub mod mcp;
 pub mod wire;
+
+pub use error::ServerError;

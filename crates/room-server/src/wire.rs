@@ -73,6 +73,17 @@ impl Response {
             refusal: Some(r),
         }
     }
+
+    /// The result, or the refusal as `ServerError::Refused`.
+    pub fn into_result(self) -> Result<Value, crate::ServerError> {
+        match (self.ok, self.result, self.refusal) {
+            (_, _, Some(r)) => Err(crate::ServerError::Refused(r)),
+            (true, v, None) => Ok(v.unwrap_or(Value::Null)),
+            (false, _, None) => Err(crate::ServerError::Protocol(
+                "a failed response without a refusal".into(),
+            )),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -210,12 +210,15 @@ impl ServerHandler for RoomMcp {
 }
 
 /// Serve `handler` on this process's stdin/stdout until the host closes them.
-pub async fn serve_stdio(handler: RoomMcp) -> anyhow::Result<()> {
+pub async fn serve_stdio(handler: RoomMcp) -> Result<(), crate::ServerError> {
     use rmcp::ServiceExt;
+    let mcp = |e: &dyn std::fmt::Display| crate::ServerError::Mcp(e.to_string());
     handler
         .serve(rmcp::transport::stdio())
-        .await?
+        .await
+        .map_err(|e| mcp(&e))?
         .waiting()
-        .await?;
+        .await
+        .map_err(|e| mcp(&e))?;
     Ok(())
 }
