@@ -35,6 +35,9 @@ pub use principal::{Caller, Evidence, Principal};
 /// configuration names no owner grants no real Unix peer owner standing.
 pub const NO_UID: u32 = u32::MAX;
 
+/// Largest text of one contribution by default (`EngineConfig::text_bytes_max`).
+pub const TEXT_BYTES_MAX: usize = 1 << 20;
+
 /// Limits on what one call may carry. Units are in the names.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -63,7 +66,7 @@ pub struct EngineConfig {
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
-            text_bytes_max: 1 << 20,
+            text_bytes_max: TEXT_BYTES_MAX,
             page_bytes_max: 24 * 1024,
             chunk_bytes: 1024,
             recipients_max: 64,
