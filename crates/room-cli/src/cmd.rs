@@ -3,7 +3,7 @@
 use clap::{Args, Parser, Subcommand};
 use room_server::ServerError;
 use room_server::client::Client;
-use room_server::wire::Request;
+use room_server::wire::{Request, SyncArgs, TaskClaimArgs, TaskCreateArgs, TurnWire};
 use room_store::StoreError;
 use room_store::statedir;
 use serde_json::{Value, json};
@@ -126,15 +126,11 @@ pub enum Cmd {
     /// Who the current ROOM_TOKEN acts as.
     Whoami,
     /// Read the next page of a room; --confirm a receipt to advance your checkpoint.
-    Sync {
-        room: String,
-        #[arg(long)]
-        confirm: Option<String>,
-    },
+    Sync(SyncArgs),
     /// Status telemetry; never wakes, may not @mention.
-    Note(TurnCli),
+    Note(TurnWire),
     /// A conversational turn (wakes only in coordination rooms).
-    Say(TurnCli),
+    Say(TurnWire),
     /// Answer a mention or obligation addressed to you.
     Reply {
         room: String,
@@ -144,15 +140,15 @@ pub enum Cmd {
         common: Common,
     },
     /// Assign work: creates obligations and one sealed wake per recipient.
-    Send(TurnCli),
+    Send(TurnWire),
     /// Move a task to another agent (no lease moves; a fresh claim is required).
-    Handoff(TurnCli),
+    Handoff(TurnWire),
     /// Finish a task you hold.
-    Done(TurnCli),
+    Done(TurnWire),
     /// Mark your task blocked; its owner gets an obligation.
-    Blocked(TurnCli),
+    Blocked(TurnWire),
     /// Refuse a task addressed to you.
-    Decline(TurnCli),
+    Decline(TurnWire),
     /// Re-raise your own unresolved obligation to its addressee, under its original deadline.
     Circle {
         room: String,
@@ -180,20 +176,6 @@ pub struct Common {
     /// A key that makes a retry safe: a repeat in the same room is refused as exactly_once.
     #[arg(long)]
     pub idempotency_key: Option<String>,
-}
-
-#[derive(Args, Debug, Clone)]
-pub struct TurnCli {
-    pub room: String,
-    pub text: Option<String>,
-    #[arg(long)]
-    pub to: Vec<String>,
-    #[arg(long)]
-    pub task: Option<String>,
-    #[arg(long)]
-    pub reply_to: Option<String>,
-    #[command(flatten)]
-    pub common: Common,
 }
 
 #[derive(Subcommand, Debug)]
@@ -256,28 +238,21 @@ pub enum WakesCmd {
 
 #[derive(Subcommand, Debug)]
 pub enum TaskCmd {
-    Create {
-        room: String,
-        title: String,
-        #[arg(long)]
-        to: Option<String>,
-        #[arg(long)]
-        parent: Option<String>,
-        /// Typed scope a claim leases exclusively (namespace:resource, e.g. file:src/lib.rs).
-        #[arg(long = "scope")]
-        scopes: Vec<String>,
-        #[arg(long)]
-        idempotency_key: Option<String>,
-    },
-    Claim {
-        task: String,
-        /// How long the claim may stay unresolved before it is recorded in doubt.
-        #[arg(long)]
-        ttl_ms: Option<u64>,
-    },
-    Show {
-        task: String,
-    },
+    Create(TaskCreateArgs),
+    Claim(TaskClaimArgs),
+    Show { task: String },
+}
+
+/// The wire structs the CLI parses directly, as the JSON arguments of their request.
+mod erased {
+    pub trait Wire {
+        fn to_json(&self) -> serde_json::Value;
+    }
+    impl<T: serde::Serialize> Wire for T {
+        fn to_json(&self) -> serde_json::Value {
+            serde_json::to_value(self).expect("wire arguments serialize")
+        }
+    }
 }
 
 pub fn state_dir(cli: &Cli) -> PathBuf {
@@ -299,14 +274,8 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
         args,
         meta: None,
     };
-    let turn = |op: &str, t: &TurnCli| {
-        req(
-            op,
-            json!({"room": t.room, "text": t.text, "to": t.to, "task": t.task, "reply_to": t.reply_to,
-            "evidence": t.common.evidence, "parents": t.common.parent, "actor": t.common.actor,
-            "idempotency_key": t.common.idempotency_key}),
-        )
-    };
+    let wire = |op: &str, args: &dyn erased::Wire| req(op, args.to_json());
+    let turn = |op: &str, t: &TurnWire| wire(op, t);
     Ok(match cmd {
         Cmd::Agent(a) => match a {
             AgentCmd::Enroll {
@@ -367,21 +336,8 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
         Cmd::Index(IndexCmd::Rebuild { room }) => req("index_rebuild", json!({"room": room})),
         Cmd::Wakes(WakesCmd::List { room }) => req("wakes_list", json!({"room": room})),
         Cmd::Task(t) => match t {
-            TaskCmd::Create {
-                room,
-                title,
-                to,
-                parent,
-                scopes,
-                idempotency_key,
-            } => req(
-                "task_create",
-                json!({"room": room, "title": title, "to": to, "parent": parent, "scopes": scopes,
-                    "idempotency_key": idempotency_key}),
-            ),
-            TaskCmd::Claim { task, ttl_ms } => {
-                req("task_claim", json!({"task": task, "ttl_ms": ttl_ms}))
-            }
+            TaskCmd::Create(a) => wire("task_create", a),
+            TaskCmd::Claim(a) => wire("task_claim", a),
             TaskCmd::Show { task } => {
                 if agent.is_some() {
                     req("task_show", json!({"task": task}))
@@ -391,7 +347,7 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
             }
         },
         Cmd::Whoami => req("whoami", json!({})),
-        Cmd::Sync { room, confirm } => req("sync", json!({"room": room, "confirm": confirm})),
+        Cmd::Sync(a) => wire("sync", a),
         Cmd::Note(t) => turn("note", t),
         Cmd::Say(t) => turn("say", t),
         Cmd::Send(t) => turn("send", t),
