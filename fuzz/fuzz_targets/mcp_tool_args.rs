@@ -25,8 +25,9 @@ fn world() -> &'static World {
         let tmp = tempfile::tempdir_in(base).expect("temp dir");
         let root = std::fs::canonicalize(tmp.path()).expect("canonical");
         let state = room_store::statedir::init(&root.join("s"), &root.join("b.toml"), "fuzz").expect("init");
-        let engine = Engine::open(state, room_server::daemon::real_env(), EngineConfig::default()).expect("engine");
-        let owner = engine.owner(&room_engine::Caller::Owner).expect("owner");
+        let store = room_server::daemon::embedded_store(&state);
+        let engine = Engine::open(state, room_server::daemon::real_env(), store, EngineConfig::default()).expect("engine");
+        let owner = engine.owner(&room_engine::Caller::Local(room_engine::Evidence::UnixPeer { uid: engine.config().owner_uid, pid: std::process::id() })).expect("owner");
         let token = engine.enroll(&owner, "alpha", room_core::Tier::Operator, "codex").expect("enroll").token;
         engine.enroll(&owner, "beta", room_core::Tier::Member, "generic").expect("enroll");
         engine.room_create(&owner, "lobby", None, &["alpha".into(), "beta".into()]).expect("room");

@@ -1,8 +1,10 @@
 //! Command-line grammar and its mapping onto daemon requests.
 
 use clap::{Args, Parser, Subcommand};
-use room_server::client::{Client, ClientError};
-use room_server::wire::{Request, Response};
+use room_server::ServerError;
+use room_server::client::Client;
+use room_server::wire::{Request, SyncArgs, TaskClaimArgs, TaskCreateArgs, TurnWire};
+use room_store::StoreError;
 use room_store::statedir;
 use serde_json::{Value, json};
 use std::path::PathBuf;
@@ -10,6 +12,26 @@ use std::path::PathBuf;
 pub const EXIT_REFUSED: i32 = 1;
 pub const EXIT_IO: i32 = 3;
 pub const EXIT_STATE: i32 = 4;
+
+/// The exit status for an error of the server library, chosen by its case: a refusal is 1; a
+/// state directory that is a split brain or already served is 4; anything else (no daemon, a
+/// broken connection, I/O) is 3.
+pub fn exit_code(e: &ServerError) -> i32 {
+    match e {
+        ServerError::Refused(_) => EXIT_REFUSED,
+        ServerError::State(StoreError::SplitBrain(_) | StoreError::Locked { .. }) => EXIT_STATE,
+        ServerError::DaemonUnreachable { .. }
+        | ServerError::Connection(_)
+        | ServerError::Protocol(_)
+        | ServerError::State(_)
+        | ServerError::EngineOpen(_)
+        | ServerError::ListenNotLoopback(_)
+        | ServerError::Bind { .. }
+        | ServerError::Io(_)
+        | ServerError::Mcp(_)
+        | ServerError::Daemon(_) => EXIT_IO,
+    }
+}
 
 #[derive(Parser, Debug)]
 #[command(
@@ -104,15 +126,11 @@ pub enum Cmd {
     /// Who the current ROOM_TOKEN acts as.
     Whoami,
     /// Read the next page of a room; --confirm a receipt to advance your checkpoint.
-    Sync {
-        room: String,
-        #[arg(long)]
-        confirm: Option<String>,
-    },
+    Sync(SyncArgs),
     /// Status telemetry; never wakes, may not @mention.
-    Note(TurnCli),
+    Note(TurnWire),
     /// A conversational turn (wakes only in coordination rooms).
-    Say(TurnCli),
+    Say(TurnWire),
     /// Answer a mention or obligation addressed to you.
     Reply {
         room: String,
@@ -122,15 +140,15 @@ pub enum Cmd {
         common: Common,
     },
     /// Assign work: creates obligations and one sealed wake per recipient.
-    Send(TurnCli),
+    Send(TurnWire),
     /// Move a task to another agent (no lease moves; a fresh claim is required).
-    Handoff(TurnCli),
+    Handoff(TurnWire),
     /// Finish a task you hold.
-    Done(TurnCli),
+    Done(TurnWire),
     /// Mark your task blocked; its owner gets an obligation.
-    Blocked(TurnCli),
+    Blocked(TurnWire),
     /// Refuse a task addressed to you.
-    Decline(TurnCli),
+    Decline(TurnWire),
     /// Re-raise your own unresolved obligation to its addressee, under its original deadline.
     Circle {
         room: String,
@@ -158,20 +176,6 @@ pub struct Common {
     /// A key that makes a retry safe: a repeat in the same room is refused as exactly_once.
     #[arg(long)]
     pub idempotency_key: Option<String>,
-}
-
-#[derive(Args, Debug, Clone)]
-pub struct TurnCli {
-    pub room: String,
-    pub text: Option<String>,
-    #[arg(long)]
-    pub to: Vec<String>,
-    #[arg(long)]
-    pub task: Option<String>,
-    #[arg(long)]
-    pub reply_to: Option<String>,
-    #[command(flatten)]
-    pub common: Common,
 }
 
 #[derive(Subcommand, Debug)]
@@ -234,28 +238,21 @@ pub enum WakesCmd {
 
 #[derive(Subcommand, Debug)]
 pub enum TaskCmd {
-    Create {
-        room: String,
-        title: String,
-        #[arg(long)]
-        to: Option<String>,
-        #[arg(long)]
-        parent: Option<String>,
-        /// Typed scope a claim leases exclusively (namespace:resource, e.g. file:src/lib.rs).
-        #[arg(long = "scope")]
-        scopes: Vec<String>,
-        #[arg(long)]
-        idempotency_key: Option<String>,
-    },
-    Claim {
-        task: String,
-        /// How long the claim may stay unresolved before it is recorded in doubt.
-        #[arg(long)]
-        ttl_ms: Option<u64>,
-    },
-    Show {
-        task: String,
-    },
+    Create(TaskCreateArgs),
+    Claim(TaskClaimArgs),
+    Show { task: String },
+}
+
+/// The wire structs the CLI parses directly, as the JSON arguments of their request.
+mod erased {
+    pub trait Wire {
+        fn to_json(&self) -> serde_json::Value;
+    }
+    impl<T: serde::Serialize> Wire for T {
+        fn to_json(&self) -> serde_json::Value {
+            serde_json::to_value(self).expect("wire arguments serialize")
+        }
+    }
 }
 
 pub fn state_dir(cli: &Cli) -> PathBuf {
@@ -277,14 +274,8 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
         args,
         meta: None,
     };
-    let turn = |op: &str, t: &TurnCli| {
-        req(
-            op,
-            json!({"room": t.room, "text": t.text, "to": t.to, "task": t.task, "reply_to": t.reply_to,
-            "evidence": t.common.evidence, "parents": t.common.parent, "actor": t.common.actor,
-            "idempotency_key": t.common.idempotency_key}),
-        )
-    };
+    let wire = |op: &str, args: &dyn erased::Wire| req(op, args.to_json());
+    let turn = |op: &str, t: &TurnWire| wire(op, t);
     Ok(match cmd {
         Cmd::Agent(a) => match a {
             AgentCmd::Enroll {
@@ -345,21 +336,8 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
         Cmd::Index(IndexCmd::Rebuild { room }) => req("index_rebuild", json!({"room": room})),
         Cmd::Wakes(WakesCmd::List { room }) => req("wakes_list", json!({"room": room})),
         Cmd::Task(t) => match t {
-            TaskCmd::Create {
-                room,
-                title,
-                to,
-                parent,
-                scopes,
-                idempotency_key,
-            } => req(
-                "task_create",
-                json!({"room": room, "title": title, "to": to, "parent": parent, "scopes": scopes,
-                    "idempotency_key": idempotency_key}),
-            ),
-            TaskCmd::Claim { task, ttl_ms } => {
-                req("task_claim", json!({"task": task, "ttl_ms": ttl_ms}))
-            }
+            TaskCmd::Create(a) => wire("task_create", a),
+            TaskCmd::Claim(a) => wire("task_claim", a),
             TaskCmd::Show { task } => {
                 if agent.is_some() {
                     req("task_show", json!({"task": task}))
@@ -369,7 +347,7 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
             }
         },
         Cmd::Whoami => req("whoami", json!({})),
-        Cmd::Sync { room, confirm } => req("sync", json!({"room": room, "confirm": confirm})),
+        Cmd::Sync(a) => wire("sync", a),
         Cmd::Note(t) => turn("note", t),
         Cmd::Say(t) => turn("say", t),
         Cmd::Send(t) => turn("send", t),
@@ -454,21 +432,27 @@ pub fn run(cli: Cli) -> i32 {
     };
     prune(&mut req.args);
     let sock = state_dir(&cli).join("room.sock");
-    let resp = Client::connect(&sock).and_then(|mut c| c.call(&req));
+    let resp = Client::connect(&sock).and_then(|mut c| c.request(&req));
     print_response(resp, cli.json)
 }
 
-pub fn print_response(resp: Result<Response, ClientError>, as_json: bool) -> i32 {
+pub fn print_response(resp: Result<Value, ServerError>, as_json: bool) -> i32 {
     match resp {
+        Err(ServerError::Refused(refusal)) => {
+            if as_json {
+                println!("{}", json!({"refusal": refusal}));
+            }
+            eprintln!("{refusal}");
+            exit_code(&ServerError::Refused(refusal))
+        }
         Err(e) => {
             eprintln!("error: {e}");
-            if matches!(e, ClientError::Unreachable { .. }) {
+            if matches!(e, ServerError::DaemonUnreachable { .. }) {
                 eprintln!("hint: start the daemon with `room serve` (after `room init`)");
             }
-            EXIT_IO
+            exit_code(&e)
         }
-        Ok(r) if r.ok => {
-            let v = r.result.unwrap_or(Value::Null);
+        Ok(v) => {
             if as_json {
                 println!("{v}");
             } else {
@@ -478,14 +462,6 @@ pub fn print_response(resp: Result<Response, ClientError>, as_json: bool) -> i32
                 );
             }
             0
-        }
-        Ok(r) => {
-            let refusal = r.refusal.expect("a failed response carries a refusal");
-            if as_json {
-                println!("{}", json!({"refusal": refusal}));
-            }
-            eprintln!("{refusal}");
-            EXIT_REFUSED
         }
     }
 }
@@ -541,18 +517,13 @@ fn serve(cli: &Cli, listen: Option<std::net::SocketAddr>, engine_threads: Option
     match result {
         Ok(()) => 0,
         Err(e) => {
-            let msg = format!("{e:#}");
-            eprintln!("error: {msg}");
-            if msg.contains("state_dir_split_brain") {
+            eprintln!("error: {e}");
+            if matches!(e, ServerError::State(StoreError::SplitBrain(_))) {
                 eprintln!(
                     "hint: this directory is not the state dir the machine bootstrap knows; run `room init` on the right one"
                 );
             }
-            if msg.contains("state_dir_split_brain") || msg.contains("already running") {
-                EXIT_STATE
-            } else {
-                EXIT_IO
-            }
+            exit_code(&e)
         }
     }
 }
@@ -624,22 +595,17 @@ fn connect(cli: &Cli, host: crate::connect::Host, agent: &str, max_tier: Option<
     if let Some(t) = max_tier {
         args["max_tier"] = json!(t);
     }
-    let mut resp = Client::connect(&sock).and_then(|mut c| c.call(&owner("agent_enroll", args)));
+    let mut resp = Client::connect(&sock).and_then(|mut c| c.request(&owner("agent_enroll", args)));
     let mut rotated = false;
-    if let Ok(r) = &resp
-        && r.refusal
-            .as_ref()
-            .is_some_and(|r| r.code == room_core::Code::AlreadyExists)
+    if let Err(ServerError::Refused(r)) = &resp
+        && r.code == room_core::Code::AlreadyExists
     {
         rotated = true;
         resp = Client::connect(&sock)
-            .and_then(|mut c| c.call(&owner("agent_rotate", json!({"name": agent}))));
+            .and_then(|mut c| c.request(&owner("agent_rotate", json!({"name": agent}))));
     }
     let token = match resp {
-        Ok(r) if r.ok => r
-            .result
-            .and_then(|v| v["token"].as_str().map(String::from))
-            .unwrap_or_default(),
+        Ok(v) => v["token"].as_str().map(String::from).unwrap_or_default(),
         other => return print_response(other, cli.json),
     };
     let http = std::fs::read_to_string(state.join("http.addr")).ok();
@@ -674,4 +640,30 @@ fn connect(cli: &Cli, host: crate::connect::Host, agent: &str, max_tier: Option<
         println!("# {n}");
     }
     0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_come_from_the_error_case() {
+        let refused =
+            ServerError::Refused(room_core::Refusal::new(room_core::Code::OwnerRequired, "x"));
+        assert_eq!(exit_code(&refused), EXIT_REFUSED);
+        let split = ServerError::State(StoreError::SplitBrain("moved".into()));
+        assert_eq!(exit_code(&split), EXIT_STATE);
+        let locked = ServerError::State(StoreError::Locked { pid: "1".into() });
+        assert_eq!(exit_code(&locked), EXIT_STATE);
+        let unreadable = ServerError::State(StoreError::Corrupt("marker".into()));
+        assert_eq!(exit_code(&unreadable), EXIT_IO);
+        let down = ServerError::DaemonUnreachable {
+            path: "/x/room.sock".into(),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        };
+        assert_eq!(exit_code(&down), EXIT_IO);
+        // a message that merely mentions a state error does not make it one
+        let text = ServerError::Daemon("state_dir_split_brain already running".into());
+        assert_eq!(exit_code(&text), EXIT_IO);
+    }
 }

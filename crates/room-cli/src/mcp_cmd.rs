@@ -107,8 +107,8 @@ pub fn run(state: &Path, mode: ToolsMode) -> i32 {
     match rt.block_on(room_server::mcp::serve_stdio(handler)) {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("error: mcp: {e:#}");
-            crate::cmd::EXIT_IO
+            eprintln!("error: mcp: {e}");
+            crate::cmd::exit_code(&e)
         }
     }
 }

@@ -25,6 +25,9 @@ use serde_json::{Value, json};
 
 /// Idempotency keys: what a client may use (a UUID, a ULID, `build-42:retry`).
 pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 128;
+/// The shape `check_key` accepts, as a regular expression (for schemas; the check itself
+/// compares bytes).
+pub const IDEMPOTENCY_KEY_PATTERN: &str = "^[A-Za-z0-9._:-]+$";
 /// Claim TTL bounds for `resolution`.
 pub const CLAIM_TTL_MS_MIN: u64 = 1_000;
 pub const CLAIM_TTL_MS_MAX: u64 = 7 * 24 * 3_600_000;

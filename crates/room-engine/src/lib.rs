@@ -31,7 +31,14 @@ pub use policy::Policy;
 pub struct Owner {
     _private: (),
 }
-pub use principal::{Caller, Principal};
+pub use principal::{Caller, Evidence, Principal};
+
+/// No process has this uid (`(uid_t) -1`): the default owner uid, so that an engine whose
+/// configuration names no owner grants no real Unix peer owner standing.
+pub const NO_UID: u32 = u32::MAX;
+
+/// Largest text of one contribution by default (`EngineConfig::text_bytes_max`).
+pub const TEXT_BYTES_MAX: usize = 1 << 20;
 
 /// Limits on what one call may carry. Units are in the names.
 #[derive(Debug, Clone)]
@@ -46,6 +53,9 @@ pub struct EngineConfig {
     pub recipients_max: usize,
     /// Most explicit causal parents or evidence handles one turn may name.
     pub parents_max: usize,
+    /// The owner's uid: a Unix socket peer with this uid has owner standing. The daemon sets
+    /// it to its own uid at start; the engine makes no OS call to learn it.
+    pub owner_uid: u32,
     /// A planted bug for the simulator's proof that its invariant oracle bites: the five
     /// runtime invariants are not checked. Never set outside `room-sim`.
     pub skip_invariants: bool,
@@ -54,11 +64,12 @@ pub struct EngineConfig {
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
-            text_bytes_max: 1 << 20,
+            text_bytes_max: TEXT_BYTES_MAX,
             page_bytes_max: 24 * 1024,
             chunk_bytes: 1024,
             recipients_max: 64,
             parents_max: 16,
+            owner_uid: NO_UID,
             skip_invariants: false,
         }
     }
@@ -151,17 +162,28 @@ impl Engine {
         self.rooms.handle(name)
     }
 
-    /// Owner standing for `caller`: the local owner console has it; an agent does not, whatever
-    /// its tier (its credential is still checked first, so a bad token is reported as such).
+    /// Owner standing for `caller`, decided from what its transport observed: a Unix socket
+    /// peer running as the configured owner uid (`EngineConfig::owner_uid`) has it, a peer of
+    /// any other uid does not; an agent does not, whatever its tier (its credential is still
+    /// checked first, so a bad token is reported as such).
     pub fn owner(&self, caller: &Caller) -> Outcome<Owner> {
+        let refused = || {
+            Refusal::new(
+                Code::OwnerRequired,
+                "this operation is for the owner console only",
+            )
+        };
         match caller {
-            Caller::Owner => Ok(Owner { _private: () }),
+            Caller::Local(Evidence::UnixPeer { uid, .. }) => {
+                if *uid == self.config.owner_uid {
+                    Ok(Owner { _private: () })
+                } else {
+                    Err(refused())
+                }
+            }
             Caller::Agent(a) => {
                 self.authenticate(&a.token)?;
-                Err(Refusal::new(
-                    Code::OwnerRequired,
-                    "this operation is for the owner console only",
-                ))
+                Err(refused())
             }
         }
     }

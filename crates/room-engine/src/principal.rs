@@ -15,11 +15,23 @@ use subtle::ConstantTimeEq;
 pub const TOKEN_PREFIX: &str = "room_tok_";
 pub const CONVERSATION_BYTES_MAX: usize = 128;
 
+/// What a transport observed about the other end of a connection, as the operating system
+/// reports it. A transport hands this to the engine as it found it; only the engine turns
+/// evidence into standing (`Engine::owner`), so no route can present a ready-made owner.
+/// More kinds will follow (a broker connection, a dashboard session).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Evidence {
+    /// A peer of the daemon's Unix socket: its uid and pid from `SO_PEERCRED`.
+    UnixPeer { uid: u32, pid: u32 },
+}
+
 /// Who is calling, as the transport established it. The engine decides what that allows.
 #[derive(Debug, Clone)]
 pub enum Caller {
-    /// The local owner console: the CLI on the Unix socket with the daemon's uid.
-    Owner,
+    /// A caller that presents no credential, only what its transport observed about it (the
+    /// CLI on the Unix socket). Whether that is the owner is `Engine::owner`'s decision.
+    Local(Evidence),
     Agent(AgentCaller),
 }
 

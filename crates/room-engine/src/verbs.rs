@@ -20,7 +20,8 @@ use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
-const TITLE_BYTES_MAX: usize = 256;
+/// Longest task title.
+pub const TITLE_BYTES_MAX: usize = 256;
 const PREVIEW_CHARS: usize = 256;
 const LOG_PAGE_MAX: usize = 1000;
 /// How many causal links an audit walks.

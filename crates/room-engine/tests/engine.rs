@@ -58,8 +58,13 @@ fn only_shard(f: &Fixture) -> Shard {
 }
 
 fn owner(e: &Engine) -> room_engine::Owner {
-    e.owner(&room_engine::Caller::Owner)
-        .expect("the console is the owner")
+    e.owner(&room_engine::Caller::Local(
+        room_engine::Evidence::UnixPeer {
+            uid: e.config().owner_uid,
+            pid: std::process::id(),
+        },
+    ))
+    .expect("the console is the owner")
 }
 
 fn agent(e: &Engine, name: &str, tier: Tier) -> AgentCaller {

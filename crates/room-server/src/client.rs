@@ -1,7 +1,9 @@
 //! A small blocking client for the daemon's Unix socket, used by the CLI, the demo, the bench
 //! and the tests.
 
+use crate::error::ServerError;
 use crate::wire::{Request, Response};
+use serde_json::Value;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -11,42 +13,44 @@ pub struct Client {
     writer: UnixStream,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    #[error("no daemon answers at {path}: {err}")]
-    Unreachable { path: String, err: std::io::Error },
-    #[error("daemon connection failed: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("daemon sent a malformed response: {0}")]
-    Malformed(String),
-}
-
 impl Client {
-    pub fn connect(socket: &Path) -> Result<Client, ClientError> {
-        let s = UnixStream::connect(socket).map_err(|err| ClientError::Unreachable {
+    pub fn connect(socket: &Path) -> Result<Client, ServerError> {
+        let s = UnixStream::connect(socket).map_err(|source| ServerError::DaemonUnreachable {
             path: socket.display().to_string(),
-            err,
+            source,
         })?;
         Ok(Client {
-            reader: BufReader::new(s.try_clone()?),
+            reader: BufReader::new(s.try_clone().map_err(ServerError::Connection)?),
             writer: s,
         })
     }
 
-    pub fn call(&mut self, req: &Request) -> Result<Response, ClientError> {
-        let mut line =
-            serde_json::to_vec(req).map_err(|e| ClientError::Malformed(e.to_string()))?;
+    /// One request and its response, a refusal included.
+    pub fn call(&mut self, req: &Request) -> Result<Response, ServerError> {
+        let mut line = serde_json::to_vec(req).map_err(|e| ServerError::Protocol(e.to_string()))?;
         line.push(b'\n');
         self.raw(&line)
     }
 
+    /// One request and its result; a refusal is `ServerError::Refused`.
+    pub fn request(&mut self, req: &Request) -> Result<Value, ServerError> {
+        self.call(req)?.into_result()
+    }
+
     /// Send raw bytes (tests use this for malformed input) and read one response line.
-    pub fn raw(&mut self, bytes: &[u8]) -> Result<Response, ClientError> {
-        self.writer.write_all(bytes)?;
+    pub fn raw(&mut self, bytes: &[u8]) -> Result<Response, ServerError> {
+        self.writer
+            .write_all(bytes)
+            .map_err(ServerError::Connection)?;
         let mut out = String::new();
-        if self.reader.read_line(&mut out)? == 0 {
-            return Err(ClientError::Malformed("connection closed".into()));
+        if self
+            .reader
+            .read_line(&mut out)
+            .map_err(ServerError::Connection)?
+            == 0
+        {
+            return Err(ServerError::Protocol("connection closed".into()));
         }
-        serde_json::from_str(&out).map_err(|e| ClientError::Malformed(format!("{e}: {out}")))
+        serde_json::from_str(&out).map_err(|e| ServerError::Protocol(format!("{e}: {out}")))
     }
 }

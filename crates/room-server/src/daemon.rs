@@ -3,10 +3,10 @@
 //! blocking (they fsync), so each runs on tokio's blocking pool.
 
 use crate::dispatch::{self, Transport};
+use crate::error::ServerError;
 use crate::wire::{REQUEST_BYTES_MAX, Request, Response};
-use anyhow::{Context, bail};
 use room_core::{Clock, Code, Entropy, Refusal};
-use room_engine::{Engine, EngineConfig, Env};
+use room_engine::{Engine, EngineConfig, Env, Evidence};
 use room_store::fs::RealFs;
 use room_store::statedir::{self, StateDir};
 use std::net::SocketAddr;
@@ -89,17 +89,18 @@ pub fn embedded_store(state: &StateDir) -> Arc<dyn room_store::Backend> {
 }
 
 /// Validate, lock, open. Split-brain and a held lock are errors here, before anything listens.
-pub fn open_engine(cfg: &ServeConfig) -> anyhow::Result<(StateDir, statedir::DaemonLock, Engine)> {
-    let state =
-        statedir::validate(&cfg.state_dir, &cfg.bootstrap).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let lock = statedir::lock(&state).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let engine = Engine::open(
-        state.clone(),
-        real_env(),
-        embedded_store(&state),
-        EngineConfig::default(),
-    )
-    .map_err(|e| anyhow::anyhow!("cannot open the engine: {e}"))?;
+pub fn open_engine(
+    cfg: &ServeConfig,
+) -> Result<(StateDir, statedir::DaemonLock, Engine), ServerError> {
+    let state = statedir::validate(&cfg.state_dir, &cfg.bootstrap).map_err(ServerError::State)?;
+    let lock = statedir::lock(&state).map_err(ServerError::State)?;
+    let config = EngineConfig {
+        // the owner is whoever runs the daemon: a socket peer of this uid is the owner console
+        owner_uid: rustix::process::getuid().as_raw(),
+        ..EngineConfig::default()
+    };
+    let engine = Engine::open(state.clone(), real_env(), embedded_store(&state), config)
+        .map_err(ServerError::EngineOpen)?;
     Ok((state, lock, engine))
 }
 
@@ -107,29 +108,35 @@ pub fn open_engine(cfg: &ServeConfig) -> anyhow::Result<(StateDir, statedir::Dae
 pub async fn serve(
     cfg: ServeConfig,
     shutdown: impl std::future::Future<Output = ()>,
-) -> anyhow::Result<()> {
+) -> Result<(), ServerError> {
     let (state, _lock, engine) = tokio::task::spawn_blocking({
         let cfg = cfg.clone();
         move || open_engine(&cfg)
     })
-    .await??;
+    .await
+    .map_err(|e| ServerError::Daemon(e.to_string()))??;
     let engine = Arc::new(engine);
     let sock = state.socket();
     // We hold the lock, so any socket or address file is a leftover of a dead daemon.
     let _ = std::fs::remove_file(&sock);
     let _ = std::fs::remove_file(state.root.join("http.addr"));
-    let listener =
-        UnixListener::bind(&sock).with_context(|| format!("binding {}", sock.display()))?;
+    let listener = UnixListener::bind(&sock).map_err(|source| ServerError::Bind {
+        what: sock.display().to_string(),
+        source,
+    })?;
     std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))?;
     tracing::info!(socket = %sock.display(), instance = %state.instance_id, "room daemon listening");
     let http = match cfg.listen {
         Some(addr) => {
             if !addr.ip().is_loopback() {
-                bail!("--listen must be a loopback address (got {addr})");
+                return Err(ServerError::ListenNotLoopback(addr));
             }
             let tcp = tokio::net::TcpListener::bind(addr)
                 .await
-                .with_context(|| format!("binding {addr}"))?;
+                .map_err(|source| ServerError::Bind {
+                    what: addr.to_string(),
+                    source,
+                })?;
             let bound = tcp.local_addr()?;
             tracing::info!(%bound, "http listening");
             std::fs::write(state.root.join("http.addr"), bound.to_string())?;
@@ -165,14 +172,13 @@ pub async fn serve(
             }
         }
     });
-    let uid = rustix::process::getuid().as_raw();
     let accept = async {
         loop {
             match listener.accept().await {
                 Ok((stream, _)) => {
                     let engine = engine.clone();
                     tokio::spawn(async move {
-                        if let Err(e) = connection(stream, engine, uid).await {
+                        if let Err(e) = connection(stream, engine).await {
                             tracing::debug!("connection ended: {e}");
                         }
                     });
@@ -197,13 +203,13 @@ pub async fn serve(
     Ok(())
 }
 
-async fn connection(stream: UnixStream, engine: Arc<Engine>, uid: u32) -> anyhow::Result<()> {
+async fn connection(stream: UnixStream, engine: Arc<Engine>) -> std::io::Result<()> {
+    // what the kernel says about the peer; the engine decides what standing that gives
     let peer = stream.peer_cred()?;
-    let transport = if peer.uid() == uid {
-        Transport::OwnerConsole
-    } else {
-        Transport::ForeignSocket
-    };
+    let transport = Transport::UnixSocket(Evidence::UnixPeer {
+        uid: peer.uid(),
+        pid: peer.pid().map_or(0, |p| p.cast_unsigned()),
+    });
     let (read, mut write) = stream.into_split();
     let mut reader = BufReader::new(read);
     let mut line = Vec::new();
@@ -227,7 +233,7 @@ async fn connection(stream: UnixStream, engine: Arc<Engine>, uid: u32) -> anyhow
             write_response(&mut write, &r).await?;
             return Ok(()); // the rest of the oversized line cannot be trusted as a frame
         } else {
-            decode_and_handle(&engine, transport, &line, None).await
+            decode_and_handle(&engine, transport.clone(), &line, None).await
         };
         write_response(&mut write, &resp).await?;
     }
@@ -236,7 +242,7 @@ async fn connection(stream: UnixStream, engine: Arc<Engine>, uid: u32) -> anyhow
 async fn write_response(
     w: &mut tokio::net::unix::OwnedWriteHalf,
     r: &Response,
-) -> anyhow::Result<()> {
+) -> std::io::Result<()> {
     let mut bytes = serde_json::to_vec(r)?;
     bytes.push(b'\n');
     w.write_all(&bytes).await?;
@@ -287,12 +293,12 @@ pub(crate) async fn decode_and_handle(
 pub struct Background {
     pub socket: PathBuf,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
+    thread: Option<std::thread::JoinHandle<Result<(), ServerError>>>,
 }
 
 impl Background {
     /// Start a daemon on its own runtime thread and wait until its socket answers.
-    pub fn start(state_dir: &Path, bootstrap: &Path) -> anyhow::Result<Background> {
+    pub fn start(state_dir: &Path, bootstrap: &Path) -> Result<Background, ServerError> {
         Self::start_with(ServeConfig {
             state_dir: state_dir.to_path_buf(),
             bootstrap: bootstrap.to_path_buf(),
@@ -302,7 +308,7 @@ impl Background {
     }
 
     /// Start with a full configuration (for example with an HTTP listener).
-    pub fn start_with(cfg: ServeConfig) -> anyhow::Result<Background> {
+    pub fn start_with(cfg: ServeConfig) -> Result<Background, ServerError> {
         let state_dir = cfg.state_dir.clone();
         let wants_http = cfg.listen.is_some();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -330,25 +336,25 @@ impl Background {
             if thread.is_finished() {
                 return match thread.join() {
                     Ok(Err(e)) => Err(e),
-                    _ => Err(anyhow::anyhow!("daemon thread ended")),
+                    _ => Err(ServerError::Daemon("daemon thread ended".into())),
                 };
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        anyhow::bail!("daemon did not come up")
+        Err(ServerError::Daemon("daemon did not come up".into()))
     }
 
-    pub fn stop(mut self) -> anyhow::Result<()> {
+    pub fn stop(mut self) -> Result<(), ServerError> {
         self.shutdown()
     }
 
-    fn shutdown(&mut self) -> anyhow::Result<()> {
+    fn shutdown(&mut self) -> Result<(), ServerError> {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
         }
         if let Some(t) = self.thread.take() {
             t.join()
-                .map_err(|_| anyhow::anyhow!("daemon thread panicked"))??;
+                .map_err(|_| ServerError::Daemon("daemon thread panicked".into()))??;
         }
         Ok(())
     }

@@ -5,17 +5,17 @@ use crate::wire::*;
 use room_core::{Code, Refusal, Tier, Verb};
 use room_engine::principal::AgentCaller;
 use room_engine::verbs::TurnArgs;
-use room_engine::{Caller, Engine, Owner};
+use room_engine::{Caller, Engine, Evidence, Owner};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-/// How the request arrived; the engine decides what that allows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How the request arrived, with what the transport observed about its peer; the engine
+/// decides what that allows.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Transport {
-    /// Unix socket, peer uid equal to the daemon's: the local owner console.
-    OwnerConsole,
-    /// Unix socket, another uid: agents only.
-    ForeignSocket,
+    /// The Unix socket, with the peer's credentials from `SO_PEERCRED` (the engine grants owner
+    /// standing to the owner's uid; any other uid may act as an agent only).
+    UnixSocket(Evidence),
     /// HTTP with `Authorization: Bearer`.
     Http,
 }
@@ -98,15 +98,15 @@ pub fn handle(
         }
         (a, b) => a.or(b),
     };
-    let caller = match token {
-        None if transport == Transport::OwnerConsole => Caller::Owner,
-        None => {
-            return Response::refused(
-                Refusal::new(Code::CredentialInvalid, "no credential presented")
-                    .hint("set ROOM_TOKEN"),
-            );
-        }
-        Some(token) => {
+    let no_credential = || {
+        Response::refused(
+            Refusal::new(Code::CredentialInvalid, "no credential presented").hint("set ROOM_TOKEN"),
+        )
+    };
+    let caller = match (token, transport) {
+        (None, Transport::UnixSocket(evidence)) => Caller::Local(evidence),
+        (None, Transport::Http) => return no_credential(),
+        (Some(token), _) => {
             let declared = match tier_arg("tier", req.tier.clone()) {
                 Ok(t) => t,
                 Err(r) => return Response::refused(r),
@@ -123,12 +123,14 @@ pub fn handle(
         }
     };
     match caller {
-        Caller::Owner => match engine
-            .owner(&caller)
-            .and_then(|o| owner_op(engine, &o, &req.op, req.args))
-        {
-            Ok(v) => Response::ok(v),
+        Caller::Local(_) => match engine.owner(&caller) {
+            // no owner standing and no credential: as an agent it would need a token
+            Err(r) if r.code == Code::OwnerRequired => no_credential(),
             Err(r) => Response::refused(r),
+            Ok(o) => match owner_op(engine, &o, &req.op, req.args) {
+                Ok(v) => Response::ok(v),
+                Err(r) => Response::refused(r),
+            },
         },
         Caller::Agent(a) => {
             // Without an egress policy nothing may leave, so nothing may run either: a call

@@ -1,9 +1,12 @@
-//! The Room daemon's edge: listeners, request decoding, egress redaction. It classifies the
-//! caller by transport (owner console on the Unix socket, agent by token) and hands every
-//! decision to the engine; it decides no authority itself.
+//! The Room daemon's edge: listeners, request decoding, egress redaction. It hands the engine
+//! what the transport observed (the socket peer's credentials, an agent's token) and every
+//! decision with it; it decides no authority itself.
 
 pub mod client;
 pub mod daemon;
 pub mod dispatch;
+pub mod error;
 pub mod mcp;
 pub mod wire;
+
+pub use error::ServerError;

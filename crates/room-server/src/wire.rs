@@ -2,6 +2,13 @@
 //! as the body of `POST /v1/call` over HTTP. Unknown fields are refused so a typo is an error,
 //! not a silently ignored argument.
 
+use room_core::scope::SCOPES_PER_TASK_MAX;
+use room_engine::TEXT_BYTES_MAX;
+use room_engine::invariants::{
+    CLAIM_TTL_MS_MAX, CLAIM_TTL_MS_MIN, IDEMPOTENCY_KEY_BYTES_MAX, IDEMPOTENCY_KEY_PATTERN,
+};
+use room_engine::verbs::TITLE_BYTES_MAX;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -71,6 +78,17 @@ impl Response {
             ok: false,
             result: None,
             refusal: Some(r),
+        }
+    }
+
+    /// The result, or the refusal as `ServerError::Refused`.
+    pub fn into_result(self) -> Result<Value, crate::ServerError> {
+        match (self.ok, self.result, self.refusal) {
+            (_, _, Some(r)) => Err(crate::ServerError::Refused(r)),
+            (true, v, None) => Ok(v.unwrap_or(Value::Null)),
+            (false, _, None) => Err(crate::ServerError::Protocol(
+                "a failed response without a refusal".into(),
+            )),
         }
     }
 }
@@ -151,68 +169,113 @@ pub struct LogArgs {
     pub limit: Option<usize>,
 }
 
-#[derive(Debug, Deserialize)]
+// The arguments of the agent verbs below are the one definition of each: they decode the
+// wire, the MCP tools' input schemas are generated from them (`mcp::tools`), doc comments
+// becoming descriptions (written for a model that has never seen Room) and every limit the
+// engine's own constant, and the CLI parses them (`clap::Args`; the doc comments are its help).
+
+#[derive(Debug, Serialize, Deserialize, JsonSchema, clap::Args)]
 #[serde(deny_unknown_fields)]
 pub struct SyncArgs {
+    /// Room name (see room_list).
     pub room: String,
+    /// Receipt (rcpt_…) of the page you read.
     #[serde(default)]
+    #[arg(long)]
     pub confirm: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema, clap::Args)]
 #[serde(deny_unknown_fields)]
 pub struct TaskCreateArgs {
+    /// Room name (see room_list).
     pub room: String,
+    #[schemars(length(max = TITLE_BYTES_MAX))]
     pub title: String,
+    /// Recipient agent.
     #[serde(default)]
+    #[arg(long)]
     pub to: Option<String>,
+    /// Parent task id.
     #[serde(default)]
+    #[arg(long)]
     pub parent: Option<String>,
+    /// Typed scopes the task's claim leases.
     #[serde(default)]
+    #[arg(long = "scope")]
+    #[schemars(length(max = SCOPES_PER_TASK_MAX))]
     pub scopes: Vec<String>,
+    /// Optional key that makes a retry safe: a repeat of a key you already used in this room is
+    /// refused with invariant_violation (exactly_once) naming the event your first call wrote.
     #[serde(default)]
+    #[arg(long)]
+    #[schemars(length(max = IDEMPOTENCY_KEY_BYTES_MAX), pattern(IDEMPOTENCY_KEY_PATTERN))]
     pub idempotency_key: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TaskArgs {
     pub task: String,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema, clap::Args)]
 #[serde(deny_unknown_fields)]
 pub struct TaskClaimArgs {
     pub task: String,
+    /// How long the claim may stay unresolved.
     #[serde(default)]
+    #[arg(long)]
+    #[schemars(range(min = CLAIM_TTL_MS_MIN, max = CLAIM_TTL_MS_MAX))]
     pub ttl_ms: Option<u64>,
 }
 
 /// Arguments of the nine contribution verbs. `action` is only for the multiplexer `room` op.
-#[derive(Debug, Deserialize, Default)]
+/// Each verb's tool takes the fields it uses (`mcp::tools`), with its own words for `text`.
+#[derive(Debug, Serialize, Deserialize, Default, JsonSchema, clap::Args, Clone)]
 #[serde(deny_unknown_fields)]
 pub struct TurnWire {
     #[serde(default)]
+    #[arg(skip)]
     pub action: Option<String>,
+    /// Room name (see room_list).
     pub room: String,
     #[serde(default)]
+    #[schemars(length(max = TEXT_BYTES_MAX))]
     pub text: Option<String>,
+    /// Agent names to address (members of the room).
     #[serde(default)]
+    #[arg(long)]
     pub to: Vec<String>,
+    /// The event (evt_…), mention (mnt_…) or obligation (obl_…) you answer.
     #[serde(default)]
+    #[arg(long)]
     pub reply_to: Option<String>,
+    /// Task id (tsk_…).
     #[serde(default)]
+    #[arg(long)]
     pub task: Option<String>,
+    /// Event ids (evt_…) of this room that support the message.
     #[serde(default)]
+    #[arg(long)]
     pub evidence: Vec<String>,
+    /// Explicit causal parents (event ids of this room).
     #[serde(default)]
+    #[arg(long = "parent", value_name = "PARENT")]
     pub parents: Vec<String>,
+    /// Obligation id (obl_…) you raised.
     #[serde(default)]
+    #[arg(skip)]
     pub obligation: Option<String>,
-    /// Self-identifying argument: if present it must name the caller.
+    /// Optional self-identification; if given it must be your own agent name.
     #[serde(default)]
+    #[arg(long = "as")]
     pub actor: Option<String>,
+    /// Optional key that makes a retry safe: a repeat of a key you already used in this room is
+    /// refused with invariant_violation (exactly_once) naming the event your first call wrote.
     #[serde(default)]
+    #[arg(long)]
+    #[schemars(length(max = IDEMPOTENCY_KEY_BYTES_MAX), pattern(IDEMPOTENCY_KEY_PATTERN))]
     pub idempotency_key: Option<String>,
 }
 

@@ -359,7 +359,12 @@ impl Sim {
 
     fn owner(&self) -> room_engine::Owner {
         self.e()
-            .owner(&room_engine::Caller::Owner)
+            .owner(&room_engine::Caller::Local(
+                room_engine::Evidence::UnixPeer {
+                    uid: self.e().config().owner_uid,
+                    pid: std::process::id(),
+                },
+            ))
             .expect("the simulator is the owner")
     }
 
@@ -1578,8 +1583,13 @@ struct RoomDir {
 }
 
 fn sim_owner(e: &Engine) -> room_engine::Owner {
-    e.owner(&room_engine::Caller::Owner)
-        .expect("the simulator is the owner")
+    e.owner(&room_engine::Caller::Local(
+        room_engine::Evidence::UnixPeer {
+            uid: e.config().owner_uid,
+            pid: std::process::id(),
+        },
+    ))
+    .expect("the simulator is the owner")
 }
 
 /// Run one seed.

@@ -76,6 +76,49 @@ pub fn tool_list(mode: ToolsMode) -> Vec<Tool> {
     tools_of(mode).to_vec()
 }
 
+/// The bytes a host pays for the tool definitions of `mode`: the `tools/list` entries measured
+/// as the official Python SDK client's `json.dumps([tool.model_dump(exclude_none=True,
+/// by_alias=True) …])` writes them (`", "` and `": "` separators, non-ASCII as `\uXXXX`), the
+/// figure the README gives.
+pub fn definitions_bytes(mode: ToolsMode) -> usize {
+    fn len(v: &Value) -> usize {
+        match v {
+            Value::Null => 4,
+            Value::Bool(b) => {
+                if *b {
+                    4
+                } else {
+                    5
+                }
+            }
+            Value::Number(n) => n.to_string().len(),
+            Value::String(s) => str_len(s),
+            Value::Array(a) => 2 + a.iter().map(len).sum::<usize>() + 2 * a.len().saturating_sub(1),
+            Value::Object(m) => {
+                2 + m
+                    .iter()
+                    .map(|(k, v)| str_len(k) + 2 + len(v))
+                    .sum::<usize>()
+                    + 2 * m.len().saturating_sub(1)
+            }
+        }
+    }
+    fn str_len(s: &str) -> usize {
+        2 + s
+            .chars()
+            .map(|c| match c {
+                '"' | '\\' | '\n' | '\r' | '\t' | '\u{8}' | '\u{c}' => 2,
+                c if (c as u32) < 0x20 => 6,
+                c if c.is_ascii() => 1,
+                c if (c as u32) < 0x1_0000 => 6,
+                _ => 12,
+            })
+            .sum::<usize>()
+    }
+    let tools = serde_json::to_value(tools_of(mode)).expect("tool definitions serialize");
+    len(&tools)
+}
+
 fn tools_of(mode: ToolsMode) -> &'static [Tool] {
     fn build(mode: ToolsMode) -> Vec<Tool> {
         tools::listed(mode)
@@ -210,12 +253,15 @@ impl ServerHandler for RoomMcp {
 }
 
 /// Serve `handler` on this process's stdin/stdout until the host closes them.
-pub async fn serve_stdio(handler: RoomMcp) -> anyhow::Result<()> {
+pub async fn serve_stdio(handler: RoomMcp) -> Result<(), crate::ServerError> {
     use rmcp::ServiceExt;
+    let mcp = |e: &dyn std::fmt::Display| crate::ServerError::Mcp(e.to_string());
     handler
         .serve(rmcp::transport::stdio())
-        .await?
+        .await
+        .map_err(|e| mcp(&e))?
         .waiting()
-        .await?;
+        .await
+        .map_err(|e| mcp(&e))?;
     Ok(())
 }

@@ -2,7 +2,10 @@
 //! JSON Schemas for inputs and outputs. Each tool maps onto one daemon operation, so MCP, the CLI
 //! and HTTP reach the same engine calls under the same authorization.
 
-use serde_json::{Value, json};
+use crate::wire::{SyncArgs, TaskArgs, TaskClaimArgs, TaskCreateArgs, TurnWire};
+use schemars::JsonSchema;
+use schemars::generate::SchemaSettings;
+use serde_json::{Map, Value, json};
 
 /// Which tools a host sees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,70 +37,135 @@ pub struct ToolDef {
 const REFUSALS: &str = "On refusal the result has isError true and structuredContent.refusal {code, message, hint, detail}. \
 room_sync_required means unread events: read detail.next_page, then call room_sync with confirm set to its receipt, and retry.";
 
-fn s_room() -> Value {
-    json!({"type": "string", "description": "Room name (see room_list)."})
+/// The input schema of a tool whose arguments are `T`, generated from `T` itself: its doc
+/// comments are the descriptions and its `schemars` attributes the limits (the engine's
+/// constants). Shaped for a model's context: no `$schema`, title or definitions, an optional
+/// field is just its type (absent and `null` decode the same), no defaults or formats.
+pub fn input_schema<T: JsonSchema>() -> Map<String, Value> {
+    let schema = SchemaSettings::draft2020_12()
+        .with(|s| {
+            s.inline_subschemas = true;
+            s.meta_schema = None;
+        })
+        .into_generator()
+        .into_root_schema_for::<T>();
+    let Value::Object(mut m) = schema.to_value() else {
+        unreachable!("a struct's schema is an object")
+    };
+    for k in ["$schema", "title", "description", "$defs"] {
+        m.remove(k);
+    }
+    if let Some(Value::Object(props)) = m.get_mut("properties") {
+        props.values_mut().for_each(tidy);
+    }
+    m
 }
 
-fn turn_schema(extra: &[(&str, Value)], required: &[&str]) -> Value {
-    let mut props = serde_json::Map::new();
-    props.insert("room".into(), s_room());
-    for (k, v) in extra {
-        props.insert((*k).into(), v.clone());
+fn tidy(v: &mut Value) {
+    let Value::Object(m) = v else { return };
+    for k in ["default", "format", "title"] {
+        m.remove(k);
     }
-    props.insert(
-        "actor".into(),
-        json!({"type": "string", "description": "Optional self-identification; if given it must be your own agent name."}),
-    );
-    props.insert("idempotency_key".into(), idempotency_key());
+    if let Some(Value::Array(types)) = m.get_mut("type") {
+        types.retain(|t| t != "null");
+        if types.len() == 1 {
+            let t = types.remove(0);
+            m.insert("type".into(), t);
+        }
+    }
+    if let Some(Value::String(d)) = m.get_mut("description") {
+        *d = d.replace('\n', " ");
+    }
+    if let Some(items) = m.get_mut("items") {
+        tidy(items);
+    }
+}
+
+/// A contribution verb's schema: the fields of [`TurnWire`] it takes (`room`, `actor` and
+/// `idempotency_key` always), `text` described in the verb's own words, and what it requires.
+fn turn_schema(text: Option<&str>, fields: &[&str], required: &[&str]) -> Value {
+    let mut schema = input_schema::<TurnWire>();
+    let Some(Value::Object(props)) = schema.get_mut("properties") else {
+        unreachable!("TurnWire has properties")
+    };
+    props.retain(|k, _| {
+        matches!(k.as_str(), "room" | "actor" | "idempotency_key") || fields.contains(&k.as_str())
+    });
+    if let (Some(desc), Some(Value::Object(t))) = (text, props.get_mut("text")) {
+        t.insert("description".into(), json!(desc));
+    }
     let mut req = vec![json!("room")];
     req.extend(required.iter().map(|r| json!(r)));
-    json!({"type": "object", "properties": props, "required": req, "additionalProperties": false})
+    schema.insert("required".into(), Value::Array(req));
+    Value::Object(schema)
 }
 
-fn text(desc: &str) -> (&'static str, Value) {
-    (
-        "text",
-        json!({"type": "string", "description": desc, "maxLength": 1_048_576}),
-    )
+/// The multiplexer's schema: every verb's fields in one object, typed but without their
+/// descriptions and limits (the verb tools carry those, and the multiplexer is what a host that
+/// counts every byte lists); a field two verbs type differently takes either type.
+fn multiplexer_schema(actions: &[&str]) -> Value {
+    let mut props = Map::new();
+    for schema in [
+        input_schema::<TurnWire>(),
+        input_schema::<SyncArgs>(),
+        input_schema::<TaskCreateArgs>(),
+        input_schema::<TaskClaimArgs>(),
+        input_schema::<TaskArgs>(),
+    ] {
+        let Some(Value::Object(p)) = schema.get("properties") else {
+            continue;
+        };
+        for (k, v) in p {
+            let mut v = v.clone();
+            if let Value::Object(m) = &mut v {
+                m.retain(|k, _| k == "type" || k == "items");
+            }
+            match props.get_mut(k) {
+                None => {
+                    props.insert(k.clone(), v);
+                }
+                Some(Value::Object(have)) => merge_types(have, v),
+                Some(_) => {}
+            }
+        }
+    }
+    props.insert("action".into(), json!({"type": "string", "enum": actions}));
+    json!({"type": "object", "properties": props, "required": ["action"], "additionalProperties": false})
 }
 
-fn to() -> (&'static str, Value) {
-    (
-        "to",
-        json!({"type": "array", "items": {"type": "string"}, "description": "Agent names to address (members of the room)."}),
-    )
-}
-
-fn task() -> (&'static str, Value) {
-    (
-        "task",
-        json!({"type": "string", "description": "Task id (tsk_…)."}),
-    )
-}
-
-fn evidence() -> (&'static str, Value) {
-    (
-        "evidence",
-        json!({"type": "array", "items": {"type": "string"}, "description": "Event ids (evt_…) of this room that support the message."}),
-    )
-}
-
-fn idempotency_key() -> Value {
-    json!({"type": "string", "maxLength": 128, "pattern": "^[A-Za-z0-9._:-]+$",
-        "description": "Optional key that makes a retry safe: a repeat of a key you already used in this room is refused with invariant_violation (exactly_once) naming the event your first call wrote."})
-}
-
-fn reply_to() -> (&'static str, Value) {
-    (
-        "reply_to",
-        json!({"type": "string", "description": "The event (evt_…), mention (mnt_…) or obligation (obl_…) you answer."}),
-    )
+fn merge_types(have: &mut Map<String, Value>, other: Value) {
+    let Value::Object(other) = other else { return };
+    let types = |v: Option<&Value>| -> Vec<Value> {
+        match v {
+            Some(Value::Array(a)) => a.clone(),
+            Some(t) => vec![t.clone()],
+            None => vec![],
+        }
+    };
+    let mut all = types(have.get("type"));
+    for t in types(other.get("type")) {
+        if !all.contains(&t) {
+            all.push(t);
+        }
+    }
+    for (k, v) in other {
+        have.entry(k).or_insert(v);
+    }
+    have.insert(
+        "type".into(),
+        if all.len() == 1 {
+            all.remove(0)
+        } else {
+            Value::Array(all)
+        },
+    );
 }
 
 /// Every tool, in listing order.
 pub fn all() -> Vec<ToolDef> {
     let empty = json!({"type": "object", "properties": {}, "additionalProperties": false});
-    vec![
+    let object = |m: Map<String, Value>| Value::Object(m);
+    let mut tools = vec![
         ToolDef {
             name: "room_whoami",
             op: "whoami",
@@ -116,35 +184,43 @@ pub fn all() -> Vec<ToolDef> {
             description: "Read a room. Returns a page of events after your confirmed position plus a receipt, and your open mentions and obligations. \
 Call again with confirm set to the page's receipt to record that you read it; repeat while more is true. You must be caught up before any \
 other room_* action in that room. Oversized events arrive in item_chunk fragments ending with item_complete.",
-            input: json!({"type": "object", "properties": {"room": s_room(), "confirm": {"type": "string", "description": "Receipt (rcpt_…) of the page you read."}},
-                "required": ["room"], "additionalProperties": false}),
+            input: object(input_schema::<SyncArgs>()),
         },
         ToolDef {
             name: "room_note",
             op: "note",
             description: "Post status telemetry (progress, what you are doing). Wakes no one; @mentions are refused. Use room_say or room_send to address someone. \
 With a task addressed to you, claim it first (task_claim).",
-            input: turn_schema(&[text("The status text."), task()], &["text"]),
+            input: turn_schema(Some("The status text."), &["text", "task"], &["text"]),
         },
         ToolDef {
             name: "room_say",
             op: "say",
             description: "Say something in a room, optionally to named agents (wakes them in coordination rooms only). Without to or reply_to and with open items from \
 one source it answers them; with open items from several sources it is refused (say_reply_target_ambiguous): name reply_to. Never carries a task.",
-            input: turn_schema(&[text("What you say."), to(), reply_to()], &["text"]),
+            input: turn_schema(
+                Some("What you say."),
+                &["text", "to", "reply_to"],
+                &["text"],
+            ),
         },
         ToolDef {
             name: "room_reply",
             op: "reply",
             description: "Answer a mention or obligation addressed to you (see open_items in room_sync). Resolves it. Refused with reply_target_not_addressed if nothing there is yours.",
-            input: turn_schema(&[text("Your answer."), reply_to()], &["text", "reply_to"]),
+            input: turn_schema(
+                Some("Your answer."),
+                &["text", "reply_to"],
+                &["text", "reply_to"],
+            ),
         },
         ToolDef {
             name: "room_send",
             op: "send",
             description: "Assign work: creates an obligation for each recipient and one sealed wake permit each. In a project room a task is required (send_task_required).",
             input: turn_schema(
-                &[text("The assignment."), to(), task(), evidence()],
+                Some("The assignment."),
+                &["text", "to", "task", "evidence"],
                 &["text", "to"],
             ),
         },
@@ -153,7 +229,8 @@ one source it answers them; with open items from several sources it is refused (
             op: "handoff",
             description: "Hand a task you hold to another member. No lease moves with it: the new recipient must claim it afresh.",
             input: turn_schema(
-                &[task(), to(), text("Optional note for the new recipient.")],
+                Some("Optional note for the new recipient."),
+                &["task", "to", "text"],
                 &["task", "to"],
             ),
         },
@@ -162,7 +239,8 @@ one source it answers them; with open items from several sources it is refused (
             op: "done",
             description: "Finish a task you have claimed. Resolves your obligations for that task.",
             input: turn_schema(
-                &[task(), text("Optional summary of what was done.")],
+                Some("Optional summary of what was done."),
+                &["task", "text"],
                 &["task"],
             ),
         },
@@ -170,26 +248,25 @@ one source it answers them; with open items from several sources it is refused (
             name: "room_blocked",
             op: "blocked",
             description: "Mark a task you hold as blocked, with the reason. Its owner gets an obligation to answer.",
-            input: turn_schema(&[task(), text("Why you are blocked.")], &["task", "text"]),
+            input: turn_schema(
+                Some("Why you are blocked."),
+                &["task", "text"],
+                &["task", "text"],
+            ),
         },
         ToolDef {
             name: "room_decline",
             op: "decline",
             description: "Refuse a task addressed to you. Your obligations for it resolve as declined (never as done); its owner is told.",
-            input: turn_schema(&[task(), text("Optional reason.")], &["task"]),
+            input: turn_schema(Some("Optional reason."), &["task", "text"], &["task"]),
         },
         ToolDef {
             name: "room_circle",
             op: "circle",
             description: "Re-raise an obligation you created that is still unanswered; the addressee is woken again under the original deadline.",
             input: turn_schema(
-                &[
-                    (
-                        "obligation",
-                        json!({"type": "string", "description": "Obligation id (obl_…) you raised."}),
-                    ),
-                    text("Optional reminder text."),
-                ],
+                Some("Optional reminder text."),
+                &["obligation", "text"],
                 &["obligation"],
             ),
         },
@@ -198,48 +275,38 @@ one source it answers them; with open items from several sources it is refused (
             op: "task_create",
             description: "Create a task in a room (coordinator tier), optionally for a recipient, under a parent task, and with typed scopes \
 (namespace:resource, e.g. file:src/lib.rs or api:stripe) that a claim leases exclusively: file scopes conflict hierarchically, others by identity.",
-            input: json!({"type": "object", "properties": {"room": s_room(), "title": {"type": "string", "maxLength": 256},
-                "to": {"type": "string", "description": "Recipient agent."}, "parent": {"type": "string", "description": "Parent task id."},
-                "scopes": {"type": "array", "items": {"type": "string"}, "maxItems": 16, "description": "Typed scopes the task's claim leases."},
-                "idempotency_key": idempotency_key()},
-                "required": ["room", "title"], "additionalProperties": false}),
+            input: object(input_schema::<TaskCreateArgs>()),
         },
         ToolDef {
             name: "task_claim",
             op: "task_claim",
             description: "Claim an open task addressed to you (or to no one) before working on it. The claim leases the task's scopes \
 (a conflicting live lease is refused with invariant_violation, exclusive); unresolved after ttl_ms (default 20 minutes) it is recorded in doubt.",
-            input: json!({"type": "object", "properties": {"task": {"type": "string"},
-                "ttl_ms": {"type": "integer", "minimum": 1000, "maximum": 604_800_000, "description": "How long the claim may stay unresolved."}},
-                "required": ["task"], "additionalProperties": false}),
+            input: object(input_schema::<TaskClaimArgs>()),
         },
         ToolDef {
             name: "task_show",
             op: "task_show",
             description: "Show a task: title, owner, recipient, status, parent.",
-            input: json!({"type": "object", "properties": {"task": {"type": "string"}}, "required": ["task"], "additionalProperties": false}),
+            input: object(input_schema::<TaskArgs>()),
         },
-        ToolDef {
-            name: "room",
-            op: "room",
-            description: "Multiplexer for every Room action: set action to one of whoami, list, sync, note, say, reply, send, handoff, done, blocked, decline, circle, \
+    ];
+    let actions: Vec<&str> = tools.iter().map(|t| t.op).collect();
+    tools.push(ToolDef {
+        name: "room",
+        op: "room",
+        description: "Multiplexer for every Room action: set action to one of whoami, list, sync, note, say, reply, send, handoff, done, blocked, decline, circle, \
 task_create, task_claim, task_show, and pass that action's arguments alongside (room, text, to, reply_to, task, evidence, parents, obligation, confirm, title, parent, \
 scopes, ttl_ms, idempotency_key).",
-            input: json!({"type": "object", "properties": {
-                "action": {"type": "string", "enum": ["whoami", "list", "sync", "note", "say", "reply", "send", "handoff", "done", "blocked", "decline", "circle", "task_create", "task_claim", "task_show"]},
-                "room": {"type": "string"}, "text": {"type": "string"}, "to": {}, "reply_to": {"type": "string"}, "task": {"type": "string"},
-                "evidence": {"type": "array", "items": {"type": "string"}}, "parents": {"type": "array", "items": {"type": "string"}},
-                "obligation": {"type": "string"}, "confirm": {"type": "string"}, "title": {"type": "string"}, "parent": {"type": "string"},
-                "scopes": {"type": "array", "items": {"type": "string"}}, "ttl_ms": {"type": "integer"}, "idempotency_key": {"type": "string"},
-                "actor": {"type": "string"}},
-                "required": ["action"], "additionalProperties": false}),
-        },
-    ]
+        input: multiplexer_schema(&actions),
+    });
+    tools
 }
 
-/// Output schema shared by every tool: an object (the result) or a refusal.
+/// Output schema shared by every tool: an object (the result, or `{refusal: …}` when isError
+/// is true, as every tool's description says).
 pub fn output_schema() -> Value {
-    json!({"type": "object", "description": "The result object, or {refusal: {code, message, hint, detail}} when isError is true."})
+    json!({"type": "object"})
 }
 
 /// The tools a host sees in `mode`. Built once: every call looks its tool up here.

@@ -1,0 +1,175 @@
+//! The MCP tool definitions are generated from the wire structs: their limits are the engine's
+//! constants, their shape is lean, and what a host pays for them does not grow.
+
+use room_core::scope::SCOPES_PER_TASK_MAX;
+use room_engine::invariants::{
+    CLAIM_TTL_MS_MAX, CLAIM_TTL_MS_MIN, IDEMPOTENCY_KEY_BYTES_MAX, IDEMPOTENCY_KEY_PATTERN,
+    check_key,
+};
+use room_engine::verbs::TITLE_BYTES_MAX;
+use room_engine::{EngineConfig, TEXT_BYTES_MAX};
+use room_server::mcp::tools::{self, ToolsMode};
+use room_server::mcp::{definitions_bytes, tool_list};
+use serde_json::{Value, json};
+
+/// The bytes of the definitions as measured when they were generated from the wire structs
+/// (before: 19,102 full and 2,615 compact, measured the same way). A change that grows them
+/// should be a decision, so it has to move these figures.
+const FULL_BYTES_MAX: usize = 17_510;
+const COMPACT_BYTES_MAX: usize = 2_465;
+
+fn input(name: &str) -> Value {
+    tools::all()
+        .into_iter()
+        .find(|t| t.name == name)
+        .unwrap_or_else(|| panic!("no tool {name}"))
+        .input
+}
+
+#[test]
+fn definitions_stay_as_small_as_they_were() {
+    let full = definitions_bytes(ToolsMode::Full);
+    let compact = definitions_bytes(ToolsMode::Compact);
+    println!("tool definitions: full {full} bytes, compact {compact} bytes");
+    assert!(full <= FULL_BYTES_MAX, "full definitions take {full} bytes");
+    assert!(
+        compact <= COMPACT_BYTES_MAX,
+        "compact definitions take {compact} bytes"
+    );
+    assert_eq!(tool_list(ToolsMode::Compact).len(), 2);
+}
+
+#[test]
+fn measured_as_the_python_client_dumps_them() {
+    // ", " and ": " separators, non-ASCII escaped: `{"a": "…"}` is 15 bytes that way
+    let tools = serde_json::to_value(tool_list(ToolsMode::Compact)).unwrap();
+    let compact_rust = serde_json::to_string(&tools).unwrap();
+    let ellipses = compact_rust.matches('…').count();
+    let commas_colons = compact_rust
+        .chars()
+        .scan(false, |in_str, c| {
+            let counted = !*in_str && (c == ',' || c == ':');
+            if c == '"' {
+                *in_str = !*in_str;
+            }
+            Some(counted)
+        })
+        .filter(|c| *c)
+        .count();
+    // escapes inside strings never contain a bare `"` in these definitions
+    assert!(!compact_rust.contains("\\\""));
+    assert_eq!(
+        definitions_bytes(ToolsMode::Compact),
+        compact_rust.len() + commas_colons + ellipses * (6 - '…'.len_utf8())
+    );
+}
+
+#[test]
+fn limits_in_the_schemas_are_the_engines_constants() {
+    assert_eq!(EngineConfig::default().text_bytes_max, TEXT_BYTES_MAX);
+    for t in [
+        "room_note",
+        "room_say",
+        "room_reply",
+        "room_send",
+        "room_handoff",
+        "room_done",
+        "room_blocked",
+        "room_decline",
+        "room_circle",
+    ] {
+        let p = &input(t)["properties"];
+        assert_eq!(p["text"]["maxLength"], json!(TEXT_BYTES_MAX), "{t}");
+        assert_eq!(
+            p["idempotency_key"]["maxLength"],
+            json!(IDEMPOTENCY_KEY_BYTES_MAX),
+            "{t}"
+        );
+        assert_eq!(
+            p["idempotency_key"]["pattern"],
+            json!(IDEMPOTENCY_KEY_PATTERN),
+            "{t}"
+        );
+    }
+    let create = &input("task_create")["properties"];
+    assert_eq!(create["title"]["maxLength"], json!(TITLE_BYTES_MAX));
+    assert_eq!(create["scopes"]["maxItems"], json!(SCOPES_PER_TASK_MAX));
+    assert_eq!(
+        create["idempotency_key"]["maxLength"],
+        json!(IDEMPOTENCY_KEY_BYTES_MAX)
+    );
+    assert_eq!(
+        create["idempotency_key"]["pattern"],
+        json!(IDEMPOTENCY_KEY_PATTERN)
+    );
+    let claim = &input("task_claim")["properties"];
+    assert_eq!(claim["ttl_ms"]["minimum"], json!(CLAIM_TTL_MS_MIN));
+    assert_eq!(claim["ttl_ms"]["maximum"], json!(CLAIM_TTL_MS_MAX));
+}
+
+#[test]
+fn the_key_pattern_is_the_shape_the_engine_accepts() {
+    // the pattern is one character class: expand it and compare byte by byte with check_key
+    let class = IDEMPOTENCY_KEY_PATTERN
+        .strip_prefix("^[")
+        .and_then(|p| p.strip_suffix("]+$"))
+        .expect("one character class");
+    let b = class.as_bytes();
+    let mut allowed = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if i + 2 < b.len() && b[i + 1] == b'-' {
+            allowed.extend(b[i]..=b[i + 2]);
+            i += 3;
+        } else {
+            allowed.push(b[i]);
+            i += 1;
+        }
+    }
+    for byte in 1u8..128 {
+        let key = (byte as char).to_string();
+        assert_eq!(
+            check_key(Some(&key)).is_ok(),
+            allowed.contains(&byte),
+            "byte {byte:#x}"
+        );
+    }
+    let longest = "k".repeat(IDEMPOTENCY_KEY_BYTES_MAX);
+    assert!(check_key(Some(&longest)).is_ok());
+    assert!(check_key(Some(&format!("{longest}k"))).is_err());
+}
+
+#[test]
+fn schemas_are_lean_and_typed() {
+    fn walk(v: &Value, at: &str) {
+        let Value::Object(m) = v else { return };
+        for k in ["$schema", "title", "$defs", "default", "format", "anyOf"] {
+            assert!(!m.contains_key(k), "{at}: {k}");
+        }
+        if let Some(t) = m.get("type") {
+            assert!(!t.to_string().contains("null"), "{at}: nullable type {t}");
+        }
+        if let Some(Value::String(d)) = m.get("description") {
+            assert!(!d.contains('\n'), "{at}: multi-line description");
+        }
+        if let Some(Value::Object(props)) = m.get("properties") {
+            for (k, v) in props {
+                walk(v, &format!("{at}.{k}"));
+            }
+        }
+        if let Some(items) = m.get("items") {
+            walk(items, &format!("{at}[]"));
+        }
+    }
+    for t in tools::all() {
+        walk(&t.input, t.name);
+        assert_eq!(t.input["additionalProperties"], json!(false), "{}", t.name);
+    }
+    // the multiplexer types every field; `to` is a list of agents (a verb) or one (task_create)
+    let mux = input("room");
+    for (k, v) in mux["properties"].as_object().unwrap() {
+        assert!(v.get("type").is_some(), "room.{k} is untyped");
+    }
+    assert_eq!(mux["properties"]["to"]["items"], json!({"type": "string"}));
+    assert_eq!(mux["properties"]["to"]["type"], json!(["array", "string"]));
+}
