@@ -104,6 +104,8 @@ pub enum Cmd {
     Members(MembersCmd),
     /// Reset a room's view: every agent must sync again (owner).
     Reset { room: String },
+    /// Archive a room: read-only from now on, its journal kept and verifiable (owner).
+    Archive { room: String },
     /// Show a room's events, unredacted (owner).
     Log {
         room: String,
@@ -328,6 +330,7 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
             req("room_members_add", json!({"room": room, "agent": a}))
         }
         Cmd::Reset { room } => req("room_reset", json!({"room": room})),
+        Cmd::Archive { room } => req("room_archive", json!({"room": room})),
         Cmd::Log { room, from, limit } => req(
             "room_log",
             json!({"room": room, "from": from, "limit": limit}),

@@ -42,6 +42,7 @@ codes! {
     RoomNotMember => "room_not_member",
     RoomNotFound => "room_not_found",
     RoomReadOnly => "room_read_only",
+    RoomArchived => "room_archived",
     // sync and the work gate
     RoomSyncJournalRotated => "room_sync_journal_rotated",
     RoomSyncViewChanged => "room_sync_view_changed",

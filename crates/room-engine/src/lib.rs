@@ -56,6 +56,9 @@ pub struct EngineConfig {
     /// The owner's uid: a Unix socket peer with this uid has owner standing. The daemon sets
     /// it to its own uid at start; the engine makes no OS call to learn it.
     pub owner_uid: u32,
+    /// Most rooms open at once (each holds `rooms::DESCRIPTORS_PER_ROOM` descriptors); the
+    /// daemon sets it from its descriptor limit (`rooms::open_max_for`).
+    pub rooms_open_max: usize,
     /// A planted bug for the simulator's proof that its invariant oracle bites: the five
     /// runtime invariants are not checked. Never set outside `room-sim`.
     pub skip_invariants: bool,
@@ -70,6 +73,7 @@ impl Default for EngineConfig {
             recipients_max: 64,
             parents_max: 16,
             owner_uid: NO_UID,
+            rooms_open_max: rooms::open_max_for(1024),
             skip_invariants: false,
         }
     }
@@ -122,18 +126,37 @@ impl Engine {
         let control = store.open_control()?;
         let engine = Engine {
             authority: Authority::new(env.clone(), state.clone(), control),
-            rooms: Rooms::new(store),
+            rooms: Rooms::new(store, config.rooms_open_max),
             state,
             env,
             config,
         };
         let rows = engine.control().rooms()?;
-        for row in rows {
-            let handle = RoomHandle::open(&engine, &row)?;
-            engine.rooms.insert(&row.name, handle);
+        let known = rows.iter().map(|r| r.graph_id.clone()).collect();
+        for stray in engine.rooms.store.sweep_strays(&known, engine.now_ms())? {
+            tracing::warn!("set aside {stray}: a room creation that never completed left it");
         }
-        if engine.control().wakes_requeue_pending()? {
-            engine.requeue_all_wakes()?;
+        let requeue = engine.control().wakes_requeue_pending()?;
+        let mut requeued_all = true;
+        for row in rows.iter().filter(|r| r.archived_ms.is_none()) {
+            // every room is opened once at start, so that a crash's leftovers (a turn's
+            // flush 2, wake permits) are completed now, not at the room's next use
+            match RoomHandle::open(&engine, row) {
+                Ok(mut room) => {
+                    if requeue && !room.requeue_at_start(&engine) {
+                        requeued_all = false;
+                    }
+                    engine.keep_open(&row.name, room);
+                }
+                Err(e) => {
+                    tracing::error!(room = %row.name, "room cannot be opened, the others go on: {e}");
+                    engine.rooms.mark_unusable(&row.name, e.to_string());
+                    requeued_all = false;
+                }
+            }
+        }
+        if requeue && requeued_all {
+            engine.control().wakes_requeue_done()?;
         }
         Ok(engine)
     }
@@ -154,12 +177,63 @@ impl Engine {
         self.env.clock.now_ms()
     }
 
+    /// Every open room, in name order.
     pub(crate) fn room_handles(&self) -> Vec<rooms::Handle> {
         self.rooms.handles()
     }
 
+    /// The handle of `name`, opened (and caught up from its log) if it is not open now.
     pub(crate) fn room_handle(&self, name: &str) -> Outcome<rooms::Handle> {
-        self.rooms.handle(name)
+        if let Some(h) = self.rooms.cached(name) {
+            return Ok(h);
+        }
+        let _one_opening = self.rooms.opening_lock();
+        if let Some(h) = self.rooms.cached(name) {
+            return Ok(h);
+        }
+        if let Some(why) = self.rooms.unusable(name) {
+            return Err(rooms::unusable_refusal(name, &why));
+        }
+        let row = self
+            .control()
+            .room(name)
+            .map_err(store_err)?
+            .ok_or_else(|| Rooms::not_found(name))?;
+        // a failure here may pass (descriptors run out, a disk hiccups): the next use tries again
+        let room = RoomHandle::open(self, &row)
+            .map_err(|e| rooms::unusable_refusal(name, &e.to_string()))?;
+        Ok(self.keep_open(name, room))
+    }
+
+    /// Keep a room open, closing the least recently used beyond the bound.
+    pub(crate) fn keep_open(&self, name: &str, room: RoomHandle) -> rooms::Handle {
+        let (h, evicted) = self.rooms.insert(name, room);
+        for e in evicted {
+            self.close_room_handle(&e);
+        }
+        h
+    }
+
+    /// Close a room nobody holds: its permits sealed since the last flush go to the queue, its
+    /// pending index rows commit (also as the index drops). Nothing is lost if this fails: the
+    /// next open re-derives both from the log. No flush can see the handle any more (it left
+    /// the map while nobody held it), so this needs no wake-flush lock.
+    pub(crate) fn close_room_handle(&self, h: &rooms::Handle) {
+        let mut room = lock_room(h);
+        if room.read_only.is_none()
+            && let Some((tip, rows)) = room.take_wakes_due()
+        {
+            let written = self
+                .control()
+                .insert_wakes(&rows)
+                .and_then(|()| room.wakes_queued(tip));
+            if let Err(e) = written {
+                tracing::warn!(room = %room.name, "closing: wake permits left for the next open: {e}");
+            }
+        }
+        if let Err(e) = room.index.flush() {
+            tracing::warn!(room = %room.name, "closing: index rows left for the next open: {e}");
+        }
     }
 
     /// Owner standing for `caller`, decided from what its transport observed: a Unix socket
@@ -202,28 +276,6 @@ impl Engine {
                 ));
             }
         }
-    }
-
-    /// Queue every room's permits from the start of its journal (once, after the migration that
-    /// created the queue). A room that cannot (read-only) keeps the request for the next start.
-    fn requeue_all_wakes(&self) -> Result<(), room_store::StoreError> {
-        let mut all = true;
-        for h in self.room_handles() {
-            let mut room = lock_room(&h);
-            if room.read_only.is_some() {
-                all = false;
-                continue;
-            }
-            if let Err(e) = room.requeue_wakes(self) {
-                // this room refuses writes and asks again at the next start; the others go on
-                room.halt(format!("re-queueing its wake permits failed: {e}"));
-                all = false;
-            }
-        }
-        if all {
-            self.control().wakes_requeue_done()?;
-        }
-        Ok(())
     }
 
     /// Write every room's newly sealed wake permits to the queue in control.db, in one

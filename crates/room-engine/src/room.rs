@@ -28,6 +28,8 @@ pub struct RoomHandle {
     pub blobs: Arc<dyn BlobStore>,
     /// Why the room refuses writes, when it does (a rotated journal, a failed projection).
     pub read_only: Option<String>,
+    /// The owner archived the room: it refuses turns (`room_archived`) and serves reads.
+    pub archived: bool,
     /// True when `read_only` is a rotated or replaced journal (the owner's `index rebuild`
     /// accepts it); otherwise a restart catches the room up from its journal.
     pub rotated: bool,
@@ -252,8 +254,9 @@ impl Engine {
 }
 
 impl RoomHandle {
-    /// Create the shard for a new room. Refuses to overwrite a stored binding.
-    pub fn create_shard(engine: &Engine, row: &RoomRow) -> Outcome<()> {
+    /// Create the shard of a new room whole, with `first` as its first record: a shard a
+    /// crashed or failed creation left under the same name (never acknowledged) is set aside.
+    pub fn create_shard(engine: &Engine, row: &RoomRow, first: EventBody) -> Outcome<()> {
         let binding = canon::canonical_bytes(&binding_of(row));
         let manifest = room_store::shard::Manifest {
             schema: room_store::shard::SHARD_SCHEMA.into(),
@@ -262,21 +265,40 @@ impl RoomHandle {
             instance: engine.state.instance_id.clone(),
             created_ms: row.created_ms,
         };
-        let created = engine
-            .rooms
-            .store
-            .create_shard(&row.graph_id, &binding, &canon::canonical_bytes(&manifest))
+        let manifest = canon::canonical_bytes(&manifest);
+        let genesis = ChainTip::genesis(&row.graph_id);
+        let hlc = genesis.hlc.tick(engine.now_ms());
+        let event = serde_json::to_value(&first).expect("event bodies serialize");
+        let record = Record::seal(
+            &genesis,
+            id::event_id(hlc, engine.env.entropy.as_ref()),
+            hlc,
+            event,
+        );
+        let store = &engine.rooms.store;
+        let create = || {
+            store
+                .create_shard(
+                    &row.graph_id,
+                    &binding,
+                    &manifest,
+                    std::slice::from_ref(&record),
+                )
+                .map_err(store_err)
+        };
+        if create()? == ShardCreated::Ready {
+            return Ok(());
+        }
+        let to = store
+            .set_aside(&row.graph_id, engine.now_ms())
             .map_err(store_err)?;
-        match created {
+        tracing::warn!(room = %row.name, "an unfinished shard of this name is set aside at {to}");
+        match create()? {
             ShardCreated::Ready => Ok(()),
-            ShardCreated::BoundElsewhere(_) => Err(Refusal::new(
-                Code::GraphProjectRebindRefused,
-                format!(
-                    "room {} is bound to another scope; a room's binding never changes",
-                    row.name
-                ),
-            )
-            .hint("create a room with a new name")),
+            ShardCreated::Exists => Err(Refusal::storage(format!(
+                "room {}: a shard appeared while it was created",
+                row.name
+            ))),
         }
     }
 
@@ -306,6 +328,7 @@ impl RoomHandle {
             journal: None,
             index,
             read_only: None,
+            archived: row.archived_ms.is_some(),
             rotated: false,
             rendered: Default::default(),
             wakes_pending: Vec::new(),
@@ -353,10 +376,24 @@ impl RoomHandle {
         }
     }
 
-    /// Queue every wake permit of the journal from its start (see `Engine::requeue_all_wakes`).
-    pub(crate) fn requeue_wakes(&mut self, engine: &Engine) -> Result<(), StoreError> {
-        self.index.set_wakes_mark(0)?;
-        self.rederive_wakes(engine)
+    /// Queue every wake permit of the journal from its start, once, after the migration that
+    /// created the queue. False when this room could not: it then refuses writes, and the next
+    /// start asks again.
+    pub(crate) fn requeue_at_start(&mut self, engine: &Engine) -> bool {
+        if self.read_only.is_some() {
+            return false;
+        }
+        let requeued = self
+            .index
+            .set_wakes_mark(0)
+            .and_then(|()| self.rederive_wakes(engine));
+        match requeued {
+            Ok(()) => true,
+            Err(e) => {
+                self.halt(format!("re-queueing its wake permits failed: {e}"));
+                false
+            }
+        }
     }
 
     /// Queue every wake permit the journal implies after the wakes mark that is missing (a
@@ -517,6 +554,13 @@ impl RoomHandle {
 
     pub fn writable(&self) -> Outcome<()> {
         self.readable()?;
+        if self.archived {
+            return Err(Refusal::new(
+                Code::RoomArchived,
+                format!("room {} is archived: it is read-only", self.name),
+            )
+            .hint("read it with room_sync or `room log`; write in another room"));
+        }
         if let Some(why) = &self.read_only {
             if self.rotated {
                 return Err(Refusal::new(

@@ -1,8 +1,10 @@
 //! Rooms: the storage backend and the open room handles, each behind its own lock, with the
-//! locks that span rooms (project leases, the wake queue flush). A handle (`room`) owns one
-//! shard's log, index and blobs; this component owns which handles exist.
+//! locks that span rooms (project leases, the wake queue flush, creation). A handle (`room`)
+//! owns one shard's log, index and blobs and the descriptors they hold; this component owns
+//! which handles are open. It keeps at most `open_max` of them (the least recently used beyond
+//! that are closed once nobody holds them), so that a state dir's rooms are not bounded by the
+//! process's descriptor limit; a room is opened again, and caught up, on its next use.
 
-use crate::Outcome;
 use crate::room::RoomHandle;
 use room_core::{Code, Refusal};
 use room_store::Backend;
@@ -11,11 +13,29 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 pub type Handle = Arc<Mutex<RoomHandle>>;
 
+struct Open {
+    handle: Handle,
+    /// When it was last handed out, in `tick`s: the least recent is closed first.
+    used: u64,
+}
+
+#[derive(Default)]
+struct Map {
+    open: BTreeMap<String, Open>,
+    tick: u64,
+    /// Rooms that could not be opened, and why: refused until a restart opens them.
+    unusable: BTreeMap<String, String>,
+}
+
 pub struct Rooms {
     /// Where everything durable lives (`room_store::Backend`).
     pub(crate) store: Arc<dyn Backend>,
+    /// Most handles kept open (each holds a few descriptors).
+    open_max: usize,
     /// Open rooms by name, in name order: every walk over them (flushes, sweeps) is deterministic.
-    open: Mutex<BTreeMap<String, Handle>>,
+    map: Mutex<Map>,
+    /// Held while a room is opened: two handles of one room must never exist at once.
+    opening: Mutex<()>,
     /// Held from a scoped claim's `exclusive` check through its commit: leases span the rooms
     /// of a project, and each room lock covers only its own room. Taken before a room lock.
     lease_lock: Mutex<()>,
@@ -23,54 +43,125 @@ pub struct Rooms {
     /// could let the later one move a room's wakes mark past permits the earlier one took but
     /// has not yet written (and may fail to write).
     wakes_flush_lock: Mutex<()>,
+    /// Held for the whole of a room's creation: its shard, its control row and its handle
+    /// appear together, or none of them.
+    creating: Mutex<()>,
 }
 
 impl Rooms {
-    pub(crate) fn new(store: Arc<dyn Backend>) -> Rooms {
+    pub(crate) fn new(store: Arc<dyn Backend>, open_max: usize) -> Rooms {
+        assert!(open_max >= 1, "at least one room can be open");
         Rooms {
             store,
-            open: Mutex::new(BTreeMap::new()),
+            open_max,
+            map: Mutex::new(Map::default()),
+            opening: Mutex::new(()),
             lease_lock: Mutex::new(()),
             wakes_flush_lock: Mutex::new(()),
+            creating: Mutex::new(()),
         }
     }
 
-    fn map(&self) -> MutexGuard<'_, BTreeMap<String, Handle>> {
-        self.open
+    fn map(&self) -> MutexGuard<'_, Map> {
+        self.map
             .lock()
             .expect("rooms map lock is never poisoned: no panics while held")
     }
 
-    /// Keep an opened room; its handle.
-    pub(crate) fn insert(&self, name: &str, room: RoomHandle) -> Handle {
+    /// The open handle of `name`, if it is open (and marked as just used).
+    pub(crate) fn cached(&self, name: &str) -> Option<Handle> {
+        let mut m = self.map();
+        m.tick += 1;
+        let tick = m.tick;
+        m.open.get_mut(name).map(|o| {
+            o.used = tick;
+            o.handle.clone()
+        })
+    }
+
+    /// Why `name` could not be opened, if it could not.
+    pub(crate) fn unusable(&self, name: &str) -> Option<String> {
+        self.map().unusable.get(name).cloned()
+    }
+
+    pub(crate) fn mark_unusable(&self, name: &str, why: String) {
+        self.map().unusable.insert(name.to_string(), why);
+    }
+
+    /// Every room that could not be opened, with why.
+    pub(crate) fn unusable_all(&self) -> BTreeMap<String, String> {
+        self.map().unusable.clone()
+    }
+
+    /// Keep a newly opened room; its handle, and the handles now over the bound that nobody
+    /// holds (the caller closes them). A room already open under that name is a bug.
+    pub(crate) fn insert(&self, name: &str, room: RoomHandle) -> (Handle, Vec<Handle>) {
         let h = Arc::new(Mutex::new(room));
-        self.map().insert(name.to_string(), h.clone());
-        h
+        let mut m = self.map();
+        m.tick += 1;
+        let used = m.tick;
+        let replaced = m.open.insert(
+            name.to_string(),
+            Open {
+                handle: h.clone(),
+                used,
+            },
+        );
+        assert!(replaced.is_none(), "room {name} was opened twice");
+        let evicted = evict(&mut m.open, self.open_max);
+        (h, evicted)
+    }
+
+    /// How many rooms are open now, and the most that may be.
+    pub(crate) fn open_count(&self) -> (usize, usize) {
+        (self.map().open.len(), self.open_max)
     }
 
     /// Every open room, in name order (a stable order: walks over rooms replay from a seed).
     pub(crate) fn handles(&self) -> Vec<Handle> {
-        self.map().values().cloned().collect()
+        self.map().open.values().map(|o| o.handle.clone()).collect()
     }
 
     /// Every open room with its name, in name order.
     pub(crate) fn named(&self) -> Vec<(String, Handle)> {
         self.map()
+            .open
             .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
+            .map(|(k, o)| (k.clone(), o.handle.clone()))
             .collect()
     }
 
-    pub(crate) fn handle(&self, name: &str) -> Outcome<Handle> {
-        self.map().get(name).cloned().ok_or_else(|| {
-            Refusal::new(Code::RoomNotFound, format!("no room named {name:?}"))
-                .hint("run `room list` to see rooms")
-        })
+    /// Close `name` if nobody holds it (its handle, to close); `None` when it is held or not open.
+    pub(crate) fn take_if_idle(&self, name: &str) -> Option<Handle> {
+        let mut m = self.map();
+        let idle = m
+            .open
+            .get(name)
+            .is_some_and(|o| Arc::strong_count(&o.handle) == 1);
+        if idle {
+            m.open.remove(name).map(|o| o.handle)
+        } else {
+            None
+        }
     }
 
     /// Close every room (a simulated crash): the handles, in name order.
     pub(crate) fn take_all(&self) -> Vec<Handle> {
-        std::mem::take(&mut *self.map()).into_values().collect()
+        std::mem::take(&mut self.map().open)
+            .into_values()
+            .map(|o| o.handle)
+            .collect()
+    }
+
+    pub(crate) fn not_found(name: &str) -> Refusal {
+        Refusal::new(Code::RoomNotFound, format!("no room named {name:?}"))
+            .hint("run `room list` to see rooms")
+    }
+
+    pub(crate) fn opening_lock(&self) -> MutexGuard<'_, ()> {
+        self.opening
+            .lock()
+            .expect("rooms opening lock is never poisoned: no panics while held")
     }
 
     pub(crate) fn lease_lock(&self) -> MutexGuard<'_, ()> {
@@ -84,4 +175,49 @@ impl Rooms {
             .lock()
             .expect("wakes flush lock is never poisoned: no panics while held")
     }
+
+    pub(crate) fn creation_lock(&self) -> MutexGuard<'_, ()> {
+        self.creating
+            .lock()
+            .expect("room creation lock is never poisoned: no panics while held")
+    }
+}
+
+/// Take the least recently used handles beyond `max` that only the map holds: a handle
+/// somebody holds stays open (closing it would let a second handle of that room open).
+fn evict(open: &mut BTreeMap<String, Open>, max: usize) -> Vec<Handle> {
+    if open.len() <= max {
+        return Vec::new();
+    }
+    // a halted room stays open: its refusal holds until the restart that catches it up
+    let mut idle: Vec<(u64, String)> = open
+        .iter()
+        .filter(|(_, o)| Arc::strong_count(&o.handle) == 1)
+        .filter(|(_, o)| o.handle.try_lock().is_ok_and(|r| r.read_only.is_none()))
+        .map(|(k, o)| (o.used, k.clone()))
+        .collect();
+    idle.sort();
+    let over = open.len() - max;
+    idle.into_iter()
+        .take(over)
+        .filter_map(|(_, k)| open.remove(&k).map(|o| o.handle))
+        .collect()
+}
+
+/// What one open room costs in descriptors: its log, its index database with WAL and
+/// shared-memory files, and one spare for a blob being written.
+pub const DESCRIPTORS_PER_ROOM: u64 = 5;
+
+/// Descriptors kept for everything that is not a room: listeners, connections, control.db.
+pub const DESCRIPTORS_RESERVED: u64 = 256;
+
+/// How many rooms can be open at once under a soft descriptor limit of `nofile` (at least 1).
+pub fn open_max_for(nofile: u64) -> usize {
+    (nofile.saturating_sub(DESCRIPTORS_RESERVED) / DESCRIPTORS_PER_ROOM).max(1) as usize
+}
+
+/// Whether `room` was refused as unusable or not found, as a refusal.
+pub(crate) fn unusable_refusal(name: &str, why: &str) -> Refusal {
+    Refusal::storage(format!("room {name} could not be opened: {why}"))
+        .hint("run `room verify` on the state dir; a restart tries the room again")
 }

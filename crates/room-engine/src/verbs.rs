@@ -167,7 +167,10 @@ impl Engine {
             reset_gen: 0,
             reset_ms: None,
             admission_gen: 0,
+            archived_ms: None,
         };
+        // the shard, the control row and the handle appear together or not at all
+        let _one_creation = self.rooms.creation_lock();
         {
             let c = self.control();
             if let Some(existing) = c.room(room).map_err(store_err)? {
@@ -192,22 +195,73 @@ impl Engine {
                 }
             }
         }
-        RoomHandle::create_shard(self, &row)?;
-        self.control()
-            .insert_room(&row, members)
-            .map_err(store_err)?;
-        let handle = RoomHandle::open(self, &row).map_err(store_err)?;
-        let handle = self.rooms.insert(room, handle);
         let body = EventBody::RoomCreated {
             actor: "owner".into(),
             room: room.into(),
             binding: binding_of(&row),
             members: members.to_vec(),
         };
-        lock_room(&handle).commit(self, vec![body], None)?;
+        RoomHandle::create_shard(self, &row, body)?;
+        if let Err(e) = self.control().insert_room(&row, members) {
+            self.discard_shard(&row);
+            return Err(store_err(e));
+        }
+        let opened = RoomHandle::open(self, &row);
+        let room_handle = match opened {
+            Ok(h) => h,
+            Err(e) => {
+                // nothing of the room may stay behind: no control row, no shard
+                if let Err(e) = self.control().remove_room(room) {
+                    tracing::error!(room, "removing the row of a room that failed to open: {e}");
+                }
+                self.discard_shard(&row);
+                return Err(Refusal::storage(format!(
+                    "room {room} was not created: opening it failed: {e}"
+                )));
+            }
+        };
+        self.keep_open(room, room_handle);
         Ok(
             json!({"room": room, "graph_id": row.graph_id, "binding": binding_of(&row), "members": members}),
         )
+    }
+
+    /// Set aside the shard of a creation that failed (logged: it is kept for inspection).
+    fn discard_shard(&self, row: &RoomRow) {
+        match self.rooms.store.set_aside(&row.graph_id, self.now_ms()) {
+            Ok(to) => {
+                tracing::warn!(room = %row.name, "a failed creation's shard is set aside at {to}")
+            }
+            Err(e) => {
+                tracing::error!(room = %row.name, "setting aside a failed creation's shard: {e}")
+            }
+        }
+    }
+
+    /// Archive a room: read-only from now on (turns refused `room_archived`), its journal kept
+    /// and verifiable, its handle closed so that it holds no descriptors until it is read.
+    pub fn room_archive(&self, _owner: &crate::Owner, room: &str) -> Outcome<Value> {
+        let handle = self.room_handle(room)?;
+        {
+            let mut h = lock_room(&handle);
+            h.index.flush().map_err(store_err)?;
+            let changed = self
+                .control()
+                .archive_room(room, self.now_ms())
+                .map_err(store_err)?;
+            if !changed {
+                return Err(Refusal::new(
+                    Code::RoomArchived,
+                    format!("room {room} is already archived"),
+                ));
+            }
+            h.archived = true;
+        }
+        drop(handle);
+        if let Some(h) = self.rooms.take_if_idle(room) {
+            self.close_room_handle(&h);
+        }
+        Ok(json!({"room": room, "archived": true}))
     }
 
     pub fn room_members_add(
@@ -295,23 +349,36 @@ impl Engine {
 
     /// Every room, for the owner.
     pub fn rooms_view(&self, _owner: &crate::Owner) -> Outcome<Value> {
-        self.rooms_listing(None)
+        let mut v = self.rooms_listing(None)?;
+        let (open, open_max) = self.rooms.open_count();
+        v["open_now"] = json!(open);
+        v["open_max"] = json!(open_max);
+        Ok(v)
     }
 
     pub(crate) fn rooms_listing(&self, only_member: Option<&str>) -> Outcome<Value> {
         let rows = self.control().rooms().map_err(store_err)?;
+        let unusable = self.rooms.unusable_all();
         let mut out = Vec::new();
         for r in rows {
             let members = self.control().members(&r.name).map_err(store_err)?;
             if only_member.is_some_and(|a| !members.iter().any(|m| m == a)) {
                 continue;
             }
+            let mut entry = json!({
+                "room": r.name, "binding": binding_of(&r), "members": members,
+                "archived": r.archived_ms.is_some(),
+            });
+            if let Some(why) = unusable.get(&r.name) {
+                entry["unusable"] = json!(why);
+                out.push(entry);
+                continue;
+            }
             let handle = self.room_handle(&r.name)?;
             let h = lock_room(&handle);
-            out.push(json!({
-                "room": r.name, "binding": binding_of(&r), "members": members,
-                "tip_seq": h.tip().seq, "read_only": h.read_only,
-            }));
+            entry["tip_seq"] = json!(h.tip().seq);
+            entry["read_only"] = json!(h.read_only);
+            out.push(entry);
         }
         Ok(json!({"rooms": out}))
     }

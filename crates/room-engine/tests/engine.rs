@@ -721,3 +721,79 @@ fn only_a_gated_verb_reaches_a_turn() {
     }
     assert_eq!(tip(&e, "r"), before);
 }
+
+/// A creation that fails at any step leaves nothing: no control row, no shard in the room
+/// space (what it wrote is set aside, out of `verify`'s way), and the same name can be created
+/// afterwards.
+#[test]
+fn a_failed_creation_leaves_no_room_behind() {
+    let f = Fixture::new();
+    let s = statedir::validate(&f.state, &f.boot).unwrap();
+    let env = Env {
+        clock: f.clock.clone(),
+        entropy: Arc::new(SeededEntropy::new(21)),
+        fs: Arc::new(RealFs),
+    };
+    // the first append from now is the new room's first record
+    let store = SqliteBackendConfig {
+        faults: Some(Arc::new(FailNth(0.into(), 1))),
+        ..SqliteBackendConfig::default()
+    };
+    let store = Arc::new(SqliteBackend::new(&s, store));
+    let e = Engine::open(s, env, store, EngineConfig::default()).unwrap();
+    agent(&e, "alpha", Tier::Member);
+    let err = e
+        .room_create(&owner(&e), "r", None, &["alpha".into()])
+        .unwrap_err();
+    assert_eq!(err.code, Code::StorageFailed, "{err:?}");
+    let rooms = e.rooms_view(&owner(&e)).unwrap();
+    assert_eq!(rooms["rooms"].as_array().unwrap().len(), 0, "{rooms}");
+    assert!(
+        room_store::shard::on_disk(&f.state.join("rooms"))
+            .unwrap()
+            .is_empty(),
+        "no shard in the room space"
+    );
+    assert_eq!(
+        std::fs::read_dir(f.state.join("rooms")).unwrap().count(),
+        0,
+        "not even a staging directory"
+    );
+    // the fault was one-off: the same name now creates a whole room
+    e.room_create(&owner(&e), "r", None, &["alpha".into()])
+        .unwrap();
+    assert_eq!(only_shard(&f).read_manifest().unwrap().room, "r");
+}
+
+/// A room that cannot be opened at start does not keep the daemon from starting: it is
+/// reported as unusable and refused, and every other room works.
+#[test]
+fn an_unusable_room_at_start_is_reported_and_the_others_work() {
+    let f = Fixture::new();
+    let a = {
+        let e = f.engine(22);
+        let a = agent(&e, "alpha", Tier::Member);
+        for r in ["bad", "good"] {
+            e.room_create(&owner(&e), r, None, &["alpha".into()])
+                .unwrap();
+        }
+        a
+    };
+    let bad = room_store::shard::on_disk(&f.state.join("rooms"))
+        .unwrap()
+        .into_iter()
+        .find(|(_, m)| m.room == "bad")
+        .unwrap()
+        .0;
+    std::fs::write(bad.binding(), b"not json").unwrap();
+    let e = f.engine(23);
+    let rooms = e.rooms_view(&owner(&e)).unwrap();
+    let listed = rooms["rooms"].as_array().unwrap();
+    assert_eq!(listed.len(), 2, "{rooms}");
+    assert!(listed[0]["unusable"].as_str().unwrap().contains("binding"));
+    assert!(listed[1]["unusable"].is_null());
+    let err = e.sync(&a, "bad", None).unwrap_err();
+    assert_eq!(err.code, Code::StorageFailed, "{err:?}");
+    catch_up(&e, &a, "good");
+    e.turn(&a, Verb::Note, say("good", "still here")).unwrap();
+}

@@ -94,9 +94,17 @@ pub fn open_engine(
 ) -> Result<(StateDir, statedir::DaemonLock, Engine), ServerError> {
     let state = statedir::validate(&cfg.state_dir, &cfg.bootstrap).map_err(ServerError::State)?;
     let lock = statedir::lock(&state).map_err(ServerError::State)?;
+    let nofile = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(u64::from(u32::MAX));
+    let rooms_open_max = room_engine::rooms::open_max_for(nofile);
+    tracing::info!(
+        "descriptor limit {nofile}: up to {rooms_open_max} rooms open at once (others open on use)"
+    );
     let config = EngineConfig {
         // the owner is whoever runs the daemon: a socket peer of this uid is the owner console
         owner_uid: rustix::process::getuid().as_raw(),
+        rooms_open_max,
         ..EngineConfig::default()
     };
     let engine = Engine::open(state.clone(), real_env(), embedded_store(&state), config)

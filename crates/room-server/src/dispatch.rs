@@ -34,6 +34,7 @@ const OWNER_OPS: &[&str] = &[
     "room_create",
     "room_members_add",
     "room_reset",
+    "room_archive",
     "room_log",
     "room_audit",
     "rooms",
@@ -254,6 +255,7 @@ fn owner_op(engine: &Engine, owner: &Owner, op: &str, a: Value) -> Result<Value,
             engine.room_members_add(owner, &a.room, &a.agent)
         }
         "room_reset" => engine.room_reset(owner, &args::<RoomArgs>(a)?.room),
+        "room_archive" => engine.room_archive(owner, &args::<RoomArgs>(a)?.room),
         "room_log" => {
             let a: LogArgs = args(a)?;
             engine.room_log(owner, &a.room, a.from.unwrap_or(1), a.limit.unwrap_or(200))

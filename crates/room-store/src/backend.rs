@@ -149,6 +149,13 @@ pub trait ControlStore: Send {
     fn set_verb_denied(&mut self, agent: &str, verb: &str, denied: bool) -> Result<()>;
     fn insert_project(&mut self, p: &ProjectRow) -> Result<()>;
     fn insert_room(&mut self, r: &RoomRow, members: &[String]) -> Result<()>;
+    /// Mark a room archived (read-only from now on); false when it already was or is unknown.
+    fn archive_room(&mut self, name: &str, at_ms: u64) -> Result<bool>;
+    /// Rooms that hold a claimed task, in name order (their lifecycles may lapse).
+    fn rooms_with_claims(&self) -> Result<Vec<String>>;
+    /// Remove a room whose creation failed before it was acknowledged, with its roster; false
+    /// when there was none. Refused (an error) once anything else names the room.
+    fn remove_room(&mut self, name: &str) -> Result<bool>;
     /// Add a member (false when already one); bumps the room's revision.
     fn add_member(&mut self, room: &str, agent: &str) -> Result<bool>;
     /// Reset the room's view as of the reset record at `seq`; a replay is a no-op.
@@ -178,10 +185,10 @@ pub trait ControlStore: Send {
 /// What creating a shard found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ShardCreated {
-    /// The shard is new (or its binding was already exactly this one).
+    /// The shard is new, whole: binding, manifest and a log holding the first records.
     Ready,
-    /// A binding is already stored and differs: these are its bytes.
-    BoundElsewhere(Vec<u8>),
+    /// A shard of that graph id is already there; nothing was written.
+    Exists,
 }
 
 /// Opens a room's log with a callback fed every record after `known` (all of them when it is
@@ -192,10 +199,26 @@ pub type ScanEach<'a> = &'a mut dyn FnMut(Scanned) -> Result<()>;
 /// writers.
 pub trait Backend: Send + Sync {
     fn open_control(&self) -> Result<Box<dyn ControlStore>>;
-    /// Create a room's shard with its binding and manifest, durably; never overwrites a
-    /// stored binding.
-    fn create_shard(&self, graph_id: &str, binding: &[u8], manifest: &[u8])
-    -> Result<ShardCreated>;
+    /// Create a room's shard whole or not at all, across a crash at any point: its binding,
+    /// manifest and a log holding `first` (sealed from the genesis tip). Never touches an
+    /// existing shard (`Exists`).
+    fn create_shard(
+        &self,
+        graph_id: &str,
+        binding: &[u8],
+        manifest: &[u8],
+        first: &[Record],
+    ) -> Result<ShardCreated>;
+    /// Move a shard no room owns out of the way (kept aside, never read as a room): what a
+    /// failed or interrupted creation left. Returns where it went.
+    fn set_aside(&self, graph_id: &str, now_ms: u64) -> Result<String>;
+    /// Set aside everything in the room space that is not the shard of one of `known` (the
+    /// rooms the control store holds); what was set aside.
+    fn sweep_strays(
+        &self,
+        known: &std::collections::BTreeSet<String>,
+        now_ms: u64,
+    ) -> Result<Vec<String>>;
     /// The stored binding of a room.
     fn read_binding(&self, graph_id: &str) -> Result<Vec<u8>>;
     fn open_index(&self, graph_id: &str) -> Result<Box<dyn RoomIndex>>;
@@ -267,6 +290,8 @@ pub struct SqliteBackendConfig {
 pub struct SqliteBackend {
     control_db: PathBuf,
     rooms: PathBuf,
+    /// Where shards no room owns are kept aside.
+    debris: PathBuf,
     config: SqliteBackendConfig,
     writers: Mutex<HashMap<String, Arc<InProcessLock>>>,
 }
@@ -276,6 +301,7 @@ impl SqliteBackend {
         SqliteBackend {
             control_db: state.control_db(),
             rooms: state.rooms(),
+            debris: state.debris(),
             config,
             writers: Mutex::new(HashMap::new()),
         }
@@ -299,8 +325,33 @@ impl Backend for SqliteBackend {
         graph_id: &str,
         binding: &[u8],
         manifest: &[u8],
+        first: &[Record],
     ) -> Result<ShardCreated> {
-        Ok(self.shard(graph_id).create(binding, manifest)?)
+        self.shard(graph_id).create(
+            graph_id,
+            binding,
+            manifest,
+            first,
+            self.config.faults.clone(),
+        )
+    }
+
+    fn set_aside(&self, graph_id: &str, now_ms: u64) -> Result<String> {
+        let to = self.shard(graph_id).set_aside(&self.debris, now_ms)?;
+        Ok(to.display().to_string())
+    }
+
+    fn sweep_strays(
+        &self,
+        known: &std::collections::BTreeSet<String>,
+        now_ms: u64,
+    ) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        for stray in crate::shard::strays(&self.rooms, known)? {
+            let to = stray.set_aside(&self.debris, now_ms)?;
+            out.push(to.display().to_string());
+        }
+        Ok(out)
     }
 
     fn read_binding(&self, graph_id: &str) -> Result<Vec<u8>> {

@@ -38,7 +38,11 @@ pub const CASES: &[(&str, Case)] = &[
     ("control_tasks", control_tasks),
     ("control_wakes", control_wakes),
     ("control_change_stamp", control_change_stamp),
-    ("shard_binding_is_immutable", shard_binding_is_immutable),
+    (
+        "shard_creation_is_whole_or_nothing",
+        shard_creation_is_whole_or_nothing,
+    ),
+    ("control_room_lifecycle", control_room_lifecycle),
     ("log_append_scan_and_reopen", log_append_scan_and_reopen),
     ("log_refuses_a_broken_chain", log_refuses_a_broken_chain),
     ("index_projection", index_projection),
@@ -77,6 +81,7 @@ fn room(name: &str, project: Option<&str>) -> RoomRow {
         reset_gen: 0,
         reset_ms: None,
         admission_gen: 0,
+        archived_ms: None,
     }
 }
 
@@ -256,6 +261,48 @@ pub fn control_failed_write_leaves_nothing(h: &mut dyn Harness) {
     assert_eq!(c.task("tsk_1").unwrap(), None);
 }
 
+/// A room whose creation failed is removed with its roster (never once a task names it);
+/// archiving is once; the rooms holding claims are listed.
+pub fn control_room_lifecycle(h: &mut dyn Harness) {
+    let store = h.fresh();
+    {
+        let mut c = store.open_control().unwrap();
+        c.insert_agent(&agent("alpha", "s-a")).unwrap();
+        c.insert_room(&room("gone", None), &["alpha".into()])
+            .unwrap();
+        c.insert_room(&room("kept", None), &[]).unwrap();
+        c.insert_room(&room("idle", None), &[]).unwrap();
+        assert!(c.remove_room("gone").unwrap());
+        assert!(!c.remove_room("gone").unwrap(), "nothing left to remove");
+        assert_eq!(c.room("gone").unwrap(), None);
+        assert!(c.members("gone").unwrap().is_empty());
+        c.insert_task(&task("tsk_1", "kept", None, &[])).unwrap();
+        assert!(c.remove_room("kept").is_err(), "a task names it");
+        assert!(c.room("kept").unwrap().is_some(), "and it is still whole");
+        assert!(c.rooms_with_claims().unwrap().is_empty());
+        assert!(
+            c.update_task(
+                "tsk_1",
+                TaskStatus::Open.as_str(),
+                TaskStatus::Claimed.as_str(),
+                None,
+                5
+            )
+            .unwrap()
+        );
+        assert_eq!(c.rooms_with_claims().unwrap(), ["kept"]);
+        assert!(c.archive_room("idle", 9).unwrap());
+        assert!(!c.archive_room("idle", 10).unwrap(), "archived once");
+        assert!(!c.archive_room("nowhere", 10).unwrap());
+    }
+    let store = h.reopen();
+    let c = store.open_control().unwrap();
+    assert_eq!(c.room("idle").unwrap().unwrap().archived_ms, Some(9));
+    assert_eq!(c.room("kept").unwrap().unwrap().archived_ms, None);
+    let names: Vec<String> = c.rooms().unwrap().into_iter().map(|r| r.name).collect();
+    assert_eq!(names, ["idle", "kept"]);
+}
+
 /// Tasks: lookup, children, compare-and-set transitions, and the live leases of a project
 /// (or, outside projects, of one room).
 pub fn control_tasks(h: &mut dyn Harness) {
@@ -390,26 +437,53 @@ pub fn control_change_stamp(h: &mut dyn Harness) {
     assert_ne!(c.change_stamp().unwrap(), s1);
 }
 
-/// A shard's binding is written once: the same one again is fine, another is refused with the
-/// stored bytes.
-pub fn shard_binding_is_immutable(h: &mut dyn Harness) {
+/// A shard is created whole (binding, manifest, a log holding the first records) or not at
+/// all; an existing one is never touched; one set aside is gone from the room space, and a
+/// sweep sets aside everything no room owns.
+pub fn shard_creation_is_whole_or_nothing(h: &mut dyn Harness) {
     let store = h.fresh();
     let b1 = br#"{"kind":"coordination"}"#;
     let b2 = br#"{"id":"prj_1","kind":"project"}"#;
+    let first = chain("g_1", &ChainTip::genesis("g_1"), 1);
     assert_eq!(
-        store.create_shard("g_1", b1, b"{}").unwrap(),
+        store.create_shard("g_1", b1, b"{}", &first).unwrap(),
         ShardCreated::Ready
     );
     assert_eq!(
-        store.create_shard("g_1", b1, b"{}").unwrap(),
-        ShardCreated::Ready
-    );
-    assert_eq!(
-        store.create_shard("g_1", b2, b"{}").unwrap(),
-        ShardCreated::BoundElsewhere(b1.to_vec())
+        store.create_shard("g_1", b2, b"{}", &first).unwrap(),
+        ShardCreated::Exists,
+        "an existing shard is never touched"
     );
     let store = h.reopen();
     assert_eq!(store.read_binding("g_1").unwrap(), b1);
+    let mut seen = Vec::new();
+    drop(
+        store
+            .open_log("g_1", None, &mut |s| {
+                seen.push(s.record.id.clone());
+                Ok(())
+            })
+            .unwrap(),
+    );
+    assert_eq!(
+        seen,
+        [first[0].id.clone()],
+        "the first record came with the shard"
+    );
+    store.set_aside("g_1", 7).unwrap();
+    assert!(store.read_binding("g_1").is_err(), "set aside");
+    assert_eq!(
+        store.create_shard("g_1", b2, b"{}", &[]).unwrap(),
+        ShardCreated::Ready
+    );
+    assert_eq!(store.read_binding("g_1").unwrap(), b2);
+    store.create_shard("g_2", b1, b"{}", &[]).unwrap();
+    store.create_shard("g_3", b1, b"{}", &[]).unwrap();
+    let known = ["g_2".to_string()].into_iter().collect();
+    assert_eq!(store.sweep_strays(&known, 8).unwrap().len(), 2);
+    assert!(store.read_binding("g_1").is_err() && store.read_binding("g_3").is_err());
+    assert_eq!(store.read_binding("g_2").unwrap(), b1, "a known room stays");
+    assert!(store.sweep_strays(&known, 9).unwrap().is_empty());
     assert!(store.read_binding("g_none").is_err());
 }
 
@@ -441,7 +515,7 @@ fn chain(graph: &str, from: &ChainTip, n: u64) -> Vec<Record> {
 /// them without one) and lands on the same tip; offline verification agrees.
 pub fn log_append_scan_and_reopen(h: &mut dyn Harness) {
     let store = h.fresh();
-    store.create_shard("g_log", b"{}", b"{}").unwrap();
+    store.create_shard("g_log", b"{}", b"{}", &[]).unwrap();
     let mark = {
         let mut log = store.open_log("g_log", None, &mut |_| Ok(())).unwrap();
         assert_eq!(log.tip().seq, 0);
@@ -481,7 +555,7 @@ pub fn log_append_scan_and_reopen(h: &mut dyn Harness) {
 /// A record that does not chain onto the tip is refused and nothing of its batch lands.
 pub fn log_refuses_a_broken_chain(h: &mut dyn Harness) {
     let store = h.fresh();
-    store.create_shard("g_bad", b"{}", b"{}").unwrap();
+    store.create_shard("g_bad", b"{}", b"{}", &[]).unwrap();
     {
         let mut log = store.open_log("g_bad", None, &mut |_| Ok(())).unwrap();
         log.append(&chain("g_bad", &log.tip(), 2)).unwrap();
@@ -535,7 +609,7 @@ fn item(kind: ItemKind, id: &str, source_seq: u64, agent: &str) -> ItemRow {
 pub fn index_projection(h: &mut dyn Harness) {
     let store = h.fresh();
     {
-        store.create_shard("g_ix", b"{}", b"{}").unwrap();
+        store.create_shard("g_ix", b"{}", b"{}", &[]).unwrap();
         let mut idx = store.open_index("g_ix").unwrap();
         assert_eq!(idx.mark().unwrap(), None);
         idx.apply(&Batch {
@@ -643,7 +717,7 @@ pub fn index_sync_state_survives_reopen_and_rebuild(h: &mut dyn Harness) {
         confirmed_ms: None,
     };
     {
-        store.create_shard("g_sync", b"{}", b"{}").unwrap();
+        store.create_shard("g_sync", b"{}", b"{}", &[]).unwrap();
         let mut idx = store.open_index("g_sync").unwrap();
         idx.apply(&Batch {
             events: vec![event(1, "alpha", "turn"), event(2, "alpha", "turn")],
@@ -692,7 +766,7 @@ pub fn index_sync_state_survives_reopen_and_rebuild(h: &mut dyn Harness) {
 pub fn index_invariant_state(h: &mut dyn Harness) {
     let store = h.fresh();
     {
-        store.create_shard("g_inv", b"{}", b"{}").unwrap();
+        store.create_shard("g_inv", b"{}", b"{}", &[]).unwrap();
         let mut idx = store.open_index("g_inv").unwrap();
         idx.apply(&Batch {
             events: vec![event(1, "alpha", "task"), event(2, "beta", "task")],
@@ -766,7 +840,7 @@ pub fn index_invariant_state(h: &mut dyn Harness) {
 /// Blobs round-trip by digest, are idempotent, and refuse a malformed or unknown digest.
 pub fn blobs(h: &mut dyn Harness) {
     let store = h.fresh();
-    store.create_shard("g_blob", b"{}", b"{}").unwrap();
+    store.create_shard("g_blob", b"{}", b"{}", &[]).unwrap();
     let sha = {
         let blobs = store.open_blobs("g_blob").unwrap();
         let sha = blobs.put(b"payload", "txt").unwrap();

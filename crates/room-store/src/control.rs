@@ -93,6 +93,9 @@ CREATE INDEX wakes_room_created ON wakes(room, created_ms);
 -- permits sealed before this table existed were files: every room queues its permits anew
 INSERT INTO meta (key, value) VALUES ('wakes_requeue', '1');
 "#,
+    r#"
+ALTER TABLE rooms ADD COLUMN archived_ms INTEGER;
+"#,
 ];
 
 /// One sealed permit as the queue stores it: its key and its canonical JSON.
@@ -142,6 +145,8 @@ pub struct RoomRow {
     pub reset_gen: u64,
     pub reset_ms: Option<u64>,
     pub admission_gen: u64,
+    /// When the owner archived the room (read-only from then on), if it was.
+    pub archived_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -368,8 +373,7 @@ impl SqliteControl {
             .collect::<rusqlite::Result<_>>()?)
     }
 
-    const ROOM_COLS: &'static str =
-        "name, graph_id, project_id, created_ms, revision, reset_gen, reset_ms, admission_gen";
+    const ROOM_COLS: &'static str = "name, graph_id, project_id, created_ms, revision, reset_gen, reset_ms, admission_gen, archived_ms";
 
     fn room_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<RoomRow> {
         Ok(RoomRow {
@@ -381,6 +385,7 @@ impl SqliteControl {
             reset_gen: u(r.get(5)?),
             reset_ms: r.get::<_, Option<i64>>(6)?.map(u),
             admission_gen: u(r.get(7)?),
+            archived_ms: r.get::<_, Option<i64>>(8)?.map(u),
         })
     }
 
@@ -596,9 +601,9 @@ impl ControlStore for SqliteControl {
         self.write(|c| {
             let tx = c.conn.transaction()?;
             tx.execute(
-                "INSERT INTO rooms (name, graph_id, project_id, created_ms, revision, reset_gen, reset_ms, admission_gen)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-                params![r.name, r.graph_id, r.project_id, r.created_ms as i64, r.revision as i64, r.reset_gen as i64, r.reset_ms.map(|v| v as i64), r.admission_gen as i64],
+                "INSERT INTO rooms (name, graph_id, project_id, created_ms, revision, reset_gen, reset_ms, admission_gen, archived_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                params![r.name, r.graph_id, r.project_id, r.created_ms as i64, r.revision as i64, r.reset_gen as i64, r.reset_ms.map(|v| v as i64), r.admission_gen as i64, r.archived_ms.map(|v| v as i64)],
             )?;
             for m in members {
                 tx.execute(
@@ -612,6 +617,38 @@ impl ControlStore for SqliteControl {
     }
 
     /// Add a member; bumps the room's revision (the participant set is part of every view).
+    fn archive_room(&mut self, name: &str, at_ms: u64) -> Result<bool> {
+        self.write(|c| {
+            let n = c.conn.execute(
+                "UPDATE rooms SET archived_ms = ?2 WHERE name = ?1 AND archived_ms IS NULL",
+                params![name, at_ms as i64],
+            )?;
+            c.reload_room(name)?;
+            Ok(n == 1)
+        })
+    }
+
+    fn rooms_with_claims(&self) -> Result<Vec<String>> {
+        Ok(self
+            .conn
+            .prepare_cached(
+                "SELECT DISTINCT room FROM tasks WHERE status = 'claimed' ORDER BY room",
+            )?
+            .query_map([], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?)
+    }
+
+    fn remove_room(&mut self, name: &str) -> Result<bool> {
+        self.write(|c| {
+            let tx = c.conn.transaction()?;
+            tx.execute("DELETE FROM members WHERE room = ?1", [name])?;
+            let n = tx.execute("DELETE FROM rooms WHERE name = ?1", [name])?;
+            tx.commit()?;
+            c.reload_room(name)?;
+            Ok(n > 0)
+        })
+    }
+
     fn add_member(&mut self, room: &str, agent: &str) -> Result<bool> {
         self.write(|c| {
             let tx = c.conn.transaction()?;

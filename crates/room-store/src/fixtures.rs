@@ -22,10 +22,11 @@ pub fn index_back_to_schema_1(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Turn control.db back into schema 2 (wake permits were files, no queue).
+/// Turn control.db back into schema 2 (wake permits were files, no queue, no archive).
 pub fn control_back_to_schema_2(path: &Path) -> Result<()> {
     Connection::open(path)?.execute_batch(
         "DROP TABLE wakes; DELETE FROM meta WHERE key = 'wakes_requeue';
+         ALTER TABLE rooms DROP COLUMN archived_ms;
          PRAGMA user_version = 2;",
     )?;
     Ok(())

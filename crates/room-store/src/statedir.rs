@@ -47,6 +47,10 @@ impl StateDir {
     pub fn rooms(&self) -> PathBuf {
         self.root.join("rooms")
     }
+    /// Shards no room owns (an interrupted or failed creation), kept aside for inspection.
+    pub fn debris(&self) -> PathBuf {
+        self.root.join("debris")
+    }
     /// The shard of one room.
     pub fn shard(&self, graph_id: &str) -> crate::shard::Shard {
         crate::shard::Shard::at(&self.rooms(), graph_id)
