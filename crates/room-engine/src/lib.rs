@@ -56,6 +56,10 @@ pub struct EngineConfig {
     /// The owner's uid: a Unix socket peer with this uid has owner standing. The daemon sets
     /// it to its own uid at start; the engine makes no OS call to learn it.
     pub owner_uid: u32,
+    /// Directories of the owner's Room configuration (the one holding `bootstrap.toml`): never
+    /// project territory, neither inside nor around them. The daemon sets them; the engine
+    /// reads no environment variable to learn them.
+    pub owner_config_dirs: Vec<std::path::PathBuf>,
     /// A planted bug for the simulator's proof that its invariant oracle bites: the five
     /// runtime invariants are not checked. Never set outside `room-sim`.
     pub skip_invariants: bool,
@@ -70,6 +74,7 @@ impl Default for EngineConfig {
             recipients_max: 64,
             parents_max: 16,
             owner_uid: NO_UID,
+            owner_config_dirs: Vec::new(),
             skip_invariants: false,
         }
     }
@@ -355,7 +360,8 @@ impl Engine {
         requested: &str,
         name: Option<&str>,
     ) -> Outcome<serde_json::Value> {
-        self.authority.project_open(owner, requested, name)
+        self.authority
+            .project_open(owner, requested, name, &self.config.owner_config_dirs)
     }
 
     pub fn revalidate_project(&self, project_id: &str) -> Outcome<room_store::control::ProjectRow> {
