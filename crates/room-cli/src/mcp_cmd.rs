@@ -517,7 +517,7 @@ mod tests {
         match read_line_bounded(&mut r, 50).await.unwrap() {
             Line::Oversized { id, bytes } => {
                 assert_eq!(id, json!(5));
-                assert_eq!(bytes, 119);
+                assert_eq!(bytes, 118);
             }
             _ => panic!("oversized"),
         }
