@@ -119,6 +119,7 @@ fn served(dir: &Path, instance: &str, engine_threads: Option<u64>) -> anyhow::Re
         engine_threads: engine_threads
             .map(|n| n as usize)
             .unwrap_or_else(room_server::daemon::engine_threads_default),
+        limits: Default::default(),
     })?;
     let sock = daemon.socket.clone();
     let url = format!(

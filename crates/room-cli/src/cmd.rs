@@ -507,6 +507,7 @@ fn serve(cli: &Cli, listen: Option<std::net::SocketAddr>, engine_threads: Option
         listen,
         engine_threads: engine_threads
             .map_or_else(room_server::daemon::engine_threads_default, usize::from),
+        limits: Default::default(),
     };
     let rt = room_server::daemon::runtime(cfg.engine_threads).expect("tokio runtime");
     let result = rt.block_on(room_server::daemon::serve(cfg, async {

@@ -20,6 +20,8 @@ use clap::Parser;
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() {
+    // everything room creates (state dir, journals, control.db, bootstrap) is the owner's alone
+    room_server::daemon::private_umask();
     let cli = cmd::Cli::parse();
     let filter =
         tracing_subscriber::EnvFilter::try_from_env("ROOM_LOG").unwrap_or_else(|_| "warn".into());

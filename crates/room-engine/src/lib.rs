@@ -59,6 +59,10 @@ pub struct EngineConfig {
     /// Most rooms open at once (each holds `rooms::DESCRIPTORS_PER_ROOM` descriptors); the
     /// daemon sets it from its descriptor limit (`rooms::open_max_for`).
     pub rooms_open_max: usize,
+    /// Directories of the owner's Room configuration (the one holding `bootstrap.toml`): never
+    /// project territory, neither inside nor around them. The daemon sets them; the engine
+    /// reads no environment variable to learn them.
+    pub owner_config_dirs: Vec<std::path::PathBuf>,
     /// A planted bug for the simulator's proof that its invariant oracle bites: the five
     /// runtime invariants are not checked. Never set outside `room-sim`.
     pub skip_invariants: bool,
@@ -74,6 +78,7 @@ impl Default for EngineConfig {
             parents_max: 16,
             owner_uid: NO_UID,
             rooms_open_max: rooms::open_max_for(1024),
+            owner_config_dirs: Vec::new(),
             skip_invariants: false,
         }
     }
@@ -407,7 +412,8 @@ impl Engine {
         requested: &str,
         name: Option<&str>,
     ) -> Outcome<serde_json::Value> {
-        self.authority.project_open(owner, requested, name)
+        self.authority
+            .project_open(owner, requested, name, &self.config.owner_config_dirs)
     }
 
     pub fn revalidate_project(&self, project_id: &str) -> Outcome<room_store::control::ProjectRow> {

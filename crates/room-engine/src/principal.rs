@@ -292,6 +292,13 @@ impl Authority {
 }
 
 /// The credential check itself, over a held control lock.
+/// The credential check of [`Authority::authenticate`] against a control store opened without
+/// an engine: `room mcp` uses it, holding the daemon lock, before it starts a daemon, so that a
+/// token that does not authenticate never starts one.
+pub fn authenticate_offline(c: &dyn ControlStore, token: &str) -> Outcome<AgentRow> {
+    authenticate_in(c, token)
+}
+
 fn authenticate_in(c: &dyn ControlStore, token: &str) -> Outcome<AgentRow> {
     let digest = sha256_hex(token.as_bytes());
     if let Some(row) = c.agent_by_secret(&digest).map_err(store_err)? {

@@ -211,9 +211,10 @@ pub const DESCRIPTORS_PER_ROOM: u64 = 5;
 /// Descriptors kept for everything that is not a room: listeners, connections, control.db.
 pub const DESCRIPTORS_RESERVED: u64 = 256;
 
-/// How many rooms can be open at once under a soft descriptor limit of `nofile` (at least 1).
+/// How many rooms can be open at once under a soft descriptor limit of `nofile` (at least 1):
+/// half of what is left past the reserve (the daemon's listeners take the other half).
 pub fn open_max_for(nofile: u64) -> usize {
-    (nofile.saturating_sub(DESCRIPTORS_RESERVED) / DESCRIPTORS_PER_ROOM).max(1) as usize
+    (nofile.saturating_sub(DESCRIPTORS_RESERVED) / 2 / DESCRIPTORS_PER_ROOM).max(1) as usize
 }
 
 /// Whether `room` was refused as unusable or not found, as a refusal.

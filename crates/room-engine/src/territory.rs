@@ -27,6 +27,10 @@ fn overlaps(a: &Path, b: &Path) -> bool {
     a.starts_with(b) || b.starts_with(a)
 }
 
+/// The kernel's and the system's own trees: never project territory, nor anything inside them
+/// (the only directory around them is `/`, refused on its own).
+pub const SYSTEM_DIRS: &[&str] = &["/proc", "/sys", "/dev", "/run", "/etc"];
+
 impl Authority {
     /// Open a project grant over `requested`.
     pub fn project_open(
@@ -34,6 +38,7 @@ impl Authority {
         _owner: &crate::Owner,
         requested: &str,
         project_name: Option<&str>,
+        owner_config_dirs: &[PathBuf],
     ) -> Outcome<Value> {
         if requested.is_empty() || requested.contains('\0') {
             return Err(Refusal::invalid(
@@ -62,6 +67,27 @@ impl Authority {
             && canonical == home
         {
             return Err(refused("the owner's home directory itself", &req));
+        }
+        // Checked on the canonical path, so a symlink to any of them is refused as they are.
+        for sys in SYSTEM_DIRS {
+            let sys = Path::new(sys);
+            let resolved = fs.canonicalize(sys).unwrap_or_else(|_| sys.to_path_buf());
+            if canonical.starts_with(sys) || canonical.starts_with(&resolved) {
+                return Err(refused("a system directory", &req).detail(json!({
+                    "reason": "a system directory",
+                    "system_dir": sys.display().to_string(),
+                    "path": req.display().to_string(),
+                })));
+            }
+        }
+        for dir in owner_config_dirs {
+            let resolved = fs.canonicalize(dir).unwrap_or_else(|_| dir.clone());
+            if overlaps(&canonical, dir) || overlaps(&canonical, &resolved) {
+                return Err(refused(
+                    "overlaps the owner's configuration directory",
+                    &req,
+                ));
+            }
         }
         if overlaps(&canonical, &self.state.root) {
             return Err(refused(

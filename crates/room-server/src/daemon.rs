@@ -1,6 +1,12 @@
 //! `room serve`: take the state dir's lock, open the engine, listen on the Unix socket (mode
 //! 0600, peer uid from SO_PEERCRED) and, when asked, on a loopback TCP port. Engine calls are
 //! blocking (they fsync), so each runs on tokio's blocking pool.
+//!
+//! Nothing outside can freeze it: every listener admits a bounded number of connections, in
+//! all and per peer, and when full makes room by closing its oldest connection that is not
+//! running a request (a new caller, `/healthz` or the owner console, always gets in); a
+//! request's head and body must arrive within bounded times; a failing `accept` backs off;
+//! and every repeated log line is rate-limited, carrying the count of what it suppressed.
 
 use crate::dispatch::{self, Transport};
 use crate::error::ServerError;
@@ -9,10 +15,13 @@ use room_core::{Clock, Code, Entropy, Refusal};
 use room_engine::{Engine, EngineConfig, Env, Evidence};
 use room_store::fs::RealFs;
 use room_store::statedir::{self, StateDir};
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
@@ -81,6 +90,291 @@ pub struct ServeConfig {
     pub listen: Option<SocketAddr>,
     /// Threads that run engine calls (see [`engine_threads_default`]).
     pub engine_threads: usize,
+    /// Connection and time limits of the listeners.
+    pub limits: Limits,
+}
+
+/// What one connection may hold and for how long. The same limits apply to the Unix socket
+/// (a request line's head is its first byte, its body the rest of the line) and to HTTP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// From the first byte of a request (or, over HTTP, from when the connection waits for
+    /// one) until its head is complete.
+    pub header_read: Duration,
+    /// Until the body (the rest of a socket line) is complete, and for writing an answer.
+    pub body_read: Duration,
+    /// How long a Unix socket connection may wait for its next request.
+    pub idle: Duration,
+    /// Connections one listener holds at most (also capped by the descriptor limit).
+    pub conns_per_listener: usize,
+    /// Connections one peer (a socket peer's pid, an HTTP peer's address) holds at most.
+    pub conns_per_peer: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            header_read: Duration::from_secs(10),
+            body_read: Duration::from_secs(10),
+            idle: Duration::from_secs(300),
+            conns_per_listener: 2048,
+            conns_per_peer: 1024,
+        }
+    }
+}
+
+/// Raise the soft `RLIMIT_NOFILE` to the hard limit; returns the soft limit now in force
+/// (`None`: unlimited).
+pub fn raise_nofile_limit() -> Option<u64> {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let lim = getrlimit(Resource::Nofile);
+    if lim.current != lim.maximum {
+        let want = Rlimit {
+            current: lim.maximum,
+            maximum: lim.maximum,
+        };
+        if let Err(e) = setrlimit(Resource::Nofile, want) {
+            tracing::warn!("could not raise the descriptor limit to the hard limit: {e}");
+        }
+    }
+    getrlimit(Resource::Nofile).current
+}
+
+/// Every file and directory the daemon (and the CLI) creates is its owner's alone: journals
+/// hold what agents wrote, control.db their credentials' digests.
+pub fn private_umask() {
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
+}
+
+/// A log line that may repeat (an accept error, a refused connection) is written at most once
+/// per [`LOG_EVERY`] per key, with the number of lines suppressed since the last one.
+pub const LOG_EVERY: Duration = Duration::from_secs(5);
+
+struct LogLimiter {
+    seen: Mutex<HashMap<&'static str, (Instant, u64)>>,
+}
+
+static LOG_LIMITER: std::sync::LazyLock<LogLimiter> = std::sync::LazyLock::new(|| LogLimiter {
+    seen: Mutex::new(HashMap::new()),
+});
+
+/// `Some(suppressed)` when a line under `key` may be written now.
+fn log_allowed(key: &'static str) -> Option<u64> {
+    let mut seen = LOG_LIMITER.seen.lock().unwrap_or_else(|e| e.into_inner());
+    let now = Instant::now();
+    match seen.get_mut(key) {
+        Some((last, suppressed)) if now.duration_since(*last) < LOG_EVERY => {
+            *suppressed += 1;
+            None
+        }
+        Some((last, suppressed)) => {
+            let n = *suppressed;
+            *last = now;
+            *suppressed = 0;
+            Some(n)
+        }
+        None => {
+            seen.insert(key, (now, 0));
+            Some(0)
+        }
+    }
+}
+
+/// A rate-limited `tracing` line: `limited!(warn, "key", "message {}", x)`.
+macro_rules! limited {
+    ($level:ident, $key:literal, $($arg:tt)+) => {
+        if let Some(suppressed) = log_allowed($key) {
+            tracing::$level!(suppressed, $($arg)+);
+        }
+    };
+}
+
+/// Wait before the next `accept` after a failure (descriptors exhausted, for instance): from
+/// 5 ms doubling to 1 s, reset by a success.
+struct Backoff(Duration);
+
+impl Backoff {
+    const MIN: Duration = Duration::from_millis(5);
+    const MAX: Duration = Duration::from_secs(1);
+
+    fn new() -> Backoff {
+        Backoff(Duration::ZERO)
+    }
+
+    fn reset(&mut self) {
+        self.0 = Duration::ZERO;
+    }
+
+    async fn failed(&mut self, listener: &'static str, e: &std::io::Error) {
+        self.0 = (self.0 * 2).clamp(Self::MIN, Self::MAX);
+        limited!(
+            warn,
+            "accept",
+            listener,
+            backoff_ms = self.0.as_millis() as u64,
+            "accept failed: {e}"
+        );
+        tokio::time::sleep(self.0).await;
+    }
+}
+
+/// The connections of one listener: at most `max` in all and `per_peer` per peer. A new
+/// connection past either bound closes the oldest connection (of that peer, or of anyone)
+/// that is not running a request; if every one is, the new one is refused.
+pub(crate) struct Conns {
+    listener: &'static str,
+    max: usize,
+    per_peer: usize,
+    table: Mutex<ConnTable>,
+}
+
+#[derive(Default)]
+struct ConnTable {
+    next: u64,
+    open: BTreeMap<u64, ConnEntry>,
+    peers: HashMap<String, usize>,
+}
+
+struct ConnEntry {
+    peer: String,
+    busy: Arc<AtomicUsize>,
+    evict: Arc<tokio::sync::Notify>,
+}
+
+/// One admitted connection; dropping it releases its place.
+pub(crate) struct Ticket {
+    conns: Arc<Conns>,
+    id: u64,
+    busy: Arc<AtomicUsize>,
+    evict: Arc<tokio::sync::Notify>,
+}
+
+/// Marks a connection as running a request (not to be closed to make room).
+pub(crate) struct Busy(Arc<AtomicUsize>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Ticket {
+    pub(crate) fn busy(&self) -> Busy {
+        Busy::start(&self.busy)
+    }
+
+    /// Resolves when the listener closes this connection to make room.
+    pub(crate) async fn evicted(&self) {
+        self.evict.notified().await
+    }
+}
+
+impl Busy {
+    fn start(b: &Arc<AtomicUsize>) -> Busy {
+        b.fetch_add(1, Ordering::AcqRel);
+        Busy(b.clone())
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut t = self.conns.table.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = t.open.remove(&self.id) {
+            t.release(&e.peer);
+        }
+    }
+}
+
+impl ConnTable {
+    fn release(&mut self, peer: &str) {
+        if let Some(n) = self.peers.get_mut(peer) {
+            *n -= 1;
+            if *n == 0 {
+                self.peers.remove(peer);
+            }
+        }
+    }
+
+    /// Close the oldest idle connection (of `peer`, if given); false if there is none.
+    fn evict_oldest(&mut self, peer: Option<&str>) -> bool {
+        let victim = self
+            .open
+            .iter()
+            .find(|(_, e)| e.busy.load(Ordering::Acquire) == 0 && peer.is_none_or(|p| e.peer == p))
+            .map(|(id, _)| *id);
+        match victim.and_then(|id| self.open.remove(&id)) {
+            Some(e) => {
+                e.evict.notify_one();
+                self.release(&e.peer);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl Conns {
+    pub(crate) fn new(listener: &'static str, limits: &Limits, nofile: Option<u64>) -> Arc<Conns> {
+        // half the descriptors past the reserve for the two listeners, half for open rooms
+        // (`room_engine::rooms::open_max_for`)
+        let fd_cap = nofile.map_or(usize::MAX, |n| {
+            (n.saturating_sub(room_engine::rooms::DESCRIPTORS_RESERVED) / 4) as usize
+        });
+        let max = limits.conns_per_listener.min(fd_cap).max(1);
+        Arc::new(Conns {
+            listener,
+            max,
+            per_peer: limits.conns_per_peer.clamp(1, max),
+            table: Mutex::new(ConnTable::default()),
+        })
+    }
+
+    /// Admit a connection from `peer`, making room if needed; `None` refuses it.
+    pub(crate) fn admit(self: &Arc<Self>, peer: String) -> Option<Ticket> {
+        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        if t.peers.get(&peer).copied().unwrap_or(0) >= self.per_peer && !t.evict_oldest(Some(&peer))
+        {
+            limited!(warn, "conn_refused_peer", listener = self.listener, %peer, "connection refused: every connection of this peer is running a request");
+            return None;
+        }
+        if t.open.len() >= self.max && !t.evict_oldest(None) {
+            limited!(
+                warn,
+                "conn_refused",
+                listener = self.listener,
+                "connection refused: every connection is running a request"
+            );
+            return None;
+        }
+        if t.open.len() + 1 >= self.max {
+            limited!(
+                info,
+                "conn_full",
+                listener = self.listener,
+                max = self.max,
+                "listener at its connection bound: the oldest idle connections are closed to make room"
+            );
+        }
+        let id = t.next;
+        t.next += 1;
+        let busy = Arc::new(AtomicUsize::new(0));
+        let evict = Arc::new(tokio::sync::Notify::new());
+        *t.peers.entry(peer.clone()).or_insert(0) += 1;
+        t.open.insert(
+            id,
+            ConnEntry {
+                peer,
+                busy: busy.clone(),
+                evict: evict.clone(),
+            },
+        );
+        Some(Ticket {
+            conns: self.clone(),
+            id,
+            busy,
+            evict,
+        })
+    }
 }
 
 /// The embedded default storage: SQLite and journal files under the state dir.
@@ -105,6 +399,12 @@ pub fn open_engine(
         // the owner is whoever runs the daemon: a socket peer of this uid is the owner console
         owner_uid: rustix::process::getuid().as_raw(),
         rooms_open_max,
+        // the owner's Room configuration is never project territory: the directory of the
+        // bootstrap in use and of the default one
+        owner_config_dirs: [cfg.bootstrap.clone(), statedir::default_bootstrap_path()]
+            .iter()
+            .filter_map(|b| b.parent().map(Path::to_path_buf))
+            .collect(),
         ..EngineConfig::default()
     };
     let engine = Engine::open(state.clone(), real_env(), embedded_store(&state), config)
@@ -117,6 +417,14 @@ pub async fn serve(
     cfg: ServeConfig,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ServerError> {
+    // before the engine opens anything: its files are private, and the rooms it may keep
+    // open follow from the raised limit
+    private_umask();
+    let nofile = raise_nofile_limit();
+    match nofile {
+        Some(n) => tracing::info!(nofile = n, "descriptor limit raised to the hard limit"),
+        None => tracing::info!("descriptor limit: unlimited"),
+    }
     let (state, _lock, engine) = tokio::task::spawn_blocking({
         let cfg = cfg.clone();
         move || open_engine(&cfg)
@@ -124,6 +432,11 @@ pub async fn serve(
     .await
     .map_err(|e| ServerError::Daemon(e.to_string()))??;
     let engine = Arc::new(engine);
+    // the state dir is the owner's alone, whatever an older version left behind
+    if let Err(e) = std::fs::set_permissions(&state.root, std::fs::Permissions::from_mode(0o700)) {
+        tracing::warn!("could not make {} private: {e}", state.root.display());
+    }
+    let limits = cfg.limits;
     let sock = state.socket();
     // We hold the lock, so any socket or address file is a leftover of a dead daemon.
     let _ = std::fs::remove_file(&sock);
@@ -148,7 +461,12 @@ pub async fn serve(
             let bound = tcp.local_addr()?;
             tracing::info!(%bound, "http listening");
             std::fs::write(state.root.join("http.addr"), bound.to_string())?;
-            Some(tokio::spawn(crate::daemon::http::run(tcp, engine.clone())))
+            Some(tokio::spawn(crate::daemon::http::run(
+                tcp,
+                engine.clone(),
+                limits,
+                nofile,
+            )))
         }
         None => None,
     };
@@ -180,19 +498,35 @@ pub async fn serve(
             }
         }
     });
+    let conns = Conns::new("socket", &limits, nofile);
     let accept = async {
+        let mut backoff = Backoff::new();
         loop {
-            match listener.accept().await {
+            let stream = match listener.accept().await {
                 Ok((stream, _)) => {
-                    let engine = engine.clone();
-                    tokio::spawn(async move {
-                        if let Err(e) = connection(stream, engine).await {
-                            tracing::debug!("connection ended: {e}");
-                        }
-                    });
+                    backoff.reset();
+                    stream
                 }
-                Err(e) => tracing::warn!("accept failed: {e}"),
-            }
+                Err(e) => {
+                    backoff.failed("socket", &e).await;
+                    continue;
+                }
+            };
+            // what the kernel says about the peer; the engine decides what standing it gives
+            let Ok(peer) = stream.peer_cred() else {
+                continue;
+            };
+            let (uid, pid) = (peer.uid(), peer.pid().map_or(0, |p| p.cast_unsigned()));
+            let evidence = Evidence::UnixPeer { uid, pid };
+            let Some(ticket) = conns.admit(format!("pid {pid}")) else {
+                continue;
+            };
+            let engine = engine.clone();
+            tokio::spawn(async move {
+                if let Err(e) = connection(stream, engine, evidence, ticket, limits).await {
+                    limited!(debug, "socket_conn_ended", "connection ended: {e}");
+                }
+            });
         }
     };
     tokio::select! {
@@ -211,25 +545,56 @@ pub async fn serve(
     Ok(())
 }
 
-async fn connection(stream: UnixStream, engine: Arc<Engine>) -> std::io::Result<()> {
-    // what the kernel says about the peer; the engine decides what standing that gives
-    let peer = stream.peer_cred()?;
-    let transport = Transport::UnixSocket(Evidence::UnixPeer {
-        uid: peer.uid(),
-        pid: peer.pid().map_or(0, |p| p.cast_unsigned()),
-    });
+async fn connection(
+    stream: UnixStream,
+    engine: Arc<Engine>,
+    evidence: Evidence,
+    ticket: Ticket,
+    limits: Limits,
+) -> std::io::Result<()> {
+    let transport = Transport::UnixSocket(evidence);
     let (read, mut write) = stream.into_split();
     let mut reader = BufReader::new(read);
     let mut line = Vec::new();
     loop {
         line.clear();
-        let n = (&mut reader)
-            .take(REQUEST_BYTES_MAX as u64 + 1)
-            .read_until(b'\n', &mut line)
-            .await?;
+        // wait for the next request, at most `idle`, unless the listener needs the room
+        let first = async {
+            tokio::time::timeout(limits.idle, async {
+                Ok::<_, std::io::Error>(reader.fill_buf().await?.len())
+            })
+            .await
+        };
+        let available = tokio::select! {
+            r = first => match r {
+                Ok(r) => r?,
+                Err(_) => return Ok(()), // idle too long
+            },
+            _ = ticket.evicted() => return Ok(()),
+        };
+        if available == 0 {
+            return Ok(());
+        }
+        // from its first byte, the whole line within the head and body times
+        let mut bounded = (&mut reader).take(REQUEST_BYTES_MAX as u64 + 1);
+        let read = tokio::time::timeout(
+            limits.header_read + limits.body_read,
+            bounded.read_until(b'\n', &mut line),
+        );
+        let n = tokio::select! {
+            r = read => match r {
+                Ok(r) => r?,
+                Err(_) => {
+                    limited!(info, "socket_slow", "closed a socket connection whose request did not arrive in time");
+                    return Ok(());
+                }
+            },
+            _ = ticket.evicted() => return Ok(()),
+        };
         if n == 0 {
             return Ok(());
         }
+        let _busy = ticket.busy();
         let resp = if line.len() > REQUEST_BYTES_MAX {
             let r = Response::refused(
                 Refusal::new(
@@ -238,12 +603,16 @@ async fn connection(stream: UnixStream, engine: Arc<Engine>) -> std::io::Result<
                 )
                 .detail(serde_json::json!({"limit_bytes": REQUEST_BYTES_MAX})),
             );
-            write_response(&mut write, &r).await?;
+            let _ = tokio::time::timeout(limits.body_read, write_response(&mut write, &r)).await;
             return Ok(()); // the rest of the oversized line cannot be trusted as a frame
         } else {
             decode_and_handle(&engine, transport.clone(), &line, None).await
         };
-        write_response(&mut write, &resp).await?;
+        // a peer that does not read its answers does not hold the connection either
+        match tokio::time::timeout(limits.body_read, write_response(&mut write, &resp)).await {
+            Ok(r) => r?,
+            Err(_) => return Ok(()),
+        }
     }
 }
 
@@ -269,7 +638,8 @@ pub(crate) async fn decode_and_handle(
     };
     // One JSON object: serde would also take the struct's fields as an array, which the wire
     // contract does not allow.
-    let value: serde_json::Value = match serde_json::from_str(text) {
+    // duplicate keys are refused, not resolved (last wins) behind the caller's back
+    let value: serde_json::Value = match crate::wire::parse_strict(text) {
         Ok(v @ serde_json::Value::Object(_)) => v,
         Ok(_) => return Response::refused(Refusal::invalid("request", "must be one JSON object")),
         Err(e) => {
@@ -312,6 +682,7 @@ impl Background {
             bootstrap: bootstrap.to_path_buf(),
             listen: None,
             engine_threads: engine_threads_default(),
+            limits: Limits::default(),
         })
     }
 
@@ -391,7 +762,37 @@ pub mod http {
         StreamableHttpServerConfig, StreamableHttpService,
     };
 
-    pub async fn run(tcp: tokio::net::TcpListener, engine: Arc<Engine>) {
+    /// What `/v1/call` checks before it decodes: the same Host and Origin allow-lists as `/mcp`.
+    #[derive(Clone)]
+    pub(crate) struct CallState {
+        engine: Arc<Engine>,
+        hosts: Arc<[String]>,
+        origins: Arc<[String]>,
+    }
+
+    /// `Host` values a loopback listener on `port` answers (DNS rebinding defence).
+    fn allowed_hosts(port: u16) -> Vec<String> {
+        vec![
+            format!("localhost:{port}"),
+            format!("127.0.0.1:{port}"),
+            format!("[::1]:{port}"),
+        ]
+    }
+
+    /// `Origin` values a browser page may send (a request without one is not from a page).
+    fn allowed_origins(port: u16) -> Vec<String> {
+        allowed_hosts(port)
+            .into_iter()
+            .map(|h| format!("http://{h}"))
+            .collect()
+    }
+
+    pub async fn run(
+        tcp: tokio::net::TcpListener,
+        engine: Arc<Engine>,
+        limits: Limits,
+        nofile: Option<u64>,
+    ) {
         let port = match tcp.local_addr() {
             Ok(a) => a.port(),
             Err(e) => {
@@ -401,11 +802,8 @@ pub mod http {
         };
         let mcp = |mode: ToolsMode| {
             let config = StreamableHttpServerConfig::default()
-                .with_allowed_hosts([format!("localhost:{port}"), format!("127.0.0.1:{port}")])
-                .with_allowed_origins([
-                    format!("http://localhost:{port}"),
-                    format!("http://127.0.0.1:{port}"),
-                ])
+                .with_allowed_hosts(allowed_hosts(port))
+                .with_allowed_origins(allowed_origins(port))
                 .enforce_origin_validation()
                 // a tool call has one result and Room sends no progress in between: answer it
                 // as plain JSON rather than as an SSE stream (rmcp falls back to SSE on its own
@@ -432,23 +830,128 @@ pub mod http {
                 engine.clone(),
                 require_agent,
             ));
+        let state = CallState {
+            engine,
+            hosts: allowed_hosts(port).into(),
+            origins: allowed_origins(port).into(),
+        };
         let app = Router::new()
             .route("/v1/call", post(call))
             .route("/healthz", get(|| async { "ok" }))
             .layer(DefaultBodyLimit::max(REQUEST_BYTES_MAX))
-            .with_state(engine)
+            .with_state(state)
             .merge(mcp_routes);
-        // Without TCP_NODELAY a client that reuses its connection waits out delayed ACKs
-        // (about 40 ms a call on Linux) behind each small response.
-        use axum::serve::ListenerExt;
-        let tcp = tcp.tap_io(|s| {
-            if let Err(e) = s.set_nodelay(true) {
-                tracing::debug!("TCP_NODELAY not set: {e}");
+        let conns = Conns::new("http", &limits, nofile);
+        let mut backoff = Backoff::new();
+        loop {
+            let (stream, peer) = match tcp.accept().await {
+                Ok(x) => {
+                    backoff.reset();
+                    x
+                }
+                Err(e) => {
+                    backoff.failed("http", &e).await;
+                    continue;
+                }
+            };
+            let Some(ticket) = conns.admit(peer.ip().to_string()) else {
+                continue;
+            };
+            // Without TCP_NODELAY a client that reuses its connection waits out delayed ACKs
+            // (about 40 ms a call on Linux) behind each small response.
+            if let Err(e) = stream.set_nodelay(true) {
+                limited!(debug, "nodelay", "TCP_NODELAY not set: {e}");
             }
-        });
-        if let Err(e) = axum::serve(tcp, app).await {
-            tracing::error!("http server stopped: {e}");
+            tokio::spawn(connection(stream, app.clone(), ticket, limits));
         }
+    }
+
+    /// One HTTP/1.1 connection: the head within `header_read` (hyper's timer, also while a
+    /// kept-alive connection waits for its next request), the body within `body_read` (read
+    /// whole, at most `REQUEST_BYTES_MAX`, before any handler runs), and closed at once when
+    /// the listener needs its place.
+    async fn connection(
+        stream: tokio::net::TcpStream,
+        app: Router,
+        ticket: Ticket,
+        limits: Limits,
+    ) {
+        use http_body_util::BodyExt;
+        use tower::ServiceExt;
+        let ticket = Arc::new(ticket);
+        let t = ticket.clone();
+        let service =
+            hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                let app = app.clone();
+                let ticket = t.clone();
+                async move {
+                    let (parts, body) = req.into_parts();
+                    let limited = http_body_util::Limited::new(body, REQUEST_BYTES_MAX);
+                    let bytes =
+                        match tokio::time::timeout(limits.body_read, limited.collect()).await {
+                            Ok(Ok(c)) => c.to_bytes(),
+                            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+                                return Ok::<_, std::convert::Infallible>(closing(
+                                    StatusCode::PAYLOAD_TOO_LARGE,
+                                    Refusal::new(
+                                        Code::PayloadTooLarge,
+                                        format!("request over {REQUEST_BYTES_MAX} bytes"),
+                                    )
+                                    .detail(serde_json::json!({"limit_bytes": REQUEST_BYTES_MAX})),
+                                ));
+                            }
+                            Ok(Err(e)) => {
+                                limited!(debug, "http_body", "request body failed: {e}");
+                                return Ok(closing(
+                                    StatusCode::BAD_REQUEST,
+                                    Refusal::invalid("body", "the request body could not be read"),
+                                ));
+                            }
+                            Err(_) => {
+                                limited!(
+                                    info,
+                                    "http_slow_body",
+                                    "closed an HTTP connection whose body did not arrive in time"
+                                );
+                                return Ok(closing(
+                                    StatusCode::REQUEST_TIMEOUT,
+                                    Refusal::invalid(
+                                        "body",
+                                        format!(
+                                            "the body did not arrive within {} ms",
+                                            limits.body_read.as_millis()
+                                        ),
+                                    ),
+                                ));
+                            }
+                        };
+                    let _busy = ticket.busy();
+                    let req =
+                        axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes));
+                    Ok(app.oneshot(req).await.unwrap_or_else(|e| match e {}))
+                }
+            });
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(limits.header_read);
+        let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+        tokio::select! {
+            r = conn => if let Err(e) = r {
+                limited!(debug, "http_conn_ended", "http connection ended: {e}");
+            },
+            _ = ticket.evicted() => {}
+        }
+    }
+
+    /// An answer after which the connection closes (its remaining input is not a request).
+    fn closing(status: StatusCode, r: Refusal) -> HttpResponse {
+        (
+            status,
+            [(header::CONNECTION, "close")],
+            axum::Json(Response::refused(r)),
+        )
+            .into_response()
     }
 
     fn unauthorized() -> HttpResponse {
@@ -488,11 +991,36 @@ pub mod http {
         next.run(req).await
     }
 
-    async fn call(
-        State(engine): State<Arc<Engine>>,
-        headers: HeaderMap,
-        body: Bytes,
-    ) -> HttpResponse {
+    /// A Host and an Origin (if any) that the listener answers, as `/mcp` checks them.
+    fn check_origin(state: &CallState, headers: &HeaderMap) -> Result<(), Refusal> {
+        let host = headers
+            .get(header::HOST)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_ascii_lowercase);
+        if !host.as_ref().is_some_and(|h| state.hosts.contains(h)) {
+            return Err(Refusal::invalid(
+                "host",
+                format!("Host {host:?} is not this loopback listener"),
+            )
+            .hint("connect to 127.0.0.1 or localhost at the daemon's port"));
+        }
+        if let Some(origin) = headers.get(header::ORIGIN) {
+            let origin = origin.to_str().map(str::to_ascii_lowercase).ok();
+            if !origin.as_ref().is_some_and(|o| state.origins.contains(o)) {
+                return Err(Refusal::invalid(
+                    "origin",
+                    format!("Origin {origin:?} is not this loopback listener"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    async fn call(State(state): State<CallState>, headers: HeaderMap, body: Bytes) -> HttpResponse {
+        if let Err(r) = check_origin(&state, &headers) {
+            return (StatusCode::FORBIDDEN, axum::Json(Response::refused(r))).into_response();
+        }
+        let engine = state.engine;
         let bearer = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())

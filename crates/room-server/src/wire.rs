@@ -285,3 +285,97 @@ pub struct AuditArgs {
     pub room: String,
     pub event: String,
 }
+
+/// Parse one JSON text as `serde_json` does, except that an object naming a key twice, at any
+/// depth, is an error rather than its last value silently winning.
+pub fn parse_strict(text: &str) -> Result<Value, serde_json::Error> {
+    use serde::de::{DeserializeSeed, Deserializer, Error, MapAccess, SeqAccess, Visitor};
+
+    struct Strict;
+
+    impl<'de> DeserializeSeed<'de> for Strict {
+        type Value = Value;
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Strict {
+        type Value = Value;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON value")
+        }
+        fn visit_bool<E>(self, b: bool) -> Result<Value, E> {
+            Ok(Value::Bool(b))
+        }
+        fn visit_i64<E>(self, n: i64) -> Result<Value, E> {
+            Ok(n.into())
+        }
+        fn visit_u64<E>(self, n: u64) -> Result<Value, E> {
+            Ok(n.into())
+        }
+        fn visit_f64<E>(self, n: f64) -> Result<Value, E> {
+            Ok(serde_json::Number::from_f64(n).map_or(Value::Null, Value::Number))
+        }
+        fn visit_str<E>(self, s: &str) -> Result<Value, E> {
+            Ok(Value::String(s.into()))
+        }
+        fn visit_string<E>(self, s: String) -> Result<Value, E> {
+            Ok(Value::String(s))
+        }
+        fn visit_unit<E>(self) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
+        fn visit_none<E>(self) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+            d.deserialize_any(self)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(v) = seq.next_element_seed(Strict)? {
+                out.push(v);
+            }
+            Ok(Value::Array(out))
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+            let mut out = serde_json::Map::new();
+            while let Some(k) = map.next_key::<String>()? {
+                if out.contains_key(&k) {
+                    return Err(A::Error::custom(format!("duplicate key {k:?}")));
+                }
+                let v = map.next_value_seed(Strict)?;
+                out.insert(k, v);
+            }
+            Ok(Value::Object(out))
+        }
+    }
+
+    let mut de = serde_json::Deserializer::from_str(text);
+    let v = Strict.deserialize(&mut de)?;
+    de.end()?;
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strict_parse_refuses_duplicate_keys_at_any_depth() {
+        assert!(parse_strict(r#"{"a":1,"b":{"c":[1,2.5,"x",null,true]}}"#).is_ok());
+        assert_eq!(
+            parse_strict(r#"{"a":1,"b":{"c":[{"d":1}]}}"#).unwrap(),
+            serde_json::json!({"a":1,"b":{"c":[{"d":1}]}})
+        );
+        for bad in [
+            r#"{"a":1,"a":2}"#,
+            r#"{"a":{"b":1,"b":1}}"#,
+            r#"[{"x":1,"x":1}]"#,
+            r#"{"a":1} {}"#,
+        ] {
+            assert!(parse_strict(bad).is_err(), "{bad}");
+        }
+    }
+}
