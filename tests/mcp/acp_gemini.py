@@ -11,14 +11,16 @@ import threading
 import time
 
 
-def run(gemini, url, token, workdir, home, timeout=90, scheme="Bearer"):
+def run(gemini, url, token, workdir, home, timeout=90, scheme="Bearer", settings=None):
     """Start `gemini --acp --debug`, initialize, open a session with Room as its one MCP server,
-    wait until the session is answered, and return (answers by id, stderr text)."""
+    wait until the session is answered, and return (answers by id, stderr text). With
+    `settings` (merged into ~/.gemini/settings.json, e.g. the mcpServers `room connect gemini`
+    prints), `session/new` names no server: Gemini takes Room from its settings."""
     # no telemetry and no update check: the test talks to loopback only
     os.makedirs(os.path.join(home, ".gemini"), exist_ok=True)
     with open(os.path.join(home, ".gemini", "settings.json"), "w") as f:
         json.dump({"privacy": {"usageStatisticsEnabled": False}, "telemetry": {"enabled": False},
-                   "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False}}, f)
+                   "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False}} | (settings or {}), f)
     env = dict(os.environ, GEMINI_API_KEY="dummy-key-for-tests", GEMINI_CLI_TRUST_WORKSPACE="true",
                HOME=home, NO_COLOR="1", CI="1")
     p = subprocess.Popen([*gemini, "--acp", "--debug"], cwd=workdir, env=env, stdin=subprocess.PIPE,
@@ -57,8 +59,9 @@ def run(gemini, url, token, workdir, home, timeout=90, scheme="Bearer"):
 
     try:
         send(0, "initialize", {"protocolVersion": 1, "clientCapabilities": {"fs": {"readTextFile": False, "writeTextFile": False}, "terminal": False}})
-        send(1, "session/new", {"cwd": workdir, "mcpServers": [
-            {"type": "http", "name": "room", "url": url, "headers": [{"name": "Authorization", "value": f"{scheme} {token}"}]}]})
+        servers = [] if settings else [
+            {"type": "http", "name": "room", "url": url, "headers": [{"name": "Authorization", "value": f"{scheme} {token}"}]}]
+        send(1, "session/new", {"cwd": workdir, "mcpServers": servers})
         time.sleep(2)  # let discovery finish and its log lines arrive
     finally:
         os.killpg(p.pid, signal.SIGTERM)

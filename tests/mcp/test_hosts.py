@@ -308,28 +308,41 @@ async def every_tool_schema_is_typed_and_delete_is_quiet(fx):
     assert not failed, failed
 
 
-@test
-async def gemini_cli_discovers_rooms_tools_over_http(fx):
+async def gemini_session(fx, settings=None):
+    """Gemini CLI as an ACP agent with Room over HTTP: no MCP error in its --debug log, and Room
+    served its tools/list in a session that negotiated a version without priming events."""
     if not GEMINI:
         raise RuntimeError("no --gemini BIN given (scripts/test installs @google/gemini-cli)")
     work = os.path.join(fx.root, "work")
     home = os.path.join(fx.root, "home")
-    os.makedirs(work)
-    os.makedirs(home)
-    answers, log = await asyncio.to_thread(acp_gemini.run, GEMINI, fx.url, fx.token, work, home, 120, "bearer")
+    os.makedirs(work, exist_ok=True)
+    os.makedirs(home, exist_ok=True)
+    answers, log = await asyncio.to_thread(acp_gemini.run, GEMINI, fx.url, fx.token, work, home, 120, "bearer", settings)
     assert "result" in answers.get(1, {}), f"session/new unanswered: {answers.get(1)}\n{log[-3000:]}"
     bad = [l for l in log.splitlines() if any(s in l for s in (
         "Client is not connected", "Error connecting to MCP server", "MCP ERROR", "failed to start or connect",
         "Error discovering", "Discovery failed", "SyntaxError", "Unexpected end of JSON"))]
     assert not bad, "\n".join(bad)
     assert "Registering notification handlers for server 'room'" in log, log[-3000:]
-    # Room served Gemini's session: initialize, then tools/list, over one session
     served = [l for l in fx.log().splitlines() if "mcp request" in l]
     sessions = {l.split('session="')[1].split('"')[0] for l in served if 'method="tools/list"' in l}
     sessions.discard("-")
     assert sessions, "\n".join(served)
-    # primed=false: Gemini negotiated a version without priming, and got none
     assert all("primed=false" in l for l in served if 'method="initialize"' in l), served
+
+
+@test
+async def gemini_cli_discovers_rooms_tools_over_http(fx):
+    # given Room in session/new, with the lower-case bearer scheme
+    await gemini_session(fx)
+
+
+@test
+async def gemini_cli_takes_the_configuration_room_connect_prints(fx):
+    out = fx.run("connect", "gemini", "gemma")
+    fx.token = out["token"]
+    fx.run("members", "add", "lobby", "gemma")
+    await gemini_session(fx, settings=json.loads(out["config"]["http"]))
 
 
 def inspector(fx, args):
