@@ -643,6 +643,9 @@ fn connect(cli: &Cli, host: crate::connect::Host, agent: &str, max_tier: Option<
     if let Some(n) = snip["http_note"].as_str() {
         println!("# {n}");
     }
+    if let Some(n) = snip["note"].as_str() {
+        println!("\n# note: {n}");
+    }
     0
 }
 

@@ -54,7 +54,7 @@ pub fn snippets(
         ),
         Host::Gemini => (
             serde_json::to_string_pretty(&json!({"mcpServers": {"room": {"command": room_bin, "args": ["mcp"], "env": env}}})).expect("json"),
-            serde_json::to_string_pretty(&json!({"mcpServers": {"room": {"httpUrl": url, "headers": {"Authorization": format!("Bearer {token}")}}}})).expect("json"),
+            serde_json::to_string_pretty(&json!({"mcpServers": {"room": {"type": "http", "url": url, "headers": {"Authorization": format!("Bearer {token}")}}}})).expect("json"),
             "~/.gemini/settings.json",
         ),
         Host::Generic => (
@@ -63,6 +63,15 @@ pub fn snippets(
             "your host's MCP server configuration",
         ),
     };
-    json!({"host": host.kind(), "file": file, "stdio": stdio, "http": http_cfg,
+    // Gemini CLI starts no MCP server at all in a folder it does not trust, and says nothing
+    let note = match host {
+        Host::Gemini => json!(
+            "Gemini CLI starts MCP servers only in a trusted folder and says nothing otherwise: trust the \
+             folder when Gemini asks (or with /permissions, which writes ~/.gemini/trustedFolders.json); \
+             headless and ACP runs (gemini --acp) take GEMINI_CLI_TRUST_WORKSPACE=true"
+        ),
+        _ => Value::Null,
+    };
+    json!({"host": host.kind(), "file": file, "stdio": stdio, "http": http_cfg, "note": note,
         "http_note": if http.is_some() { Value::Null } else { json!("start the daemon with `room serve --listen 127.0.0.1:PORT` for HTTP") }})
 }

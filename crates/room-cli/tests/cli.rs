@@ -148,6 +148,17 @@ fn a_session_from_init_to_refusal_and_the_start_refusals() {
             .unwrap()
             .contains("[mcp_servers.room]")
     );
+    // Gemini: HTTP as `type: http` (httpUrl is deprecated), and how to trust the folder
+    let gemini = json(&env.run(&["connect", "gemini", "dave", "--json"], None));
+    let http: serde_json::Value =
+        serde_json::from_str(gemini["config"]["http"].as_str().unwrap()).unwrap();
+    assert_eq!(http["mcpServers"]["room"]["type"], "http");
+    assert!(
+        gemini["config"]["note"]
+            .as_str()
+            .unwrap()
+            .contains("GEMINI_CLI_TRUST_WORKSPACE=true")
+    );
     let old = env.run(&["whoami"], Some(&token1));
     assert!(
         stderr(&old).starts_with("error[credential_revoked]"),

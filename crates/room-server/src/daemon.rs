@@ -750,17 +750,12 @@ pub mod http {
     //! in `Authorization: Bearer`. A missing credential is 401 and nothing else.
 
     use super::*;
-    use crate::mcp::{InProcess, RoomMcp, ToolsMode};
     use axum::Router;
     use axum::body::Bytes;
     use axum::extract::{DefaultBodyLimit, State};
     use axum::http::{HeaderMap, StatusCode, header};
     use axum::response::{IntoResponse, Response as HttpResponse};
     use axum::routing::{get, post};
-    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-    use rmcp::transport::streamable_http_server::{
-        StreamableHttpServerConfig, StreamableHttpService,
-    };
 
     /// What `/v1/call` checks before it decodes: the same Host and Origin allow-lists as `/mcp`.
     #[derive(Clone)]
@@ -800,36 +795,7 @@ pub mod http {
                 return;
             }
         };
-        let mcp = |mode: ToolsMode| {
-            let config = StreamableHttpServerConfig::default()
-                .with_allowed_hosts(allowed_hosts(port))
-                .with_allowed_origins(allowed_origins(port))
-                .enforce_origin_validation()
-                // a tool call has one result and Room sends no progress in between: answer it
-                // as plain JSON rather than as an SSE stream (rmcp falls back to SSE on its own
-                // if a handler ever emits something first)
-                .with_json_response(true)
-                .with_max_request_body_bytes(REQUEST_BYTES_MAX);
-            let engine = engine.clone();
-            StreamableHttpService::new(
-                move || {
-                    Ok(RoomMcp::new(
-                        Arc::new(InProcess(engine.clone())),
-                        mode,
-                        "mcp".into(),
-                    ))
-                },
-                Arc::new(LocalSessionManager::default()),
-                config,
-            )
-        };
-        let mcp_routes = Router::new()
-            .nest_service("/mcp", mcp(ToolsMode::Full))
-            .nest_service("/mcp-compact", mcp(ToolsMode::Compact))
-            .layer(axum::middleware::from_fn_with_state(
-                engine.clone(),
-                require_agent,
-            ));
+        let mcp_routes = crate::mcp::http::routes(engine.clone(), port);
         let state = CallState {
             engine,
             hosts: allowed_hosts(port).into(),
@@ -954,43 +920,6 @@ pub mod http {
             .into_response()
     }
 
-    fn unauthorized() -> HttpResponse {
-        (
-            StatusCode::UNAUTHORIZED,
-            [(header::WWW_AUTHENTICATE, "Bearer")],
-        )
-            .into_response()
-    }
-
-    /// MCP over HTTP admits only a current agent credential; anything else is a bare 401.
-    async fn require_agent(
-        State(engine): State<Arc<Engine>>,
-        req: axum::extract::Request,
-        next: axum::middleware::Next,
-    ) -> HttpResponse {
-        let token = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(|t| t.trim().to_string())
-            .filter(|t| !t.is_empty());
-        let Some(token) = token else {
-            return unauthorized();
-        };
-        // inline when control.db is free (a cache lookup); on a thread when a commit holds it
-        let known = match engine.try_authenticate(&token) {
-            Some(r) => r.is_ok(),
-            None => tokio::task::spawn_blocking(move || engine.authenticate(&token).is_ok())
-                .await
-                .unwrap_or(false),
-        };
-        if !known {
-            return unauthorized();
-        }
-        next.run(req).await
-    }
-
     /// A Host and an Origin (if any) that the listener answers, as `/mcp` checks them.
     fn check_origin(state: &CallState, headers: &HeaderMap) -> Result<(), Refusal> {
         let host = headers
@@ -1021,12 +950,8 @@ pub mod http {
             return (StatusCode::FORBIDDEN, axum::Json(Response::refused(r))).into_response();
         }
         let engine = state.engine;
-        let bearer = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(|s| s.trim().to_string());
-        let Some(bearer) = bearer.filter(|b| !b.is_empty()) else {
+        // the scheme in any case, as on /mcp
+        let Some(bearer) = crate::mcp::http::bearer_token(&headers) else {
             return (
                 StatusCode::UNAUTHORIZED,
                 [(header::WWW_AUTHENTICATE, "Bearer")],

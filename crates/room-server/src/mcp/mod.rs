@@ -4,6 +4,7 @@
 //! `ROOM_TOKEN`. Either way a tool call is one daemon operation under the same authorization,
 //! and the native conversation comes from request metadata, never from tool arguments.
 
+pub mod http;
 pub mod tools;
 
 use crate::dispatch::{self, Transport};
@@ -203,12 +204,8 @@ impl ServerHandler for RoomMcp {
                 None,
             ));
         };
-        let parts = context.extensions.get::<http::request::Parts>();
-        let bearer = parts
-            .and_then(|p| p.headers.get(http::header::AUTHORIZATION))
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(|t| t.trim().to_string());
+        let parts = context.extensions.get::<::http::request::Parts>();
+        let bearer = parts.and_then(|p| http::bearer_token(&p.headers));
         let session = parts
             .and_then(|p| p.headers.get("mcp-session-id"))
             .and_then(|v| v.to_str().ok())
@@ -224,7 +221,10 @@ impl ServerHandler for RoomMcp {
             token: None,
             conversation: Some(session.unwrap_or_else(|| self.fallback_conversation.clone())),
             tier: None,
-            args: Value::Object(request.arguments.unwrap_or_default()),
+            args: Value::Object(match def.name {
+                "room" => tools::multiplexer_args(request.arguments.unwrap_or_default()),
+                _ => request.arguments.unwrap_or_default(),
+            }),
             meta: if meta.is_empty() {
                 None
             } else {

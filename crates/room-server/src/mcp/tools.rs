@@ -34,8 +34,13 @@ pub struct ToolDef {
     pub input: Value,
 }
 
-const REFUSALS: &str = "On refusal the result has isError true and structuredContent.refusal {code, message, hint, detail}. \
+/// The refusal loop, in full on `room_sync` and the multiplexer `room` (the tools every mode lists).
+const REFUSALS: &str = "A refusal has isError true and structuredContent.refusal {code, message, hint, detail}. \
 room_sync_required means unread events: read detail.next_page, then call room_sync with confirm set to its receipt, and retry.";
+
+/// The same loop in brief, on every other tool (the refusal's shape is in room_sync's).
+const REFUSALS_BRIEF: &str =
+    "Refused with room_sync_required: read detail.next_page, confirm its receipt, retry.";
 
 /// The input schema of a tool whose arguments are `T`, generated from `T` itself: its doc
 /// comments are the descriptions and its `schemars` attributes the limits (the engine's
@@ -129,6 +134,13 @@ fn multiplexer_schema(actions: &[&str]) -> Value {
             }
         }
     }
+    // one type per field, for hosts that map schemas onto a single-type dialect (Gemini's
+    // function declarations; the Inspector's --strict warns): `to` is a list of agents, and
+    // task_create's one recipient arrives as a list of one (see `multiplexer_args`)
+    props.insert(
+        "to".into(),
+        json!({"type": "array", "items": {"type": "string"}}),
+    );
     props.insert("action".into(), json!({"type": "string", "enum": actions}));
     json!({"type": "object", "properties": props, "required": ["action"], "additionalProperties": false})
 }
@@ -159,6 +171,19 @@ fn merge_types(have: &mut Map<String, Value>, other: Value) {
             Value::Array(all)
         },
     );
+}
+
+/// The multiplexer's arguments as the daemon takes them: task_create's `to` names one agent,
+/// which the multiplexer's schema types as a list (of one).
+pub fn multiplexer_args(mut args: Map<String, Value>) -> Map<String, Value> {
+    if args.get("action").and_then(Value::as_str) == Some("task_create")
+        && let Some(Value::Array(to)) = args.get("to")
+        && to.len() == 1
+    {
+        let one = to[0].clone();
+        args.insert("to".into(), one);
+    }
+    args
 }
 
 /// Every tool, in listing order.
@@ -207,7 +232,7 @@ one source it answers them; with open items from several sources it is refused (
         ToolDef {
             name: "room_reply",
             op: "reply",
-            description: "Answer a mention or obligation addressed to you (see open_items in room_sync). Resolves it. Refused with reply_target_not_addressed if nothing there is yours.",
+            description: "Answer a mention or obligation addressed to you (see open_items in room_sync). Resolves it; refused with reply_target_not_addressed if it is not yours.",
             input: turn_schema(
                 Some("Your answer."),
                 &["text", "reply_to"],
@@ -217,7 +242,7 @@ one source it answers them; with open items from several sources it is refused (
         ToolDef {
             name: "room_send",
             op: "send",
-            description: "Assign work: creates an obligation for each recipient and one sealed wake permit each. In a project room a task is required (send_task_required).",
+            description: "Assign work: one obligation and one sealed wake permit per recipient. In a project room a task is required (send_task_required).",
             input: turn_schema(
                 Some("The assignment."),
                 &["text", "to", "task", "evidence"],
@@ -227,7 +252,7 @@ one source it answers them; with open items from several sources it is refused (
         ToolDef {
             name: "room_handoff",
             op: "handoff",
-            description: "Hand a task you hold to another member. No lease moves with it: the new recipient must claim it afresh.",
+            description: "Hand a task you hold to another member. No lease moves with it: the recipient must claim it afresh.",
             input: turn_schema(
                 Some("Optional note for the new recipient."),
                 &["task", "to", "text"],
@@ -263,7 +288,7 @@ one source it answers them; with open items from several sources it is refused (
         ToolDef {
             name: "room_circle",
             op: "circle",
-            description: "Re-raise an obligation you created that is still unanswered; the addressee is woken again under the original deadline.",
+            description: "Re-raise an unanswered obligation you created; its addressee is woken again under the original deadline.",
             input: turn_schema(
                 Some("Optional reminder text."),
                 &["obligation", "text"],
@@ -296,8 +321,7 @@ one source it answers them; with open items from several sources it is refused (
         name: "room",
         op: "room",
         description: "Multiplexer for every Room action: set action to one of whoami, list, sync, note, say, reply, send, handoff, done, blocked, decline, circle, \
-task_create, task_claim, task_show, and pass that action's arguments alongside (room, text, to, reply_to, task, evidence, parents, obligation, confirm, title, parent, \
-scopes, ttl_ms, idempotency_key).",
+task_create, task_claim, task_show, and pass that action's arguments (as its own tool takes them) alongside.",
         input: multiplexer_schema(&actions),
     });
     tools
@@ -324,7 +348,12 @@ pub fn listed(mode: ToolsMode) -> &'static [ToolDef] {
     }
 }
 
-/// The refusal advice appended to every description.
+/// A tool's description with the refusal advice: the whole loop on `room_sync` and `room`, a
+/// brief pointer on the others (every byte here is paid for each tool in every host's context).
 pub fn description(t: &ToolDef) -> String {
-    format!("{} {REFUSALS}", t.description)
+    let advice = match t.name {
+        "room_sync" | "room" => REFUSALS,
+        _ => REFUSALS_BRIEF,
+    };
+    format!("{} {advice}", t.description)
 }
