@@ -43,6 +43,7 @@ codes! {
     RoomNotFound => "room_not_found",
     RoomReadOnly => "room_read_only",
     RoomArchived => "room_archived",
+    QuotaExceeded => "quota_exceeded",
     // sync and the work gate
     RoomSyncJournalRotated => "room_sync_journal_rotated",
     RoomSyncViewChanged => "room_sync_view_changed",

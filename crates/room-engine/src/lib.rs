@@ -8,6 +8,7 @@ pub mod event;
 pub mod invariants;
 pub mod policy;
 pub mod principal;
+pub mod quota;
 pub mod room;
 pub mod rooms;
 pub mod sync;

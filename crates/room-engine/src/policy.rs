@@ -19,6 +19,31 @@ struct ConfigFile {
     redaction: Redaction,
     #[serde(default)]
     mcp: Mcp,
+    #[serde(default)]
+    quotas: Quotas,
+}
+
+/// Limits per agent that keep one member from exhausting a room or the daemon. The defaults
+/// are far above what a team of agents writes; an owner lowers them in `[quotas]`.
+#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Quotas {
+    /// Bytes of text and task titles one agent may write into one room within a minute.
+    pub bytes_per_minute: u64,
+    /// Tasks one agent may have created and not yet settled (done or declined) in one room.
+    pub tasks_open: u64,
+    /// MCP sessions one agent may hold open at once over HTTP.
+    pub mcp_sessions: u64,
+}
+
+impl Default for Quotas {
+    fn default() -> Self {
+        Quotas {
+            bytes_per_minute: 64 << 20,
+            tasks_open: 10_000,
+            mcp_sessions: 64,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -74,6 +99,7 @@ pub struct Policy {
     pub redactor: Result<Arc<Redactor>, String>,
     /// Per host kind, the request-metadata key naming the native conversation.
     pub conversation_meta: Arc<BTreeMap<String, String>>,
+    pub quotas: Quotas,
 }
 
 impl Policy {
@@ -162,6 +188,7 @@ fn failed(why: String) -> Policy {
         ceiling: Tier::Observer,
         redactor: Err(why),
         conversation_meta: Arc::new(default_conversation_meta()),
+        quotas: Quotas::default(),
     }
 }
 
@@ -185,6 +212,7 @@ fn parse(bytes: &[u8]) -> Policy {
             ceiling,
             redactor: Ok(Arc::new(r)),
             conversation_meta: Arc::new(cfg.mcp.conversation_meta),
+            quotas: cfg.quotas,
         },
         Err(e) => failed(format!("config.toml: {e}")),
     }

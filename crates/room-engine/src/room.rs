@@ -30,6 +30,8 @@ pub struct RoomHandle {
     pub read_only: Option<String>,
     /// The owner archived the room: it refuses turns (`room_archived`) and serves reads.
     pub archived: bool,
+    /// What each agent wrote here within the quota window (the room lock guards it).
+    pub(crate) written: crate::quota::Written,
     /// True when `read_only` is a rotated or replaced journal (the owner's `index rebuild`
     /// accepts it); otherwise a restart catches the room up from its journal.
     pub rotated: bool,
@@ -329,6 +331,7 @@ impl RoomHandle {
             index,
             read_only: None,
             archived: row.archived_ms.is_some(),
+            written: Default::default(),
             rotated: false,
             rendered: Default::default(),
             wakes_pending: Vec::new(),

@@ -93,6 +93,11 @@ impl PlanCx<'_> {
     }
 }
 
+/// The bytes of text a turn writes, inline or in a blob (what `bytes_per_minute` counts).
+fn turn_bytes(t: &Turn) -> u64 {
+    t.text.as_ref().map_or(0, |s| s.len() as u64) + t.text_blob.as_ref().map_or(0, |b| b.bytes)
+}
+
 fn member_refusal(agent: &str, room: &str) -> Refusal {
     Refusal::new(
         Code::RoomNotMember,
@@ -557,10 +562,30 @@ impl Engine {
         };
         let mut h = lock_room(&handle);
         h.writable()?;
+        let quotas = self.policy().quotas;
+        let now = self.now_ms();
+        h.check_bytes(&p.name, title.len() as u64, quotas.bytes_per_minute, now)?;
+        let open = self
+            .control()
+            .tasks_open_count(room, &p.name)
+            .map_err(store_err)?;
+        if open >= quotas.tasks_open {
+            return Err(crate::quota::exceeded(
+                "tasks_open",
+                quotas.tasks_open,
+                open,
+                1,
+                format!(
+                    "{} has {open} of {} tasks open in room {room}",
+                    p.name, quotas.tasks_open
+                ),
+            ));
+        }
         if let Err(v) = self.check_task_event(&h, &te, binding.project(), &[]) {
             return Err(self.refuse_check(&mut h, v));
         }
         let rec = h.commit(self, vec![EventBody::Task(Box::new(te))], None)?;
+        h.record_bytes(&p.name, title.len() as u64, now);
         drop(h);
         let t = self
             .control()
@@ -661,6 +686,12 @@ impl Engine {
         invariants::check_key(args.idempotency_key.as_deref())?;
         let (handle, binding) = self.member_handle(&p, &args.room)?;
         let text = self.checked_text(verb, &args)?;
+        // before the text can spill into a blob: a refused turn writes nothing (the commit
+        // checks again under the writer lock, where it counts)
+        if let Some(t) = &text {
+            let limit = self.policy().quotas.bytes_per_minute;
+            lock_room(&handle).check_bytes(&p.name, t.len() as u64, limit, self.now_ms())?;
+        }
         let members = self.control().members(&args.room).map_err(store_err)?;
         let mut recipients: BTreeSet<String> = BTreeSet::new();
         for r in &args.to {
@@ -834,6 +865,9 @@ impl Engine {
                 ));
             }
         }
+        let bytes = turn_bytes(&turn);
+        let now = self.now_ms();
+        h.check_bytes(&p.name, bytes, self.policy().quotas.bytes_per_minute, now)?;
         let fold = CheckpointRow {
             actor: p.name.clone(),
             conversation: p.conversation.clone(),
@@ -878,6 +912,7 @@ impl Engine {
             if planned { None } else { fold.clone() },
             flags,
         )?;
+        h.record_bytes(&p.name, bytes, now);
         let source = rec[0].id.clone();
         let items = if planned {
             match h.flush_items(self, &source, &turn, fold) {

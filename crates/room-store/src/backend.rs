@@ -151,6 +151,8 @@ pub trait ControlStore: Send {
     fn insert_room(&mut self, r: &RoomRow, members: &[String]) -> Result<()>;
     /// Mark a room archived (read-only from now on); false when it already was or is unknown.
     fn archive_room(&mut self, name: &str, at_ms: u64) -> Result<bool>;
+    /// Tasks `owner` created in `room` that are not settled (open, claimed or blocked).
+    fn tasks_open_count(&self, room: &str, owner: &str) -> Result<u64>;
     /// Rooms that hold a claimed task, in name order (their lifecycles may lapse).
     fn rooms_with_claims(&self) -> Result<Vec<String>>;
     /// Remove a room whose creation failed before it was acknowledged, with its roster; false

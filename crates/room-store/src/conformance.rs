@@ -280,6 +280,9 @@ pub fn control_room_lifecycle(h: &mut dyn Harness) {
         assert!(c.remove_room("kept").is_err(), "a task names it");
         assert!(c.room("kept").unwrap().is_some(), "and it is still whole");
         assert!(c.rooms_with_claims().unwrap().is_empty());
+        assert_eq!(c.tasks_open_count("kept", "alpha").unwrap(), 1);
+        assert_eq!(c.tasks_open_count("kept", "beta").unwrap(), 0);
+        assert_eq!(c.tasks_open_count("idle", "alpha").unwrap(), 0);
         assert!(
             c.update_task(
                 "tsk_1",
@@ -291,6 +294,27 @@ pub fn control_room_lifecycle(h: &mut dyn Harness) {
             .unwrap()
         );
         assert_eq!(c.rooms_with_claims().unwrap(), ["kept"]);
+        assert_eq!(
+            c.tasks_open_count("kept", "alpha").unwrap(),
+            1,
+            "claimed is open"
+        );
+        c.insert_task(&task("tsk_2", "kept", None, &[])).unwrap();
+        assert!(
+            c.update_task(
+                "tsk_2",
+                TaskStatus::Open.as_str(),
+                TaskStatus::Done.as_str(),
+                None,
+                6
+            )
+            .unwrap()
+        );
+        assert_eq!(
+            c.tasks_open_count("kept", "alpha").unwrap(),
+            1,
+            "done is settled"
+        );
         assert!(c.archive_room("idle", 9).unwrap());
         assert!(!c.archive_room("idle", 10).unwrap(), "archived once");
         assert!(!c.archive_room("nowhere", 10).unwrap());

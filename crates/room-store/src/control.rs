@@ -628,6 +628,17 @@ impl ControlStore for SqliteControl {
         })
     }
 
+    fn tasks_open_count(&self, room: &str, owner: &str) -> Result<u64> {
+        let n: i64 = self
+            .conn
+            .prepare_cached(
+                "SELECT count(*) FROM tasks WHERE room = ?1 AND owner = ?2
+                   AND status IN ('open', 'claimed', 'blocked')",
+            )?
+            .query_row(params![room, owner], |r| r.get(0))?;
+        Ok(n as u64)
+    }
+
     fn rooms_with_claims(&self) -> Result<Vec<String>> {
         Ok(self
             .conn

@@ -21,6 +21,14 @@ ceiling = "operator"
 [redaction]
 # Extra regular expressions removed from everything sent to agents.
 patterns = []
+
+[quotas]
+# Per agent and room: bytes of text and task titles written within a minute.
+bytes_per_minute = 67108864
+# Per agent and room: tasks created and not yet done or declined.
+tasks_open = 10000
+# Per agent: MCP sessions held open at once over HTTP (idle ones close after 5 minutes).
+mcp_sessions = 64
 "#;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

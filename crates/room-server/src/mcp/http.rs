@@ -12,7 +12,10 @@
 //! - drops the SSE priming event (an event with empty `data`) from streams of sessions that
 //!   negotiated a version older than 2025-11-25, which had none: clients of those versions parse
 //!   every event as JSON (Gemini CLI drops the server on it);
-//! - answers a session DELETE 200 rather than 202, as the SDK clients expect.
+//! - answers a session DELETE 200 rather than 202, as the SDK clients expect;
+//! - holds each agent to its `mcp_sessions` quota: an `initialize` past it is refused
+//!   `quota_exceeded` (HTTP 429), and a session idle for [`SESSION_IDLE`] is closed here, so
+//!   that abandoned sessions neither count nor keep their memory.
 
 use super::{InProcess, RoomMcp, ToolsMode};
 use crate::wire::REQUEST_BYTES_MAX;
@@ -26,7 +29,77 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use room_engine::Engine;
 use serde_json::{Value, json};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A session no request has used for this long is closed (rmcp's own idle timeout ends its
+/// worker but keeps its handle until a DELETE).
+pub const SESSION_IDLE: Duration = Duration::from_secs(300);
+
+/// One agent's sessions: session id → (which manager, last used).
+type HeldSessions = HashMap<String, (usize, Instant)>;
+
+/// The sessions each agent holds, for the `mcp_sessions` quota.
+pub struct Sessions {
+    /// `/mcp`'s and `/mcp-compact`'s session managers.
+    managers: [Arc<LocalSessionManager>; 2],
+    /// Per agent: session id → (which manager, last used).
+    held: Mutex<HashMap<String, HeldSessions>>,
+}
+
+impl Sessions {
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, HeldSessions>> {
+        self.held
+            .lock()
+            .expect("sessions lock is never poisoned: no panics while held")
+    }
+
+    fn touch(&self, agent: &str, session: &str) {
+        if let Some(s) = self.held().get_mut(agent).and_then(|m| m.get_mut(session)) {
+            s.1 = Instant::now();
+        }
+    }
+
+    fn record(&self, agent: &str, session: String, manager: usize) {
+        self.held()
+            .entry(agent.to_string())
+            .or_default()
+            .insert(session, (manager, Instant::now()));
+    }
+
+    /// How many sessions `agent` holds now, after dropping those its manager no longer has and
+    /// closing those idle past [`SESSION_IDLE`].
+    async fn count(&self, agent: &str) -> usize {
+        let mine: Vec<(String, usize, Instant)> = self
+            .held()
+            .get(agent)
+            .map(|m| m.iter().map(|(k, (i, t))| (k.clone(), *i, *t)).collect())
+            .unwrap_or_default();
+        let mut gone = Vec::new();
+        for (sid, i, last) in mine {
+            let manager = &self.managers[i];
+            let present = manager.sessions.read().await.contains_key(sid.as_str());
+            if !present {
+                gone.push(sid);
+            } else if last.elapsed() >= SESSION_IDLE {
+                use rmcp::transport::streamable_http_server::SessionManager;
+                if let Err(e) = manager.close_session(&sid.as_str().into()).await {
+                    tracing::debug!("closing idle MCP session {sid}: {e}");
+                }
+                gone.push(sid);
+            }
+        }
+        let mut held = self.held();
+        let Some(m) = held.get_mut(agent) else {
+            return 0;
+        };
+        for sid in gone {
+            m.remove(&sid);
+        }
+        m.len()
+    }
+}
 
 /// The first protocol version whose SSE streams open with a priming event.
 pub const PRIMING_SINCE: &str = "2025-11-25";
@@ -46,7 +119,11 @@ pub fn bearer_token(headers: &HeaderMap) -> Option<String> {
 
 /// The MCP routes of the daemon's HTTP listener on `port`.
 pub fn routes(engine: Arc<Engine>, port: u16) -> Router {
-    let mcp = |mode: ToolsMode| {
+    let managers = [
+        Arc::new(LocalSessionManager::default()),
+        Arc::new(LocalSessionManager::default()),
+    ];
+    let mcp = |mode: ToolsMode, manager: Arc<LocalSessionManager>| {
         let config = StreamableHttpServerConfig::default()
             .with_allowed_hosts([format!("localhost:{port}"), format!("127.0.0.1:{port}")])
             .with_allowed_origins([
@@ -68,14 +145,29 @@ pub fn routes(engine: Arc<Engine>, port: u16) -> Router {
                     "mcp".into(),
                 ))
             },
-            Arc::new(LocalSessionManager::default()),
+            manager,
             config,
         )
     };
+    let state = Edge {
+        engine: engine.clone(),
+        sessions: Arc::new(Sessions {
+            managers: managers.clone(),
+            held: Mutex::new(HashMap::new()),
+        }),
+    };
+    let [full, compact] = managers;
     Router::new()
-        .nest_service("/mcp", mcp(ToolsMode::Full))
-        .nest_service("/mcp-compact", mcp(ToolsMode::Compact))
-        .layer(axum::middleware::from_fn_with_state(engine, edge))
+        .nest_service("/mcp", mcp(ToolsMode::Full, full))
+        .nest_service("/mcp-compact", mcp(ToolsMode::Compact, compact))
+        .layer(axum::middleware::from_fn_with_state(state, edge))
+}
+
+/// What the edge layer holds.
+#[derive(Clone)]
+pub struct Edge {
+    engine: Arc<Engine>,
+    sessions: Arc<Sessions>,
 }
 
 fn unauthorized() -> Response {
@@ -92,6 +184,29 @@ fn jsonrpc_error(code: i64, message: &str, id: Value) -> Response {
         StatusCode::BAD_REQUEST,
         [(header::CONTENT_TYPE, "application/json")],
         json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
+            .to_string(),
+    )
+        .into_response()
+}
+
+/// An `initialize` past the agent's `mcp_sessions` quota: HTTP 429 with a JSON-RPC error that
+/// carries the refusal, as every other refusal names its code.
+fn session_quota_refused(agent: &str, held: u64, limit: u64, message: Option<&Value>) -> Response {
+    let refusal = room_core::Refusal::new(
+        room_core::Code::QuotaExceeded,
+        format!("quota mcp_sessions reached: {agent} holds {held} of {limit} MCP sessions"),
+    )
+    .detail(json!({"quota": "mcp_sessions", "limit": limit, "used": held, "requested": 1}))
+    .hint("close a session (HTTP DELETE with its Mcp-Session-Id), or ask the owner to raise [quotas] in config.toml");
+    let id = message
+        .and_then(|m| m.get("id"))
+        .filter(|id| id.is_string() || id.is_number())
+        .cloned()
+        .unwrap_or(Value::Null);
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        [(header::CONTENT_TYPE, "application/json")],
+        json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32000, "message": refusal.message, "data": {"refusal": refusal}}})
             .to_string(),
     )
         .into_response()
@@ -162,10 +277,11 @@ fn strip_priming(resp: Response) -> Response {
 
 /// The layer in front of rmcp (see the module's documentation).
 pub async fn edge(
-    State(engine): State<Arc<Engine>>,
+    State(edge): State<Edge>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
+    let Edge { engine, sessions } = edge;
     let (parts, body) = req.into_parts();
     // the whole body first, so that no answer leaves unread bytes on a kept connection
     let bytes = match axum::body::to_bytes(body, REQUEST_BYTES_MAX).await {
@@ -185,15 +301,18 @@ pub async fn edge(
         return unauthorized();
     };
     // inline when control.db is free (a cache lookup); on a thread when a commit holds it
-    let known = match engine.try_authenticate(&token) {
-        Some(r) => r.is_ok(),
-        None => tokio::task::spawn_blocking(move || engine.authenticate(&token).is_ok())
-            .await
-            .unwrap_or(false),
+    let agent = match engine.try_authenticate(&token) {
+        Some(r) => r.ok().map(|a| a.name),
+        None => {
+            let engine = engine.clone();
+            tokio::task::spawn_blocking(move || engine.authenticate(&token).ok().map(|a| a.name))
+                .await
+                .unwrap_or(None)
+        }
     };
-    if !known {
+    let Some(agent) = agent else {
         return unauthorized();
-    }
+    };
     let post_json = parts.method == Method::POST && is_json(&parts.headers);
     let mut message = None;
     if post_json {
@@ -233,6 +352,24 @@ pub async fn edge(
         primed,
         "mcp request"
     );
+    let manager = usize::from(parts.uri.path().starts_with("/mcp-compact"));
+    let session = parts
+        .headers
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(String::from);
+    let opens = method == "initialize" && session.is_none();
+    match &session {
+        Some(sid) => sessions.touch(&agent, sid),
+        None if opens => {
+            let limit = engine.policy().quotas.mcp_sessions;
+            let held = sessions.count(&agent).await as u64;
+            if held >= limit {
+                return session_quota_refused(&agent, held, limit, message.as_ref());
+            }
+        }
+        None => {}
+    }
     let is_delete = parts.method == Method::DELETE;
     let resp = next
         .run(axum::extract::Request::from_parts(parts, Body::from(bytes)))
@@ -250,6 +387,14 @@ pub async fn edge(
             "Invalid Request: not a JSON-RPC request, notification or response",
             id,
         );
+    }
+    if opens
+        && let Some(sid) = resp
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+    {
+        sessions.record(&agent, sid.to_string(), manager);
     }
     if is_delete && resp.status() == StatusCode::ACCEPTED {
         let (mut parts, _) = resp.into_parts();
