@@ -196,7 +196,15 @@ fn an_archived_room_is_read_only_and_verifiable() {
     let d = Dirs::new();
     let sock = d.sock();
     let mut daemon = spawn(&d, None);
-    let token = enroll(&sock, "alpha");
+    let token = ok(call(
+        &sock,
+        None,
+        "agent_enroll",
+        json!({"name": "alpha", "max_tier": "coordinator"}),
+    ))["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
     ok(call(
         &sock,
         None,
@@ -204,6 +212,43 @@ fn an_archived_room_is_read_only_and_verifiable() {
         json!({"name": "old", "members": ["alpha"]}),
     ));
     catch_up(&sock, &token, "old");
+    ok(call(
+        &sock,
+        Some(&token),
+        "note",
+        json!({"room": "old", "text": "last words"}),
+    ));
+    // a room with a claim under way is not archived: its lapse must stay recordable
+    let task = ok(call(
+        &sock,
+        Some(&token),
+        "task_create",
+        json!({"room": "old", "title": "wrap up"}),
+    ))["task"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    ok(call(
+        &sock,
+        Some(&token),
+        "task_claim",
+        json!({"task": task}),
+    ));
+    let tip_before = ok(call(&sock, None, "rooms", json!({})))["rooms"][0]["tip_seq"].clone();
+    let refused = call(&sock, None, "room_archive", json!({"room": "old"}));
+    assert_eq!(
+        refused.refusal.unwrap().code.as_str(),
+        "room_archive_refused"
+    );
+    let after = ok(call(&sock, None, "rooms", json!({})));
+    assert_eq!(after["rooms"][0]["tip_seq"], tip_before, "nothing written");
+    assert_eq!(after["rooms"][0]["archived"], false);
+    ok(call(
+        &sock,
+        Some(&token),
+        "blocked",
+        json!({"room": "old", "task": task, "text": "parked"}),
+    ));
     ok(call(
         &sock,
         Some(&token),

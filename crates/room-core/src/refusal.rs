@@ -43,6 +43,7 @@ codes! {
     RoomNotFound => "room_not_found",
     RoomReadOnly => "room_read_only",
     RoomArchived => "room_archived",
+    RoomArchiveRefused => "room_archive_refused",
     QuotaExceeded => "quota_exceeded",
     // sync and the work gate
     RoomSyncJournalRotated => "room_sync_journal_rotated",

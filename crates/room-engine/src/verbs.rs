@@ -208,18 +208,13 @@ impl Engine {
         };
         RoomHandle::create_shard(self, &row, body)?;
         if let Err(e) = self.control().insert_room(&row, members) {
-            self.discard_shard(&row);
+            self.undo_creation(&row);
             return Err(store_err(e));
         }
-        let opened = RoomHandle::open(self, &row);
-        let room_handle = match opened {
+        let room_handle = match RoomHandle::open(self, &row) {
             Ok(h) => h,
             Err(e) => {
-                // nothing of the room may stay behind: no control row, no shard
-                if let Err(e) = self.control().remove_room(room) {
-                    tracing::error!(room, "removing the row of a room that failed to open: {e}");
-                }
-                self.discard_shard(&row);
+                self.undo_creation(&row);
                 return Err(Refusal::storage(format!(
                     "room {room} was not created: opening it failed: {e}"
                 )));
@@ -229,6 +224,19 @@ impl Engine {
         Ok(
             json!({"room": room, "graph_id": row.graph_id, "binding": binding_of(&row), "members": members}),
         )
+    }
+
+    /// Nothing of a failed creation may stay: its control row goes, then its shard. When the
+    /// row's removal fails too (it may or may not have been written), the shard stays, so that
+    /// the room is whole if the row is there; the next start sets the shard aside if it is not.
+    fn undo_creation(&self, row: &RoomRow) {
+        match self.control().remove_room(&row.name) {
+            Ok(_) => self.discard_shard(row),
+            Err(e) => tracing::error!(
+                room = %row.name,
+                "a failed creation's row could not be removed; the next start decides: {e}"
+            ),
+        }
     }
 
     /// Set aside the shard of a creation that failed (logged: it is kept for inspection).
@@ -249,6 +257,15 @@ impl Engine {
         let handle = self.room_handle(room)?;
         {
             let mut h = lock_room(&handle);
+            // a claim's lapse must still be recordable: an archived room takes no record
+            let claimed = self.control().rooms_with_claims().map_err(store_err)?;
+            if claimed.iter().any(|r| r == room) {
+                return Err(Refusal::new(
+                    Code::RoomArchiveRefused,
+                    format!("room {room} has claimed tasks; it cannot be archived while work is under way"),
+                )
+                .hint("let the claimers finish (done, blocked, decline or handoff), then archive"));
+            }
             h.index.flush().map_err(store_err)?;
             let changed = self
                 .control()

@@ -253,6 +253,10 @@ pub struct Sim {
     engine: Option<Engine>,
     agents: Vec<Agent>,
     rooms: Vec<String>,
+    /// Rooms the owner archived (no step writes to them any more).
+    archived: Vec<String>,
+    /// Rooms created mid-run so far (their names count up).
+    created: u64,
     acked: BTreeMap<String, BTreeSet<String>>,
     step: u64,
     recent: Vec<String>,
@@ -313,6 +317,8 @@ impl Sim {
             engine: None,
             agents: vec![],
             rooms: vec![],
+            archived: vec![],
+            created: 0,
             acked: BTreeMap::new(),
             step: 0,
             recent: vec![],
@@ -566,6 +572,8 @@ impl Sim {
                 ));
                 Ok(())
             }
+            82 => self.owner_create_room(),
+            83 if self.rooms.len() > 3 => self.owner_archive_room(),
             86 if self.cfg.faults => self.crash_and_restart(),
             87..=89 => self.sweep(),
             _ => {
@@ -1306,6 +1314,75 @@ impl Sim {
         Ok(())
     }
 
+    /// The owner creates a room mid-run, so that faults and crashes strike creations: a room
+    /// is whole (binding, manifest, journal with its first record, control row) or absent, and
+    /// one whose creation was acknowledged survives every restart.
+    fn owner_create_room(&mut self) -> Result<(), Failure> {
+        let room = format!("n{}", self.created);
+        self.created += 1;
+        let size = 2 + self.rng.below(3) as usize;
+        let mut members = BTreeSet::new();
+        while members.len() < size.min(self.agents.len()) {
+            members.insert(self.rng.below(self.agents.len() as u64) as usize);
+        }
+        let names: Vec<String> = members
+            .iter()
+            .map(|i| self.agents[*i].name.clone())
+            .collect();
+        let out = self.checked(format!("owner create {room}"), |e| {
+            e.room_create(&sim_owner(e), &room, None, &names)
+        })?;
+        if out.is_ok() {
+            for i in members {
+                self.agents[i].rooms.push(room.clone());
+            }
+            self.rooms.push(room.clone());
+            let state = self.e().state().clone();
+            let graph = room_engine::room::graph_id(&state.instance_id, &room);
+            self.oracles.push(oracle::RoomOracle::new(
+                &room,
+                &graph,
+                state.shard(&graph).journal(),
+            ));
+            self.oracles.sort_by(|a, b| a.path_cmp(b));
+        }
+        Ok(())
+    }
+
+    /// The owner archives a room: from then on it refuses writes, across restarts.
+    fn owner_archive_room(&mut self) -> Result<(), Failure> {
+        let k = self.rng.below(self.rooms.len() as u64) as usize;
+        let room = self.rooms[k].clone();
+        let out = self.checked(format!("owner archive {room}"), |e| {
+            e.room_archive(&sim_owner(e), &room)
+        })?;
+        if out.is_ok() {
+            self.rooms.remove(k);
+            for a in &mut self.agents {
+                a.rooms.retain(|r| *r != room);
+            }
+            self.archived.push(room);
+        }
+        Ok(())
+    }
+
+    /// Every archived room is still archived and refuses writes.
+    fn check_archived(&mut self) -> Result<(), Failure> {
+        for room in self.archived.clone() {
+            let out = self.e().room_reset(&self.owner(), &room);
+            match out {
+                Err(r) if r.code == Code::RoomArchived => {}
+                other => {
+                    return Err(self.fail(format!(
+                        "archived room {room} answered a write with {:?} after a restart",
+                        other.map(|_| "ok").map_err(|r| r.code)
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Crash: pending index rows are lost and each journal keeps its synced bytes plus a random
     /// part of what was written but not synced (a torn tail). Then restart and check.
     fn crash_and_restart(&mut self) -> Result<(), Failure> {
@@ -1335,6 +1412,7 @@ impl Sim {
         self.note("restart".into());
         self.open_engine().map_err(|e| self.fail(e))?;
         self.check_durable()?;
+        self.check_archived()?;
         self.reset_oracles()
     }
 
