@@ -42,6 +42,11 @@ codes! {
     RoomNotMember => "room_not_member",
     RoomNotFound => "room_not_found",
     RoomReadOnly => "room_read_only",
+    // the room's journal did not verify (a damaged record, or acknowledged records missing):
+    // it is read-only and never extended until the owner restores it or accepts the loss
+    RoomQuarantined => "room_quarantined",
+    // `index rebuild` would write over acknowledged records the journal lost
+    JournalLossUnaccepted => "journal_loss_unaccepted",
     // sync and the work gate
     RoomSyncJournalRotated => "room_sync_journal_rotated",
     RoomSyncViewChanged => "room_sync_view_changed",
