@@ -550,14 +550,21 @@ impl RoomHandle {
         };
         let good = r.as_ref().map_or(0, |r| r.records);
         let damage = r.as_ref().and_then(|r| r.damage.clone());
+        // a damaged record costs itself and every record after it
+        let damaged_to = good + r.as_ref().map_or(0, |r| r.damaged_records).max(1);
         let missing = self.missing(engine, good).map_err(store_err)?;
         let loss = match (&damage, missing) {
             (None, None) => None,
             (_, m) => {
                 let (to, witnesses) = m.map_or((good + 1, Vec::new()), |((_, b), w)| (b, w));
+                let to = if damage.is_some() {
+                    to.max(damaged_to)
+                } else {
+                    to
+                };
                 Some(Loss {
                     from: good + 1,
-                    to: to.max(good + 1),
+                    to,
                     witnesses,
                 })
             }

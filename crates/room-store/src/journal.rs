@@ -648,6 +648,35 @@ pub struct VerifyReport {
     /// the report then describes the good records before it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub damage: Option<String>,
+    /// With `damage`: the lines from the damaged record up to the free space (or `stop`), each
+    /// a record as written: how many records the damage costs.
+    pub damaged_records: u64,
+}
+
+/// Newline-terminated lines in `[from, stop)` before the first NUL (the free space).
+fn lines_from(file: &File, from: u64, stop: Option<u64>) -> Result<u64> {
+    let file_len = file.metadata()?.len();
+    let end = stop.map_or(file_len, |s| s.min(file_len));
+    let mut chunk = vec![0u8; BATCH_BYTES];
+    let (mut at, mut lines) = (from, 0u64);
+    while at < end {
+        let want = ((end - at) as usize).min(chunk.len());
+        let n = file.read_at(&mut chunk[..want], at)?;
+        if n == 0 {
+            break;
+        }
+        let data = &chunk[..n];
+        let z = data.iter().position(|&b| b == 0);
+        lines += data[..z.unwrap_or(n)]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count() as u64;
+        if z.is_some() {
+            break;
+        }
+        at += n as u64;
+    }
+    Ok(lines)
 }
 
 impl VerifyReport {
@@ -708,6 +737,7 @@ pub fn verify_range(
     match scanned {
         Ok(end) => Ok(report(end)),
         Err(StoreError::Corrupt(why)) => Ok(VerifyReport {
+            damaged_records: lines_from(&file, good.0, stop)?,
             records: good.1.seq,
             tip_hash: good.1.hash,
             tip_hlc: good.1.hlc,
@@ -727,6 +757,7 @@ fn report(end: ScanEnd) -> VerifyReport {
         bytes: end.end,
         torn_bytes: end.torn_bytes,
         damage: None,
+        damaged_records: 0,
     }
 }
 
@@ -979,6 +1010,49 @@ mod tests {
         *big.last_mut().unwrap() = b'\n';
         write(&big, hole_end);
         assert!(corrupt());
+    }
+
+    /// The scrub's rate, stated in ARCHITECTURE.md: `cargo test -p room-store --release --
+    /// --ignored scrub_rate --nocapture`.
+    #[test]
+    #[ignore]
+    fn scrub_rate() {
+        let t = tempfile::tempdir().unwrap();
+        let (mut j, _) = open(t.path(), None).unwrap();
+        let text = "x".repeat(900);
+        let mut tip = j.tip();
+        for _ in 0..64 {
+            let mut batch = Vec::new();
+            for i in 0..1024u64 {
+                let r = Record::seal(
+                    &tip,
+                    format!("evt_{}", tip.seq + 1),
+                    tip.hlc.tick(1_000 + i),
+                    json!({"kind": "turn", "text": text}),
+                );
+                tip = r.verify_after(&tip).unwrap();
+                batch.push(r);
+            }
+            j.append(&batch).unwrap();
+        }
+        let len = j.mark().len;
+        drop(j);
+        let p = t.path().join("EVENTS.jsonl");
+        let started = std::time::Instant::now();
+        let mut from: Option<ChainPos> = None;
+        while from.as_ref().map_or(0, |f| f.len) < len {
+            let stop = from.as_ref().map_or(0, |f| f.len) + (16 << 20);
+            let r = verify_range(&p, "g", from.as_ref(), Some(stop)).unwrap();
+            assert!(r.damage.is_none());
+            from = Some(r.pos());
+        }
+        let secs = started.elapsed().as_secs_f64();
+        let mib = len as f64 / (1 << 20) as f64;
+        eprintln!(
+            "scrub: {mib:.0} MiB in {secs:.2} s = {:.0} MiB/s, {:.1} s per GiB of CPU",
+            mib / secs,
+            secs / mib * 1024.0
+        );
     }
 
     #[test]
