@@ -230,7 +230,13 @@ pub enum MembersCmd {
 #[derive(Subcommand, Debug)]
 pub enum IndexCmd {
     /// Rebuild the projection from the journal; receipts and checkpoints survive.
-    Rebuild { room: String },
+    Rebuild {
+        room: String,
+        /// Write over acknowledged records the journal lost (what follows a damaged record is
+        /// kept beside the journal and cut), recording the loss in the journal itself.
+        #[arg(long)]
+        accept_loss: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -336,7 +342,10 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
             json!({"room": room, "from": from, "limit": limit}),
         ),
         Cmd::Audit { room, event } => req("room_audit", json!({"room": room, "event": event})),
-        Cmd::Index(IndexCmd::Rebuild { room }) => req("index_rebuild", json!({"room": room})),
+        Cmd::Index(IndexCmd::Rebuild { room, accept_loss }) => req(
+            "index_rebuild",
+            json!({"room": room, "accept_loss": accept_loss}),
+        ),
         Cmd::Wakes(WakesCmd::List { room }) => req("wakes_list", json!({"room": room})),
         Cmd::Task(t) => match t {
             TaskCmd::Create(a) => wire("task_create", a),
@@ -577,10 +586,7 @@ pub fn verify_dir(dir: &std::path::Path, only: Option<&str>) -> Result<Vec<Value
         if only.is_some_and(|o| o != room) {
             continue;
         }
-        match room_store::journal::verify(&shard.journal(), &manifest.graph_id) {
-            Ok(r) => out.push(json!({"room": room, "ok": true, "records": r.records, "tip_hash": r.tip_hash, "torn_bytes": r.torn_bytes})),
-            Err(err) => out.push(json!({"room": room, "ok": false, "error": err.to_string()})),
-        }
+        out.push(verify_room(dir, &shard, &room, &manifest.graph_id));
     }
     if let Some(o) = only
         && out.is_empty()
@@ -589,6 +595,83 @@ pub fn verify_dir(dir: &std::path::Path, only: Option<&str>) -> Result<Vec<Value
     }
     out.sort_by(|a, b| a["room"].as_str().cmp(&b["room"].as_str()));
     Ok(out)
+}
+
+/// Verify one room's chain, then compare it with every durable witness of what was
+/// acknowledged (the index's tip, receipts, checkpoints and wakes mark; control.db's last
+/// reset and wake queue), read without changing them. A journal shorter than what was
+/// acknowledged fails, naming the missing seqs, unless a `journal_loss` event in it accepts
+/// them. Witnesses a running daemon holds locked are reported as unavailable.
+fn verify_room(
+    dir: &std::path::Path,
+    shard: &room_store::shard::Shard,
+    room: &str,
+    graph_id: &str,
+) -> Value {
+    let mut accepted = Vec::new();
+    let control = room_store::control::read_room_witnesses(&dir.join("control.db"), room);
+    let mut wake_sources: std::collections::HashSet<String> = control
+        .as_ref()
+        .map(|c| c.wake_sources.iter().cloned().collect())
+        .unwrap_or_default();
+    let scanned = room_store::journal::verify_with(&shard.journal(), graph_id, |s| {
+        wake_sources.remove(&s.record.id);
+        if let Ok(room_core::event::EventBody::JournalLoss {
+            missing_from,
+            missing_to,
+            ..
+        }) = serde_json::from_value(s.record.event.clone())
+        {
+            accepted.push((missing_from, missing_to));
+        }
+        Ok(())
+    });
+    let r = match scanned {
+        Ok(r) => r,
+        Err(err) => return json!({"room": room, "ok": false, "error": err.to_string()}),
+    };
+    let mut v = json!({"room": room, "ok": true, "records": r.records, "tip_hash": r.tip_hash, "torn_bytes": r.torn_bytes});
+    let index = room_store::index::read_witnesses(&shard.index(), r.records);
+    let (mut w, more) = match (&index, &control) {
+        (Ok(w), Ok(c)) => {
+            let mut more = Vec::new();
+            if c.reset_seq > 0 {
+                more.push(room_core::event::SeqWitness {
+                    source: "room_reset".into(),
+                    seq: c.reset_seq,
+                });
+            }
+            (w.clone(), more)
+        }
+        (Err(e), _) | (_, Err(e)) => {
+            v["witnesses_unavailable"] = json!(e.to_string());
+            return v;
+        }
+    };
+    // the journal itself says which losses the owner accepted
+    w.accepted = accepted;
+    let missing = w.missing_after(r.records, &more);
+    v["witnesses"] = json!(w.seqs.iter().chain(more.iter()).collect::<Vec<_>>());
+    if !wake_sources.is_empty() {
+        let mut absent: Vec<_> = wake_sources.into_iter().collect();
+        absent.sort();
+        v["ok"] = json!(false);
+        v["wake_sources_absent"] = json!(absent);
+        v["error"] = json!(format!(
+            "the wake queue names {} event(s) the journal does not hold",
+            absent.len()
+        ));
+    }
+    if let Some((a, b)) = missing {
+        v["ok"] = json!(false);
+        v["missing_from"] = json!(a);
+        v["missing_to"] = json!(b);
+        v["error"] = json!(format!(
+            "acknowledged records {a}..={b} are missing: the journal ends at seq {}",
+            r.records
+        ));
+    }
+    v
 }
 
 fn connect(cli: &Cli, host: crate::connect::Host, agent: &str, max_tier: Option<&str>) -> i32 {

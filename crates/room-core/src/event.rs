@@ -39,6 +39,15 @@ pub enum EventBody {
     RoomReset {
         actor: String,
     },
+    /// The owner accepted that acknowledged records `missing_from..=missing_to` are gone from
+    /// the journal (`room index rebuild --accept-loss`); the witnesses that showed they had been
+    /// acknowledged. Resets the room's view like `room_reset`: every reader reads again.
+    JournalLoss {
+        actor: String,
+        missing_from: u64,
+        missing_to: u64,
+        witnesses: Vec<SeqWitness>,
+    },
     Turn(Box<Turn>),
     /// Flush 2 of a turn: the mention and obligation records its flush 1 implies.
     Items(Items),
@@ -46,6 +55,14 @@ pub enum EventBody {
     /// A runtime invariant's verdict (see `invariants`): a rejected act (its envelope never
     /// committed), a flag beside a committed one, or an in-doubt lapse.
     InvariantViolation(Violation),
+}
+
+/// A durable witness of an acknowledged seq: where it was read (`index_tip`, `receipts`,
+/// `checkpoints`, `wakes_mark`, `wake_queue`, `room_reset`) and the highest seq it names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeqWitness {
+    pub source: String,
+    pub seq: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -356,7 +373,8 @@ impl EventBody {
         match self {
             EventBody::RoomCreated { actor, .. }
             | EventBody::MemberAdded { actor, .. }
-            | EventBody::RoomReset { actor } => actor,
+            | EventBody::RoomReset { actor }
+            | EventBody::JournalLoss { actor, .. } => actor,
             EventBody::Turn(t) => &t.actor,
             EventBody::Items(i) => &i.actor,
             EventBody::Task(t) => &t.actor,
@@ -369,6 +387,7 @@ impl EventBody {
             EventBody::RoomCreated { .. } => "room_created",
             EventBody::MemberAdded { .. } => "member_added",
             EventBody::RoomReset { .. } => "room_reset",
+            EventBody::JournalLoss { .. } => "journal_loss",
             EventBody::Turn(_) => "turn",
             EventBody::Items(_) => "items",
             EventBody::Task(_) => "task",

@@ -45,6 +45,11 @@ codes! {
     RoomArchived => "room_archived",
     RoomArchiveRefused => "room_archive_refused",
     QuotaExceeded => "quota_exceeded",
+    // the room's journal did not verify (a damaged record, or acknowledged records missing):
+    // it is read-only and never extended until the owner restores it or accepts the loss
+    RoomQuarantined => "room_quarantined",
+    // `index rebuild` would write over acknowledged records the journal lost
+    JournalLossUnaccepted => "journal_loss_unaccepted",
     // sync and the work gate
     RoomSyncJournalRotated => "room_sync_journal_rotated",
     RoomSyncViewChanged => "room_sync_view_changed",

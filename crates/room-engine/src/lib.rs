@@ -237,8 +237,12 @@ impl Engine {
                 tracing::warn!(room = %room.name, "closing: wake permits left for the next open: {e}");
             }
         }
-        if let Err(e) = room.index.flush() {
-            tracing::warn!(room = %room.name, "closing: index rows left for the next open: {e}");
+        match room.index.flush() {
+            // closed as at a clean stop: its next open verifies only what follows
+            Ok(()) => room.mark_closed_clean(),
+            Err(e) => {
+                tracing::warn!(room = %room.name, "closing: index rows left for the next open: {e}")
+            }
         }
     }
 

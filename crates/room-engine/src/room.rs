@@ -8,13 +8,57 @@ use crate::event::{
 };
 use crate::{Engine, Outcome, store_err};
 use room_core::chain::ChainTip;
+use room_core::event::SeqWitness;
 use room_core::wake::TASKED_DEADLINE_MS;
 use room_core::{Code, Record, Refusal, canon, id};
 use room_store::control::{RoomRow, TaskRow, WakeRow};
-use room_store::index::{Batch, CheckpointRow, EventRow, ItemKind, ItemRow, LifecycleChange};
+use room_store::index::{
+    Batch, CheckpointRow, EventRow, ItemKind, ItemRow, LifecycleChange, LogTrust,
+};
+use room_store::journal::{ChainPos, JournalMark, RECORD_BYTES_MAX};
 use room_store::{BlobStore, RoomIndex, RoomLog, ShardCreated, StoreError};
+use serde::Serialize;
 use serde_json::json;
 use std::sync::Arc;
+
+/// Bytes of journal the background scrub verifies per call of `Engine::scrub_step` (the daemon
+/// calls it every `SCRUB_EVERY_MS`): see ARCHITECTURE.md for the rate this gives.
+pub const SCRUB_SLICE_BYTES: u64 = 16 << 20;
+/// A room whose whole journal was scrubbed is scrubbed again after this long.
+pub const SCRUB_REPEAT_MS: u64 = 6 * 3600 * 1000;
+
+/// Why a room's journal is not trusted: a record that does not verify, or acknowledged
+/// records it lacks. The room is read-only and never extended until the owner restores the
+/// journal or accepts the loss (`room index rebuild --accept-loss`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Quarantine {
+    pub reason: String,
+    /// Acknowledged seqs the journal lacks: `[first, last]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub missing: Option<(u64, u64)>,
+    /// What showed they had been acknowledged.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub witnesses: Vec<SeqWitness>,
+}
+
+/// The background scrub's place in one room's journal.
+#[derive(Debug, Default)]
+pub(crate) struct Scrub {
+    /// Verified from the first record up to here in this pass (`None`: not begun).
+    pos: Option<ChainPos>,
+    /// When the last pass ended.
+    done_ms: Option<u64>,
+}
+
+/// Acknowledged seqs a journal lacks (`[first, last]`) and every witness read.
+type Missing = ((u64, u64), Vec<SeqWitness>);
+
+/// What `rebuild_checked` found missing, for the `journal_loss` record that accepts it.
+pub(crate) struct Loss {
+    pub from: u64,
+    pub to: u64,
+    pub witnesses: Vec<SeqWitness>,
+}
 
 /// Catch-up applies the projection in slices of this many records.
 const CATCH_UP_SLICE: usize = 512;
@@ -35,6 +79,12 @@ pub struct RoomHandle {
     /// True when `read_only` is a rotated or replaced journal (the owner's `index rebuild`
     /// accepts it); otherwise a restart catches the room up from its journal.
     pub rotated: bool,
+    /// Set when the journal does not verify or lacks acknowledged records (`read_only` is set
+    /// too): turns are refused `room_quarantined` until the owner restores or accepts.
+    pub quarantine: Option<Quarantine>,
+    /// The chain is known good from its first record up to here (read back from the file).
+    verified: Option<ChainPos>,
+    pub(crate) scrub: Scrub,
     /// Recent sync renderings (the room lock guards it).
     pub(crate) rendered: std::cell::RefCell<crate::sync::RenderCache>,
     /// Wake permits sealed since the last time the queue was written (`Engine::flush_wakes`).
@@ -206,7 +256,7 @@ pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result
                 agent: agent.clone(),
             });
         }
-        EventBody::RoomReset { .. } => {
+        EventBody::RoomReset { .. } | EventBody::JournalLoss { .. } => {
             p.tasks.push(TaskEffect::Reset {
                 room: room.into(),
                 seq: r.seq,
@@ -333,24 +383,251 @@ impl RoomHandle {
             archived: row.archived_ms.is_some(),
             written: Default::default(),
             rotated: false,
+            quarantine: None,
+            verified: None,
+            scrub: Scrub::default(),
             rendered: Default::default(),
             wakes_pending: Vec::new(),
             wakes_mark: 0,
             violations_recent: Default::default(),
         };
         let known = h.index.mark()?;
-        match h.open_journal(engine, known.as_ref()) {
-            Ok(()) => {}
-            Err(StoreError::Rotated(why)) => {
-                tracing::error!(room = %row.name, "journal rotated: {why}");
-                h.read_only = Some(why);
-                h.rotated = true;
-                return Ok(h);
-            }
-            Err(e) => return Err(e),
+        if !h.open_checked(engine, known.as_ref())? {
+            return Ok(h);
         }
         h.recover(engine);
         Ok(h)
+    }
+
+    /// Open the journal only once it is checked against what the index last knew: the records
+    /// after the last verified position (after an unclean stop, from the first record) up to
+    /// the index's mark are read back and verified, the rest as the index catches up, and the
+    /// journal must hold every seq a durable witness says was acknowledged. False when the room
+    /// is left read-only: rotated, or quarantined.
+    fn open_checked(
+        &mut self,
+        engine: &Engine,
+        known: Option<&JournalMark>,
+    ) -> Result<bool, StoreError> {
+        let trust = self.index.trust()?;
+        if let Some(k) = known {
+            let from = trust
+                .verified
+                .as_ref()
+                .filter(|v| trust.closed_clean && v.len <= k.len);
+            match engine
+                .rooms
+                .store
+                .verify_log_from(&self.graph_id, from, Some(k.len))
+            {
+                Ok(r) => {
+                    if let Some(damage) = r.damage {
+                        self.quarantine(damage, None, Vec::new());
+                        return Ok(false);
+                    }
+                    if r.bytes == k.len && r.tip_hash != k.tip_hash {
+                        self.quarantine(
+                            format!(
+                                "the journal's record {} is not the one the index recorded",
+                                r.records
+                            ),
+                            None,
+                            Vec::new(),
+                        );
+                        return Ok(false);
+                    }
+                    // shorter than the mark: reconciliation below tells loss from rotation
+                }
+                Err(StoreError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        match self.open_journal(engine, known) {
+            Ok(()) => {}
+            Err(StoreError::Rotated(why)) => return self.rotated_or_lost(engine, why),
+            Err(StoreError::Corrupt(why)) => {
+                self.quarantine(why, None, Vec::new());
+                return Ok(false);
+            }
+            Err(e) => return Err(e),
+        }
+        let tip = self.tip().seq;
+        if let Some(((a, b), witnesses)) = self.missing(engine, tip)? {
+            self.quarantine(
+                format!("acknowledged records {a}..={b} are missing: the journal ends at {tip}"),
+                Some((a, b)),
+                witnesses,
+            );
+            return Ok(false);
+        }
+        // a crash from here on is an unclean stop: the next open verifies the whole chain
+        self.verified = self.journal.as_ref().map(|j| ChainPos::of_mark(j.mark()));
+        self.index.set_trust(&LogTrust {
+            verified: self.verified.clone(),
+            closed_clean: false,
+        })?;
+        Ok(true)
+    }
+
+    /// Reconciliation refused the journal (replaced, rewritten or shorter): read it whole.
+    /// Damage or missing acknowledged records quarantine the room; a journal that verifies
+    /// and holds every acknowledged seq is a rotation the owner may accept.
+    fn rotated_or_lost(&mut self, engine: &Engine, why: String) -> Result<bool, StoreError> {
+        let r = match engine
+            .rooms
+            .store
+            .verify_log_from(&self.graph_id, None, None)
+        {
+            Ok(r) => r,
+            Err(StoreError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.quarantine(format!("{why}; the journal is gone"), None, Vec::new());
+                return Ok(false);
+            }
+            Err(e) => return Err(e),
+        };
+        if let Some(damage) = r.damage {
+            self.quarantine(format!("{why}; {damage}"), None, Vec::new());
+            return Ok(false);
+        }
+        if let Some(((a, b), witnesses)) = self.missing(engine, r.records)? {
+            self.quarantine(
+                format!(
+                    "acknowledged records {a}..={b} are missing: the journal ends at {} ({why})",
+                    r.records
+                ),
+                Some((a, b)),
+                witnesses,
+            );
+            return Ok(false);
+        }
+        tracing::error!(room = %self.name, "journal rotated: {why}");
+        self.read_only = Some(why);
+        self.rotated = true;
+        Ok(false)
+    }
+
+    /// The acknowledged seqs past `tip` that a durable witness names and no accepted loss
+    /// covers, with every witness read. Witnesses never run ahead of the durable journal
+    /// (each is written after an append's fdatasync), so a crash that takes only unsynced
+    /// bytes never shows here.
+    fn missing(&self, engine: &Engine, tip: u64) -> Result<Option<Missing>, StoreError> {
+        let w = self.index.witnesses(tip)?;
+        let c = engine.control().room_witnesses(&self.name)?;
+        let mut more = Vec::new();
+        if c.reset_seq > 0 {
+            more.push(SeqWitness {
+                source: "room_reset".into(),
+                seq: c.reset_seq,
+            });
+        }
+        let mut wake_max = 0;
+        for source in &c.wake_sources {
+            if let Some(e) = self.index.event_by_id(source)? {
+                wake_max = wake_max.max(e.seq);
+            }
+        }
+        if wake_max > 0 {
+            more.push(SeqWitness {
+                source: "wake_queue".into(),
+                seq: wake_max,
+            });
+        }
+        Ok(w.missing_after(tip, &more)
+            .map(|m| (m, w.seqs.into_iter().chain(more).collect())))
+    }
+
+    /// Stop trusting the journal: read-only, turns refused `room_quarantined`, and the next
+    /// open verifies the whole chain again.
+    pub(crate) fn quarantine(
+        &mut self,
+        reason: String,
+        missing: Option<(u64, u64)>,
+        witnesses: Vec<SeqWitness>,
+    ) {
+        tracing::error!(room = %self.name, "quarantined: {reason}");
+        self.read_only = Some(format!("quarantined: {reason}"));
+        if let Err(e) = self.index.set_trust(&LogTrust::default()) {
+            tracing::error!(room = %self.name, "forgetting the verified position failed: {e}");
+        }
+        self.quarantine = Some(Quarantine {
+            reason,
+            missing,
+            witnesses,
+        });
+    }
+
+    /// `rebuild`, checked first: a journal that does not verify or lacks acknowledged records
+    /// is refused `journal_loss_unaccepted` (nothing changes) unless the owner accepts the
+    /// loss; then whatever follows the last good record is kept beside the journal and cut,
+    /// and the caller records the loss in the journal.
+    pub(crate) fn rebuild_checked(
+        &mut self,
+        engine: &Engine,
+        accept_loss: bool,
+    ) -> Outcome<Option<Loss>> {
+        let r = match engine
+            .rooms
+            .store
+            .verify_log_from(&self.graph_id, None, None)
+        {
+            Ok(r) => Some(r),
+            Err(StoreError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(store_err(e)),
+        };
+        let good = r.as_ref().map_or(0, |r| r.records);
+        let damage = r.as_ref().and_then(|r| r.damage.clone());
+        // a damaged record costs itself and every record after it
+        let damaged_to = good + r.as_ref().map_or(0, |r| r.damaged_records).max(1);
+        let missing = self.missing(engine, good).map_err(store_err)?;
+        let loss = match (&damage, missing) {
+            (None, None) => None,
+            (_, m) => {
+                let (to, witnesses) = m.map_or((good + 1, Vec::new()), |((_, b), w)| (b, w));
+                let to = if damage.is_some() {
+                    to.max(damaged_to)
+                } else {
+                    to
+                };
+                Some(Loss {
+                    from: good + 1,
+                    to,
+                    witnesses,
+                })
+            }
+        };
+        if let Some(l) = &loss
+            && !accept_loss
+        {
+            let damaged = damage
+                .as_deref()
+                .map_or(String::new(), |d| format!(" ({d})"));
+            return Err(Refusal::new(
+                Code::JournalLossUnaccepted,
+                format!(
+                    "room {}: the journal lacks acknowledged records {}..={}{damaged}; a rebuild would write over them",
+                    self.name, l.from, l.to
+                ),
+            )
+            .detail(json!({"missing_from": l.from, "missing_to": l.to, "witnesses": l.witnesses, "damage": damage}))
+            .hint(format!(
+                "restore EVENTS.jsonl from a backup, or accept the loss: `room index rebuild {} --accept-loss`",
+                self.name
+            )));
+        }
+        if loss.is_some()
+            && let Some(r) = &r
+            && (r.damage.is_some() || r.torn_bytes > 0)
+        {
+            self.journal = None;
+            let kept = engine
+                .rooms
+                .store
+                .cut_log(&self.graph_id, r.bytes)
+                .map_err(store_err)?;
+            tracing::warn!(room = %self.name, "journal cut after seq {good}; the rest is kept in {kept}");
+        }
+        self.rebuild(engine).map_err(store_err)?;
+        Ok(loss)
     }
 
     /// Drop the projection and refill it from the journal as it now is (receipts and
@@ -364,6 +641,13 @@ impl RoomHandle {
         self.open_journal(engine, None)?;
         self.read_only = None;
         self.rotated = false;
+        self.quarantine = None;
+        self.scrub = Scrub::default();
+        self.verified = self.journal.as_ref().map(|j| ChainPos::of_mark(j.mark()));
+        self.index.set_trust(&LogTrust {
+            verified: self.verified.clone(),
+            closed_clean: false,
+        })?;
         self.recover(engine);
         Ok(())
     }
@@ -557,6 +841,17 @@ impl RoomHandle {
 
     pub fn writable(&self) -> Outcome<()> {
         self.readable()?;
+        if let Some(q) = &self.quarantine {
+            return Err(Refusal::new(
+                Code::RoomQuarantined,
+                format!("room {} is quarantined: {}", self.name, q.reason),
+            )
+            .detail(json!({"quarantine": q}))
+            .hint(format!(
+                "run `room verify {0}`, then restore its journal from a backup or accept the loss with `room index rebuild {0} --accept-loss`",
+                self.name
+            )));
+        }
         if self.archived {
             return Err(Refusal::new(
                 Code::RoomArchived,
@@ -739,5 +1034,113 @@ impl RoomHandle {
             .expect("flush 1 is projected before flush 2");
         engine.queue_wakes(self, &source, t, &items)?;
         Ok(items)
+    }
+}
+
+impl RoomHandle {
+    /// Verify the next slice (at most `budget` bytes, but at least one record) of this room's
+    /// journal from where its scrub stands; the bytes verified. Damage quarantines the room.
+    fn scrub_slice(&mut self, engine: &Engine, budget: u64) -> u64 {
+        if self.quarantine.is_some() || self.rotated {
+            return 0;
+        }
+        let Some(journal) = &self.journal else {
+            return 0;
+        };
+        let now = engine.now_ms();
+        if self
+            .scrub
+            .done_ms
+            .is_some_and(|d| now < d.saturating_add(SCRUB_REPEAT_MS))
+        {
+            return 0;
+        }
+        let (end, tip_hash) = (journal.mark().len, journal.tip().hash);
+        let start = self.scrub.pos.as_ref().map_or(0, |p| p.len);
+        let stop = end.min(start + budget.max(RECORD_BYTES_MAX as u64 + 1));
+        let r = match engine.rooms.store.verify_log_from(
+            &self.graph_id,
+            self.scrub.pos.as_ref(),
+            Some(stop),
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(room = %self.name, "scrub read failed (retried later): {e}");
+                return 0;
+            }
+        };
+        if let Some(damage) = r.damage {
+            self.quarantine(format!("scrub: {damage}"), None, Vec::new());
+            return r.bytes.saturating_sub(start);
+        }
+        if r.bytes >= end {
+            if r.tip_hash != tip_hash {
+                self.quarantine(
+                    format!(
+                        "scrub: the journal's record {} is not the one this room appended",
+                        r.records
+                    ),
+                    None,
+                    Vec::new(),
+                );
+                return end - start;
+            }
+            self.scrub = Scrub {
+                pos: None,
+                done_ms: Some(now),
+            };
+            self.verified = Some(r.pos());
+            return end - start;
+        }
+        let done = r.bytes.saturating_sub(start);
+        self.scrub.pos = Some(r.pos());
+        done
+    }
+}
+
+impl Engine {
+    /// One step of the background scrub: verify at most `budget` bytes of journal (at least
+    /// one record), room after room in name order, each from its first record to its tip;
+    /// a room's damage quarantines it. A room is scrubbed again `SCRUB_REPEAT_MS` after its
+    /// last pass. The bytes verified (0: nothing due). The daemon calls it on a timer.
+    pub fn scrub_step(&self, budget: u64) -> u64 {
+        let mut left = budget;
+        for h in self.room_handles() {
+            if left == 0 {
+                break;
+            }
+            let mut room = crate::lock_room(&h);
+            left = left.saturating_sub(room.scrub_slice(self, left));
+        }
+        budget - left
+    }
+
+    /// Close every room in order (the daemon's shutdown): flush, then record that each room
+    /// was closed cleanly with the position its chain was last verified to, so the next open
+    /// verifies only what follows it. A room that is read-only or whose flush fails is not
+    /// marked: its next open verifies the whole chain.
+    pub fn close_clean(&self) {
+        self.flush_indexes();
+        for h in self.room_handles() {
+            crate::lock_room(&h).mark_closed_clean();
+        }
+    }
+}
+
+impl RoomHandle {
+    /// Record that this room closes cleanly with the position its chain was last verified to,
+    /// so the next open verifies only what follows it (its index is flushed). A room that is
+    /// read-only is not marked: its next open verifies the whole chain.
+    pub(crate) fn mark_closed_clean(&mut self) {
+        if self.read_only.is_some() || self.journal.is_none() {
+            return;
+        }
+        let trust = LogTrust {
+            verified: self.verified.clone(),
+            closed_clean: true,
+        };
+        if let Err(e) = self.index.set_trust(&trust) {
+            tracing::warn!(room = %self.name, "marking a clean close failed: {e}");
+        }
     }
 }

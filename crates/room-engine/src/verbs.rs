@@ -400,6 +400,7 @@ impl Engine {
             let h = lock_room(&handle);
             entry["tip_seq"] = json!(h.tip().seq);
             entry["read_only"] = json!(h.read_only);
+            entry["quarantined"] = json!(h.quarantine);
             out.push(entry);
         }
         Ok(json!({"rooms": out}))
@@ -436,15 +437,37 @@ impl Engine {
     }
 
     /// Rebuild a room's projection from its journal; receipts and checkpoints survive. Also
-    /// the owner's way to accept a journal that reconciliation flagged as rotated.
-    pub fn index_rebuild(&self, _owner: &crate::Owner, room: &str) -> Outcome<Value> {
+    /// the owner's way to accept a journal that reconciliation flagged as rotated. A journal
+    /// that does not verify or lacks acknowledged records is refused `journal_loss_unaccepted`
+    /// unless `accept_loss`: then the loss is recorded in the journal (`journal_loss`).
+    pub fn index_rebuild(
+        &self,
+        _owner: &crate::Owner,
+        room: &str,
+        accept_loss: bool,
+    ) -> Outcome<Value> {
         let handle = self.room_handle(room)?;
         let mut h = lock_room(&handle);
         // Accepting a replaced journal resets the room's view: checkpoints taken over the old
         // chain may point past or beside the new one, so every agent must read again.
         let was_rotated = h.rotated;
-        h.rebuild(self).map_err(store_err)?;
-        if was_rotated {
+        let loss = h.rebuild_checked(self, accept_loss)?;
+        let mut accepted = Value::Null;
+        if let Some(l) = loss {
+            // the loss is part of the journal from now on, and resets the view like a reset
+            h.commit(
+                self,
+                vec![EventBody::JournalLoss {
+                    actor: "owner".into(),
+                    missing_from: l.from,
+                    missing_to: l.to,
+                    witnesses: l.witnesses.clone(),
+                }],
+                None,
+            )?;
+            accepted =
+                json!({"missing_from": l.from, "missing_to": l.to, "witnesses": l.witnesses});
+        } else if was_rotated {
             // recorded in the accepted journal itself, so the reset survives any later rebuild
             h.commit(
                 self,
@@ -455,7 +478,10 @@ impl Engine {
             )?;
         }
         let count = h.index.event_count().map_err(store_err)?;
-        Ok(json!({"room": room, "events": count, "tip_seq": h.tip().seq, "read_only": h.read_only}))
+        Ok(
+            json!({"room": room, "events": count, "tip_seq": h.tip().seq, "read_only": h.read_only,
+            "loss_accepted": accepted}),
+        )
     }
 
     // ---------- agent operations ----------

@@ -414,7 +414,7 @@ fn room_engine_item_id(prefix: &str, source: &str, agent: &str) -> String {
 }
 
 #[test]
-fn a_failed_index_rebuild_leaves_the_room_refusing_writes_without_a_panic() {
+fn a_damaged_journal_is_quarantined_at_open_and_a_rebuild_refuses_to_write_over_it() {
     let f = Fixture::new();
     let e = f.engine(12);
     let a = agent(&e, "alpha", Tier::Member);
@@ -425,7 +425,8 @@ fn a_failed_index_rebuild_leaves_the_room_refusing_writes_without_a_panic() {
         e.turn(&a, Verb::Note, say("r", &format!("n{i}"))).unwrap();
     }
     drop(e);
-    // corrupt a record in the middle, keeping the length (so reconciliation at open passes)
+    // corrupt a record in the middle, keeping the length (so reconciliation alone would pass;
+    // the stop was unclean, so the open verifies the whole chain)
     let shard = only_shard(&f);
     let journal = shard.journal();
     let text = std::fs::read_to_string(&journal)
@@ -433,16 +434,32 @@ fn a_failed_index_rebuild_leaves_the_room_refusing_writes_without_a_panic() {
         .replacen("\"n0\"", "\"X0\"", 1);
     std::fs::write(&journal, text).unwrap();
     let e = f.engine(13);
-    let err = e.index_rebuild(&owner(&e), "r").unwrap_err();
-    assert_eq!(err.code, Code::StorageFailed, "{err:?}");
+    let refused = e.turn(&a, Verb::Note, say("r", "before")).unwrap_err();
+    assert_eq!(refused.code, Code::RoomQuarantined, "{refused:?}");
+    let before = std::fs::read(&journal).unwrap();
+    let err = e.index_rebuild(&owner(&e), "r", false).unwrap_err();
+    assert_eq!(err.code, Code::JournalLossUnaccepted, "{err:?}");
+    assert_eq!(
+        std::fs::read(&journal).unwrap(),
+        before,
+        "a refusal changes nothing"
+    );
     let refused = e.turn(&a, Verb::Note, say("r", "after")).unwrap_err();
     assert_eq!(
         refused.code,
-        Code::RoomSyncJournalRotated,
+        Code::RoomQuarantined,
         "the journal is still not accepted"
     );
-    // and the room is still listed (its lock was not poisoned)
-    assert!(e.rooms_view(&owner(&e)).unwrap()["rooms"][0]["read_only"].is_string());
+    // and the room is still listed, as quarantined (its lock was not poisoned)
+    let listed = &e.rooms_view(&owner(&e)).unwrap()["rooms"][0];
+    assert!(listed["read_only"].is_string());
+    assert!(
+        listed["quarantined"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("record"),
+        "{listed}"
+    );
 }
 
 #[test]

@@ -489,10 +489,18 @@ pub async fn serve(
             loop {
                 tick.tick().await;
                 let engine = engine.clone();
-                match tokio::task::spawn_blocking(move || engine.sweep_invariants()).await {
-                    Ok(Ok(0)) => {}
-                    Ok(Ok(n)) => tracing::warn!("{n} claims past their TTL recorded in doubt"),
-                    Ok(Err(r)) => tracing::error!("invariant sweep failed: {r}"),
+                // then one slice of the journal scrub (ARCHITECTURE.md states its rate)
+                match tokio::task::spawn_blocking(move || {
+                    (
+                        engine.sweep_invariants(),
+                        engine.scrub_step(room_engine::room::SCRUB_SLICE_BYTES),
+                    )
+                })
+                .await
+                {
+                    Ok((Ok(0), _)) => {}
+                    Ok((Ok(n), _)) => tracing::warn!("{n} claims past their TTL recorded in doubt"),
+                    Ok((Err(r), _)) => tracing::error!("invariant sweep failed: {r}"),
                     Err(e) => tracing::error!("invariant sweep panicked: {e}"),
                 }
             }
@@ -539,7 +547,7 @@ pub async fn serve(
     flusher.abort();
     sweeper.abort();
     let e = engine.clone();
-    let _ = tokio::task::spawn_blocking(move || e.flush_indexes()).await;
+    let _ = tokio::task::spawn_blocking(move || e.close_clean()).await;
     let _ = std::fs::remove_file(&sock);
     let _ = std::fs::remove_file(state.root.join("http.addr"));
     Ok(())

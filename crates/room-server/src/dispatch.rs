@@ -265,7 +265,10 @@ fn owner_op(engine: &Engine, owner: &Owner, op: &str, a: Value) -> Result<Value,
             let a: AuditArgs = args(a)?;
             engine.room_audit(owner, &a.room, &a.event)
         }
-        "index_rebuild" => engine.index_rebuild(owner, &args::<RoomArgs>(a)?.room),
+        "index_rebuild" => {
+            let a = args::<IndexRebuildArgs>(a)?;
+            engine.index_rebuild(owner, &a.room, a.accept_loss)
+        }
         "wakes_list" => engine.wakes_view(owner, args::<OptRoomArgs>(a)?.room.as_deref()),
         "owner_task_show" => engine.task_view_owner(owner, &args::<TaskArgs>(a)?.task),
         _ if is_agent_op(op) => Err(Refusal::new(

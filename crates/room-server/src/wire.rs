@@ -152,6 +152,16 @@ pub struct RoomArgs {
     pub room: String,
 }
 
+/// `index_rebuild`: `accept_loss` lets a rebuild write over acknowledged records the journal
+/// lost, recording the loss in the journal (`journal_loss`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IndexRebuildArgs {
+    pub room: String,
+    #[serde(default)]
+    pub accept_loss: bool,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OptRoomArgs {

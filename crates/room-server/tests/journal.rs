@@ -1,6 +1,8 @@
-//! A journal replaced behind the daemon's back: the room turns read-only with
-//! `room_sync_journal_rotated` until the owner rebuilds its index, and a receipt whose tip the
-//! accepted journal no longer holds is `room_sync_receipt_forked`.
+//! A journal replaced behind the daemon's back by a shorter chain: it lacks acknowledged
+//! records, so the room is quarantined (`room_quarantined`), a rebuild is refused
+//! (`journal_loss_unaccepted`) until the owner accepts the loss, which is then recorded in the
+//! journal (`journal_loss`), and a receipt whose tip the accepted journal no longer holds is
+//! `room_sync_receipt_forked`.
 
 use room_server::client::Client;
 use room_server::daemon::Background;
@@ -60,7 +62,7 @@ fn journal_of(state: &Path) -> PathBuf {
 }
 
 #[test]
-fn a_replaced_journal_is_refused_until_rebuilt_and_old_receipts_are_forked() {
+fn a_shorter_replaced_journal_is_quarantined_until_its_loss_is_accepted() {
     let tmp = tempfile::tempdir().unwrap();
     let root = std::fs::canonicalize(tmp.path()).unwrap();
     let (state, boot) = (root.join("state"), root.join("boot.toml"));
@@ -115,20 +117,48 @@ fn a_replaced_journal_is_refused_until_rebuilt_and_old_receipts_are_forked() {
         "note",
         json!({"room": "r", "text": "after"}),
     );
-    assert_eq!(code(&r), "room_sync_journal_rotated");
+    // the replacement lacks acknowledged records 2..=4: the room is quarantined
+    assert_eq!(code(&r), "room_quarantined");
+    let refusal = r.refusal.as_ref().unwrap();
+    assert_eq!(
+        refusal.detail["quarantine"]["missing"],
+        json!([2, 4]),
+        "{refusal:?}"
+    );
     assert_eq!(
         std::fs::read_to_string(&journal).unwrap(),
         first,
         "the refused note wrote nothing"
     );
+    // a rebuild will not write over the loss without the owner's explicit acceptance
+    let r = call(&sock, None, "index_rebuild", json!({"room": "r"}));
+    assert_eq!(code(&r), "journal_loss_unaccepted");
+    assert_eq!(
+        std::fs::read_to_string(&journal).unwrap(),
+        first,
+        "the refused rebuild wrote nothing"
+    );
 
     // The owner accepts the journal as it now is; receipts survive the rebuild, and the
-    // acceptance is recorded as a view reset (seq 2) in the accepted journal itself.
-    let rebuilt = ok(&sock, None, "index_rebuild", json!({"room": "r"}));
+    // acceptance is recorded as a `journal_loss` naming the missing range (seq 2), which
+    // resets the view, in the accepted journal itself.
+    let rebuilt = ok(
+        &sock,
+        None,
+        "index_rebuild",
+        json!({"room": "r", "accept_loss": true}),
+    );
     assert_eq!(rebuilt["tip_seq"], 2);
     assert!(rebuilt["read_only"].is_null());
+    assert_eq!(rebuilt["loss_accepted"]["missing_from"], 2);
+    assert_eq!(rebuilt["loss_accepted"]["missing_to"], 4);
     let accepted = std::fs::read_to_string(&journal).unwrap();
-    assert!(accepted.starts_with(&first) && accepted.contains("\"kind\":\"room_reset\""));
+    assert!(
+        accepted.starts_with(&first)
+            && accepted.contains("\"kind\":\"journal_loss\"")
+            && accepted.contains("\"missing_from\":2")
+            && accepted.contains("\"missing_to\":4")
+    );
     let r = call(
         &sock,
         Some(&other),

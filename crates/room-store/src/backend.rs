@@ -5,11 +5,12 @@
 //! lives behind these traits; the embedded SQLite backend is [`SqliteBackend`], and every
 //! backend runs the same conformance suite (`crate::conformance`).
 
-use crate::control::{AgentRow, ProjectRow, RoomRow, TaskRow, WakeRow};
+use crate::control::{AgentRow, ProjectRow, RoomRow, RoomWitnesses, TaskRow, WakeRow};
 use crate::index::{
-    Batch, CheckpointRow, EventRow, ItemKind, ItemRow, LifecycleRow, ReceiptRow, SqliteConfig,
+    Batch, CheckpointRow, EventRow, IndexWitnesses, ItemKind, ItemRow, LifecycleRow, LogTrust,
+    ReceiptRow, SqliteConfig,
 };
-use crate::journal::{Faults, JournalMark, Scanned};
+use crate::journal::{ChainPos, Faults, JournalMark, Scanned};
 use crate::shard::Shard;
 use crate::statedir::StateDir;
 use crate::{Result, StoreError};
@@ -59,6 +60,15 @@ pub trait RoomIndex: Send {
     fn items_after(&self, seq: u64, limit: usize) -> Result<Vec<EventRow>>;
     /// The log position the projection covers.
     fn mark(&self) -> Result<Option<JournalMark>>;
+    /// How far the log was last verified from its first record, and whether its last holder
+    /// closed the room in order (default: nothing known).
+    fn trust(&self) -> Result<LogTrust>;
+    /// Store the trust durably (with anything pending) before returning.
+    fn set_trust(&mut self, t: &LogTrust) -> Result<()>;
+    /// The highest acknowledged seq each witness in the index names (its mark, events,
+    /// receipts, checkpoints, wakes mark), and the losses accepted by `journal_loss` events at
+    /// or below `upto`. Never ahead of the durable log: everything in them followed an append.
+    fn witnesses(&self, upto: u64) -> Result<IndexWitnesses>;
     /// Commit pending projection rows.
     fn flush(&mut self) -> Result<()>;
     /// Drop pending projection rows as a crash would (the simulator only).
@@ -180,6 +190,9 @@ pub trait ControlStore: Send {
     fn insert_wakes(&mut self, rows: &[WakeRow]) -> Result<()>;
     fn wakes_requeue_pending(&self) -> Result<bool>;
     fn wakes_requeue_done(&mut self) -> Result<()>;
+    /// What control.db witnesses of a room's acknowledged records (its last reset's seq, the
+    /// sources of its newest queued wake permits).
+    fn room_witnesses(&self, room: &str) -> Result<RoomWitnesses>;
     /// Queued permits, oldest first, optionally of one room; at most `WAKES_PAGE_MAX`.
     fn wakes(&self, room: Option<&str>) -> Result<Vec<WakeRow>>;
 }
@@ -233,6 +246,18 @@ pub trait Backend: Send + Sync {
     fn open_blobs(&self, graph_id: &str) -> Result<Arc<dyn BlobStore>>;
     /// Check a room's whole chain from its first record without changing anything.
     fn verify_log(&self, graph_id: &str) -> Result<crate::journal::VerifyReport>;
+    /// Check the records after `from` (the first record when `None`) that end before `stop`
+    /// (the log's end when `None`) without changing anything: a slice of a scrub, or the
+    /// stretch between a verified position and the index's mark.
+    fn verify_log_from(
+        &self,
+        graph_id: &str,
+        from: Option<&ChainPos>,
+        stop: Option<u64>,
+    ) -> Result<crate::journal::VerifyReport>;
+    /// Cut a room's log back to `len` (a record boundary the caller verified), keeping what
+    /// was cut beside it; where it was kept. Only while the room's log is closed.
+    fn cut_log(&self, graph_id: &str, len: u64) -> Result<String>;
     /// The right to append to a room until the guard drops. Blocks while another holds it.
     fn room_writer(&self, graph_id: &str) -> Result<WriterGuard>;
 }
@@ -393,6 +418,21 @@ impl Backend for SqliteBackend {
 
     fn verify_log(&self, graph_id: &str) -> Result<crate::journal::VerifyReport> {
         crate::journal::verify(&self.shard(graph_id).journal(), graph_id)
+    }
+
+    fn verify_log_from(
+        &self,
+        graph_id: &str,
+        from: Option<&ChainPos>,
+        stop: Option<u64>,
+    ) -> Result<crate::journal::VerifyReport> {
+        crate::journal::verify_range(&self.shard(graph_id).journal(), graph_id, from, stop)
+    }
+
+    fn cut_log(&self, graph_id: &str, len: u64) -> Result<String> {
+        let shard = self.shard(graph_id);
+        let kept = crate::journal::cut_at(&shard.journal(), len, &shard.errors())?;
+        Ok(kept.display().to_string())
     }
 
     fn room_writer(&self, graph_id: &str) -> Result<WriterGuard> {

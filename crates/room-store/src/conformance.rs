@@ -8,9 +8,11 @@
 use crate::backend::{Backend, ShardCreated};
 use crate::control::{AgentRow, ProjectRow, RoomRow, TaskRow, WakeRow};
 use crate::index::{
-    Batch, CheckpointRow, EventRow, ItemKind, ItemRow, LifecycleChange, ReceiptRow,
+    Batch, CheckpointRow, EventRow, ItemKind, ItemRow, LifecycleChange, LogTrust, ReceiptRow,
 };
+use crate::journal::ChainPos;
 use room_core::chain::ChainTip;
+use room_core::event::SeqWitness;
 use room_core::{Hlc, Record, TaskStatus};
 use serde_json::json;
 use std::sync::Arc;
@@ -45,6 +47,15 @@ pub const CASES: &[(&str, Case)] = &[
     ("control_room_lifecycle", control_room_lifecycle),
     ("log_append_scan_and_reopen", log_append_scan_and_reopen),
     ("log_refuses_a_broken_chain", log_refuses_a_broken_chain),
+    (
+        "log_verifies_ranges_and_cuts_keeping_the_rest",
+        log_verifies_ranges_and_cuts_keeping_the_rest,
+    ),
+    (
+        "index_trust_and_witnesses_survive_reopen",
+        index_trust_and_witnesses_survive_reopen,
+    ),
+    ("control_room_witnesses", control_room_witnesses),
     ("index_projection", index_projection),
     (
         "index_sync_state_survives_reopen_and_rebuild",
@@ -597,6 +608,157 @@ pub fn log_refuses_a_broken_chain(h: &mut dyn Harness) {
     }
     let store = h.reopen();
     assert_eq!(store.verify_log("g_bad").unwrap().records, 3);
+}
+
+/// A ranged verification reads the records after a position up to a stop, reports where the
+/// last whole record ends and the tip there, continues from it, and reports damage with the
+/// good records before it; a cut keeps what it removes and leaves a log that reopens.
+pub fn log_verifies_ranges_and_cuts_keeping_the_rest(h: &mut dyn Harness) {
+    let store = h.fresh();
+    store.create_shard("g_rng", b"{}", b"{}", &[]).unwrap();
+    let (three, five) = {
+        let mut log = store.open_log("g_rng", None, &mut |_| Ok(())).unwrap();
+        log.append(&chain("g_rng", &log.tip(), 3)).unwrap();
+        let three = ChainPos::of_mark(log.mark());
+        log.append(&chain("g_rng", &log.tip(), 2)).unwrap();
+        (three, log.mark().clone())
+    };
+    let store = h.reopen();
+    let all = store.verify_log_from("g_rng", None, None).unwrap();
+    assert_eq!((all.records, all.bytes, all.damage), (5, five.len, None));
+    assert_eq!(all.tip_hash, five.tip_hash);
+    // a stop inside record 4: the three records before it, and its bytes counted as torn
+    let part = store
+        .verify_log_from("g_rng", None, Some(three.len + 5))
+        .unwrap();
+    assert_eq!((part.records, part.bytes), (3, three.len));
+    assert_eq!(part.pos(), three);
+    let rest = store
+        .verify_log_from("g_rng", Some(&part.pos()), Some(five.len))
+        .unwrap();
+    assert_eq!((rest.records, rest.bytes), (5, five.len));
+    // a position whose tip is not the chain's: damage at record 4, the three before it good
+    let wrong = ChainPos {
+        tip_hash: "0".repeat(64),
+        ..three.clone()
+    };
+    let bad = store.verify_log_from("g_rng", Some(&wrong), None).unwrap();
+    assert!(
+        bad.damage
+            .as_deref()
+            .is_some_and(|d| d.contains("record 4")),
+        "{bad:?}"
+    );
+    assert_eq!(bad.bytes, three.len);
+    assert!(store.verify_log_from("g_none", None, None).is_err());
+    // cut back to record 3: the cut records are kept, the log reopens at 3 and appends
+    let kept = store.cut_log("g_rng", three.len).unwrap();
+    assert!(!kept.is_empty());
+    assert_eq!(store.verify_log("g_rng").unwrap().records, 3);
+    let store = h.reopen();
+    let mut log = store.open_log("g_rng", None, &mut |_| Ok(())).unwrap();
+    assert_eq!(log.tip().seq, 3);
+    log.append(&chain("g_rng", &log.tip(), 1)).unwrap();
+    assert_eq!(log.tip().seq, 4);
+}
+
+/// The log trust (verified position, clean close) is durable when `set_trust` returns; the
+/// witnesses name the highest seq of the mark, events, receipts, checkpoints and wakes mark,
+/// and the losses `journal_loss` events at or below the seq asked about accept.
+pub fn index_trust_and_witnesses_survive_reopen(h: &mut dyn Harness) {
+    let store = h.fresh();
+    let trust = LogTrust {
+        verified: Some(ChainPos {
+            len: 120,
+            tip_seq: 2,
+            tip_hash: "h2".into(),
+            tip_hlc: Hlc { ms: 2, c: 0 },
+        }),
+        closed_clean: true,
+    };
+    {
+        store.create_shard("g_tr", b"{}", b"{}", &[]).unwrap();
+        let mut idx = store.open_index("g_tr").unwrap();
+        assert_eq!(idx.trust().unwrap(), LogTrust::default());
+        let w = idx.witnesses(0).unwrap();
+        assert!(w.seqs.is_empty() && w.accepted.is_empty());
+        let mut loss = event(3, "owner", "journal_loss");
+        loss.body = r#"{"kind":"journal_loss","missing_from":3,"missing_to":6}"#.into();
+        idx.apply(&Batch {
+            events: vec![event(1, "alpha", "turn"), event(2, "alpha", "turn"), loss],
+            ..Batch::default()
+        })
+        .unwrap();
+        idx.put_checkpoint(&checkpoint(2)).unwrap();
+        idx.set_wakes_mark(1).unwrap();
+        idx.set_trust(&trust).unwrap();
+    }
+    let store = h.reopen();
+    let mut idx = store.open_index("g_tr").unwrap();
+    assert_eq!(idx.trust().unwrap(), trust);
+    let w = idx.witnesses(3).unwrap();
+    let seq_of = |src: &str| w.seqs.iter().find(|s| s.source == src).map(|s| s.seq);
+    assert_eq!(seq_of("events"), Some(3));
+    assert_eq!(seq_of("checkpoints"), Some(2));
+    assert_eq!(seq_of("wakes_mark"), Some(1));
+    assert_eq!(seq_of("receipts"), None);
+    assert_eq!(w.accepted, [(3, 6)]);
+    assert_eq!(
+        idx.witnesses(2).unwrap().accepted,
+        [],
+        "a loss event past the journal's tip accepts nothing"
+    );
+    // a witness past the tip that no accepted loss covers is missing; one inside is not
+    let past = SeqWitness {
+        source: "receipts".into(),
+        seq: 5,
+    };
+    assert_eq!(w.missing_after(3, std::slice::from_ref(&past)), None);
+    let later = SeqWitness {
+        source: "receipts".into(),
+        seq: 8,
+    };
+    assert_eq!(w.missing_after(3, &[later]), Some((4, 8)));
+    assert_eq!(
+        idx.witnesses(1).unwrap().missing_after(1, &[]),
+        Some((2, 3))
+    );
+    idx.set_trust(&LogTrust::default()).unwrap();
+    drop(idx);
+    let store = h.reopen();
+    assert_eq!(
+        store.open_index("g_tr").unwrap().trust().unwrap(),
+        LogTrust::default()
+    );
+}
+
+/// control.db's witnesses of a room: the seq of its last reset and the sources of its newest
+/// queued wake permits.
+pub fn control_room_witnesses(h: &mut dyn Harness) {
+    let store = h.fresh();
+    {
+        let mut c = store.open_control().unwrap();
+        c.insert_room(&room("a", None), &[]).unwrap();
+        c.insert_room(&room("b", None), &[]).unwrap();
+        let none = c.room_witnesses("a").unwrap();
+        assert_eq!((none.reset_seq, none.wake_sources.len()), (0, 0));
+        c.reset_room_at("a", 7, 70).unwrap();
+        let w = |room: &str, src: &str, at: u64| WakeRow {
+            room: room.into(),
+            agent: "x".into(),
+            source_event: src.into(),
+            created_ms: at,
+            permit: "p".into(),
+        };
+        c.insert_wakes(&[w("a", "e1", 10), w("a", "e2", 20), w("b", "e9", 30)])
+            .unwrap();
+    }
+    let store = h.reopen();
+    let c = store.open_control().unwrap();
+    let a = c.room_witnesses("a").unwrap();
+    assert_eq!(a.reset_seq, 7);
+    assert_eq!(a.wake_sources, ["e2", "e1"], "newest first, this room only");
+    assert_eq!(c.room_witnesses("nope").unwrap().reset_seq, 0);
 }
 
 fn event(seq: u64, actor: &str, kind: &str) -> EventRow {

@@ -108,6 +108,55 @@ pub struct WakeRow {
     pub permit: String,
 }
 
+/// What control.db says was acknowledged in one room: the seq of its last view reset (0: none)
+/// and the source events of its newest queued wake permits (newest first, at most
+/// `WAKE_WITNESSES_MAX`), each of which a journal that lost nothing still holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoomWitnesses {
+    pub reset_seq: u64,
+    pub wake_sources: Vec<String>,
+}
+
+/// Newest wake permits of a room read as witnesses.
+pub const WAKE_WITNESSES_MAX: usize = 64;
+
+fn room_witnesses_of(conn: &Connection, room: &str) -> Result<RoomWitnesses> {
+    let reset_seq: Option<i64> = conn
+        .prepare_cached("SELECT reset_gen FROM rooms WHERE name = ?1")?
+        .query_row([room], |r| r.get(0))
+        .optional()?;
+    let mut st = conn.prepare_cached(
+        "SELECT DISTINCT source_event FROM
+           (SELECT source_event FROM wakes WHERE room = ?1 ORDER BY created_ms DESC LIMIT ?2)",
+    )?;
+    let wake_sources = st
+        .query_map(params![room, WAKE_WITNESSES_MAX as i64], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(RoomWitnesses {
+        reset_seq: reset_seq.unwrap_or(0).max(0) as u64,
+        wake_sources,
+    })
+}
+
+/// `ControlStore::room_witnesses` without changing control.db: opened read-only, no pragma
+/// set (`room verify`). Fails at once when a daemon holds control.db (it locks it exclusively).
+pub fn read_room_witnesses(path: &Path, room: &str) -> Result<RoomWitnesses> {
+    if !path.exists() {
+        return Err(StoreError::Io(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("{} does not exist", path.display()),
+        )));
+    }
+    let conn = Connection::open_with_flags(
+        path,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    // a running daemon holds the database exclusively: answer busy at once rather than wait
+    // (rusqlite's default) five seconds per room
+    conn.busy_timeout(std::time::Duration::ZERO)?;
+    room_witnesses_of(&conn, room)
+}
+
 /// Most permits one `wakes` read returns.
 pub const WAKES_PAGE_MAX: usize = 10_000;
 
@@ -799,6 +848,10 @@ impl ControlStore for SqliteControl {
     }
 
     /// Queued permits, oldest first, optionally of one room; at most [`WAKES_PAGE_MAX`].
+    fn room_witnesses(&self, room: &str) -> Result<RoomWitnesses> {
+        room_witnesses_of(&self.conn, room)
+    }
+
     fn wakes(&self, room: Option<&str>) -> Result<Vec<WakeRow>> {
         // two statements, so each can use its index (a room's rows, or all by creation)
         let mut st = self.conn.prepare_cached(if room.is_some() {

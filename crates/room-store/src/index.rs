@@ -5,9 +5,11 @@
 //! checkpoints that a power cut can take back.
 
 use crate::backend::{ChangeStamp, RoomIndex};
-use crate::journal::JournalMark;
+use crate::journal::{ChainPos, JournalMark};
 use crate::{Result, StoreError};
+use room_core::event::SeqWitness;
 use rusqlite::{Connection, OptionalExtension, params};
+use serde::{Deserialize, Serialize};
 use std::path::Path;
 
 /// Ordered migrations; `user_version` is the number applied.
@@ -266,6 +268,111 @@ pub struct Batch {
     /// `well_formed` and `resolution`: lifecycle changes, applied in order.
     pub lifecycles: Vec<LifecycleChange>,
     pub mark: Option<JournalMark>,
+}
+
+/// How far a room's journal is known good, and whether its last holder closed it in order.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogTrust {
+    /// The chain up to here was read back from the file and verified from its first record.
+    pub verified: Option<ChainPos>,
+    /// The last holder closed the room in order (flushed, nothing in doubt). Cleared durably at
+    /// open, before anything is appended.
+    pub closed_clean: bool,
+}
+
+/// What a room's index says was acknowledged, and which losses its journal records as
+/// accepted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IndexWitnesses {
+    /// The highest seq each witness names (`index_tip`: the mark; `events`, `receipts`,
+    /// `checkpoints`, `wakes_mark`); a witness that names none is left out.
+    pub seqs: Vec<SeqWitness>,
+    /// `(missing_from, missing_to)` of every `journal_loss` event at or below the seq asked
+    /// about: ranges the owner accepted as lost, whose old witnesses no longer count.
+    pub accepted: Vec<(u64, u64)>,
+}
+
+impl IndexWitnesses {
+    /// The acknowledged seqs past `tip` that no accepted loss covers: `(first, last)`.
+    pub fn missing_after(&self, tip: u64, more: &[SeqWitness]) -> Option<(u64, u64)> {
+        let excused = |w: u64| self.accepted.iter().any(|&(a, b)| a <= w && w <= b);
+        let last = self
+            .seqs
+            .iter()
+            .chain(more)
+            .map(|w| w.seq)
+            .filter(|&w| w > tip && !excused(w))
+            .max()?;
+        Some((tip + 1, last))
+    }
+}
+
+/// Read a sync index's witnesses of acknowledged seqs (see `IndexWitnesses`); `upto`: only
+/// `journal_loss` events at or below it count as accepted.
+fn witnesses_of(conn: &Connection, upto: u64) -> Result<IndexWitnesses> {
+    let mut seqs = Vec::new();
+    let mark: Option<String> = conn
+        .query_row(
+            "SELECT value FROM meta WHERE key = 'journal_mark'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?;
+    if let Some(m) = mark {
+        let m: JournalMark = serde_json::from_str(&m)
+            .map_err(|e| StoreError::Corrupt(format!("journal mark: {e}")))?;
+        seqs.push(SeqWitness {
+            source: "index_tip".into(),
+            seq: m.tip_seq,
+        });
+    }
+    for (source, sql) in [
+        ("events", "SELECT max(seq) FROM events"),
+        ("receipts", "SELECT max(tip_seq) FROM receipts"),
+        ("checkpoints", "SELECT max(confirmed_seq) FROM checkpoints"),
+        (
+            "wakes_mark",
+            "SELECT CAST(value AS INTEGER) FROM meta WHERE key = 'wakes_mark'",
+        ),
+    ] {
+        let v: Option<i64> = conn.query_row(sql, [], |r| r.get(0)).optional()?.flatten();
+        if let Some(v) = v.filter(|&v| v > 0) {
+            seqs.push(SeqWitness {
+                source: source.into(),
+                seq: v as u64,
+            });
+        }
+    }
+    let mut accepted = Vec::new();
+    let mut st =
+        conn.prepare("SELECT body FROM events WHERE kind = 'journal_loss' AND seq <= ?1")?;
+    for body in st.query_map([upto as i64], |r| r.get::<_, String>(0))? {
+        let v: serde_json::Value = serde_json::from_str(&body?)
+            .map_err(|e| StoreError::Corrupt(format!("journal_loss event: {e}")))?;
+        let n = |k: &str| v[k].as_u64().unwrap_or(0);
+        accepted.push((n("missing_from"), n("missing_to")));
+    }
+    Ok(IndexWitnesses { seqs, accepted })
+}
+
+/// Read a sync index's witnesses without changing it: opened read-only, no pragma set, no
+/// migration run (`room verify`, which works without the daemon). Fails at once when a daemon
+/// holds the index (it locks it exclusively).
+pub fn read_witnesses(path: &Path, upto: u64) -> Result<IndexWitnesses> {
+    if !path.exists() {
+        return Err(StoreError::Io(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("{} does not exist", path.display()),
+        )));
+    }
+    let conn = Connection::open_with_flags(
+        path,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    // a running daemon holds the database exclusively: answer busy at once rather than wait
+    // (rusqlite's default) five seconds per room
+    conn.busy_timeout(std::time::Duration::ZERO)?;
+    witnesses_of(&conn, upto)
 }
 
 /// A change to one (agent, task) lifecycle: Begin → (Effect…) → Resolve.
@@ -885,6 +992,34 @@ impl RoomIndex for Index {
         ))?;
         let rows = st.query_map(params![seq as i64, limit as i64], event_from_row)?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    fn trust(&self) -> Result<LogTrust> {
+        let v: Option<String> = self
+            .conn
+            .query_row("SELECT value FROM meta WHERE key = 'log_trust'", [], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        v.map_or(Ok(LogTrust::default()), |s| {
+            serde_json::from_str(&s).map_err(|e| StoreError::Corrupt(format!("log trust: {e}")))
+        })
+    }
+
+    fn set_trust(&mut self, t: &LogTrust) -> Result<()> {
+        let value = serde_json::to_string(t).expect("log trust serializes");
+        self.durable(|c| {
+            c.execute(
+                "INSERT INTO meta (key, value) VALUES ('log_trust', ?1)
+                 ON CONFLICT(key) DO UPDATE SET value = ?1",
+                [value],
+            )
+            .map(|_| ())
+        })
+    }
+
+    fn witnesses(&self, upto: u64) -> Result<IndexWitnesses> {
+        witnesses_of(&self.conn, upto)
     }
 
     fn mark(&self) -> Result<Option<JournalMark>> {

@@ -49,6 +49,35 @@ impl JournalMark {
     }
 }
 
+/// A record boundary of a journal and the chain tip there: where a verification starts or
+/// stopped. `len` 0 with the genesis tip is the journal's start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChainPos {
+    pub len: u64,
+    pub tip_seq: u64,
+    pub tip_hash: String,
+    pub tip_hlc: Hlc,
+}
+
+impl ChainPos {
+    pub fn tip(&self) -> ChainTip {
+        ChainTip {
+            seq: self.tip_seq,
+            hash: self.tip_hash.clone(),
+            hlc: self.tip_hlc,
+        }
+    }
+
+    pub fn of_mark(m: &JournalMark) -> ChainPos {
+        ChainPos {
+            len: m.len,
+            tip_seq: m.tip_seq,
+            tip_hash: m.tip_hash.clone(),
+            tip_hlc: m.tip_hlc,
+        }
+    }
+}
+
 /// One record as read from the file, with its byte range.
 #[derive(Debug, Clone)]
 pub struct Scanned {
@@ -77,9 +106,21 @@ pub fn scan(
     file: &File,
     start: u64,
     tip: ChainTip,
+    each: impl FnMut(Scanned) -> Result<()>,
+) -> Result<ScanEnd> {
+    scan_to(file, start, tip, None, each)
+}
+
+/// `scan`, reading no byte at or past `stop` (when given): the records wholly before it.
+pub fn scan_to(
+    file: &File,
+    start: u64,
+    tip: ChainTip,
+    stop: Option<u64>,
     mut each: impl FnMut(Scanned) -> Result<()>,
 ) -> Result<ScanEnd> {
     let file_len = file.metadata()?.len();
+    let file_len = stop.map_or(file_len, |s| s.min(file_len));
     let mut tip = tip;
     let mut pos = start; // start of the unconsumed bytes in `pending`
     let mut pending: Vec<u8> = Vec::new();
@@ -591,27 +632,164 @@ impl RoomLog for Journal {
     }
 }
 
-/// The result of verifying a whole journal read-only.
+/// The result of verifying a journal (or a range of it) read-only.
 #[derive(Debug, Clone, Serialize)]
 pub struct VerifyReport {
     pub records: u64,
     pub tip_hash: String,
+    pub tip_hlc: Hlc,
+    /// End of the last whole record verified.
     pub bytes: u64,
     /// Bytes after the last whole record that the next daemon start will cut: a torn final
     /// line, or sectors of an unsynced append a crash persisted out of order.
     pub torn_bytes: u64,
+    /// What stopped a ranged verification (`verify_range`) early: a record that does not
+    /// verify (named by seq and byte), or bytes past the records unlike a crash's. The rest of
+    /// the report then describes the good records before it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub damage: Option<String>,
+    /// With `damage`: the lines from the damaged record up to the free space (or `stop`), each
+    /// a record as written: how many records the damage costs.
+    pub damaged_records: u64,
+}
+
+/// Newline-terminated lines in `[from, stop)` before the first NUL (the free space).
+fn lines_from(file: &File, from: u64, stop: Option<u64>) -> Result<u64> {
+    let file_len = file.metadata()?.len();
+    let end = stop.map_or(file_len, |s| s.min(file_len));
+    let mut chunk = vec![0u8; BATCH_BYTES];
+    let (mut at, mut lines) = (from, 0u64);
+    while at < end {
+        let want = ((end - at) as usize).min(chunk.len());
+        let n = file.read_at(&mut chunk[..want], at)?;
+        if n == 0 {
+            break;
+        }
+        let data = &chunk[..n];
+        let z = data.iter().position(|&b| b == 0);
+        lines += data[..z.unwrap_or(n)]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count() as u64;
+        if z.is_some() {
+            break;
+        }
+        at += n as u64;
+    }
+    Ok(lines)
+}
+
+impl VerifyReport {
+    /// Where the verification stopped, to continue from.
+    pub fn pos(&self) -> ChainPos {
+        ChainPos {
+            len: self.bytes,
+            tip_seq: self.records,
+            tip_hash: self.tip_hash.clone(),
+            tip_hlc: self.tip_hlc,
+        }
+    }
 }
 
 /// Verify a journal from its first record without modifying it.
 pub fn verify(path: &Path, graph_id: &str) -> Result<VerifyReport> {
+    verify_with(path, graph_id, |_| Ok(()))
+}
+
+/// `verify`, feeding each record to `each` (a reader that looks for certain events).
+pub fn verify_with(
+    path: &Path,
+    graph_id: &str,
+    each: impl FnMut(Scanned) -> Result<()>,
+) -> Result<VerifyReport> {
     let file = File::open(path)?;
-    let end = scan(&file, 0, ChainTip::genesis(graph_id), |_| Ok(()))?;
-    Ok(VerifyReport {
+    let end = scan(&file, 0, ChainTip::genesis(graph_id), each)?;
+    Ok(report(end))
+}
+
+/// Verify the records after `from` (the journal's start when `None`) that end before `stop`
+/// (the file's end when `None`) without modifying anything; the report says where the last
+/// whole record ends (bytes of a record that `stop` cuts count as torn). Damage is reported
+/// in the report (`damage`, with the good records before it), not as an error.
+pub fn verify_range(
+    path: &Path,
+    graph_id: &str,
+    from: Option<&ChainPos>,
+    stop: Option<u64>,
+) -> Result<VerifyReport> {
+    let file = File::open(path)?;
+    let (start, tip) = match from {
+        Some(p) => (p.len, p.tip()),
+        None => (0, ChainTip::genesis(graph_id)),
+    };
+    let mut good = (start, tip.clone());
+    let scanned = scan_to(&file, start, tip, stop, |s| {
+        good = (
+            s.offset + s.len,
+            ChainTip {
+                seq: s.record.seq,
+                hash: s.record.hash.clone(),
+                hlc: s.record.hlc,
+            },
+        );
+        Ok(())
+    });
+    match scanned {
+        Ok(end) => Ok(report(end)),
+        Err(StoreError::Corrupt(why)) => Ok(VerifyReport {
+            damaged_records: lines_from(&file, good.0, stop)?,
+            records: good.1.seq,
+            tip_hash: good.1.hash,
+            tip_hlc: good.1.hlc,
+            bytes: good.0,
+            torn_bytes: 0,
+            damage: Some(why),
+        }),
+        Err(e) => Err(e),
+    }
+}
+
+fn report(end: ScanEnd) -> VerifyReport {
+    VerifyReport {
         records: end.tip.seq,
         tip_hash: end.tip.hash,
+        tip_hlc: end.tip.hlc,
         bytes: end.end,
         torn_bytes: end.torn_bytes,
-    })
+        damage: None,
+        damaged_records: 0,
+    }
+}
+
+/// Cut a journal back to `len` (a record boundary the caller verified), keeping every byte
+/// after it beside the journal (`EVENTS.jsonl.cut-<len>`) first: a cut is never the only copy
+/// of anything. Returns where the bytes were kept.
+pub fn cut_at(path: &Path, len: u64, errors_log: &Path) -> Result<PathBuf> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)?;
+    let file_len = file.metadata()?.len();
+    let mut rest = vec![0u8; file_len.saturating_sub(len) as usize];
+    file.read_exact_at(&mut rest, len)?;
+    // the zero-filled free space is not worth keeping
+    let written = rest.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    rest.truncate(written);
+    let side = path.with_extension(format!("jsonl.cut-{len}"));
+    crate::fs::write_atomic(&side, &rest)?;
+    file.set_len(len)?;
+    file.sync_all()?;
+    crate::fs::append_jsonl(
+        errors_log,
+        &serde_json::json!({
+            "kind": "journal_cut",
+            "journal": path.display().to_string(),
+            "offset": len,
+            "bytes": rest.len(),
+            "kept_in": side.display().to_string(),
+        }),
+    )?;
+    Ok(side)
 }
 
 #[cfg(test)]
@@ -832,6 +1010,49 @@ mod tests {
         *big.last_mut().unwrap() = b'\n';
         write(&big, hole_end);
         assert!(corrupt());
+    }
+
+    /// The scrub's rate, stated in ARCHITECTURE.md: `cargo test -p room-store --release --
+    /// --ignored scrub_rate --nocapture`.
+    #[test]
+    #[ignore]
+    fn scrub_rate() {
+        let t = tempfile::tempdir().unwrap();
+        let (mut j, _) = open(t.path(), None).unwrap();
+        let text = "x".repeat(900);
+        let mut tip = j.tip();
+        for _ in 0..64 {
+            let mut batch = Vec::new();
+            for i in 0..1024u64 {
+                let r = Record::seal(
+                    &tip,
+                    format!("evt_{}", tip.seq + 1),
+                    tip.hlc.tick(1_000 + i),
+                    json!({"kind": "turn", "text": text}),
+                );
+                tip = r.verify_after(&tip).unwrap();
+                batch.push(r);
+            }
+            j.append(&batch).unwrap();
+        }
+        let len = j.mark().len;
+        drop(j);
+        let p = t.path().join("EVENTS.jsonl");
+        let started = std::time::Instant::now();
+        let mut from: Option<ChainPos> = None;
+        while from.as_ref().map_or(0, |f| f.len) < len {
+            let stop = from.as_ref().map_or(0, |f| f.len) + (16 << 20);
+            let r = verify_range(&p, "g", from.as_ref(), Some(stop)).unwrap();
+            assert!(r.damage.is_none());
+            from = Some(r.pos());
+        }
+        let secs = started.elapsed().as_secs_f64();
+        let mib = len as f64 / (1 << 20) as f64;
+        eprintln!(
+            "scrub: {mib:.0} MiB in {secs:.2} s = {:.0} MiB/s, {:.1} s per GiB of CPU",
+            mib / secs,
+            secs / mib * 1024.0
+        );
     }
 
     #[test]
