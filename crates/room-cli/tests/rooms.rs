@@ -136,7 +136,12 @@ fn enroll(sock: &Path, name: &str) -> String {
 #[test]
 fn rooms_past_the_descriptor_limit_are_created_and_used() {
     // ROOM_TEST_ROOMS=100000 ROOM_TEST_NOFILE=1024 runs the full size by hand
-    let env = |k: &str, d: u64| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
+    let env = |k: &str, d: u64| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
     let rooms_n = env("ROOM_TEST_ROOMS", 120) as usize;
     let nofile = env("ROOM_TEST_NOFILE", 300);
     let open_max = ((nofile - 256) / 2 / 5).max(1);
