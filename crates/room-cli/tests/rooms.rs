@@ -72,7 +72,8 @@ fn spawn(d: &Dirs, nofile: Option<u64>) -> Daemon {
         .env("ROOM_LOG", "error")
         .spawn()
         .expect("room serve starts");
-    for _ in 0..1000 {
+    // a start opens every room once (recovery), so a state dir of many rooms takes a while
+    for _ in 0..12_000 {
         if let Ok(mut c) = Client::connect(&d.sock())
             && c.call(&req(None, "ping", json!({}))).is_ok()
         {
