@@ -248,7 +248,14 @@ pub enum WakesCmd {
 pub enum TaskCmd {
     Create(TaskCreateArgs),
     Claim(TaskClaimArgs),
-    Show { task: String },
+    /// A task with its lineage, lease and last acceptance results.
+    Show {
+        task: String,
+    },
+    /// Evaluate a task's acceptance checks now, without closing it.
+    Check {
+        task: String,
+    },
 }
 
 /// The wire structs the CLI parses directly, as the JSON arguments of their request.
@@ -355,6 +362,13 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
                     req("task_show", json!({"task": task}))
                 } else {
                     req("owner_task_show", json!({"task": task}))
+                }
+            }
+            TaskCmd::Check { task } => {
+                if agent.is_some() {
+                    req("task_check", json!({"task": task}))
+                } else {
+                    req("owner_task_check", json!({"task": task}))
                 }
             }
         },

@@ -102,4 +102,50 @@ pub trait Fs: Send + Sync {
     fn object_id(&self, path: &std::path::Path) -> std::io::Result<ObjectId>;
     /// Whether `path` (not following a final symlink) is a directory.
     fn is_dir_nofollow(&self, path: &std::path::Path) -> std::io::Result<bool>;
+    /// Whether anything is at `path` (following symlinks), with `Path::try_exists` semantics:
+    /// an error (permission denied, I/O) is an error, never `false`.
+    fn try_exists(&self, path: &std::path::Path) -> std::io::Result<bool>;
+    /// The SHA-256 (lower-case hex) and length of the file at `path`, read in bounded chunks.
+    fn sha256_file(&self, path: &std::path::Path) -> std::io::Result<(String, u64)>;
+}
+
+/// A program to run for an acceptance check: an absolute path, the exact arguments, no shell,
+/// no PATH lookup, a bounded time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunRequest {
+    pub program: std::path::PathBuf,
+    pub args: Vec<String>,
+    pub cwd: std::path::PathBuf,
+    pub timeout_ms: u64,
+}
+
+/// How a run ended. `exit_code` is `None` when a signal ended it (or the deadline did).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RunOutcome {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub elapsed_ms: u64,
+    /// The last bytes of each stream (lossy UTF-8), for the result's detail.
+    pub stdout_tail: String,
+    pub stderr_tail: String,
+}
+
+/// Runs processes for the engine. The daemon passes one that starts each run in its own
+/// process group and ends the whole group at the deadline; a simulation passes its own.
+pub trait Runner: Send + Sync {
+    fn run(&self, req: &RunRequest) -> std::io::Result<RunOutcome>;
+}
+
+/// A runner that refuses every run: for engines that must never start a process.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoRunner;
+
+impl Runner for NoRunner {
+    fn run(&self, _req: &RunRequest) -> std::io::Result<RunOutcome> {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "this engine runs no processes",
+        ))
+    }
 }

@@ -366,6 +366,13 @@ pub struct TaskCreated {
     pub project: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub scopes: Vec<String>,
+    /// What the work must achieve, in words; a task with requirements cannot close without
+    /// acceptance checks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub requirements: Vec<String>,
+    /// The checks `done` measures before the task may close.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub acceptance: Vec<crate::acceptance::Check>,
 }
 
 impl EventBody {

@@ -2,6 +2,7 @@
 //! Other crates agree on ids, digests, the clock, the chain and refusal codes through this crate,
 //! so a code or a digest means the same thing in the engine, the store, the daemon and a test.
 
+pub mod acceptance;
 pub mod canon;
 pub mod chain;
 pub mod chunk;
@@ -18,7 +19,7 @@ pub mod wake;
 
 pub use canon::{canonical_bytes, sha256_hex};
 pub use chain::{ChainError, Record};
-pub use env::{Clock, Entropy, FileStamp, Fs, ObjectId};
+pub use env::{Clock, Entropy, FileStamp, Fs, ObjectId, RunOutcome, RunRequest, Runner};
 pub use event::TaskStatus;
 pub use hlc::Hlc;
 pub use refusal::{Code, Refusal};

@@ -70,6 +70,11 @@ codes! {
     TaskStateInvalid => "task_state_invalid",
     TaskNotHeld => "task_not_held",
     ObligationNotFound => "obligation_not_found",
+    // acceptance: completion is a measurement
+    AcceptanceKindUnsupported => "acceptance_kind_unsupported",
+    AcceptanceCommandNotAllowed => "acceptance_command_not_allowed",
+    TaskAcceptanceFailed => "task_acceptance_failed",
+    TaskAcceptanceRequired => "task_acceptance_required",
     // runtime invariants (detail.invariant names which one)
     InvariantViolation => "invariant_violation",
     // egress

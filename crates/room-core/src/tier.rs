@@ -59,10 +59,11 @@ pub enum Verb {
     TaskCreate,
     TaskClaim,
     TaskShow,
+    TaskCheck,
 }
 
 impl Verb {
-    pub const ALL: [Verb; 15] = [
+    pub const ALL: [Verb; 16] = [
         Verb::Whoami,
         Verb::List,
         Verb::Sync,
@@ -78,6 +79,7 @@ impl Verb {
         Verb::TaskCreate,
         Verb::TaskClaim,
         Verb::TaskShow,
+        Verb::TaskCheck,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -97,6 +99,7 @@ impl Verb {
             Verb::TaskCreate => "task_create",
             Verb::TaskClaim => "task_claim",
             Verb::TaskShow => "task_show",
+            Verb::TaskCheck => "task_check",
         }
     }
 
@@ -121,7 +124,8 @@ impl Verb {
             | Verb::Sync
             | Verb::TaskCreate
             | Verb::TaskClaim
-            | Verb::TaskShow => return None,
+            | Verb::TaskShow
+            | Verb::TaskCheck => return None,
         })
     }
 

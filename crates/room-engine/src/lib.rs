@@ -3,6 +3,7 @@
 //! takes its clock, entropy and file system as traits, never reads the wall clock or spawns a
 //! thread, and knows nothing of HTTP, MCP or tokio, so it can run inside a seeded simulation.
 
+pub mod acceptance;
 pub mod authority;
 pub mod event;
 pub mod invariants;
@@ -98,6 +99,8 @@ pub struct Env {
     pub clock: Arc<dyn Clock>,
     pub entropy: Arc<dyn Entropy>,
     pub fs: Arc<dyn Fs>,
+    /// Runs acceptance `command` checks; `room_core::env::NoRunner` where none may run.
+    pub runner: Arc<dyn room_core::Runner>,
 }
 
 /// The facade over the engine's parts. Each part owns its state: `authority` (principals,

@@ -21,6 +21,16 @@ struct ConfigFile {
     mcp: Mcp,
     #[serde(default)]
     quotas: Quotas,
+    #[serde(default)]
+    acceptance: Acceptance,
+}
+
+/// What acceptance checks may run: `command` programs by absolute path, exactly as listed.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Acceptance {
+    #[serde(default)]
+    commands: Vec<String>,
 }
 
 /// Limits per agent that keep one member from exhausting a room or the daemon. The defaults
@@ -100,6 +110,8 @@ pub struct Policy {
     /// Per host kind, the request-metadata key naming the native conversation.
     pub conversation_meta: Arc<BTreeMap<String, String>>,
     pub quotas: Quotas,
+    /// Programs (absolute paths) an acceptance `command` check may run.
+    pub acceptance_commands: Arc<Vec<String>>,
 }
 
 impl Policy {
@@ -189,6 +201,7 @@ fn failed(why: String) -> Policy {
         redactor: Err(why),
         conversation_meta: Arc::new(default_conversation_meta()),
         quotas: Quotas::default(),
+        acceptance_commands: Arc::new(Vec::new()),
     }
 }
 
@@ -207,12 +220,20 @@ fn parse(bytes: &[u8]) -> Policy {
             cfg.fleet.ceiling
         ));
     };
+    if let Some((i, c)) = (cfg.acceptance.commands.iter().enumerate())
+        .find(|(_, c)| !c.starts_with('/') || c.split('/').any(|x| x == "." || x == ".."))
+    {
+        return failed(format!(
+            "config.toml: acceptance.commands[{i}] {c:?} is not an absolute path"
+        ));
+    }
     match Redactor::new(&cfg.redaction.patterns) {
         Ok(r) => Policy {
             ceiling,
             redactor: Ok(Arc::new(r)),
             conversation_meta: Arc::new(cfg.mcp.conversation_meta),
             quotas: cfg.quotas,
+            acceptance_commands: Arc::new(cfg.acceptance.commands),
         },
         Err(e) => failed(format!("config.toml: {e}")),
     }

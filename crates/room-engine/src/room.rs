@@ -122,7 +122,7 @@ pub(crate) struct Projection {
 /// What a record changes in control.db. Applied at commit and again at catch-up, so each is
 /// idempotent: a crash between the journal append and control.db loses nothing.
 pub(crate) enum TaskEffect {
-    Create(TaskRow),
+    Create(Box<TaskRow>),
     Transition(TaskTransition),
     /// A member joins (no-op when already one).
     Member {
@@ -213,7 +213,7 @@ pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result
         }
         EventBody::Task(te) => {
             if let Some(c) = &te.created {
-                p.tasks.push(TaskEffect::Create(TaskRow {
+                p.tasks.push(TaskEffect::Create(Box::new(TaskRow {
                     id: te.task.clone(),
                     room: room.into(),
                     project_id: c.project.clone(),
@@ -225,7 +225,9 @@ pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result
                     created_ms: r.hlc.ms,
                     updated_ms: r.hlc.ms,
                     scopes: c.scopes.clone(),
-                }));
+                    requirements: c.requirements.clone(),
+                    acceptance: c.acceptance.clone(),
+                })));
             }
             if let Some(tr) = &te.transition {
                 p.tasks.push(TaskEffect::Transition(tr.clone()));

@@ -3,6 +3,7 @@
 //! is prepared outside the room's writer lock and committed under it after rechecking the
 //! frontier: a foreign event that arrived in between is `room_sync_concurrent_arrival`.
 
+use crate::acceptance::{self, PreRun};
 use crate::event::{
     Binding, BlobRef, Deliver, EventBody, ItemKind, ItemPlan, Resolution, TaskCreated, TaskEvent,
     TaskStatus, TaskTransition, Turn,
@@ -24,6 +25,8 @@ use std::sync::{Arc, Mutex};
 pub const TITLE_BYTES_MAX: usize = 256;
 const PREVIEW_CHARS: usize = 256;
 const LOG_PAGE_MAX: usize = 1000;
+/// Parent links a task's lineage walks (the seed's delegation bound).
+pub const ANCESTRY_DEPTH_MAX: usize = 16;
 /// How many causal links an audit walks.
 const AUDIT_DEPTH_MAX: u32 = 1000;
 /// Open mentions and obligations listed with each sync page, oldest first (the total is always
@@ -59,6 +62,10 @@ pub struct TaskCreateArgs {
     /// Typed scopes (`namespace:resource`) a claim of the task leases exclusively.
     pub scopes: Vec<String>,
     pub idempotency_key: Option<String>,
+    /// What the work must achieve, in words.
+    pub requirements: Vec<String>,
+    /// Acceptance checks in the seed's shape, undecoded (decoding names each bad field).
+    pub accept: Vec<Value>,
 }
 
 /// A turn that passed the gate and waits for its commit.
@@ -80,6 +87,8 @@ struct PlanCx<'a> {
     binding: &'a Binding,
     mentioned: &'a [String],
     now: u64,
+    /// `done`'s command checks, run before the transition.
+    pre: Option<&'a PreRun>,
 }
 
 impl PlanCx<'_> {
@@ -137,7 +146,8 @@ fn mentions_in(text: &str) -> Vec<String> {
 
 fn task_view(t: &TaskRow) -> Value {
     json!({"id": t.id, "room": t.room, "project": t.project_id, "title": t.title, "owner": t.owner,
-        "recipient": t.recipient, "parent": t.parent, "status": t.status, "scopes": t.scopes})
+        "recipient": t.recipient, "parent": t.parent, "status": t.status, "scopes": t.scopes,
+        "requirements": t.requirements, "acceptance": t.acceptance})
 }
 
 impl Engine {
@@ -556,7 +566,10 @@ impl Engine {
         }
         invariants::check_key(a.idempotency_key.as_deref())?;
         let scopes = invariants::parse_scopes(&a.scopes)?;
+        room_core::acceptance::check_requirements(&a.requirements)?;
+        let checks = room_core::acceptance::parse_list(&a.accept)?;
         let (handle, binding) = self.member_handle(&p, room)?;
+        self.admit_checks(&checks, binding.project().is_some(), &scopes)?;
         if let Some(r) = &a.to {
             name::validate("to", r)?;
             if !self.control().is_member(room, r).map_err(store_err)? {
@@ -598,6 +611,8 @@ impl Engine {
                 parent: a.parent.clone(),
                 project: binding.project().map(String::from),
                 scopes,
+                requirements: a.requirements.clone(),
+                acceptance: checks,
             }),
             transition: None,
             idempotency_key: a.idempotency_key.clone(),
@@ -696,12 +711,84 @@ impl Engine {
         let p = self.authorize(caller, Verb::TaskShow)?;
         let t = self.task_row(task)?;
         self.member_handle(&p, &t.room)?;
-        Ok(json!({"task": task_view(&t)}))
+        self.task_full_view(&t)
     }
 
     /// The owner's view of a task.
     pub fn task_view_owner(&self, _owner: &crate::Owner, task: &str) -> Outcome<Value> {
-        Ok(json!({"task": task_view(&self.task_row(task)?)}))
+        self.task_full_view(&self.task_row(task)?)
+    }
+
+    /// A task with its lineage (ancestors nearest first, children), its lease and its newest
+    /// acceptance evaluation.
+    fn task_full_view(&self, t: &TaskRow) -> Outcome<Value> {
+        let mut ancestors = Vec::new();
+        let mut next = t.parent.clone();
+        let mut seen = BTreeSet::from([t.id.clone()]);
+        while let Some(id) = next {
+            if ancestors.len() >= ANCESTRY_DEPTH_MAX || !seen.insert(id.clone()) {
+                break;
+            }
+            let Some(a) = self.control().task(&id).map_err(store_err)? else {
+                break;
+            };
+            ancestors.push(json!({"id": a.id, "status": a.status, "owner": a.owner,
+                "recipient": a.recipient}));
+            next = a.parent;
+        }
+        let children: Vec<Value> = self
+            .control()
+            .children(&t.id)
+            .map_err(store_err)?
+            .iter()
+            .map(|c| json!({"id": c.id, "status": c.status, "recipient": c.recipient}))
+            .collect();
+        let lease = (t.status == TaskStatus::Claimed && !t.scopes.is_empty())
+            .then(|| json!({"holder": t.recipient, "scopes": t.scopes, "since_ms": t.updated_ms}));
+        Ok(json!({"task": task_view(t),
+            "lineage": {"ancestors": ancestors, "children": children},
+            "lease": lease,
+            "last_acceptance": self.last_evaluation(&t.id)?}))
+    }
+
+    /// Evaluate a task's checks without closing it (a dry run of `done`'s measurement): for
+    /// its owner or its recipient. Writes nothing to the journal; the evaluation is kept as the
+    /// task's newest.
+    pub fn task_check(&self, caller: &AgentCaller, task: &str) -> Outcome<Value> {
+        let p = self.authorize(caller, Verb::TaskCheck)?;
+        let t = self.task_row(task)?;
+        self.member_handle(&p, &t.room)?;
+        if t.owner != p.name && t.recipient.as_deref() != Some(p.name.as_str()) {
+            return Err(Refusal::new(
+                Code::TaskNotHeld,
+                format!(
+                    "task {task} is neither owned by nor addressed to {}",
+                    p.name
+                ),
+            ));
+        }
+        self.evaluate_now(&t)
+    }
+
+    /// The owner's dry run of a task's checks.
+    pub fn task_check_owner(&self, _owner: &crate::Owner, task: &str) -> Outcome<Value> {
+        self.evaluate_now(&self.task_row(task)?)
+    }
+
+    fn evaluate_now(&self, t: &TaskRow) -> Outcome<Value> {
+        let place = self.acceptance_place(t)?;
+        let pre = PreRun {
+            task: t.id.clone(),
+            acceptance: t.acceptance.clone(),
+            results: self.run_commands(t, &place),
+        };
+        let ev = self.evaluate(t, Some(&pre))?;
+        self.record_evaluation(&ev)?;
+        let mut v = ev.to_value();
+        if t.acceptance.is_empty() {
+            v["acceptance"] = json!("none_declared");
+        }
+        Ok(v)
     }
 
     /// A contribution verb, prepared and committed.
@@ -775,6 +862,11 @@ impl Engine {
         self.prevalidate_evidence(&args.room, &args.evidence)?;
         let key = self.sync_key(&p, &args.room)?;
         let (text, text_blob) = self.spill_text(&handle, text)?;
+        // long acceptance commands run here, before the transition and outside every lock
+        let pre = match verb {
+            GatedVerb::Done => self.pre_run(&p.name, args.task.as_deref())?,
+            _ => None,
+        };
         let mut h = lock_room(&handle);
         h.writable()?;
         // A retry whose first call landed learns so before any other check can shadow it.
@@ -835,6 +927,7 @@ impl Engine {
             binding: &binding,
             mentioned: &mentioned,
             now,
+            pre: pre.as_ref(),
         };
         self.plan_verb(verb, &cx, &mut turn)?;
         let resolves = turn
@@ -1242,18 +1335,44 @@ impl Engine {
         Ok(())
     }
 
-    /// `done`: the caller's claimed task is done, and the caller's obligations on it resolve.
-    /// Acceptance is not evaluated yet, and the turn says so.
+    /// `done`: the caller's claimed task closes only on measurement. Its checks are evaluated
+    /// here, inside the transition (commands ran just before it); a failing one refuses with
+    /// the evaluation. Only a passing evaluation resolves the caller's obligations on the task:
+    /// a task that declares no checks closes on the caller's word and resolves nothing, and a
+    /// task with requirements cannot close without checks.
     fn plan_done(&self, cx: &PlanCx<'_>, turn: &mut Turn) -> Outcome<()> {
         let t = self.held_task(GatedVerb::Done, cx, &[TaskStatus::Claimed])?;
+        turn.task_transition = Some(moved(&t, TaskStatus::Done, &cx.p.name));
+        if t.acceptance.is_empty() {
+            if !t.requirements.is_empty() {
+                return Err(Refusal::new(
+                    Code::TaskAcceptanceRequired,
+                    format!(
+                        "task {} states {} requirements and declares no acceptance checks; it cannot close on a word",
+                        t.id,
+                        t.requirements.len()
+                    ),
+                )
+                .detail(json!({"task": t.id, "requirements": t.requirements}))
+                .hint("the owner creates the task again with --accept checks that measure the requirements"));
+            }
+            turn.detail = json!({"acceptance": "none_declared", "acceptance_results": [],
+                "obligations_resolved": false});
+            return Ok(());
+        }
+        let ev = self.evaluate(&t, cx.pre)?;
+        self.record_evaluation(&ev)?;
+        if !ev.acceptance_pass {
+            return Err(acceptance::failed(&ev));
+        }
         let mut hits =
             cx.h.index
                 .open_items_for_task(&cx.p.name, &t.id)
                 .map_err(store_err)?;
         hits.retain(|i| i.kind == ItemKind::Obligation);
         turn.resolves = resolutions(&hits, "resolved");
-        turn.task_transition = Some(moved(&t, TaskStatus::Done, &cx.p.name));
-        turn.detail = json!({"acceptance": "not_evaluated", "acceptance_results": []});
+        turn.detail = json!({"acceptance": "passed", "acceptance_pass": true,
+            "acceptance_results": ev.acceptance_results, "obligations_resolved": true});
         Ok(())
     }
 

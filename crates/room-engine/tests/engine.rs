@@ -44,6 +44,7 @@ impl Fixture {
             clock: self.clock.clone(),
             entropy: Arc::new(SeededEntropy::new(seed)),
             fs: Arc::new(RealFs),
+            runner: std::sync::Arc::new(room_core::env::NoRunner),
         };
         let store = Arc::new(SqliteBackend::new(&s, SqliteBackendConfig::default()));
         Engine::open(s, env, store, EngineConfig::default()).unwrap()
@@ -368,6 +369,7 @@ fn a_turn_whose_second_flush_fails_halts_the_room_and_is_completed_at_restart() 
             clock: f.clock.clone(),
             entropy: Arc::new(SeededEntropy::new(10)),
             fs: Arc::new(RealFs),
+            runner: std::sync::Arc::new(room_core::env::NoRunner),
         };
         let store = SqliteBackendConfig {
             faults: Some(Arc::new(FailNth(0.into(), 2))),
@@ -750,6 +752,7 @@ fn a_failed_creation_leaves_no_room_behind() {
         clock: f.clock.clone(),
         entropy: Arc::new(SeededEntropy::new(21)),
         fs: Arc::new(RealFs),
+        runner: std::sync::Arc::new(room_core::env::NoRunner),
     };
     // the first append from now is the new room's first record
     let store = SqliteBackendConfig {

@@ -21,6 +21,7 @@ fn engine(tmp: &tempfile::TempDir) -> Engine {
         clock: Arc::new(ManualClock::new(1_790_000_000_000)),
         entropy: Arc::new(SeededEntropy::new(7)),
         fs: Arc::new(RealFs),
+        runner: std::sync::Arc::new(room_core::env::NoRunner),
     };
     let config = EngineConfig {
         owner_uid: OWNER_UID,
@@ -80,6 +81,7 @@ fn an_engine_configured_with_no_owner_grants_no_peer_standing() {
         clock: Arc::new(ManualClock::new(1_790_000_000_000)),
         entropy: Arc::new(SeededEntropy::new(7)),
         fs: Arc::new(RealFs),
+        runner: std::sync::Arc::new(room_core::env::NoRunner),
     };
     let store = Arc::new(SqliteBackend::new(&state, SqliteBackendConfig::default()));
     let e = Engine::open(state, env, store, EngineConfig::default()).unwrap();

@@ -80,6 +80,7 @@ pub fn real_env() -> Env {
         clock: Arc::new(SystemClock),
         entropy: Arc::new(OsEntropy),
         fs: Arc::new(RealFs),
+        runner: Arc::new(room_exec::ProcessRunner),
     }
 }
 

@@ -41,6 +41,7 @@ const OWNER_OPS: &[&str] = &[
     "index_rebuild",
     "wakes_list",
     "owner_task_show",
+    "owner_task_check",
     "ping",
 ];
 
@@ -50,13 +51,19 @@ fn args<T: DeserializeOwned>(v: Value) -> Result<T, Refusal> {
         Value::Object(_) => v,
         _ => return Err(Refusal::invalid("args", "must be a JSON object")),
     };
-    serde_json::from_value(v).map_err(|e| {
-        let msg = e.to_string();
-        let field = msg
-            .split('`')
-            .nth(1)
-            .map(String::from)
-            .unwrap_or_else(|| "args".into());
+    // the path names a field whose value was wrong (`accept[0]`); an unknown or missing
+    // field is named in the message itself, at the path of its object
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let path = e.path().to_string();
+        let msg = e.inner().to_string();
+        let field = if path != "." {
+            path
+        } else {
+            msg.split('`')
+                .nth(1)
+                .map(String::from)
+                .unwrap_or_else(|| "args".into())
+        };
         Refusal::invalid(&field, msg)
     })
 }
@@ -271,6 +278,7 @@ fn owner_op(engine: &Engine, owner: &Owner, op: &str, a: Value) -> Result<Value,
         }
         "wakes_list" => engine.wakes_view(owner, args::<OptRoomArgs>(a)?.room.as_deref()),
         "owner_task_show" => engine.task_view_owner(owner, &args::<TaskArgs>(a)?.task),
+        "owner_task_check" => engine.task_check_owner(owner, &args::<TaskArgs>(a)?.task),
         _ if is_agent_op(op) => Err(Refusal::new(
             Code::CredentialInvalid,
             format!("{op} acts as an agent: no credential presented"),
@@ -348,6 +356,8 @@ fn agent_op(engine: &Engine, caller: &AgentCaller, op: &str, a: Value) -> Result
                     parent: a.parent,
                     scopes: a.scopes,
                     idempotency_key: a.idempotency_key,
+                    requirements: a.requirements,
+                    accept: a.accept,
                 },
             )
         }
@@ -356,6 +366,7 @@ fn agent_op(engine: &Engine, caller: &AgentCaller, op: &str, a: Value) -> Result
             engine.task_claim(caller, &a.task, a.ttl_ms)
         }
         Verb::TaskShow => engine.task_show(caller, &args::<TaskArgs>(a)?.task),
+        Verb::TaskCheck => engine.task_check(caller, &args::<TaskArgs>(a)?.task),
         v => {
             let w: TurnWire = args(a)?;
             engine.turn(caller, v, turn_args(w))

@@ -2,6 +2,7 @@
 //! as the body of `POST /v1/call` over HTTP. Unknown fields are refused so a typo is an error,
 //! not a silently ignored argument.
 
+use room_core::acceptance::{CHECKS_PER_TASK_MAX, REQUIREMENTS_PER_TASK_MAX};
 use room_core::scope::SCOPES_PER_TASK_MAX;
 use room_engine::TEXT_BYTES_MAX;
 use room_engine::invariants::{
@@ -221,6 +222,39 @@ pub struct TaskCreateArgs {
     #[arg(long)]
     #[schemars(length(max = IDEMPOTENCY_KEY_BYTES_MAX), pattern(IDEMPOTENCY_KEY_PATTERN))]
     pub idempotency_key: Option<String>,
+    /// What the work must achieve; a task with requirements needs acceptance checks to close.
+    #[serde(default)]
+    #[arg(long = "requirement")]
+    #[schemars(length(max = REQUIREMENTS_PER_TASK_MAX))]
+    pub requirements: Vec<String>,
+    /// Checks done measures: sha256{path,expected} file_exists{path} file_absent{path}
+    /// command{program,args,timeout_ms,exit_code}; paths relative to the project root.
+    #[serde(default)]
+    #[arg(long = "accept", value_parser = json_object)]
+    #[schemars(schema_with = "accept_schema")]
+    pub accept: Vec<Value>,
+}
+
+/// A `--accept` value: one check as a JSON object.
+fn json_object(s: &str) -> Result<Value, String> {
+    match serde_json::from_str::<Value>(s) {
+        Ok(v @ Value::Object(_)) => Ok(v),
+        Ok(_) => Err("a check is a JSON object".into()),
+        Err(e) => Err(format!("not JSON: {e}")),
+    }
+}
+
+/// The checks' schema: typed by kind, briefly (each tool definition costs a model's context).
+fn accept_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "maxItems": CHECKS_PER_TASK_MAX,
+        "items": {
+            "type": "object",
+            "properties": {"kind": {"enum": ["sha256", "file_exists", "file_absent", "command"]}},
+            "required": ["kind"]
+        }
+    })
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]

@@ -15,9 +15,10 @@ use serde_json::{Value, json};
 /// The budget for the definitions (the README's figures), measured as the Python client
 /// dumps them (when first generated from the wire structs: 17,510 full and 2,465 compact; the
 /// full refusal loop now rides only on room_sync and room). A change that grows them past it
-/// should be a decision, so it has to move these figures.
-const FULL_BYTES_MAX: usize = 15_360;
-const COMPACT_BYTES_MAX: usize = 2_454;
+/// should be a decision, so it has to move these figures. Acceptance (task_create's typed
+/// checks and requirements, task_accept_check) took them from 15,338 and 2,454 to these.
+const FULL_BYTES_MAX: usize = 16_720;
+const COMPACT_BYTES_MAX: usize = 2_490;
 
 fn input(name: &str) -> Value {
     tools::all()

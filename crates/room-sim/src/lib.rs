@@ -339,6 +339,7 @@ impl Sim {
             clock: self.clock.clone(),
             entropy: self.entropy.clone(),
             fs: Arc::new(RealFs),
+            runner: std::sync::Arc::new(room_core::env::NoRunner),
         };
         let store = room_store::SqliteBackendConfig {
             faults: Some(self.faults.clone()),
@@ -1202,6 +1203,7 @@ impl Sim {
             parent,
             scopes,
             idempotency_key: self.maybe_key(),
+            ..Default::default()
         };
         let out = self.checked(format!("{name} task_create {room}"), |e| {
             e.task_create(&c, args)

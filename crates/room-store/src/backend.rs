@@ -5,7 +5,9 @@
 //! lives behind these traits; the embedded SQLite backend is [`SqliteBackend`], and every
 //! backend runs the same conformance suite (`crate::conformance`).
 
-use crate::control::{AgentRow, ProjectRow, RoomRow, RoomWitnesses, TaskRow, WakeRow};
+use crate::control::{
+    AgentRow, ProjectRow, RoomRow, RoomWitnesses, TaskCheckRow, TaskRow, WakeRow,
+};
 use crate::index::{
     Batch, CheckpointRow, EventRow, IndexWitnesses, ItemKind, ItemRow, LifecycleRow, LogTrust,
     ReceiptRow, SqliteConfig,
@@ -186,6 +188,9 @@ pub trait ControlStore: Send {
         recipient: Option<&str>,
         now_ms: u64,
     ) -> Result<bool>;
+    /// Keep `row` as the task's newest acceptance evaluation (replacing the one before).
+    fn record_task_check(&mut self, row: &TaskCheckRow) -> Result<()>;
+    fn task_check(&self, task: &str) -> Result<Option<TaskCheckRow>>;
     /// Queue permits in one transaction; a permit already queued stays as sealed.
     fn insert_wakes(&mut self, rows: &[WakeRow]) -> Result<()>;
     fn wakes_requeue_pending(&self) -> Result<bool>;

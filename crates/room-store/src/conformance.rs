@@ -38,6 +38,10 @@ pub const CASES: &[(&str, Case)] = &[
         control_failed_write_leaves_nothing,
     ),
     ("control_tasks", control_tasks),
+    (
+        "control_task_specs_and_checks",
+        control_task_specs_and_checks,
+    ),
     ("control_wakes", control_wakes),
     ("control_change_stamp", control_change_stamp),
     (
@@ -122,6 +126,8 @@ fn task(id: &str, room: &str, project: Option<&str>, scopes: &[&str]) -> TaskRow
         created_ms: 30,
         updated_ms: 30,
         scopes: scopes.iter().map(|s| s.to_string()).collect(),
+        requirements: Vec::new(),
+        acceptance: Vec::new(),
     }
 }
 
@@ -336,6 +342,63 @@ pub fn control_room_lifecycle(h: &mut dyn Harness) {
     assert_eq!(c.room("kept").unwrap().unwrap().archived_ms, None);
     let names: Vec<String> = c.rooms().unwrap().into_iter().map(|r| r.name).collect();
     assert_eq!(names, ["idle", "kept"]);
+}
+
+/// A task's requirements and acceptance checks come back as written, and its newest
+/// acceptance evaluation replaces the one before; all after a reopen.
+pub fn control_task_specs_and_checks(h: &mut dyn Harness) {
+    use crate::control::TaskCheckRow;
+    use room_core::acceptance::Check;
+    let checks = vec![
+        Check::FileExists {
+            path: "out.txt".into(),
+        },
+        Check::Command {
+            program: "/usr/bin/test".into(),
+            args: vec!["-f".into(), "out.txt".into()],
+            timeout_ms: 5_000,
+            exit_code: 0,
+        },
+    ];
+    let store = h.fresh();
+    {
+        let mut c = store.open_control().unwrap();
+        c.insert_room(&room("chat", None), &[]).unwrap();
+        c.insert_task(&TaskRow {
+            requirements: vec!["write out.txt".into()],
+            acceptance: checks.clone(),
+            ..task("tsk_a", "chat", None, &[])
+        })
+        .unwrap();
+        assert_eq!(c.task_check("tsk_a").unwrap(), None);
+        for (at_ms, pass) in [(50, false), (60, true)] {
+            c.record_task_check(&TaskCheckRow {
+                task: "tsk_a".into(),
+                at_ms,
+                pass,
+                evaluation: format!("{{\"at\":{at_ms}}}"),
+            })
+            .unwrap();
+        }
+        assert!(
+            c.record_task_check(&TaskCheckRow {
+                task: "tsk_unknown".into(),
+                at_ms: 1,
+                pass: true,
+                evaluation: "{}".into(),
+            })
+            .is_err(),
+            "an evaluation belongs to a task that exists"
+        );
+    }
+    let store = h.reopen();
+    let c = store.open_control().unwrap();
+    let t = c.task("tsk_a").unwrap().unwrap();
+    assert_eq!(t.requirements, ["write out.txt"]);
+    assert_eq!(t.acceptance, checks);
+    let last = c.task_check("tsk_a").unwrap().unwrap();
+    assert_eq!((last.at_ms, last.pass), (60, true));
+    assert_eq!(last.evaluation, "{\"at\":60}");
 }
 
 /// Tasks: lookup, children, compare-and-set transitions, and the live leases of a project

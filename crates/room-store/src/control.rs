@@ -96,6 +96,16 @@ INSERT INTO meta (key, value) VALUES ('wakes_requeue', '1');
     r#"
 ALTER TABLE rooms ADD COLUMN archived_ms INTEGER;
 "#,
+    r#"
+ALTER TABLE tasks ADD COLUMN requirements TEXT NOT NULL DEFAULT '[]';
+ALTER TABLE tasks ADD COLUMN acceptance TEXT NOT NULL DEFAULT '[]';
+CREATE TABLE task_checks (
+    task TEXT PRIMARY KEY REFERENCES tasks(id),
+    at_ms INTEGER NOT NULL,
+    pass INTEGER NOT NULL,
+    evaluation TEXT NOT NULL
+) STRICT;
+"#,
 ];
 
 /// One sealed permit as the queue stores it: its key and its canonical JSON.
@@ -212,10 +222,24 @@ pub struct TaskRow {
     pub updated_ms: u64,
     /// Typed scopes (`namespace:resource`) a claim of this task leases exclusively.
     pub scopes: Vec<String>,
+    /// What the work must achieve, in words.
+    pub requirements: Vec<String>,
+    /// The checks `done` measures.
+    pub acceptance: Vec<room_core::acceptance::Check>,
 }
 
-const TASK_COLS: &str =
-    "id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms, scopes";
+/// The newest acceptance evaluation of a task (by `done` or a dry-run check): an observation,
+/// not task state; the journal holds what `done` decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskCheckRow {
+    pub task: String,
+    pub at_ms: u64,
+    pub pass: bool,
+    /// The evaluation as JSON, in the seed's Exhibit 4 shape.
+    pub evaluation: String,
+}
+
+const TASK_COLS: &str = "id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms, scopes, requirements, acceptance";
 
 fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TaskRow> {
     let scopes: String = r.get(10)?;
@@ -236,9 +260,15 @@ fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TaskRow> {
         },
         created_ms: u(r.get(8)?),
         updated_ms: u(r.get(9)?),
-        scopes: serde_json::from_str(&scopes).map_err(|e| {
-            rusqlite::Error::FromSqlConversionFailure(10, rusqlite::types::Type::Text, Box::new(e))
-        })?,
+        scopes: json_col(10, &scopes)?,
+        requirements: json_col(11, &r.get::<_, String>(11)?)?,
+        acceptance: json_col(12, &r.get::<_, String>(12)?)?,
+    })
+}
+
+fn json_col<T: serde::de::DeserializeOwned>(i: usize, text: &str) -> rusqlite::Result<T> {
+    serde_json::from_str(text).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(e))
     })
 }
 
@@ -771,10 +801,12 @@ impl ControlStore for SqliteControl {
     fn insert_task(&mut self, t: &TaskRow) -> Result<()> {
         self.write(|c| {
             c.conn.execute(
-                "INSERT INTO tasks (id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms, scopes)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                "INSERT INTO tasks (id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms, scopes, requirements, acceptance)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
                 params![t.id, t.room, t.project_id, t.title, t.owner, t.recipient, t.parent, t.status.as_str(), t.created_ms as i64, t.updated_ms as i64,
-                    serde_json::to_string(&t.scopes).expect("scopes serialize")],
+                    serde_json::to_string(&t.scopes).expect("scopes serialize"),
+                    serde_json::to_string(&t.requirements).expect("requirements serialize"),
+                    serde_json::to_string(&t.acceptance).expect("checks serialize")],
             )?;
             Ok(())
         })
@@ -797,6 +829,34 @@ impl ControlStore for SqliteControl {
             )?;
             Ok(n == 1)
         })
+    }
+
+    fn record_task_check(&mut self, row: &TaskCheckRow) -> Result<()> {
+        self.write(|c| {
+            c.conn.execute(
+                "INSERT INTO task_checks (task, at_ms, pass, evaluation) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (task) DO UPDATE SET at_ms = ?2, pass = ?3, evaluation = ?4",
+                params![row.task, row.at_ms as i64, row.pass, row.evaluation],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn task_check(&self, task: &str) -> Result<Option<TaskCheckRow>> {
+        Ok(self
+            .conn
+            .prepare_cached(
+                "SELECT task, at_ms, pass, evaluation FROM task_checks WHERE task = ?1",
+            )?
+            .query_row([task], |r| {
+                Ok(TaskCheckRow {
+                    task: r.get(0)?,
+                    at_ms: u(r.get(1)?),
+                    pass: r.get(2)?,
+                    evaluation: r.get(3)?,
+                })
+            })
+            .optional()?)
     }
 
     /// Queue `rows` in one transaction. A permit already queued under the same key stays as it

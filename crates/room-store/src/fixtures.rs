@@ -22,10 +22,13 @@ pub fn index_back_to_schema_1(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Turn control.db back into schema 2 (wake permits were files, no queue, no archive).
+/// Turn control.db back into schema 2 (wake permits were files, no queue, no archive, no
+/// task requirements or acceptance).
 pub fn control_back_to_schema_2(path: &Path) -> Result<()> {
     Connection::open(path)?.execute_batch(
-        "DROP TABLE wakes; DELETE FROM meta WHERE key = 'wakes_requeue';
+        "DROP TABLE task_checks;
+         ALTER TABLE tasks DROP COLUMN requirements; ALTER TABLE tasks DROP COLUMN acceptance;
+         DROP TABLE wakes; DELETE FROM meta WHERE key = 'wakes_requeue';
          ALTER TABLE rooms DROP COLUMN archived_ms;
          PRAGMA user_version = 2;",
     )?;

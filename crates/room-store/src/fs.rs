@@ -58,6 +58,28 @@ impl Fs for RealFs {
     fn is_dir_nofollow(&self, path: &Path) -> std::io::Result<bool> {
         Ok(std::fs::symlink_metadata(path)?.file_type().is_dir())
     }
+
+    fn try_exists(&self, path: &Path) -> std::io::Result<bool> {
+        path.try_exists()
+    }
+
+    fn sha256_file(&self, path: &Path) -> std::io::Result<(String, u64)> {
+        use sha2::{Digest, Sha256};
+        use std::io::Read;
+        let mut f = std::fs::File::open(path)?;
+        let mut h = Sha256::new();
+        let mut buf = vec![0u8; 1 << 16];
+        let mut len = 0u64;
+        loop {
+            let n = f.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+            len += n as u64;
+        }
+        Ok((hex::encode(h.finalize()), len))
+    }
 }
 
 /// Write a file so that after a crash it is either absent, the old version, or complete:

@@ -124,6 +124,9 @@ fn multiplexer_schema(actions: &[&str]) -> Value {
             let mut v = v.clone();
             if let Value::Object(m) = &mut v {
                 m.retain(|k, _| k == "type" || k == "items");
+                if let Some(Value::Object(items)) = m.get_mut("items") {
+                    items.retain(|k, _| k == "type");
+                }
             }
             match props.get_mut(k) {
                 None => {
@@ -262,7 +265,8 @@ one source it answers them; with open items from several sources it is refused (
         ToolDef {
             name: "room_done",
             op: "done",
-            description: "Finish a task you have claimed. Resolves your obligations for that task.",
+            description: "Finish a task you have claimed. Room first measures the task's acceptance checks itself; if one fails it refuses \
+(task_acceptance_failed, with each result). Only passing checks resolve your obligations for the task.",
             input: turn_schema(
                 Some("Optional summary of what was done."),
                 &["task", "text"],
@@ -299,7 +303,8 @@ one source it answers them; with open items from several sources it is refused (
             name: "task_create",
             op: "task_create",
             description: "Create a task in a room (coordinator tier), optionally for a recipient, under a parent task, and with typed scopes \
-(namespace:resource, e.g. file:src/lib.rs or api:stripe) that a claim leases exclusively: file scopes conflict hierarchically, others by identity.",
+(namespace:resource, e.g. file:src/lib.rs or api:stripe) that a claim leases exclusively: file scopes conflict hierarchically, others by identity; \
+and with acceptance checks that done measures.",
             input: object(input_schema::<TaskCreateArgs>()),
         },
         ToolDef {
@@ -312,7 +317,13 @@ one source it answers them; with open items from several sources it is refused (
         ToolDef {
             name: "task_show",
             op: "task_show",
-            description: "Show a task: title, owner, recipient, status, parent.",
+            description: "Show a task: title, owner, recipient, status, scopes, acceptance checks, lineage, lease and the last acceptance results.",
+            input: object(input_schema::<TaskArgs>()),
+        },
+        ToolDef {
+            name: "task_accept_check",
+            op: "task_check",
+            description: "Evaluate a task's acceptance checks now without closing it (its owner or recipient): each check's result, as done would see it.",
             input: object(input_schema::<TaskArgs>()),
         },
     ];
@@ -321,7 +332,7 @@ one source it answers them; with open items from several sources it is refused (
         name: "room",
         op: "room",
         description: "Multiplexer for every Room action: set action to one of whoami, list, sync, note, say, reply, send, handoff, done, blocked, decline, circle, \
-task_create, task_claim, task_show, and pass that action's arguments (as its own tool takes them) alongside.",
+task_create, task_claim, task_show, task_check, and pass that action's arguments (as its own tool takes them) alongside.",
         input: multiplexer_schema(&actions),
     });
     tools

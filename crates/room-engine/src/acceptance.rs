@@ -1,0 +1,390 @@
+//! Privileged acceptance: the engine measures a task's declared checks against live files and
+//! processes, never on the worker's word. File observations follow the seed's law: an error
+//! (permission denied, I/O) is `observation: "unconfirmed"` and fails, never read as presence
+//! or absence; a path that resolves outside the project root is unconfirmed too. `command`
+//! checks run outside every lock, before the transition (`prepare_turn` runs them first);
+//! everything else is observed again inside it, so `done` closes on what is true at its commit.
+//!
+//! The newest evaluation of each task is kept in control.db (an observation for `task show`);
+//! what `done` decided is in the journal.
+
+use crate::{Engine, Outcome, store_err};
+use room_core::acceptance::{Check, CheckResult, Evaluation, UNCONFIRMED};
+use room_core::{Code, Refusal, RunRequest};
+use room_store::control::{TaskCheckRow, TaskRow};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+
+/// What `command` checks produced before the transition, for the task and checks they ran
+/// against (`done` uses them only if both are unchanged).
+pub(crate) struct PreRun {
+    pub task: String,
+    pub acceptance: Vec<Check>,
+    pub results: Vec<(usize, CheckResult)>,
+}
+
+/// Where a task's file checks are measured: its project's canonical root, revalidated.
+pub(crate) struct Place {
+    pub root: Option<PathBuf>,
+}
+
+impl Place {
+    fn shown(&self, rel: &str) -> String {
+        match self.root {
+            Some(_) => format!("project:/{rel}"),
+            None => rel.to_string(),
+        }
+    }
+}
+
+fn unconfirmed(path: &str, e: &std::io::Error) -> Value {
+    json!({"path": path, "error": e.to_string(), "error_kind": format!("{:?}", e.kind()),
+        "observation": UNCONFIRMED})
+}
+
+fn outside(path: &str) -> Value {
+    json!({"path": path, "error": "the path resolves outside the project root",
+        "error_kind": "OutsideTerritory", "observation": UNCONFIRMED})
+}
+
+/// Where a file check's path leads: a file inside the root, nothing, or not knowable.
+enum Found {
+    Present(PathBuf),
+    Absent,
+    Unknown(Value),
+}
+
+impl Engine {
+    /// The place a task's checks are measured. A project whose root moved refuses
+    /// (`project_root_redirected`): nothing is measured in a directory that is not the grant.
+    pub(crate) fn acceptance_place(&self, t: &TaskRow) -> Outcome<Place> {
+        let root = match &t.project_id {
+            Some(p) => Some(PathBuf::from(self.revalidate_project(p)?.canonical_root)),
+            None => None,
+        };
+        Ok(Place { root })
+    }
+
+    /// Run the task's `command` checks (long: call this outside every lock).
+    pub(crate) fn run_commands(&self, t: &TaskRow, place: &Place) -> Vec<(usize, CheckResult)> {
+        let allowed = self.policy().acceptance_commands;
+        t.acceptance
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.is_command())
+            .map(|(i, c)| (i, self.run_command(c, place, &allowed)))
+            .collect()
+    }
+
+    fn run_command(&self, c: &Check, place: &Place, allowed: &[String]) -> CheckResult {
+        let Check::Command {
+            program,
+            args,
+            timeout_ms,
+            exit_code,
+        } = c
+        else {
+            unreachable!("run_commands passes only command checks")
+        };
+        let mut detail = json!({"program": program, "args": args, "expected_exit_code": exit_code,
+            "timeout_ms": timeout_ms});
+        let result = |pass: bool, detail: Value| CheckResult {
+            kind: "command".into(),
+            pass,
+            detail,
+        };
+        if !allowed.iter().any(|a| a == program) {
+            detail["error"] = json!("the program is not on the owner's allowlist");
+            detail["observation"] = json!("refused");
+            return result(false, detail);
+        }
+        let req = RunRequest {
+            program: PathBuf::from(program),
+            args: args.clone(),
+            cwd: place.root.clone().unwrap_or_else(|| PathBuf::from("/")),
+            timeout_ms: *timeout_ms,
+        };
+        match self.env.runner.run(&req) {
+            Err(e) => {
+                detail["error"] = json!(e.to_string());
+                detail["error_kind"] = json!(format!("{:?}", e.kind()));
+                detail["observation"] = json!(UNCONFIRMED);
+                result(false, detail)
+            }
+            Ok(out) => {
+                detail["exit_code"] = json!(out.exit_code);
+                detail["timed_out"] = json!(out.timed_out);
+                detail["elapsed_ms"] = json!(out.elapsed_ms);
+                if let Some(s) = out.signal {
+                    detail["signal"] = json!(s);
+                }
+                if !out.stderr_tail.is_empty() {
+                    detail["stderr_tail"] = json!(out.stderr_tail);
+                }
+                if !out.stdout_tail.is_empty() {
+                    detail["stdout_tail"] = json!(out.stdout_tail);
+                }
+                let pass = !out.timed_out && out.exit_code == Some(*exit_code);
+                result(pass, detail)
+            }
+        }
+    }
+
+    /// Observe every check that is not a command, now.
+    pub(crate) fn observe_files(&self, t: &TaskRow, place: &Place) -> Vec<(usize, CheckResult)> {
+        t.acceptance
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| !c.is_command())
+            .map(|(i, c)| (i, self.observe_file(c, place)))
+            .collect()
+    }
+
+    fn observe_file(&self, c: &Check, place: &Place) -> CheckResult {
+        let rel = c.path().expect("file checks have a path");
+        let shown = place.shown(rel);
+        let found = match &place.root {
+            Some(root) => self.find(root, rel, &shown),
+            None => Found::Unknown(
+                json!({"path": shown, "error": "file checks need a project room",
+                "error_kind": "NoProject", "observation": UNCONFIRMED}),
+            ),
+        };
+        let (pass, detail) = match (c, found) {
+            (_, Found::Unknown(d)) => (false, d),
+            (Check::FileExists { .. }, Found::Present(_)) => {
+                (true, json!({"path": shown, "observation": "present"}))
+            }
+            (Check::FileExists { .. }, Found::Absent) => {
+                (false, json!({"path": shown, "observation": "absent"}))
+            }
+            (Check::FileAbsent { .. }, Found::Present(_)) => {
+                (false, json!({"path": shown, "observation": "present"}))
+            }
+            (Check::FileAbsent { .. }, Found::Absent) => {
+                (true, json!({"path": shown, "observation": "absent"}))
+            }
+            (Check::Sha256 { expected, .. }, Found::Absent) => (
+                false,
+                json!({"path": shown, "expected": expected, "actual": null, "observation": "absent"}),
+            ),
+            (Check::Sha256 { expected, .. }, Found::Present(p)) => {
+                match self.env.fs.sha256_file(&p) {
+                    Err(e) => {
+                        let mut d = unconfirmed(&shown, &e);
+                        d["expected"] = json!(expected);
+                        (false, d)
+                    }
+                    Ok((actual, bytes)) => (
+                        actual == *expected,
+                        json!({"path": shown, "expected": expected, "actual": actual, "bytes": bytes}),
+                    ),
+                }
+            }
+            (Check::Command { .. }, _) => unreachable!("observe_files skips command checks"),
+        };
+        CheckResult {
+            kind: c.kind().into(),
+            pass,
+            detail,
+        }
+    }
+
+    /// Resolve `rel` under `root` with `try_exists` semantics, and refuse to measure anything
+    /// a symlink leads outside the root.
+    fn find(&self, root: &Path, rel: &str, shown: &str) -> Found {
+        let fs = &self.env.fs;
+        let full = root.join(rel);
+        match fs.try_exists(&full) {
+            Err(e) => Found::Unknown(unconfirmed(shown, &e)),
+            Ok(true) => match fs.canonicalize(&full) {
+                Err(e) => Found::Unknown(unconfirmed(shown, &e)),
+                Ok(c) if c.starts_with(root) => Found::Present(c),
+                Ok(_) => Found::Unknown(outside(shown)),
+            },
+            Ok(false) => {
+                // absent: but absent where? the nearest existing ancestor must be ours
+                for a in full.ancestors().skip(1) {
+                    match fs.try_exists(a) {
+                        Err(e) => return Found::Unknown(unconfirmed(shown, &e)),
+                        Ok(false) => continue,
+                        Ok(true) => {
+                            return match fs.canonicalize(a) {
+                                Err(e) => Found::Unknown(unconfirmed(shown, &e)),
+                                Ok(c) if c.starts_with(root) => Found::Absent,
+                                Ok(_) => Found::Unknown(outside(shown)),
+                            };
+                        }
+                    }
+                }
+                Found::Unknown(outside(shown))
+            }
+        }
+    }
+
+    /// Keep `ev` as the task's newest evaluation.
+    pub(crate) fn record_evaluation(&self, ev: &Evaluation) -> Outcome<()> {
+        let row = TaskCheckRow {
+            task: ev.task.clone(),
+            at_ms: self.now_ms(),
+            pass: ev.acceptance_pass,
+            evaluation: ev.to_value().to_string(),
+        };
+        self.control().record_task_check(&row).map_err(store_err)
+    }
+
+    /// The task's newest evaluation, with when it was made.
+    pub(crate) fn last_evaluation(&self, task: &str) -> Outcome<Value> {
+        let row = self.control().task_check(task).map_err(store_err)?;
+        Ok(match row {
+            None => Value::Null,
+            Some(r) => {
+                let mut v: Value = serde_json::from_str(&r.evaluation).map_err(|e| {
+                    Refusal::storage(format!("stored evaluation of {task} unreadable: {e}"))
+                })?;
+                v["at_ms"] = json!(r.at_ms);
+                v
+            }
+        })
+    }
+}
+
+/// Merge command and file results back into the declared order.
+pub(crate) fn merge(task: &str, n: usize, mut parts: Vec<(usize, CheckResult)>) -> Evaluation {
+    parts.sort_by_key(|(i, _)| *i);
+    assert_eq!(
+        parts.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+        (0..n).collect::<Vec<_>>(),
+        "every declared check is evaluated exactly once"
+    );
+    Evaluation::new(task, parts.into_iter().map(|(_, r)| r).collect())
+}
+
+/// The refusal of a `done` whose checks did not all pass, carrying the evaluation.
+pub(crate) fn failed(ev: &Evaluation) -> Refusal {
+    let failing: Vec<String> = ev
+        .acceptance_results
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| !r.pass)
+        .map(|(i, r)| format!("{} (accept[{i}])", r.kind))
+        .collect();
+    Refusal::new(
+        Code::TaskAcceptanceFailed,
+        format!(
+            "task {} is not done: {} of {} checks failed: {}",
+            ev.task,
+            failing.len(),
+            ev.acceptance_results.len(),
+            failing.join(", ")
+        ),
+    )
+    .detail(ev.to_value())
+    .hint("produce what the failing checks measure, then done again (task_accept_check evaluates without closing)")
+}
+
+impl Engine {
+    /// Whether a new task may declare `checks`: file checks measure a project, a `sha256`
+    /// reads an in-scope file when the task names file scopes, and a command must be on the
+    /// owner's allowlist now (it is checked again when it runs).
+    pub(crate) fn admit_checks(
+        &self,
+        checks: &[Check],
+        in_project: bool,
+        scopes: &[String],
+    ) -> Outcome<()> {
+        let file_scopes: Vec<room_core::scope::Scope> = scopes
+            .iter()
+            .filter_map(|s| room_core::scope::Scope::parse("scopes", s).ok())
+            .filter(|s| s.namespace == "file")
+            .collect();
+        let allowed = self.policy().acceptance_commands;
+        for (i, c) in checks.iter().enumerate() {
+            match c {
+                Check::Command { program, .. } if !allowed.iter().any(|a| a == program) => {
+                    return Err(Refusal::new(
+                        Code::AcceptanceCommandNotAllowed,
+                        format!("accept[{i}]: {program} is not on the owner's command allowlist"),
+                    )
+                    .detail(json!({"field": format!("accept[{i}].program"), "program": program}))
+                    .hint(format!(
+                        "the owner can allow it in config.toml: [acceptance] commands = [\"{program}\"]"
+                    )));
+                }
+                Check::Command { .. } => {}
+                _ if !in_project => {
+                    return Err(Refusal::invalid(
+                        &format!("accept[{i}]"),
+                        "file checks need a project room: their paths are relative to its root",
+                    ));
+                }
+                Check::Sha256 { path, .. } if !file_scopes.is_empty() => {
+                    let me = room_core::scope::Scope::parse("path", &format!("file:{path}"))?;
+                    let inside = file_scopes.iter().any(|s| {
+                        s.resource == me.resource
+                            || me.resource.starts_with(&format!("{}/", s.resource))
+                    });
+                    if !inside {
+                        return Err(Refusal::invalid(
+                            &format!("accept[{i}].path"),
+                            "a sha256 check reads an in-scope file: the path is outside the task's file scopes",
+                        ));
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// `done`'s command checks, run before the transition and outside every lock, when the
+    /// caller holds the claimed task (otherwise the plan refuses, and nothing runs).
+    pub(crate) fn pre_run(&self, caller: &str, task: Option<&str>) -> Outcome<Option<PreRun>> {
+        let Some(task) = task.filter(|t| room_core::id::is_task_id(t)) else {
+            return Ok(None);
+        };
+        let Some(t) = self.control().task(task).map_err(store_err)? else {
+            return Ok(None);
+        };
+        let held =
+            t.status == room_core::TaskStatus::Claimed && t.recipient.as_deref() == Some(caller);
+        if !held || !t.acceptance.iter().any(Check::is_command) {
+            return Ok(None);
+        }
+        let place = self.acceptance_place(&t)?;
+        let results = self.run_commands(&t, &place);
+        Ok(Some(PreRun {
+            task: t.id,
+            acceptance: t.acceptance,
+            results,
+        }))
+    }
+
+    /// Evaluate every check of `t`: commands from `pre` when they ran against these checks
+    /// (else they count as not run, and fail), files now.
+    pub(crate) fn evaluate(&self, t: &TaskRow, pre: Option<&PreRun>) -> Outcome<Evaluation> {
+        let place = self.acceptance_place(t)?;
+        let mut parts = self.observe_files(t, &place);
+        match pre {
+            Some(p) if p.task == t.id && p.acceptance == t.acceptance => {
+                parts.extend(p.results.iter().cloned());
+            }
+            _ => parts.extend(
+                t.acceptance
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, c)| c.is_command())
+                    .map(|(i, _)| {
+                        let r = CheckResult {
+                            kind: "command".into(),
+                            pass: false,
+                            detail: json!({"observation": "not_run",
+                                "error": "the task changed while its commands ran; try again"}),
+                        };
+                        (i, r)
+                    }),
+            ),
+        }
+        Ok(merge(&t.id, t.acceptance.len(), parts))
+    }
+}

@@ -1,0 +1,194 @@
+//! Linux process supervision for Room. Today it owns one thing: running an acceptance
+//! `command` check the way the seed demands (an absolute program, the exact arguments, no
+//! shell, no PATH lookup, a bounded time), so that the engine can measure work without knowing
+//! what a process is. Owned jobs (cgroup v2), the observer, the stop outbox and the broker
+//! arrive here with active cancellation.
+//!
+//! Each run starts in a process group of its own. At the deadline, and again once the program
+//! exits, the whole group is killed: a check must not leave a grandchild running, and a
+//! grandchild holding the output pipes must not hang the caller.
+
+use room_core::{RunOutcome, RunRequest, Runner};
+use rustix::process::{Pid, Signal, kill_process_group};
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Bytes of each output stream kept for the result (the end, where errors usually are).
+pub const OUTPUT_TAIL_BYTES_MAX: usize = 2_048;
+/// The environment a check runs with: nothing of the daemon's but these.
+const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+/// How long to wait for the output readers after the group is gone.
+const READER_GRACE_MS: u64 = 200;
+
+/// Runs acceptance commands as child processes of the daemon.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ProcessRunner;
+
+impl Runner for ProcessRunner {
+    fn run(&self, req: &RunRequest) -> std::io::Result<RunOutcome> {
+        if !req.program.is_absolute() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "the program must be an absolute path",
+            ));
+        }
+        let started = Instant::now();
+        let mut cmd = Command::new(&req.program);
+        cmd.args(&req.args)
+            .current_dir(&req.cwd)
+            .env_clear()
+            .env("PATH", PATH)
+            .env("LANG", "C.UTF-8")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(home) = std::env::var_os("HOME") {
+            cmd.env("HOME", home);
+        }
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let mut child = cmd.spawn()?;
+        let pgid = Pid::from_raw(i32::try_from(child.id()).expect("pids fit i32"))
+            .expect("a spawned child has a positive pid");
+        let out = tail_reader(child.stdout.take());
+        let err = tail_reader(child.stderr.take());
+        let deadline = started + Duration::from_millis(req.timeout_ms);
+        let mut pause = Duration::from_millis(1);
+        let (status, timed_out) = loop {
+            if let Some(s) = child.try_wait()? {
+                break (Some(s), false);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                break (None, true);
+            }
+            std::thread::sleep(pause.min(deadline - now));
+            pause = (pause * 2).min(Duration::from_millis(50));
+        };
+        // the group outlives its leader if a descendant is still in it; end them all
+        let _ = kill_process_group(pgid, Signal::KILL);
+        let status = match status {
+            Some(s) => s,
+            None => child.wait()?,
+        };
+        let grace = Instant::now() + Duration::from_millis(READER_GRACE_MS);
+        use std::os::unix::process::ExitStatusExt;
+        Ok(RunOutcome {
+            exit_code: if timed_out { None } else { status.code() },
+            signal: status.signal(),
+            timed_out,
+            elapsed_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            stdout_tail: out.finish(grace),
+            stderr_tail: err.finish(grace),
+        })
+    }
+}
+
+struct Tail {
+    buf: Arc<Mutex<Vec<u8>>>,
+    done: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Tail {
+    /// The kept bytes, waiting until `grace` at most for the reader to reach the end.
+    fn finish(self, grace: Instant) -> String {
+        while !self.done.load(std::sync::atomic::Ordering::Acquire) && Instant::now() < grace {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let b = self.buf.lock().expect("tail lock").clone();
+        String::from_utf8_lossy(&b).into_owned()
+    }
+}
+
+fn tail_reader(src: Option<impl Read + Send + 'static>) -> Tail {
+    let buf = Arc::new(Mutex::new(Vec::new()));
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(src.is_none()));
+    if let Some(mut src) = src {
+        let (b, d) = (buf.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut chunk = [0u8; 4096];
+            while let Ok(n) = src.read(&mut chunk) {
+                if n == 0 {
+                    break;
+                }
+                let mut b = b.lock().expect("tail lock");
+                b.extend_from_slice(&chunk[..n]);
+                if b.len() > OUTPUT_TAIL_BYTES_MAX {
+                    let cut = b.len() - OUTPUT_TAIL_BYTES_MAX;
+                    b.drain(..cut);
+                }
+            }
+            d.store(true, std::sync::atomic::Ordering::Release);
+        });
+    }
+    Tail { buf, done }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn req(program: &str, args: &[&str], timeout_ms: u64) -> RunRequest {
+        RunRequest {
+            program: PathBuf::from(program),
+            args: args.iter().map(|s| s.to_string()).collect(),
+            cwd: PathBuf::from("/"),
+            timeout_ms,
+        }
+    }
+
+    #[test]
+    fn exit_codes_and_output_come_back() {
+        let r = ProcessRunner
+            .run(&req(
+                "/bin/sh",
+                &["-c", "echo out; echo err >&2; exit 3"],
+                10_000,
+            ))
+            .unwrap();
+        assert_eq!(r.exit_code, Some(3));
+        assert!(!r.timed_out);
+        assert_eq!(r.stdout_tail, "out\n");
+        assert_eq!(r.stderr_tail, "err\n");
+    }
+
+    #[test]
+    fn the_deadline_kills_the_whole_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("grandchild-alive");
+        // a grandchild that would write the marker after the deadline
+        let script = format!("(sleep 2; touch {}) & sleep 30", marker.display());
+        let r = ProcessRunner
+            .run(&req("/bin/sh", &["-c", &script], 300))
+            .unwrap();
+        assert!(r.timed_out);
+        assert_eq!(r.exit_code, None);
+        assert_eq!(r.signal, Some(9));
+        std::thread::sleep(Duration::from_millis(2_500));
+        assert!(!marker.exists(), "a grandchild survived the deadline");
+    }
+
+    #[test]
+    fn relative_programs_are_refused_and_missing_ones_fail() {
+        assert!(ProcessRunner.run(&req("sh", &[], 1_000)).is_err());
+        let e = ProcessRunner
+            .run(&req("/nonexistent/program", &[], 1_000))
+            .unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn only_the_tail_of_long_output_is_kept() {
+        let r = ProcessRunner
+            .run(&req(
+                "/bin/sh",
+                &["-c", "head -c 100000 /dev/zero | tr '\\0' a; echo END"],
+                10_000,
+            ))
+            .unwrap();
+        assert_eq!(r.stdout_tail.len(), OUTPUT_TAIL_BYTES_MAX);
+        assert!(r.stdout_tail.ends_with("aEND\n"));
+    }
+}
