@@ -1,6 +1,7 @@
 //! `room demo`: a short scene on a throw-away state dir. It starts a real daemon, enrolls three
 //! agents, opens a temporary project and shows the Work Gate refusing a blind write, a sync and
-//! confirm, a send with obligations and a sealed wake, a reply resolving it, a revoked
+//! confirm, a send with obligations and a sealed wake, a reply resolving it, a delegated task
+//! refused completion until its artifact exists, a revoked
 //! credential refused on its next call, and the chains verifying at the end.
 
 use room_server::client::Client;
@@ -32,6 +33,22 @@ impl Scene {
         let r = self.call(token, op, args);
         r.refusal
             .unwrap_or_else(|| panic!("demo step {op} should have been refused"))
+    }
+
+    /// Read a room to its end, confirming each page (the Work Gate's loop).
+    fn catch_up(&mut self, token: &str, room: &str) {
+        let mut confirm: Option<String> = None;
+        loop {
+            let page = self.ok(
+                Some(token),
+                "sync",
+                json!({"room": room, "confirm": confirm}),
+            );
+            if page["more"] != true && confirm.is_some() {
+                break;
+            }
+            confirm = page["receipt"].as_str().map(String::from);
+        }
     }
 
     fn say(&mut self, text: &str) {
@@ -204,6 +221,45 @@ fn scene() -> anyhow::Result<()> {
         r.message,
         r.detail["invariant"].as_str().unwrap_or(""),
         r.detail["original_event"].as_str().unwrap_or("")
+    ));
+
+    sc.say("alpha delegates a subtask to gamma whose acceptance Room measures itself: notes/parser.md must exist.");
+    let sub = sc.ok(
+        Some(&a),
+        "task_create",
+        json!({"room": "build", "title": "Write the parser notes", "to": "gamma", "parent": task,
+            "accept": [{"kind": "file_exists", "path": "notes/parser.md"}]}),
+    );
+    let sub = sub["task"]["id"].as_str().unwrap_or_default().to_string();
+    sc.ok(Some(&g), "task_claim", json!({"task": sub}));
+    sc.catch_up(&g, "build");
+    show(format!("task {sub} (parent {task}) claimed by gamma"));
+
+    sc.say("gamma says done before writing anything. Room checks the project and refuses.");
+    let r = sc.refused(Some(&g), "done", json!({"room": "build", "task": sub}));
+    show(format!("error[{}]: {}", r.code, r.message));
+    let first = &r.detail["acceptance_results"][0];
+    show(format!(
+        "{} {}: pass {}, observation {}",
+        first["kind"].as_str().unwrap_or(""),
+        first["detail"]["path"].as_str().unwrap_or(""),
+        first["pass"],
+        first["detail"]["observation"].as_str().unwrap_or("")
+    ));
+
+    sc.say("gamma writes the notes; done now passes the measurement and closes the task.");
+    std::fs::create_dir_all(project_dir.join("notes"))?;
+    std::fs::write(
+        project_dir.join("notes/parser.md"),
+        "# Parser notes\n\nTwo nits, both fixed.\n",
+    )?;
+    let done = sc.ok(Some(&g), "done", json!({"room": "build", "task": sub}));
+    let shown = sc.ok(None, "owner_task_show", json!({"task": sub}));
+    show(format!(
+        "done {} -> task {}, last acceptance pass {}",
+        done["event"].as_str().unwrap_or(""),
+        shown["task"]["status"].as_str().unwrap_or(""),
+        shown["last_acceptance"]["acceptance_pass"]
     ));
 
     sc.say("The owner revokes gamma. Its very next call is refused.");

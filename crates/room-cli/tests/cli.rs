@@ -244,6 +244,136 @@ fn a_session_from_init_to_refusal_and_the_start_refusals() {
     assert!(stderr(&down).contains("room serve"));
 }
 
+/// Acceptance on the command line: `task create --accept JSON` (one check per flag),
+/// `task check`, `task show --json`, and a `done` refused until the artifact exists.
+#[test]
+fn task_acceptance_from_the_command_line() {
+    let env = Env::new();
+    assert!(env.run(&["init"], None).status.success());
+    let mut daemon = env.serve(&env.state);
+    let token = |name: &str, tier: &str| {
+        let o = env.run(
+            &["agent", "enroll", name, "--max-tier", tier, "--json"],
+            None,
+        );
+        assert!(o.status.success(), "{}", stderr(&o));
+        json(&o)["token"].as_str().unwrap().to_string()
+    };
+    let (a, b) = (token("alpha", "coordinator"), token("beta", "member"));
+    let dir = env.root.join("project");
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = json(&env.run(&["project", "open", dir.to_str().unwrap(), "--json"], None));
+    let pid = p["id"].as_str().unwrap();
+    let made = env.run(
+        &[
+            "create",
+            "build",
+            "--project",
+            pid,
+            "--member",
+            "alpha",
+            "--member",
+            "beta",
+        ],
+        None,
+    );
+    assert!(made.status.success(), "{}", stderr(&made));
+    let sync_all = |tok: &str| {
+        let mut confirm: Option<String> = None;
+        for _ in 0..100 {
+            let mut args = vec!["sync", "build", "--json"];
+            if let Some(c) = &confirm {
+                args.extend(["--confirm", c.as_str()]);
+            }
+            let page = json(&env.run(&args, Some(tok)));
+            if page["more"] != true && confirm.is_some() {
+                return;
+            }
+            confirm = page["receipt"].as_str().map(String::from);
+        }
+        panic!("never caught up");
+    };
+    // a malformed check is refused naming its flag's field; nothing is created
+    let bad = env.run(
+        &[
+            "task",
+            "create",
+            "build",
+            "t",
+            "--accept",
+            r#"{"kind":"file_exists","path":"/etc"}"#,
+        ],
+        Some(&a),
+    );
+    assert_eq!(bad.status.code(), Some(1), "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("accept[0].path"), "{}", stderr(&bad));
+    let not_json = env.run(
+        &["task", "create", "build", "t", "--accept", "{nope"],
+        Some(&a),
+    );
+    assert_eq!(not_json.status.code(), Some(2), "{}", stderr(&not_json));
+    assert!(
+        stderr(&not_json).contains("--accept"),
+        "{}",
+        stderr(&not_json)
+    );
+
+    let created = env.run(
+        &[
+            "task",
+            "create",
+            "build",
+            "write the report",
+            "--to",
+            "beta",
+            "--requirement",
+            "a report exists",
+            "--accept",
+            r#"{"kind":"file_exists","path":"report.md"}"#,
+            "--accept",
+            r#"{"kind":"file_absent","path":"report.draft"}"#,
+            "--json",
+        ],
+        Some(&a),
+    );
+    assert!(created.status.success(), "{}", stderr(&created));
+    let t = json(&created)["task"]["id"].as_str().unwrap().to_string();
+    assert!(env.run(&["task", "claim", &t], Some(&b)).status.success());
+    sync_all(&b);
+
+    let check = env.run(&["task", "check", &t, "--json"], Some(&b));
+    assert!(check.status.success(), "{}", stderr(&check));
+    let check = json(&check);
+    assert_eq!(check["acceptance_pass"], false);
+    assert_eq!(
+        check["acceptance_results"][0]["detail"]["observation"],
+        "absent"
+    );
+    assert_eq!(check["acceptance_results"][1]["pass"], true);
+
+    let done = env.run(&["done", "build", "--task", &t], Some(&b));
+    assert_eq!(done.status.code(), Some(1));
+    assert!(
+        stderr(&done).starts_with("error[task_acceptance_failed]"),
+        "{}",
+        stderr(&done)
+    );
+    std::fs::write(dir.join("report.md"), "# report\n").unwrap();
+    let done = env.run(&["done", "build", "--task", &t, "--json"], Some(&b));
+    assert!(done.status.success(), "{}", stderr(&done));
+
+    let shown = json(&env.run(&["task", "show", &t, "--json"], None));
+    assert_eq!(shown["task"]["status"], "done");
+    assert_eq!(shown["task"]["requirements"][0], "a report exists");
+    assert_eq!(shown["last_acceptance"]["acceptance_pass"], true);
+    assert_eq!(
+        shown["last_acceptance"]["acceptance_results"][0]["detail"]["path"],
+        "project:/report.md"
+    );
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+}
+
 /// `room bench swarm` end to end at its smallest size, on both of its MCP clients: every call is
 /// answered, agents claim the tasks created for them and finish them, and nothing is refused but
 /// by the Work Gate.
