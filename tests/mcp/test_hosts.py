@@ -143,7 +143,7 @@ async def priming_event_only_where_the_negotiated_version_has_it(fx):
             r = await http.post(fx.url, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, headers=hdr(fx, sent_version, session))
             events = sse_events(r.text)
             assert any(not e.get("data", "x").strip() for e in events) == primed, (version, events)
-            assert len(json.loads([e for e in events if e.get("data", "").strip()][-1]["data"])["result"]["tools"]) == 16
+            assert len(json.loads([e for e in events if e.get("data", "").strip()][-1]["data"])["result"]["tools"]) == 17
             # the standalone stream (GET): its first event is the priming one only from 2025-11-25
             async with http.stream("GET", fx.url, headers=hdr(fx, sent_version, session) | {"Accept": "text/event-stream"}) as s:
                 assert s.status_code == 200, s.status_code
@@ -357,7 +357,7 @@ def inspector(fx, args):
 
 
 @test
-async def inspector_cli_lists_and_calls_tools_over_stdio_and_http(fx):
+async def inspector_cli_lists_and_calls_tools_prompts_and_resources_over_stdio_and_http(fx):
     if not INSPECTOR:
         raise RuntimeError("no --inspector NODE SCRIPT given (scripts/test installs @modelcontextprotocol/inspector)")
     stdio_target = ["-e", f"ROOM_TOKEN={fx.token}", "-e", f"ROOM_STATE_DIR={fx.state}",
@@ -371,12 +371,22 @@ async def inspector_cli_lists_and_calls_tools_over_stdio_and_http(fx):
         # --strict: every schema portable (one type per field), else exit 6
         listed, err = cli("--method", "tools/list", "--strict")
         names = {t["name"] for t in listed["tools"]}
-        assert "room_sync" in names and "room" in names and len(names) == 16, names
+        assert "room_sync" in names and "room" in names and len(names) == 17, names
         assert "Warning" not in err and "Error" not in err, err
         r, _ = cli("--method", "tools/call", "--tool-name", "room_whoami")
         assert r["structuredContent"]["agent"] == "alpha", r
         r, _ = cli("--method", "tools/call", "--tool-name", "room_sync", "--tool-arg", "room=lobby")
         assert not r.get("isError") and "receipt" in r["structuredContent"], r
+        # prompts and resources, listed and called the same way
+        listed, _ = cli("--method", "prompts/list")
+        assert {p["name"] for p in listed["prompts"]} == {"catch_up", "answer_addressed", "finish_task"}, listed
+        got, _ = cli("--method", "prompts/get", "--prompt-name", "catch_up", "--prompt-args", "room=lobby")
+        assert "room_sync" in got["messages"][0]["content"]["text"], got
+        listed, _ = cli("--method", "resources/list")
+        assert [r["uri"] for r in listed["resources"]] == ["room://lobby"], listed
+        read, _ = cli("--method", "resources/read", "--uri", "room://lobby")
+        page = json.loads(read["contents"][0]["text"])
+        assert "receipt" in page and "open_items" in page, page
 
 
 def main():

@@ -16,7 +16,10 @@ import time
 import traceback
 import uuid
 
+import warnings
+
 import httpx2
+import mcp.types as types
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
@@ -26,7 +29,7 @@ logging.basicConfig(level=logging.ERROR)
 ALL_TOOLS = {
     "room_whoami", "room_list", "room_sync", "room_note", "room_say", "room_reply", "room_send",
     "room_handoff", "room_done", "room_blocked", "room_decline", "room_circle", "task_create",
-    "task_claim", "task_show", "room",
+    "task_claim", "task_show", "task_accept_check", "room",
 }
 
 
@@ -419,6 +422,104 @@ async def stdout_of_room_mcp_carries_only_protocol(fx):
     assert len(by_id[1]["result"]["tools"]) == len(ALL_TOOLS)
     assert by_id[2]["result"]["structuredContent"]["agent"] == "alpha"
     assert "error" in by_id[3], by_id[3]
+
+
+async def wait_for(pred, what, seconds=10.0):
+    deadline = time.monotonic() + seconds
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@test
+async def prompts_resources_subscriptions_and_logging(fx):
+    """The MCP features beside tools, on both transports (initialize sessions: subscribe and
+    setLevel are the 2025 forms): prompts teach the loop, each room is a resource, a subscribed
+    room that moves is announced, and refusals reach the log at the level the client set."""
+    warnings.simplefilter("ignore")  # subscribe and setLevel are deprecated from 2026-07-28 on
+    toks = setup_room(fx, ["alpha", "beta"])
+    fx.run("create", "private", "--member", "beta")
+    for transport in ("stdio", "http"):
+        updates, logs = [], []
+
+        async def on_message(m):
+            if isinstance(m, types.ResourceUpdatedNotification):
+                updates.append(m.params.uri)
+
+        async def on_log(params):
+            logs.append(params)
+
+        target = Http(fx.url, toks["alpha"]).transport() if transport == "http" else stdio(fx, toks["alpha"])
+        async with Client(target, mode="legacy", message_handler=on_message, logging_callback=on_log) as alpha:
+            caps = alpha.server_capabilities
+            assert caps.prompts is not None and caps.resources is not None and caps.resources.subscribe, caps
+            assert caps.logging is not None, caps
+            # prompts: listed with their argument, filled with a valid name only
+            prompts = {p.name: p for p in (await alpha.list_prompts()).prompts}
+            assert set(prompts) == {"catch_up", "answer_addressed", "finish_task"}, set(prompts)
+            assert prompts["catch_up"].arguments[0].name == "room" and prompts["catch_up"].arguments[0].required
+            got = await alpha.get_prompt("catch_up", {"room": "lobby"})
+            text = got.messages[0].content.text
+            assert "room_sync" in text and "confirm" in text and "lobby" in text, text
+            for bad in ({"room": "../x"}, {}):
+                try:
+                    await alpha.get_prompt("catch_up", bad)
+                    raise AssertionError(f"prompt with {bad} accepted")
+                except AssertionError:
+                    raise
+                except Exception:
+                    pass
+            # resources: the rooms alpha is a member of, read as its next page and open items
+            listed = (await alpha.list_resources()).resources
+            assert [str(r.uri) for r in listed] == ["room://lobby"], listed
+            read = await alpha.read_resource("room://lobby")
+            page = json.loads(read.contents[0].text)
+            assert "receipt" in page and "open_items" in page, page
+            for uri in ("room://private", "room://nowhere", "https://example.com/"):
+                try:
+                    await alpha.read_resource(uri)
+                    raise AssertionError(f"{uri} was readable")
+                except AssertionError:
+                    raise
+                except Exception:
+                    pass
+            # logging: nothing before a level is set; then refusals at or above it
+            await alpha.call_tool("room_say", {"room": "lobby", "text": "blind"})
+            await asyncio.sleep(0.3)
+            assert logs == [], logs
+            await alpha.set_logging_level("info")
+            r = await alpha.call_tool("room_say", {"room": "lobby", "text": "blind"})
+            assert refusal(r)["code"] == "room_sync_required"
+            await wait_for(lambda: any(l.data.get("code") == "room_sync_required" for l in logs), "the refusal log")
+            assert logs[-1].level == "info" and logs[-1].logger == "room", logs[-1]
+            await alpha.set_logging_level("error")
+            logs.clear()
+            await alpha.call_tool("room_say", {"room": "lobby", "text": "blind again"})
+            await alpha.call_tool("room_sync", {"room": "private"})  # room_not_member: a warning
+            await asyncio.sleep(0.5)
+            assert logs == [], f"below the level nothing is sent: {logs}"
+            # subscriptions: another member's turn in lobby is announced without polling by the host
+            await alpha.subscribe_resource("room://lobby")
+            try:
+                await alpha.subscribe_resource("room://private")
+                raise AssertionError("subscribed to a room alpha is not a member of")
+            except AssertionError:
+                raise
+            except Exception:
+                pass
+            async with Client(stdio(fx, toks["beta"]), mode="auto") as beta:
+                await catch_up(beta, "lobby")
+                r = await beta.call_tool("room_note", {"room": "lobby", "text": f"moving lobby over {transport}"})
+                assert not r.is_error, r.structured_content
+            await wait_for(lambda: "room://lobby" in updates, f"notifications/resources/updated over {transport}")
+            await alpha.unsubscribe_resource("room://lobby")
+            updates.clear()
+            async with Client(stdio(fx, toks["beta"]), mode="auto") as beta:
+                await catch_up(beta, "lobby")
+                assert not (await beta.call_tool("room_note", {"room": "lobby", "text": "after"})).is_error
+            await asyncio.sleep(1.5)
+            assert updates == [], f"no update after unsubscribe: {updates}"
 
 
 def main():

@@ -95,6 +95,18 @@ pub fn handle(
     req: Request,
     bearer: Option<String>,
 ) -> Response {
+    let op = req.op.clone();
+    let resp = handle_one(engine, transport, req, bearer);
+    announce(&op, &resp);
+    resp
+}
+
+fn handle_one(
+    engine: &Engine,
+    transport: Transport,
+    req: Request,
+    bearer: Option<String>,
+) -> Response {
     // one owner policy for the whole call, redaction of its answer included
     let _call = engine.one_call();
     let token = match (bearer, req.token.clone()) {
@@ -149,6 +161,38 @@ pub fn handle(
             let out = agent_op(engine, &a, &req.op, req.args);
             egress(engine, out)
         }
+    }
+}
+
+/// Operations that never change a room's journal: they do not wake resource subscribers.
+const READ_OPS: &[&str] = &[
+    "whoami",
+    "list",
+    "sync",
+    "task_show",
+    "task_check",
+    "ping",
+    "rooms",
+    "room_log",
+    "room_audit",
+    "wakes_list",
+    "owner_task_show",
+    "owner_task_check",
+    "agent_list",
+    "project_list",
+];
+
+/// A counter bumped after every call that may have moved a room, so MCP sessions subscribed
+/// to rooms learn of it at once (they compare tips; a spurious bump costs one listing).
+pub fn changes() -> &'static tokio::sync::watch::Sender<u64> {
+    static CHANGES: std::sync::LazyLock<tokio::sync::watch::Sender<u64>> =
+        std::sync::LazyLock::new(|| tokio::sync::watch::Sender::new(0));
+    &CHANGES
+}
+
+fn announce(op: &str, resp: &Response) {
+    if resp.ok && !READ_OPS.contains(&op) {
+        changes().send_modify(|n| *n = n.wrapping_add(1));
     }
 }
 

@@ -251,7 +251,7 @@ fn accept_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         "maxItems": CHECKS_PER_TASK_MAX,
         "items": {
             "type": "object",
-            "properties": {"kind": {"enum": ["sha256", "file_exists", "file_absent", "command"]}},
+            "properties": {"kind": {"type": "string", "enum": ["sha256", "file_exists", "file_absent", "command"]}},
             "required": ["kind"]
         }
     })

@@ -4,14 +4,21 @@
 //! `ROOM_TOKEN`. Either way a tool call is one daemon operation under the same authorization,
 //! and the native conversation comes from request metadata, never from tool arguments.
 
+pub mod features;
 pub mod http;
 pub mod tools;
 
 use crate::dispatch::{self, Transport};
 use crate::wire::{Request, Response};
+use features::SessionState;
+#[allow(deprecated)]
+use rmcp::model::SetLevelRequestParams;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, GetPromptRequestParams,
+    GetPromptResponse, Implementation, JsonObject, ListPromptsResult, ListResourcesResult,
+    ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse,
+    ReadResourceResult, ResourceUpdatedNotificationParam, ServerCapabilities, ServerConfig,
+    SubscribeRequestParams, Tool, UnsubscribeRequestParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -25,6 +32,11 @@ pub use tools::ToolsMode;
 pub trait Backend: Send + Sync + 'static {
     /// Run one daemon operation (blocking).
     fn call(&self, req: Request, bearer: Option<String>) -> Response;
+    /// A signal that fires when a room may have moved; `None` where there is none (a bridge,
+    /// whose subscribed sessions then look every `BRIDGE_POLL_MS`).
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
 }
 
 /// Inside the daemon: straight to the engine.
@@ -33,6 +45,10 @@ pub struct InProcess(pub Arc<Engine>);
 impl Backend for InProcess {
     fn call(&self, req: Request, bearer: Option<String>) -> Response {
         dispatch::handle(&self.0, Transport::Http, req, bearer)
+    }
+
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(dispatch::changes().subscribe())
     }
 }
 
@@ -63,6 +79,8 @@ pub struct RoomMcp {
     mode: ToolsMode,
     /// The conversation when neither `_meta` nor an MCP session names one.
     fallback_conversation: String,
+    /// Subscriptions, log level and the peer to notify (one per MCP session).
+    session: Arc<SessionState>,
 }
 
 fn object(v: Value) -> Arc<JsonObject> {
@@ -164,13 +182,156 @@ impl RoomMcp {
             backend,
             mode,
             fallback_conversation,
+            session: Arc::new(SessionState::default()),
         }
+    }
+
+    /// A daemon request for `op` as this session's caller: the bearer of the HTTP request,
+    /// the conversation of the MCP session (or the host's `_meta`).
+    fn request(
+        &self,
+        op: &str,
+        args: Value,
+        context: &RequestContext<RoleServer>,
+    ) -> (Request, Option<String>) {
+        let parts = context.extensions.get::<::http::request::Parts>();
+        let bearer = parts.and_then(|p| http::bearer_token(&p.headers));
+        let session = parts
+            .and_then(|p| p.headers.get("mcp-session-id"))
+            .and_then(|v| v.to_str().ok())
+            .map(|s| format!("mcp-session:{s}"));
+        let meta: serde_json::Map<String, Value> = context
+            .meta
+            .iter()
+            .filter(|(k, _)| !k.starts_with("io.modelcontextprotocol/"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let req = Request {
+            op: op.to_string(),
+            token: None,
+            conversation: Some(session.unwrap_or_else(|| self.fallback_conversation.clone())),
+            tier: None,
+            args,
+            meta: if meta.is_empty() {
+                None
+            } else {
+                Some(Value::Object(meta))
+            },
+        };
+        (req, bearer)
+    }
+
+    /// Run one daemon operation off the async runtime.
+    async fn run(&self, req: Request, bearer: Option<String>) -> Result<Response, McpError> {
+        let backend = self.backend.clone();
+        tokio::task::spawn_blocking(move || backend.call(req, bearer))
+            .await
+            .map_err(|e| McpError::internal_error(format!("daemon call failed: {e}"), None))
+    }
+
+    /// A daemon answer for a request that is not a tool call: its result, or its refusal as a
+    /// JSON-RPC error carrying the refusal (logged to the session like a tool's).
+    async fn answer(&self, what: &str, resp: Response) -> Result<Value, McpError> {
+        match (resp.result, resp.refusal) {
+            (_, Some(r)) => {
+                let level = features::refusal_level(r.code.as_str());
+                features::log(&self.session, level, features::refusal_record(what, &r)).await;
+                Err(McpError::invalid_request(
+                    format!("error[{}]: {}", r.code, r.message),
+                    Some(json!({"refusal": r})),
+                ))
+            }
+            (v, None) => Ok(v.unwrap_or_else(|| json!({}))),
+        }
+    }
+
+    /// The caller's rooms with their tips (the daemon's `list`).
+    async fn listing(&self, req: Request, bearer: Option<String>) -> Result<Value, McpError> {
+        let resp = self.run(req, bearer).await?;
+        self.answer("resources/list", resp).await
+    }
+
+    /// Watch the subscribed rooms and notify the client when one moves, until the session
+    /// ends or nothing is subscribed any more.
+    fn start_watcher(&self) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let mut changes = this.backend.changes();
+            let poll = std::time::Duration::from_millis(if changes.is_some() {
+                features::SAFETY_POLL_MS
+            } else {
+                features::BRIDGE_POLL_MS
+            });
+            loop {
+                match &mut changes {
+                    Some(rx) => {
+                        let _ = tokio::time::timeout(poll, rx.changed()).await;
+                    }
+                    None => tokio::time::sleep(poll).await,
+                }
+                let Some((peer, bearer, conversation)) = this.watched() else {
+                    return;
+                };
+                let mut req = Request::new("list", json!({}));
+                req.conversation = conversation;
+                let Ok(listing) = this.listing(req, bearer).await else {
+                    continue;
+                };
+                for uri in this.moved(&listing) {
+                    let _ = peer
+                        .notify_resource_updated(ResourceUpdatedNotificationParam::new(uri))
+                        .await;
+                }
+            }
+        });
+    }
+
+    /// What the watcher calls with, or `None` (and the watcher stops) once the session closed
+    /// or holds no subscription.
+    fn watched(&self) -> Option<(rmcp::Peer<RoleServer>, Option<String>, Option<String>)> {
+        let mut g = self.session.lock();
+        match &g.peer {
+            Some(p) if !g.subs.is_empty() && !p.is_transport_closed() => {
+                Some((p.clone(), g.bearer.clone(), g.conversation.clone()))
+            }
+            _ => {
+                g.watching = false;
+                None
+            }
+        }
+    }
+
+    /// The subscribed rooms whose tip moved since last seen (and now seen).
+    fn moved(&self, listing: &Value) -> Vec<String> {
+        let mut g = self.session.lock();
+        let mut moved = Vec::new();
+        for r in listing["rooms"].as_array().into_iter().flatten() {
+            let (Some(room), Some(seq)) = (r["room"].as_str(), r["tip_seq"].as_u64()) else {
+                continue;
+            };
+            let uri = features::uri_of(room);
+            if let Some(seen) = g.subs.get_mut(&uri)
+                && *seen != seq
+            {
+                *seen = seq;
+                moved.push(uri);
+            }
+        }
+        moved
     }
 }
 
 impl ServerHandler for RoomMcp {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        #[allow(deprecated)]
+        let capabilities = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_prompts()
+            .enable_resources()
+            .enable_resources_subscribe()
+            .enable_logging()
+            .build();
+        ServerConfig::new(capabilities)
             .with_server_info(Implementation::new("room", env!("CARGO_PKG_VERSION")))
             .with_instructions(
                 "Room coordinates agents. Read a room with room_sync and confirm each page's receipt before acting in it; \
@@ -184,6 +345,116 @@ impl ServerHandler for RoomMcp {
         _c: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
         Ok(ListToolsResult::with_all_items(tool_list(self.mode)))
+    }
+
+    async fn list_prompts(
+        &self,
+        _r: Option<PaginatedRequestParams>,
+        _c: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, McpError> {
+        Ok(ListPromptsResult::with_all_items(features::prompts()))
+    }
+
+    async fn get_prompt(
+        &self,
+        request: GetPromptRequestParams,
+        _c: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, McpError> {
+        Ok(features::prompt(&request.name, request.arguments.as_ref())?.into())
+    }
+
+    async fn list_resources(
+        &self,
+        _r: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, McpError> {
+        let (req, bearer) = self.request("list", json!({}), &context);
+        let listing = self.listing(req, bearer).await?;
+        let resources = listing["rooms"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(features::resource)
+            .collect();
+        Ok(ListResourcesResult::with_all_items(resources))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, McpError> {
+        let room = features::room_of(&request.uri)?;
+        let (req, bearer) = self.request("sync", json!({"room": room}), &context);
+        let resp = self.run(req, bearer).await?;
+        let page = self.answer("resources/read", resp).await?;
+        Ok(ReadResourceResult::new(vec![features::contents(&request.uri, &page)]).into())
+    }
+
+    async fn subscribe(
+        &self,
+        request: SubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let room = features::room_of(&request.uri)?.to_string();
+        let (req, bearer) = self.request("list", json!({}), &context);
+        let conversation = req.conversation.clone();
+        let listing = self.listing(req, bearer.clone()).await?;
+        let seq = listing["rooms"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["room"] == room.as_str())
+            .map(|r| r["tip_seq"].as_u64().unwrap_or(0))
+            .ok_or_else(|| {
+                McpError::resource_not_found(
+                    format!("{}: not a room you are a member of", request.uri),
+                    None,
+                )
+            })?;
+        let start = {
+            let mut g = self.session.lock();
+            if !g.subs.contains_key(&request.uri) && g.subs.len() >= features::SUBSCRIPTIONS_MAX {
+                return Err(McpError::invalid_params(
+                    format!(
+                        "at most {} subscriptions per session",
+                        features::SUBSCRIPTIONS_MAX
+                    ),
+                    None,
+                ));
+            }
+            g.subs.insert(request.uri.clone(), seq);
+            g.peer = Some(context.peer.clone());
+            g.bearer = bearer;
+            g.conversation = conversation;
+            !std::mem::replace(&mut g.watching, true)
+        };
+        if start {
+            self.start_watcher();
+        }
+        Ok(())
+    }
+
+    async fn unsubscribe(
+        &self,
+        request: UnsubscribeRequestParams,
+        _c: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        features::room_of(&request.uri)?;
+        self.session.lock().subs.remove(&request.uri);
+        Ok(())
+    }
+
+    #[allow(deprecated)]
+    async fn set_level(
+        &self,
+        request: SetLevelRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let mut g = self.session.lock();
+        g.log_level = Some(request.level);
+        g.peer = Some(context.peer.clone());
+        Ok(())
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
@@ -204,37 +475,20 @@ impl ServerHandler for RoomMcp {
                 None,
             ));
         };
-        let parts = context.extensions.get::<::http::request::Parts>();
-        let bearer = parts.and_then(|p| http::bearer_token(&p.headers));
-        let session = parts
-            .and_then(|p| p.headers.get("mcp-session-id"))
-            .and_then(|v| v.to_str().ok())
-            .map(|s| format!("mcp-session:{s}"));
-        let meta: serde_json::Map<String, Value> = context
-            .meta
-            .iter()
-            .filter(|(k, _)| !k.starts_with("io.modelcontextprotocol/"))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        let req = Request {
-            op: def.op.to_string(),
-            token: None,
-            conversation: Some(session.unwrap_or_else(|| self.fallback_conversation.clone())),
-            tier: None,
-            args: Value::Object(match def.name {
-                "room" => tools::multiplexer_args(request.arguments.unwrap_or_default()),
-                _ => request.arguments.unwrap_or_default(),
-            }),
-            meta: if meta.is_empty() {
-                None
-            } else {
-                Some(Value::Object(meta))
-            },
-        };
-        let backend = self.backend.clone();
-        let resp = tokio::task::spawn_blocking(move || backend.call(req, bearer))
-            .await
-            .map_err(|e| McpError::internal_error(format!("tool call failed: {e}"), None))?;
+        let args = Value::Object(match def.name {
+            "room" => tools::multiplexer_args(request.arguments.unwrap_or_default()),
+            _ => request.arguments.unwrap_or_default(),
+        });
+        let (req, bearer) = self.request(def.op, args, &context);
+        let resp = self.run(req, bearer).await?;
+        if let Some(r) = &resp.refusal {
+            self.session
+                .lock()
+                .peer
+                .get_or_insert_with(|| context.peer.clone());
+            let level = features::refusal_level(r.code.as_str());
+            features::log(&self.session, level, features::refusal_record(def.name, r)).await;
+        }
         let text = render(&resp);
         let result = match (resp.result, resp.refusal) {
             (_, Some(r)) => {
