@@ -73,6 +73,9 @@ pub enum Invariant {
     Exclusive,
     Causal,
     Resolution,
+    /// Not one of the five: a task closed while subtasks of it are unsettled (flagged).
+    /// Journals before this variant recorded it as `causal`.
+    ChildrenOpen,
 }
 
 impl Invariant {
@@ -83,6 +86,7 @@ impl Invariant {
             Invariant::Exclusive => "exclusive",
             Invariant::Causal => "causal",
             Invariant::Resolution => "resolution",
+            Invariant::ChildrenOpen => "children_open",
         }
     }
 }
@@ -355,6 +359,9 @@ pub struct TaskEvent {
     /// A claim's TTL: unresolved past it, the claim is recorded in doubt (`resolution`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_ms: Option<u64>,
+    /// A scoped claim's lease: its fencing generation (higher than every one before it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_gen: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -373,6 +380,9 @@ pub struct TaskCreated {
     /// The checks `done` measures before the task may close.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub acceptance: Vec<crate::acceptance::Check>,
+    /// A task that only coordinates: it leases nothing and its subtasks may not either.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub coordination_only: bool,
 }
 
 impl EventBody {
@@ -499,6 +509,7 @@ mod tests {
             }),
             idempotency_key: None,
             ttl_ms: Some(5),
+            lease_gen: None,
         }));
         assert_eq!(
             crate::canon::canonical_string(&serde_json::to_value(&claim).unwrap()),

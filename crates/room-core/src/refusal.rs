@@ -75,6 +75,9 @@ codes! {
     AcceptanceCommandNotAllowed => "acceptance_command_not_allowed",
     TaskAcceptanceFailed => "task_acceptance_failed",
     TaskAcceptanceRequired => "task_acceptance_required",
+    // lineage: delegation cannot outlive or widen its ancestry
+    TaskAncestryInvalid => "task_ancestry_invalid",
+    TaskScopeWidened => "task_scope_widened",
     // runtime invariants (detail.invariant names which one)
     InvariantViolation => "invariant_violation",
     // egress

@@ -62,6 +62,19 @@ impl Scope {
         })
     }
 
+    /// Whether everything `other` names is inside this scope: a file scope contains itself
+    /// and everything under it, any other scope only itself.
+    pub fn contains(&self, other: &Scope) -> bool {
+        if self.namespace != other.namespace {
+            return false;
+        }
+        if self.namespace != "file" {
+            return self.resource == other.resource;
+        }
+        let (a, b) = (&self.resource, &other.resource);
+        a == b || (b.len() > a.len() && b.starts_with(a.as_str()) && b[a.len()..].starts_with('/'))
+    }
+
     /// Whether two live holders of these scopes would conflict.
     pub fn conflicts(&self, other: &Scope) -> bool {
         if self.namespace != other.namespace {
@@ -171,6 +184,33 @@ mod tests {
             let (ca, cb): (Vec<&str>, Vec<&str>) = (a.split('/').collect(), b.split('/').collect());
             let n = ca.len().min(cb.len());
             prop_assert_eq!(x.conflicts(&y), ca[..n] == cb[..n]);
+        }
+
+        /// Containment is what delegation checks: a parent contains its child exactly when the
+        /// child's components extend the parent's; it is reflexive and transitive, and two
+        /// scopes one of which contains the other always conflict.
+        #[test]
+        fn a_parent_contains_its_child_and_containment_implies_conflict(
+            a in path(), b in path(), c in path(), ns in "(file|api)",
+        ) {
+            let sc = |p: &str| s(&format!("{ns}:{p}"));
+            let (x, y, z) = (sc(&a), sc(&b), sc(&c));
+            prop_assert!(x.contains(&x));
+            if x.contains(&y) {
+                prop_assert!(x.conflicts(&y) && y.conflicts(&x));
+            }
+            if x.contains(&y) && y.contains(&z) {
+                prop_assert!(x.contains(&z));
+            }
+            if x.contains(&y) && y.contains(&x) {
+                prop_assert_eq!(&x, &y);
+            }
+            let child = sc(&format!("{a}/{b}"));
+            prop_assert_eq!(x.contains(&child), ns == "file");
+            prop_assert!(!child.contains(&x));
+            let (ca, cb): (Vec<&str>, Vec<&str>) = (a.split('/').collect(), b.split('/').collect());
+            let expect = if ns == "file" { cb.len() >= ca.len() && cb[..ca.len()] == ca[..] } else { a == b };
+            prop_assert_eq!(x.contains(&y), expect);
         }
     }
 }

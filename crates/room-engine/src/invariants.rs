@@ -9,8 +9,11 @@
 //! | `exactly_once` | per-room FIFO registry of (actor, idempotency key), newest 10,000 | reject |
 //! | `well_formed` | lifecycle per (agent, task): claim (begin) → note/send (effect) → done (resolve) | reject |
 //! | `exclusive` | live leases: claimed tasks' typed scopes in one project (or room) | reject |
-//! | `causal` | a task's children: `done` over unresolved children | flag |
+//! | `causal` | (operations, with the destination ledger: not yet) | flag |
 //! | `resolution` | begun lifecycles past their TTL without resolution | in doubt |
+//!
+//! Beside them, `children_open` flags a task closed over unsettled subtasks (journals written
+//! before it had its own name record it as `causal`).
 //!
 //! A rejected act is recorded as an `invariant_violation` record without its envelope; a flag is
 //! committed in the same batch as the act it stands beside; a lapse is recorded by the sweep.
@@ -199,7 +202,7 @@ impl Engine {
             if !open.is_empty() {
                 flags.push(*violation(
                     &t.actor,
-                    Invariant::Causal,
+                    Invariant::ChildrenOpen,
                     Severity::Flag,
                     act,
                     Some(task),
@@ -299,7 +302,7 @@ impl Engine {
                 "{} would conflict with a live lease on an overlapping scope",
                 v.act
             ),
-            Invariant::Causal | Invariant::Resolution => {
+            Invariant::Causal | Invariant::Resolution | Invariant::ChildrenOpen => {
                 format!("{} violates {}", v.act, v.invariant.as_str())
             }
         };
@@ -311,7 +314,7 @@ impl Engine {
             Invariant::Exclusive => {
                 "wait for the holder to finish (done, blocked or handoff), or narrow this task's scopes"
             }
-            Invariant::Causal | Invariant::Resolution => {
+            Invariant::Causal | Invariant::Resolution | Invariant::ChildrenOpen => {
                 "see the invariant_violation record in the room"
             }
         };
@@ -424,6 +427,16 @@ impl Engine {
                 .event_by_seq(l.began_seq)
                 .map_err(store_err)?
                 .map(|e| e.id);
+            let mut detail = json!({"began_ms": l.began_ms, "ttl_ms": l.ttl_ms,
+                "elapsed_ms": now.saturating_sub(l.began_ms), "observation": "unresolved"});
+            // the lapsed claim's lease goes back through the one release path (its projection)
+            let row = self.control().task(&l.task).map_err(store_err)?;
+            if let Some(t) =
+                row.filter(|t| t.lease_held && t.recipient.as_deref() == Some(l.agent.as_str()))
+            {
+                detail["lease_generation"] = json!(t.lease_gen);
+                detail["lease_released"] = json!(true);
+            }
             let v = Violation {
                 actor: l.agent.clone(),
                 invariant: Invariant::Resolution,
@@ -431,8 +444,7 @@ impl Engine {
                 act: "task_claim".into(),
                 task: Some(l.task.clone()),
                 event: claim,
-                detail: json!({"began_ms": l.began_ms, "ttl_ms": l.ttl_ms,
-                    "elapsed_ms": now.saturating_sub(l.began_ms), "observation": "unresolved"}),
+                detail,
             };
             h.commit(self, vec![EventBody::InvariantViolation(v)], None)?;
             recorded += 1;

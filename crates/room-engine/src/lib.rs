@@ -7,6 +7,7 @@ pub mod acceptance;
 pub mod authority;
 pub mod event;
 pub mod invariants;
+pub mod lineage;
 pub mod policy;
 pub mod principal;
 pub mod quota;
@@ -65,6 +66,9 @@ pub struct EngineConfig {
     /// project territory, neither inside nor around them. The daemon sets them; the engine
     /// reads no environment variable to learn them.
     pub owner_config_dirs: Vec<std::path::PathBuf>,
+    /// Files that run Room (the `room` binary): no task scope may cover one. The daemon sets
+    /// them; the engine asks no OS which executable it is.
+    pub protected_paths: Vec<std::path::PathBuf>,
     /// A planted bug for the simulator's proof that its invariant oracle bites: the five
     /// runtime invariants are not checked. Never set outside `room-sim`.
     pub skip_invariants: bool,
@@ -81,6 +85,7 @@ impl Default for EngineConfig {
             owner_uid: NO_UID,
             rooms_open_max: rooms::open_max_for(1024),
             owner_config_dirs: Vec::new(),
+            protected_paths: Vec::new(),
             skip_invariants: false,
         }
     }

@@ -123,7 +123,13 @@ pub(crate) struct Projection {
 /// idempotent: a crash between the journal append and control.db loses nothing.
 pub(crate) enum TaskEffect {
     Create(Box<TaskRow>),
-    Transition(TaskTransition),
+    /// A transition; the task then holds a lease of this generation, or none.
+    Transition(TaskTransition, Option<u64>),
+    /// A lapsed claim's lease of this generation is released (the task stays in doubt).
+    ReleaseLease {
+        task: String,
+        generation: u64,
+    },
     /// A member joins (no-op when already one).
     Member {
         room: String,
@@ -181,7 +187,7 @@ pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result
                 ));
             }
             if let Some(tr) = &t.task_transition {
-                p.tasks.push(TaskEffect::Transition(tr.clone()));
+                p.tasks.push(TaskEffect::Transition(tr.clone(), None));
                 // done, blocked, decline and handoff each end the claimer's lifecycle
                 p.batch.lifecycles.push(LifecycleChange::Resolve {
                     task: tr.task.clone(),
@@ -227,10 +233,14 @@ pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result
                     scopes: c.scopes.clone(),
                     requirements: c.requirements.clone(),
                     acceptance: c.acceptance.clone(),
+                    coordination_only: c.coordination_only,
+                    lease_gen: None,
+                    lease_held: false,
                 })));
             }
             if let Some(tr) = &te.transition {
-                p.tasks.push(TaskEffect::Transition(tr.clone()));
+                p.tasks
+                    .push(TaskEffect::Transition(tr.clone(), te.lease_gen));
                 if tr.to == TaskStatus::Claimed {
                     p.batch.lifecycles.push(LifecycleChange::Begin {
                         agent: te.actor.clone(),
@@ -250,6 +260,12 @@ pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result
                     agent: v.actor.clone(),
                     task: task.clone(),
                 });
+                if let Some(generation) = v.detail["lease_generation"].as_u64() {
+                    p.tasks.push(TaskEffect::ReleaseLease {
+                        task: task.clone(),
+                        generation,
+                    });
+                }
             }
         }
         EventBody::MemberAdded { agent, .. } => {
@@ -286,14 +302,18 @@ impl Engine {
                         c.insert_task(t)?;
                     }
                 }
-                TaskEffect::Transition(tr) => {
+                TaskEffect::Transition(tr, lease_gen) => {
                     c.update_task(
                         &tr.task,
                         tr.from.as_str(),
                         tr.to.as_str(),
                         tr.recipient.as_deref(),
                         at_ms,
+                        *lease_gen,
                     )?;
+                }
+                TaskEffect::ReleaseLease { task, generation } => {
+                    c.release_lease(task, *generation)?;
                 }
                 TaskEffect::Member { room, agent } => {
                     c.add_member(room, agent)?;

@@ -38,7 +38,8 @@ pub struct Rooms {
     opening: Mutex<()>,
     /// Held from a scoped claim's `exclusive` check through its commit: leases span the rooms
     /// of a project, and each room lock covers only its own room. Taken before a room lock.
-    lease_lock: Mutex<()>,
+    /// It holds the newest lease generation this process issued (fencing numbers only grow).
+    lease_lock: Mutex<u64>,
     /// Held for the whole of a `flush_wakes`, taken before any room lock. Two flushes at once
     /// could let the later one move a room's wakes mark past permits the earlier one took but
     /// has not yet written (and may fail to write).
@@ -56,7 +57,7 @@ impl Rooms {
             open_max,
             map: Mutex::new(Map::default()),
             opening: Mutex::new(()),
-            lease_lock: Mutex::new(()),
+            lease_lock: Mutex::new(0),
             wakes_flush_lock: Mutex::new(()),
             creating: Mutex::new(()),
         }
@@ -164,7 +165,7 @@ impl Rooms {
             .expect("rooms opening lock is never poisoned: no panics while held")
     }
 
-    pub(crate) fn lease_lock(&self) -> MutexGuard<'_, ()> {
+    pub(crate) fn lease_lock(&self) -> MutexGuard<'_, u64> {
         self.lease_lock
             .lock()
             .expect("lease lock is never poisoned: no panics while held")

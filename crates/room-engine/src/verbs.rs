@@ -25,8 +25,6 @@ use std::sync::{Arc, Mutex};
 pub const TITLE_BYTES_MAX: usize = 256;
 const PREVIEW_CHARS: usize = 256;
 const LOG_PAGE_MAX: usize = 1000;
-/// Parent links a task's lineage walks (the seed's delegation bound).
-pub const ANCESTRY_DEPTH_MAX: usize = 16;
 /// How many causal links an audit walks.
 const AUDIT_DEPTH_MAX: u32 = 1000;
 /// Open mentions and obligations listed with each sync page, oldest first (the total is always
@@ -66,6 +64,8 @@ pub struct TaskCreateArgs {
     pub requirements: Vec<String>,
     /// Acceptance checks in the seed's shape, undecoded (decoding names each bad field).
     pub accept: Vec<Value>,
+    /// The task only coordinates: it leases nothing, and neither may its subtasks.
+    pub coordination_only: bool,
 }
 
 /// A turn that passed the gate and waits for its commit.
@@ -570,6 +570,16 @@ impl Engine {
         let checks = room_core::acceptance::parse_list(&a.accept)?;
         let (handle, binding) = self.member_handle(&p, room)?;
         self.admit_checks(&checks, binding.project().is_some(), &scopes)?;
+        if a.coordination_only && !scopes.is_empty() {
+            return Err(Refusal::invalid(
+                "scopes",
+                "a coordination-only task leases nothing: drop its scopes",
+            ));
+        }
+        if let Some(pid) = binding.project() {
+            let root = self.revalidate_project(pid)?.canonical_root;
+            self.check_protected(std::path::Path::new(&root), &scopes)?;
+        }
         if let Some(r) = &a.to {
             name::validate("to", r)?;
             if !self.control().is_member(room, r).map_err(store_err)? {
@@ -598,6 +608,8 @@ impl Engine {
                     ),
                 ));
             }
+            self.valid_ancestry("(new)", Some(parent))?;
+            self.check_delegation(&pt, &scopes, a.coordination_only)?;
         }
         let task = id::task_id(self.env.entropy.as_ref());
         let te = TaskEvent {
@@ -613,10 +625,12 @@ impl Engine {
                 scopes,
                 requirements: a.requirements.clone(),
                 acceptance: checks,
+                coordination_only: a.coordination_only,
             }),
             transition: None,
             idempotency_key: a.idempotency_key.clone(),
             ttl_ms: None,
+            lease_gen: None,
         };
         let mut h = lock_room(&handle);
         h.writable()?;
@@ -674,12 +688,19 @@ impl Engine {
         let t = self.task_row(task)?;
         let (handle, _) = self.member_handle(&p, &t.room)?;
         // scopes never change after creation, so whether the lease lock is needed is known now
-        let _leases = (!t.scopes.is_empty()).then(|| self.rooms.lease_lock());
+        let mut leases = (!t.scopes.is_empty()).then(|| self.rooms.lease_lock());
         let mut h = lock_room(&handle);
         h.writable()?;
         let t = self.task_row(task)?;
+        // a lapsed claim is resumed by its holder with a fresh claim (and a fresh lease)
+        let lapsed = t.status == TaskStatus::Claimed
+            && t.recipient.as_deref() == Some(p.name.as_str())
+            && h.index
+                .lifecycle(&p.name, task)
+                .map_err(store_err)?
+                .is_some_and(|l| l.lapsed);
         // a blocked task is resumed by claiming it again
-        if !matches!(t.status, TaskStatus::Open | TaskStatus::Blocked)
+        if !(lapsed || matches!(t.status, TaskStatus::Open | TaskStatus::Blocked))
             || t.recipient.as_deref().is_some_and(|r| r != p.name)
         {
             return Err(Refusal::new(
@@ -690,6 +711,17 @@ impl Engine {
                 ),
             ));
         }
+        self.valid_ancestry(task, t.parent.as_deref())?;
+        let ttl_ms = ttl_ms.unwrap_or(TASKED_DEADLINE_MS);
+        // under the lease lock: each generation is higher than every one issued before
+        let lease_gen = match leases.as_deref_mut() {
+            Some(last) => {
+                let stored = self.control().lease_gen_max().map_err(store_err)?;
+                *last = (*last).max(stored) + 1;
+                Some(*last)
+            }
+            None => None,
+        };
         let te = TaskEvent {
             actor: p.name.clone(),
             action: "claimed".into(),
@@ -697,14 +729,19 @@ impl Engine {
             created: None,
             transition: Some(moved(&t, TaskStatus::Claimed, &p.name)),
             idempotency_key: None,
-            ttl_ms: Some(ttl_ms.unwrap_or(TASKED_DEADLINE_MS)),
+            ttl_ms: Some(ttl_ms),
+            lease_gen,
         };
         if let Err(v) = self.check_task_event(&h, &te, t.project_id.as_deref(), &t.scopes) {
             return Err(self.refuse_check(&mut h, v));
         }
         let rec = h.commit(self, vec![EventBody::Task(Box::new(te))], None)?;
         let t = self.task_row(task)?;
-        Ok(json!({"task": task_view(&t), "event": rec[0].id}))
+        let lease = lease_gen.map(|g| {
+            json!({"generation": g, "scopes": t.scopes, "ttl_ms": ttl_ms,
+                "expires_ms": rec[0].hlc.ms.saturating_add(ttl_ms)})
+        });
+        Ok(json!({"task": task_view(&t), "event": rec[0].id, "lease": lease}))
     }
 
     pub fn task_show(&self, caller: &AgentCaller, task: &str) -> Outcome<Value> {
@@ -726,7 +763,7 @@ impl Engine {
         let mut next = t.parent.clone();
         let mut seen = BTreeSet::from([t.id.clone()]);
         while let Some(id) = next {
-            if ancestors.len() >= ANCESTRY_DEPTH_MAX || !seen.insert(id.clone()) {
+            if ancestors.len() >= crate::lineage::ANCESTRY_DEPTH_MAX || !seen.insert(id.clone()) {
                 break;
             }
             let Some(a) = self.control().task(&id).map_err(store_err)? else {
@@ -743,8 +780,10 @@ impl Engine {
             .iter()
             .map(|c| json!({"id": c.id, "status": c.status, "recipient": c.recipient}))
             .collect();
-        let lease = (t.status == TaskStatus::Claimed && !t.scopes.is_empty())
-            .then(|| json!({"holder": t.recipient, "scopes": t.scopes, "since_ms": t.updated_ms}));
+        let lease = t.lease_held.then(|| {
+            json!({"holder": t.recipient, "scopes": t.scopes, "generation": t.lease_gen,
+                "since_ms": t.updated_ms})
+        });
         Ok(json!({"task": task_view(t),
             "lineage": {"ancestors": ancestors, "children": children},
             "lease": lease,
@@ -1342,6 +1381,19 @@ impl Engine {
     /// task with requirements cannot close without checks.
     fn plan_done(&self, cx: &PlanCx<'_>, turn: &mut Turn) -> Outcome<()> {
         let t = self.held_task(GatedVerb::Done, cx, &[TaskStatus::Claimed])?;
+        self.valid_ancestry(&t.id, t.parent.as_deref())?;
+        if !t.scopes.is_empty() && !t.lease_held {
+            return Err(Refusal::new(
+                Code::TaskStateInvalid,
+                format!(
+                    "the lease of task {} (generation {}) lapsed and was released; its scopes may have changed hands",
+                    t.id,
+                    t.lease_gen.unwrap_or(0)
+                ),
+            )
+            .detail(json!({"task": t.id, "lease_generation": t.lease_gen, "fresh_claim_required": true}))
+            .hint("claim the task again (a fresh lease), check the work, then done"));
+        }
         turn.task_transition = Some(moved(&t, TaskStatus::Done, &cx.p.name));
         if t.acceptance.is_empty() {
             if !t.requirements.is_empty() {

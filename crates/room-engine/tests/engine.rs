@@ -817,3 +817,140 @@ fn an_unusable_room_at_start_is_reported_and_the_others_work() {
     catch_up(&e, &a, "good");
     e.turn(&a, Verb::Note, say("good", "still here")).unwrap();
 }
+
+/// Leases have a fencing generation that only grows and a TTL: a lapsed claim's lease is
+/// released (recorded in doubt), another claim may then take the scope, the lapsed holder's
+/// `done` is refused until it claims afresh, and its fresh claim meets the new holder.
+#[test]
+fn a_lapsed_lease_is_released_by_generation_and_its_holder_must_claim_afresh() {
+    let f = Fixture::new();
+    let e = f.engine(7);
+    let a = agent(&e, "alpha", Tier::Coordinator);
+    let b = agent(&e, "beta", Tier::Member);
+    let g = agent(&e, "gamma", Tier::Member);
+    e.room_create(
+        &owner(&e),
+        "r",
+        None,
+        &["alpha".into(), "beta".into(), "gamma".into()],
+    )
+    .unwrap();
+    let create = |to: &str| {
+        e.task_create(
+            &a,
+            room_engine::verbs::TaskCreateArgs {
+                room: "r".into(),
+                title: format!("edit the parser for {to}"),
+                to: Some(to.into()),
+                scopes: vec!["file:src/parser".into()],
+                ..Default::default()
+            },
+        )
+        .unwrap()["task"]["id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (tb, tg) = (create("beta"), create("gamma"));
+    let claimed = e.task_claim(&b, &tb, Some(1_000)).unwrap();
+    let first = claimed["lease"]["generation"].as_u64().unwrap();
+    assert!(first >= 1);
+    assert_eq!(claimed["lease"]["scopes"][0], "file:src/parser");
+    // gamma's claim on the same scope conflicts while beta's lease is live
+    let r = e.task_claim(&g, &tg, None).unwrap_err();
+    assert_eq!(r.code, Code::InvariantViolation);
+    assert_eq!(r.detail["invariant"], "exclusive");
+    // the TTL runs out: the sweep records the lapse and releases the lease by its generation
+    f.clock.advance(5_000);
+    assert_eq!(e.sweep_invariants().unwrap(), 1);
+    let shown = e.task_view_owner(&owner(&e), &tb).unwrap();
+    assert!(shown["lease"].is_null(), "released: {shown}");
+    assert_eq!(
+        shown["task"]["status"], "claimed",
+        "the task stays in doubt"
+    );
+    let log = e.room_log(&owner(&e), "r", 1, 1000).unwrap();
+    let lapse = log["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|ev| ev["event"]["invariant"] == "resolution")
+        .unwrap()
+        .clone();
+    assert_eq!(lapse["event"]["detail"]["lease_generation"], first);
+    // now gamma may lease the scope, with a higher generation
+    let second = e.task_claim(&g, &tg, None).unwrap()["lease"]["generation"]
+        .as_u64()
+        .unwrap();
+    assert!(second > first);
+    // beta's done on the lapsed claim is refused: its scope changed hands
+    catch_up(&e, &b, "r");
+    let r = e
+        .turn(
+            &b,
+            Verb::Done,
+            TurnArgs {
+                room: "r".into(),
+                task: Some(tb.clone()),
+                ..Default::default()
+            },
+        )
+        .unwrap_err();
+    assert_eq!(r.code, Code::TaskStateInvalid, "{r}");
+    assert_eq!(r.detail["fresh_claim_required"], true);
+    // a fresh claim meets gamma's live lease
+    let r = e.task_claim(&b, &tb, None).unwrap_err();
+    assert_eq!(r.detail["invariant"], "exclusive");
+    // once gamma is done, beta claims afresh (a third generation) and may finish
+    catch_up(&e, &g, "r");
+    e.turn(
+        &g,
+        Verb::Done,
+        TurnArgs {
+            room: "r".into(),
+            task: Some(tg.clone()),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let third = e.task_claim(&b, &tb, None).unwrap()["lease"]["generation"]
+        .as_u64()
+        .unwrap();
+    assert!(third > second);
+    catch_up(&e, &b, "r");
+    e.turn(
+        &b,
+        Verb::Done,
+        TurnArgs {
+            room: "r".into(),
+            task: Some(tb),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // the generation survives a restart: the next one is higher still
+    drop(e);
+    let e = f.engine(8);
+    let a = agent(&e, "delta", Tier::Coordinator);
+    e.room_members_add(&owner(&e), "r", "delta").unwrap();
+    let t = e
+        .task_create(
+            &a,
+            room_engine::verbs::TaskCreateArgs {
+                room: "r".into(),
+                title: "again".into(),
+                to: Some("delta".into()),
+                scopes: vec!["file:src".into()],
+                ..Default::default()
+            },
+        )
+        .unwrap()["task"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let fourth = e.task_claim(&a, &t, None).unwrap()["lease"]["generation"]
+        .as_u64()
+        .unwrap();
+    assert!(fourth > third);
+}

@@ -406,6 +406,11 @@ pub fn open_engine(
             .iter()
             .filter_map(|b| b.parent().map(Path::to_path_buf))
             .collect(),
+        // what runs Room is never a task's to lease
+        protected_paths: std::env::current_exe()
+            .and_then(std::fs::canonicalize)
+            .into_iter()
+            .collect(),
         ..EngineConfig::default()
     };
     let engine = Engine::open(state.clone(), real_env(), embedded_store(&state), config)

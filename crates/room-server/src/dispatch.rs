@@ -402,6 +402,7 @@ fn agent_op(engine: &Engine, caller: &AgentCaller, op: &str, a: Value) -> Result
                     idempotency_key: a.idempotency_key,
                     requirements: a.requirements,
                     accept: a.accept,
+                    coordination_only: a.coordination_only,
                 },
             )
         }

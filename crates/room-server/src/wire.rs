@@ -233,6 +233,10 @@ pub struct TaskCreateArgs {
     #[arg(long = "accept", value_parser = json_object)]
     #[schemars(schema_with = "accept_schema")]
     pub accept: Vec<Value>,
+    /// Leases nothing, nor may its subtasks.
+    #[serde(default)]
+    #[arg(long)]
+    pub coordination_only: bool,
 }
 
 /// A `--accept` value: one check as a JSON object.

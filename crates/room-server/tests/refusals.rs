@@ -1637,7 +1637,7 @@ fn invariant_exclusive_refuses_an_overlapping_lease() {
 }
 
 #[test]
-fn invariant_causal_flags_done_over_unresolved_children() {
+fn children_open_flags_done_over_unresolved_children() {
     let mut fx = Fx::new();
     let (a, b, _g) = fx.team("coord");
     let parent = fx.task(&a, "coord", Some("beta"));
@@ -1653,7 +1653,7 @@ fn invariant_causal_flags_done_over_unresolved_children() {
     fx.ok(Some(&b), "task_claim", json!({"task": parent}));
     let done = fx.ok(Some(&b), "done", json!({"room": "coord", "task": parent}));
     // a flag, not a rejection: the act lands and the condition stands beside it
-    assert_eq!(done["flags"][0]["invariant"], "causal");
+    assert_eq!(done["flags"][0]["invariant"], "children_open");
     assert_eq!(
         done["flags"][0]["detail"]["unresolved_children"][0]["task"],
         child["task"]["id"]
@@ -1670,7 +1670,11 @@ fn invariant_causal_flags_done_over_unresolved_children() {
             flag["invariant"].as_str(),
             flag["severity"].as_str()
         ),
-        (Some("invariant_violation"), Some("causal"), Some("flag"))
+        (
+            Some("invariant_violation"),
+            Some("children_open"),
+            Some("flag")
+        )
     );
     assert_eq!(flag["event"], done["event"]);
     // a subtask lives in its parent's room

@@ -16,9 +16,10 @@ use serde_json::{Value, json};
 /// dumps them (when first generated from the wire structs: 17,510 full and 2,465 compact; the
 /// full refusal loop now rides only on room_sync and room). A change that grows them past it
 /// should be a decision, so it has to move these figures. Acceptance (task_create's typed
-/// checks and requirements, task_accept_check) took them from 15,338 and 2,454 to these (16,736 and 2,485 measured).
-const FULL_BYTES_MAX: usize = 16_740;
-const COMPACT_BYTES_MAX: usize = 2_490;
+/// checks and requirements, task_accept_check) and lineage (coordination_only) took them from
+/// 15,338 and 2,454 to these (16,876 and 2,527 measured).
+const FULL_BYTES_MAX: usize = 16_880;
+const COMPACT_BYTES_MAX: usize = 2_530;
 
 fn input(name: &str) -> Value {
     tools::all()

@@ -20,6 +20,9 @@ struct Task {
     status: String,
     scopes: Vec<String>,
     parent: Option<String>,
+    /// A live lease on its scopes: taken by a claim, given up by any transition and by the
+    /// lapse of its holder's claim.
+    leased: bool,
 }
 
 struct Life {
@@ -65,13 +68,13 @@ impl Replay {
         let at = format!("seq {} ({})", r.seq, r.id);
         if let Some((eid, task)) = self.expect_flag.take() {
             let ok = kind == "invariant_violation"
-                && ev["invariant"] == "causal"
+                && ev["invariant"] == "children_open"
                 && ev["severity"] == "flag"
                 && ev["event"] == eid.as_str()
                 && ev["task"] == task.as_str();
             if !ok {
                 return Err(format!(
-                    "causal: done {eid} on {task} over unresolved children is not followed by its flag (at {at})"
+                    "children_open: done {eid} on {task} over unresolved children is not followed by its flag (at {at})"
                 ));
             }
             return Ok(());
@@ -108,6 +111,7 @@ impl Replay {
                         .map(|a| a.iter().filter_map(s).collect())
                         .unwrap_or_default(),
                     parent: s(&c["parent"]),
+                    leased: false,
                 },
             );
         }
@@ -118,7 +122,7 @@ impl Replay {
                 .map(|t| t.scopes.clone())
                 .unwrap_or_default();
             for (oid, o) in &self.tasks {
-                if *oid == id || o.status != "claimed" || o.recipient.as_deref() == Some(actor) {
+                if *oid == id || !o.leased || o.recipient.as_deref() == Some(actor) {
                     continue;
                 }
                 for a in &mine {
@@ -133,6 +137,7 @@ impl Replay {
             if let Some(t) = self.tasks.get_mut(&id) {
                 t.status = "claimed".into();
                 t.recipient = Some(actor.into());
+                t.leased = !t.scopes.is_empty();
             }
             self.lives.insert(
                 (actor.into(), id),
@@ -185,6 +190,7 @@ impl Replay {
             if let Some(t) = self.tasks.get_mut(&task) {
                 t.status = s(&tr["to"]).unwrap_or_default();
                 t.recipient = s(&tr["recipient"]);
+                t.leased = false;
             }
             for ((_, lt), l) in self.lives.iter_mut() {
                 if *lt == task {
@@ -197,8 +203,8 @@ impl Replay {
 
     fn violation(&mut self, r: &Record, ev: &Value, actor: &str, at: &str) -> Result<(), String> {
         match (ev["invariant"].as_str(), ev["severity"].as_str()) {
-            (Some("causal"), _) => Err(format!(
-                "causal: a flag with no done over unresolved children before it (at {at})"
+            (Some("children_open"), _) => Err(format!(
+                "children_open: a flag with no done over unresolved children before it (at {at})"
             )),
             (Some("resolution"), Some("in_doubt")) => {
                 let task = s(&ev["task"]).unwrap_or_default();
@@ -206,6 +212,12 @@ impl Replay {
                 match l {
                     Some(l) if l.begun && !l.lapsed && l.began_ms + l.ttl_ms <= r.hlc.ms => {
                         l.lapsed = true;
+                        // the holder's lapsed claim gives its lease up
+                        if let Some(t) = self.tasks.get_mut(&task)
+                            && t.recipient.as_deref() == Some(actor)
+                        {
+                            t.leased = false;
+                        }
                         Ok(())
                     }
                     _ => Err(format!(
@@ -246,7 +258,7 @@ impl Replay {
                     .unwrap_or_default();
                 self.tasks.iter().any(|(oid, o)| {
                     *oid != task
-                        && o.status == "claimed"
+                        && o.leased
                         && o.recipient.as_deref() != Some(actor)
                         && o.scopes.iter().any(|b| mine.iter().any(|a| overlap(a, b)))
                 })

@@ -76,7 +76,7 @@ fn skipping_the_runtime_invariants_is_caught_within_the_budget() {
                     "exactly_once",
                     "well_formed",
                     "exclusive",
-                    "causal",
+                    "children_open",
                     "resolution"
                 ]
                 .iter()

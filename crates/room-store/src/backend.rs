@@ -180,6 +180,8 @@ pub trait ControlStore: Send {
     fn leased(&self, project: Option<&str>, room: &str) -> Result<Vec<TaskRow>>;
     fn insert_task(&mut self, t: &TaskRow) -> Result<()>;
     /// Compare-and-set a task's status and recipient; false when it was not in `from_status`.
+    /// The task then holds a lease of generation `lease_gen` if one is given (a claim of a
+    /// scoped task), and none otherwise: every transition releases the lease it held.
     fn update_task(
         &mut self,
         id: &str,
@@ -187,7 +189,13 @@ pub trait ControlStore: Send {
         status: &str,
         recipient: Option<&str>,
         now_ms: u64,
+        lease_gen: Option<u64>,
     ) -> Result<bool>;
+    /// Release the task's lease of `generation` (a lapsed claim); false when it holds none of
+    /// that generation (already released, or claimed again since).
+    fn release_lease(&mut self, id: &str, generation: u64) -> Result<bool>;
+    /// The highest lease generation ever issued (0 before the first).
+    fn lease_gen_max(&self) -> Result<u64>;
     /// Keep `row` as the task's newest acceptance evaluation (replacing the one before).
     fn record_task_check(&mut self, row: &TaskCheckRow) -> Result<()>;
     fn task_check(&self, task: &str) -> Result<Option<TaskCheckRow>>;

@@ -128,6 +128,9 @@ fn task(id: &str, room: &str, project: Option<&str>, scopes: &[&str]) -> TaskRow
         scopes: scopes.iter().map(|s| s.to_string()).collect(),
         requirements: Vec::new(),
         acceptance: Vec::new(),
+        coordination_only: false,
+        lease_gen: None,
+        lease_held: false,
     }
 }
 
@@ -306,7 +309,8 @@ pub fn control_room_lifecycle(h: &mut dyn Harness) {
                 TaskStatus::Open.as_str(),
                 TaskStatus::Claimed.as_str(),
                 None,
-                5
+                5,
+                None
             )
             .unwrap()
         );
@@ -323,7 +327,8 @@ pub fn control_room_lifecycle(h: &mut dyn Harness) {
                 TaskStatus::Open.as_str(),
                 TaskStatus::Done.as_str(),
                 None,
-                6
+                6,
+                None
             )
             .unwrap()
         );
@@ -426,17 +431,28 @@ pub fn control_tasks(h: &mut dyn Harness) {
             c.insert_task(&task("tsk_a", "build", None, &[])).is_err(),
             "task ids are unique"
         );
-        for t in ["tsk_a", "tsk_b", "tsk_c", "tsk_d"] {
+        // the scoped ones take leases of generations 1, 2 and 3; tsk_d leases nothing
+        for (t, lease) in [
+            ("tsk_a", Some(1)),
+            ("tsk_b", Some(2)),
+            ("tsk_c", Some(3)),
+            ("tsk_d", None),
+        ] {
             assert!(
-                c.update_task(t, "open", "claimed", Some("beta"), 40)
+                c.update_task(t, "open", "claimed", Some("beta"), 40, lease)
                     .unwrap()
             );
         }
+        assert_eq!(c.lease_gen_max().unwrap(), 3);
         assert!(
-            !c.update_task("tsk_a", "open", "done", None, 41).unwrap(),
+            !c.update_task("tsk_a", "open", "done", None, 41, None)
+                .unwrap(),
             "a stale compare-and-set changes nothing"
         );
-        assert!(c.update_task("tsk_b", "claimed", "done", None, 42).unwrap());
+        assert!(
+            c.update_task("tsk_b", "claimed", "done", None, 42, None)
+                .unwrap()
+        );
     }
     let store = h.reopen();
     let c = store.open_control().unwrap();
@@ -461,6 +477,38 @@ pub fn control_tasks(h: &mut dyn Harness) {
         leased(None, "build").is_empty(),
         "a project's leases are not a room's"
     );
+    let a = c.task("tsk_a").unwrap().unwrap();
+    assert_eq!((a.lease_gen, a.lease_held), (Some(1), true));
+    drop(c);
+    // a lapsed lease is released by generation: a stale generation releases nothing
+    let mut c = store.open_control().unwrap();
+    assert!(!c.release_lease("tsk_a", 0).unwrap());
+    assert!(c.release_lease("tsk_a", 1).unwrap());
+    assert!(!c.release_lease("tsk_a", 1).unwrap(), "once");
+    let a = c.task("tsk_a").unwrap().unwrap();
+    assert_eq!(
+        (a.status, a.lease_gen, a.lease_held),
+        (TaskStatus::Claimed, Some(1), false)
+    );
+    assert!(c.leased(Some("prj_1"), "build").unwrap().is_empty());
+    // a claim again takes a new generation; the highest ever issued stays the bound
+    assert!(
+        c.update_task("tsk_a", "claimed", "claimed", Some("beta"), 50, Some(4))
+            .unwrap()
+    );
+    assert_eq!(
+        c.leased(Some("prj_1"), "build").unwrap()[0].lease_gen,
+        Some(4)
+    );
+    assert!(
+        c.update_task("tsk_a", "claimed", "done", None, 51, None)
+            .unwrap()
+    );
+    assert!(
+        c.leased(Some("prj_1"), "build").unwrap().is_empty(),
+        "done releases"
+    );
+    assert_eq!(c.lease_gen_max().unwrap(), 4);
 }
 
 /// The wake queue: a permit once queued stays as sealed, reads are oldest first, per room or

@@ -106,6 +106,14 @@ CREATE TABLE task_checks (
     evaluation TEXT NOT NULL
 ) STRICT;
 "#,
+    r#"
+ALTER TABLE tasks ADD COLUMN coordination_only INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE tasks ADD COLUMN lease_gen INTEGER;
+ALTER TABLE tasks ADD COLUMN lease_held INTEGER NOT NULL DEFAULT 0;
+UPDATE tasks SET lease_held = 1, lease_gen = 0 WHERE status = 'claimed' AND scopes != '[]';
+DROP INDEX tasks_claimed;
+CREATE INDEX tasks_leased ON tasks(project_id, room) WHERE lease_held = 1;
+"#,
 ];
 
 /// One sealed permit as the queue stores it: its key and its canonical JSON.
@@ -226,6 +234,11 @@ pub struct TaskRow {
     pub requirements: Vec<String>,
     /// The checks `done` measures.
     pub acceptance: Vec<room_core::acceptance::Check>,
+    /// Leases nothing, and its subtasks may not either.
+    pub coordination_only: bool,
+    /// The fencing generation of the task's newest lease, and whether it is held now.
+    pub lease_gen: Option<u64>,
+    pub lease_held: bool,
 }
 
 /// The newest acceptance evaluation of a task (by `done` or a dry-run check): an observation,
@@ -239,7 +252,7 @@ pub struct TaskCheckRow {
     pub evaluation: String,
 }
 
-const TASK_COLS: &str = "id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms, scopes, requirements, acceptance";
+const TASK_COLS: &str = "id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms, scopes, requirements, acceptance, coordination_only, lease_gen, lease_held";
 
 fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TaskRow> {
     let scopes: String = r.get(10)?;
@@ -263,6 +276,9 @@ fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TaskRow> {
         scopes: json_col(10, &scopes)?,
         requirements: json_col(11, &r.get::<_, String>(11)?)?,
         acceptance: json_col(12, &r.get::<_, String>(12)?)?,
+        coordination_only: r.get(13)?,
+        lease_gen: r.get::<_, Option<i64>>(14)?.map(u),
+        lease_held: r.get(15)?,
     })
 }
 
@@ -790,7 +806,7 @@ impl ControlStore for SqliteControl {
     /// live leases the `exclusive` invariant checks a new claim against.
     fn leased(&self, project: Option<&str>, room: &str) -> Result<Vec<TaskRow>> {
         let mut st = self.conn.prepare_cached(&format!(
-            "SELECT {TASK_COLS} FROM tasks WHERE status = 'claimed' AND scopes != '[]'
+            "SELECT {TASK_COLS} FROM tasks WHERE lease_held = 1
                AND ((?1 IS NOT NULL AND project_id = ?1) OR (?1 IS NULL AND project_id IS NULL AND room = ?2))
              ORDER BY id"
         ))?;
@@ -801,12 +817,13 @@ impl ControlStore for SqliteControl {
     fn insert_task(&mut self, t: &TaskRow) -> Result<()> {
         self.write(|c| {
             c.conn.execute(
-                "INSERT INTO tasks (id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms, scopes, requirements, acceptance)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                "INSERT INTO tasks (id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms, scopes, requirements, acceptance, coordination_only)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
                 params![t.id, t.room, t.project_id, t.title, t.owner, t.recipient, t.parent, t.status.as_str(), t.created_ms as i64, t.updated_ms as i64,
                     serde_json::to_string(&t.scopes).expect("scopes serialize"),
                     serde_json::to_string(&t.requirements).expect("requirements serialize"),
-                    serde_json::to_string(&t.acceptance).expect("checks serialize")],
+                    serde_json::to_string(&t.acceptance).expect("checks serialize"),
+                    t.coordination_only],
             )?;
             Ok(())
         })
@@ -821,14 +838,42 @@ impl ControlStore for SqliteControl {
         status: &str,
         recipient: Option<&str>,
         now_ms: u64,
+        lease_gen: Option<u64>,
     ) -> Result<bool> {
         self.write(|c| {
+            // a transition releases the task's lease unless it takes a new one (a claim)
             let n = c.conn.execute(
-                "UPDATE tasks SET status = ?3, recipient = ?4, updated_ms = ?5 WHERE id = ?1 AND status = ?2",
-                params![id, from_status, status, recipient, now_ms as i64],
+                "UPDATE tasks SET status = ?3, recipient = ?4, updated_ms = ?5,
+                    lease_gen = COALESCE(?6, lease_gen), lease_held = (?6 IS NOT NULL)
+                 WHERE id = ?1 AND status = ?2",
+                params![
+                    id,
+                    from_status,
+                    status,
+                    recipient,
+                    now_ms as i64,
+                    lease_gen.map(|g| g as i64)
+                ],
             )?;
             Ok(n == 1)
         })
+    }
+
+    fn release_lease(&mut self, id: &str, generation: u64) -> Result<bool> {
+        self.write(|c| {
+            let n = c.conn.execute(
+                "UPDATE tasks SET lease_held = 0 WHERE id = ?1 AND lease_gen = ?2 AND lease_held = 1",
+                params![id, generation as i64],
+            )?;
+            Ok(n == 1)
+        })
+    }
+
+    fn lease_gen_max(&self) -> Result<u64> {
+        let g: Option<i64> = self
+            .conn
+            .query_row("SELECT max(lease_gen) FROM tasks", [], |r| r.get(0))?;
+        Ok(g.map_or(0, u))
     }
 
     fn record_task_check(&mut self, row: &TaskCheckRow) -> Result<()> {

@@ -26,7 +26,10 @@ pub fn index_back_to_schema_1(path: &Path) -> Result<()> {
 /// task requirements or acceptance).
 pub fn control_back_to_schema_2(path: &Path) -> Result<()> {
     Connection::open(path)?.execute_batch(
-        "DROP TABLE task_checks;
+        "DROP INDEX tasks_leased; CREATE INDEX tasks_claimed ON tasks(status) WHERE status = 'claimed';
+         ALTER TABLE tasks DROP COLUMN coordination_only; ALTER TABLE tasks DROP COLUMN lease_gen;
+         ALTER TABLE tasks DROP COLUMN lease_held;
+         DROP TABLE task_checks;
          ALTER TABLE tasks DROP COLUMN requirements; ALTER TABLE tasks DROP COLUMN acceptance;
          DROP TABLE wakes; DELETE FROM meta WHERE key = 'wakes_requeue';
          ALTER TABLE rooms DROP COLUMN archived_ms;
