@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 pub struct BenchArgs {
     /// What to measure: `core` (the engine against raw SQLite), `mcp` (tool calls over
     /// streamable HTTP against the same turns in-process) or `swarm` (10, 100 and 500 agents over
-    /// streamable HTTP in rooms of 2 to 8, with a realistic mix of turns).
+    /// streamable HTTP in rooms of 2 to 8, with a realistic mix of turns) or `acceptance`
+    /// (`done` with sha256 checks against hashing the same bytes; a claim against 10,000
+    /// live leases against an uncontended one).
     #[arg(default_value = "core")]
     pub what: String,
     /// Seconds each measurement runs.
@@ -69,8 +71,11 @@ pub fn run(a: &BenchArgs) -> i32 {
         "core" => bench(a),
         "mcp" => crate::bench_mcp::bench(a),
         "swarm" => crate::bench_mcp::swarm(a),
+        "acceptance" => crate::bench_accept::bench(a),
         other => {
-            eprintln!("error[invalid_argument]: what: {other:?} is not core, mcp or swarm");
+            eprintln!(
+                "error[invalid_argument]: what: {other:?} is not core, mcp, swarm or acceptance"
+            );
             return crate::cmd::EXIT_REFUSED;
         }
     };
