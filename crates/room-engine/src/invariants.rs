@@ -42,6 +42,17 @@ pub const VIOLATION_RECORDS_PER_WINDOW_MAX: usize = 16;
 pub const VIOLATION_WINDOW_MS: u64 = 60_000;
 /// Recent rejections remembered per room for that count.
 const VIOLATIONS_TRACKED_MAX: usize = 4_096;
+/// (actor, invariant) pairs whose suppressed rejections one room counts at once; past it the
+/// oldest pair's aggregate is written early.
+const SUPPRESSED_TRACKED_MAX: usize = 1_024;
+
+/// Rejections the flood bound left unrecorded, counted for their aggregate record.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Suppressed {
+    pub count: u64,
+    pub first_ms: u64,
+    pub last_ms: u64,
+}
 
 /// Validate a client's idempotency key at the edge of the engine.
 pub fn check_key(key: Option<&str>) -> Outcome<()> {
@@ -324,7 +335,9 @@ impl Engine {
         }
         if !self.may_record_violation(h, &v.actor) {
             // an agent repeating a refused call in a loop must not fill the journal: the
-            // refusal stands, its record is left out
+            // refusal stands, its own record is left out and counted into one aggregate
+            // record per window (written by the sweep once the window has passed)
+            self.suppress(h, &v);
             detail["violation_recorded"] = json!("rate_limited");
             return Refusal::new(Code::InvariantViolation, message)
                 .detail(detail)
@@ -373,6 +386,72 @@ impl Engine {
         true
     }
 
+    fn suppress(&self, h: &mut RoomHandle, v: &Violation) {
+        let now = self.now_ms();
+        let key = (v.actor.clone(), v.invariant);
+        if !h.violations_suppressed.contains_key(&key)
+            && h.violations_suppressed.len() >= SUPPRESSED_TRACKED_MAX
+        {
+            // bounded: the pair counting longest is written now, early
+            if let Some(oldest) = h
+                .violations_suppressed
+                .iter()
+                .min_by_key(|(_, s)| s.first_ms)
+                .map(|(k, _)| k.clone())
+            {
+                let s = h.violations_suppressed.remove(&oldest).expect("just found");
+                let _ = self.write_aggregate(h, &oldest, s);
+            }
+        }
+        let s = h.violations_suppressed.entry(key).or_insert(Suppressed {
+            count: 0,
+            first_ms: now,
+            last_ms: now,
+        });
+        s.count += 1;
+        s.last_ms = now;
+    }
+
+    /// The one record standing for rejections the flood bound left out.
+    fn write_aggregate(
+        &self,
+        h: &mut RoomHandle,
+        (actor, invariant): &(String, Invariant),
+        s: Suppressed,
+    ) -> Outcome<()> {
+        let v = Violation {
+            actor: actor.clone(),
+            invariant: *invariant,
+            severity: Severity::Reject,
+            act: "suppressed".into(),
+            task: None,
+            event: None,
+            detail: json!({"suppressed": s.count, "first_ms": s.first_ms, "last_ms": s.last_ms,
+                "window_ms": VIOLATION_WINDOW_MS,
+                "why": format!("{} rejections past {VIOLATION_RECORDS_PER_WINDOW_MAX} per {} s were refused without records of their own",
+                    s.count, VIOLATION_WINDOW_MS / 1000)}),
+        };
+        h.commit(self, vec![EventBody::InvariantViolation(v)], None)?;
+        Ok(())
+    }
+
+    /// Write the aggregates whose window has passed (all of them when `now` is `u64::MAX`).
+    pub(crate) fn flush_suppressed(&self, h: &mut RoomHandle, now: u64) -> Outcome<u64> {
+        let due: Vec<(String, Invariant)> = h
+            .violations_suppressed
+            .iter()
+            .filter(|(_, s)| s.first_ms.saturating_add(VIOLATION_WINDOW_MS) <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut written = 0;
+        for k in due {
+            let s = h.violations_suppressed.remove(&k).expect("listed above");
+            self.write_aggregate(h, &k, s)?;
+            written += 1;
+        }
+        Ok(written)
+    }
+
     /// `resolution`: record every begun lifecycle whose TTL has run out unresolved as in doubt
     /// (once each). The daemon calls this on a timer; the simulator between steps. Returns how
     /// many lapses were recorded.
@@ -416,6 +495,7 @@ impl Engine {
     }
 
     fn sweep_room(&self, h: &mut RoomHandle, now: u64) -> Outcome<u64> {
+        self.flush_suppressed(h, now)?;
         let lapsed = h
             .index
             .lapsed_begins(now, LAPSES_PER_SWEEP_MAX)

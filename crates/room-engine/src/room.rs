@@ -93,6 +93,12 @@ pub struct RoomHandle {
     wakes_mark: u64,
     /// When this room recorded its recent rejections, and whose (see `invariants::reject`).
     pub(crate) violations_recent: std::collections::VecDeque<(String, u64)>,
+    /// Rejections left unrecorded by that bound, per (actor, invariant), until their one
+    /// aggregate record is written.
+    pub(crate) violations_suppressed: std::collections::BTreeMap<
+        (String, crate::event::Invariant),
+        crate::invariants::Suppressed,
+    >,
 }
 
 /// Lag after which the wakes mark is moved up even when no permit waits for a sync.
@@ -412,6 +418,7 @@ impl RoomHandle {
             wakes_pending: Vec::new(),
             wakes_mark: 0,
             violations_recent: Default::default(),
+            violations_suppressed: Default::default(),
         };
         let known = h.index.mark()?;
         if !h.open_checked(engine, known.as_ref())? {

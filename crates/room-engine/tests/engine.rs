@@ -954,3 +954,54 @@ fn a_lapsed_lease_is_released_by_generation_and_its_holder_must_claim_afresh() {
         .unwrap();
     assert!(fourth > third);
 }
+
+/// The flood bound keeps a looping agent from filling the journal, yet every rejection is
+/// accounted for: past 16 records per actor, room and minute the rest are counted, and one
+/// aggregate record per window says how many were left out.
+#[test]
+fn rejections_past_the_flood_bound_leave_one_aggregate_record_per_window() {
+    let f = Fixture::new();
+    let e = f.engine(9);
+    let a = agent(&e, "alpha", Tier::Member);
+    e.room_create(&owner(&e), "r", None, &["alpha".into()])
+        .unwrap();
+    catch_up(&e, &a, "r");
+    let keyed = TurnArgs {
+        idempotency_key: Some("k-1".into()),
+        ..say("r", "once")
+    };
+    e.turn(&a, Verb::Note, keyed.clone()).unwrap();
+    let records = |e: &Engine| -> Vec<Value> {
+        e.room_log(&owner(e), "r", 1, 1000).unwrap()["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|ev| ev["kind"] == "invariant_violation")
+            .cloned()
+            .collect()
+    };
+    let mut rate_limited = 0;
+    for _ in 0..20 {
+        let r = e.turn(&a, Verb::Note, keyed.clone()).unwrap_err();
+        assert_eq!(r.detail["invariant"], "exactly_once");
+        if r.detail["violation_recorded"] == "rate_limited" {
+            rate_limited += 1;
+        }
+    }
+    assert_eq!(rate_limited, 4);
+    assert_eq!(records(&e).len(), 16, "16 records of their own");
+    // within the window the sweep writes nothing yet
+    e.sweep_invariants().unwrap();
+    assert_eq!(records(&e).len(), 16);
+    f.clock.advance(61_000);
+    e.sweep_invariants().unwrap();
+    let all = records(&e);
+    assert_eq!(all.len(), 17);
+    let agg = &all[16]["event"];
+    assert_eq!(agg["act"], "suppressed");
+    assert_eq!(agg["invariant"], "exactly_once");
+    assert_eq!(agg["actor"], "alpha");
+    assert_eq!(agg["detail"]["suppressed"], 4);
+    e.sweep_invariants().unwrap();
+    assert_eq!(records(&e).len(), 17, "once");
+}
