@@ -3,7 +3,9 @@
 use clap::{Args, Parser, Subcommand};
 use room_server::ServerError;
 use room_server::client::Client;
-use room_server::wire::{Request, SyncArgs, TaskClaimArgs, TaskCreateArgs, TurnWire};
+use room_server::wire::{
+    OpArgs, OpBeginArgs, Request, SyncArgs, TaskClaimArgs, TaskCreateArgs, TurnWire,
+};
 use room_store::StoreError;
 use room_store::statedir;
 use serde_json::{Value, json};
@@ -125,6 +127,9 @@ pub enum Cmd {
     /// Tasks.
     #[command(subcommand)]
     Task(TaskCmd),
+    /// The destination ledger: external operations of a task you hold.
+    #[command(subcommand)]
+    Op(OpCmd),
     /// Who the current ROOM_TOKEN acts as.
     Whoami,
     /// Read the next page of a room; --confirm a receipt to advance your checkpoint.
@@ -242,6 +247,16 @@ pub enum IndexCmd {
 #[derive(Subcommand, Debug)]
 pub enum WakesCmd {
     List { room: Option<String> },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum OpCmd {
+    /// Before an external effect: record the intention (prints the op id).
+    Begin(OpBeginArgs),
+    /// The effect was performed.
+    Effect(OpArgs),
+    /// The operation's outcome (--outcome succeeded|failed).
+    Resolve(OpArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -371,6 +386,11 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
                     req("owner_task_check", json!({"task": task}))
                 }
             }
+        },
+        Cmd::Op(o) => match o {
+            OpCmd::Begin(a) => wire("op_begin", a),
+            OpCmd::Effect(a) => wire("op_effect", a),
+            OpCmd::Resolve(a) => wire("op_resolve", a),
         },
         Cmd::Whoami => req("whoami", json!({})),
         Cmd::Sync(a) => wire("sync", a),

@@ -3,10 +3,9 @@
 //! against live files and processes, never on the worker's word; this module only says what a
 //! well-formed check is and what a result looks like (the seed's Exhibits 4 and 5).
 //!
-//! Four of the seven kinds are measured today. `evidence_origins`, `destination` and
-//! `worker_receipt` need the evidence registry, the destination ledger and worker submissions,
-//! which do not exist yet: a task naming them is refused (`acceptance_kind_unsupported`) rather
-//! than created with a check nobody can evaluate.
+//! Five of the seven kinds are measured today. `evidence_origins` and `worker_receipt` need the
+//! evidence registry and worker submissions, which do not exist yet: a task naming them is
+//! refused (`acceptance_kind_unsupported`) rather than created with a check nobody can evaluate.
 
 use crate::refusal::{Code, Refusal};
 use serde::{Deserialize, Serialize};
@@ -56,6 +55,12 @@ pub enum Check {
         timeout_ms: u64,
         exit_code: i32,
     },
+    /// Every operation the task recorded (on `destination`, if given; at least one) is
+    /// resolved `succeeded` in the ledger, and its probe observes the effect present now.
+    Destination {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        destination: Option<String>,
+    },
 }
 
 impl Check {
@@ -65,6 +70,7 @@ impl Check {
             Check::FileExists { .. } => "file_exists",
             Check::FileAbsent { .. } => "file_absent",
             Check::Command { .. } => "command",
+            Check::Destination { .. } => "destination",
         }
     }
 
@@ -74,10 +80,11 @@ impl Check {
             Check::Sha256 { path, .. }
             | Check::FileExists { path }
             | Check::FileAbsent { path } => Some(path),
-            Check::Command { .. } => None,
+            Check::Command { .. } | Check::Destination { .. } => None,
         }
     }
 
+    /// Checks that run processes (commands, destination probes): outside every lock.
     pub fn is_command(&self) -> bool {
         matches!(self, Check::Command { .. })
     }
@@ -128,14 +135,26 @@ impl Check {
                 f.only(&["kind", "program", "args", "timeout_ms", "exit_code"])?;
                 parse_command(&f)?
             }
-            "evidence_origins" | "destination" | "worker_receipt" => {
+            "destination" => {
+                f.only(&["kind", "destination"])?;
+                let destination = match f.o.get("destination") {
+                    None | Some(Value::Null) => None,
+                    Some(_) => {
+                        let d = f.string("destination", 600)?;
+                        crate::scope::Scope::parse(&format!("{field}.destination"), &d)?;
+                        Some(d)
+                    }
+                };
+                Check::Destination { destination }
+            }
+            "evidence_origins" | "worker_receipt" => {
                 return Err(Refusal::new(
                     Code::AcceptanceKindUnsupported,
                     format!("{field}: acceptance kind {kind} is not measured yet"),
                 )
                 .detail(json!({"field": format!("{field}.kind"), "kind": kind,
-                    "measured": ["sha256", "file_exists", "file_absent", "command"]}))
-                .hint("declare a file or command check instead; this kind needs the evidence registry, the destination ledger or worker submissions"));
+                    "measured": ["sha256", "file_exists", "file_absent", "command", "destination"]}))
+                .hint("declare a file, command or destination check instead; this kind needs the evidence registry or worker submissions"));
             }
             other => {
                 return Err(Refusal::invalid(
@@ -401,7 +420,7 @@ mod tests {
 
     #[test]
     fn kinds_not_measured_yet_are_refused_by_name() {
-        for kind in ["evidence_origins", "destination", "worker_receipt"] {
+        for kind in ["evidence_origins", "worker_receipt"] {
             let r = parse(json!({"kind": kind})).unwrap_err();
             assert_eq!(r.code, Code::AcceptanceKindUnsupported);
             assert_eq!(r.detail["kind"], kind);

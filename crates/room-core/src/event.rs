@@ -52,6 +52,8 @@ pub enum EventBody {
     /// Flush 2 of a turn: the mention and obligation records its flush 1 implies.
     Items(Items),
     Task(Box<TaskEvent>),
+    /// The destination ledger: one phase of an external operation.
+    Op(Box<OpEvent>),
     /// A runtime invariant's verdict (see `invariants`): a rejected act (its envelope never
     /// committed), a flag beside a committed one, or an in-doubt lapse.
     InvariantViolation(Violation),
@@ -364,6 +366,53 @@ pub struct TaskEvent {
     pub lease_gen: Option<u64>,
 }
 
+/// A phase of an external operation: Begin (the intention, before the effect), Effect (the
+/// agent reports the effect done) and Resolve (its outcome). Per (agent, operation) in that
+/// order; a Begin unresolved past its TTL is recorded in doubt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OpPhase {
+    Begin,
+    Effect,
+    Resolve,
+}
+
+/// A read-only observation that the operation's effect is present at its destination: a
+/// program on the owner's allowlist, exit 0 meaning present.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Probe {
+    pub program: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    pub timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpEvent {
+    pub actor: String,
+    pub op: String,
+    pub phase: OpPhase,
+    pub task: String,
+    /// Begin: where the effect lands, as a typed scope (`api:stripe`, `file:dist`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destination: Option<String>,
+    /// Begin: the operation this one depends on (`causal`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<Probe>,
+    /// Resolve: `succeeded` or `failed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskCreated {
     pub title: String,
@@ -395,6 +444,7 @@ impl EventBody {
             EventBody::Turn(t) => &t.actor,
             EventBody::Items(i) => &i.actor,
             EventBody::Task(t) => &t.actor,
+            EventBody::Op(o) => &o.actor,
             EventBody::InvariantViolation(v) => &v.actor,
         }
     }
@@ -408,6 +458,7 @@ impl EventBody {
             EventBody::Turn(_) => "turn",
             EventBody::Items(_) => "items",
             EventBody::Task(_) => "task",
+            EventBody::Op(_) => "op",
             EventBody::InvariantViolation(_) => "invariant_violation",
         }
     }
@@ -416,6 +467,7 @@ impl EventBody {
         match self {
             EventBody::Turn(t) => t.task.as_deref(),
             EventBody::Task(t) => Some(&t.task),
+            EventBody::Op(o) => Some(&o.task),
             EventBody::InvariantViolation(v) => v.task.as_deref(),
             _ => None,
         }
@@ -428,6 +480,7 @@ impl EventBody {
         match self {
             EventBody::Turn(t) => t.idempotency_key.as_deref(),
             EventBody::Task(t) => t.idempotency_key.as_deref(),
+            EventBody::Op(o) => o.idempotency_key.as_deref(),
             _ => None,
         }
     }

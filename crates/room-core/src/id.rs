@@ -18,6 +18,15 @@ pub fn task_id(entropy: &dyn Entropy) -> String {
     format!("tsk_{}", entropy.hex(8))
 }
 
+/// An external operation recorded in the destination ledger.
+pub fn op_id(entropy: &dyn Entropy) -> String {
+    format!("op_{}", entropy.hex(8))
+}
+
+pub fn is_op_id(s: &str) -> bool {
+    prefixed(s, "op_", 16)
+}
+
 pub fn project_id(entropy: &dyn Entropy) -> String {
     format!("prj_{}", entropy.hex(8))
 }

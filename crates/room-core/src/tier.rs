@@ -60,10 +60,13 @@ pub enum Verb {
     TaskClaim,
     TaskShow,
     TaskCheck,
+    OpBegin,
+    OpEffect,
+    OpResolve,
 }
 
 impl Verb {
-    pub const ALL: [Verb; 16] = [
+    pub const ALL: [Verb; 19] = [
         Verb::Whoami,
         Verb::List,
         Verb::Sync,
@@ -80,6 +83,9 @@ impl Verb {
         Verb::TaskClaim,
         Verb::TaskShow,
         Verb::TaskCheck,
+        Verb::OpBegin,
+        Verb::OpEffect,
+        Verb::OpResolve,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -100,6 +106,9 @@ impl Verb {
             Verb::TaskClaim => "task_claim",
             Verb::TaskShow => "task_show",
             Verb::TaskCheck => "task_check",
+            Verb::OpBegin => "op_begin",
+            Verb::OpEffect => "op_effect",
+            Verb::OpResolve => "op_resolve",
         }
     }
 
@@ -125,7 +134,10 @@ impl Verb {
             | Verb::TaskCreate
             | Verb::TaskClaim
             | Verb::TaskShow
-            | Verb::TaskCheck => return None,
+            | Verb::TaskCheck
+            | Verb::OpBegin
+            | Verb::OpEffect
+            | Verb::OpResolve => return None,
         })
     }
 

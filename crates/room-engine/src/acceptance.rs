@@ -8,10 +8,15 @@
 //! The newest evaluation of each task is kept in control.db (an observation for `task show`);
 //! what `done` decided is in the journal.
 
-use crate::{Engine, Outcome, store_err};
+use crate::ledger::OPS_PER_TASK_MAX;
+use crate::room::RoomHandle;
+use crate::{Engine, Outcome, lock_room, store_err};
 use room_core::acceptance::{Check, CheckResult, Evaluation, UNCONFIRMED};
+use room_core::event::Probe;
+use room_core::scope::Scope;
 use room_core::{Code, Refusal, RunRequest};
 use room_store::control::{TaskCheckRow, TaskRow};
+use room_store::index::OpRow;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 
@@ -21,6 +26,8 @@ pub(crate) struct PreRun {
     pub task: String,
     pub acceptance: Vec<Check>,
     pub results: Vec<(usize, CheckResult)>,
+    /// Fresh probe observations of the task's recorded operations, by operation id.
+    pub probes: std::collections::BTreeMap<String, Value>,
 }
 
 /// Where a task's file checks are measured: its project's canonical root, revalidated.
@@ -130,13 +137,127 @@ impl Engine {
         }
     }
 
-    /// Observe every check that is not a command, now.
-    pub(crate) fn observe_files(&self, t: &TaskRow, place: &Place) -> Vec<(usize, CheckResult)> {
-        t.acceptance
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| !c.is_command())
-            .map(|(i, c)| (i, self.observe_file(c, place)))
+    /// Observe every check that is not a command, now (the ledger from `h`, under its lock).
+    pub(crate) fn observe_now(
+        &self,
+        t: &TaskRow,
+        place: &Place,
+        h: &RoomHandle,
+        probes: Option<&std::collections::BTreeMap<String, Value>>,
+    ) -> Outcome<Vec<(usize, CheckResult)>> {
+        let mut out = Vec::new();
+        for (i, c) in t.acceptance.iter().enumerate() {
+            match c {
+                Check::Command { .. } => {}
+                Check::Destination { destination } => {
+                    let r = self.observe_destination(t, destination.as_deref(), h, probes)?;
+                    out.push((i, r));
+                }
+                _ => out.push((i, self.observe_file(c, place))),
+            }
+        }
+        Ok(out)
+    }
+
+    /// The task's operations a destination check reads: on `destination` (inside it), or all.
+    fn ops_for(
+        &self,
+        t: &TaskRow,
+        destination: Option<&str>,
+        h: &RoomHandle,
+    ) -> Outcome<Vec<OpRow>> {
+        let within = destination.and_then(|d| Scope::parse("destination", d).ok());
+        Ok(h.index
+            .ops_of_task(&t.id, OPS_PER_TASK_MAX)
+            .map_err(store_err)?
+            .into_iter()
+            .filter(|o| {
+                match (
+                    &within,
+                    o.destination
+                        .as_deref()
+                        .and_then(|d| Scope::parse("d", d).ok()),
+                ) {
+                    (None, _) => true,
+                    (Some(w), Some(d)) => w.contains(&d),
+                    (Some(_), None) => false,
+                }
+            })
+            .collect())
+    }
+
+    /// `destination`: each operation resolved `succeeded` in the ledger, and its effect
+    /// observed present by a fresh probe.
+    fn observe_destination(
+        &self,
+        t: &TaskRow,
+        destination: Option<&str>,
+        h: &RoomHandle,
+        probes: Option<&std::collections::BTreeMap<String, Value>>,
+    ) -> Outcome<CheckResult> {
+        let ops = self.ops_for(t, destination, h)?;
+        let mut pass = !ops.is_empty();
+        let mut each = Vec::new();
+        for o in &ops {
+            let seen = probes.and_then(|p| p.get(&o.id)).cloned().unwrap_or_else(|| {
+                json!({"effect_present": UNCONFIRMED, "why": "not observed before the transition; try again"})
+            });
+            let present = seen["effect_present"] == true;
+            pass &=
+                o.status() == "resolved" && o.outcome.as_deref() == Some("succeeded") && present;
+            each.push(json!({"operation_id": o.id, "destination": o.destination,
+                "status": o.status(), "outcome": o.outcome, "effect_present": seen["effect_present"],
+                "observation": seen}));
+        }
+        let mut detail = json!({"destination": destination, "operations": each});
+        if ops.is_empty() {
+            detail["observation"] = json!("no_operation");
+            detail["why"] = json!("the task recorded no operation here (op_begin)");
+        }
+        if let [one] = each.as_slice() {
+            for k in ["operation_id", "status", "effect_present"] {
+                detail[k] = one[k].clone();
+            }
+        }
+        Ok(CheckResult {
+            kind: "destination".into(),
+            pass,
+            detail,
+        })
+    }
+
+    /// Observe each operation's effect afresh with its probe (a process: outside every lock).
+    pub(crate) fn run_probes(
+        &self,
+        ops: &[OpRow],
+        place: &Place,
+    ) -> std::collections::BTreeMap<String, Value> {
+        let allowed = self.policy().acceptance_commands;
+        ops.iter()
+            .map(|o| {
+                let seen = match o.probe.as_deref().map(serde_json::from_str::<Probe>) {
+                    None => json!({"effect_present": UNCONFIRMED, "why": "no probe was declared with op_begin"}),
+                    Some(Err(e)) => json!({"effect_present": UNCONFIRMED, "why": format!("stored probe unreadable: {e}")}),
+                    Some(Ok(p)) if !allowed.contains(&p.program) => {
+                        json!({"effect_present": UNCONFIRMED, "why": "the probe's program is no longer on the owner's allowlist"})
+                    }
+                    Some(Ok(p)) => {
+                        let req = RunRequest {
+                            program: PathBuf::from(&p.program),
+                            args: p.args.clone(),
+                            cwd: place.root.clone().unwrap_or_else(|| PathBuf::from("/")),
+                            timeout_ms: p.timeout_ms,
+                        };
+                        match self.env.runner.run(&req) {
+                            Err(e) => json!({"effect_present": UNCONFIRMED, "error": e.to_string(),
+                                "error_kind": format!("{:?}", e.kind())}),
+                            Ok(out) if out.timed_out => json!({"effect_present": UNCONFIRMED, "timed_out": true}),
+                            Ok(out) => json!({"effect_present": out.exit_code == Some(0), "exit_code": out.exit_code}),
+                        }
+                    }
+                };
+                (o.id.clone(), seen)
+            })
             .collect()
     }
 
@@ -181,7 +302,9 @@ impl Engine {
                     ),
                 }
             }
-            (Check::Command { .. }, _) => unreachable!("observe_files skips command checks"),
+            (Check::Command { .. } | Check::Destination { .. }, _) => {
+                unreachable!("observe_now observes files only here")
+            }
         };
         CheckResult {
             kind: c.kind().into(),
@@ -311,7 +434,7 @@ impl Engine {
                         "the owner can allow it in config.toml: [acceptance] commands = [\"{program}\"]"
                     )));
                 }
-                Check::Command { .. } => {}
+                Check::Command { .. } | Check::Destination { .. } => {}
                 _ if !in_project => {
                     return Err(Refusal::invalid(
                         &format!("accept[{i}]"),
@@ -348,23 +471,56 @@ impl Engine {
         };
         let held =
             t.status == room_core::TaskStatus::Claimed && t.recipient.as_deref() == Some(caller);
-        if !held || !t.acceptance.iter().any(Check::is_command) {
+        let processes = t
+            .acceptance
+            .iter()
+            .any(|c| matches!(c, Check::Command { .. } | Check::Destination { .. }));
+        if !held || !processes {
             return Ok(None);
         }
-        let place = self.acceptance_place(&t)?;
-        let results = self.run_commands(&t, &place);
-        Ok(Some(PreRun {
-            task: t.id,
-            acceptance: t.acceptance,
+        self.pre_run_task(&t).map(Some)
+    }
+
+    /// Run a task's commands and probe its operations, outside every lock.
+    pub(crate) fn pre_run_task(&self, t: &TaskRow) -> Outcome<PreRun> {
+        let place = self.acceptance_place(t)?;
+        let results = self.run_commands(t, &place);
+        let probes = if t
+            .acceptance
+            .iter()
+            .any(|c| matches!(c, Check::Destination { .. }))
+        {
+            let handle = self.room_handle(&t.room)?;
+            // read the ledger under the room lock, probe after releasing it
+            let ops = {
+                let h = lock_room(&handle);
+                h.index
+                    .ops_of_task(&t.id, OPS_PER_TASK_MAX)
+                    .map_err(store_err)?
+            };
+            self.run_probes(&ops, &place)
+        } else {
+            Default::default()
+        };
+        Ok(PreRun {
+            task: t.id.clone(),
+            acceptance: t.acceptance.clone(),
             results,
-        }))
+            probes,
+        })
     }
 
     /// Evaluate every check of `t`: commands from `pre` when they ran against these checks
     /// (else they count as not run, and fail), files now.
-    pub(crate) fn evaluate(&self, t: &TaskRow, pre: Option<&PreRun>) -> Outcome<Evaluation> {
+    pub(crate) fn evaluate(
+        &self,
+        t: &TaskRow,
+        pre: Option<&PreRun>,
+        h: &RoomHandle,
+    ) -> Outcome<Evaluation> {
         let place = self.acceptance_place(t)?;
-        let mut parts = self.observe_files(t, &place);
+        let fresh = pre.filter(|p| p.task == t.id && p.acceptance == t.acceptance);
+        let mut parts = self.observe_now(t, &place, h, fresh.map(|p| &p.probes))?;
         match pre {
             Some(p) if p.task == t.id && p.acceptance == t.acceptance => {
                 parts.extend(p.results.iter().cloned());

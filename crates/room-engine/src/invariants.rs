@@ -496,6 +496,7 @@ impl Engine {
 
     fn sweep_room(&self, h: &mut RoomHandle, now: u64) -> Outcome<u64> {
         self.flush_suppressed(h, now)?;
+        let ops = self.sweep_ops(h, now, LAPSES_PER_SWEEP_MAX)?;
         let lapsed = h
             .index
             .lapsed_begins(now, LAPSES_PER_SWEEP_MAX)
@@ -529,7 +530,7 @@ impl Engine {
             h.commit(self, vec![EventBody::InvariantViolation(v)], None)?;
             recorded += 1;
         }
-        Ok(recorded)
+        Ok(recorded + ops)
     }
 }
 

@@ -7,6 +7,7 @@ pub mod acceptance;
 pub mod authority;
 pub mod event;
 pub mod invariants;
+pub mod ledger;
 pub mod lineage;
 pub mod policy;
 pub mod principal;

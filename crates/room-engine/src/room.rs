@@ -8,12 +8,12 @@ use crate::event::{
 };
 use crate::{Engine, Outcome, store_err};
 use room_core::chain::ChainTip;
-use room_core::event::SeqWitness;
+use room_core::event::{OpPhase, SeqWitness};
 use room_core::wake::TASKED_DEADLINE_MS;
 use room_core::{Code, Record, Refusal, canon, id};
 use room_store::control::{RoomRow, TaskRow, WakeRow};
 use room_store::index::{
-    Batch, CheckpointRow, EventRow, ItemKind, ItemRow, LifecycleChange, LogTrust,
+    Batch, CheckpointRow, EventRow, ItemKind, ItemRow, LifecycleChange, LogTrust, OpChange, OpRow,
 };
 use room_store::journal::{ChainPos, JournalMark, RECORD_BYTES_MAX};
 use room_store::{BlobStore, RoomIndex, RoomLog, ShardCreated, StoreError};
@@ -256,6 +256,37 @@ pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result
                         ttl_ms: te.ttl_ms.unwrap_or(TASKED_DEADLINE_MS),
                     });
                 }
+            }
+        }
+        EventBody::Op(o) => match o.phase {
+            OpPhase::Begin => p.batch.ops.push(OpChange::Begin(OpRow {
+                id: o.op.clone(),
+                agent: o.actor.clone(),
+                task: o.task.clone(),
+                destination: o.destination.clone(),
+                parent: o.parent.clone(),
+                state: "begun".into(),
+                outcome: None,
+                probe: o
+                    .probe
+                    .as_ref()
+                    .map(|p| serde_json::to_string(p).expect("probes serialize")),
+                began_seq: r.seq,
+                began_ms: r.hlc.ms,
+                ttl_ms: o.ttl_ms.unwrap_or(crate::ledger::OP_TTL_MS_DEFAULT),
+                lapsed: false,
+            })),
+            OpPhase::Effect => p.batch.ops.push(OpChange::Effect { id: o.op.clone() }),
+            OpPhase::Resolve => p.batch.ops.push(OpChange::Resolve {
+                id: o.op.clone(),
+                outcome: o.outcome.clone().unwrap_or_else(|| "failed".into()),
+            }),
+        },
+        EventBody::InvariantViolation(v) if v.act == "op_begin" => {
+            if v.invariant == Invariant::Resolution
+                && let Some(op) = v.detail["op"].as_str()
+            {
+                p.batch.ops.push(OpChange::Lapsed { id: op.into() });
             }
         }
         EventBody::InvariantViolation(v) => {

@@ -496,7 +496,7 @@ impl Engine {
 
     // ---------- agent operations ----------
 
-    fn member_handle(
+    pub(crate) fn member_handle(
         &self,
         p: &Principal,
         room: &str,
@@ -667,7 +667,7 @@ impl Engine {
         Ok(json!({"task": task_view(&t), "event": rec[0].id}))
     }
 
-    fn task_row(&self, task: &str) -> Outcome<TaskRow> {
+    pub(crate) fn task_row(&self, task: &str) -> Outcome<TaskRow> {
         if !id::is_task_id(task) {
             return Err(Refusal::invalid("task", "not a task id (tsk_ and 16 hex)"));
         }
@@ -815,13 +815,13 @@ impl Engine {
     }
 
     fn evaluate_now(&self, t: &TaskRow) -> Outcome<Value> {
-        let place = self.acceptance_place(t)?;
-        let pre = PreRun {
-            task: t.id.clone(),
-            acceptance: t.acceptance.clone(),
-            results: self.run_commands(t, &place),
+        let pre = self.pre_run_task(t)?;
+        let handle = self.room_handle(&t.room)?;
+        let ev = {
+            let h = lock_room(&handle);
+            h.readable()?;
+            self.evaluate(t, Some(&pre), &h)?
         };
-        let ev = self.evaluate(t, Some(&pre))?;
         self.record_evaluation(&ev)?;
         let mut v = ev.to_value();
         if t.acceptance.is_empty() {
@@ -1412,7 +1412,7 @@ impl Engine {
                 "obligations_resolved": false});
             return Ok(());
         }
-        let ev = self.evaluate(&t, cx.pre)?;
+        let ev = self.evaluate(&t, cx.pre, cx.h)?;
         self.record_evaluation(&ev)?;
         if !ev.acceptance_pass {
             return Err(acceptance::failed(&ev));

@@ -1005,3 +1005,71 @@ fn rejections_past_the_flood_bound_leave_one_aggregate_record_per_window() {
     e.sweep_invariants().unwrap();
     assert_eq!(records(&e).len(), 17, "once");
 }
+
+/// `resolution` for the destination ledger: an operation unresolved past its TTL is recorded
+/// in doubt by the sweep (once), and a destination check then reads `in_doubt`, never success.
+#[test]
+fn an_operation_unresolved_past_its_ttl_is_in_doubt() {
+    let f = Fixture::new();
+    let e = f.engine(11);
+    let a = agent(&e, "alpha", Tier::Coordinator);
+    e.room_create(&owner(&e), "r", None, &["alpha".into()])
+        .unwrap();
+    let t = e
+        .task_create(
+            &a,
+            room_engine::verbs::TaskCreateArgs {
+                room: "r".into(),
+                title: "call the api".into(),
+                to: Some("alpha".into()),
+                accept: vec![serde_json::json!({"kind": "destination"})],
+                ..Default::default()
+            },
+        )
+        .unwrap()["task"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    e.task_claim(&a, &t, None).unwrap();
+    let op = e
+        .op_begin(
+            &a,
+            room_engine::ledger::OpBeginArgs {
+                room: "r".into(),
+                task: t.clone(),
+                destination: "api:billing".into(),
+                ttl_ms: Some(1_000),
+                ..Default::default()
+            },
+        )
+        .unwrap()["op"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    f.clock.advance(2_000);
+    assert_eq!(e.sweep_invariants().unwrap(), 1);
+    assert_eq!(e.sweep_invariants().unwrap(), 0, "once");
+    let log = e.room_log(&owner(&e), "r", 1, 1000).unwrap();
+    let rec = log["events"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(rec["event"]["invariant"], "resolution");
+    assert_eq!(rec["event"]["severity"], "in_doubt");
+    assert_eq!(rec["event"]["detail"]["op"], op.as_str());
+    let ev = e.task_check_owner(&owner(&e), &t).unwrap();
+    let d = &ev["acceptance_results"][0]["detail"];
+    assert_eq!(d["status"], "in_doubt", "{ev}");
+    assert_eq!(ev["acceptance_pass"], false);
+    // the claim's own lifecycle is not the operation's: it is still begun
+    catch_up(&e, &a, "r");
+    let r = e
+        .turn(
+            &a,
+            Verb::Done,
+            TurnArgs {
+                room: "r".into(),
+                task: Some(t),
+                ..Default::default()
+            },
+        )
+        .unwrap_err();
+    assert_eq!(r.code, Code::TaskAcceptanceFailed);
+}

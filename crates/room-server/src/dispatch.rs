@@ -412,6 +412,36 @@ fn agent_op(engine: &Engine, caller: &AgentCaller, op: &str, a: Value) -> Result
         }
         Verb::TaskShow => engine.task_show(caller, &args::<TaskArgs>(a)?.task),
         Verb::TaskCheck => engine.task_check(caller, &args::<TaskArgs>(a)?.task),
+        Verb::OpBegin => {
+            let a: OpBeginArgs = args(a)?;
+            engine.op_begin(
+                caller,
+                room_engine::ledger::OpBeginArgs {
+                    room: a.room,
+                    task: a.task,
+                    destination: a.destination,
+                    parent: a.parent,
+                    ttl_ms: a.ttl_ms,
+                    probe: a.probe,
+                    note: a.note,
+                    idempotency_key: a.idempotency_key,
+                },
+            )
+        }
+        Verb::OpEffect | Verb::OpResolve => {
+            let a: OpArgs = args(a)?;
+            let a = room_engine::ledger::OpArgs {
+                room: a.room,
+                op: a.op,
+                outcome: a.outcome,
+                note: a.note,
+            };
+            if verb == Verb::OpEffect {
+                engine.op_effect(caller, a)
+            } else {
+                engine.op_resolve(caller, a)
+            }
+        }
         v => {
             let w: TurnWire = args(a)?;
             engine.turn(caller, v, turn_args(w))

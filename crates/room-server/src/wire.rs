@@ -228,7 +228,8 @@ pub struct TaskCreateArgs {
     #[schemars(length(max = REQUIREMENTS_PER_TASK_MAX))]
     pub requirements: Vec<String>,
     /// Checks done measures: sha256{path,expected} file_exists{path} file_absent{path}
-    /// command{program,args,timeout_ms,exit_code}; paths relative to the project root.
+    /// command{program,args,timeout_ms,exit_code} destination{destination}; paths relative to
+    /// the project root.
     #[serde(default)]
     #[arg(long = "accept", value_parser = json_object)]
     #[schemars(schema_with = "accept_schema")]
@@ -255,7 +256,7 @@ fn accept_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         "maxItems": CHECKS_PER_TASK_MAX,
         "items": {
             "type": "object",
-            "properties": {"kind": {"type": "string", "enum": ["sha256", "file_exists", "file_absent", "command"]}},
+            "properties": {"kind": {"type": "string", "enum": ["sha256", "file_exists", "file_absent", "command", "destination"]}},
             "required": ["kind"]
         }
     })
@@ -276,6 +277,71 @@ pub struct TaskClaimArgs {
     #[arg(long)]
     #[schemars(range(min = CLAIM_TTL_MS_MIN, max = CLAIM_TTL_MS_MAX))]
     pub ttl_ms: Option<u64>,
+}
+
+#[derive(Debug, Serialize, Deserialize, JsonSchema, clap::Args)]
+#[serde(deny_unknown_fields)]
+pub struct OpBeginArgs {
+    /// Room name (see room_list).
+    pub room: String,
+    #[arg(long)]
+    pub task: String,
+    /// namespace:resource, inside the task's scopes.
+    #[arg(long)]
+    pub destination: String,
+    /// Operation this one depends on.
+    #[serde(default)]
+    #[arg(long)]
+    pub parent: Option<String>,
+    #[serde(default)]
+    #[arg(long)]
+    #[schemars(range(min = CLAIM_TTL_MS_MIN, max = CLAIM_TTL_MS_MAX))]
+    pub ttl_ms: Option<u64>,
+    /// Observes the effect (allowlisted program; exit 0 = present).
+    #[serde(default)]
+    #[arg(long, value_parser = json_object)]
+    #[schemars(schema_with = "probe_schema")]
+    pub probe: Option<Value>,
+    #[serde(default)]
+    #[arg(long)]
+    pub note: Option<String>,
+    #[serde(default)]
+    #[arg(long)]
+    #[schemars(length(max = IDEMPOTENCY_KEY_BYTES_MAX), pattern(IDEMPOTENCY_KEY_PATTERN))]
+    pub idempotency_key: Option<String>,
+}
+
+fn probe_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "properties": {
+            "program": {"type": "string"},
+            "args": {"type": "array", "items": {"type": "string"}},
+            "timeout_ms": {"type": "integer"}
+        },
+        "required": ["program"]
+    })
+}
+
+/// `op_effect` and `op_resolve`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema, clap::Args)]
+#[serde(deny_unknown_fields)]
+pub struct OpArgs {
+    pub room: String,
+    /// From op_begin.
+    pub op: String,
+    /// op_resolve only.
+    #[serde(default)]
+    #[arg(long)]
+    #[schemars(schema_with = "outcome_schema")]
+    pub outcome: Option<String>,
+    #[serde(default)]
+    #[arg(long)]
+    pub note: Option<String>,
+}
+
+fn outcome_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"type": "string", "enum": ["succeeded", "failed"]})
 }
 
 /// Arguments of the nine contribution verbs. `action` is only for the multiplexer `room` op.

@@ -317,7 +317,7 @@ fn acceptance_command_not_allowed() {
 fn acceptance_kind_unsupported() {
     let mut tm = team();
     let Team { fx, a, .. } = &mut tm;
-    for kind in ["evidence_origins", "destination", "worker_receipt"] {
+    for kind in ["evidence_origins", "worker_receipt"] {
         let r = fx.refuse(
             Some(a),
             "task_create",

@@ -10,7 +10,7 @@ use crate::control::{
 };
 use crate::index::{
     Batch, CheckpointRow, EventRow, IndexWitnesses, ItemKind, ItemRow, LifecycleRow, LogTrust,
-    ReceiptRow, SqliteConfig,
+    OpRow, ReceiptRow, SqliteConfig,
 };
 use crate::journal::{ChainPos, Faults, JournalMark, Scanned};
 use crate::shard::Shard;
@@ -86,6 +86,11 @@ pub trait RoomIndex: Send {
     fn idempotency_keys(&self) -> Result<u64>;
     fn lifecycle(&self, agent: &str, task: &str) -> Result<Option<LifecycleRow>>;
     fn lapsed_begins(&self, now_ms: u64, limit: usize) -> Result<Vec<LifecycleRow>>;
+    /// The destination ledger: one operation, a task's operations (oldest first, at most
+    /// `limit`), and those unresolved past their TTL and not yet recorded in doubt.
+    fn op(&self, id: &str) -> Result<Option<OpRow>>;
+    fn ops_of_task(&self, task: &str, limit: usize) -> Result<Vec<OpRow>>;
+    fn lapsed_ops(&self, now_ms: u64, limit: usize) -> Result<Vec<OpRow>>;
     /// Drop the projection (receipts and checkpoints stay) for a rebuild from the log.
     fn clear_projection(&mut self) -> Result<()>;
     fn event_by_seq(&self, seq: u64) -> Result<Option<EventRow>>;

@@ -5,10 +5,11 @@ use crate::Result;
 use rusqlite::{Connection, OptionalExtension};
 use std::path::Path;
 
-/// Turn a sync index back into schema 1 (before the invariant tables and the open counts).
+/// Turn a sync index back into schema 1 (before the invariant tables, the open counts and the
+/// destination ledger).
 pub fn index_back_to_schema_1(path: &Path) -> Result<()> {
     Connection::open(path)?.execute_batch(
-        "DROP TABLE idempotency; DROP TABLE lifecycles;
+        "DROP TABLE ops; DROP TABLE idempotency; DROP TABLE lifecycles;
          DROP INDEX mentions_open; DROP INDEX obligations_open;
          DROP INDEX mentions_task_open; DROP INDEX obligations_task_open;
          DROP TABLE open_counts;

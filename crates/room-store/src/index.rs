@@ -156,6 +156,25 @@ CREATE TRIGGER obligations_deleted AFTER DELETE ON obligations WHEN OLD.status =
     UPDATE open_counts SET n = n - 1 WHERE agent = OLD.agent AND kind = 'obligation';
 END;
 "#,
+    // The destination ledger: external operations, Begin -> Effect -> Resolve.
+    r#"
+CREATE TABLE ops (
+    id TEXT PRIMARY KEY,
+    agent TEXT NOT NULL,
+    task TEXT NOT NULL,
+    destination TEXT,
+    parent TEXT,
+    state TEXT NOT NULL,
+    outcome TEXT,
+    probe TEXT,
+    began_seq INTEGER NOT NULL,
+    began_ms INTEGER NOT NULL,
+    ttl_ms INTEGER NOT NULL,
+    lapsed INTEGER NOT NULL
+) STRICT;
+CREATE INDEX ops_task ON ops(task);
+CREATE INDEX ops_unresolved ON ops(state, lapsed) WHERE state != 'resolved';
+"#,
 ];
 
 /// The `exactly_once` registry's retention: the newest this many keys of a room are kept and
@@ -171,6 +190,7 @@ const PROJECTION_TABLES: &[&str] = &[
     "causal_edges",
     "idempotency",
     "lifecycles",
+    "ops",
     "events",
 ];
 
@@ -267,6 +287,8 @@ pub struct Batch {
     pub idempotency: Vec<(String, String, String, u64, Option<String>)>,
     /// `well_formed` and `resolution`: lifecycle changes, applied in order.
     pub lifecycles: Vec<LifecycleChange>,
+    /// The destination ledger's changes, applied in order.
+    pub ops: Vec<OpChange>,
     pub mark: Option<JournalMark>,
 }
 
@@ -389,6 +411,73 @@ pub enum LifecycleChange {
     Resolve { task: String },
     /// The begin outlived its TTL unresolved and was recorded as in doubt.
     Lapsed { agent: String, task: String },
+}
+
+/// A change to one recorded external operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OpChange {
+    Begin(OpRow),
+    Effect {
+        id: String,
+    },
+    Resolve {
+        id: String,
+        outcome: String,
+    },
+    /// Unresolved past its TTL, recorded in doubt.
+    Lapsed {
+        id: String,
+    },
+}
+
+/// One external operation as the ledger folds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpRow {
+    pub id: String,
+    pub agent: String,
+    pub task: String,
+    pub destination: Option<String>,
+    pub parent: Option<String>,
+    /// `begun`, `effected` or `resolved`.
+    pub state: String,
+    /// `succeeded` or `failed` once resolved.
+    pub outcome: Option<String>,
+    /// The probe (JSON) that observes the effect, if the agent declared one.
+    pub probe: Option<String>,
+    pub began_seq: u64,
+    pub began_ms: u64,
+    pub ttl_ms: u64,
+    pub lapsed: bool,
+}
+
+impl OpRow {
+    /// The folded status: `in_doubt` once lapsed unresolved, else the state.
+    pub fn status(&self) -> &str {
+        if self.lapsed && self.state != "resolved" {
+            "in_doubt"
+        } else {
+            &self.state
+        }
+    }
+}
+
+const OP_COLS: &str = "id, agent, task, destination, parent, state, outcome, probe, began_seq, began_ms, ttl_ms, lapsed";
+
+fn op_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<OpRow> {
+    Ok(OpRow {
+        id: r.get(0)?,
+        agent: r.get(1)?,
+        task: r.get(2)?,
+        destination: r.get(3)?,
+        parent: r.get(4)?,
+        state: r.get(5)?,
+        outcome: r.get(6)?,
+        probe: r.get(7)?,
+        began_seq: r.get::<_, i64>(8)? as u64,
+        began_ms: r.get::<_, i64>(9)? as u64,
+        ttl_ms: r.get::<_, i64>(10)? as u64,
+        lapsed: r.get::<_, i64>(11)? != 0,
+    })
 }
 
 /// One (agent, task) lifecycle.
@@ -925,6 +1014,34 @@ impl Index {
                 }
             }
         }
+        for c in &b.ops {
+            match c {
+                OpChange::Begin(o) => {
+                    tx.prepare_cached(
+                        "INSERT OR IGNORE INTO ops (id, agent, task, destination, parent, state, outcome, probe, began_seq, began_ms, ttl_ms, lapsed)
+                         VALUES (?1, ?2, ?3, ?4, ?5, 'begun', NULL, ?6, ?7, ?8, ?9, 0)",
+                    )?
+                    .execute(params![o.id, o.agent, o.task, o.destination, o.parent, o.probe,
+                        o.began_seq as i64, o.began_ms as i64, o.ttl_ms as i64])?;
+                }
+                OpChange::Effect { id } => {
+                    tx.prepare_cached(
+                        "UPDATE ops SET state = 'effected' WHERE id = ?1 AND state = 'begun'",
+                    )?
+                    .execute([id])?;
+                }
+                OpChange::Resolve { id, outcome } => {
+                    tx.prepare_cached(
+                        "UPDATE ops SET state = 'resolved', outcome = ?2 WHERE id = ?1 AND state != 'resolved'",
+                    )?
+                    .execute([id, outcome])?;
+                }
+                OpChange::Lapsed { id } => {
+                    tx.prepare_cached("UPDATE ops SET lapsed = 1 WHERE id = ?1")?
+                        .execute([id])?;
+                }
+            }
+        }
         Ok(())
     }
 
@@ -1110,6 +1227,33 @@ impl RoomIndex for Index {
             ))?
             .query_row([agent, task], lifecycle_from_row)
             .optional()?)
+    }
+
+    fn op(&self, id: &str) -> Result<Option<OpRow>> {
+        Ok(self
+            .conn
+            .prepare_cached(&format!("SELECT {OP_COLS} FROM ops WHERE id = ?1"))?
+            .query_row([id], op_from_row)
+            .optional()?)
+    }
+
+    fn ops_of_task(&self, task: &str, limit: usize) -> Result<Vec<OpRow>> {
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {OP_COLS} FROM ops WHERE task = ?1 ORDER BY began_seq LIMIT ?2"
+        ))?;
+        let rows = st.query_map(params![task, limit as i64], op_from_row)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// `resolution` for operations: unresolved past their TTL, not yet recorded in doubt.
+    fn lapsed_ops(&self, now_ms: u64, limit: usize) -> Result<Vec<OpRow>> {
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {OP_COLS} FROM ops
+             WHERE state != 'resolved' AND lapsed = 0 AND began_ms + ttl_ms <= ?1
+             ORDER BY began_seq LIMIT ?2"
+        ))?;
+        let rows = st.query_map(params![now_ms as i64, limit as i64], op_from_row)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
     /// `resolution`: begun lifecycles whose TTL ran out at `now_ms` and that are not yet

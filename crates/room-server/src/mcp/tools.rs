@@ -2,7 +2,9 @@
 //! JSON Schemas for inputs and outputs. Each tool maps onto one daemon operation, so MCP, the CLI
 //! and HTTP reach the same engine calls under the same authorization.
 
-use crate::wire::{SyncArgs, TaskArgs, TaskClaimArgs, TaskCreateArgs, TurnWire};
+use crate::wire::{
+    OpArgs, OpBeginArgs, SyncArgs, TaskArgs, TaskClaimArgs, TaskCreateArgs, TurnWire,
+};
 use schemars::JsonSchema;
 use schemars::generate::SchemaSettings;
 use serde_json::{Map, Value, json};
@@ -116,6 +118,8 @@ fn multiplexer_schema(actions: &[&str]) -> Value {
         input_schema::<TaskCreateArgs>(),
         input_schema::<TaskClaimArgs>(),
         input_schema::<TaskArgs>(),
+        input_schema::<OpBeginArgs>(),
+        input_schema::<OpArgs>(),
     ] {
         let Some(Value::Object(p)) = schema.get("properties") else {
             continue;
@@ -326,13 +330,32 @@ and with acceptance checks that done measures.",
             description: "Evaluate a task's acceptance checks now without closing it (its owner or recipient): each check's result, as done would see it.",
             input: object(input_schema::<TaskArgs>()),
         },
+        ToolDef {
+            name: "op_begin",
+            op: "op_begin",
+            description: "Before an external effect (deploy, API call) for a task you claimed, record it; then op_effect, then op_resolve. \
+Unresolved past ttl_ms it is recorded in doubt.",
+            input: object(input_schema::<OpBeginArgs>()),
+        },
+        ToolDef {
+            name: "op_effect",
+            op: "op_effect",
+            description: "Record that your operation's effect was performed.",
+            input: object(input_schema::<OpArgs>()),
+        },
+        ToolDef {
+            name: "op_resolve",
+            op: "op_resolve",
+            description: "Record your operation's outcome.",
+            input: object(input_schema::<OpArgs>()),
+        },
     ];
     let actions: Vec<&str> = tools.iter().map(|t| t.op).collect();
     tools.push(ToolDef {
         name: "room",
         op: "room",
         description: "Multiplexer for every Room action: set action to one of whoami, list, sync, note, say, reply, send, handoff, done, blocked, decline, circle, \
-task_create, task_claim, task_show, task_check, and pass that action's arguments (as its own tool takes them) alongside.",
+task_create, task_claim, task_show, task_check, op_begin, op_effect, op_resolve, and pass that action's arguments (as its own tool takes them) alongside.",
         input: multiplexer_schema(&actions),
     });
     tools
