@@ -139,6 +139,7 @@ fn a_disk_that_lies_about_fsync_under_sqlite_is_caught_within_the_budget() {
                 "engine failed to open",
                 "is read-only after restart",
                 "database disk image is malformed",
+                "file is not a database",
             ];
             assert!(
                 loss_or_corruption.iter().any(|m| f.what.contains(m)),
