@@ -697,6 +697,9 @@ impl RoomHandle {
         self.journal = None;
         self.read_only = Some("index rebuild in progress or failed".into());
         self.index.clear_projection()?;
+        // control.db's tasks of the room are a projection of the same journal: a rebuild onto
+        // a shorter journal must not leave rows (or leases) the journal no longer holds
+        engine.control().clear_room_tasks(&self.name)?;
         self.wakes_mark = 0;
         self.open_journal(engine, None)?;
         self.read_only = None;

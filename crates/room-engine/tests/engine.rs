@@ -1073,3 +1073,79 @@ fn an_operation_unresolved_past_its_ttl_is_in_doubt() {
         .unwrap_err();
     assert_eq!(r.code, Code::TaskAcceptanceFailed);
 }
+
+/// `room index rebuild` onto a shorter journal (an accepted loss) leaves control.db's tasks as
+/// the journal says: a `done` the journal lost is undone there too, and the claim's lease is
+/// held again; a task whose creation was lost is gone.
+#[test]
+fn a_rebuild_onto_a_shorter_journal_reconciles_tasks_and_leases() {
+    let f = Fixture::new();
+    let e = f.engine(21);
+    let a = agent(&e, "alpha", Tier::Coordinator);
+    e.room_create(&owner(&e), "r", None, &["alpha".into()])
+        .unwrap();
+    let create = |title: &str| {
+        e.task_create(
+            &a,
+            room_engine::verbs::TaskCreateArgs {
+                room: "r".into(),
+                title: title.into(),
+                to: Some("alpha".into()),
+                scopes: vec![format!("file:{title}")],
+                ..Default::default()
+            },
+        )
+        .unwrap()["task"]["id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let kept = create("kept");
+    e.task_claim(&a, &kept, None).unwrap();
+    catch_up(&e, &a, "r");
+    e.flush_indexes();
+    let shard = only_shard(&f);
+    let journal = shard.journal();
+    // the file is preallocated: the records so far end at the last newline
+    let lines_kept = std::fs::read(&journal)
+        .unwrap()
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count();
+    e.turn(
+        &a,
+        Verb::Done,
+        TurnArgs {
+            room: "r".into(),
+            task: Some(kept.clone()),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let lost = create("lost");
+    assert_eq!(
+        e.task_view_owner(&owner(&e), &kept).unwrap()["task"]["status"],
+        "done"
+    );
+    drop(e);
+    // the journal loses everything after the claim
+    let bytes = std::fs::read(&journal).unwrap();
+    let cut = bytes
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| **b == b'\n')
+        .nth(lines_kept - 1)
+        .unwrap()
+        .0
+        + 1;
+    std::fs::write(&journal, &bytes[..cut]).unwrap();
+    let e = f.engine(22);
+    let r = e.index_rebuild(&owner(&e), "r", false).unwrap_err();
+    assert_eq!(r.code, Code::JournalLossUnaccepted, "{r}");
+    e.index_rebuild(&owner(&e), "r", true).unwrap();
+    let shown = e.task_view_owner(&owner(&e), &kept).unwrap();
+    assert_eq!(shown["task"]["status"], "claimed", "{shown}");
+    assert_eq!(shown["lease"]["holder"], "alpha", "{shown}");
+    let gone = e.task_view_owner(&owner(&e), &lost).unwrap_err();
+    assert_eq!(gone.code, Code::TaskNotFound);
+}

@@ -201,6 +201,9 @@ pub trait ControlStore: Send {
     fn release_lease(&mut self, id: &str, generation: u64) -> Result<bool>;
     /// The highest lease generation ever issued (0 before the first).
     fn lease_gen_max(&self) -> Result<u64>;
+    /// Forget every task of `room` (and their evaluations) so that a rebuild of the room's
+    /// projection refills them from its journal exactly; returns how many went.
+    fn clear_room_tasks(&mut self, room: &str) -> Result<u64>;
     /// Keep `row` as the task's newest acceptance evaluation (replacing the one before).
     fn record_task_check(&mut self, row: &TaskCheckRow) -> Result<()>;
     fn task_check(&self, task: &str) -> Result<Option<TaskCheckRow>>;

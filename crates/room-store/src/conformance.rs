@@ -404,6 +404,15 @@ pub fn control_task_specs_and_checks(h: &mut dyn Harness) {
     let last = c.task_check("tsk_a").unwrap().unwrap();
     assert_eq!((last.at_ms, last.pass), (60, true));
     assert_eq!(last.evaluation, "{\"at\":60}");
+    drop(c);
+    // a rebuild forgets the room's tasks and their evaluations, and only that room's
+    let mut c = store.open_control().unwrap();
+    c.insert_room(&room("other", None), &[]).unwrap();
+    c.insert_task(&task("tsk_o", "other", None, &[])).unwrap();
+    assert_eq!(c.clear_room_tasks("chat").unwrap(), 1);
+    assert_eq!(c.task("tsk_a").unwrap(), None);
+    assert_eq!(c.task_check("tsk_a").unwrap(), None);
+    assert!(c.task("tsk_o").unwrap().is_some());
 }
 
 /// Tasks: lookup, children, compare-and-set transitions, and the live leases of a project

@@ -876,6 +876,19 @@ impl ControlStore for SqliteControl {
         Ok(g.map_or(0, u))
     }
 
+    fn clear_room_tasks(&mut self, room: &str) -> Result<u64> {
+        self.write(|c| {
+            let tx = c.conn.transaction()?;
+            tx.execute(
+                "DELETE FROM task_checks WHERE task IN (SELECT id FROM tasks WHERE room = ?1)",
+                [room],
+            )?;
+            let n = tx.execute("DELETE FROM tasks WHERE room = ?1", [room])?;
+            tx.commit()?;
+            Ok(n as u64)
+        })
+    }
+
     fn record_task_check(&mut self, row: &TaskCheckRow) -> Result<()> {
         self.write(|c| {
             c.conn.execute(
