@@ -4,7 +4,7 @@ use clap::{Args, Parser, Subcommand};
 use room_server::ServerError;
 use room_server::client::Client;
 use room_server::wire::{
-    OpArgs, OpBeginArgs, Request, SyncArgs, TaskClaimArgs, TaskCreateArgs, TurnWire,
+    EvidenceArgs, OpArgs, OpBeginArgs, Request, SyncArgs, TaskClaimArgs, TaskCreateArgs, TurnWire,
 };
 use room_store::StoreError;
 use room_store::statedir;
@@ -130,6 +130,9 @@ pub enum Cmd {
     /// The destination ledger: external operations of a task you hold.
     #[command(subcommand)]
     Op(OpCmd),
+    /// Evidence handles.
+    #[command(subcommand)]
+    Evidence(EvidenceCmd),
     /// Who the current ROOM_TOKEN acts as.
     Whoami,
     /// Read the next page of a room; --confirm a receipt to advance your checkpoint.
@@ -247,6 +250,12 @@ pub enum IndexCmd {
 #[derive(Subcommand, Debug)]
 pub enum WakesCmd {
     List { room: Option<String> },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum EvidenceCmd {
+    /// Register evidence with its first-hand origin (or lineage); prints its ev_ handle.
+    Register(EvidenceArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -387,6 +396,7 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
                 }
             }
         },
+        Cmd::Evidence(EvidenceCmd::Register(a)) => wire("evidence_register", a),
         Cmd::Op(o) => match o {
             OpCmd::Begin(a) => wire("op_begin", a),
             OpCmd::Effect(a) => wire("op_effect", a),

@@ -3,9 +3,9 @@
 //! against live files and processes, never on the worker's word; this module only says what a
 //! well-formed check is and what a result looks like (the seed's Exhibits 4 and 5).
 //!
-//! Five of the seven kinds are measured today. `evidence_origins` and `worker_receipt` need the
-//! evidence registry and worker submissions, which do not exist yet: a task naming them is
-//! refused (`acceptance_kind_unsupported`) rather than created with a check nobody can evaluate.
+//! Six of the seven kinds are measured today. `worker_receipt` needs worker submissions, which
+//! do not exist yet: a task naming it is refused (`acceptance_kind_unsupported`) rather than
+//! created with a check nobody can evaluate.
 
 use crate::refusal::{Code, Refusal};
 use serde::{Deserialize, Serialize};
@@ -61,6 +61,20 @@ pub enum Check {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         destination: Option<String>,
     },
+    /// At least `min` (1..=16) distinct first-hand origins, after collapsing lineage, behind
+    /// the evidence registered for the task's requirement `req`.
+    EvidenceOrigins { req: String, min: u32 },
+}
+
+/// Bounds of an `evidence_origins` check.
+pub const EVIDENCE_ORIGINS_MIN_MAX: u32 = 16;
+
+/// A requirement label (`R1`, `perf-budget`): 1..=32 of A-Z a-z 0-9 _ -.
+pub fn valid_req(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 32
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 impl Check {
@@ -71,6 +85,7 @@ impl Check {
             Check::FileAbsent { .. } => "file_absent",
             Check::Command { .. } => "command",
             Check::Destination { .. } => "destination",
+            Check::EvidenceOrigins { .. } => "evidence_origins",
         }
     }
 
@@ -80,7 +95,9 @@ impl Check {
             Check::Sha256 { path, .. }
             | Check::FileExists { path }
             | Check::FileAbsent { path } => Some(path),
-            Check::Command { .. } | Check::Destination { .. } => None,
+            Check::Command { .. } | Check::Destination { .. } | Check::EvidenceOrigins { .. } => {
+                None
+            }
         }
     }
 
@@ -147,14 +164,39 @@ impl Check {
                 };
                 Check::Destination { destination }
             }
-            "evidence_origins" | "worker_receipt" => {
+            "evidence_origins" => {
+                f.only(&["kind", "req", "min"])?;
+                let req = f.string("req", 32)?;
+                if !valid_req(&req) {
+                    return Err(Refusal::invalid(
+                        &format!("{field}.req"),
+                        "must be 1..=32 of A-Z a-z 0-9 _ -",
+                    ));
+                }
+                let min = match f.o.get("min") {
+                    None | Some(Value::Null) => 1,
+                    Some(v) => match v.as_u64() {
+                        Some(m) if (1..=u64::from(EVIDENCE_ORIGINS_MIN_MAX)).contains(&m) => {
+                            m as u32
+                        }
+                        _ => {
+                            return Err(Refusal::invalid(
+                                &format!("{field}.min"),
+                                format!("must be 1..={EVIDENCE_ORIGINS_MIN_MAX}"),
+                            ));
+                        }
+                    },
+                };
+                Check::EvidenceOrigins { req, min }
+            }
+            "worker_receipt" => {
                 return Err(Refusal::new(
                     Code::AcceptanceKindUnsupported,
                     format!("{field}: acceptance kind {kind} is not measured yet"),
                 )
                 .detail(json!({"field": format!("{field}.kind"), "kind": kind,
-                    "measured": ["sha256", "file_exists", "file_absent", "command", "destination"]}))
-                .hint("declare a file, command or destination check instead; this kind needs the evidence registry or worker submissions"));
+                    "measured": ["sha256", "file_exists", "file_absent", "command", "destination", "evidence_origins"]}))
+                .hint("declare another kind instead; worker_receipt needs worker submissions, which Room does not record yet"));
             }
             other => {
                 return Err(Refusal::invalid(
@@ -420,11 +462,9 @@ mod tests {
 
     #[test]
     fn kinds_not_measured_yet_are_refused_by_name() {
-        for kind in ["evidence_origins", "worker_receipt"] {
-            let r = parse(json!({"kind": kind})).unwrap_err();
-            assert_eq!(r.code, Code::AcceptanceKindUnsupported);
-            assert_eq!(r.detail["kind"], kind);
-        }
+        let r = parse(json!({"kind": "worker_receipt"})).unwrap_err();
+        assert_eq!(r.code, Code::AcceptanceKindUnsupported);
+        assert_eq!(r.detail["kind"], "worker_receipt");
     }
 
     #[test]

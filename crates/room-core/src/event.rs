@@ -54,6 +54,8 @@ pub enum EventBody {
     Task(Box<TaskEvent>),
     /// The destination ledger: one phase of an external operation.
     Op(Box<OpEvent>),
+    /// A piece of evidence registered with its first-hand origin or its lineage.
+    Evidence(Box<EvidenceEvent>),
     /// A runtime invariant's verdict (see `invariants`): a rejected act (its envelope never
     /// committed), a flag beside a committed one, or an in-doubt lapse.
     InvariantViolation(Violation),
@@ -413,6 +415,25 @@ pub struct OpEvent {
     pub idempotency_key: Option<String>,
 }
 
+/// Evidence: first-hand (an `origin`, no lineage) or derived from other evidence of the same
+/// room (a `lineage`, no origin of its own), optionally for a task's requirement.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EvidenceEvent {
+    pub actor: String,
+    pub evidence: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
+    /// The requirement it supports (`R1`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub req: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lineage: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskCreated {
     pub title: String,
@@ -445,6 +466,7 @@ impl EventBody {
             EventBody::Items(i) => &i.actor,
             EventBody::Task(t) => &t.actor,
             EventBody::Op(o) => &o.actor,
+            EventBody::Evidence(e) => &e.actor,
             EventBody::InvariantViolation(v) => &v.actor,
         }
     }
@@ -459,6 +481,7 @@ impl EventBody {
             EventBody::Items(_) => "items",
             EventBody::Task(_) => "task",
             EventBody::Op(_) => "op",
+            EventBody::Evidence(_) => "evidence",
             EventBody::InvariantViolation(_) => "invariant_violation",
         }
     }
@@ -468,6 +491,7 @@ impl EventBody {
             EventBody::Turn(t) => t.task.as_deref(),
             EventBody::Task(t) => Some(&t.task),
             EventBody::Op(o) => Some(&o.task),
+            EventBody::Evidence(e) => e.task.as_deref(),
             EventBody::InvariantViolation(v) => v.task.as_deref(),
             _ => None,
         }

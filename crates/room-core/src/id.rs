@@ -18,6 +18,15 @@ pub fn task_id(entropy: &dyn Entropy) -> String {
     format!("tsk_{}", entropy.hex(8))
 }
 
+/// An evidence handle: 128 random bits, so a handle names one registration anywhere.
+pub fn evidence_id(entropy: &dyn Entropy) -> String {
+    format!("ev_{}", entropy.hex(16))
+}
+
+pub fn is_evidence_id(s: &str) -> bool {
+    prefixed(s, "ev_", 32)
+}
+
 /// An external operation recorded in the destination ledger.
 pub fn op_id(entropy: &dyn Entropy) -> String {
     format!("op_{}", entropy.hex(8))

@@ -63,10 +63,11 @@ pub enum Verb {
     OpBegin,
     OpEffect,
     OpResolve,
+    EvidenceRegister,
 }
 
 impl Verb {
-    pub const ALL: [Verb; 19] = [
+    pub const ALL: [Verb; 20] = [
         Verb::Whoami,
         Verb::List,
         Verb::Sync,
@@ -86,6 +87,7 @@ impl Verb {
         Verb::OpBegin,
         Verb::OpEffect,
         Verb::OpResolve,
+        Verb::EvidenceRegister,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -109,6 +111,7 @@ impl Verb {
             Verb::OpBegin => "op_begin",
             Verb::OpEffect => "op_effect",
             Verb::OpResolve => "op_resolve",
+            Verb::EvidenceRegister => "evidence_register",
         }
     }
 
@@ -137,7 +140,8 @@ impl Verb {
             | Verb::TaskCheck
             | Verb::OpBegin
             | Verb::OpEffect
-            | Verb::OpResolve => return None,
+            | Verb::OpResolve
+            | Verb::EvidenceRegister => return None,
         })
     }
 

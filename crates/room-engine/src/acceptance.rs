@@ -153,6 +153,9 @@ impl Engine {
                     let r = self.observe_destination(t, destination.as_deref(), h, probes)?;
                     out.push((i, r));
                 }
+                Check::EvidenceOrigins { req, min } => {
+                    out.push((i, self.observe_origins(&t.id, req, *min, h)?));
+                }
                 _ => out.push((i, self.observe_file(c, place))),
             }
         }
@@ -302,7 +305,10 @@ impl Engine {
                     ),
                 }
             }
-            (Check::Command { .. } | Check::Destination { .. }, _) => {
+            (
+                Check::Command { .. } | Check::Destination { .. } | Check::EvidenceOrigins { .. },
+                _,
+            ) => {
                 unreachable!("observe_now observes files only here")
             }
         };
@@ -434,7 +440,9 @@ impl Engine {
                         "the owner can allow it in config.toml: [acceptance] commands = [\"{program}\"]"
                     )));
                 }
-                Check::Command { .. } | Check::Destination { .. } => {}
+                Check::Command { .. }
+                | Check::Destination { .. }
+                | Check::EvidenceOrigins { .. } => {}
                 _ if !in_project => {
                     return Err(Refusal::invalid(
                         &format!("accept[{i}]"),

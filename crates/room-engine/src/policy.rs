@@ -31,6 +31,13 @@ struct ConfigFile {
 struct Acceptance {
     #[serde(default)]
     commands: Vec<String>,
+    /// Distinct first-hand origins every `evidence_origins` check needs at least.
+    #[serde(default = "one")]
+    evidence_origins_min: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// Limits per agent that keep one member from exhausting a room or the daemon. The defaults
@@ -112,6 +119,8 @@ pub struct Policy {
     pub quotas: Quotas,
     /// Programs (absolute paths) an acceptance `command` check may run.
     pub acceptance_commands: Arc<Vec<String>>,
+    /// The owner-wide minimum of distinct origins behind an `evidence_origins` check.
+    pub evidence_origins_min: u32,
 }
 
 impl Policy {
@@ -202,6 +211,7 @@ fn failed(why: String) -> Policy {
         conversation_meta: Arc::new(default_conversation_meta()),
         quotas: Quotas::default(),
         acceptance_commands: Arc::new(Vec::new()),
+        evidence_origins_min: 1,
     }
 }
 
@@ -234,6 +244,7 @@ fn parse(bytes: &[u8]) -> Policy {
             conversation_meta: Arc::new(cfg.mcp.conversation_meta),
             quotas: cfg.quotas,
             acceptance_commands: Arc::new(cfg.acceptance.commands),
+            evidence_origins_min: cfg.acceptance.evidence_origins_min.clamp(1, 16),
         },
         Err(e) => failed(format!("config.toml: {e}")),
     }

@@ -13,7 +13,8 @@ use room_core::wake::TASKED_DEADLINE_MS;
 use room_core::{Code, Record, Refusal, canon, id};
 use room_store::control::{RoomRow, TaskRow, WakeRow};
 use room_store::index::{
-    Batch, CheckpointRow, EventRow, ItemKind, ItemRow, LifecycleChange, LogTrust, OpChange, OpRow,
+    Batch, CheckpointRow, EventRow, EvidenceRow, ItemKind, ItemRow, LifecycleChange, LogTrust,
+    OpChange, OpRow,
 };
 use room_store::journal::{ChainPos, JournalMark, RECORD_BYTES_MAX};
 use room_store::{BlobStore, RoomIndex, RoomLog, ShardCreated, StoreError};
@@ -282,6 +283,16 @@ pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result
                 outcome: o.outcome.clone().unwrap_or_else(|| "failed".into()),
             }),
         },
+        EventBody::Evidence(e) => p.batch.evidence.push(EvidenceRow {
+            id: e.evidence.clone(),
+            agent: e.actor.clone(),
+            task: e.task.clone(),
+            req: e.req.clone(),
+            origin: e.origin.clone(),
+            lineage: e.lineage.clone(),
+            event: r.id.clone(),
+            seq: r.seq,
+        }),
         EventBody::InvariantViolation(v) if v.act == "op_begin" => {
             if v.invariant == Invariant::Resolution
                 && let Some(op) = v.detail["op"].as_str()

@@ -898,7 +898,7 @@ impl Engine {
                 ),
             ));
         }
-        self.prevalidate_evidence(&args.room, &args.evidence)?;
+        let evidence_events = self.prevalidate_evidence(&args.room, &args.evidence)?;
         let key = self.sync_key(&p, &args.room)?;
         let (text, text_blob) = self.spill_text(&handle, text)?;
         // long acceptance commands run here, before the transition and outside every lock
@@ -920,7 +920,7 @@ impl Engine {
         }
         let standing = self.standing(&h, key)?;
         let mut parents: Vec<String> = args.parents.clone();
-        parents.extend(args.evidence.iter().cloned());
+        parents.extend(evidence_events);
         if let Some(r) = &args.reply_to
             && id::is_event_id(r)
         {
@@ -1187,14 +1187,22 @@ impl Engine {
     }
 
     /// Every evidence handle must be an event of this room; one of another room is refused.
-    fn prevalidate_evidence(&self, room: &str, evidence: &[String]) -> Outcome<()> {
+    /// Each cited piece of evidence is an event or an evidence handle of this room; returns
+    /// the events they are (a handle's registration), which the turn takes as causal parents.
+    fn prevalidate_evidence(&self, room: &str, evidence: &[String]) -> Outcome<Vec<String>> {
+        let mut events = Vec::with_capacity(evidence.len());
         for ev in evidence {
+            if id::is_evidence_id(ev) {
+                events.push(self.evidence_here(room, ev, "evidence")?);
+                continue;
+            }
             if !id::is_event_id(ev) {
                 return Err(Refusal::invalid(
                     "evidence",
-                    format!("{ev:?} is not an event id"),
+                    format!("{ev:?} is neither an event id nor an evidence handle (ev_)"),
                 ));
             }
+            events.push(ev.clone());
             let here = self.room_handle(room)?;
             if lock_room(&here)
                 .index
@@ -1225,7 +1233,7 @@ impl Engine {
                 format!("{ev} is not an event of room {room}"),
             ));
         }
-        Ok(())
+        Ok(events)
     }
 
     fn require_task(&self, h: &RoomHandle, verb: GatedVerb, args: &TurnArgs) -> Outcome<TaskRow> {

@@ -428,6 +428,20 @@ fn agent_op(engine: &Engine, caller: &AgentCaller, op: &str, a: Value) -> Result
                 },
             )
         }
+        Verb::EvidenceRegister => {
+            let a: EvidenceArgs = args(a)?;
+            engine.evidence_register(
+                caller,
+                room_engine::evidence::EvidenceArgs {
+                    room: a.room,
+                    task: a.task,
+                    req: a.req,
+                    origin: a.origin,
+                    lineage: a.lineage,
+                    summary: a.summary,
+                },
+            )
+        }
         Verb::OpEffect | Verb::OpResolve => {
             let a: OpArgs = args(a)?;
             let a = room_engine::ledger::OpArgs {

@@ -228,8 +228,8 @@ pub struct TaskCreateArgs {
     #[schemars(length(max = REQUIREMENTS_PER_TASK_MAX))]
     pub requirements: Vec<String>,
     /// Checks done measures: sha256{path,expected} file_exists{path} file_absent{path}
-    /// command{program,args,timeout_ms,exit_code} destination{destination}; paths relative to
-    /// the project root.
+    /// command{program,args,timeout_ms,exit_code} destination{destination} evidence_origins{req,min};
+    /// paths relative to the project root.
     #[serde(default)]
     #[arg(long = "accept", value_parser = json_object)]
     #[schemars(schema_with = "accept_schema")]
@@ -256,7 +256,7 @@ fn accept_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         "maxItems": CHECKS_PER_TASK_MAX,
         "items": {
             "type": "object",
-            "properties": {"kind": {"type": "string", "enum": ["sha256", "file_exists", "file_absent", "command", "destination"]}},
+            "properties": {"kind": {"type": "string", "enum": ["sha256", "file_exists", "file_absent", "command", "destination", "evidence_origins"]}},
             "required": ["kind"]
         }
     })
@@ -321,6 +321,30 @@ fn probe_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         },
         "required": ["program"]
     })
+}
+
+#[derive(Debug, Serialize, Deserialize, JsonSchema, clap::Args)]
+#[serde(deny_unknown_fields)]
+pub struct EvidenceArgs {
+    pub room: String,
+    #[serde(default)]
+    #[arg(long)]
+    pub task: Option<String>,
+    /// The requirement it supports (R1).
+    #[serde(default)]
+    #[arg(long)]
+    pub req: Option<String>,
+    /// First-hand: namespace:resource (url:https://…).
+    #[serde(default)]
+    #[arg(long)]
+    pub origin: Option<String>,
+    /// Or the ev_ handles it derives from.
+    #[serde(default)]
+    #[arg(long)]
+    pub lineage: Vec<String>,
+    #[serde(default)]
+    #[arg(long)]
+    pub summary: Option<String>,
 }
 
 /// `op_effect` and `op_resolve`.

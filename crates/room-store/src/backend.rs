@@ -9,8 +9,8 @@ use crate::control::{
     AgentRow, ProjectRow, RoomRow, RoomWitnesses, TaskCheckRow, TaskRow, WakeRow,
 };
 use crate::index::{
-    Batch, CheckpointRow, EventRow, IndexWitnesses, ItemKind, ItemRow, LifecycleRow, LogTrust,
-    OpRow, ReceiptRow, SqliteConfig,
+    Batch, CheckpointRow, EventRow, EvidenceRow, IndexWitnesses, ItemKind, ItemRow, LifecycleRow,
+    LogTrust, OpRow, ReceiptRow, SqliteConfig,
 };
 use crate::journal::{ChainPos, Faults, JournalMark, Scanned};
 use crate::shard::Shard;
@@ -89,6 +89,9 @@ pub trait RoomIndex: Send {
     /// The destination ledger: one operation, a task's operations (oldest first, at most
     /// `limit`), and those unresolved past their TTL and not yet recorded in doubt.
     fn op(&self, id: &str) -> Result<Option<OpRow>>;
+    /// Evidence: one handle, and a task requirement's (oldest first, at most `limit`).
+    fn evidence(&self, id: &str) -> Result<Option<EvidenceRow>>;
+    fn evidence_for(&self, task: &str, req: &str, limit: usize) -> Result<Vec<EvidenceRow>>;
     fn ops_of_task(&self, task: &str, limit: usize) -> Result<Vec<OpRow>>;
     fn lapsed_ops(&self, now_ms: u64, limit: usize) -> Result<Vec<OpRow>>;
     /// Drop the projection (receipts and checkpoints stay) for a rebuild from the log.

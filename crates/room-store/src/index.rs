@@ -175,6 +175,20 @@ CREATE TABLE ops (
 CREATE INDEX ops_task ON ops(task);
 CREATE INDEX ops_unresolved ON ops(state, lapsed) WHERE state != 'resolved';
 "#,
+    // Evidence handles: first-hand origins and lineage, per task requirement.
+    r#"
+CREATE TABLE evidence (
+    id TEXT PRIMARY KEY,
+    agent TEXT NOT NULL,
+    task TEXT,
+    req TEXT,
+    origin TEXT,
+    lineage TEXT NOT NULL,
+    event TEXT NOT NULL,
+    seq INTEGER NOT NULL
+) STRICT;
+CREATE INDEX evidence_task_req ON evidence(task, req) WHERE task IS NOT NULL;
+"#,
 ];
 
 /// The `exactly_once` registry's retention: the newest this many keys of a room are kept and
@@ -191,6 +205,7 @@ const PROJECTION_TABLES: &[&str] = &[
     "idempotency",
     "lifecycles",
     "ops",
+    "evidence",
     "events",
 ];
 
@@ -289,6 +304,8 @@ pub struct Batch {
     pub lifecycles: Vec<LifecycleChange>,
     /// The destination ledger's changes, applied in order.
     pub ops: Vec<OpChange>,
+    /// Evidence registered.
+    pub evidence: Vec<EvidenceRow>,
     pub mark: Option<JournalMark>,
 }
 
@@ -411,6 +428,40 @@ pub enum LifecycleChange {
     Resolve { task: String },
     /// The begin outlived its TTL unresolved and was recorded as in doubt.
     Lapsed { agent: String, task: String },
+}
+
+/// One registered piece of evidence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EvidenceRow {
+    pub id: String,
+    pub agent: String,
+    pub task: Option<String>,
+    pub req: Option<String>,
+    /// First-hand: where it comes from. Derived evidence has none of its own.
+    pub origin: Option<String>,
+    /// The evidence it derives from.
+    pub lineage: Vec<String>,
+    /// The registration's event id.
+    pub event: String,
+    pub seq: u64,
+}
+
+const EVIDENCE_COLS: &str = "id, agent, task, req, origin, lineage, event, seq";
+
+fn evidence_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<EvidenceRow> {
+    let lineage: String = r.get(5)?;
+    Ok(EvidenceRow {
+        id: r.get(0)?,
+        agent: r.get(1)?,
+        task: r.get(2)?,
+        req: r.get(3)?,
+        origin: r.get(4)?,
+        lineage: serde_json::from_str(&lineage).map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(5, rusqlite::types::Type::Text, Box::new(e))
+        })?,
+        event: r.get(6)?,
+        seq: r.get::<_, i64>(7)? as u64,
+    })
 }
 
 /// A change to one recorded external operation.
@@ -1014,6 +1065,22 @@ impl Index {
                 }
             }
         }
+        for e in &b.evidence {
+            tx.prepare_cached(
+                "INSERT OR IGNORE INTO evidence (id, agent, task, req, origin, lineage, event, seq)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            )?
+            .execute(params![
+                e.id,
+                e.agent,
+                e.task,
+                e.req,
+                e.origin,
+                serde_json::to_string(&e.lineage).expect("lineage serializes"),
+                e.event,
+                e.seq as i64
+            ])?;
+        }
         for c in &b.ops {
             match c {
                 OpChange::Begin(o) => {
@@ -1227,6 +1294,24 @@ impl RoomIndex for Index {
             ))?
             .query_row([agent, task], lifecycle_from_row)
             .optional()?)
+    }
+
+    fn evidence(&self, id: &str) -> Result<Option<EvidenceRow>> {
+        Ok(self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {EVIDENCE_COLS} FROM evidence WHERE id = ?1"
+            ))?
+            .query_row([id], evidence_from_row)
+            .optional()?)
+    }
+
+    fn evidence_for(&self, task: &str, req: &str, limit: usize) -> Result<Vec<EvidenceRow>> {
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {EVIDENCE_COLS} FROM evidence WHERE task = ?1 AND req = ?2 ORDER BY seq LIMIT ?3"
+        ))?;
+        let rows = st.query_map(params![task, req, limit as i64], evidence_from_row)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
     fn op(&self, id: &str) -> Result<Option<OpRow>> {

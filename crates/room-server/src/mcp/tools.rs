@@ -3,7 +3,7 @@
 //! and HTTP reach the same engine calls under the same authorization.
 
 use crate::wire::{
-    OpArgs, OpBeginArgs, SyncArgs, TaskArgs, TaskClaimArgs, TaskCreateArgs, TurnWire,
+    EvidenceArgs, OpArgs, OpBeginArgs, SyncArgs, TaskArgs, TaskClaimArgs, TaskCreateArgs, TurnWire,
 };
 use schemars::JsonSchema;
 use schemars::generate::SchemaSettings;
@@ -120,6 +120,7 @@ fn multiplexer_schema(actions: &[&str]) -> Value {
         input_schema::<TaskArgs>(),
         input_schema::<OpBeginArgs>(),
         input_schema::<OpArgs>(),
+        input_schema::<EvidenceArgs>(),
     ] {
         let Some(Value::Object(p)) = schema.get("properties") else {
             continue;
@@ -331,6 +332,13 @@ and with acceptance checks that done measures.",
             input: object(input_schema::<TaskArgs>()),
         },
         ToolDef {
+            name: "evidence_register",
+            op: "evidence_register",
+            description: "Register evidence (for a task's requirement): a first-hand origin, or the ev_ handles it derives from. \
+Returns an ev_ handle to cite in room_send's evidence.",
+            input: object(input_schema::<EvidenceArgs>()),
+        },
+        ToolDef {
             name: "op_begin",
             op: "op_begin",
             description: "Before an external effect (deploy, API call) for a task you claimed, record it; then op_effect, then op_resolve. \
@@ -355,7 +363,7 @@ Unresolved past ttl_ms it is recorded in doubt.",
         name: "room",
         op: "room",
         description: "Multiplexer for every Room action: set action to one of whoami, list, sync, note, say, reply, send, handoff, done, blocked, decline, circle, \
-task_create, task_claim, task_show, task_check, op_begin, op_effect, op_resolve, and pass that action's arguments (as its own tool takes them) alongside.",
+task_create, task_claim, task_show, task_check, evidence_register, op_begin, op_effect, op_resolve, and pass that action's arguments (as its own tool takes them) alongside.",
         input: multiplexer_schema(&actions),
     });
     tools

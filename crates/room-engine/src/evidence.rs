@@ -1,0 +1,194 @@
+//! Evidence handles: `ev_<32hex>`, each registered in one room with either its first-hand
+//! origin (`url:https://…`, `file:docs/spec.md`, `agent:reviewer/run-7`) or the evidence it
+//! derives from (its lineage, in the same room). An `evidence_origins` check counts the
+//! distinct first-hand origins behind a task requirement's evidence after collapsing lineage:
+//! ten summaries of one web page are one origin, not ten. A handle cited in another room is
+//! refused (`cross_room_evidence_refused`).
+
+use crate::principal::AgentCaller;
+use crate::room::RoomHandle;
+use crate::{Engine, Outcome, lock_room, store_err};
+use room_core::acceptance::{CheckResult, valid_req};
+use room_core::event::{EventBody, EvidenceEvent};
+use room_core::scope::Scope;
+use room_core::{Code, Refusal, Verb, id};
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+
+/// Evidence a derived item may name directly.
+pub const LINEAGE_MAX: usize = 16;
+/// Links a collapse walks up, and items it visits, per check.
+pub const LINEAGE_DEPTH_MAX: usize = 16;
+pub const COLLAPSE_VISITS_MAX: usize = 1_024;
+/// Evidence of one requirement an `evidence_origins` check reads.
+pub const EVIDENCE_PER_REQ_MAX: usize = 256;
+pub const SUMMARY_BYTES_MAX: usize = 1_024;
+
+/// Arguments of `evidence_register`, decoded from the wire.
+#[derive(Debug, Clone, Default)]
+pub struct EvidenceArgs {
+    pub room: String,
+    pub task: Option<String>,
+    pub req: Option<String>,
+    pub origin: Option<String>,
+    pub lineage: Vec<String>,
+    pub summary: Option<String>,
+}
+
+impl Engine {
+    pub fn evidence_register(&self, caller: &AgentCaller, a: EvidenceArgs) -> Outcome<Value> {
+        let p = self.authorize(caller, Verb::EvidenceRegister)?;
+        match (&a.origin, a.lineage.is_empty()) {
+            (Some(o), true) => {
+                Scope::parse("origin", o)?;
+            }
+            (None, false) if a.lineage.len() <= LINEAGE_MAX => {}
+            (None, false) => {
+                return Err(Refusal::invalid(
+                    "lineage",
+                    format!("at most {LINEAGE_MAX} handles"),
+                ));
+            }
+            _ => {
+                return Err(Refusal::invalid(
+                    "origin",
+                    "give a first-hand origin (namespace:resource) or a lineage of evidence handles, not both",
+                ));
+            }
+        }
+        if let Some(r) = &a.req
+            && !valid_req(r)
+        {
+            return Err(Refusal::invalid("req", "must be 1..=32 of A-Z a-z 0-9 _ -"));
+        }
+        if a.req.is_some() && a.task.is_none() {
+            return Err(Refusal::invalid(
+                "task",
+                "evidence for a requirement names its task",
+            ));
+        }
+        if let Some(s) = &a.summary
+            && (s.len() > SUMMARY_BYTES_MAX || s.chars().any(char::is_control))
+        {
+            return Err(Refusal::invalid(
+                "summary",
+                format!("at most {SUMMARY_BYTES_MAX} bytes without control characters"),
+            ));
+        }
+        for h in &a.lineage {
+            self.evidence_here(&a.room, h, "lineage")?;
+        }
+        let (handle, _) = self.member_handle(&p, &a.room)?;
+        if let Some(t) = &a.task {
+            let row = self.task_row(t)?;
+            if row.room != a.room {
+                return Err(Refusal::invalid(
+                    "task",
+                    format!("task {t} belongs to room {}", row.room),
+                ));
+            }
+        }
+        let ev = id::evidence_id(self.env.entropy.as_ref());
+        let body = EvidenceEvent {
+            actor: p.name.clone(),
+            evidence: ev.clone(),
+            task: a.task.clone(),
+            req: a.req.clone(),
+            origin: a.origin.clone(),
+            lineage: a.lineage.clone(),
+            summary: a.summary.clone(),
+        };
+        let mut h = lock_room(&handle);
+        h.writable()?;
+        let rec = h.commit(self, vec![EventBody::Evidence(Box::new(body))], None)?;
+        let origins = collapse(&h, &ev)?;
+        Ok(json!({"evidence": ev, "event": rec[0].id, "origins": origins}))
+    }
+
+    /// The registration event of evidence handle `ev`, which must be of `room`: one of another
+    /// room is `cross_room_evidence_refused`, an unknown one names `field`.
+    pub(crate) fn evidence_here(&self, room: &str, ev: &str, field: &str) -> Outcome<String> {
+        if !id::is_evidence_id(ev) {
+            return Err(Refusal::invalid(
+                field,
+                format!("{ev:?} is not an evidence handle (ev_ and 32 hex)"),
+            ));
+        }
+        let here = self.room_handle(room)?;
+        if let Some(row) = lock_room(&here).index.evidence(ev).map_err(store_err)? {
+            return Ok(row.event);
+        }
+        for (name, h) in self.rooms.named() {
+            if name != room
+                && lock_room(&h)
+                    .index
+                    .evidence(ev)
+                    .map_err(store_err)?
+                    .is_some()
+            {
+                return Err(Refusal::new(
+                    Code::CrossRoomEvidenceRefused,
+                    format!(
+                        "evidence {ev} belongs to another room; evidence must come from room {room}"
+                    ),
+                )
+                .detail(json!({"evidence": ev, "field": field})));
+            }
+        }
+        Err(Refusal::invalid(
+            field,
+            format!("{ev} is not evidence of room {room}"),
+        ))
+    }
+
+    /// `evidence_origins`: distinct first-hand origins behind the task's evidence for `req`.
+    pub(crate) fn observe_origins(
+        &self,
+        task: &str,
+        req: &str,
+        min: u32,
+        h: &RoomHandle,
+    ) -> Outcome<CheckResult> {
+        let owner_min = self.policy().evidence_origins_min;
+        let need = min.max(owner_min);
+        let rows = h
+            .index
+            .evidence_for(task, req, EVIDENCE_PER_REQ_MAX)
+            .map_err(store_err)?;
+        let mut origins = BTreeSet::new();
+        for r in &rows {
+            origins.extend(collapse(h, &r.id)?);
+        }
+        let n = origins.len() as u32;
+        Ok(CheckResult {
+            kind: "evidence_origins".into(),
+            pass: n >= need,
+            detail: json!({"req": req, "min": need, "distinct_origins": n, "basis": "task_acceptance",
+                "evidence": rows.len(), "origins": origins}),
+        })
+    }
+}
+
+/// The first-hand origins behind `ev`: its own, or those of its lineage, walked at most
+/// `LINEAGE_DEPTH_MAX` links up and `COLLAPSE_VISITS_MAX` items in all.
+fn collapse(h: &RoomHandle, ev: &str) -> Outcome<BTreeSet<String>> {
+    let mut out = BTreeSet::new();
+    let mut seen = BTreeSet::new();
+    let mut frontier = vec![(ev.to_string(), 0usize)];
+    while let Some((e, depth)) = frontier.pop() {
+        if !seen.insert(e.clone()) || seen.len() > COLLAPSE_VISITS_MAX || depth > LINEAGE_DEPTH_MAX
+        {
+            continue;
+        }
+        let Some(row) = h.index.evidence(&e).map_err(store_err)? else {
+            continue;
+        };
+        match row.origin {
+            Some(o) => {
+                out.insert(o);
+            }
+            None => frontier.extend(row.lineage.into_iter().map(|l| (l, depth + 1))),
+        }
+    }
+    Ok(out)
+}
