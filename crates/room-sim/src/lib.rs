@@ -41,6 +41,39 @@ pub enum Broken {
     SqliteFsyncLies,
 }
 
+/// The program a simulated task's acceptance check runs (never started: the simulated runner
+/// answers for it).
+pub const SIM_CHECK: &str = "/sim/check";
+
+/// A deterministic runner: each run exits 0 or 1 by its own seeded sequence (70 % pass).
+pub struct SimRunner(Mutex<u64>);
+
+impl SimRunner {
+    pub fn new(seed: u64) -> SimRunner {
+        SimRunner(Mutex::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1))
+    }
+}
+
+impl room_core::Runner for SimRunner {
+    fn run(&self, req: &room_core::RunRequest) -> std::io::Result<room_core::RunOutcome> {
+        if req.program != std::path::Path::new(SIM_CHECK) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "the simulation runs only its own check",
+            ));
+        }
+        let mut s = self.0.lock().expect("sim runner lock");
+        *s ^= *s << 13;
+        *s ^= *s >> 7;
+        *s ^= *s << 17;
+        let pass = *s % 10 < 7;
+        Ok(room_core::RunOutcome {
+            exit_code: Some(if pass { 0 } else { 1 }),
+            ..Default::default()
+        })
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct SimConfig {
     pub seed: u64,
@@ -273,6 +306,8 @@ pub struct Sim {
     oracles: Vec<oracle::RoomOracle>,
     /// This step ran a sweep at this clock: the oracle checks it right after.
     swept_at: Option<u64>,
+    /// Answers the simulated tasks' acceptance commands (kept across restarts of the engine).
+    runner: Arc<SimRunner>,
 }
 
 fn scratch_dir() -> PathBuf {
@@ -291,6 +326,17 @@ impl Sim {
         let state = root.join("state");
         let boot = root.join("boot.toml");
         room_store::statedir::init(&state, &boot, &format!("sim-{}", cfg.seed)).expect("state dir");
+        // the simulated acceptance command: the only program a sim task's check may run
+        {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(state.join("config.toml"))
+                .expect("config.toml");
+            writeln!(f, "\n[acceptance]\ncommands = [\"{SIM_CHECK}\"]").expect("config.toml");
+        }
+        let seed = cfg.seed;
         let always = match cfg.broken {
             Some(Broken::AckBeforeFsync) => Some(Fault::SkipSync),
             _ => None,
@@ -329,6 +375,7 @@ impl Sim {
             keys: 0,
             oracles: Vec::new(),
             swept_at: None,
+            runner: Arc::new(SimRunner::new(seed)),
         }
     }
 
@@ -339,7 +386,7 @@ impl Sim {
             clock: self.clock.clone(),
             entropy: self.entropy.clone(),
             fs: Arc::new(RealFs),
-            runner: std::sync::Arc::new(room_core::env::NoRunner),
+            runner: self.runner.clone(),
         };
         let store = room_store::SqliteBackendConfig {
             faults: Some(self.faults.clone()),
@@ -1196,6 +1243,13 @@ impl Sim {
         let known = self.room_tasks.get(&room).cloned().unwrap_or_default();
         let parent = (!known.is_empty() && self.rng.chance(30))
             .then(|| known[self.rng.below(known.len() as u64) as usize].clone());
+        // some tasks close only on a measured check, which the simulated runner passes or
+        // fails by the seed: the oracle holds every done to a passing evaluation
+        let accept = if self.rng.chance(40) {
+            vec![serde_json::json!({"kind": "command", "program": SIM_CHECK, "timeout_ms": 1000})]
+        } else {
+            Vec::new()
+        };
         let args = room_engine::verbs::TaskCreateArgs {
             room: room.clone(),
             title: format!("task at step {}", self.step),
@@ -1203,6 +1257,7 @@ impl Sim {
             parent,
             scopes,
             idempotency_key: self.maybe_key(),
+            accept,
             ..Default::default()
         };
         let out = self.checked(format!("{name} task_create {room}"), |e| {

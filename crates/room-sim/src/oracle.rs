@@ -23,6 +23,8 @@ struct Task {
     /// A live lease on its scopes: taken by a claim, given up by any transition and by the
     /// lapse of its holder's claim.
     leased: bool,
+    /// It declared acceptance checks: it closes only on a passing evaluation.
+    checked: bool,
 }
 
 struct Life {
@@ -112,6 +114,7 @@ impl Replay {
                         .unwrap_or_default(),
                     parent: s(&c["parent"]),
                     leased: false,
+                    checked: c["acceptance"].as_array().is_some_and(|a| !a.is_empty()),
                 },
             );
         }
@@ -178,6 +181,25 @@ impl Replay {
             ));
         }
         if verb == "done" {
+            // completion is a measurement: a task with checks closes only on a passing
+            // evaluation of every one, and a done proves nothing it did not measure
+            let checked = self.tasks.get(&task).is_some_and(|t| t.checked);
+            let d = &ev["detail"];
+            let passed = d["acceptance"] == "passed"
+                && d["acceptance_results"]
+                    .as_array()
+                    .is_some_and(|r| !r.is_empty() && r.iter().all(|x| x["pass"] == true));
+            if checked && !passed {
+                return Err(format!(
+                    "acceptance: {actor} closed {task} without a passing evaluation of its checks (at {at})"
+                ));
+            }
+            let resolves = ev["resolves"].as_array().is_some_and(|r| !r.is_empty());
+            if !passed && resolves {
+                return Err(format!(
+                    "acceptance: {actor}'s done on {task} resolved obligations it did not prove (at {at})"
+                ));
+            }
             let open_children = self.tasks.values().any(|t| {
                 t.parent.as_deref() == Some(task.as_str())
                     && !matches!(t.status.as_str(), "done" | "declined")
