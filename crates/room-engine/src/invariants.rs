@@ -435,7 +435,7 @@ impl Engine {
         Ok(())
     }
 
-    /// Write the aggregates whose window has passed (all of them when `now` is `u64::MAX`).
+    /// Write the aggregates whose window has passed.
     pub(crate) fn flush_suppressed(&self, h: &mut RoomHandle, now: u64) -> Outcome<u64> {
         let due: Vec<(String, Invariant)> = h
             .violations_suppressed

@@ -217,7 +217,10 @@ impl Engine {
             members: members.to_vec(),
         };
         RoomHandle::create_shard(self, &row, body)?;
-        if let Err(e) = self.control().insert_room(&row, members) {
+        // bound first: a guard in an `if let` scrutinee lives through its body, and the undo
+        // takes the control store again (a failed insert deadlocked here)
+        let inserted = self.control().insert_room(&row, members);
+        if let Err(e) = inserted {
             self.undo_creation(&row);
             return Err(store_err(e));
         }
@@ -240,7 +243,8 @@ impl Engine {
     /// row's removal fails too (it may or may not have been written), the shard stays, so that
     /// the room is whole if the row is there; the next start sets the shard aside if it is not.
     fn undo_creation(&self, row: &RoomRow) {
-        match self.control().remove_room(&row.name) {
+        let removed = self.control().remove_room(&row.name);
+        match removed {
             Ok(_) => self.discard_shard(row),
             Err(e) => tracing::error!(
                 room = %row.name,
