@@ -105,9 +105,19 @@ pub trait Fs: Send + Sync {
     /// Whether anything is at `path` (following symlinks), with `Path::try_exists` semantics:
     /// an error (permission denied, I/O) is an error, never `false`.
     fn try_exists(&self, path: &std::path::Path) -> std::io::Result<bool>;
-    /// The SHA-256 (lower-case hex) and length of the file at `path`, read in bounded chunks.
-    fn sha256_file(&self, path: &std::path::Path) -> std::io::Result<(String, u64)>;
+    /// The SHA-256 (lower-case hex) and length of the regular file at `rel` beneath `root`,
+    /// resolved without ever leaving `root` (a symlink swapped in between a check and the read
+    /// cannot lead out), opened without blocking (a FIFO is refused, not waited on), and at
+    /// most `SHA256_FILE_BYTES_MAX` long.
+    fn sha256_beneath(
+        &self,
+        root: &std::path::Path,
+        rel: &std::path::Path,
+    ) -> std::io::Result<(String, u64)>;
 }
+
+/// The largest file a `sha256` check reads.
+pub const SHA256_FILE_BYTES_MAX: u64 = 1 << 30;
 
 /// A program to run for an acceptance check: an absolute path, the exact arguments, no shell,
 /// no PATH lookup, a bounded time.

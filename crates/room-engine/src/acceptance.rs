@@ -56,7 +56,7 @@ fn outside(path: &str) -> Value {
 
 /// Where a file check's path leads: a file inside the root, nothing, or not knowable.
 enum Found {
-    Present(PathBuf),
+    Present,
     Absent,
     Unknown(Value),
 }
@@ -276,13 +276,13 @@ impl Engine {
         };
         let (pass, detail) = match (c, found) {
             (_, Found::Unknown(d)) => (false, d),
-            (Check::FileExists { .. }, Found::Present(_)) => {
+            (Check::FileExists { .. }, Found::Present) => {
                 (true, json!({"path": shown, "observation": "present"}))
             }
             (Check::FileExists { .. }, Found::Absent) => {
                 (false, json!({"path": shown, "observation": "absent"}))
             }
-            (Check::FileAbsent { .. }, Found::Present(_)) => {
+            (Check::FileAbsent { .. }, Found::Present) => {
                 (false, json!({"path": shown, "observation": "present"}))
             }
             (Check::FileAbsent { .. }, Found::Absent) => {
@@ -292,8 +292,13 @@ impl Engine {
                 false,
                 json!({"path": shown, "expected": expected, "actual": null, "observation": "absent"}),
             ),
-            (Check::Sha256 { expected, .. }, Found::Present(p)) => {
-                match self.env.fs.sha256_file(&p) {
+            (Check::Sha256 { expected, .. }, Found::Present) => {
+                let root = place
+                    .root
+                    .as_deref()
+                    .expect("a present file has a project root");
+                // read beneath the root whatever the path resolves to now, not the checked path
+                match self.env.fs.sha256_beneath(root, std::path::Path::new(rel)) {
                     Err(e) => {
                         let mut d = unconfirmed(&shown, &e);
                         d["expected"] = json!(expected);
@@ -328,7 +333,7 @@ impl Engine {
             Err(e) => Found::Unknown(unconfirmed(shown, &e)),
             Ok(true) => match fs.canonicalize(&full) {
                 Err(e) => Found::Unknown(unconfirmed(shown, &e)),
-                Ok(c) if c.starts_with(root) => Found::Present(c),
+                Ok(c) if c.starts_with(root) => Found::Present,
                 Ok(_) => Found::Unknown(outside(shown)),
             },
             Ok(false) => {

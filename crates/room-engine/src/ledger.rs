@@ -117,12 +117,14 @@ impl Engine {
             return Err(self.refuse_check(&mut h, v));
         }
         // claim before act: an operation happens inside a claim its agent began
+        // a lapsed claim (its lease released, its scopes perhaps another's) begins nothing
         let begun = t.status == TaskStatus::Claimed
             && t.recipient.as_deref() == Some(p.name.as_str())
+            && (t.scopes.is_empty() || t.lease_held)
             && h.index
                 .lifecycle(&p.name, &t.id)
                 .map_err(store_err)?
-                .is_some_and(|l| l.state == "begun");
+                .is_some_and(|l| l.state == "begun" && !l.lapsed);
         if !begun && !self.config.skip_invariants {
             let v = ill(
                 &p.name,

@@ -461,6 +461,9 @@ impl Engine {
         accept_loss: bool,
     ) -> Outcome<Value> {
         let handle = self.room_handle(room)?;
+        // the rebuild forgets the room's leases and refills them: no claim of another room of
+        // the project may check `exclusive` in between (lease lock before room lock, as claims)
+        let _leases = self.rooms.lease_lock();
         let mut h = lock_room(&handle);
         // Accepting a replaced journal resets the room's view: checkpoints taken over the old
         // chain may point past or beside the new one, so every agent must read again.

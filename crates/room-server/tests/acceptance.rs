@@ -475,3 +475,24 @@ fn task_check_is_a_dry_run_and_task_show_carries_lineage_lease_and_results() {
         .refuse(Some(&g), "task_check", json!({"task": t}), "task_not_held");
     assert!(r.message.contains("gamma"));
 }
+
+/// A FIFO (or anything but a regular file) is not read: the check is unconfirmed at once
+/// instead of holding the room while `open` waits for a writer.
+#[test]
+fn a_sha256_of_a_fifo_is_unconfirmed_not_a_hang() {
+    let mut tm = team();
+    let fifo = tm.dir.join("out.pipe");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let t = tm.assigned(
+        json!([{"kind": "sha256", "path": "out.pipe", "expected": sha256_hex(b"")}]),
+        json!([]),
+    );
+    let d = tm.done_refused(&t, "task_acceptance_failed");
+    let r = result(&d, 0);
+    assert_eq!(r["detail"]["observation"], "unconfirmed", "{r}");
+    assert_eq!(r["detail"]["error_kind"], "InvalidInput", "{r}");
+}

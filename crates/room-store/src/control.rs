@@ -843,8 +843,13 @@ impl ControlStore for SqliteControl {
         self.write(|c| {
             // a transition releases the task's lease unless it takes a new one (a claim)
             let n = c.conn.execute(
+                // a scoped claim journaled before leases had generations (no ?6) still leases
+                // its scopes, as migration 6 decided for the rows it found: a replay agrees
                 "UPDATE tasks SET status = ?3, recipient = ?4, updated_ms = ?5,
-                    lease_gen = COALESCE(?6, lease_gen), lease_held = (?6 IS NOT NULL)
+                    lease_gen = CASE WHEN ?6 IS NOT NULL THEN ?6
+                        WHEN ?3 = 'claimed' AND scopes != '[]' THEN COALESCE(lease_gen, 0)
+                        ELSE lease_gen END,
+                    lease_held = (?6 IS NOT NULL OR (?3 = 'claimed' AND scopes != '[]'))
                  WHERE id = ?1 AND status = ?2",
                 params![
                     id,

@@ -63,10 +63,39 @@ impl Fs for RealFs {
         path.try_exists()
     }
 
-    fn sha256_file(&self, path: &Path) -> std::io::Result<(String, u64)> {
+    fn sha256_beneath(&self, root: &Path, rel: &Path) -> std::io::Result<(String, u64)> {
+        use rustix::fs::{Mode, OFlags, ResolveFlags};
         use sha2::{Digest, Sha256};
         use std::io::Read;
-        let mut f = std::fs::File::open(path)?;
+        let dir = rustix::fs::open(
+            root,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        let fd = rustix::fs::openat2(
+            &dir,
+            rel,
+            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
+        )?;
+        let mut f = std::fs::File::from(fd);
+        let meta = f.metadata()?;
+        if !meta.is_file() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "not a regular file",
+            ));
+        }
+        if meta.len() > room_core::env::SHA256_FILE_BYTES_MAX {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::FileTooLarge,
+                format!(
+                    "larger than {} bytes",
+                    room_core::env::SHA256_FILE_BYTES_MAX
+                ),
+            ));
+        }
         let mut h = Sha256::new();
         let mut buf = vec![0u8; 1 << 16];
         let mut len = 0u64;
@@ -77,6 +106,12 @@ impl Fs for RealFs {
             }
             h.update(&buf[..n]);
             len += n as u64;
+            if len > room_core::env::SHA256_FILE_BYTES_MAX {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::FileTooLarge,
+                    "grew past the limit while it was read",
+                ));
+            }
         }
         Ok((hex::encode(h.finalize()), len))
     }
