@@ -475,15 +475,24 @@ impl Engine {
 
     /// `done`'s command checks, run before the transition and outside every lock, when the
     /// caller holds the claimed task (otherwise the plan refuses, and nothing runs).
-    pub(crate) fn pre_run(&self, caller: &str, task: Option<&str>) -> Outcome<Option<PreRun>> {
+    pub(crate) fn pre_run(
+        &self,
+        caller: &str,
+        room: &str,
+        task: Option<&str>,
+    ) -> Outcome<Option<PreRun>> {
         let Some(task) = task.filter(|t| room_core::id::is_task_id(t)) else {
             return Ok(None);
         };
         let Some(t) = self.control().task(task).map_err(store_err)? else {
             return Ok(None);
         };
-        let held =
-            t.status == room_core::TaskStatus::Claimed && t.recipient.as_deref() == Some(caller);
+        // only a done the plan could accept runs anything: the task of this room, claimed by
+        // the caller, its lease (if scoped) still held
+        let held = t.status == room_core::TaskStatus::Claimed
+            && t.recipient.as_deref() == Some(caller)
+            && t.room == room
+            && (t.scopes.is_empty() || t.lease_held);
         let processes = t
             .acceptance
             .iter()

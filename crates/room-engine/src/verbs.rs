@@ -910,7 +910,7 @@ impl Engine {
         let (text, text_blob) = self.spill_text(&handle, text)?;
         // long acceptance commands run here, before the transition and outside every lock
         let pre = match verb {
-            GatedVerb::Done => self.pre_run(&p.name, args.task.as_deref())?,
+            GatedVerb::Done => self.pre_run(&p.name, &args.room, args.task.as_deref())?,
             _ => None,
         };
         let mut h = lock_room(&handle);
