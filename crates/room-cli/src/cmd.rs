@@ -4,7 +4,8 @@ use clap::{Args, Parser, Subcommand};
 use room_server::ServerError;
 use room_server::client::Client;
 use room_server::wire::{
-    EvidenceArgs, OpArgs, OpBeginArgs, Request, SyncArgs, TaskClaimArgs, TaskCreateArgs, TurnWire,
+    EvidenceArgs, OpArgs, OpBeginArgs, Request, SyncArgs, TaskAmendArgs, TaskClaimArgs,
+    TaskCreateArgs, TaskOverrideArgs, TaskSupersedeArgs, TurnWire,
 };
 use room_store::StoreError;
 use room_store::statedir;
@@ -280,6 +281,12 @@ pub enum TaskCmd {
     Check {
         task: String,
     },
+    /// Replace a task's requirements or checks (its owner); a claim taken before must be renewed.
+    Amend(TaskAmendArgs),
+    /// Replace a task with a verified successor (its owner).
+    Supersede(TaskSupersedeArgs),
+    /// Let a task with requirements close without checks, on a recorded reason (owner console).
+    Override(TaskOverrideArgs),
 }
 
 /// The wire structs the CLI parses directly, as the JSON arguments of their request.
@@ -388,6 +395,9 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
                     req("owner_task_show", json!({"task": task}))
                 }
             }
+            TaskCmd::Amend(a) => wire("task_amend", a),
+            TaskCmd::Supersede(a) => wire("task_supersede", a),
+            TaskCmd::Override(a) => wire("owner_task_override", a),
             TaskCmd::Check { task } => {
                 if agent.is_some() {
                     req("task_check", json!({"task": task}))

@@ -185,15 +185,18 @@ pub enum TaskStatus {
     Done,
     /// Its recipient refused the assignment.
     Declined,
+    /// Replaced by a verified successor, which carries its obligations to completion.
+    Superseded,
 }
 
 impl TaskStatus {
-    pub const ALL: [TaskStatus; 5] = [
+    pub const ALL: [TaskStatus; 6] = [
         TaskStatus::Open,
         TaskStatus::Claimed,
         TaskStatus::Blocked,
         TaskStatus::Done,
         TaskStatus::Declined,
+        TaskStatus::Superseded,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -203,6 +206,7 @@ impl TaskStatus {
             TaskStatus::Blocked => "blocked",
             TaskStatus::Done => "done",
             TaskStatus::Declined => "declined",
+            TaskStatus::Superseded => "superseded",
         }
     }
 
@@ -210,9 +214,12 @@ impl TaskStatus {
         TaskStatus::ALL.into_iter().find(|t| t.as_str() == s)
     }
 
-    /// Done or declined: no verb moves the task any more.
+    /// Done, declined or superseded: no verb moves the task any more.
     pub fn is_settled(self) -> bool {
-        matches!(self, TaskStatus::Done | TaskStatus::Declined)
+        matches!(
+            self,
+            TaskStatus::Done | TaskStatus::Declined | TaskStatus::Superseded
+        )
     }
 }
 
@@ -349,7 +356,7 @@ pub struct TaskTransition {
     pub recipient: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct TaskEvent {
     pub actor: String,
     pub action: String,
@@ -366,6 +373,29 @@ pub struct TaskEvent {
     /// A scoped claim's lease: its fencing generation (higher than every one before it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_gen: Option<u64>,
+    /// A claim: the task's authority keys as they stood at the claim; done requires them
+    /// unchanged (key name to value or digest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authority: Option<std::collections::BTreeMap<String, String>>,
+    /// An amendment by the owner: the task's new terms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terms: Option<TaskTerms>,
+    /// An operator's acceptance override: why a requirement-bound task may close without checks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// A supersession: the verified successor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub successor: Option<String>,
+}
+
+/// A task's terms as its owner amends them: the requirements and the checks that measure them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct TaskTerms {
+    /// The task's revision these terms make (one more than the one they replace), so that a
+    /// replayed amendment is applied once.
+    pub revision: u64,
+    pub requirements: Vec<String>,
+    pub acceptance: Vec<crate::acceptance::Check>,
 }
 
 /// A phase of an external operation: Begin (the intention, before the effect), Effect (the
@@ -586,7 +616,7 @@ mod tests {
             }),
             idempotency_key: None,
             ttl_ms: Some(5),
-            lease_gen: None,
+            ..TaskEvent::default()
         }));
         assert_eq!(
             crate::canon::canonical_string(&serde_json::to_value(&claim).unwrap()),

@@ -75,6 +75,9 @@ codes! {
     AcceptanceCommandNotAllowed => "acceptance_command_not_allowed",
     TaskAcceptanceFailed => "task_acceptance_failed",
     TaskAcceptanceRequired => "task_acceptance_required",
+    TaskAcceptanceChangedBeforeCompletion => "task_acceptance_changed_before_completion",
+    TaskAuthorityChanged => "task_authority_changed",
+    TaskSuccessorUnverified => "task_successor_unverified",
     // lineage: delegation cannot outlive or widen its ancestry
     TaskAncestryInvalid => "task_ancestry_invalid",
     TaskScopeWidened => "task_scope_widened",

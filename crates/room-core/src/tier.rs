@@ -60,6 +60,8 @@ pub enum Verb {
     TaskClaim,
     TaskShow,
     TaskCheck,
+    TaskAmend,
+    TaskSupersede,
     OpBegin,
     OpEffect,
     OpResolve,
@@ -67,7 +69,7 @@ pub enum Verb {
 }
 
 impl Verb {
-    pub const ALL: [Verb; 20] = [
+    pub const ALL: [Verb; 22] = [
         Verb::Whoami,
         Verb::List,
         Verb::Sync,
@@ -84,6 +86,8 @@ impl Verb {
         Verb::TaskClaim,
         Verb::TaskShow,
         Verb::TaskCheck,
+        Verb::TaskAmend,
+        Verb::TaskSupersede,
         Verb::OpBegin,
         Verb::OpEffect,
         Verb::OpResolve,
@@ -108,6 +112,8 @@ impl Verb {
             Verb::TaskClaim => "task_claim",
             Verb::TaskShow => "task_show",
             Verb::TaskCheck => "task_check",
+            Verb::TaskAmend => "task_amend",
+            Verb::TaskSupersede => "task_supersede",
             Verb::OpBegin => "op_begin",
             Verb::OpEffect => "op_effect",
             Verb::OpResolve => "op_resolve",
@@ -138,6 +144,8 @@ impl Verb {
             | Verb::TaskClaim
             | Verb::TaskShow
             | Verb::TaskCheck
+            | Verb::TaskAmend
+            | Verb::TaskSupersede
             | Verb::OpBegin
             | Verb::OpEffect
             | Verb::OpResolve
@@ -154,7 +162,7 @@ impl Verb {
     pub fn min_tier(self) -> Tier {
         match self {
             Verb::Whoami | Verb::List | Verb::Sync | Verb::TaskShow => Tier::Observer,
-            Verb::TaskCreate => Tier::Coordinator,
+            Verb::TaskCreate | Verb::TaskAmend | Verb::TaskSupersede => Tier::Coordinator,
             _ => Tier::Member,
         }
     }

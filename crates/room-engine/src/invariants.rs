@@ -256,7 +256,10 @@ impl Engine {
             .iter()
             .filter_map(|s| Scope::parse("scopes", s).ok())
             .collect();
-        let leased = self.control().leased(project, &h.name).map_err(failed)?;
+        let leased = self
+            .control()
+            .leased_over(project, &h.name, &mine)
+            .map_err(failed)?;
         let mut conflicts = Vec::new();
         for other in leased
             .iter()

@@ -5,6 +5,7 @@
 
 pub mod acceptance;
 pub mod authority;
+pub mod completion;
 pub mod event;
 pub mod evidence;
 pub mod invariants;

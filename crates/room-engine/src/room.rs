@@ -20,6 +20,7 @@ use room_store::journal::{ChainPos, JournalMark, RECORD_BYTES_MAX};
 use room_store::{BlobStore, RoomIndex, RoomLog, ShardCreated, StoreError};
 use serde::Serialize;
 use serde_json::json;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Bytes of journal the background scrub verifies per call of `Engine::scrub_step` (the daemon
@@ -137,6 +138,14 @@ pub(crate) enum TaskEffect {
         task: String,
         generation: u64,
     },
+    /// An amendment's new terms (no-op once the task is at their revision).
+    Terms(String, room_core::event::TaskTerms),
+    /// The authority keys a claim pinned.
+    Pin(String, BTreeMap<String, String>),
+    /// An operator's acceptance override and its reason.
+    Override(String, String),
+    /// A superseded task's verified successor.
+    Successor(String, String),
     /// A member joins (no-op when already one).
     Member {
         room: String,
@@ -243,11 +252,30 @@ pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result
                     coordination_only: c.coordination_only,
                     lease_gen: None,
                     lease_held: false,
+                    revision: 0,
+                    claim_pin: None,
+                    override_reason: None,
+                    successor: None,
                 })));
+            }
+            if let Some(terms) = &te.terms {
+                p.tasks
+                    .push(TaskEffect::Terms(te.task.clone(), terms.clone()));
+            }
+            if let Some(reason) = &te.reason {
+                p.tasks
+                    .push(TaskEffect::Override(te.task.clone(), reason.clone()));
             }
             if let Some(tr) = &te.transition {
                 p.tasks
                     .push(TaskEffect::Transition(tr.clone(), te.lease_gen));
+                if let Some(pin) = &te.authority {
+                    p.tasks.push(TaskEffect::Pin(te.task.clone(), pin.clone()));
+                }
+                if let Some(next) = &te.successor {
+                    p.tasks
+                        .push(TaskEffect::Successor(te.task.clone(), next.clone()));
+                }
                 if tr.to == TaskStatus::Claimed {
                     p.batch.lifecycles.push(LifecycleChange::Begin {
                         agent: te.actor.clone(),
@@ -363,6 +391,12 @@ impl Engine {
                 TaskEffect::ReleaseLease { task, generation } => {
                     c.release_lease(task, *generation)?;
                 }
+                TaskEffect::Terms(task, terms) => {
+                    c.amend_task(task, terms)?;
+                }
+                TaskEffect::Pin(task, pin) => c.pin_claim(task, pin)?,
+                TaskEffect::Override(task, reason) => c.set_override(task, reason)?,
+                TaskEffect::Successor(task, next) => c.set_successor(task, next)?,
                 TaskEffect::Member { room, agent } => {
                     c.add_member(room, agent)?;
                 }

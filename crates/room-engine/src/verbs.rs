@@ -144,10 +144,11 @@ fn mentions_in(text: &str) -> Vec<String> {
     out
 }
 
-fn task_view(t: &TaskRow) -> Value {
+pub(crate) fn task_view(t: &TaskRow) -> Value {
     json!({"id": t.id, "room": t.room, "project": t.project_id, "title": t.title, "owner": t.owner,
         "recipient": t.recipient, "parent": t.parent, "status": t.status, "scopes": t.scopes,
-        "requirements": t.requirements, "acceptance": t.acceptance})
+        "requirements": t.requirements, "acceptance": t.acceptance, "revision": t.revision,
+        "successor": t.successor, "acceptance_override": t.override_reason})
 }
 
 impl Engine {
@@ -636,8 +637,7 @@ impl Engine {
             }),
             transition: None,
             idempotency_key: a.idempotency_key.clone(),
-            ttl_ms: None,
-            lease_gen: None,
+            ..TaskEvent::default()
         };
         let mut h = lock_room(&handle);
         h.writable()?;
@@ -699,15 +699,19 @@ impl Engine {
         let mut h = lock_room(&handle);
         h.writable()?;
         let t = self.task_row(task)?;
-        // a lapsed claim is resumed by its holder with a fresh claim (and a fresh lease)
-        let lapsed = t.status == TaskStatus::Claimed
-            && t.recipient.as_deref() == Some(p.name.as_str())
-            && h.index
+        // its holder claims a claimed task again to renew it (a fresh lease and a fresh
+        // authority pin) when the claim lapsed or its terms or authority moved since
+        let holder =
+            t.status == TaskStatus::Claimed && t.recipient.as_deref() == Some(p.name.as_str());
+        let renewal = holder
+            && (h
+                .index
                 .lifecycle(&p.name, task)
                 .map_err(store_err)?
-                .is_some_and(|l| l.lapsed);
+                .is_some_and(|l| l.lapsed)
+                || self.claim_moved(&t)?);
         // a blocked task is resumed by claiming it again
-        if !(lapsed || matches!(t.status, TaskStatus::Open | TaskStatus::Blocked))
+        if !(renewal || matches!(t.status, TaskStatus::Open | TaskStatus::Blocked))
             || t.recipient.as_deref().is_some_and(|r| r != p.name)
         {
             return Err(Refusal::new(
@@ -718,7 +722,7 @@ impl Engine {
                 ),
             ));
         }
-        self.valid_ancestry(task, t.parent.as_deref())?;
+        let ancestors = self.valid_ancestry(task, t.parent.as_deref())?;
         let ttl_ms = ttl_ms.unwrap_or(TASKED_DEADLINE_MS);
         // under the lease lock: each generation is higher than every one issued before
         let lease_gen = match leases.as_deref_mut() {
@@ -738,6 +742,8 @@ impl Engine {
             idempotency_key: None,
             ttl_ms: Some(ttl_ms),
             lease_gen,
+            authority: Some(self.authority_pin(&t, &ancestors, lease_gen)?),
+            ..TaskEvent::default()
         };
         if let Err(v) = self.check_task_event(&h, &te, t.project_id.as_deref(), &t.scopes) {
             return Err(self.refuse_check(&mut h, v));
@@ -1396,7 +1402,7 @@ impl Engine {
     /// task with requirements cannot close without checks.
     fn plan_done(&self, cx: &PlanCx<'_>, turn: &mut Turn) -> Outcome<()> {
         let t = self.held_task(GatedVerb::Done, cx, &[TaskStatus::Claimed])?;
-        self.valid_ancestry(&t.id, t.parent.as_deref())?;
+        let ancestors = self.valid_ancestry(&t.id, t.parent.as_deref())?;
         if !t.scopes.is_empty() && !t.lease_held {
             return Err(Refusal::new(
                 Code::TaskStateInvalid,
@@ -1409,8 +1415,17 @@ impl Engine {
             .detail(json!({"task": t.id, "lease_generation": t.lease_gen, "fresh_claim_required": true}))
             .hint("claim the task again (a fresh lease), check the work, then done"));
         }
+        self.require_pinned_authority(&t, &ancestors)?;
         turn.task_transition = Some(moved(&t, TaskStatus::Done, &cx.p.name));
         if t.acceptance.is_empty() {
+            if let Some(reason) = &t.override_reason {
+                let (from, carried) = self.carried_items(cx.h, &t)?;
+                turn.resolves = self.proven_items(cx, &t, carried)?;
+                turn.detail = json!({"acceptance": "operator_override", "override_reason": reason,
+                    "acceptance_results": [], "obligations_resolved": true,
+                    "verified_successor_of": from});
+                return Ok(());
+            }
             if !t.requirements.is_empty() {
                 return Err(Refusal::new(
                     Code::TaskAcceptanceRequired,
@@ -1421,7 +1436,7 @@ impl Engine {
                     ),
                 )
                 .detail(json!({"task": t.id, "requirements": t.requirements}))
-                .hint("the owner creates the task again with --accept checks that measure the requirements"));
+                .hint("the owner adds checks that measure the requirements (task amend --accept), or an operator records an override with its reason (room task override)"));
             }
             turn.detail = json!({"acceptance": "none_declared", "acceptance_results": [],
                 "obligations_resolved": false});
@@ -1432,15 +1447,29 @@ impl Engine {
         if !ev.acceptance_pass {
             return Err(acceptance::failed(&ev));
         }
+        let (from, carried) = self.carried_items(cx.h, &t)?;
+        turn.resolves = self.proven_items(cx, &t, carried)?;
+        turn.detail = json!({"acceptance": "passed", "acceptance_pass": true,
+            "acceptance_results": ev.acceptance_results, "obligations_resolved": true,
+            "verified_successor_of": from});
+        Ok(())
+    }
+
+    /// What a proven `done` resolves: the caller's obligations on the task and those its
+    /// verified successorship carries.
+    fn proven_items(
+        &self,
+        cx: &PlanCx<'_>,
+        t: &TaskRow,
+        carried: Vec<ItemRow>,
+    ) -> Outcome<Vec<Resolution>> {
         let mut hits =
             cx.h.index
                 .open_items_for_task(&cx.p.name, &t.id)
                 .map_err(store_err)?;
         hits.retain(|i| i.kind == ItemKind::Obligation);
-        turn.resolves = resolutions(&hits, "resolved");
-        turn.detail = json!({"acceptance": "passed", "acceptance_pass": true,
-            "acceptance_results": ev.acceptance_results, "obligations_resolved": true});
-        Ok(())
+        hits.extend(carried);
+        Ok(resolutions(&hits, "resolved"))
     }
 
     /// `blocked`: the caller's task is blocked; its owner gets an obligation to answer.

@@ -42,6 +42,7 @@ const OWNER_OPS: &[&str] = &[
     "wakes_list",
     "owner_task_show",
     "owner_task_check",
+    "owner_task_override",
     "ping",
 ];
 
@@ -323,6 +324,10 @@ fn owner_op(engine: &Engine, owner: &Owner, op: &str, a: Value) -> Result<Value,
         "wakes_list" => engine.wakes_view(owner, args::<OptRoomArgs>(a)?.room.as_deref()),
         "owner_task_show" => engine.task_view_owner(owner, &args::<TaskArgs>(a)?.task),
         "owner_task_check" => engine.task_check_owner(owner, &args::<TaskArgs>(a)?.task),
+        "owner_task_override" => {
+            let a: TaskOverrideArgs = args(a)?;
+            engine.task_override(owner, &a.task, &a.reason)
+        }
         _ if is_agent_op(op) => Err(Refusal::new(
             Code::CredentialInvalid,
             format!("{op} acts as an agent: no credential presented"),
@@ -412,6 +417,21 @@ fn agent_op(engine: &Engine, caller: &AgentCaller, op: &str, a: Value) -> Result
         }
         Verb::TaskShow => engine.task_show(caller, &args::<TaskArgs>(a)?.task),
         Verb::TaskCheck => engine.task_check(caller, &args::<TaskArgs>(a)?.task),
+        Verb::TaskAmend => {
+            let a: TaskAmendArgs = args(a)?;
+            engine.task_amend(
+                caller,
+                room_engine::completion::AmendArgs {
+                    task: a.task,
+                    requirements: a.requirements,
+                    accept: a.accept,
+                },
+            )
+        }
+        Verb::TaskSupersede => {
+            let a: TaskSupersedeArgs = args(a)?;
+            engine.task_supersede(caller, &a.task, &a.successor)
+        }
         Verb::OpBegin => {
             let a: OpBeginArgs = args(a)?;
             engine.op_begin(

@@ -270,6 +270,40 @@ pub struct TaskArgs {
 
 #[derive(Debug, Serialize, Deserialize, JsonSchema, clap::Args)]
 #[serde(deny_unknown_fields)]
+pub struct TaskAmendArgs {
+    pub task: String,
+    /// Replaces the task's requirements.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[arg(long = "requirement")]
+    #[schemars(length(max = REQUIREMENTS_PER_TASK_MAX))]
+    pub requirements: Option<Vec<String>>,
+    /// Replaces the task's checks (as task_create's accept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[arg(long = "accept", value_parser = json_object)]
+    #[schemars(schema_with = "accept_schema")]
+    pub accept: Option<Vec<Value>>,
+}
+
+#[derive(Debug, Serialize, Deserialize, JsonSchema, clap::Args)]
+#[serde(deny_unknown_fields)]
+pub struct TaskSupersedeArgs {
+    pub task: String,
+    /// The replacing task: same owner, project and requirements, with checks, no wider scope.
+    #[arg(long)]
+    pub successor: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, clap::Args)]
+#[serde(deny_unknown_fields)]
+pub struct TaskOverrideArgs {
+    pub task: String,
+    /// Why the task may close without acceptance checks (recorded in its room's journal).
+    #[arg(long)]
+    pub reason: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, JsonSchema, clap::Args)]
+#[serde(deny_unknown_fields)]
 pub struct TaskClaimArgs {
     pub task: String,
     /// How long the claim may stay unresolved.

@@ -106,6 +106,8 @@ pub trait RoomIndex: Send {
     fn open_items_page(&self, agent: &str, limit: usize) -> Result<(Vec<ItemRow>, u64)>;
     fn open_sources(&self, agent: &str, limit: usize) -> Result<Vec<String>>;
     fn open_items_for_task(&self, agent: &str, task: &str) -> Result<Vec<ItemRow>>;
+    /// Every agent's open items on a task, oldest first, at most `limit`.
+    fn open_items_of_task(&self, task: &str, limit: usize) -> Result<Vec<ItemRow>>;
     fn item(&self, kind: ItemKind, id: &str) -> Result<Option<ItemRow>>;
     fn items(&self, kind: ItemKind) -> Result<Vec<ItemRow>>;
     fn checkpoint(&self, actor: &str, conversation: &str) -> Result<Option<CheckpointRow>>;
@@ -186,7 +188,32 @@ pub trait ControlStore: Send {
     fn children(&self, parent: &str) -> Result<Vec<TaskRow>>;
     /// Claimed tasks that name a scope, in one project (or, outside projects, one room).
     fn leased(&self, project: Option<&str>, room: &str) -> Result<Vec<TaskRow>>;
+    /// The leased tasks (as `leased`) that hold a scope which could conflict with one of
+    /// `over`: the same scope, a file directory above one, or a file under one. Looked up by
+    /// index, so a claim costs the same against ten leases as against ten thousand.
+    fn leased_over(
+        &self,
+        project: Option<&str>,
+        room: &str,
+        over: &[room_core::scope::Scope],
+    ) -> Result<Vec<TaskRow>>;
     fn insert_task(&mut self, t: &TaskRow) -> Result<()>;
+    /// Replace a live task's requirements and checks with `terms` (which make its revision
+    /// `terms.revision`), dropping any acceptance override; false when the task is settled
+    /// or already at that revision (a replay).
+    fn amend_task(&mut self, id: &str, terms: &room_core::event::TaskTerms) -> Result<bool>;
+    /// Keep the authority keys a claim pinned.
+    fn pin_claim(
+        &mut self,
+        id: &str,
+        pin: &std::collections::BTreeMap<String, String>,
+    ) -> Result<()>;
+    /// Record an operator's acceptance override.
+    fn set_override(&mut self, id: &str, reason: &str) -> Result<()>;
+    /// Record the verified successor of a superseded task.
+    fn set_successor(&mut self, id: &str, successor: &str) -> Result<()>;
+    /// The tasks `successor` superseded (at most 64).
+    fn superseded_by(&self, successor: &str) -> Result<Vec<TaskRow>>;
     /// Compare-and-set a task's status and recipient; false when it was not in `from_status`.
     /// The task then holds a lease of generation `lease_gen` if one is given (a claim of a
     /// scoped task), and none otherwise: every transition releases the lease it held.

@@ -38,6 +38,8 @@ pub const CASES: &[(&str, Case)] = &[
         control_failed_write_leaves_nothing,
     ),
     ("control_tasks", control_tasks),
+    ("control_task_leases_by_scope", control_task_leases_by_scope),
+    ("control_task_terms", control_task_terms),
     (
         "control_task_specs_and_checks",
         control_task_specs_and_checks,
@@ -131,6 +133,10 @@ fn task(id: &str, room: &str, project: Option<&str>, scopes: &[&str]) -> TaskRow
         coordination_only: false,
         lease_gen: None,
         lease_held: false,
+        revision: 0,
+        claim_pin: None,
+        override_reason: None,
+        successor: None,
     }
 }
 
@@ -518,6 +524,138 @@ pub fn control_tasks(h: &mut dyn Harness) {
         "done releases"
     );
     assert_eq!(c.lease_gen_max().unwrap(), 4);
+}
+
+/// A claim finds the leases that could conflict by index: the same scope, a directory above
+/// a file scope, anything under one; never a neighbour that only shares a prefix.
+pub fn control_task_leases_by_scope(h: &mut dyn Harness) {
+    use room_core::scope::Scope;
+    let store = h.fresh();
+    let mut c = store.open_control().unwrap();
+    c.insert_project(&project("prj_1", "/p")).unwrap();
+    c.insert_room(&room("build", Some("prj_1")), &[]).unwrap();
+    let specs: [(&str, &[&str]); 6] = [
+        ("tsk_dir", &["file:src"]),
+        ("tsk_file", &["file:src/a/b.rs"]),
+        ("tsk_near", &["file:src-old/x.rs", "file:srcx"]),
+        ("tsk_api", &["api:stripe"]),
+        ("tsk_free", &["file:docs/x.md"]),
+        ("tsk_open", &["file:src/a"]),
+    ];
+    for (i, (id, scopes)) in specs.iter().enumerate() {
+        c.insert_task(&task(id, "build", Some("prj_1"), scopes))
+            .unwrap();
+        if *id != "tsk_open" {
+            assert!(
+                c.update_task(id, "open", "claimed", Some("beta"), 40, Some(i as u64 + 1))
+                    .unwrap()
+            );
+        }
+    }
+    drop(c);
+    let c = store.open_control().unwrap();
+    let over = |scopes: &[&str]| -> Vec<String> {
+        let s: Vec<Scope> = scopes
+            .iter()
+            .map(|s| Scope::parse("s", s).unwrap())
+            .collect();
+        let mut ids: Vec<String> = c
+            .leased_over(Some("prj_1"), "build", &s)
+            .unwrap()
+            .into_iter()
+            .map(|t| t.id)
+            .collect();
+        ids.sort();
+        ids
+    };
+    assert_eq!(over(&["file:src/a/b.rs"]), ["tsk_dir", "tsk_file"]);
+    assert_eq!(
+        over(&["file:src/a"]),
+        ["tsk_dir", "tsk_file"],
+        "tsk_open holds no lease"
+    );
+    assert_eq!(over(&["file:src"]), ["tsk_dir", "tsk_file"]);
+    assert_eq!(over(&["file:src/c.rs"]), ["tsk_dir"]);
+    assert_eq!(over(&["api:stripe", "file:docs"]), ["tsk_api", "tsk_free"]);
+    assert!(over(&["api:stripe-2", "file:sr", "file:src0"]).is_empty());
+    assert!(
+        c.leased_over(None, "build", &[Scope::parse("s", "file:src").unwrap()])
+            .unwrap()
+            .is_empty(),
+        "a project's leases are not a room's"
+    );
+}
+
+/// Terms, claim pins, overrides and successors: an amendment applies once per revision and
+/// never to a settled task; all of it survives a reopen.
+pub fn control_task_terms(h: &mut dyn Harness) {
+    use room_core::event::TaskTerms;
+    let store = h.fresh();
+    let mut c = store.open_control().unwrap();
+    c.insert_room(&room("chat", None), &[]).unwrap();
+    c.insert_task(&task("tsk_a", "chat", None, &[])).unwrap();
+    c.insert_task(&task("tsk_b", "chat", None, &[])).unwrap();
+    let terms = TaskTerms {
+        revision: 1,
+        requirements: vec!["R1 it works".into()],
+        acceptance: Vec::new(),
+    };
+    assert!(c.amend_task("tsk_a", &terms).unwrap());
+    assert!(
+        !c.amend_task("tsk_a", &terms).unwrap(),
+        "a replay applies nothing"
+    );
+    c.set_override("tsk_a", "shipped by hand").unwrap();
+    let pin = std::collections::BTreeMap::from([("owner".to_string(), "alpha".to_string())]);
+    c.pin_claim("tsk_a", &pin).unwrap();
+    assert!(
+        c.update_task("tsk_b", "open", "superseded", Some("beta"), 41, None)
+            .unwrap()
+    );
+    c.set_successor("tsk_b", "tsk_a").unwrap();
+    drop(c);
+    let mut c = store.open_control().unwrap();
+    let a = c.task("tsk_a").unwrap().unwrap();
+    assert_eq!(a.revision, 1);
+    assert_eq!(a.requirements, ["R1 it works"]);
+    assert_eq!(a.override_reason.as_deref(), Some("shipped by hand"));
+    assert_eq!(a.claim_pin, Some(pin));
+    let next = TaskTerms {
+        revision: 2,
+        ..terms
+    };
+    assert!(c.amend_task("tsk_a", &next).unwrap());
+    assert_eq!(
+        c.task("tsk_a").unwrap().unwrap().override_reason,
+        None,
+        "an amendment drops the override"
+    );
+    let b: Vec<String> = c
+        .superseded_by("tsk_a")
+        .unwrap()
+        .into_iter()
+        .map(|t| t.id)
+        .collect();
+    assert_eq!(b, ["tsk_b"]);
+    assert_eq!(
+        c.task("tsk_b").unwrap().unwrap().status,
+        TaskStatus::Superseded
+    );
+    let third = TaskTerms {
+        revision: 1,
+        ..next
+    };
+    assert!(
+        !c.amend_task(
+            "tsk_b",
+            &TaskTerms {
+                revision: 9,
+                ..third
+            }
+        )
+        .unwrap(),
+        "settled"
+    );
 }
 
 /// The wake queue: a permit once queued stays as sealed, reads are oldest first, per room or

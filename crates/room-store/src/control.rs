@@ -114,6 +114,24 @@ UPDATE tasks SET lease_held = 1, lease_gen = 0 WHERE status = 'claimed' AND scop
 DROP INDEX tasks_claimed;
 CREATE INDEX tasks_leased ON tasks(project_id, room) WHERE lease_held = 1;
 "#,
+    r#"
+ALTER TABLE tasks ADD COLUMN revision INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE tasks ADD COLUMN claim_pin TEXT;
+ALTER TABLE tasks ADD COLUMN override_reason TEXT;
+ALTER TABLE tasks ADD COLUMN successor TEXT;
+CREATE INDEX tasks_successor ON tasks(successor) WHERE successor IS NOT NULL;
+-- each scope of each task, so that a claim looks up only the leases that could conflict
+CREATE TABLE task_scopes (
+    task TEXT NOT NULL REFERENCES tasks(id),
+    namespace TEXT NOT NULL,
+    resource TEXT NOT NULL,
+    PRIMARY KEY (task, namespace, resource)
+) STRICT;
+CREATE INDEX task_scopes_resource ON task_scopes(namespace, resource);
+INSERT OR IGNORE INTO task_scopes (task, namespace, resource)
+    SELECT t.id, substr(j.value, 1, instr(j.value, ':') - 1), substr(j.value, instr(j.value, ':') + 1)
+    FROM tasks t, json_each(t.scopes) j;
+"#,
 ];
 
 /// One sealed permit as the queue stores it: its key and its canonical JSON.
@@ -239,6 +257,14 @@ pub struct TaskRow {
     /// The fencing generation of the task's newest lease, and whether it is held now.
     pub lease_gen: Option<u64>,
     pub lease_held: bool,
+    /// Bumped by each amendment of the task's terms (0: as created).
+    pub revision: u64,
+    /// The authority keys the newest claim pinned (key to value or digest).
+    pub claim_pin: Option<BTreeMap<String, String>>,
+    /// An operator's override of `task_acceptance_required`: the recorded reason.
+    pub override_reason: Option<String>,
+    /// The verified successor that superseded this task.
+    pub successor: Option<String>,
 }
 
 /// The newest acceptance evaluation of a task (by `done` or a dry-run check): an observation,
@@ -252,7 +278,7 @@ pub struct TaskCheckRow {
     pub evaluation: String,
 }
 
-const TASK_COLS: &str = "id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms, scopes, requirements, acceptance, coordination_only, lease_gen, lease_held";
+const TASK_COLS: &str = "id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms, scopes, requirements, acceptance, coordination_only, lease_gen, lease_held, revision, claim_pin, override_reason, successor";
 
 fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TaskRow> {
     let scopes: String = r.get(10)?;
@@ -279,6 +305,13 @@ fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TaskRow> {
         coordination_only: r.get(13)?,
         lease_gen: r.get::<_, Option<i64>>(14)?.map(u),
         lease_held: r.get(15)?,
+        revision: u(r.get(16)?),
+        claim_pin: match r.get::<_, Option<String>>(17)? {
+            Some(text) => Some(json_col(17, &text)?),
+            None => None,
+        },
+        override_reason: r.get(18)?,
+        successor: r.get(19)?,
     })
 }
 
@@ -825,8 +858,121 @@ impl ControlStore for SqliteControl {
                     serde_json::to_string(&t.acceptance).expect("checks serialize"),
                     t.coordination_only],
             )?;
+            let mut st = c.conn.prepare_cached(
+                "INSERT OR IGNORE INTO task_scopes (task, namespace, resource) VALUES (?1, ?2, ?3)",
+            )?;
+            for s in &t.scopes {
+                let (ns, res) = s.split_once(':').unwrap_or((s.as_str(), ""));
+                st.execute(params![t.id, ns, res])?;
+            }
             Ok(())
         })
+    }
+
+    fn leased_over(
+        &self,
+        project: Option<&str>,
+        room: &str,
+        over: &[room_core::scope::Scope],
+    ) -> Result<Vec<TaskRow>> {
+        // the holders of an exact scope, of a directory above a file scope, and of anything
+        // under it: each an index lookup or range, never a walk over every lease
+        let mut ids = std::collections::BTreeSet::new();
+        let mut exact = self.conn.prepare_cached(
+            "SELECT task FROM task_scopes WHERE namespace = ?1 AND resource = ?2",
+        )?;
+        let mut under = self.conn.prepare_cached(
+            "SELECT task FROM task_scopes WHERE namespace = 'file' AND resource > ?1 AND resource < ?2",
+        )?;
+        for s in over {
+            let mut keys = vec![s.resource.clone()];
+            if s.namespace == "file" {
+                let mut at = s.resource.as_str();
+                while let Some((up, _)) = at.rsplit_once('/') {
+                    keys.push(up.to_string());
+                    at = up;
+                }
+                let rows = under.query_map(
+                    params![format!("{}/", s.resource), format!("{}0", s.resource)],
+                    |r| r.get::<_, String>(0),
+                )?;
+                for id in rows {
+                    ids.insert(id?);
+                }
+            }
+            for k in keys {
+                for id in exact.query_map(params![s.namespace, k], |r| r.get::<_, String>(0))? {
+                    ids.insert(id?);
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for id in ids {
+            if let Some(t) = self.task(&id)?
+                && t.lease_held
+                && match project {
+                    Some(p) => t.project_id.as_deref() == Some(p),
+                    None => t.project_id.is_none() && t.room == room,
+                }
+            {
+                out.push(t);
+            }
+        }
+        Ok(out)
+    }
+
+    fn amend_task(&mut self, id: &str, terms: &room_core::event::TaskTerms) -> Result<bool> {
+        self.write(|c| {
+            let n = c.conn.execute(
+                "UPDATE tasks SET requirements = ?2, acceptance = ?3, revision = ?4, override_reason = NULL
+                 WHERE id = ?1 AND revision < ?4 AND status NOT IN ('done', 'declined', 'superseded')",
+                params![
+                    id,
+                    serde_json::to_string(&terms.requirements).expect("requirements serialize"),
+                    serde_json::to_string(&terms.acceptance).expect("checks serialize"),
+                    terms.revision as i64
+                ],
+            )?;
+            Ok(n == 1)
+        })
+    }
+
+    fn pin_claim(&mut self, id: &str, pin: &BTreeMap<String, String>) -> Result<()> {
+        self.write(|c| {
+            c.conn.execute(
+                "UPDATE tasks SET claim_pin = ?2 WHERE id = ?1",
+                params![id, serde_json::to_string(pin).expect("pins serialize")],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn set_override(&mut self, id: &str, reason: &str) -> Result<()> {
+        self.write(|c| {
+            c.conn.execute(
+                "UPDATE tasks SET override_reason = ?2 WHERE id = ?1",
+                params![id, reason],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn set_successor(&mut self, id: &str, successor: &str) -> Result<()> {
+        self.write(|c| {
+            c.conn.execute(
+                "UPDATE tasks SET successor = ?2 WHERE id = ?1",
+                params![id, successor],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn superseded_by(&self, successor: &str) -> Result<Vec<TaskRow>> {
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {TASK_COLS} FROM tasks WHERE successor = ?1 ORDER BY id LIMIT 64"
+        ))?;
+        let rows = st.query_map([successor], task_from_row)?;
+        rows.collect::<rusqlite::Result<_>>().map_err(task_err)
     }
 
     /// Compare-and-set a task's status and recipient: returns false when the task was not in
@@ -886,6 +1032,10 @@ impl ControlStore for SqliteControl {
             let tx = c.conn.transaction()?;
             tx.execute(
                 "DELETE FROM task_checks WHERE task IN (SELECT id FROM tasks WHERE room = ?1)",
+                [room],
+            )?;
+            tx.execute(
+                "DELETE FROM task_scopes WHERE task IN (SELECT id FROM tasks WHERE room = ?1)",
                 [room],
             )?;
             let n = tx.execute("DELETE FROM tasks WHERE room = ?1", [room])?;

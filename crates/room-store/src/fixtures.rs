@@ -24,10 +24,13 @@ pub fn index_back_to_schema_1(path: &Path) -> Result<()> {
 }
 
 /// Turn control.db back into schema 2 (wake permits were files, no queue, no archive, no
-/// task requirements or acceptance).
+/// task requirements or acceptance, no terms, pins or scope index).
 pub fn control_back_to_schema_2(path: &Path) -> Result<()> {
     Connection::open(path)?.execute_batch(
-        "DROP INDEX tasks_leased; CREATE INDEX tasks_claimed ON tasks(status) WHERE status = 'claimed';
+        "DROP TABLE task_scopes; DROP INDEX tasks_successor;
+         ALTER TABLE tasks DROP COLUMN revision; ALTER TABLE tasks DROP COLUMN claim_pin;
+         ALTER TABLE tasks DROP COLUMN override_reason; ALTER TABLE tasks DROP COLUMN successor;
+         DROP INDEX tasks_leased; CREATE INDEX tasks_claimed ON tasks(status) WHERE status = 'claimed';
          ALTER TABLE tasks DROP COLUMN coordination_only; ALTER TABLE tasks DROP COLUMN lease_gen;
          ALTER TABLE tasks DROP COLUMN lease_held;
          DROP TABLE task_checks;

@@ -1469,6 +1469,15 @@ impl RoomIndex for Index {
         )
     }
 
+    fn open_items_of_task(&self, task: &str, limit: usize) -> Result<Vec<ItemRow>> {
+        let mut all = self.items_where(
+            "task = ?1 AND status = 'open' ORDER BY source_seq LIMIT ?2",
+            params![task, limit as i64],
+        )?;
+        all.truncate(limit);
+        Ok(all)
+    }
+
     fn item(&self, kind: ItemKind, id: &str) -> Result<Option<ItemRow>> {
         Ok(self
             .conn

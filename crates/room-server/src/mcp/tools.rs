@@ -3,7 +3,8 @@
 //! and HTTP reach the same engine calls under the same authorization.
 
 use crate::wire::{
-    EvidenceArgs, OpArgs, OpBeginArgs, SyncArgs, TaskArgs, TaskClaimArgs, TaskCreateArgs, TurnWire,
+    EvidenceArgs, OpArgs, OpBeginArgs, SyncArgs, TaskAmendArgs, TaskArgs, TaskClaimArgs,
+    TaskCreateArgs, TaskSupersedeArgs, TurnWire,
 };
 use schemars::JsonSchema;
 use schemars::generate::SchemaSettings;
@@ -332,6 +333,19 @@ and with acceptance checks that done measures.",
             input: object(input_schema::<TaskArgs>()),
         },
         ToolDef {
+            name: "task_amend",
+            op: "task_amend",
+            description: "Replace the requirements or checks of a task you own. A claim taken before cannot close it until its holder claims again.",
+            input: object(input_schema::<TaskAmendArgs>()),
+        },
+        ToolDef {
+            name: "task_supersede",
+            op: "task_supersede",
+            description: "Replace a task you own with a verified successor (same owner, project and requirements, with checks, no wider scope); \
+the successor's done resolves the old task's obligations.",
+            input: object(input_schema::<TaskSupersedeArgs>()),
+        },
+        ToolDef {
             name: "evidence_register",
             op: "evidence_register",
             description: "Register evidence (for a task's requirement): a first-hand origin, or the ev_ handles it derives from. \
@@ -363,7 +377,7 @@ Unresolved past ttl_ms it is recorded in doubt.",
         name: "room",
         op: "room",
         description: "Multiplexer for every Room action: set action to one of whoami, list, sync, note, say, reply, send, handoff, done, blocked, decline, circle, \
-task_create, task_claim, task_show, task_check, evidence_register, op_begin, op_effect, op_resolve, and pass that action's arguments (as its own tool takes them) alongside.",
+task_create, task_claim, task_show, task_check, task_amend, task_supersede, evidence_register, op_begin, op_effect, op_resolve, and pass that action's arguments (as its own tool takes them) alongside.",
         input: multiplexer_schema(&actions),
     });
     tools
