@@ -107,6 +107,14 @@ pub enum Cmd {
     Members(MembersCmd),
     /// Reset a room's view: every agent must sync again (owner).
     Reset { room: String },
+    /// Close or open a room's admission: while closed no agent writes to it (owner).
+    Admission {
+        room: String,
+        #[arg(long, conflicts_with = "close", required_unless_present = "close")]
+        open: bool,
+        #[arg(long)]
+        close: bool,
+    },
     /// Archive a room: read-only from now on, its journal kept and verifiable (owner).
     Archive { room: String },
     /// Show a room's events, unredacted (owner).
@@ -375,6 +383,9 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
         }
         Cmd::Reset { room } => req("room_reset", json!({"room": room})),
         Cmd::Archive { room } => req("room_archive", json!({"room": room})),
+        Cmd::Admission { room, open, .. } => {
+            req("room_admission", json!({"room": room, "open": open}))
+        }
         Cmd::Log { room, from, limit } => req(
             "room_log",
             json!({"room": room, "from": from, "limit": limit}),

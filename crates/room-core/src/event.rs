@@ -39,6 +39,12 @@ pub enum EventBody {
     RoomReset {
         actor: String,
     },
+    /// The owner opened or closed the room's admission: while closed, no agent writes to it.
+    /// A change moves the room's view (every reader reads again).
+    Admission {
+        actor: String,
+        open: bool,
+    },
     /// The owner accepted that acknowledged records `missing_from..=missing_to` are gone from
     /// the journal (`room index rebuild --accept-loss`); the witnesses that showed they had been
     /// acknowledged. Resets the room's view like `room_reset`: every reader reads again.
@@ -491,6 +497,7 @@ impl EventBody {
             EventBody::RoomCreated { actor, .. }
             | EventBody::MemberAdded { actor, .. }
             | EventBody::RoomReset { actor }
+            | EventBody::Admission { actor, .. }
             | EventBody::JournalLoss { actor, .. } => actor,
             EventBody::Turn(t) => &t.actor,
             EventBody::Items(i) => &i.actor,
@@ -506,6 +513,7 @@ impl EventBody {
             EventBody::RoomCreated { .. } => "room_created",
             EventBody::MemberAdded { .. } => "member_added",
             EventBody::RoomReset { .. } => "room_reset",
+            EventBody::Admission { .. } => "admission",
             EventBody::JournalLoss { .. } => "journal_loss",
             EventBody::Turn(_) => "turn",
             EventBody::Items(_) => "items",

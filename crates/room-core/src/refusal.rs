@@ -78,6 +78,7 @@ codes! {
     TaskAcceptanceChangedBeforeCompletion => "task_acceptance_changed_before_completion",
     TaskAuthorityChanged => "task_authority_changed",
     TaskSuccessorUnverified => "task_successor_unverified",
+    RoomAdmissionClosed => "room_admission_closed",
     // lineage: delegation cannot outlive or widen its ancestry
     TaskAncestryInvalid => "task_ancestry_invalid",
     TaskScopeWidened => "task_scope_widened",

@@ -208,6 +208,7 @@ impl Engine {
         }
         let mut h = lock_room(&handle);
         h.writable()?;
+        self.admitted(&h.name)?;
         let t = self.task_row(&a.task)?;
         live(&t, "amended")?;
         let terms = TaskTerms {
@@ -305,6 +306,7 @@ impl Engine {
         owned_by(&old, &p.name, "supersede")?;
         let mut h = lock_room(&handle);
         h.writable()?;
+        self.admitted(&h.name)?;
         let old = self.task_row(task)?;
         let new = self.task_row(successor)?;
         live(&old, "superseded")?;

@@ -100,6 +100,7 @@ impl Engine {
         };
         let mut h = lock_room(&handle);
         h.writable()?;
+        self.admitted(&h.name)?;
         let rec = h.commit(self, vec![EventBody::Evidence(Box::new(body))], None)?;
         let origins = collapse(&h, &ev)?;
         Ok(json!({"evidence": ev, "event": rec[0].id, "origins": origins}))

@@ -100,6 +100,7 @@ impl Engine {
         let (handle, _) = self.member_handle(&p, &a.room)?;
         let mut h = lock_room(&handle);
         h.writable()?;
+        self.admitted(&h.name)?;
         let t = self.task_row(&a.task)?;
         if t.room != a.room {
             return Err(Refusal::invalid(
@@ -229,6 +230,7 @@ impl Engine {
         let (handle, _) = self.member_handle(&p, &a.room)?;
         let mut h = lock_room(&handle);
         h.writable()?;
+        self.admitted(&h.name)?;
         let row = h.index.op(&a.op).map_err(store_err)?;
         if let Err(v) = self.phase_allowed(&p.name, act, row.as_ref(), phase, &a.op) {
             if self.config.skip_invariants {

@@ -146,6 +146,12 @@ pub(crate) enum TaskEffect {
     Override(String, String),
     /// A superseded task's verified successor.
     Successor(String, String),
+    /// The room's admission opens or closes as of this record's seq.
+    Admission {
+        room: String,
+        seq: u64,
+        open: bool,
+    },
     /// A member joins (no-op when already one).
     Member {
         room: String,
@@ -357,6 +363,13 @@ pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result
                 at_ms: r.hlc.ms,
             });
         }
+        EventBody::Admission { open, .. } => {
+            p.tasks.push(TaskEffect::Admission {
+                room: room.into(),
+                seq: r.seq,
+                open: *open,
+            });
+        }
         EventBody::RoomCreated { .. } => {}
     }
     Ok(())
@@ -397,6 +410,9 @@ impl Engine {
                 TaskEffect::Pin(task, pin) => c.pin_claim(task, pin)?,
                 TaskEffect::Override(task, reason) => c.set_override(task, reason)?,
                 TaskEffect::Successor(task, next) => c.set_successor(task, next)?,
+                TaskEffect::Admission { room, seq, open } => {
+                    c.set_admission(room, *seq, *open)?;
+                }
                 TaskEffect::Member { room, agent } => {
                     c.add_member(room, agent)?;
                 }

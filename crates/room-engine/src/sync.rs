@@ -10,7 +10,8 @@ use crate::room::RoomHandle;
 use crate::{Engine, Outcome, store_err};
 use room_core::canon::{canonical_string, digest_of};
 use room_core::redact::Redactor;
-use room_core::{Code, Refusal, id};
+use room_core::{Code, Refusal, Tier, id};
+use room_store::control::MemberStanding;
 use room_store::index::{CheckpointRow, EventRow, ReceiptRow};
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -70,14 +71,34 @@ pub struct Page {
     pub end: Pos,
 }
 
+/// Who reads a room and who takes part in it: a reader is a member whose agent is neither
+/// revoked nor denied `sync`; a participant is a reader whose owner-set tier allows writing
+/// (member or above). Either set changing moves the room's view.
+pub(crate) fn view_roster(members: &[MemberStanding<'_>]) -> (Vec<String>, Vec<String>) {
+    let mut readers = Vec::new();
+    let mut participants = Vec::new();
+    for m in members {
+        let Some(a) = m.agent else { continue };
+        if a.revoked_ms.is_some() || m.denied.iter().any(|v| v == "sync") {
+            continue;
+        }
+        readers.push(m.name.to_string());
+        if Tier::parse(&a.max_tier).is_some_and(|t| t >= Tier::Member) {
+            participants.push(m.name.to_string());
+        }
+    }
+    (readers, participants)
+}
+
 impl Engine {
     pub(crate) fn sync_key(&self, p: &Principal, room: &str) -> Outcome<SyncKey> {
         let view_gen = self
             .control()
             .view_gen(room, &|row, members| {
+                let (readers, participants) = view_roster(members);
                 digest_of(&json!({
-                    "admission": row.admission_gen, "reset": row.reset_gen, "project": row.project_id,
-                    "participants": members, "readers": members,
+                    "admission": [row.admission_gen, row.admission_open], "reset": row.reset_gen,
+                    "project": row.project_id, "participants": participants, "readers": readers,
                 }))
             })
             .ok_or_else(|| Refusal::new(Code::RoomNotFound, "room vanished"))?;

@@ -183,6 +183,7 @@ impl Engine {
             reset_gen: 0,
             reset_ms: None,
             admission_gen: 0,
+            admission_open: true,
             archived_ms: None,
         };
         // the shard, the control row and the handle appear together or not at all
@@ -346,6 +347,57 @@ impl Engine {
             None,
         )?;
         Ok(json!({"room": room, "reset": true}))
+    }
+
+    /// Open or close a room's admission (the owner console): while closed no agent writes to
+    /// it (`room_admission_closed`); reading goes on. Journaled, and a change moves the room's
+    /// view, so every reader reads it again under the new admission.
+    pub fn room_admission(&self, _owner: &crate::Owner, room: &str, open: bool) -> Outcome<Value> {
+        let handle = self.room_handle(room)?;
+        let mut h = lock_room(&handle);
+        h.writable()?;
+        let now_open = self
+            .control()
+            .room(room)
+            .map_err(store_err)?
+            .is_some_and(|r| r.admission_open);
+        if now_open == open {
+            let state = if open { "open" } else { "closed" };
+            return Err(Refusal::invalid(
+                "open",
+                format!("the admission of room {room} is already {state}"),
+            ));
+        }
+        let rec = h.commit(
+            self,
+            vec![EventBody::Admission {
+                actor: "owner".into(),
+                open,
+            }],
+            None,
+        )?;
+        Ok(
+            json!({"room": room, "admission_open": open, "admission_gen": rec[0].seq,
+            "event": rec[0].id}),
+        )
+    }
+
+    /// An agent's write needs the room's admission open.
+    pub(crate) fn admitted(&self, room: &str) -> Outcome<()> {
+        let open = self
+            .control()
+            .room(room)
+            .map_err(store_err)?
+            .is_none_or(|r| r.admission_open);
+        if open {
+            return Ok(());
+        }
+        Err(Refusal::new(
+            Code::RoomAdmissionClosed,
+            format!("the admission of room {room} is closed: no agent writes to it now"),
+        )
+        .detail(json!({"room": room}))
+        .hint("reading goes on; the owner reopens it with room admission ROOM --open"))
     }
 
     /// The audit path of the Work Gate: every causal ancestor of an event, walked with the
@@ -641,6 +693,7 @@ impl Engine {
         };
         let mut h = lock_room(&handle);
         h.writable()?;
+        self.admitted(&h.name)?;
         let quotas = self.policy().quotas;
         let now = self.now_ms();
         h.check_bytes(&p.name, title.len() as u64, quotas.bytes_per_minute, now)?;
@@ -698,6 +751,7 @@ impl Engine {
         let mut leases = (!t.scopes.is_empty()).then(|| self.rooms.lease_lock());
         let mut h = lock_room(&handle);
         h.writable()?;
+        self.admitted(&h.name)?;
         let t = self.task_row(task)?;
         // its holder claims a claimed task again to renew it (a fresh lease and a fresh
         // authority pin) when the claim lapsed or its terms or authority moved since
@@ -921,6 +975,7 @@ impl Engine {
         };
         let mut h = lock_room(&handle);
         h.writable()?;
+        self.admitted(&h.name)?;
         // A retry whose first call landed learns so before any other check can shadow it.
         if let Err(v) = self.check_exactly_once(
             &h,
@@ -1012,6 +1067,7 @@ impl Engine {
         } = prep;
         let mut h = lock_room(&handle);
         h.writable()?;
+        self.admitted(&h.name)?;
         if !self
             .control()
             .is_member(&h.name, &p.name)

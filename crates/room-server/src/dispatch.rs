@@ -34,6 +34,7 @@ const OWNER_OPS: &[&str] = &[
     "room_create",
     "room_members_add",
     "room_reset",
+    "room_admission",
     "room_archive",
     "room_log",
     "room_audit",
@@ -307,6 +308,10 @@ fn owner_op(engine: &Engine, owner: &Owner, op: &str, a: Value) -> Result<Value,
             engine.room_members_add(owner, &a.room, &a.agent)
         }
         "room_reset" => engine.room_reset(owner, &args::<RoomArgs>(a)?.room),
+        "room_admission" => {
+            let a: AdmissionArgs = args(a)?;
+            engine.room_admission(owner, &a.room, a.open)
+        }
         "room_archive" => engine.room_archive(owner, &args::<RoomArgs>(a)?.room),
         "room_log" => {
             let a: LogArgs = args(a)?;

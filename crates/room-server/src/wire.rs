@@ -165,6 +165,13 @@ pub struct IndexRebuildArgs {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+pub struct AdmissionArgs {
+    pub room: String,
+    pub open: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct OptRoomArgs {
     #[serde(default)]
     pub room: Option<String>,

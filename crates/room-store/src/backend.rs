@@ -151,7 +151,7 @@ pub trait ControlStore: Send {
     fn view_gen(
         &mut self,
         room: &str,
-        digest: &dyn Fn(&RoomRow, &[String]) -> String,
+        digest: &dyn Fn(&RoomRow, &[crate::control::MemberStanding<'_>]) -> String,
     ) -> Option<String>;
     fn members(&self, room: &str) -> Result<Vec<String>>;
     fn is_member(&self, room: &str, agent: &str) -> Result<bool>;
@@ -184,6 +184,9 @@ pub trait ControlStore: Send {
     fn add_member(&mut self, room: &str, agent: &str) -> Result<bool>;
     /// Reset the room's view as of the reset record at `seq`; a replay is a no-op.
     fn reset_room_at(&mut self, room: &str, seq: u64, at_ms: u64) -> Result<()>;
+    /// Open or close the room's admission as of the admission record at `seq` (its admission
+    /// generation); a replay is a no-op.
+    fn set_admission(&mut self, room: &str, seq: u64, open: bool) -> Result<()>;
     fn task(&self, id: &str) -> Result<Option<TaskRow>>;
     fn children(&self, parent: &str) -> Result<Vec<TaskRow>>;
     /// Claimed tasks that name a scope, in one project (or, outside projects, one room).

@@ -98,6 +98,7 @@ fn room(name: &str, project: Option<&str>) -> RoomRow {
         reset_gen: 0,
         reset_ms: None,
         admission_gen: 0,
+        admission_open: true,
         archived_ms: None,
     }
 }
@@ -221,27 +222,55 @@ pub fn control_rooms_and_members(h: &mut dyn Harness) {
         assert!(c.is_member("build", "alpha").unwrap());
         assert!(!c.is_member("build", "gamma").unwrap());
         let calls = std::cell::Cell::new(0);
-        let digest = |r: &RoomRow, m: &[String]| {
+        let digest = |r: &RoomRow, m: &[crate::control::MemberStanding<'_>]| {
             calls.set(calls.get() + 1);
-            format!("{}:{}:{}", r.revision, r.reset_gen, m.join(","))
+            let names: Vec<String> = m
+                .iter()
+                .map(|s| {
+                    let revoked = s.agent.is_some_and(|a| a.revoked_ms.is_some());
+                    format!("{}{}", s.name, if revoked { "!" } else { "" })
+                })
+                .collect();
+            format!(
+                "{}:{}:{}:{}",
+                r.revision,
+                r.reset_gen,
+                r.admission_gen,
+                names.join(",")
+            )
         };
-        assert_eq!(c.view_gen("build", &digest).unwrap(), "0:0:alpha,beta");
-        assert_eq!(c.view_gen("build", &digest).unwrap(), "0:0:alpha,beta");
+        assert_eq!(c.view_gen("build", &digest).unwrap(), "0:0:0:alpha,beta");
+        assert_eq!(c.view_gen("build", &digest).unwrap(), "0:0:0:alpha,beta");
         assert_eq!(calls.get(), 1, "cached until the room changes");
         assert!(c.add_member("build", "gamma").unwrap());
         assert!(!c.add_member("build", "gamma").unwrap(), "already a member");
         assert_eq!(
             c.view_gen("build", &digest).unwrap(),
-            "1:0:alpha,beta,gamma"
+            "1:0:0:alpha,beta,gamma"
+        );
+        // a member's standing is part of the view: a revocation moves it
+        let beta = c.agent("beta").unwrap().unwrap();
+        c.revoke(&beta, 60).unwrap();
+        assert_eq!(
+            c.view_gen("build", &digest).unwrap(),
+            "1:0:0:alpha,beta!,gamma"
         );
         c.reset_room_at("build", 7, 70).unwrap();
         c.reset_room_at("build", 5, 50).unwrap();
+        // admission closes and opens by generation; a replay of an older one is a no-op
+        c.set_admission("build", 9, false).unwrap();
+        c.set_admission("build", 8, true).unwrap();
+        assert_eq!(
+            c.view_gen("build", &digest).unwrap(),
+            "3:7:9:alpha,beta!,gamma"
+        );
         assert_eq!(c.view_gen("nowhere", &digest), None);
     }
     let store = h.reopen();
     let c = store.open_control().unwrap();
     let r = c.room("build").unwrap().unwrap();
-    assert_eq!((r.revision, r.reset_gen, r.reset_ms), (2, 7, Some(70)));
+    assert_eq!((r.revision, r.reset_gen, r.reset_ms), (3, 7, Some(70)));
+    assert_eq!((r.admission_gen, r.admission_open), (9, false));
     assert_eq!(c.members("build").unwrap(), ["alpha", "beta", "gamma"]);
     let names: Vec<String> = c.rooms().unwrap().into_iter().map(|r| r.name).collect();
     assert_eq!(names, ["build", "chat"]);

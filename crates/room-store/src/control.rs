@@ -132,6 +132,9 @@ INSERT OR IGNORE INTO task_scopes (task, namespace, resource)
     SELECT t.id, substr(j.value, 1, instr(j.value, ':') - 1), substr(j.value, instr(j.value, ':') + 1)
     FROM tasks t, json_each(t.scopes) j;
 "#,
+    r#"
+ALTER TABLE rooms ADD COLUMN admission_open INTEGER NOT NULL DEFAULT 1;
+"#,
 ];
 
 /// One sealed permit as the queue stores it: its key and its canonical JSON.
@@ -220,6 +223,14 @@ pub struct ProjectRow {
     pub opened_ms: u64,
 }
 
+/// A member as a room's view sees it: its agent (None: unknown) and the verbs denied to it.
+#[derive(Debug, Clone, Copy)]
+pub struct MemberStanding<'a> {
+    pub name: &'a str,
+    pub agent: Option<&'a AgentRow>,
+    pub denied: &'a [String],
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoomRow {
     pub name: String,
@@ -230,6 +241,8 @@ pub struct RoomRow {
     pub reset_gen: u64,
     pub reset_ms: Option<u64>,
     pub admission_gen: u64,
+    /// Whether agents may write to the room (the owner closes and opens its admission).
+    pub admission_open: bool,
     /// When the owner archived the room (read-only from then on), if it was.
     pub archived_ms: Option<u64>,
 }
@@ -391,6 +404,8 @@ impl SqliteControl {
     }
 
     fn reload_agent(&mut self, name: &str) -> Result<()> {
+        // a member's standing is part of every view it is in
+        self.cache.view_gens.clear();
         if let Some(old) = self.cache.agents.remove(name) {
             self.cache.by_secret.remove(&old.secret_sha256);
         }
@@ -501,7 +516,7 @@ impl SqliteControl {
             .collect::<rusqlite::Result<_>>()?)
     }
 
-    const ROOM_COLS: &'static str = "name, graph_id, project_id, created_ms, revision, reset_gen, reset_ms, admission_gen, archived_ms";
+    const ROOM_COLS: &'static str = "name, graph_id, project_id, created_ms, revision, reset_gen, reset_ms, admission_gen, archived_ms, admission_open";
 
     fn room_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<RoomRow> {
         Ok(RoomRow {
@@ -514,6 +529,7 @@ impl SqliteControl {
             reset_ms: r.get::<_, Option<i64>>(6)?.map(u),
             admission_gen: u(r.get(7)?),
             archived_ms: r.get::<_, Option<i64>>(8)?.map(u),
+            admission_open: r.get(9)?,
         })
     }
 
@@ -604,14 +620,22 @@ impl ControlStore for SqliteControl {
     fn view_gen(
         &mut self,
         room: &str,
-        digest: &dyn Fn(&RoomRow, &[String]) -> String,
+        digest: &dyn Fn(&RoomRow, &[MemberStanding<'_>]) -> String,
     ) -> Option<String> {
         if let Some(v) = self.cache.view_gens.get(room) {
             return Some(v.clone());
         }
         let row = self.cache.rooms.get(room)?;
         let members = self.cache.members.get(room).map_or(&[][..], Vec::as_slice);
-        let v = digest(row, members);
+        let standings: Vec<MemberStanding<'_>> = members
+            .iter()
+            .map(|m| MemberStanding {
+                name: m,
+                agent: self.cache.agents.get(m),
+                denied: self.cache.denied.get(m).map_or(&[][..], Vec::as_slice),
+            })
+            .collect();
+        let v = digest(row, &standings);
         self.cache.view_gens.insert(room.to_string(), v.clone());
         Some(v)
     }
@@ -729,9 +753,9 @@ impl ControlStore for SqliteControl {
         self.write(|c| {
             let tx = c.conn.transaction()?;
             tx.execute(
-                "INSERT INTO rooms (name, graph_id, project_id, created_ms, revision, reset_gen, reset_ms, admission_gen, archived_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                params![r.name, r.graph_id, r.project_id, r.created_ms as i64, r.revision as i64, r.reset_gen as i64, r.reset_ms.map(|v| v as i64), r.admission_gen as i64, r.archived_ms.map(|v| v as i64)],
+                "INSERT INTO rooms (name, graph_id, project_id, created_ms, revision, reset_gen, reset_ms, admission_gen, archived_ms, admission_open)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                params![r.name, r.graph_id, r.project_id, r.created_ms as i64, r.revision as i64, r.reset_gen as i64, r.reset_ms.map(|v| v as i64), r.admission_gen as i64, r.archived_ms.map(|v| v as i64), r.admission_open],
             )?;
             for m in members {
                 tx.execute(
@@ -813,6 +837,17 @@ impl ControlStore for SqliteControl {
             c.conn.execute(
                 "UPDATE rooms SET reset_gen = ?2, revision = revision + 1, reset_ms = ?3 WHERE name = ?1 AND reset_gen < ?2",
                 params![room, seq as i64, at_ms as i64],
+            )?;
+            c.reload_room(room)
+        })
+    }
+
+    fn set_admission(&mut self, room: &str, seq: u64, open: bool) -> Result<()> {
+        self.write(|c| {
+            c.conn.execute(
+                "UPDATE rooms SET admission_gen = ?2, admission_open = ?3, revision = revision + 1
+                 WHERE name = ?1 AND admission_gen < ?2",
+                params![room, seq as i64, open],
             )?;
             c.reload_room(room)
         })

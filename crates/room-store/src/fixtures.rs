@@ -27,7 +27,8 @@ pub fn index_back_to_schema_1(path: &Path) -> Result<()> {
 /// task requirements or acceptance, no terms, pins or scope index).
 pub fn control_back_to_schema_2(path: &Path) -> Result<()> {
     Connection::open(path)?.execute_batch(
-        "DROP TABLE task_scopes; DROP INDEX tasks_successor;
+        "ALTER TABLE rooms DROP COLUMN admission_open;
+         DROP TABLE task_scopes; DROP INDEX tasks_successor;
          ALTER TABLE tasks DROP COLUMN revision; ALTER TABLE tasks DROP COLUMN claim_pin;
          ALTER TABLE tasks DROP COLUMN override_reason; ALTER TABLE tasks DROP COLUMN successor;
          DROP INDEX tasks_leased; CREATE INDEX tasks_claimed ON tasks(status) WHERE status = 'claimed';
