@@ -4,8 +4,8 @@ use clap::{Args, Parser, Subcommand};
 use room_server::ServerError;
 use room_server::client::Client;
 use room_server::wire::{
-    EvidenceArgs, OpArgs, OpBeginArgs, Request, SyncArgs, TaskAmendArgs, TaskClaimArgs,
-    TaskCreateArgs, TaskOverrideArgs, TaskSupersedeArgs, TurnWire,
+    ComposeArgs, EvidenceArgs, OpArgs, OpBeginArgs, Request, SyncArgs, TaskAmendArgs,
+    TaskClaimArgs, TaskCreateArgs, TaskOverrideArgs, TaskSupersedeArgs, TurnWire,
 };
 use room_store::StoreError;
 use room_store::statedir;
@@ -107,6 +107,8 @@ pub enum Cmd {
     Members(MembersCmd),
     /// Reset a room's view: every agent must sync again (owner).
     Reset { room: String },
+    /// Read several rooms together in causal order (as an agent; read only).
+    Compose(ComposeArgs),
     /// Close or open a room's admission: while closed no agent writes to it (owner).
     Admission {
         room: String,
@@ -383,6 +385,7 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
         }
         Cmd::Reset { room } => req("room_reset", json!({"room": room})),
         Cmd::Archive { room } => req("room_archive", json!({"room": room})),
+        Cmd::Compose(a) => wire("room_compose", a),
         Cmd::Admission { room, open, .. } => {
             req("room_admission", json!({"room": room, "open": open}))
         }

@@ -79,6 +79,9 @@ codes! {
     TaskAuthorityChanged => "task_authority_changed",
     TaskSuccessorUnverified => "task_successor_unverified",
     RoomAdmissionClosed => "room_admission_closed",
+    // composition: intersection, never a partial union
+    IncompleteSourceSet => "incomplete_source_set",
+    GraphPageSnapshotChanged => "graph_page_snapshot_changed",
     // lineage: delegation cannot outlive or widen its ancestry
     TaskAncestryInvalid => "task_ancestry_invalid",
     TaskScopeWidened => "task_scope_widened",

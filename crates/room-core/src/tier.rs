@@ -62,6 +62,7 @@ pub enum Verb {
     TaskCheck,
     TaskAmend,
     TaskSupersede,
+    RoomCompose,
     OpBegin,
     OpEffect,
     OpResolve,
@@ -69,7 +70,7 @@ pub enum Verb {
 }
 
 impl Verb {
-    pub const ALL: [Verb; 22] = [
+    pub const ALL: [Verb; 23] = [
         Verb::Whoami,
         Verb::List,
         Verb::Sync,
@@ -88,6 +89,7 @@ impl Verb {
         Verb::TaskCheck,
         Verb::TaskAmend,
         Verb::TaskSupersede,
+        Verb::RoomCompose,
         Verb::OpBegin,
         Verb::OpEffect,
         Verb::OpResolve,
@@ -114,6 +116,7 @@ impl Verb {
             Verb::TaskCheck => "task_check",
             Verb::TaskAmend => "task_amend",
             Verb::TaskSupersede => "task_supersede",
+            Verb::RoomCompose => "room_compose",
             Verb::OpBegin => "op_begin",
             Verb::OpEffect => "op_effect",
             Verb::OpResolve => "op_resolve",
@@ -146,6 +149,7 @@ impl Verb {
             | Verb::TaskCheck
             | Verb::TaskAmend
             | Verb::TaskSupersede
+            | Verb::RoomCompose
             | Verb::OpBegin
             | Verb::OpEffect
             | Verb::OpResolve
@@ -161,7 +165,9 @@ impl Verb {
     /// The lowest effective tier that may use the verb.
     pub fn min_tier(self) -> Tier {
         match self {
-            Verb::Whoami | Verb::List | Verb::Sync | Verb::TaskShow => Tier::Observer,
+            Verb::Whoami | Verb::List | Verb::Sync | Verb::TaskShow | Verb::RoomCompose => {
+                Tier::Observer
+            }
             Verb::TaskCreate | Verb::TaskAmend | Verb::TaskSupersede => Tier::Coordinator,
             _ => Tier::Member,
         }

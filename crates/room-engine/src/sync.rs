@@ -143,7 +143,12 @@ impl Engine {
     /// The item as an agent sees it: the event with blob text inlined, redacted. Every reader of
     /// a room gets the same rendering (and each page is rendered again at its confirmation), so
     /// recent renderings are kept per room, keyed by the record's hash and the policy's digest.
-    fn render(&self, h: &RoomHandle, e: &EventRow, redactor: &Redactor) -> Outcome<Arc<str>> {
+    pub(crate) fn render(
+        &self,
+        h: &RoomHandle,
+        e: &EventRow,
+        redactor: &Redactor,
+    ) -> Outcome<Arc<str>> {
         if let Some(t) = h
             .rendered
             .borrow()

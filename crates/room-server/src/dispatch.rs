@@ -173,6 +173,7 @@ const READ_OPS: &[&str] = &[
     "sync",
     "task_show",
     "task_check",
+    "room_compose",
     "ping",
     "rooms",
     "room_log",
@@ -430,6 +431,17 @@ fn agent_op(engine: &Engine, caller: &AgentCaller, op: &str, a: Value) -> Result
                     task: a.task,
                     requirements: a.requirements,
                     accept: a.accept,
+                },
+            )
+        }
+        Verb::RoomCompose => {
+            let a: ComposeArgs = args(a)?;
+            engine.room_compose(
+                caller,
+                room_engine::compose::ComposeArgs {
+                    rooms: a.rooms,
+                    cursor: a.cursor,
+                    limit: a.limit,
                 },
             )
         }

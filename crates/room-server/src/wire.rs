@@ -5,6 +5,7 @@
 use room_core::acceptance::{CHECKS_PER_TASK_MAX, REQUIREMENTS_PER_TASK_MAX};
 use room_core::scope::SCOPES_PER_TASK_MAX;
 use room_engine::TEXT_BYTES_MAX;
+use room_engine::compose::{COMPOSE_ITEMS_MAX, COMPOSE_ROOMS_MAX};
 use room_engine::invariants::{
     CLAIM_TTL_MS_MAX, CLAIM_TTL_MS_MIN, IDEMPOTENCY_KEY_BYTES_MAX, IDEMPOTENCY_KEY_PATTERN,
 };
@@ -289,6 +290,23 @@ pub struct TaskAmendArgs {
     #[arg(long = "accept", value_parser = json_object)]
     #[schemars(schema_with = "accept_schema")]
     pub accept: Option<Vec<Value>>,
+}
+
+#[derive(Debug, Serialize, Deserialize, JsonSchema, clap::Args)]
+#[serde(deny_unknown_fields)]
+pub struct ComposeArgs {
+    /// Rooms to read together (1 to 8, one project or only coordination rooms).
+    #[arg(required = true)]
+    #[schemars(length(min = 1, max = COMPOSE_ROOMS_MAX))]
+    pub rooms: Vec<String>,
+    /// The previous page's next, verbatim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[arg(long, value_parser = json_object)]
+    pub cursor: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[arg(long)]
+    #[schemars(range(min = 1, max = COMPOSE_ITEMS_MAX))]
+    pub limit: Option<usize>,
 }
 
 #[derive(Debug, Serialize, Deserialize, JsonSchema, clap::Args)]

@@ -3,8 +3,8 @@
 //! and HTTP reach the same engine calls under the same authorization.
 
 use crate::wire::{
-    EvidenceArgs, OpArgs, OpBeginArgs, SyncArgs, TaskAmendArgs, TaskArgs, TaskClaimArgs,
-    TaskCreateArgs, TaskSupersedeArgs, TurnWire,
+    ComposeArgs, EvidenceArgs, OpArgs, OpBeginArgs, SyncArgs, TaskAmendArgs, TaskArgs,
+    TaskClaimArgs, TaskCreateArgs, TaskSupersedeArgs, TurnWire,
 };
 use schemars::JsonSchema;
 use schemars::generate::SchemaSettings;
@@ -306,6 +306,13 @@ one source it answers them; with open items from several sources it is refused (
             ),
         },
         ToolDef {
+            name: "room_compose",
+            op: "room_compose",
+            description: "Read several rooms together in causal order (read only: confirms nothing, passes no gate). \
+All must be rooms you read, of one project. Pass next back as cursor for more; if a room changed meanwhile, start again.",
+            input: object(input_schema::<ComposeArgs>()),
+        },
+        ToolDef {
             name: "task_create",
             op: "task_create",
             description: "Create a task in a room (coordinator tier), optionally for a recipient, under a parent task, and with typed scopes \
@@ -376,7 +383,7 @@ Unresolved past ttl_ms it is recorded in doubt.",
     tools.push(ToolDef {
         name: "room",
         op: "room",
-        description: "Multiplexer for every Room action: set action to one of whoami, list, sync, note, say, reply, send, handoff, done, blocked, decline, circle, \
+        description: "Multiplexer for every Room action: set action to one of whoami, list, sync, room_compose, note, say, reply, send, handoff, done, blocked, decline, circle, \
 task_create, task_claim, task_show, task_check, task_amend, task_supersede, evidence_register, op_begin, op_effect, op_resolve, and pass that action's arguments (as its own tool takes them) alongside.",
         input: multiplexer_schema(&actions),
     });
