@@ -4,8 +4,9 @@ use clap::{Args, Parser, Subcommand};
 use room_server::ServerError;
 use room_server::client::Client;
 use room_server::wire::{
-    ComposeArgs, EvidenceArgs, OpArgs, OpBeginArgs, Request, SyncArgs, TaskAmendArgs,
-    TaskClaimArgs, TaskCreateArgs, TaskOverrideArgs, TaskSupersedeArgs, TurnWire,
+    ComposeArgs, EvidenceArgs, OpArgs, OpBeginArgs, ProjectSourceArgs, Request, SourceReadArgs,
+    SyncArgs, TaskAmendArgs, TaskClaimArgs, TaskCreateArgs, TaskOverrideArgs, TaskSupersedeArgs,
+    TurnWire,
 };
 use room_store::StoreError;
 use room_store::statedir;
@@ -107,6 +108,9 @@ pub enum Cmd {
     Members(MembersCmd),
     /// Reset a room's view: every agent must sync again (owner).
     Reset { room: String },
+    /// A governed task's governing source.
+    #[command(subcommand)]
+    Source(SourceCmd),
     /// Read several rooms together in causal order (as an agent; read only).
     Compose(ComposeArgs),
     /// Close or open a room's admission: while closed no agent writes to it (owner).
@@ -239,6 +243,8 @@ pub enum ProjectCmd {
         name: Option<String>,
     },
     List,
+    /// Set a project's governing source: its parts, text files of the project (none clears it).
+    Source(ProjectSourceArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -277,6 +283,12 @@ pub enum OpCmd {
     Effect(OpArgs),
     /// The operation's outcome (--outcome succeeded|failed).
     Resolve(OpArgs),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SourceCmd {
+    /// Read a chunk of a part (as an agent); Room keeps the receipt done measures coverage by.
+    Read(SourceReadArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -364,6 +376,7 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
                 req("project_open", json!({"path": text, "name": name}))
             }
             ProjectCmd::List => req("project_list", json!({})),
+            ProjectCmd::Source(a) => wire("project_source", a),
         },
         Cmd::Create {
             name,
@@ -386,6 +399,7 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
         Cmd::Reset { room } => req("room_reset", json!({"room": room})),
         Cmd::Archive { room } => req("room_archive", json!({"room": room})),
         Cmd::Compose(a) => wire("room_compose", a),
+        Cmd::Source(SourceCmd::Read(a)) => wire("source_read", a),
         Cmd::Admission { room, open, .. } => {
             req("room_admission", json!({"room": room, "open": open}))
         }

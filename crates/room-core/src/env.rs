@@ -114,6 +114,14 @@ pub trait Fs: Send + Sync {
         root: &std::path::Path,
         rel: &std::path::Path,
     ) -> std::io::Result<(String, u64)>;
+    /// The whole content of the regular file at `rel` beneath `root`, opened as
+    /// `sha256_beneath` opens it; larger than `bytes_max` is an error.
+    fn read_beneath(
+        &self,
+        root: &std::path::Path,
+        rel: &std::path::Path,
+        bytes_max: u64,
+    ) -> std::io::Result<Vec<u8>>;
 }
 
 /// The largest file a `sha256` check reads.

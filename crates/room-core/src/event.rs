@@ -489,6 +489,10 @@ pub struct TaskCreated {
     /// A task that only coordinates: it leases nothing and its subtasks may not either.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub coordination_only: bool,
+    /// Governed by its project's governing source: done requires checks and the closer's
+    /// complete reading of the source's current text (`complete_text_v1`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub governed: bool,
 }
 
 impl EventBody {

@@ -79,6 +79,9 @@ codes! {
     TaskAuthorityChanged => "task_authority_changed",
     TaskSuccessorUnverified => "task_successor_unverified",
     RoomAdmissionClosed => "room_admission_closed",
+    // governing sources: read whole, measured at done
+    SourceCoverageIncomplete => "source_coverage_incomplete",
+    SourcePartUnreadable => "source_part_unreadable",
     // composition: intersection, never a partial union
     IncompleteSourceSet => "incomplete_source_set",
     GraphPageSnapshotChanged => "graph_page_snapshot_changed",

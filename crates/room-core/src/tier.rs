@@ -63,6 +63,7 @@ pub enum Verb {
     TaskAmend,
     TaskSupersede,
     RoomCompose,
+    SourceRead,
     OpBegin,
     OpEffect,
     OpResolve,
@@ -70,7 +71,7 @@ pub enum Verb {
 }
 
 impl Verb {
-    pub const ALL: [Verb; 23] = [
+    pub const ALL: [Verb; 24] = [
         Verb::Whoami,
         Verb::List,
         Verb::Sync,
@@ -90,6 +91,7 @@ impl Verb {
         Verb::TaskAmend,
         Verb::TaskSupersede,
         Verb::RoomCompose,
+        Verb::SourceRead,
         Verb::OpBegin,
         Verb::OpEffect,
         Verb::OpResolve,
@@ -117,6 +119,7 @@ impl Verb {
             Verb::TaskAmend => "task_amend",
             Verb::TaskSupersede => "task_supersede",
             Verb::RoomCompose => "room_compose",
+            Verb::SourceRead => "source_read",
             Verb::OpBegin => "op_begin",
             Verb::OpEffect => "op_effect",
             Verb::OpResolve => "op_resolve",
@@ -150,6 +153,7 @@ impl Verb {
             | Verb::TaskAmend
             | Verb::TaskSupersede
             | Verb::RoomCompose
+            | Verb::SourceRead
             | Verb::OpBegin
             | Verb::OpEffect
             | Verb::OpResolve
@@ -165,9 +169,12 @@ impl Verb {
     /// The lowest effective tier that may use the verb.
     pub fn min_tier(self) -> Tier {
         match self {
-            Verb::Whoami | Verb::List | Verb::Sync | Verb::TaskShow | Verb::RoomCompose => {
-                Tier::Observer
-            }
+            Verb::Whoami
+            | Verb::List
+            | Verb::Sync
+            | Verb::TaskShow
+            | Verb::RoomCompose
+            | Verb::SourceRead => Tier::Observer,
             Verb::TaskCreate | Verb::TaskAmend | Verb::TaskSupersede => Tier::Coordinator,
             _ => Tier::Member,
         }

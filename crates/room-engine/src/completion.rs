@@ -71,6 +71,14 @@ impl Engine {
             Some(pid) => Some(self.revalidate_project(pid)?),
             None => None,
         };
+        // the governed task's source as it stands now: a document that changes under its
+        // worker moves the key (its reading must cover the new text)
+        let source = match (&t.project_id, t.governed) {
+            (Some(pid), true) => self
+                .source_view(pid)?
+                .map_or_else(|| "missing".to_string(), |(_, view)| view),
+            _ => none(),
+        };
         let files: Vec<&String> = t.scopes.iter().filter(|s| s.starts_with("file:")).collect();
         let origins: Vec<Value> = t
             .acceptance
@@ -101,8 +109,7 @@ impl Engine {
             }),
             room.reset_gen.to_string(),
             t.revision.to_string(),
-            // governing sources are not offered yet: every task has none
-            none(),
+            source,
             digest_of(&json!(lineage)),
             lease_gen.map_or_else(none, |g| format!("lease:{g}")),
             digest_of(&json!(t.acceptance)),
@@ -355,6 +362,7 @@ impl Engine {
         fail(new.owner == old.owner, "owner");
         fail(new.project_id == old.project_id, "project");
         fail(new.requirements == old.requirements, "requirements");
+        fail(new.governed == old.governed, "source");
         fail(!new.acceptance.is_empty(), "acceptance");
         fail(!new.status.is_settled(), "successor_settled");
         let parse = |list: &[String]| -> Vec<Scope> {

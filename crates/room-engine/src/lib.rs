@@ -17,6 +17,7 @@ pub mod principal;
 pub mod quota;
 pub mod room;
 pub mod rooms;
+pub mod source;
 pub mod sync;
 pub mod territory;
 pub mod verbs;

@@ -262,6 +262,7 @@ pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result
                     claim_pin: None,
                     override_reason: None,
                     successor: None,
+                    governed: c.governed,
                 })));
             }
             if let Some(terms) = &te.terms {

@@ -202,8 +202,15 @@ impl Authority {
     }
 
     pub fn projects_view(&self, _owner: &crate::Owner) -> Outcome<Value> {
-        let rows = self.control().projects().map_err(store_err)?;
-        Ok(json!({"projects": rows.iter().map(project_view).collect::<Vec<_>>()}))
+        let c = self.control();
+        let rows = c.projects().map_err(store_err)?;
+        let mut out = Vec::with_capacity(rows.len());
+        for p in &rows {
+            let mut v = project_view(p);
+            v["source"] = json!(c.project_source(&p.id).map_err(store_err)?);
+            out.push(v);
+        }
+        Ok(json!({"projects": out}))
     }
 }
 

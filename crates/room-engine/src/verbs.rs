@@ -66,6 +66,8 @@ pub struct TaskCreateArgs {
     pub accept: Vec<Value>,
     /// The task only coordinates: it leases nothing, and neither may its subtasks.
     pub coordination_only: bool,
+    /// Bound to its project's governing source (a subtask of a governed task always is).
+    pub governed: bool,
 }
 
 /// A turn that passed the gate and waits for its commit.
@@ -148,7 +150,7 @@ pub(crate) fn task_view(t: &TaskRow) -> Value {
     json!({"id": t.id, "room": t.room, "project": t.project_id, "title": t.title, "owner": t.owner,
         "recipient": t.recipient, "parent": t.parent, "status": t.status, "scopes": t.scopes,
         "requirements": t.requirements, "acceptance": t.acceptance, "revision": t.revision,
-        "successor": t.successor, "acceptance_override": t.override_reason})
+        "successor": t.successor, "acceptance_override": t.override_reason, "governed": t.governed})
 }
 
 impl Engine {
@@ -649,6 +651,7 @@ impl Engine {
                 ));
             }
         }
+        let mut governed = a.governed;
         if let Some(parent) = &a.parent {
             if !id::is_task_id(parent) {
                 return Err(Refusal::invalid("parent", "not a task id"));
@@ -670,6 +673,20 @@ impl Engine {
             }
             self.valid_ancestry("(new)", Some(parent))?;
             self.check_delegation(&pt, &scopes, a.coordination_only)?;
+            // a subtask keeps its ancestry's governing source
+            governed |= pt.governed;
+        }
+        if governed {
+            let has_source = match binding.project() {
+                Some(pid) => self.source_view(pid)?.is_some(),
+                None => false,
+            };
+            if !has_source {
+                return Err(Refusal::invalid(
+                    "governed",
+                    "only a task of a project with a governing source can be governed (room project source)",
+                ));
+            }
         }
         let task = id::task_id(self.env.entropy.as_ref());
         let te = TaskEvent {
@@ -686,6 +703,7 @@ impl Engine {
                 requirements: a.requirements.clone(),
                 acceptance: checks,
                 coordination_only: a.coordination_only,
+                governed,
             }),
             transition: None,
             idempotency_key: a.idempotency_key.clone(),
@@ -1473,6 +1491,16 @@ impl Engine {
         }
         self.require_pinned_authority(&t, &ancestors)?;
         turn.task_transition = Some(moved(&t, TaskStatus::Done, &cx.p.name));
+        let coverage = if t.governed {
+            let since =
+                cx.h.index
+                    .lifecycle(&cx.p.name, &t.id)
+                    .map_err(store_err)?
+                    .map_or(t.updated_ms, |l| l.began_ms);
+            Some(self.require_coverage(cx.h, cx.p, &t, since)?)
+        } else {
+            None
+        };
         if t.acceptance.is_empty() {
             if let Some(reason) = &t.override_reason {
                 let (from, carried) = self.carried_items(cx.h, &t)?;
@@ -1482,13 +1510,14 @@ impl Engine {
                     "verified_successor_of": from});
                 return Ok(());
             }
-            if !t.requirements.is_empty() {
+            if !t.requirements.is_empty() || t.governed {
                 return Err(Refusal::new(
                     Code::TaskAcceptanceRequired,
                     format!(
-                        "task {} states {} requirements and declares no acceptance checks; it cannot close on a word",
+                        "task {} states {} requirements{} and declares no acceptance checks; it cannot close on a word",
                         t.id,
-                        t.requirements.len()
+                        t.requirements.len(),
+                        if t.governed { " and a governing source" } else { "" }
                     ),
                 )
                 .detail(json!({"task": t.id, "requirements": t.requirements}))
@@ -1507,7 +1536,7 @@ impl Engine {
         turn.resolves = self.proven_items(cx, &t, carried)?;
         turn.detail = json!({"acceptance": "passed", "acceptance_pass": true,
             "acceptance_results": ev.acceptance_results, "obligations_resolved": true,
-            "verified_successor_of": from});
+            "verified_successor_of": from, "source_coverage": coverage});
         Ok(())
     }
 

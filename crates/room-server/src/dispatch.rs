@@ -31,6 +31,7 @@ const OWNER_OPS: &[&str] = &[
     "agent_list",
     "project_open",
     "project_list",
+    "project_source",
     "room_create",
     "room_members_add",
     "room_reset",
@@ -295,6 +296,10 @@ fn owner_op(engine: &Engine, owner: &Owner, op: &str, a: Value) -> Result<Value,
             engine.set_agent_policy(owner, &a.name, &deny, &allow, tier)
         }
         "agent_list" => engine.agents_view(owner),
+        "project_source" => {
+            let a: ProjectSourceArgs = args(a)?;
+            engine.project_source(owner, &a.project, &a.parts)
+        }
         "project_open" => {
             let a: ProjectOpenArgs = args(a)?;
             engine.project_open(owner, &a.path, a.name.as_deref())
@@ -414,6 +419,7 @@ fn agent_op(engine: &Engine, caller: &AgentCaller, op: &str, a: Value) -> Result
                     requirements: a.requirements,
                     accept: a.accept,
                     coordination_only: a.coordination_only,
+                    governed: a.governed,
                 },
             )
         }
@@ -431,6 +437,18 @@ fn agent_op(engine: &Engine, caller: &AgentCaller, op: &str, a: Value) -> Result
                     task: a.task,
                     requirements: a.requirements,
                     accept: a.accept,
+                },
+            )
+        }
+        Verb::SourceRead => {
+            let a: SourceReadArgs = args(a)?;
+            engine.source_read(
+                caller,
+                room_engine::source::SourceReadArgs {
+                    task: a.task,
+                    part: a.part,
+                    offset: a.offset,
+                    length: a.length,
                 },
             )
         }

@@ -9,6 +9,7 @@ use room_engine::compose::{COMPOSE_ITEMS_MAX, COMPOSE_ROOMS_MAX};
 use room_engine::invariants::{
     CLAIM_TTL_MS_MAX, CLAIM_TTL_MS_MIN, IDEMPOTENCY_KEY_BYTES_MAX, IDEMPOTENCY_KEY_PATTERN,
 };
+use room_engine::source::SOURCE_CHUNK_BYTES_MAX;
 use room_engine::verbs::TITLE_BYTES_MAX;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -246,6 +247,40 @@ pub struct TaskCreateArgs {
     #[serde(default)]
     #[arg(long)]
     pub coordination_only: bool,
+    /// Bound to the project's governing source: done needs checks and a whole reading of it.
+    #[serde(default)]
+    #[arg(long)]
+    pub governed: bool,
+}
+
+#[derive(Debug, Serialize, Deserialize, JsonSchema, clap::Args)]
+#[serde(deny_unknown_fields)]
+pub struct SourceReadArgs {
+    /// A governed task.
+    pub task: String,
+    /// The part's index (0 first).
+    #[serde(default)]
+    #[arg(long, default_value_t = 0)]
+    pub part: usize,
+    /// Byte offset (the previous read's next_offset).
+    #[serde(default)]
+    #[arg(long, default_value_t = 0)]
+    pub offset: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[arg(long)]
+    #[schemars(range(min = 1, max = SOURCE_CHUNK_BYTES_MAX))]
+    pub length: Option<u64>,
+}
+
+#[derive(Debug, Serialize, Deserialize, clap::Args)]
+#[serde(deny_unknown_fields)]
+pub struct ProjectSourceArgs {
+    pub project: String,
+    /// A part of the source: a text file, relative to the project root (repeat, in order;
+    /// none clears the source).
+    #[serde(default)]
+    #[arg(long = "part")]
+    pub parts: Vec<String>,
 }
 
 /// A `--accept` value: one check as a JSON object.

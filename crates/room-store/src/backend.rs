@@ -106,6 +106,21 @@ pub trait RoomIndex: Send {
     fn open_items_page(&self, agent: &str, limit: usize) -> Result<(Vec<ItemRow>, u64)>;
     fn open_sources(&self, agent: &str, limit: usize) -> Result<Vec<String>>;
     fn open_items_for_task(&self, agent: &str, task: &str) -> Result<Vec<ItemRow>>;
+    /// Record that `row.agent` (in `row.conversation`) was served bytes `[from, to)` of a
+    /// governing-source part; kept newest first, at most `SOURCE_READS_PER_PART_MAX` per
+    /// reader, task and part.
+    fn put_source_read(&mut self, row: &crate::index::SourceReadRow) -> Result<()>;
+    /// The byte ranges a reader was served of one part at digest `sha256`, at or after
+    /// `since_ms`, oldest first.
+    fn source_reads(
+        &self,
+        agent: &str,
+        conversation: &str,
+        task: &str,
+        path: &str,
+        sha256: &str,
+        since_ms: u64,
+    ) -> Result<Vec<(u64, u64)>>;
     /// Every agent's open items on a task, oldest first, at most `limit`.
     fn open_items_of_task(&self, task: &str, limit: usize) -> Result<Vec<ItemRow>>;
     fn item(&self, kind: ItemKind, id: &str) -> Result<Option<ItemRow>>;
@@ -215,6 +230,10 @@ pub trait ControlStore: Send {
     fn set_override(&mut self, id: &str, reason: &str) -> Result<()>;
     /// Record the verified successor of a superseded task.
     fn set_successor(&mut self, id: &str, successor: &str) -> Result<()>;
+    /// A project's governing source: the project-relative paths of its parts, in order.
+    fn project_source(&self, project: &str) -> Result<Option<Vec<String>>>;
+    /// Set (or with `None` clear) a project's governing source.
+    fn set_project_source(&mut self, project: &str, parts: Option<&[String]>) -> Result<()>;
     /// The tasks `successor` superseded (at most 64).
     fn superseded_by(&self, successor: &str) -> Result<Vec<TaskRow>>;
     /// Compare-and-set a task's status and recipient; false when it was not in `from_status`.

@@ -40,6 +40,7 @@ pub const CASES: &[(&str, Case)] = &[
     ("control_tasks", control_tasks),
     ("control_task_leases_by_scope", control_task_leases_by_scope),
     ("control_task_terms", control_task_terms),
+    ("index_source_reads", index_source_reads),
     (
         "control_task_specs_and_checks",
         control_task_specs_and_checks,
@@ -138,6 +139,7 @@ fn task(id: &str, room: &str, project: Option<&str>, scopes: &[&str]) -> TaskRow
         claim_pin: None,
         override_reason: None,
         successor: None,
+        governed: false,
     }
 }
 
@@ -685,6 +687,61 @@ pub fn control_task_terms(h: &mut dyn Harness) {
         .unwrap(),
         "settled"
     );
+}
+
+/// Governing-source receipts: kept per reader, conversation, part and digest, bounded per
+/// reader and part, kept across a reopen once flushed; a project's source set and cleared.
+pub fn index_source_reads(h: &mut dyn Harness) {
+    use crate::index::{SOURCE_READS_PER_PART_MAX, SourceReadRow};
+    let store = h.fresh();
+    let read = |conversation: &str, sha: &str, from: u64, to: u64, at: u64| SourceReadRow {
+        agent: "beta".into(),
+        conversation: conversation.into(),
+        task: "tsk_1".into(),
+        path: "spec.md".into(),
+        sha256: sha.into(),
+        from_byte: from,
+        to_byte: to,
+        at_ms: at,
+    };
+    {
+        store.create_shard("g_src", b"{}", b"{}", &[]).unwrap();
+        let mut idx = store.open_index("g_src").unwrap();
+        idx.put_source_read(&read("c1", "s1", 0, 10, 100)).unwrap();
+        idx.put_source_read(&read("c1", "s1", 10, 20, 200)).unwrap();
+        idx.put_source_read(&read("c2", "s1", 20, 30, 200)).unwrap();
+        idx.put_source_read(&read("c1", "s2", 20, 30, 200)).unwrap();
+        idx.flush().unwrap();
+    }
+    let store = h.reopen();
+    let mut idx = store.open_index("g_src").unwrap();
+    let got = |idx: &dyn crate::RoomIndex, since: u64| {
+        idx.source_reads("beta", "c1", "tsk_1", "spec.md", "s1", since)
+            .unwrap()
+    };
+    assert_eq!(got(idx.as_ref(), 0), [(0, 10), (10, 20)]);
+    assert_eq!(got(idx.as_ref(), 150), [(10, 20)], "only since the claim");
+    assert!(
+        idx.source_reads("gamma", "c1", "tsk_1", "spec.md", "s1", 0)
+            .unwrap()
+            .is_empty()
+    );
+    for i in 0..SOURCE_READS_PER_PART_MAX as u64 {
+        idx.put_source_read(&read("c1", "s1", 100 + i, 101 + i, 300))
+            .unwrap();
+    }
+    let kept = got(idx.as_ref(), 0);
+    assert_eq!(kept.len(), SOURCE_READS_PER_PART_MAX);
+    assert_eq!(kept[0], (100, 101), "the oldest went first");
+    drop(idx);
+    let mut c = store.open_control().unwrap();
+    c.insert_project(&project("prj_1", "/p")).unwrap();
+    assert_eq!(c.project_source("prj_1").unwrap(), None);
+    let parts = vec!["spec.md".to_string(), "annex/a.md".to_string()];
+    c.set_project_source("prj_1", Some(&parts)).unwrap();
+    assert_eq!(c.project_source("prj_1").unwrap(), Some(parts));
+    c.set_project_source("prj_1", None).unwrap();
+    assert_eq!(c.project_source("prj_1").unwrap(), None);
 }
 
 /// The wake queue: a permit once queued stays as sealed, reads are oldest first, per room or

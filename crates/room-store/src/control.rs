@@ -135,6 +135,13 @@ INSERT OR IGNORE INTO task_scopes (task, namespace, resource)
     r#"
 ALTER TABLE rooms ADD COLUMN admission_open INTEGER NOT NULL DEFAULT 1;
 "#,
+    r#"
+CREATE TABLE project_sources (
+    project TEXT PRIMARY KEY REFERENCES projects(id),
+    parts TEXT NOT NULL
+) STRICT;
+ALTER TABLE tasks ADD COLUMN governed INTEGER NOT NULL DEFAULT 0;
+"#,
 ];
 
 /// One sealed permit as the queue stores it: its key and its canonical JSON.
@@ -278,6 +285,8 @@ pub struct TaskRow {
     pub override_reason: Option<String>,
     /// The verified successor that superseded this task.
     pub successor: Option<String>,
+    /// Governed by its project's governing source.
+    pub governed: bool,
 }
 
 /// The newest acceptance evaluation of a task (by `done` or a dry-run check): an observation,
@@ -291,7 +300,7 @@ pub struct TaskCheckRow {
     pub evaluation: String,
 }
 
-const TASK_COLS: &str = "id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms, scopes, requirements, acceptance, coordination_only, lease_gen, lease_held, revision, claim_pin, override_reason, successor";
+const TASK_COLS: &str = "id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms, scopes, requirements, acceptance, coordination_only, lease_gen, lease_held, revision, claim_pin, override_reason, successor, governed";
 
 fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TaskRow> {
     let scopes: String = r.get(10)?;
@@ -325,6 +334,7 @@ fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TaskRow> {
         },
         override_reason: r.get(18)?,
         successor: r.get(19)?,
+        governed: r.get(20)?,
     })
 }
 
@@ -885,13 +895,13 @@ impl ControlStore for SqliteControl {
     fn insert_task(&mut self, t: &TaskRow) -> Result<()> {
         self.write(|c| {
             c.conn.execute(
-                "INSERT INTO tasks (id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms, scopes, requirements, acceptance, coordination_only)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+                "INSERT INTO tasks (id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms, scopes, requirements, acceptance, coordination_only, governed)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
                 params![t.id, t.room, t.project_id, t.title, t.owner, t.recipient, t.parent, t.status.as_str(), t.created_ms as i64, t.updated_ms as i64,
                     serde_json::to_string(&t.scopes).expect("scopes serialize"),
                     serde_json::to_string(&t.requirements).expect("requirements serialize"),
                     serde_json::to_string(&t.acceptance).expect("checks serialize"),
-                    t.coordination_only],
+                    t.coordination_only, t.governed],
             )?;
             let mut st = c.conn.prepare_cached(
                 "INSERT OR IGNORE INTO task_scopes (task, namespace, resource) VALUES (?1, ?2, ?3)",
@@ -998,6 +1008,36 @@ impl ControlStore for SqliteControl {
                 "UPDATE tasks SET successor = ?2 WHERE id = ?1",
                 params![id, successor],
             )?;
+            Ok(())
+        })
+    }
+
+    fn project_source(&self, project: &str) -> Result<Option<Vec<String>>> {
+        let text: Option<String> = self
+            .conn
+            .prepare_cached("SELECT parts FROM project_sources WHERE project = ?1")?
+            .query_row([project], |r| r.get(0))
+            .optional()?;
+        match text {
+            Some(t) => Ok(Some(serde_json::from_str(&t).map_err(|e| {
+                StoreError::Corrupt(format!("project_sources of {project}: {e}"))
+            })?)),
+            None => Ok(None),
+        }
+    }
+
+    fn set_project_source(&mut self, project: &str, parts: Option<&[String]>) -> Result<()> {
+        self.write(|c| {
+            match parts {
+                Some(p) => c.conn.execute(
+                    "INSERT INTO project_sources (project, parts) VALUES (?1, ?2)
+                     ON CONFLICT(project) DO UPDATE SET parts = ?2",
+                    params![project, serde_json::to_string(p).expect("paths serialize")],
+                )?,
+                None => c
+                    .conn
+                    .execute("DELETE FROM project_sources WHERE project = ?1", [project])?,
+            };
             Ok(())
         })
     }

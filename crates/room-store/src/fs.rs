@@ -8,6 +8,33 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Default, Clone, Copy)]
 pub struct RealFs;
 
+/// The regular file at `rel` beneath `root`, resolved without ever leaving `root` (a symlink
+/// swapped in between a check and the open cannot lead out) and opened without blocking (a
+/// FIFO is refused, not waited on).
+fn open_beneath(root: &Path, rel: &Path) -> std::io::Result<std::fs::File> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let dir = rustix::fs::open(
+        root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let fd = rustix::fs::openat2(
+        &dir,
+        rel,
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
+    )?;
+    let f = std::fs::File::from(fd);
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    Ok(f)
+}
+
 impl Fs for RealFs {
     fn stamp(&self, path: &Path) -> std::io::Result<FileStamp> {
         use std::os::unix::fs::MetadataExt;
@@ -63,30 +90,31 @@ impl Fs for RealFs {
         path.try_exists()
     }
 
-    fn sha256_beneath(&self, root: &Path, rel: &Path) -> std::io::Result<(String, u64)> {
-        use rustix::fs::{Mode, OFlags, ResolveFlags};
-        use sha2::{Digest, Sha256};
+    fn read_beneath(&self, root: &Path, rel: &Path, bytes_max: u64) -> std::io::Result<Vec<u8>> {
         use std::io::Read;
-        let dir = rustix::fs::open(
-            root,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )?;
-        let fd = rustix::fs::openat2(
-            &dir,
-            rel,
-            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
-            Mode::empty(),
-            ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
-        )?;
-        let mut f = std::fs::File::from(fd);
-        let meta = f.metadata()?;
-        if !meta.is_file() {
+        let f = open_beneath(root, rel)?;
+        if f.metadata()?.len() > bytes_max {
             return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "not a regular file",
+                std::io::ErrorKind::FileTooLarge,
+                format!("larger than {bytes_max} bytes"),
             ));
         }
+        let mut out = Vec::new();
+        f.take(bytes_max + 1).read_to_end(&mut out)?;
+        if out.len() as u64 > bytes_max {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::FileTooLarge,
+                "grew past the limit while it was read",
+            ));
+        }
+        Ok(out)
+    }
+
+    fn sha256_beneath(&self, root: &Path, rel: &Path) -> std::io::Result<(String, u64)> {
+        use sha2::{Digest, Sha256};
+        use std::io::Read;
+        let mut f = open_beneath(root, rel)?;
+        let meta = f.metadata()?;
         if meta.len() > room_core::env::SHA256_FILE_BYTES_MAX {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::FileTooLarge,

@@ -189,7 +189,38 @@ CREATE TABLE evidence (
 ) STRICT;
 CREATE INDEX evidence_task_req ON evidence(task, req) WHERE task IS NOT NULL;
 "#,
+    // Governing-source reading receipts: what each reader was served (not a projection of the
+    // journal: a rebuild keeps them, and losing one fails closed, the reader reads again).
+    r#"
+CREATE TABLE source_reads (
+    agent TEXT NOT NULL,
+    conversation TEXT NOT NULL,
+    task TEXT NOT NULL,
+    path TEXT NOT NULL,
+    sha256 TEXT NOT NULL,
+    from_byte INTEGER NOT NULL,
+    to_byte INTEGER NOT NULL,
+    at_ms INTEGER NOT NULL
+) STRICT;
+CREATE INDEX source_reads_reader ON source_reads(agent, task, path, conversation);
+"#,
 ];
+
+/// Reading receipts kept per reader, task and part (the oldest go first).
+pub const SOURCE_READS_PER_PART_MAX: usize = 4096;
+
+/// One served range of a governing-source part.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceReadRow {
+    pub agent: String,
+    pub conversation: String,
+    pub task: String,
+    pub path: String,
+    pub sha256: String,
+    pub from_byte: u64,
+    pub to_byte: u64,
+    pub at_ms: u64,
+}
 
 /// The `exactly_once` registry's retention: the newest this many keys of a room are kept and
 /// older ones are evicted first-in first-out. An evicted key no longer gets duplicate
@@ -1467,6 +1498,45 @@ impl RoomIndex for Index {
             "agent = ?1 AND task = ?2 AND status = 'open'",
             params![agent, task],
         )
+    }
+
+    fn put_source_read(&mut self, r: &SourceReadRow) -> Result<()> {
+        self.isolated(|conn| {
+            conn.prepare_cached(
+                "INSERT INTO source_reads (agent, conversation, task, path, sha256, from_byte, to_byte, at_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            )?
+            .execute(params![r.agent, r.conversation, r.task, r.path, r.sha256,
+                r.from_byte as i64, r.to_byte as i64, r.at_ms as i64])?;
+            conn.prepare_cached(
+                "DELETE FROM source_reads WHERE rowid IN (SELECT rowid FROM source_reads
+                   WHERE agent = ?1 AND task = ?2 AND path = ?3
+                   ORDER BY rowid DESC LIMIT -1 OFFSET ?4)",
+            )?
+            .execute(params![r.agent, r.task, r.path, SOURCE_READS_PER_PART_MAX as i64])?;
+            Ok(())
+        })
+    }
+
+    fn source_reads(
+        &self,
+        agent: &str,
+        conversation: &str,
+        task: &str,
+        path: &str,
+        sha256: &str,
+        since_ms: u64,
+    ) -> Result<Vec<(u64, u64)>> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT from_byte, to_byte FROM source_reads
+             WHERE agent = ?1 AND task = ?2 AND path = ?3 AND conversation = ?4 AND sha256 = ?5
+               AND at_ms >= ?6 ORDER BY rowid",
+        )?;
+        let rows = st.query_map(
+            params![agent, task, path, conversation, sha256, since_ms as i64],
+            |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
+        )?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
     fn open_items_of_task(&self, task: &str, limit: usize) -> Result<Vec<ItemRow>> {

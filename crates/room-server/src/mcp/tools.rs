@@ -3,8 +3,8 @@
 //! and HTTP reach the same engine calls under the same authorization.
 
 use crate::wire::{
-    ComposeArgs, EvidenceArgs, OpArgs, OpBeginArgs, SyncArgs, TaskAmendArgs, TaskArgs,
-    TaskClaimArgs, TaskCreateArgs, TaskSupersedeArgs, TurnWire,
+    ComposeArgs, EvidenceArgs, OpArgs, OpBeginArgs, SourceReadArgs, SyncArgs, TaskAmendArgs,
+    TaskArgs, TaskClaimArgs, TaskCreateArgs, TaskSupersedeArgs, TurnWire,
 };
 use schemars::JsonSchema;
 use schemars::generate::SchemaSettings;
@@ -353,6 +353,12 @@ the successor's done resolves the old task's obligations.",
             input: object(input_schema::<TaskSupersedeArgs>()),
         },
         ToolDef {
+            name: "source_read",
+            op: "source_read",
+            description: "Read a governed task's governing source, one chunk at a time from next_offset. done on a governed task needs every part read whole, by you, since your claim.",
+            input: object(input_schema::<SourceReadArgs>()),
+        },
+        ToolDef {
             name: "evidence_register",
             op: "evidence_register",
             description: "Register evidence (for a task's requirement): a first-hand origin, or the ev_ handles it derives from. \
@@ -384,7 +390,7 @@ Unresolved past ttl_ms it is recorded in doubt.",
         name: "room",
         op: "room",
         description: "Multiplexer for every Room action: set action to one of whoami, list, sync, room_compose, note, say, reply, send, handoff, done, blocked, decline, circle, \
-task_create, task_claim, task_show, task_check, task_amend, task_supersede, evidence_register, op_begin, op_effect, op_resolve, and pass that action's arguments (as its own tool takes them) alongside.",
+task_create, task_claim, task_show, task_check, task_amend, task_supersede, source_read, evidence_register, op_begin, op_effect, op_resolve, and pass that action's arguments (as its own tool takes them) alongside.",
         input: multiplexer_schema(&actions),
     });
     tools
