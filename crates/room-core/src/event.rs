@@ -468,6 +468,10 @@ pub struct EvidenceEvent {
     pub lineage: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary: Option<String>,
+    /// A `file:` origin's SHA-256 as Room measured it at registration (absent when it could
+    /// not be read): a later mismatch quarantines the evidence (`content_mismatch`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -493,6 +497,9 @@ pub struct TaskCreated {
     /// complete reading of the source's current text (`complete_text_v1`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub governed: bool,
+    /// The parent's revision at delegation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_revision: Option<u64>,
 }
 
 impl EventBody {

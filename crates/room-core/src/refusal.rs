@@ -78,6 +78,7 @@ codes! {
     TaskAcceptanceChangedBeforeCompletion => "task_acceptance_changed_before_completion",
     TaskAuthorityChanged => "task_authority_changed",
     TaskSuccessorUnverified => "task_successor_unverified",
+    ContentMismatch => "content_mismatch",
     RoomAdmissionClosed => "room_admission_closed",
     // governing sources: read whole, measured at done
     SourceCoverageIncomplete => "source_coverage_incomplete",

@@ -90,7 +90,7 @@ impl Engine {
             .collect();
         let lineage: Vec<Value> = ancestors
             .iter()
-            .map(|a| json!([a.id, a.owner, a.project_id]))
+            .map(|a| json!([a.id, a.owner, a.project_id, a.revision]))
             .collect();
         let values = [
             t.owner.clone(),

@@ -78,7 +78,16 @@ impl Engine {
         for h in &a.lineage {
             self.evidence_here(&a.room, h, "lineage")?;
         }
-        let (handle, _) = self.member_handle(&p, &a.room)?;
+        let (handle, binding) = self.member_handle(&p, &a.room)?;
+        // a file of the project is measured now, outside the room lock: the evidence is
+        // pinned to that content
+        let sha256 = match (
+            a.origin.as_deref().and_then(|o| o.strip_prefix("file:")),
+            binding.project(),
+        ) {
+            (Some(rel), Some(pid)) => self.measure_file(pid, rel)?,
+            _ => None,
+        };
         if let Some(t) = &a.task {
             let row = self.task_row(t)?;
             if row.room != a.room {
@@ -97,13 +106,65 @@ impl Engine {
             origin: a.origin.clone(),
             lineage: a.lineage.clone(),
             summary: a.summary.clone(),
+            sha256: sha256.clone(),
         };
         let mut h = lock_room(&handle);
         h.writable()?;
         self.admitted(&h.name)?;
         let rec = h.commit(self, vec![EventBody::Evidence(Box::new(body))], None)?;
         let origins = collapse(&h, &ev)?;
-        Ok(json!({"evidence": ev, "event": rec[0].id, "origins": origins}))
+        Ok(json!({"evidence": ev, "event": rec[0].id, "origins": origins, "sha256": sha256}))
+    }
+
+    /// The live SHA-256 of a project file, or `None` when it cannot be read as one.
+    fn measure_file(&self, project: &str, rel: &str) -> Outcome<Option<String>> {
+        let root = self.revalidate_project(project)?.canonical_root;
+        Ok(self
+            .env
+            .fs
+            .sha256_beneath(std::path::Path::new(&root), std::path::Path::new(rel))
+            .ok()
+            .map(|(sha, _)| sha))
+    }
+
+    /// The task's evidence in content-mismatch quarantine: pinned to a file whose content is
+    /// no longer what was measured at registration (or is unreadable), and not replaced by a
+    /// newer registration of the same origin that matches it.
+    pub(crate) fn quarantined(&self, h: &RoomHandle, task: &str) -> Outcome<Vec<Value>> {
+        let Some(project) = h.binding.project() else {
+            return Ok(Vec::new());
+        };
+        let rows = h
+            .index
+            .evidence_of_task(task, EVIDENCE_PER_REQ_MAX)
+            .map_err(store_err)?;
+        let mut live: std::collections::BTreeMap<String, Option<String>> = Default::default();
+        let mut out = Vec::new();
+        for r in &rows {
+            let (Some(pinned), Some(rel)) = (
+                &r.sha256,
+                r.origin.as_deref().and_then(|o| o.strip_prefix("file:")),
+            ) else {
+                continue;
+            };
+            if !live.contains_key(rel) {
+                live.insert(rel.to_string(), self.measure_file(project, rel)?);
+            }
+            let now = &live[rel];
+            if now.as_ref() == Some(pinned) {
+                continue;
+            }
+            let replaced = rows.iter().any(|n| {
+                n.seq > r.seq && n.origin == r.origin && n.sha256.is_some() && &n.sha256 == now
+            });
+            if !replaced {
+                out.push(
+                    json!({"evidence": r.id, "origin": r.origin, "registered_sha256": pinned,
+                    "live_sha256": now}),
+                );
+            }
+        }
+        Ok(out)
     }
 
     /// The registration event of evidence handle `ev`, which must be of `room`: one of another
@@ -156,8 +217,13 @@ impl Engine {
             .index
             .evidence_for(task, req, EVIDENCE_PER_REQ_MAX)
             .map_err(store_err)?;
+        let quarantined: BTreeSet<String> = self
+            .quarantined(h, task)?
+            .iter()
+            .filter_map(|q| q["evidence"].as_str().map(String::from))
+            .collect();
         let mut origins = BTreeSet::new();
-        for r in &rows {
+        for r in rows.iter().filter(|r| !quarantined.contains(&r.id)) {
             origins.extend(collapse(h, &r.id)?);
         }
         let n = origins.len() as u32;
@@ -165,7 +231,7 @@ impl Engine {
             kind: "evidence_origins".into(),
             pass: n >= need,
             detail: json!({"req": req, "min": need, "distinct_origins": n, "basis": "task_acceptance",
-                "evidence": rows.len(), "origins": origins}),
+                "evidence": rows.len(), "origins": origins, "quarantined": quarantined}),
         })
     }
 }

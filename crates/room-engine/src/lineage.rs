@@ -1,8 +1,8 @@
 //! Task lineage: delegation cannot outlive or widen its ancestry. A child task is created, and
 //! later claimed and closed, only while every ancestor (at most `ANCESTRY_DEPTH_MAX` links up,
-//! no cycle) is still open or claimed and its owner and recipient are still members of the
-//! room and not revoked; and a child's scopes must stay inside its parent's. A
-//! `coordination_only` parent has no mutating child. The walk runs again at every stage, so a
+//! no cycle) is still open or claimed, unamended since its child was delegated, and its owner
+//! and recipient are still members of the room and not revoked; and a child's scopes must stay
+//! inside its parent's. A `coordination_only` parent has no mutating child. The walk runs again at every stage, so a
 //! parent that closes or loses its people invalidates its descendants from then on.
 //!
 //! Scopes may also never reach what runs Room: a file scope that covers one of the engine's
@@ -31,6 +31,11 @@ impl Engine {
         let mut out: Vec<TaskRow> = Vec::new();
         let mut seen = BTreeSet::from([task.to_string()]);
         let mut next = parent.map(String::from);
+        // the revision of each parent its child was delegated under ("(new)" is being now)
+        let mut delegated_at = match self.control().task(task).map_err(store_err)? {
+            Some(t) => t.parent_revision,
+            None => None,
+        };
         while let Some(id) = next {
             if !seen.insert(id.clone()) {
                 return Err(invalid(
@@ -61,6 +66,19 @@ impl Engine {
             for who in std::iter::once(&a.owner).chain(a.recipient.as_ref()) {
                 self.eligible(task, &a, who)?;
             }
+            if let Some(r) = delegated_at
+                && r != a.revision
+            {
+                return Err(invalid(
+                    task,
+                    format!(
+                        "ancestor {} was amended (revision {r} to {}) since its child was delegated",
+                        a.id, a.revision
+                    ),
+                    &a.id,
+                ));
+            }
+            delegated_at = a.parent_revision;
             next = a.parent.clone();
             out.push(a);
         }

@@ -263,6 +263,8 @@ pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result
                     override_reason: None,
                     successor: None,
                     governed: c.governed,
+                    // a child journaled before revisions were pinned was delegated at 0
+                    parent_revision: c.parent.as_ref().map(|_| c.parent_revision.unwrap_or(0)),
                 })));
             }
             if let Some(terms) = &te.terms {
@@ -327,6 +329,7 @@ pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result
             lineage: e.lineage.clone(),
             event: r.id.clone(),
             seq: r.seq,
+            sha256: e.sha256.clone(),
         }),
         EventBody::InvariantViolation(v) if v.act == "op_begin" => {
             if v.invariant == Invariant::Resolution

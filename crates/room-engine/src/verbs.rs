@@ -652,6 +652,7 @@ impl Engine {
             }
         }
         let mut governed = a.governed;
+        let mut parent_revision = None;
         if let Some(parent) = &a.parent {
             if !id::is_task_id(parent) {
                 return Err(Refusal::invalid("parent", "not a task id"));
@@ -675,6 +676,7 @@ impl Engine {
             self.check_delegation(&pt, &scopes, a.coordination_only)?;
             // a subtask keeps its ancestry's governing source
             governed |= pt.governed;
+            parent_revision = Some(pt.revision);
         }
         if governed {
             let has_source = match binding.project() {
@@ -704,6 +706,7 @@ impl Engine {
                 acceptance: checks,
                 coordination_only: a.coordination_only,
                 governed,
+                parent_revision,
             }),
             transition: None,
             idempotency_key: a.idempotency_key.clone(),
@@ -1490,6 +1493,19 @@ impl Engine {
             .hint("claim the task again (a fresh lease), check the work, then done"));
         }
         self.require_pinned_authority(&t, &ancestors)?;
+        let quarantined = self.quarantined(cx.h, &t.id)?;
+        if !quarantined.is_empty() {
+            return Err(Refusal::new(
+                Code::ContentMismatch,
+                format!(
+                    "task {}: {} evidence in quarantine, its file changed since it was registered",
+                    t.id,
+                    quarantined.len()
+                ),
+            )
+            .detail(json!({"task": t.id, "quarantined": quarantined}))
+            .hint("restore the file, or register the evidence again for its current content"));
+        }
         turn.task_transition = Some(moved(&t, TaskStatus::Done, &cx.p.name));
         let coverage = if t.governed {
             let since =

@@ -387,3 +387,60 @@ fn a_verified_successor_carries_the_superseded_tasks_obligations() {
     assert_eq!(d["verified_successor_of"], json!([old]));
     assert_eq!(tm.open_obligations(), 0);
 }
+
+#[test]
+fn amending_a_parent_invalidates_the_children_delegated_before() {
+    let mut tm = team();
+    let parent = tm.created(json!({"requirements": ["R1"], "accept": [exists("a.txt")]}));
+    let child = tm.created(json!({"parent": parent}));
+    let a = tm.a.clone();
+    tm.fx.ok(
+        Some(&a),
+        "task_amend",
+        json!({"task": parent, "requirements": ["R1", "R2"]}),
+    );
+    let b = tm.b.clone();
+    let r = tm.fx.refuse(
+        Some(&b),
+        "task_claim",
+        json!({"task": child}),
+        "task_ancestry_invalid",
+    );
+    assert!(r.message.contains("amended"), "{r}");
+    // a child delegated under the new revision stands
+    let fresh = tm.created(json!({"parent": parent}));
+    tm.fx.ok(Some(&b), "task_claim", json!({"task": fresh}));
+}
+
+#[test]
+fn evidence_whose_file_changed_is_quarantined_until_registered_again() {
+    let mut tm = team();
+    let t = tm.assigned(json!({"requirements": ["R1 the report"],
+        "accept": [{"kind": "evidence_origins", "req": "R1", "min": 1}]}));
+    tm.write("docs/report.md");
+    let b = tm.b.clone();
+    let reg = |tm: &mut Team| {
+        tm.fx.ok(
+            Some(&b),
+            "evidence_register",
+            json!({"room": "build", "task": t, "req": "R1", "origin": "file:docs/report.md"}),
+        )
+    };
+    let first = reg(&mut tm);
+    assert_eq!(
+        first["sha256"].as_str().unwrap(),
+        room_core::sha256_hex(b"made")
+    );
+    std::fs::write(
+        tm.dir.join("docs/report.md"),
+        b"rewritten after the evidence",
+    )
+    .unwrap();
+    let d = tm.done_refused(&t, "content_mismatch");
+    assert_eq!(d["quarantined"][0]["evidence"], first["evidence"]);
+    let check = tm.fx.ok(Some(&b), "task_check", json!({"task": t}));
+    assert_eq!(check["acceptance_results"][0]["pass"], false, "{check}");
+    // evidence registered again for the current content replaces it
+    reg(&mut tm);
+    tm.done_ok(&t);
+}

@@ -92,6 +92,8 @@ pub trait RoomIndex: Send {
     /// Evidence: one handle, and a task requirement's (oldest first, at most `limit`).
     fn evidence(&self, id: &str) -> Result<Option<EvidenceRow>>;
     fn evidence_for(&self, task: &str, req: &str, limit: usize) -> Result<Vec<EvidenceRow>>;
+    /// Every evidence of a task (any requirement), oldest first, at most `limit`.
+    fn evidence_of_task(&self, task: &str, limit: usize) -> Result<Vec<EvidenceRow>>;
     fn ops_of_task(&self, task: &str, limit: usize) -> Result<Vec<OpRow>>;
     fn lapsed_ops(&self, now_ms: u64, limit: usize) -> Result<Vec<OpRow>>;
     /// Drop the projection (receipts and checkpoints stay) for a rebuild from the log.

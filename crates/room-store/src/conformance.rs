@@ -140,6 +140,7 @@ fn task(id: &str, room: &str, project: Option<&str>, scopes: &[&str]) -> TaskRow
         override_reason: None,
         successor: None,
         governed: false,
+        parent_revision: None,
     }
 }
 

@@ -142,6 +142,10 @@ CREATE TABLE project_sources (
 ) STRICT;
 ALTER TABLE tasks ADD COLUMN governed INTEGER NOT NULL DEFAULT 0;
 "#,
+    r#"
+ALTER TABLE tasks ADD COLUMN parent_revision INTEGER;
+UPDATE tasks SET parent_revision = 0 WHERE parent IS NOT NULL;
+"#,
 ];
 
 /// One sealed permit as the queue stores it: its key and its canonical JSON.
@@ -287,6 +291,9 @@ pub struct TaskRow {
     pub successor: Option<String>,
     /// Governed by its project's governing source.
     pub governed: bool,
+    /// The parent's revision when this task was delegated under it: an amendment of the
+    /// parent since invalidates this task's ancestry.
+    pub parent_revision: Option<u64>,
 }
 
 /// The newest acceptance evaluation of a task (by `done` or a dry-run check): an observation,
@@ -300,7 +307,7 @@ pub struct TaskCheckRow {
     pub evaluation: String,
 }
 
-const TASK_COLS: &str = "id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms, scopes, requirements, acceptance, coordination_only, lease_gen, lease_held, revision, claim_pin, override_reason, successor, governed";
+const TASK_COLS: &str = "id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms, scopes, requirements, acceptance, coordination_only, lease_gen, lease_held, revision, claim_pin, override_reason, successor, governed, parent_revision";
 
 fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TaskRow> {
     let scopes: String = r.get(10)?;
@@ -335,6 +342,7 @@ fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TaskRow> {
         override_reason: r.get(18)?,
         successor: r.get(19)?,
         governed: r.get(20)?,
+        parent_revision: r.get::<_, Option<i64>>(21)?.map(u),
     })
 }
 
@@ -895,13 +903,13 @@ impl ControlStore for SqliteControl {
     fn insert_task(&mut self, t: &TaskRow) -> Result<()> {
         self.write(|c| {
             c.conn.execute(
-                "INSERT INTO tasks (id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms, scopes, requirements, acceptance, coordination_only, governed)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+                "INSERT INTO tasks (id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms, scopes, requirements, acceptance, coordination_only, governed, parent_revision)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
                 params![t.id, t.room, t.project_id, t.title, t.owner, t.recipient, t.parent, t.status.as_str(), t.created_ms as i64, t.updated_ms as i64,
                     serde_json::to_string(&t.scopes).expect("scopes serialize"),
                     serde_json::to_string(&t.requirements).expect("requirements serialize"),
                     serde_json::to_string(&t.acceptance).expect("checks serialize"),
-                    t.coordination_only, t.governed],
+                    t.coordination_only, t.governed, t.parent_revision.map(|r| r as i64)],
             )?;
             let mut st = c.conn.prepare_cached(
                 "INSERT OR IGNORE INTO task_scopes (task, namespace, resource) VALUES (?1, ?2, ?3)",

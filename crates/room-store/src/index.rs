@@ -204,6 +204,11 @@ CREATE TABLE source_reads (
 ) STRICT;
 CREATE INDEX source_reads_reader ON source_reads(agent, task, path, conversation);
 "#,
+    // Evidence of a file origin carries the file's digest as Room measured it at registration.
+    r#"
+ALTER TABLE evidence ADD COLUMN sha256 TEXT;
+CREATE INDEX evidence_task ON evidence(task, seq) WHERE task IS NOT NULL;
+"#,
 ];
 
 /// Reading receipts kept per reader, task and part (the oldest go first).
@@ -475,9 +480,11 @@ pub struct EvidenceRow {
     /// The registration's event id.
     pub event: String,
     pub seq: u64,
+    /// A `file:` origin's digest when it was registered (Room measured it).
+    pub sha256: Option<String>,
 }
 
-const EVIDENCE_COLS: &str = "id, agent, task, req, origin, lineage, event, seq";
+const EVIDENCE_COLS: &str = "id, agent, task, req, origin, lineage, event, seq, sha256";
 
 fn evidence_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<EvidenceRow> {
     let lineage: String = r.get(5)?;
@@ -492,6 +499,7 @@ fn evidence_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<EvidenceRow> {
         })?,
         event: r.get(6)?,
         seq: r.get::<_, i64>(7)? as u64,
+        sha256: r.get(8)?,
     })
 }
 
@@ -1098,8 +1106,8 @@ impl Index {
         }
         for e in &b.evidence {
             tx.prepare_cached(
-                "INSERT OR IGNORE INTO evidence (id, agent, task, req, origin, lineage, event, seq)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                "INSERT OR IGNORE INTO evidence (id, agent, task, req, origin, lineage, event, seq, sha256)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
             )?
             .execute(params![
                 e.id,
@@ -1109,7 +1117,8 @@ impl Index {
                 e.origin,
                 serde_json::to_string(&e.lineage).expect("lineage serializes"),
                 e.event,
-                e.seq as i64
+                e.seq as i64,
+                e.sha256
             ])?;
         }
         for c in &b.ops {
@@ -1335,6 +1344,14 @@ impl RoomIndex for Index {
             ))?
             .query_row([id], evidence_from_row)
             .optional()?)
+    }
+
+    fn evidence_of_task(&self, task: &str, limit: usize) -> Result<Vec<EvidenceRow>> {
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {EVIDENCE_COLS} FROM evidence WHERE task = ?1 ORDER BY seq LIMIT ?2"
+        ))?;
+        let rows = st.query_map(params![task, limit as i64], evidence_from_row)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
     fn evidence_for(&self, task: &str, req: &str, limit: usize) -> Result<Vec<EvidenceRow>> {
