@@ -77,6 +77,9 @@ pub struct EngineConfig {
     /// A planted bug for the simulator's proof that its invariant oracle bites: the five
     /// runtime invariants are not checked. Never set outside `room-sim`.
     pub skip_invariants: bool,
+    /// A planted bug for the simulator's authority oracle: `done` does not compare the
+    /// authority keys its claim pinned. Never set outside `room-sim`.
+    pub skip_authority_pins: bool,
 }
 
 impl Default for EngineConfig {
@@ -92,6 +95,7 @@ impl Default for EngineConfig {
             owner_config_dirs: Vec::new(),
             protected_paths: Vec::new(),
             skip_invariants: false,
+            skip_authority_pins: false,
         }
     }
 }

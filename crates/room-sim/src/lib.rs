@@ -39,6 +39,9 @@ pub enum Broken {
     /// The disk under SQLite answers fsync without writing anything (control.db and the sync
     /// indexes then lose acknowledged changes at a crash).
     SqliteFsyncLies,
+    /// `done` does not require the authority its claim pinned (an amendment between a claim
+    /// and its done goes unnoticed).
+    SkipAuthorityPins,
 }
 
 /// The program a simulated task's acceptance check runs (never started: the simulated runner
@@ -402,6 +405,7 @@ impl Sim {
         let store = Arc::new(room_store::SqliteBackend::new(&s, store));
         let config = EngineConfig {
             skip_invariants: self.cfg.broken == Some(Broken::SkipInvariants),
+            skip_authority_pins: self.cfg.broken == Some(Broken::SkipAuthorityPins),
             ..EngineConfig::default()
         };
         self.engine = Some(
@@ -1084,12 +1088,21 @@ impl Sim {
             {
                 return self.settle(j, &room, &t);
             }
+            // or its owner changes its terms under the claim
+            if self.rng.chance(30)
+                && let Some((room, t)) = self.agents[j].claimed.last().cloned()
+            {
+                return self.amend_or_supersede(i, Some((room, t)));
+            }
             return Ok(());
         }
         if k < 75
             && let Some((r, ob)) = self.agents[i].raised.pop()
         {
             return self.circle(i, &r, &ob);
+        }
+        if k < 82 {
+            return self.amend_or_supersede(i, None);
         }
         // tasks are created by coordinators (every fourth agent); now and then by a member, to
         // be refused for its tier
@@ -1183,13 +1196,89 @@ impl Sim {
                 }
                 self.record_turn(i, room, &v, Some((verb, args)))
             }
-            Err(_) => {
-                if self.rng.chance(50) {
+            Err(r) => {
+                let moved = matches!(
+                    r.code,
+                    Code::TaskAcceptanceChangedBeforeCompletion | Code::TaskAuthorityChanged
+                );
+                if moved {
+                    // the terms moved under the claim: renew it before trying again
+                    self.agents[i].tasks.push((room.into(), t.into()));
+                } else if self.rng.chance(50) {
                     self.agents[i].claimed.push((room.into(), t.into()));
                 }
                 Ok(())
             }
         }
+    }
+
+    /// An owner changes a task's terms (a checked task loses its check or the reverse), or
+    /// replaces one task with another (mostly refused: few pairs make a verified successor).
+    /// `held`: a task someone holds now, so that the amendment lands between its claim and
+    /// its done (which must not close on the old terms).
+    fn amend_or_supersede(
+        &mut self,
+        i: usize,
+        held: Option<(String, String)>,
+    ) -> Result<(), Failure> {
+        let (room, t) = match held {
+            Some(h) => h,
+            None => {
+                if self.agents[i].rooms.is_empty() {
+                    return Ok(());
+                }
+                let n = self.agents[i].rooms.len() as u64;
+                let room = self.agents[i].rooms[self.rng.below(n) as usize].clone();
+                let known = self.room_tasks.get(&room).cloned().unwrap_or_default();
+                if known.is_empty() {
+                    return Ok(());
+                }
+                let t = known[self.rng.below(known.len() as u64) as usize].clone();
+                (room, t)
+            }
+        };
+        let known = self.room_tasks.get(&room).cloned().unwrap_or_default();
+        let view = self.e().task_view_owner(&self.owner(), &t).ok();
+        let owner = view
+            .as_ref()
+            .and_then(|v| v["task"]["owner"].as_str().map(String::from));
+        let i = match owner.and_then(|o| self.agent_index(&o)) {
+            Some(j) if self.rng.chance(90) => j,
+            _ => i,
+        };
+        let checked = view
+            .as_ref()
+            .and_then(|v| v["task"]["acceptance"].as_array().map(|a| !a.is_empty()))
+            .unwrap_or(false);
+        let c = self.caller(i);
+        let name = self.agents[i].name.clone();
+        let out = if self.rng.chance(75) {
+            let accept = if checked {
+                Vec::new()
+            } else {
+                vec![
+                    serde_json::json!({"kind": "command", "program": SIM_CHECK, "timeout_ms": 1000}),
+                ]
+            };
+            let a = room_engine::completion::AmendArgs {
+                task: t.clone(),
+                requirements: None,
+                accept: Some(accept),
+            };
+            self.checked(format!("{name} task_amend {t}"), |e| e.task_amend(&c, a))?
+        } else {
+            let next = known[self.rng.below(known.len() as u64) as usize].clone();
+            self.checked(format!("{name} task_supersede {t} by {next}"), |e| {
+                e.task_supersede(&c, &t, &next)
+            })?
+        };
+        if let Ok(v) = out {
+            self.acked
+                .entry(room)
+                .or_default()
+                .insert(v["event"].as_str().unwrap_or_default().to_string());
+        }
+        Ok(())
     }
 
     fn circle(&mut self, i: usize, r: &str, ob: &str) -> Result<(), Failure> {

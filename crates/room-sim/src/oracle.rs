@@ -25,6 +25,10 @@ struct Task {
     leased: bool,
     /// It declared acceptance checks: it closes only on a passing evaluation.
     checked: bool,
+    /// Seqs of its newest amendment and its newest claim: a done closes it only on a claim
+    /// taken after the terms it measures.
+    amended_seq: u64,
+    claimed_seq: u64,
 }
 
 struct Life {
@@ -115,8 +119,29 @@ impl Replay {
                     parent: s(&c["parent"]),
                     leased: false,
                     checked: c["acceptance"].as_array().is_some_and(|a| !a.is_empty()),
+                    amended_seq: 0,
+                    claimed_seq: 0,
                 },
             );
+        }
+        if let Some(terms) = ev.get("terms")
+            && let Some(t) = self.tasks.get_mut(&id)
+        {
+            t.checked = terms["acceptance"]
+                .as_array()
+                .is_some_and(|a| !a.is_empty());
+            t.amended_seq = r.seq;
+        }
+        if ev["transition"]["to"] == "superseded" {
+            if let Some(t) = self.tasks.get_mut(&id) {
+                t.status = "superseded".into();
+                t.leased = false;
+            }
+            for ((_, lt), l) in self.lives.iter_mut() {
+                if *lt == id {
+                    l.begun = false;
+                }
+            }
         }
         if ev["transition"]["to"] == "claimed" {
             let mine = self
@@ -141,6 +166,7 @@ impl Replay {
                 t.status = "claimed".into();
                 t.recipient = Some(actor.into());
                 t.leased = !t.scopes.is_empty();
+                t.claimed_seq = r.seq;
             }
             self.lives.insert(
                 (actor.into(), id),
@@ -184,6 +210,13 @@ impl Replay {
             // completion is a measurement: a task with checks closes only on a passing
             // evaluation of every one, and a done proves nothing it did not measure
             let checked = self.tasks.get(&task).is_some_and(|t| t.checked);
+            if let Some(t) = self.tasks.get(&task)
+                && t.claimed_seq < t.amended_seq
+            {
+                return Err(format!(
+                    "authority: {actor} closed {task} on a claim taken before its amendment (at {at})"
+                ));
+            }
             let d = &ev["detail"];
             let passed = d["acceptance"] == "passed"
                 && d["acceptance_results"]
@@ -202,7 +235,7 @@ impl Replay {
             }
             let open_children = self.tasks.values().any(|t| {
                 t.parent.as_deref() == Some(task.as_str())
-                    && !matches!(t.status.as_str(), "done" | "declined")
+                    && !matches!(t.status.as_str(), "done" | "declined" | "superseded")
             });
             if open_children {
                 self.expect_flag = Some((r.id.clone(), task.clone()));

@@ -155,3 +155,21 @@ fn a_disk_that_lies_about_fsync_under_sqlite_is_caught_within_the_budget() {
         "the simulator must find a lying fsync under SQLite within {CI_SEEDS} seeds"
     );
 }
+
+#[test]
+fn a_done_that_ignores_its_claims_pinned_authority_is_caught() {
+    // seed 7 reaches an amendment between a claim and its done within 800 steps
+    let f = run(SimConfig {
+        steps: 800,
+        broken: Some(Broken::SkipAuthorityPins),
+        ..SimConfig::new(7)
+    })
+    .unwrap_err();
+    assert!(f.what.contains("authority:"), "{f}");
+    // and the engine as built closes no task on stale terms in the same run
+    run(SimConfig {
+        steps: 800,
+        ..SimConfig::new(7)
+    })
+    .unwrap();
+}
