@@ -111,7 +111,12 @@ impl Engine {
         let mut h = lock_room(&handle);
         h.writable()?;
         self.admitted(&h.name)?;
+        let bytes = (a.summary.as_ref().map_or(0, String::len)
+            + a.origin.as_ref().map_or(0, String::len)) as u64;
+        let now = self.now_ms();
+        h.check_bytes(&p.name, bytes, self.policy().quotas.bytes_per_minute, now)?;
         let rec = h.commit(self, vec![EventBody::Evidence(Box::new(body))], None)?;
+        h.record_bytes(&p.name, bytes, now);
         let origins = collapse(&h, &ev)?;
         Ok(json!({"evidence": ev, "event": rec[0].id, "origins": origins, "sha256": sha256}))
     }

@@ -188,7 +188,11 @@ impl Engine {
             idempotency_key: a.idempotency_key.clone(),
         };
         let flagged = flags.clone();
+        let bytes = a.note.as_ref().map_or(0, |n| n.len() as u64);
+        let now = self.now_ms();
+        h.check_bytes(&p.name, bytes, self.policy().quotas.bytes_per_minute, now)?;
         let rec = h.commit_flagged(self, vec![EventBody::Op(Box::new(ev))], None, flags)?;
+        h.record_bytes(&p.name, bytes, now);
         Ok(json!({"op": op, "status": "begun", "event": rec[0].id,
             "flags": flagged.iter().map(|f| json!({"invariant": f.invariant.as_str(), "detail": f.detail})).collect::<Vec<_>>()}))
     }
@@ -252,7 +256,11 @@ impl Engine {
             note: a.note.clone(),
             idempotency_key: None,
         };
+        let bytes = a.note.as_ref().map_or(0, |n| n.len() as u64);
+        let now = self.now_ms();
+        h.check_bytes(&p.name, bytes, self.policy().quotas.bytes_per_minute, now)?;
         let rec = h.commit(self, vec![EventBody::Op(Box::new(ev))], None)?;
+        h.record_bytes(&p.name, bytes, now);
         let status = match phase {
             OpPhase::Effect => "effected",
             _ => "resolved",

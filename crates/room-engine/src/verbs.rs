@@ -717,7 +717,12 @@ impl Engine {
         self.admitted(&h.name)?;
         let quotas = self.policy().quotas;
         let now = self.now_ms();
-        h.check_bytes(&p.name, title.len() as u64, quotas.bytes_per_minute, now)?;
+        // the title, the requirements and the checks are all text the room keeps
+        let bytes = (title.len()
+            + a.requirements.iter().map(String::len).sum::<usize>()
+            + a.accept.iter().map(|c| c.to_string().len()).sum::<usize>())
+            as u64;
+        h.check_bytes(&p.name, bytes, quotas.bytes_per_minute, now)?;
         let open = self
             .control()
             .tasks_open_count(room, &p.name)
@@ -738,7 +743,7 @@ impl Engine {
             return Err(self.refuse_check(&mut h, v));
         }
         let rec = h.commit(self, vec![EventBody::Task(Box::new(te))], None)?;
-        h.record_bytes(&p.name, title.len() as u64, now);
+        h.record_bytes(&p.name, bytes, now);
         drop(h);
         let t = self
             .control()

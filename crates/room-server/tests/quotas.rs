@@ -128,6 +128,32 @@ fn bytes_written_per_minute_are_bounded_per_agent_and_room() {
 }
 
 #[test]
+fn task_terms_and_evidence_count_against_the_bytes_per_minute() {
+    let fx = Fx::new("bytes_per_minute = 200");
+    let t = fx.token.clone();
+    let before = fx.tip();
+    let terms = fx.call(
+        Some(&t),
+        "task_create",
+        json!({"room": "r", "title": "t", "requirements": ["r".repeat(180)],
+            "accept": [{"kind": "evidence_origins", "req": "R1", "min": 1}]}),
+    );
+    quota_refusal(&terms, "bytes_per_minute");
+    let evidence = fx.call(
+        Some(&t),
+        "evidence_register",
+        json!({"room": "r", "origin": "url:https://example.org", "summary": "s".repeat(190)}),
+    );
+    quota_refusal(&evidence, "bytes_per_minute");
+    assert_eq!(fx.tip(), before, "the refused calls wrote nothing");
+    fx.ok(
+        Some(&t),
+        "evidence_register",
+        json!({"room": "r", "origin": "url:https://example.org", "summary": "s".repeat(100)}),
+    );
+}
+
+#[test]
 fn open_tasks_are_bounded_per_agent_and_room() {
     let fx = Fx::new("tasks_open = 2");
     let t = fx.token.clone();
