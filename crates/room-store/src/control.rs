@@ -146,6 +146,10 @@ ALTER TABLE tasks ADD COLUMN governed INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE tasks ADD COLUMN parent_revision INTEGER;
 UPDATE tasks SET parent_revision = 0 WHERE parent IS NOT NULL;
 "#,
+    // the newest lease generation is read at every scoped claim: by index, not by a scan
+    r#"
+CREATE INDEX tasks_lease_gen ON tasks(lease_gen) WHERE lease_gen IS NOT NULL;
+"#,
 ];
 
 /// One sealed permit as the queue stores it: its key and its canonical JSON.
@@ -1104,9 +1108,11 @@ impl ControlStore for SqliteControl {
     }
 
     fn lease_gen_max(&self) -> Result<u64> {
-        let g: Option<i64> = self
-            .conn
-            .query_row("SELECT max(lease_gen) FROM tasks", [], |r| r.get(0))?;
+        let g: Option<i64> = self.conn.query_row(
+            "SELECT max(lease_gen) FROM tasks WHERE lease_gen IS NOT NULL",
+            [],
+            |r| r.get(0),
+        )?;
         Ok(g.map_or(0, u))
     }
 
