@@ -266,7 +266,10 @@ pub enum IndexCmd {
 
 #[derive(Subcommand, Debug)]
 pub enum WakesCmd {
+    /// The queue: each permit, checked against its digest, with its dispatch state.
     List { room: Option<String> },
+    /// Revalidate queued permits now (the daemon does it every second): dead-letter refused ones.
+    Check,
 }
 
 #[derive(Subcommand, Debug)]
@@ -413,6 +416,7 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
             json!({"room": room, "accept_loss": accept_loss}),
         ),
         Cmd::Wakes(WakesCmd::List { room }) => req("wakes_list", json!({"room": room})),
+        Cmd::Wakes(WakesCmd::Check) => req("wakes_check", json!({})),
         Cmd::Task(t) => match t {
             TaskCmd::Create(a) => wire("task_create", a),
             TaskCmd::Claim(a) => wire("task_claim", a),

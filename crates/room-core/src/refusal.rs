@@ -80,6 +80,13 @@ codes! {
     TaskSuccessorUnverified => "task_successor_unverified",
     ContentMismatch => "content_mismatch",
     RoomAdmissionClosed => "room_admission_closed",
+    // dispatch: a queued permit is a proposal, revalidated before any launch
+    WakeJobBindingChanged => "wake_job_binding_changed",
+    WakeRoomAuthorityChanged => "wake_room_authority_changed",
+    WakeRecipientRegistrationChanged => "wake_recipient_registration_changed",
+    WakeTaskAuthorityChanged => "wake_task_authority_changed",
+    WakeAdmissionClosed => "wake_admission_closed",
+    WakeJobExpired => "wake_job_expired",
     // governing sources: read whole, measured at done
     SourceCoverageIncomplete => "source_coverage_incomplete",
     SourcePartUnreadable => "source_part_unreadable",

@@ -1,9 +1,9 @@
 //! Sealed wake permits. One permit per recipient of a waking turn, sealed after flush 2 and
 //! queued in control.db's `wakes` table under its canonical path
 //! `wakes/<room>/<agent>/<source_event>.json` (the path dispatch will give the worker's claim).
-//! The permit's 18 fields are bound by `binding_sha256`; `not_after` counts from creation, so
-//! queue time consumes the deadline. Dispatch (revalidating the five authority centres) is a
-//! later stage; here permits are sealed, queued and listed. A permit is derived from the journal
+//! The permit's 18 fields are bound by `binding_sha256`; `not_after` is exactly creation plus
+//! the deadline, so queue time consumes it. `dispatch` revalidates queued permits; here they
+//! are sealed, queued and listed. A permit is derived from the journal
 //! (its turn and items records), so it trails the journal like the index does: held by its room
 //! until the next flush writes every room's new permits in one transaction
 //! (`Engine::flush_wakes`), and re-derived at start for every items record after the room's
@@ -68,6 +68,20 @@ impl Engine {
             .unwrap_or_default();
         let prompt = redactor.redact(&cut(&text, PROMPT_BYTES_MAX)).into_owned();
         let pulse = redactor.redact(&cut(&text, PULSE_BYTES_MAX)).into_owned();
+        let owner_grant = self.room_grant(&room)?;
+        // not_after is exactly created + deadline; a circle keeps its obligation's original
+        // deadline, so its budget is what is left of it
+        let deadline_ms = if t.verb == room_core::Verb::Circle {
+            t.plan.not_after_ms.saturating_sub(source.hlc_ms)
+        } else {
+            t.plan.deadline_ms
+        };
+        let circled: Vec<String> = t.detail["obligation"]
+            .as_str()
+            .filter(|_| t.verb == room_core::Verb::Circle)
+            .map(String::from)
+            .into_iter()
+            .collect();
         let mut out = Vec::new();
         for recipient in &recipients {
             let agent = &recipient.name;
@@ -97,14 +111,15 @@ impl Engine {
                     .iter()
                     .filter(|m| &m.agent == agent)
                     .map(|m| m.id.clone())
+                    .chain(circled.iter().cloned())
                     .collect(),
                 pulse_message: pulse.clone(),
-                deadline_ms: t.plan.deadline_ms,
+                deadline_ms,
                 created_at: rfc3339_ms(source.hlc_ms),
-                not_after: rfc3339_ms(t.plan.not_after_ms),
+                not_after: rfc3339_ms(source.hlc_ms.saturating_add(deadline_ms)),
                 control_epoch: epoch,
                 room_authority: RoomAuthority {
-                    owner_grant: format!("grant:{}", room.graph_id),
+                    owner_grant: owner_grant.clone(),
                     revision: room.revision,
                     reset_at: room.reset_ms.map(rfc3339_ms),
                     session: self.state.instance_id.clone(),
@@ -118,6 +133,9 @@ impl Engine {
                 source_event: source.id.clone(),
                 created_ms: source.hlc_ms,
                 permit: serde_json::to_string(&permit).map_err(Refusal::storage)?,
+                state: room_store::control::WAKE_QUEUED.into(),
+                reason: None,
+                detail: None,
             });
             out.push(permit);
         }
@@ -140,6 +158,11 @@ impl Engine {
                     let intact = p.intact();
                     let mut v = serde_json::to_value(&p).expect("permits serialize");
                     v["intact"] = json!(intact);
+                    v["state"] = json!(w.state);
+                    if w.state == room_store::control::WAKE_DEAD {
+                        v["dead_letter"] = json!({"code": w.reason, "reason": w.detail,
+                            "retry_allowed": false});
+                    }
                     v
                 }
                 Err(e) => json!({

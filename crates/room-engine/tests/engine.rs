@@ -12,7 +12,7 @@ use room_store::fs::RealFs;
 use room_store::shard::Shard;
 use room_store::statedir;
 use room_store::{SqliteBackend, SqliteBackendConfig};
-use serde_json::Value;
+use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -1148,4 +1148,66 @@ fn a_rebuild_onto_a_shorter_journal_reconciles_tasks_and_leases() {
     assert_eq!(shown["lease"]["holder"], "alpha", "{shown}");
     let gone = e.task_view_owner(&owner(&e), &lost).unwrap_err();
     assert_eq!(gone.code, Code::TaskNotFound);
+}
+
+/// The seed's Exhibit 3: a permit whose deadline passes in the queue is dead-lettered
+/// (`wake_job_expired`, queue time counts against the original deadline); one whose sealed
+/// fields were altered is `wake_job_binding_changed`.
+#[test]
+fn permits_expire_in_the_queue_and_a_tampered_one_is_refused() {
+    let f = Fixture::new();
+    let e = f.engine(9);
+    let a = agent(&e, "alpha", Tier::Member);
+    agent(&e, "beta", Tier::Member);
+    e.room_create(&owner(&e), "r", None, &["alpha".into(), "beta".into()])
+        .unwrap();
+    catch_up(&e, &a, "r");
+    let send = |text: &str| {
+        e.turn(
+            &a,
+            Verb::Send,
+            TurnArgs {
+                to: vec!["beta".into()],
+                ..say("r", text)
+            },
+        )
+        .unwrap()
+    };
+    send("first");
+    let states = |e: &Engine| -> Vec<(String, Value)> {
+        e.wakes_view(&owner(e), None).unwrap()["wakes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| {
+                (
+                    w["state"].as_str().unwrap().to_string(),
+                    w["dead_letter"]["code"].clone(),
+                )
+            })
+            .collect()
+    };
+    e.dispatch_sweep().unwrap();
+    assert_eq!(states(&e)[0].0, "queued");
+    // 59 s later it is still within its 60 s; past 60 s it is dead
+    f.clock.advance(59_000);
+    e.dispatch_sweep().unwrap();
+    assert_eq!(states(&e)[0].0, "queued");
+    f.clock.advance(2_000);
+    let swept = e.dispatch_sweep().unwrap();
+    assert_eq!(swept["dead"][0]["code"], "wake_job_expired");
+    assert_eq!(states(&e)[0], ("dead".into(), json!("wake_job_expired")));
+    // a permit altered in the queue no longer matches its digest
+    catch_up(&e, &a, "r");
+    send("second");
+    e.flush_wakes();
+    drop(e);
+    room_store::fixtures::tamper_wake_permits(&f.state.join("control.db"), "second", "altered")
+        .unwrap();
+    let e = f.engine(10);
+    e.dispatch_sweep().unwrap();
+    assert_eq!(
+        states(&e)[1],
+        ("dead".into(), json!("wake_job_binding_changed"))
+    );
 }

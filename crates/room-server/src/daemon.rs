@@ -497,6 +497,10 @@ pub async fn serve(
                 let engine = engine.clone();
                 // then one slice of the journal scrub (ARCHITECTURE.md states its rate)
                 match tokio::task::spawn_blocking(move || {
+                    // queued wake permits are revalidated too: a refused one is dead-lettered
+                    if let Err(r) = engine.dispatch_sweep() {
+                        tracing::error!("dispatch revalidation failed: {r}");
+                    }
                     (
                         engine.sweep_invariants(),
                         engine.scrub_step(room_engine::room::SCRUB_SLICE_BYTES),

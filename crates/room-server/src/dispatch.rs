@@ -42,6 +42,7 @@ const OWNER_OPS: &[&str] = &[
     "rooms",
     "index_rebuild",
     "wakes_list",
+    "wakes_check",
     "owner_task_show",
     "owner_task_check",
     "owner_task_override",
@@ -333,6 +334,10 @@ fn owner_op(engine: &Engine, owner: &Owner, op: &str, a: Value) -> Result<Value,
             engine.index_rebuild(owner, &a.room, a.accept_loss)
         }
         "wakes_list" => engine.wakes_view(owner, args::<OptRoomArgs>(a)?.room.as_deref()),
+        "wakes_check" => {
+            args::<Empty>(a)?;
+            engine.dispatch_sweep()
+        }
         "owner_task_show" => engine.task_view_owner(owner, &args::<TaskArgs>(a)?.task),
         "owner_task_check" => engine.task_check_owner(owner, &args::<TaskArgs>(a)?.task),
         "owner_task_override" => {

@@ -165,6 +165,11 @@ pub struct IndexRebuildArgs {
     pub accept_loss: bool,
 }
 
+/// Arguments of an operation that takes none.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Empty {}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdmissionArgs {

@@ -261,6 +261,13 @@ pub trait ControlStore: Send {
     /// Keep `row` as the task's newest acceptance evaluation (replacing the one before).
     fn record_task_check(&mut self, row: &TaskCheckRow) -> Result<()>;
     fn task_check(&self, task: &str) -> Result<Option<TaskCheckRow>>;
+    /// Queued permits, least recently revalidated first, at most `limit`.
+    fn wakes_to_check(&self, limit: usize) -> Result<Vec<WakeRow>>;
+    /// Record that a queued permit was revalidated at `at_ms`, and with `dead` (a refusal code
+    /// and its message) that dispatch refused it: it is then dead-lettered, never launched.
+    /// False when it was no longer queued.
+    fn wake_checked(&mut self, w: &WakeRow, at_ms: u64, dead: Option<(&str, &str)>)
+    -> Result<bool>;
     /// Queue permits in one transaction; a permit already queued stays as sealed.
     fn insert_wakes(&mut self, rows: &[WakeRow]) -> Result<()>;
     fn wakes_requeue_pending(&self) -> Result<bool>;

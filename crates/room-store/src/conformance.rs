@@ -755,6 +755,9 @@ pub fn control_wakes(h: &mut dyn Harness) {
         source_event: src.into(),
         created_ms: at,
         permit: permit.into(),
+        state: crate::control::WAKE_QUEUED.into(),
+        reason: None,
+        detail: None,
     };
     {
         let mut c = store.open_control().unwrap();
@@ -800,6 +803,44 @@ pub fn control_wakes(h: &mut dyn Harness) {
         .map(|w| w.agent)
         .collect();
     assert_eq!(a, ["y", "z"]);
+    drop(c);
+    // dispatch revalidates the least recently checked first, and a dead letter stays dead
+    let mut c = store.open_control().unwrap();
+    let order = |c: &dyn crate::ControlStore| -> Vec<String> {
+        c.wakes_to_check(10)
+            .unwrap()
+            .into_iter()
+            .map(|w| w.permit)
+            .collect()
+    };
+    assert_eq!(order(c.as_ref()), ["p2", "p1", "p3"]);
+    let first = c.wakes_to_check(1).unwrap().remove(0);
+    assert!(c.wake_checked(&first, 500, None).unwrap());
+    assert_eq!(order(c.as_ref()), ["p1", "p3", "p2"], "checked goes last");
+    let p1 = c.wakes_to_check(1).unwrap().remove(0);
+    assert!(
+        c.wake_checked(&p1, 600, Some(("wake_job_expired", "past not_after")))
+            .unwrap()
+    );
+    assert!(
+        !c.wake_checked(&p1, 700, None).unwrap(),
+        "a dead letter is no longer queued"
+    );
+    assert_eq!(order(c.as_ref()), ["p3", "p2"]);
+    drop(c);
+    let store = h.reopen();
+    let c = store.open_control().unwrap();
+    let dead: Vec<(String, Option<String>)> = c
+        .wakes(None)
+        .unwrap()
+        .into_iter()
+        .filter(|w| w.state == crate::control::WAKE_DEAD)
+        .map(|w| (w.permit, w.reason))
+        .collect();
+    assert_eq!(
+        dead,
+        [("p1".to_string(), Some("wake_job_expired".to_string()))]
+    );
 }
 
 /// A read leaves the change stamp as it was; a write moves it.
@@ -1094,6 +1135,9 @@ pub fn control_room_witnesses(h: &mut dyn Harness) {
             source_event: src.into(),
             created_ms: at,
             permit: "p".into(),
+            state: crate::control::WAKE_QUEUED.into(),
+            reason: None,
+            detail: None,
         };
         c.insert_wakes(&[w("a", "e1", 10), w("a", "e2", 20), w("b", "e9", 30)])
             .unwrap();

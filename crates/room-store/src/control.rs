@@ -150,6 +150,15 @@ UPDATE tasks SET parent_revision = 0 WHERE parent IS NOT NULL;
     r#"
 CREATE INDEX tasks_lease_gen ON tasks(lease_gen) WHERE lease_gen IS NOT NULL;
 "#,
+    // dispatch: each permit's state (queued, or dead with the code that refused it) and when
+    // it was last revalidated, so that every queued permit gets its turn
+    r#"
+ALTER TABLE wakes ADD COLUMN state TEXT NOT NULL DEFAULT 'queued';
+ALTER TABLE wakes ADD COLUMN reason TEXT;
+ALTER TABLE wakes ADD COLUMN detail TEXT;
+ALTER TABLE wakes ADD COLUMN checked_ms INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX wakes_state_checked ON wakes(state, checked_ms);
+"#,
 ];
 
 /// One sealed permit as the queue stores it: its key and its canonical JSON.
@@ -160,7 +169,16 @@ pub struct WakeRow {
     pub source_event: String,
     pub created_ms: u64,
     pub permit: String,
+    /// `queued` (waiting, valid when last checked) or `dead` (refused by dispatch).
+    pub state: String,
+    /// A dead permit's refusal code and its message.
+    pub reason: Option<String>,
+    pub detail: Option<String>,
 }
+
+/// A permit's dispatch state.
+pub const WAKE_QUEUED: &str = "queued";
+pub const WAKE_DEAD: &str = "dead";
 
 /// What control.db says was acknowledged in one room: the seq of its last view reset (0: none)
 /// and the source events of its newest queued wake permits (newest first, at most
@@ -169,6 +187,19 @@ pub struct WakeRow {
 pub struct RoomWitnesses {
     pub reset_seq: u64,
     pub wake_sources: Vec<String>,
+}
+
+fn wake_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<WakeRow> {
+    Ok(WakeRow {
+        room: r.get(0)?,
+        agent: r.get(1)?,
+        source_event: r.get(2)?,
+        created_ms: u(r.get(3)?),
+        permit: r.get(4)?,
+        state: r.get(5)?,
+        reason: r.get(6)?,
+        detail: r.get(7)?,
+    })
 }
 
 /// Newest wake permits of a room read as witnesses.
@@ -1217,22 +1248,48 @@ impl ControlStore for SqliteControl {
     fn wakes(&self, room: Option<&str>) -> Result<Vec<WakeRow>> {
         // two statements, so each can use its index (a room's rows, or all by creation)
         let mut st = self.conn.prepare_cached(if room.is_some() {
-            "SELECT room, agent, source_event, created_ms, permit FROM wakes WHERE room = ?1
-             ORDER BY created_ms, agent, source_event LIMIT ?2"
+            "SELECT room, agent, source_event, created_ms, permit, state, reason, detail FROM wakes
+             WHERE room = ?1 ORDER BY created_ms, agent, source_event LIMIT ?2"
         } else {
-            "SELECT room, agent, source_event, created_ms, permit FROM wakes WHERE ?1 IS NULL
-             ORDER BY created_ms, room, agent, source_event LIMIT ?2"
+            "SELECT room, agent, source_event, created_ms, permit, state, reason, detail FROM wakes
+             WHERE ?1 IS NULL ORDER BY created_ms, room, agent, source_event LIMIT ?2"
         })?;
-        let rows = st.query_map(params![room, WAKES_PAGE_MAX as i64], |r| {
-            Ok(WakeRow {
-                room: r.get(0)?,
-                agent: r.get(1)?,
-                source_event: r.get(2)?,
-                created_ms: u(r.get(3)?),
-                permit: r.get(4)?,
-            })
-        })?;
+        let rows = st.query_map(params![room, WAKES_PAGE_MAX as i64], wake_from_row)?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    fn wakes_to_check(&self, limit: usize) -> Result<Vec<WakeRow>> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT room, agent, source_event, created_ms, permit, state, reason, detail FROM wakes
+             WHERE state = 'queued' ORDER BY checked_ms, created_ms LIMIT ?1",
+        )?;
+        let rows = st.query_map([limit as i64], wake_from_row)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    fn wake_checked(
+        &mut self,
+        w: &WakeRow,
+        at_ms: u64,
+        dead: Option<(&str, &str)>,
+    ) -> Result<bool> {
+        self.write(|c| {
+            let n = c.conn.execute(
+                "UPDATE wakes SET checked_ms = ?4,
+                    state = CASE WHEN ?5 IS NULL THEN state ELSE 'dead' END,
+                    reason = COALESCE(?5, reason), detail = COALESCE(?6, detail)
+                 WHERE room = ?1 AND agent = ?2 AND source_event = ?3 AND state = 'queued'",
+                params![
+                    w.room,
+                    w.agent,
+                    w.source_event,
+                    at_ms as i64,
+                    dead.map(|d| d.0),
+                    dead.map(|d| d.1)
+                ],
+            )?;
+            Ok(n == 1)
+        })
     }
 
     /// An earlier reload failed: the cache must be reloaded before it is trusted.

@@ -52,3 +52,12 @@ pub fn control_meta_has(path: &Path, key: &str) -> Result<bool> {
         .optional()?
         .is_some())
 }
+
+/// Rewrite `from` to `to` inside every queued wake permit's sealed text (a tampered queue).
+pub fn tamper_wake_permits(path: &Path, from: &str, to: &str) -> Result<()> {
+    Connection::open(path)?.execute(
+        "UPDATE wakes SET permit = replace(permit, ?1, ?2)",
+        [from, to],
+    )?;
+    Ok(())
+}
