@@ -120,6 +120,7 @@ fn served(dir: &Path, instance: &str, engine_threads: Option<u64>) -> anyhow::Re
             .map(|n| n as usize)
             .unwrap_or_else(room_server::daemon::engine_threads_default),
         limits: Default::default(),
+        room_exe: None,
     })?;
     let sock = daemon.socket.clone();
     let url = format!(

@@ -58,6 +58,13 @@ pub struct Cli {
 pub enum Cmd {
     /// Create the state directory and register it in the machine bootstrap.
     Init,
+    /// Room's scripted agent, as the `script` adapter launches it for a wake (the prompt on
+    /// stdin, ROOM_TOKEN and ROOM_SOCKET in the environment).
+    #[command(hide = true)]
+    AgentScript {
+        #[arg(long, default_value = "read,reply")]
+        steps: String,
+    },
     /// Run the daemon.
     Serve {
         /// Also listen for HTTP on this loopback address (for example 127.0.0.1:7878).
@@ -479,6 +486,7 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
             req("room", v)
         }
         Cmd::Init
+        | Cmd::AgentScript { .. }
         | Cmd::Serve { .. }
         | Cmd::Demo
         | Cmd::Bench(_)
@@ -505,6 +513,7 @@ pub fn run(cli: Cli) -> i32 {
             engine_threads,
         } => return serve(&cli, *listen, *engine_threads),
         Cmd::Demo => return crate::demo::run(),
+        Cmd::AgentScript { steps } => return crate::agent_script::run(steps),
         Cmd::Bench(a) => return crate::bench::run(a),
         Cmd::Verify { room } => return verify(&cli, room.as_deref()),
         Cmd::Mcp { tools } => {
@@ -603,6 +612,7 @@ fn serve(cli: &Cli, listen: Option<std::net::SocketAddr>, engine_threads: Option
         engine_threads: engine_threads
             .map_or_else(room_server::daemon::engine_threads_default, usize::from),
         limits: Default::default(),
+        room_exe: std::env::current_exe().ok(),
     };
     let rt = room_server::daemon::runtime(cfg.engine_threads).expect("tokio runtime");
     let result = rt.block_on(room_server::daemon::serve(cfg, async {

@@ -2,6 +2,7 @@
 //! Exit status: 0 done, 1 refused (`error[CODE]` on stderr), 2 usage, 3 daemon unreachable or
 //! I/O failure, 4 the state directory is invalid or already served.
 
+mod agent_script;
 mod bench;
 mod bench_accept;
 mod bench_mcp;

@@ -426,3 +426,76 @@ fn the_swarm_bench_runs_on_both_clients() {
         );
     }
 }
+
+#[test]
+fn a_send_wakes_the_scripted_agent_which_replies() {
+    let env = Env::new();
+    assert!(env.run(&["init"], None).status.success());
+    // the route: beta's wakes go to Room's own scripted agent, which reads and replies
+    std::fs::write(
+        env.state.join("config.toml"),
+        "[routes.beta]\nadapter = \"script\"\nsteps = [\"read\", \"reply\"]\n",
+    )
+    .unwrap();
+    let mut daemon = env.serve(&env.state);
+    let token = |name: &str, tier: &str| {
+        let o = env.run(
+            &["agent", "enroll", name, "--max-tier", tier, "--json"],
+            None,
+        );
+        assert!(o.status.success(), "{}", stderr(&o));
+        json(&o)["token"].as_str().unwrap().to_string()
+    };
+    let (a, b) = (token("alpha", "coordinator"), token("beta", "member"));
+    assert!(
+        env.run(
+            &["create", "chat", "--member", "alpha", "--member", "beta"],
+            None
+        )
+        .status
+        .success()
+    );
+    let caught_up = |tok: &str| {
+        let mut confirm: Option<String> = None;
+        for _ in 0..100 {
+            let mut args = vec!["sync", "chat", "--json"];
+            if let Some(c) = &confirm {
+                args.extend(["--confirm", c.as_str()]);
+            }
+            let page = json(&env.run(&args, Some(tok)));
+            if page["more"] != true && confirm.is_some() {
+                return page;
+            }
+            confirm = page["receipt"].as_str().map(String::from);
+        }
+        panic!("never caught up");
+    };
+    caught_up(&a);
+    let sent = env.run(
+        &["send", "chat", "review the plan", "--to", "beta"],
+        Some(&a),
+    );
+    assert!(sent.status.success(), "{}", stderr(&sent));
+    let mut state = String::new();
+    for _ in 0..300 {
+        let w = json(&env.run(&["wakes", "list", "--json"], None));
+        state = w["wakes"][0]["state"].as_str().unwrap_or("").to_string();
+        if !matches!(state.as_str(), "queued" | "dispatched" | "") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(state, "replied");
+    let page = caught_up(&b);
+    assert_eq!(
+        page["open_items"].as_array().unwrap().len(),
+        1,
+        "the mention stays: {page}"
+    );
+    assert!(
+        page["open_items"][0]["kind"] == "mention",
+        "the obligation was answered by the woken worker"
+    );
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+}

@@ -87,6 +87,7 @@ codes! {
     WakeTaskAuthorityChanged => "wake_task_authority_changed",
     WakeAdmissionClosed => "wake_admission_closed",
     WakeJobExpired => "wake_job_expired",
+    WakeJobChangedDuringValidation => "wake_job_changed_during_validation",
     // governing sources: read whole, measured at done
     SourceCoverageIncomplete => "source_coverage_incomplete",
     SourcePartUnreadable => "source_part_unreadable",

@@ -213,3 +213,298 @@ impl Engine {
         Ok(())
     }
 }
+
+/// A worker's one-launch credential: valid only while its launch runs.
+pub const WORKER_TOKEN_PREFIX: &str = "room_wrk_";
+/// After a recipient's launch ends, its next one waits this long (the damper).
+pub const COOLDOWN_MS: u64 = 2_000;
+/// Launches one dispatch pass may start.
+pub const LAUNCHES_PER_PASS_MAX: usize = 16;
+/// A launch's state while its process is running.
+const RUNNING: &str = "running";
+
+/// A launch the dispatcher is to start: the route, what the worker reads on stdin, and the
+/// credential it acts with (shown here once; only its digest is stored).
+#[derive(Debug, Clone)]
+pub struct Launch {
+    pub id: String,
+    pub token: String,
+    pub room: String,
+    pub agent: String,
+    pub route: crate::policy::Route,
+    pub prompt: Value,
+    /// The longest the process may run: the route's bound and what is left of the permit's.
+    pub deadline_ms: u64,
+}
+
+/// How a worker process ended, as the dispatcher observed it.
+#[derive(Debug, Clone, Copy)]
+pub struct Exit {
+    pub code: Option<i32>,
+    pub timed_out: bool,
+}
+
+impl Engine {
+    /// One dispatch pass: revalidate queued permits (dead-lettering refused ones), then start a
+    /// launch for each valid permit whose recipient has a route, is not busy with another
+    /// launch (`recipient_busy` defers, never drops) and is past its cooldown.
+    pub fn dispatch_take(&self) -> Outcome<Vec<Launch>> {
+        self.dispatch_sweep()?;
+        let routes = self.policy().routes.clone();
+        if routes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let now = self.now_ms();
+        let rows = self
+            .control()
+            .wakes_to_check(DISPATCH_BATCH_MAX)
+            .map_err(store_err)?;
+        let mut out: Vec<Launch> = Vec::new();
+        for w in rows {
+            let Some(route) = routes.get(&w.agent) else {
+                continue;
+            };
+            if out.len() >= LAUNCHES_PER_PASS_MAX
+                || out.iter().any(|l| l.agent == w.agent)
+                || self.recipient_busy(&w.agent, now)?
+            {
+                continue;
+            }
+            let permit = match self.revalidate(&w, now) {
+                Ok(p) => p,
+                // the next sweep dead-letters it with its reason
+                Err(_) => continue,
+            };
+            out.push(self.start_launch(&w, permit, route, now)?);
+        }
+        Ok(out)
+    }
+
+    /// Another launch of the agent runs, or its last ended less than `COOLDOWN_MS` ago.
+    fn recipient_busy(&self, agent: &str, now: u64) -> Outcome<bool> {
+        let recent = self.control().launches_of(agent, 1).map_err(store_err)?;
+        Ok(recent.first().is_some_and(|l| {
+            l.state != "ended"
+                || l.ended_ms
+                    .is_some_and(|e| now < e.saturating_add(COOLDOWN_MS))
+        }))
+    }
+
+    fn start_launch(
+        &self,
+        w: &WakeRow,
+        permit: WakePermit,
+        route: &crate::policy::Route,
+        now: u64,
+    ) -> Outcome<Launch> {
+        let id = format!("lch_{}", self.env.entropy.hex(8));
+        let token = format!("{WORKER_TOKEN_PREFIX}{}", self.env.entropy.hex(32));
+        let due = w.created_ms.saturating_add(permit.binding.deadline_ms);
+        let not_after = due.min(now.saturating_add(route.timeout_ms));
+        let row = room_store::control::LaunchRow {
+            id: id.clone(),
+            room: w.room.clone(),
+            agent: w.agent.clone(),
+            source_event: w.source_event.clone(),
+            secret_sha256: room_core::sha256_hex(token.as_bytes()),
+            permit_sha256: permit.binding_sha256.clone(),
+            state: "starting".into(),
+            pid: None,
+            created_ms: now,
+            not_after_ms: not_after,
+            ended_ms: None,
+            outcome: None,
+        };
+        self.control().insert_launch(&row).map_err(store_err)?;
+        let b = &permit.binding;
+        let prompt = json!({"launch": id, "room": b.room, "agent": b.agent, "from": b.from,
+            "task": b.task, "source_event": b.source_event, "prompt": b.prompt,
+            "mention_ids": b.mention_ids, "obligation_ids": b.obligation_ids,
+            "not_after_ms": not_after, "binding_sha256": permit.binding_sha256});
+        Ok(Launch {
+            id,
+            token,
+            room: w.room.clone(),
+            agent: w.agent.clone(),
+            route: route.clone(),
+            prompt,
+            deadline_ms: not_after.saturating_sub(now),
+        })
+    }
+
+    /// The split-lock claim of a started process: the permit is read again and must still be
+    /// the sealed one and valid, with time left; only then does the launch run (and its
+    /// credential work). Otherwise the launch ends `wake_job_changed_during_validation` and
+    /// the dispatcher stops the process.
+    pub fn launch_started(&self, id: &str, pid: u32) -> Outcome<()> {
+        let now = self.now_ms();
+        let l = self
+            .control()
+            .launch(id)
+            .map_err(store_err)?
+            .ok_or_else(|| refuse(Code::NotFound, format!("no launch {id}")))?;
+        let w = self
+            .control()
+            .wakes(Some(&l.room))
+            .map_err(store_err)?
+            .into_iter()
+            .find(|w| w.agent == l.agent && w.source_event == l.source_event);
+        let still = w.and_then(|w| {
+            let mut queued = w.clone();
+            queued.state = room_store::control::WAKE_QUEUED.into();
+            self.revalidate(&queued, now).ok()
+        });
+        match still {
+            Some(p) if p.binding_sha256 == l.permit_sha256 && now < l.not_after_ms => {
+                if self.control().launch_running(id, pid).map_err(store_err)? {
+                    return Ok(());
+                }
+                Err(refuse(
+                    Code::WakeJobChangedDuringValidation,
+                    format!("launch {id} was not starting any more"),
+                ))
+            }
+            _ => {
+                self.control()
+                    .launch_ended(id, now, "wake_job_changed_during_validation", "dead")
+                    .map_err(store_err)?;
+                Err(refuse(
+                    Code::WakeJobChangedDuringValidation,
+                    format!("the permit of launch {id} changed or lapsed while it started"),
+                ))
+            }
+        }
+    }
+
+    /// A launch's process ended: what was proven. `replied` when every obligation of the
+    /// permit (or, without any, every mention) was resolved by the worker's own turns (its
+    /// launch's conversation);
+    /// otherwise `process_exit_only` for an exit 0 (the permit stays `pending_reply`),
+    /// `timed_out` or `failed`. The credential stops working either way.
+    pub fn launch_ended(&self, id: &str, exit: Exit) -> Outcome<Value> {
+        let now = self.now_ms();
+        let l = self
+            .control()
+            .launch(id)
+            .map_err(store_err)?
+            .ok_or_else(|| refuse(Code::NotFound, format!("no launch {id}")))?;
+        let replied = self.replied_by_launch(&l)?;
+        let (outcome, wake_state) = match (replied, exit) {
+            (true, _) => ("replied", "replied"),
+            (
+                false,
+                Exit {
+                    timed_out: true, ..
+                },
+            ) => ("timed_out", "failed"),
+            (false, Exit { code: Some(0), .. }) => ("process_exit_only", "pending_reply"),
+            (false, _) => ("failed", "failed"),
+        };
+        self.control()
+            .launch_ended(id, now, outcome, wake_state)
+            .map_err(store_err)?;
+        Ok(
+            json!({"launch": id, "outcome": outcome, "exit_code": exit.code,
+            "timed_out": exit.timed_out}),
+        )
+    }
+
+    /// Whether what the launch's permit asked for is resolved by turns of the launch's own
+    /// conversation (a reply from the bound worker, not from someone else).
+    fn replied_by_launch(&self, l: &room_store::control::LaunchRow) -> Outcome<bool> {
+        let Some(w) = self
+            .control()
+            .wakes(Some(&l.room))
+            .map_err(store_err)?
+            .into_iter()
+            .find(|w| w.agent == l.agent && w.source_event == l.source_event)
+        else {
+            return Ok(false);
+        };
+        let Ok(p) = serde_json::from_str::<WakePermit>(&w.permit) else {
+            return Ok(false);
+        };
+        let agent = self.control().agent(&l.agent).map_err(store_err)?;
+        let Some(agent) = agent else { return Ok(false) };
+        let key = room_core::canon::digest_of(&json!({
+            "instance": self.state.instance_id, "actor": l.agent,
+            "registration": agent.registration_sha256, "conversation": worker_conversation(&l.id),
+            "room": l.room,
+        }));
+        let handle = self.room_handle(&l.room)?;
+        let h = crate::lock_room(&handle);
+        // what the wake asked for: its obligations, or, for a wake without any, its mentions
+        let b = &p.binding;
+        let items: Vec<(room_store::index::ItemKind, &String)> = if b.obligation_ids.is_empty() {
+            b.mention_ids
+                .iter()
+                .map(|m| (room_store::index::ItemKind::Mention, m))
+                .collect()
+        } else {
+            b.obligation_ids
+                .iter()
+                .map(|o| (room_store::index::ItemKind::Obligation, o))
+                .collect()
+        };
+        let mut any = false;
+        for (kind, item) in items {
+            any = true;
+            let Some(row) = h.index.item(kind, item).map_err(store_err)? else {
+                return Ok(false);
+            };
+            let Some(by) = row.resolved_by.filter(|_| row.status != "open") else {
+                return Ok(false);
+            };
+            let Some(ev) = h.index.event_by_id(&by).map_err(store_err)? else {
+                return Ok(false);
+            };
+            let body: Value = serde_json::from_str(&ev.body).map_err(Refusal::storage)?;
+            if ev.actor != l.agent || body["conversation_key"] != key.as_str() {
+                return Ok(false);
+            }
+        }
+        Ok(any)
+    }
+
+    /// The running launch a worker token belongs to, if it is one: `None` for any other
+    /// token; refused when the launch is not running or its time is up.
+    pub(crate) fn worker_launch(
+        &self,
+        token: &str,
+    ) -> Outcome<Option<room_store::control::LaunchRow>> {
+        if !token.starts_with(WORKER_TOKEN_PREFIX) {
+            return Ok(None);
+        }
+        let digest = room_core::sha256_hex(token.as_bytes());
+        let l = self
+            .control()
+            .launch_by_secret(&digest)
+            .map_err(store_err)?
+            .ok_or_else(|| refuse(Code::CredentialInvalid, "credential is not known".into()))?;
+        if l.state != RUNNING || self.now_ms() > l.not_after_ms {
+            return Err(refuse(
+                Code::CredentialRevoked,
+                format!("the credential of launch {} ended with its launch", l.id),
+            ));
+        }
+        Ok(Some(l))
+    }
+
+    /// Launches a previous daemon left starting or running: their processes are not ours any
+    /// more, so they end `interrupted` and their credentials stop working.
+    pub fn recover_launches(&self) -> Outcome<usize> {
+        let live = self.control().launches_live().map_err(store_err)?;
+        let now = self.now_ms();
+        for l in &live {
+            self.control()
+                .launch_ended(&l.id, now, "interrupted", "failed")
+                .map_err(store_err)?;
+        }
+        Ok(live.len())
+    }
+}
+
+/// The native conversation a launch's worker acts in: its correlation key.
+pub fn worker_conversation(launch: &str) -> String {
+    format!("wake:{launch}")
+}

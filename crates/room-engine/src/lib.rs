@@ -428,7 +428,13 @@ impl Engine {
         caller: &principal::AgentCaller,
         verb: room_core::Verb,
     ) -> Outcome<Principal> {
-        self.authority.authorize(caller, verb)
+        let mut p = self.authority.authorize(caller, verb)?;
+        // a worker acts in its launch's conversation (its replies correlate with the launch),
+        // and only until the launch's deadline
+        if let Some(l) = self.worker_launch(&caller.token)? {
+            p.conversation = dispatch::worker_conversation(&l.id);
+        }
+        Ok(p)
     }
 
     pub fn check_actor(&self, p: &Principal, claimed: Option<&str>, field: &str) -> Outcome<()> {

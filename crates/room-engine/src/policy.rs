@@ -23,6 +23,72 @@ struct ConfigFile {
     quotas: Quotas,
     #[serde(default)]
     acceptance: Acceptance,
+    /// Per agent, how a wake reaches it: without one, its permits stay queued for its own
+    /// MCP session.
+    #[serde(default)]
+    routes: BTreeMap<String, Route>,
+}
+
+/// How the dispatcher delivers an agent's wakes: an adapter and what it runs.
+#[derive(Debug, Deserialize, Clone, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Route {
+    /// `command` (a one-shot program: the wake prompt on stdin) or `script` (Room's own
+    /// scripted agent, following `steps`).
+    pub adapter: String,
+    /// `command`: the absolute program and its exact arguments (no shell, no PATH lookup).
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// `script`: the steps, in order (`read`, `reply`, `exit`, `fail`, `hang`).
+    #[serde(default)]
+    pub steps: Vec<String>,
+    /// Names of the daemon's environment variables the worker gets (nothing else passes).
+    #[serde(default)]
+    pub env: Vec<String>,
+    /// The worker's working directory (absolute; default: the state directory's `workers/`).
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// The longest a worker may run (bounded by the permit's own deadline too).
+    #[serde(default = "route_timeout_ms")]
+    pub timeout_ms: u64,
+}
+
+fn route_timeout_ms() -> u64 {
+    10 * 60_000
+}
+
+/// Steps the scripted agent knows.
+pub const SCRIPT_STEPS: [&str; 5] = ["read", "reply", "exit", "fail", "hang"];
+/// The longest route timeout.
+pub const ROUTE_TIMEOUT_MS_MAX: u64 = 60 * 60_000;
+
+fn check_route(agent: &str, r: &Route) -> Result<(), String> {
+    let at = format!("config.toml: routes.{agent}");
+    match r.adapter.as_str() {
+        "command" => match r.command.first() {
+            Some(p) if p.starts_with('/') && !p.split('/').any(|x| x == "." || x == "..") => {}
+            _ => {
+                return Err(format!(
+                    "{at}.command must start with an absolute program path"
+                ));
+            }
+        },
+        "script" => {
+            if let Some(s) = r.steps.iter().find(|s| !SCRIPT_STEPS.contains(&s.as_str())) {
+                return Err(format!("{at}.steps: {s:?} is not one of {SCRIPT_STEPS:?}"));
+            }
+        }
+        other => return Err(format!("{at}.adapter {other:?} is not command or script")),
+    }
+    if r.cwd.as_deref().is_some_and(|c| !c.starts_with('/')) {
+        return Err(format!("{at}.cwd must be absolute"));
+    }
+    if !(1_000..=ROUTE_TIMEOUT_MS_MAX).contains(&r.timeout_ms) {
+        return Err(format!(
+            "{at}.timeout_ms must be 1000..={ROUTE_TIMEOUT_MS_MAX}"
+        ));
+    }
+    Ok(())
 }
 
 /// What acceptance checks may run: `command` programs by absolute path, exactly as listed.
@@ -121,6 +187,8 @@ pub struct Policy {
     pub acceptance_commands: Arc<Vec<String>>,
     /// The owner-wide minimum of distinct origins behind an `evidence_origins` check.
     pub evidence_origins_min: u32,
+    /// Per agent, how its wakes are delivered.
+    pub routes: Arc<BTreeMap<String, Route>>,
 }
 
 impl Policy {
@@ -212,6 +280,7 @@ fn failed(why: String) -> Policy {
         quotas: Quotas::default(),
         acceptance_commands: Arc::new(Vec::new()),
         evidence_origins_min: 1,
+        routes: Arc::new(BTreeMap::new()),
     }
 }
 
@@ -237,6 +306,9 @@ fn parse(bytes: &[u8]) -> Policy {
             "config.toml: acceptance.commands[{i}] {c:?} is not an absolute path"
         ));
     }
+    if let Some(why) = cfg.routes.iter().find_map(|(a, r)| check_route(a, r).err()) {
+        return failed(why);
+    }
     match Redactor::new(&cfg.redaction.patterns) {
         Ok(r) => Policy {
             ceiling,
@@ -245,6 +317,7 @@ fn parse(bytes: &[u8]) -> Policy {
             quotas: cfg.quotas,
             acceptance_commands: Arc::new(cfg.acceptance.commands),
             evidence_origins_min: cfg.acceptance.evidence_origins_min.clamp(1, 16),
+            routes: Arc::new(cfg.routes),
         },
         Err(e) => failed(format!("config.toml: {e}")),
     }

@@ -301,6 +301,27 @@ pub fn authenticate_offline(c: &dyn ControlStore, token: &str) -> Outcome<AgentR
 
 fn authenticate_in(c: &dyn ControlStore, token: &str) -> Outcome<AgentRow> {
     let digest = sha256_hex(token.as_bytes());
+    if token.starts_with(crate::dispatch::WORKER_TOKEN_PREFIX) {
+        // a worker's one-launch credential acts as its launch's agent while the launch runs
+        let launch = c.launch_by_secret(&digest).map_err(store_err)?;
+        return match launch {
+            Some(l) if l.state == "running" => match c.agent(&l.agent).map_err(store_err)? {
+                Some(row) if row.revoked_ms.is_none() => Ok(row),
+                _ => Err(Refusal::new(
+                    Code::CredentialRevoked,
+                    format!("launch {} acts for an agent that is revoked", l.id),
+                )),
+            },
+            Some(l) => Err(Refusal::new(
+                Code::CredentialRevoked,
+                format!("the credential of launch {} ended with its launch", l.id),
+            )),
+            None => Err(Refusal::new(
+                Code::CredentialInvalid,
+                "credential is not known",
+            )),
+        };
+    }
     if let Some(row) = c.agent_by_secret(&digest).map_err(store_err)? {
         // The lookup was by digest; compare again in constant time before trusting it.
         if bool::from(row.secret_sha256.as_bytes().ct_eq(digest.as_bytes())) {

@@ -125,6 +125,55 @@ fn tail_reader(src: Option<impl Read + Send + 'static>) -> Tail {
     Tail { buf, done }
 }
 
+/// The processes of group `pgid` still alive, by a walk of `/proc` (each process's stat names
+/// its group). A worker's group is quiescent only when this is empty: a kill request alone is
+/// never taken for quiescence.
+pub fn group_members(pgid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // fields after the parenthesised command: state, ppid, pgrp, …
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        // a zombie has exited: it holds no resources but its exit status
+        if fields.first() == Some(&"Z") {
+            continue;
+        }
+        if fields.get(2).and_then(|g| g.parse::<u32>().ok()) == Some(pgid) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Kill every process of group `pgid` and wait (at most `wait_ms`) until none is left; true
+/// when the group was seen empty.
+pub fn stop_group(pgid: u32, wait_ms: u64) -> bool {
+    let start = Instant::now();
+    loop {
+        if group_members(pgid).is_empty() {
+            return true;
+        }
+        if let Some(p) = Pid::from_raw(pgid as i32) {
+            let _ = kill_process_group(p, Signal::KILL);
+        }
+        if start.elapsed() > Duration::from_millis(wait_ms) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

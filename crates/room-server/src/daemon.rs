@@ -93,6 +93,9 @@ pub struct ServeConfig {
     pub engine_threads: usize,
     /// Connection and time limits of the listeners.
     pub limits: Limits,
+    /// The `room` binary, for workers routed to the `script` adapter (none: that adapter is
+    /// refused at launch).
+    pub room_exe: Option<PathBuf>,
 }
 
 /// What one connection may hold and for how long. The same limits apply to the Unix socket
@@ -487,6 +490,14 @@ pub async fn serve(
             }
         }
     });
+    let dispatcher = tokio::spawn(crate::workers::run(
+        engine.clone(),
+        crate::workers::WorkerEnv {
+            state_dir: state.root.clone(),
+            socket: sock.clone(),
+            room_exe: cfg.room_exe.clone(),
+        },
+    ));
     let sweeper = tokio::spawn({
         let engine = engine.clone();
         async move {
@@ -556,6 +567,7 @@ pub async fn serve(
     }
     flusher.abort();
     sweeper.abort();
+    dispatcher.abort();
     let e = engine.clone();
     let _ = tokio::task::spawn_blocking(move || e.close_clean()).await;
     let _ = std::fs::remove_file(&sock);
@@ -701,6 +713,7 @@ impl Background {
             listen: None,
             engine_threads: engine_threads_default(),
             limits: Limits::default(),
+            room_exe: None,
         })
     }
 

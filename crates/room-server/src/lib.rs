@@ -8,5 +8,6 @@ pub mod dispatch;
 pub mod error;
 pub mod mcp;
 pub mod wire;
+pub mod workers;
 
 pub use error::ServerError;

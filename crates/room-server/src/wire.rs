@@ -288,6 +288,15 @@ pub struct ProjectSourceArgs {
     pub parts: Vec<String>,
 }
 
+/// A composition cursor: an object the previous page gave, passed back verbatim.
+fn cursor_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "additionalProperties": true,
+        "description": "The previous page's next, verbatim."
+    })
+}
+
 /// A `--accept` value: one check as a JSON object.
 fn json_object(s: &str) -> Result<Value, String> {
     match serde_json::from_str::<Value>(s) {
@@ -342,6 +351,7 @@ pub struct ComposeArgs {
     /// The previous page's next, verbatim.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[arg(long, value_parser = json_object)]
+    #[schemars(schema_with = "cursor_schema")]
     pub cursor: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[arg(long)]

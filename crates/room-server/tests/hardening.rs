@@ -38,6 +38,7 @@ impl Fx {
             listen: Some("127.0.0.1:0".parse().unwrap()),
             engine_threads: engine_threads_default(),
             limits,
+            room_exe: None,
         })
         .unwrap();
         let http = std::fs::read_to_string(s.root.join("http.addr"))

@@ -268,6 +268,26 @@ pub trait ControlStore: Send {
     /// False when it was no longer queued.
     fn wake_checked(&mut self, w: &WakeRow, at_ms: u64, dead: Option<(&str, &str)>)
     -> Result<bool>;
+    /// Record a launch of a queued permit, which becomes `dispatched`, in one transaction (an
+    /// error when the permit is not queued: two launches of one permit never exist).
+    fn insert_launch(&mut self, l: &crate::control::LaunchRow) -> Result<()>;
+    fn launch(&self, id: &str) -> Result<Option<crate::control::LaunchRow>>;
+    fn launch_by_secret(&self, secret_sha256: &str) -> Result<Option<crate::control::LaunchRow>>;
+    /// An agent's launches, newest first, at most `limit`.
+    fn launches_of(&self, agent: &str, limit: usize) -> Result<Vec<crate::control::LaunchRow>>;
+    /// Launches not ended (at a start: those a crash left behind).
+    fn launches_live(&self) -> Result<Vec<crate::control::LaunchRow>>;
+    /// A starting launch's process was claimed with `pid`; false when it was not starting.
+    fn launch_running(&mut self, id: &str, pid: u32) -> Result<bool>;
+    /// End a launch with its outcome and move its permit to `wake_state`; false when it had
+    /// already ended.
+    fn launch_ended(
+        &mut self,
+        id: &str,
+        at_ms: u64,
+        outcome: &str,
+        wake_state: &str,
+    ) -> Result<bool>;
     /// Queue permits in one transaction; a permit already queued stays as sealed.
     fn insert_wakes(&mut self, rows: &[WakeRow]) -> Result<()>;
     fn wakes_requeue_pending(&self) -> Result<bool>;

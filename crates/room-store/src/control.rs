@@ -159,6 +159,26 @@ ALTER TABLE wakes ADD COLUMN detail TEXT;
 ALTER TABLE wakes ADD COLUMN checked_ms INTEGER NOT NULL DEFAULT 0;
 CREATE INDEX wakes_state_checked ON wakes(state, checked_ms);
 "#,
+    // launches: one per attempt to deliver a permit to a worker process, with the digest of
+    // its one-launch credential; the worker's calls are authorized through it while it runs
+    r#"
+CREATE TABLE launches (
+    id TEXT PRIMARY KEY,
+    room TEXT NOT NULL,
+    agent TEXT NOT NULL,
+    source_event TEXT NOT NULL,
+    secret_sha256 TEXT NOT NULL UNIQUE,
+    permit_sha256 TEXT NOT NULL,
+    state TEXT NOT NULL,
+    pid INTEGER,
+    created_ms INTEGER NOT NULL,
+    not_after_ms INTEGER NOT NULL,
+    ended_ms INTEGER,
+    outcome TEXT
+) STRICT;
+CREATE INDEX launches_agent ON launches(agent, state);
+CREATE INDEX launches_wake ON launches(room, agent, source_event);
+"#,
 ];
 
 /// One sealed permit as the queue stores it: its key and its canonical JSON.
@@ -174,6 +194,45 @@ pub struct WakeRow {
     /// A dead permit's refusal code and its message.
     pub reason: Option<String>,
     pub detail: Option<String>,
+}
+
+/// One attempt to deliver a permit to a worker process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchRow {
+    pub id: String,
+    pub room: String,
+    pub agent: String,
+    pub source_event: String,
+    /// SHA-256 of the launch's one-launch credential (the token itself is never stored).
+    pub secret_sha256: String,
+    pub permit_sha256: String,
+    /// `starting` (process not yet claimed), `running` (claimed with its pid) or `ended`.
+    pub state: String,
+    pub pid: Option<u32>,
+    pub created_ms: u64,
+    pub not_after_ms: u64,
+    pub ended_ms: Option<u64>,
+    /// How it ended: its proof state (`replied`, `process_exit_only`, `failed`, …).
+    pub outcome: Option<String>,
+}
+
+const LAUNCH_COLS: &str = "id, room, agent, source_event, secret_sha256, permit_sha256, state, pid, created_ms, not_after_ms, ended_ms, outcome";
+
+fn launch_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<LaunchRow> {
+    Ok(LaunchRow {
+        id: r.get(0)?,
+        room: r.get(1)?,
+        agent: r.get(2)?,
+        source_event: r.get(3)?,
+        secret_sha256: r.get(4)?,
+        permit_sha256: r.get(5)?,
+        state: r.get(6)?,
+        pid: r.get::<_, Option<i64>>(7)?.map(|p| p as u32),
+        created_ms: u(r.get(8)?),
+        not_after_ms: u(r.get(9)?),
+        ended_ms: r.get::<_, Option<i64>>(10)?.map(u),
+        outcome: r.get(11)?,
+    })
 }
 
 /// A permit's dispatch state.
@@ -1288,6 +1347,101 @@ impl ControlStore for SqliteControl {
                     dead.map(|d| d.1)
                 ],
             )?;
+            Ok(n == 1)
+        })
+    }
+
+    fn insert_launch(&mut self, l: &LaunchRow) -> Result<()> {
+        self.write(|c| {
+            let tx = c.conn.transaction()?;
+            let n = tx.execute(
+                "UPDATE wakes SET state = 'dispatched' WHERE room = ?1 AND agent = ?2
+                   AND source_event = ?3 AND state = 'queued'",
+                params![l.room, l.agent, l.source_event],
+            )?;
+            if n != 1 {
+                return Err(StoreError::Corrupt(format!(
+                    "launch {} of a permit that is not queued",
+                    l.id
+                )));
+            }
+            tx.execute(
+                &format!("INSERT INTO launches ({LAUNCH_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"),
+                params![l.id, l.room, l.agent, l.source_event, l.secret_sha256, l.permit_sha256,
+                    l.state, l.pid.map(i64::from), l.created_ms as i64, l.not_after_ms as i64,
+                    l.ended_ms.map(|v| v as i64), l.outcome],
+            )?;
+            tx.commit()?;
+            Ok(())
+        })
+    }
+
+    fn launch(&self, id: &str) -> Result<Option<LaunchRow>> {
+        Ok(self
+            .conn
+            .prepare_cached(&format!("SELECT {LAUNCH_COLS} FROM launches WHERE id = ?1"))?
+            .query_row([id], launch_from_row)
+            .optional()?)
+    }
+
+    fn launch_by_secret(&self, secret_sha256: &str) -> Result<Option<LaunchRow>> {
+        Ok(self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {LAUNCH_COLS} FROM launches WHERE secret_sha256 = ?1"
+            ))?
+            .query_row([secret_sha256], launch_from_row)
+            .optional()?)
+    }
+
+    fn launches_of(&self, agent: &str, limit: usize) -> Result<Vec<LaunchRow>> {
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {LAUNCH_COLS} FROM launches WHERE agent = ?1 ORDER BY created_ms DESC, id LIMIT ?2"
+        ))?;
+        let rows = st.query_map(params![agent, limit as i64], launch_from_row)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    fn launches_live(&self) -> Result<Vec<LaunchRow>> {
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {LAUNCH_COLS} FROM launches WHERE state != 'ended' ORDER BY created_ms"
+        ))?;
+        let rows = st.query_map([], launch_from_row)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    fn launch_running(&mut self, id: &str, pid: u32) -> Result<bool> {
+        self.write(|c| {
+            let n = c.conn.execute(
+                "UPDATE launches SET state = 'running', pid = ?2 WHERE id = ?1 AND state = 'starting'",
+                params![id, i64::from(pid)],
+            )?;
+            Ok(n == 1)
+        })
+    }
+
+    fn launch_ended(
+        &mut self,
+        id: &str,
+        at_ms: u64,
+        outcome: &str,
+        wake_state: &str,
+    ) -> Result<bool> {
+        self.write(|c| {
+            let tx = c.conn.transaction()?;
+            let n = tx.execute(
+                "UPDATE launches SET state = 'ended', ended_ms = ?2, outcome = ?3
+                 WHERE id = ?1 AND state != 'ended'",
+                params![id, at_ms as i64, outcome],
+            )?;
+            if n == 1 {
+                tx.execute(
+                    "UPDATE wakes SET state = ?2, reason = ?3 WHERE (room, agent, source_event) =
+                       (SELECT room, agent, source_event FROM launches WHERE id = ?1)",
+                    params![id, wake_state, outcome],
+                )?;
+            }
+            tx.commit()?;
             Ok(n == 1)
         })
     }

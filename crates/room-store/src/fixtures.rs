@@ -27,7 +27,7 @@ pub fn index_back_to_schema_1(path: &Path) -> Result<()> {
 /// task requirements or acceptance, no terms, pins or scope index).
 pub fn control_back_to_schema_2(path: &Path) -> Result<()> {
     Connection::open(path)?.execute_batch(
-        "DROP INDEX tasks_lease_gen; ALTER TABLE tasks DROP COLUMN parent_revision;
+        "DROP TABLE launches; DROP INDEX tasks_lease_gen; ALTER TABLE tasks DROP COLUMN parent_revision;
          DROP TABLE project_sources; ALTER TABLE tasks DROP COLUMN governed;
          ALTER TABLE rooms DROP COLUMN admission_open;
          DROP TABLE task_scopes; DROP INDEX tasks_successor;

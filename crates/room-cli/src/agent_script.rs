@@ -1,0 +1,91 @@
+//! `room agent-script --steps read,reply`: Room's own scripted agent, which the dispatcher's
+//! `script` adapter launches for a wake. It reads the wake prompt (JSON) on stdin and acts
+//! through the daemon socket (`ROOM_SOCKET`) with its one-launch credential (`ROOM_TOKEN`),
+//! step by step: `read` (the room up to its tip, confirming every page), `reply` (answer each
+//! obligation of the wake; a gate refusal is read through and tried once more), `exit` (stop
+//! without a word), `fail` (exit 1), `hang` (never end: the launch's deadline stops it).
+
+use room_server::client::Client;
+use room_server::wire::{Request, Response};
+use serde_json::{Value, json};
+use std::io::BufRead;
+
+/// Pages one `read` step follows before it gives up on reaching the tip.
+const READ_PAGES_MAX: usize = 10_000;
+
+pub fn run(steps: &str) -> i32 {
+    match script(steps) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            1
+        }
+    }
+}
+
+fn script(steps: &str) -> Result<i32, String> {
+    let mut line = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut line)
+        .map_err(|e| format!("stdin: {e}"))?;
+    let prompt: Value = serde_json::from_str(&line).map_err(|e| format!("the wake prompt: {e}"))?;
+    let token = std::env::var("ROOM_TOKEN").map_err(|_| "ROOM_TOKEN is not set")?;
+    let socket = std::env::var_os("ROOM_SOCKET").ok_or("ROOM_SOCKET is not set")?;
+    let mut c = Client::connect(std::path::Path::new(&socket)).map_err(|e| e.to_string())?;
+    let room = prompt["room"]
+        .as_str()
+        .ok_or("the prompt names no room")?
+        .to_string();
+    let mut call = |op: &str, args: Value| -> Result<Response, String> {
+        c.call(&Request::new(op, args).with_token(Some(&token)))
+            .map_err(|e| e.to_string())
+    };
+    for step in steps.split(',').filter(|s| !s.is_empty()) {
+        match step {
+            "read" => read(&mut call, &room)?,
+            "reply" => {
+                for ob in prompt["obligation_ids"].as_array().into_iter().flatten() {
+                    let args = json!({"room": room, "reply_to": ob,
+                        "text": format!("done: {}", prompt["prompt"].as_str().unwrap_or(""))});
+                    let mut r = call("reply", args.clone())?;
+                    if !r.ok {
+                        read(&mut call, &room)?;
+                        r = call("reply", args)?;
+                    }
+                    if !r.ok {
+                        return Err(format!("reply to {ob} refused: {:?}", r.refusal));
+                    }
+                }
+            }
+            "exit" => return Ok(0),
+            "fail" => return Ok(1),
+            "hang" => loop {
+                std::thread::sleep(std::time::Duration::from_secs(60));
+            },
+            other => return Err(format!("unknown step {other:?}")),
+        }
+    }
+    Ok(0)
+}
+
+fn read(
+    call: &mut impl FnMut(&str, Value) -> Result<Response, String>,
+    room: &str,
+) -> Result<(), String> {
+    for _ in 0..READ_PAGES_MAX {
+        let r = call("sync", json!({"room": room}))?;
+        let page = r
+            .result
+            .ok_or_else(|| format!("sync refused: {:?}", r.refusal))?;
+        let receipt = page["receipt"].clone();
+        let c = call("sync", json!({"room": room, "confirm": receipt}))?;
+        if !c.ok {
+            return Err(format!("confirm refused: {:?}", c.refusal));
+        }
+        if page["more"] != true {
+            return Ok(());
+        }
+    }
+    Err("the room did not end within the page bound".into())
+}

@@ -1,0 +1,168 @@
+//! Wakes that reach real worker processes, through a real daemon: a `send` to an agent with a
+//! route starts its worker (the wake prompt on stdin, a one-launch credential in
+//! `ROOM_TOKEN`), and what was proven is recorded: `replied` when the worker's own turns
+//! resolved the permit's items, `process_exit_only` for an exit without them, `timed_out` when
+//! its deadline killed its whole process group. The credential works only while the launch
+//! runs; an agent without a route keeps its permits queued.
+
+mod common;
+use common::*;
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+fn route(fx: &Fx, mode: &str, timeout_ms: u64) {
+    let agent = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/workers/agent.py");
+    fx.write_config(&format!(
+        "[routes.beta]\nadapter = \"command\"\ncommand = [\"/usr/bin/python3\", {:?}, {mode:?}]\ntimeout_ms = {timeout_ms}\n",
+        agent.to_str().unwrap()
+    ));
+}
+
+fn send(fx: &mut Fx, a: &str, text: &str) -> String {
+    fx.sync_all(a, "coord");
+    fx.ok(
+        Some(a),
+        "send",
+        json!({"room": "coord", "to": ["beta"], "text": text}),
+    )["event"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// Wait (at most 30 s) until the permit of `source` leaves the states in `passing`.
+fn settled(fx: &mut Fx, source: &str, passing: &[&str]) -> Value {
+    let start = Instant::now();
+    loop {
+        let all = fx.ok(None, "wakes_list", json!({}));
+        let w = all["wakes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["source_event"] == source)
+            .cloned()
+            .unwrap_or(Value::Null);
+        let state = w["state"].as_str().unwrap_or("");
+        if !w.is_null() && !passing.contains(&state) {
+            return w;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the permit stayed {state}: {w}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The worker's first stdout line for the one launch in the state dir.
+fn worker_out(fx: &Fx) -> Vec<Value> {
+    let dir = fx.state.join("workers");
+    let launch = std::fs::read_dir(&dir)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    std::fs::read_to_string(launch.join("stdout.log"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn beta_open(fx: &mut Fx, b: &str) -> usize {
+    fx.ok(Some(b), "sync", json!({"room": "coord"}))["open_items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["kind"] == "obligation")
+        .count()
+}
+
+#[test]
+fn a_routed_send_wakes_a_worker_whose_reply_is_proven() {
+    let mut fx = Fx::new();
+    let (a, b, _) = fx.team("coord");
+    route(&fx, "reply", 30_000);
+    let src = send(&mut fx, &a, "summarize the thread");
+    let w = settled(&mut fx, &src, &["queued", "dispatched"]);
+    assert_eq!(w["state"], "replied", "{w}");
+    assert_eq!(
+        beta_open(&mut fx, &b),
+        0,
+        "the worker's reply resolved the obligation"
+    );
+    let out = worker_out(&fx);
+    let env: Vec<&str> = out[0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        // Python sets LC_CTYPE itself at start (its locale coercion)
+        .filter(|v| *v != "LC_CTYPE")
+        .collect();
+    assert_eq!(
+        env,
+        ["ROOM_LAUNCH", "ROOM_SOCKET", "ROOM_STATE_DIR", "ROOM_TOKEN"],
+        "nothing else of the daemon's environment"
+    );
+    let launch = out[0]["launch"].as_str().unwrap();
+    assert_eq!(out[1]["whoami"]["agent"], "beta");
+    assert_eq!(out[1]["whoami"]["conversation"], format!("wake:{launch}"));
+    // the one-launch credential ended with its launch
+    let token = out[0]["token"].as_str().unwrap().to_string();
+    fx.refuse(Some(&token), "whoami", json!({}), "credential_revoked");
+}
+
+#[test]
+fn an_exit_without_a_reply_is_process_exit_only_and_the_obligation_stays_open() {
+    let mut fx = Fx::new();
+    let (a, b, _) = fx.team("coord");
+    route(&fx, "exit", 30_000);
+    let src = send(&mut fx, &a, "look");
+    let w = settled(&mut fx, &src, &["queued", "dispatched"]);
+    assert_eq!(w["state"], "pending_reply", "{w}");
+    assert_eq!(w["dead_letter"], Value::Null);
+    assert_eq!(beta_open(&mut fx, &b), 1);
+}
+
+#[test]
+fn a_worker_past_its_deadline_is_stopped_with_its_whole_group() {
+    let mut fx = Fx::new();
+    let (a, _, _) = fx.team("coord");
+    route(&fx, "hang", 1_500);
+    let src = send(&mut fx, &a, "never ends");
+    let w = settled(&mut fx, &src, &["queued", "dispatched"]);
+    assert_eq!(w["state"], "failed", "{w}");
+    let out = worker_out(&fx);
+    let child = out[1]["child"].as_u64().unwrap();
+    assert!(
+        !std::path::Path::new(&format!("/proc/{child}")).exists()
+            || std::fs::read_to_string(format!("/proc/{child}/stat"))
+                .unwrap_or_default()
+                .contains(") Z "),
+        "the worker's child outlived its launch"
+    );
+}
+
+#[test]
+fn an_agent_without_a_route_keeps_its_permits_queued() {
+    let mut fx = Fx::new();
+    let (a, _, _) = fx.team("coord");
+    let src = send(&mut fx, &a, "for your own session");
+    fx.ok(None, "wakes_check", json!({}));
+    std::thread::sleep(Duration::from_millis(1_200));
+    let all = fx.ok(None, "wakes_list", json!({}));
+    let w = all["wakes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["source_event"] == src.as_str())
+        .unwrap()
+        .clone();
+    assert_eq!(w["state"], "queued");
+    let launched = std::fs::read_dir(fx.state.join("workers"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(launched, 0, "nothing was launched");
+}
