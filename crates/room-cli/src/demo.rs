@@ -51,6 +51,23 @@ impl Scene {
         }
     }
 
+    /// The permit of `source` once dispatch has settled it (at most 30 s).
+    fn wake_settled(&mut self, source: &str) -> anyhow::Result<Value> {
+        for _ in 0..600 {
+            let all = self.ok(None, "wakes_list", json!({}));
+            let w = all["wakes"]
+                .as_array()
+                .and_then(|ws| ws.iter().find(|w| w["source_event"] == source))
+                .cloned()
+                .unwrap_or(Value::Null);
+            if !matches!(w["state"].as_str(), Some("queued" | "dispatched") | None) {
+                return Ok(w);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        anyhow::bail!("the wake of {source} was not settled within 30 s")
+    }
+
     fn say(&mut self, text: &str) {
         self.step += 1;
         println!("\n{:>2}. {text}", self.step);
@@ -80,7 +97,15 @@ fn scene() -> anyhow::Result<()> {
     std::fs::create_dir_all(&project_dir)?;
     println!("Room demo: a throw-away state dir at {}", state.display());
     let s = room_store::statedir::init(&state, &bootstrap, "demo-instance")?;
-    let daemon = Daemon::start(&s.root, &bootstrap)?;
+    // the daemon knows this binary, so a route can run Room's own scripted agent
+    let daemon = Daemon::start_with(room_server::daemon::ServeConfig {
+        state_dir: s.root.clone(),
+        bootstrap: bootstrap.clone(),
+        listen: None,
+        engine_threads: room_server::daemon::engine_threads_default(),
+        limits: Default::default(),
+        room_exe: std::env::current_exe().ok(),
+    })?;
     let mut sc = Scene {
         client: Client::connect(&daemon.socket)?,
         step: 0,
@@ -260,6 +285,54 @@ fn scene() -> anyhow::Result<()> {
         done["event"].as_str().unwrap_or(""),
         shown["task"]["status"].as_str().unwrap_or(""),
         shown["last_acceptance"]["acceptance_pass"]
+    ));
+
+    sc.say("The owner routes beta's wakes to Room's scripted agent. alpha asks beta a question: the dispatcher revalidates the sealed permit, starts a worker in its own process group with a one-launch credential, and the worker reads the room and replies.");
+    std::fs::write(
+        s.config(),
+        "[routes.beta]\nadapter = \"script\"\nsteps = [\"read\", \"reply\"]\n",
+    )?;
+    let question = sc.ok(
+        Some(&a),
+        "task_create",
+        json!({"room": "build", "title": "answer alpha's questions", "to": "beta"}),
+    );
+    let question = question["task"]["id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    sc.catch_up(&a, "build");
+    let asked = sc.ok(
+        Some(&a),
+        "send",
+        json!({"room": "build", "to": ["beta"], "task": question, "text": "Which parser file should gamma start with next?"}),
+    );
+    let source = asked["event"].as_str().unwrap_or_default().to_string();
+    let woken = sc.wake_settled(&source)?;
+    show(format!(
+        "wake {} -> {} (the worker's own reply resolved {})",
+        woken["path"].as_str().unwrap_or(""),
+        woken["state"].as_str().unwrap_or(""),
+        woken["obligation_ids"][0].as_str().unwrap_or("")
+    ));
+
+    sc.say("Without a route, a permit waits for beta's own session. The owner rotates beta's credential; the permit sealed before is refused at dispatch (the seed's Exhibit 2), and its obligation stays open.");
+    std::fs::write(s.config(), "")?;
+    sc.catch_up(&a, "build");
+    let asked = sc.ok(
+        Some(&a),
+        "send",
+        json!({"room": "build", "to": ["beta"], "task": question, "text": "And the lexer?"}),
+    );
+    let source = asked["event"].as_str().unwrap_or_default().to_string();
+    sc.ok(None, "agent_rotate", json!({"name": "beta"}));
+    // the daemon revalidates every second; the owner need not wait for it
+    sc.ok(None, "wakes_check", json!({}));
+    let letter = sc.wake_settled(&source)?["dead_letter"].clone();
+    show(format!(
+        "dead letter: {} ({})",
+        letter["code"].as_str().unwrap_or("?"),
+        letter["reason"].as_str().unwrap_or("")
     ));
 
     sc.say("The owner revokes gamma. Its very next call is refused.");

@@ -627,7 +627,8 @@ impl Sim {
             82 => self.owner_create_room(),
             83 if self.rooms.len() > 3 => self.owner_archive_room(),
             86 if self.cfg.faults => self.crash_and_restart(),
-            87..=89 => self.sweep(),
+            87..=88 => self.sweep(),
+            89 => self.dispatch(),
             _ => {
                 self.clock.advance(1 + self.rng.below(50));
                 // what the daemon does every 100 ms: commit pending index rows
@@ -1371,6 +1372,40 @@ impl Sim {
 
     /// The `resolution` sweep. Remember when it last succeeded everywhere and each room's tip
     /// then: the oracle holds the engine to it.
+    /// Dispatch revalidation: queued permits are checked again and refused ones dead-lettered.
+    /// It decides about proposals only: no room's journal moves (their obligations stay open).
+    fn dispatch(&mut self) -> Result<(), Failure> {
+        let before = self.tips();
+        match self.e().dispatch_sweep() {
+            Ok(v) => {
+                for d in v["dead"].as_array().into_iter().flatten() {
+                    *self
+                        .report
+                        .refusals
+                        .entry(format!(
+                            "dead letter: {}",
+                            d["code"].as_str().unwrap_or("?")
+                        ))
+                        .or_default() += 1;
+                }
+                self.note(format!("dispatch sweep: {v}"));
+                if self.tips() != before {
+                    return Err(self.fail("a dispatch sweep moved a room's journal"));
+                }
+                Ok(())
+            }
+            Err(r)
+                if r.code == Code::StorageFailed
+                    && (self.faults.fired() || self.cfg.broken.is_some()) =>
+            {
+                self.note(format!("dispatch sweep -> {} (injected)", r.code));
+                self.crash_pending = true;
+                Ok(())
+            }
+            Err(r) => Err(self.fail(format!("dispatch sweep failed: {r}"))),
+        }
+    }
+
     fn sweep(&mut self) -> Result<(), Failure> {
         let before = self.tips();
         let now = self.clock.0.load(std::sync::atomic::Ordering::SeqCst);
