@@ -158,18 +158,25 @@ fn a_disk_that_lies_about_fsync_under_sqlite_is_caught_within_the_budget() {
 
 #[test]
 fn a_done_that_ignores_its_claims_pinned_authority_is_caught() {
-    // seed 7 reaches an amendment between a claim and its done within 800 steps
-    let f = run(SimConfig {
-        steps: 800,
-        broken: Some(Broken::SkipAuthorityPins),
-        ..SimConfig::new(7)
-    })
-    .unwrap_err();
+    // seeds that reach an amendment between a claim and its done within 1,000 steps (a change
+    // of the scheduler may move them: `room-sim --seeds 0..40 --steps 1000 --broken
+    // skip-authority-pins` finds new ones)
+    let seeds = [13, 1, 7];
+    let caught = seeds.iter().find_map(|&seed| {
+        run(SimConfig {
+            steps: 1000,
+            broken: Some(Broken::SkipAuthorityPins),
+            ..SimConfig::new(seed)
+        })
+        .err()
+        .map(|f| (seed, f))
+    });
+    let (seed, f) = caught.expect("one of the seeds reaches a done over an amendment");
     assert!(f.what.contains("authority:"), "{f}");
     // and the engine as built closes no task on stale terms in the same run
     run(SimConfig {
-        steps: 800,
-        ..SimConfig::new(7)
+        steps: 1000,
+        ..SimConfig::new(seed)
     })
     .unwrap();
 }
