@@ -56,28 +56,37 @@ impl Engine {
             .wakes_to_check(DISPATCH_BATCH_MAX)
             .map_err(store_err)?;
         let now = self.now_ms();
+        let verdicts: Vec<room_store::control::WakeVerdict> = rows
+            .into_iter()
+            .map(|w| {
+                let dead = self
+                    .revalidate(&w, now)
+                    .err()
+                    .map(|r| (r.code.as_str().to_string(), r.message));
+                room_store::control::WakeVerdict { wake: w, dead }
+            })
+            .collect();
+        // one transaction for the whole pass: one fsync, not one per permit
+        let moved = self
+            .control()
+            .wakes_checked(&verdicts, now)
+            .map_err(store_err)?;
         let mut dead = Vec::new();
-        for w in &rows {
-            let verdict = self.revalidate(w, now).err();
-            let letter = verdict
-                .as_ref()
-                .map(|r| (r.code.as_str(), r.message.as_str()));
-            let moved = self
-                .control()
-                .wake_checked(w, now, letter)
-                .map_err(store_err)?;
-            if let (Some(r), true) = (verdict, moved) {
-                tracing::info!(
-                    room = %w.room, agent = %w.agent, source = %w.source_event,
-                    "wake dead-lettered: {r}"
-                );
-                dead.push(
-                    json!({"path": wake_path(&w.room, &w.agent, &w.source_event),
-                    "code": r.code, "reason": r.message}),
-                );
-            }
+        for (v, moved) in verdicts.iter().zip(moved) {
+            let (Some((code, reason)), true) = (&v.dead, moved) else {
+                continue;
+            };
+            let w = &v.wake;
+            tracing::info!(
+                room = %w.room, agent = %w.agent, source = %w.source_event,
+                "wake dead-lettered: {code}: {reason}"
+            );
+            dead.push(
+                json!({"path": wake_path(&w.room, &w.agent, &w.source_event),
+                "code": code, "reason": reason}),
+            );
         }
-        Ok(json!({"checked": rows.len(), "dead": dead}))
+        Ok(json!({"checked": verdicts.len(), "dead": dead}))
     }
 
     /// The five checks, in order; the permit when every one holds.
@@ -245,19 +254,22 @@ pub struct Exit {
 }
 
 impl Engine {
-    /// One dispatch pass: revalidate queued permits (dead-lettering refused ones), then start a
-    /// launch for each valid permit whose recipient has a route, is not busy with another
-    /// launch (`recipient_busy` defers, never drops) and is past its cooldown.
+    /// One dispatch pass over the permits of routed agents, oldest first: start a launch for each
+    /// that revalidates and whose recipient is not busy with another launch (`recipient_busy`
+    /// defers, never drops) and is past its cooldown. One that fails revalidation is left to the
+    /// sweep, which dead-letters it with its reason.
     pub fn dispatch_take(&self) -> Outcome<Vec<Launch>> {
-        self.dispatch_sweep()?;
+        // without routes nothing launches: a call that queued a permit costs nothing more
         let routes = self.policy().routes.clone();
         if routes.is_empty() {
             return Ok(Vec::new());
         }
+        self.flush_wakes();
         let now = self.now_ms();
+        let agents: Vec<String> = routes.keys().cloned().collect();
         let rows = self
             .control()
-            .wakes_to_check(DISPATCH_BATCH_MAX)
+            .wakes_queued_of(&agents, DISPATCH_BATCH_MAX)
             .map_err(store_err)?;
         let mut out: Vec<Launch> = Vec::new();
         for w in rows {

@@ -263,11 +263,16 @@ pub trait ControlStore: Send {
     fn task_check(&self, task: &str) -> Result<Option<TaskCheckRow>>;
     /// Queued permits, least recently revalidated first, at most `limit`.
     fn wakes_to_check(&self, limit: usize) -> Result<Vec<WakeRow>>;
-    /// Record that a queued permit was revalidated at `at_ms`, and with `dead` (a refusal code
-    /// and its message) that dispatch refused it: it is then dead-lettered, never launched.
-    /// False when it was no longer queued.
-    fn wake_checked(&mut self, w: &WakeRow, at_ms: u64, dead: Option<(&str, &str)>)
-    -> Result<bool>;
+    /// Record, in one transaction, that queued permits were revalidated at `at_ms`, each with
+    /// its verdict: a dead one is dead-lettered, never launched. For each, whether it was still
+    /// queued.
+    fn wakes_checked(
+        &mut self,
+        checked: &[crate::control::WakeVerdict],
+        at_ms: u64,
+    ) -> Result<Vec<bool>>;
+    /// Queued permits of these agents, oldest first, at most `limit` in all.
+    fn wakes_queued_of(&self, agents: &[String], limit: usize) -> Result<Vec<WakeRow>>;
     /// Record a launch of a queued permit, which becomes `dispatched`, in one transaction (an
     /// error when the permit is not queued: two launches of one permit never exist).
     fn insert_launch(&mut self, l: &crate::control::LaunchRow) -> Result<()>;

@@ -814,19 +814,37 @@ pub fn control_wakes(h: &mut dyn Harness) {
             .collect()
     };
     assert_eq!(order(c.as_ref()), ["p2", "p1", "p3"]);
+    use crate::control::WakeVerdict;
+    let verdict = |w: WakeRow, dead: Option<(&str, &str)>| WakeVerdict {
+        wake: w,
+        dead: dead.map(|(a, b)| (a.to_string(), b.to_string())),
+    };
     let first = c.wakes_to_check(1).unwrap().remove(0);
-    assert!(c.wake_checked(&first, 500, None).unwrap());
+    assert_eq!(
+        c.wakes_checked(&[verdict(first, None)], 500).unwrap(),
+        [true]
+    );
     assert_eq!(order(c.as_ref()), ["p1", "p3", "p2"], "checked goes last");
     let p1 = c.wakes_to_check(1).unwrap().remove(0);
-    assert!(
-        c.wake_checked(&p1, 600, Some(("wake_job_expired", "past not_after")))
-            .unwrap()
-    );
-    assert!(
-        !c.wake_checked(&p1, 700, None).unwrap(),
+    let dead = verdict(p1.clone(), Some(("wake_job_expired", "past not_after")));
+    assert_eq!(c.wakes_checked(&[dead], 600).unwrap(), [true]);
+    assert_eq!(
+        c.wakes_checked(&[verdict(p1, None)], 700).unwrap(),
+        [false],
         "a dead letter is no longer queued"
     );
     assert_eq!(order(c.as_ref()), ["p3", "p2"]);
+    let of: Vec<String> = c
+        .wakes_queued_of(&["z".into(), "y".into()], 10)
+        .unwrap()
+        .into_iter()
+        .map(|w| w.permit)
+        .collect();
+    assert_eq!(
+        of,
+        ["p2", "p3"],
+        "queued permits of these agents, oldest first"
+    );
     drop(c);
     let store = h.reopen();
     let c = store.open_control().unwrap();

@@ -158,6 +158,7 @@ ALTER TABLE wakes ADD COLUMN reason TEXT;
 ALTER TABLE wakes ADD COLUMN detail TEXT;
 ALTER TABLE wakes ADD COLUMN checked_ms INTEGER NOT NULL DEFAULT 0;
 CREATE INDEX wakes_state_checked ON wakes(state, checked_ms);
+CREATE INDEX wakes_agent_state ON wakes(agent, state, created_ms);
 "#,
     // launches: one per attempt to deliver a permit to a worker process, with the digest of
     // its one-launch credential; the worker's calls are authorized through it while it runs
@@ -233,6 +234,14 @@ fn launch_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<LaunchRow> {
         ended_ms: r.get::<_, Option<i64>>(10)?.map(u),
         outcome: r.get(11)?,
     })
+}
+
+/// A revalidation's verdict on one queued permit: `dead` (a refusal code and its message)
+/// when dispatch refused it.
+#[derive(Debug, Clone)]
+pub struct WakeVerdict {
+    pub wake: WakeRow,
+    pub dead: Option<(String, String)>,
 }
 
 /// A permit's dispatch state.
@@ -1326,29 +1335,53 @@ impl ControlStore for SqliteControl {
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
-    fn wake_checked(
-        &mut self,
-        w: &WakeRow,
-        at_ms: u64,
-        dead: Option<(&str, &str)>,
-    ) -> Result<bool> {
+    fn wakes_checked(&mut self, checked: &[WakeVerdict], at_ms: u64) -> Result<Vec<bool>> {
+        if checked.is_empty() {
+            return Ok(Vec::new());
+        }
         self.write(|c| {
-            let n = c.conn.execute(
-                "UPDATE wakes SET checked_ms = ?4,
-                    state = CASE WHEN ?5 IS NULL THEN state ELSE 'dead' END,
-                    reason = COALESCE(?5, reason), detail = COALESCE(?6, detail)
-                 WHERE room = ?1 AND agent = ?2 AND source_event = ?3 AND state = 'queued'",
-                params![
-                    w.room,
-                    w.agent,
-                    w.source_event,
-                    at_ms as i64,
-                    dead.map(|d| d.0),
-                    dead.map(|d| d.1)
-                ],
-            )?;
-            Ok(n == 1)
+            let tx = c.conn.transaction()?;
+            let mut moved = Vec::with_capacity(checked.len());
+            {
+                let mut st = tx.prepare_cached(
+                    "UPDATE wakes SET checked_ms = ?4,
+                        state = CASE WHEN ?5 IS NULL THEN state ELSE 'dead' END,
+                        reason = COALESCE(?5, reason), detail = COALESCE(?6, detail)
+                     WHERE room = ?1 AND agent = ?2 AND source_event = ?3 AND state = 'queued'",
+                )?;
+                for v in checked {
+                    let w = &v.wake;
+                    let n = st.execute(params![
+                        w.room,
+                        w.agent,
+                        w.source_event,
+                        at_ms as i64,
+                        v.dead.as_ref().map(|d| d.0.as_str()),
+                        v.dead.as_ref().map(|d| d.1.as_str())
+                    ])?;
+                    moved.push(n == 1);
+                }
+            }
+            tx.commit()?;
+            Ok(moved)
         })
+    }
+
+    fn wakes_queued_of(&self, agents: &[String], limit: usize) -> Result<Vec<WakeRow>> {
+        let mut out = Vec::new();
+        let mut st = self.conn.prepare_cached(
+            "SELECT room, agent, source_event, created_ms, permit, state, reason, detail FROM wakes
+             WHERE state = 'queued' AND agent = ?1 ORDER BY created_ms LIMIT ?2",
+        )?;
+        for a in agents {
+            let rows = st.query_map(params![a, limit as i64], wake_from_row)?;
+            for r in rows {
+                out.push(r?);
+            }
+        }
+        out.sort_by_key(|w| w.created_ms);
+        out.truncate(limit);
+        Ok(out)
     }
 
     fn insert_launch(&mut self, l: &LaunchRow) -> Result<()> {
