@@ -357,10 +357,8 @@ impl Engine {
             .ok_or_else(|| refuse(Code::NotFound, format!("no launch {id}")))?;
         let w = self
             .control()
-            .wakes(Some(&l.room))
-            .map_err(store_err)?
-            .into_iter()
-            .find(|w| w.agent == l.agent && w.source_event == l.source_event);
+            .wake(&l.room, &l.agent, &l.source_event)
+            .map_err(store_err)?;
         let still = w.and_then(|w| {
             let mut queued = w.clone();
             queued.state = room_store::control::WAKE_QUEUED.into();
@@ -426,10 +424,8 @@ impl Engine {
     fn replied_by_launch(&self, l: &room_store::control::LaunchRow) -> Outcome<bool> {
         let Some(w) = self
             .control()
-            .wakes(Some(&l.room))
+            .wake(&l.room, &l.agent, &l.source_event)
             .map_err(store_err)?
-            .into_iter()
-            .find(|w| w.agent == l.agent && w.source_event == l.source_event)
         else {
             return Ok(false);
         };

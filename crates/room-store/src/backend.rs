@@ -271,6 +271,8 @@ pub trait ControlStore: Send {
         checked: &[crate::control::WakeVerdict],
         at_ms: u64,
     ) -> Result<Vec<bool>>;
+    /// One permit by its key, in whatever state.
+    fn wake(&self, room: &str, agent: &str, source_event: &str) -> Result<Option<WakeRow>>;
     /// Queued permits of these agents, oldest first, at most `limit` in all.
     fn wakes_queued_of(&self, agents: &[String], limit: usize) -> Result<Vec<WakeRow>>;
     /// Record a launch of a queued permit, which becomes `dispatched`, in one transaction (an

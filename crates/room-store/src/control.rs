@@ -1367,6 +1367,17 @@ impl ControlStore for SqliteControl {
         })
     }
 
+    fn wake(&self, room: &str, agent: &str, source_event: &str) -> Result<Option<WakeRow>> {
+        Ok(self
+            .conn
+            .prepare_cached(
+                "SELECT room, agent, source_event, created_ms, permit, state, reason, detail FROM wakes
+                 WHERE room = ?1 AND agent = ?2 AND source_event = ?3",
+            )?
+            .query_row(params![room, agent, source_event], wake_from_row)
+            .optional()?)
+    }
+
     fn wakes_queued_of(&self, agents: &[String], limit: usize) -> Result<Vec<WakeRow>> {
         let mut out = Vec::new();
         let mut st = self.conn.prepare_cached(
