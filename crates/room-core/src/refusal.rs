@@ -119,8 +119,10 @@ impl std::fmt::Display for Code {
 pub struct Refusal {
     pub code: Code,
     pub message: String,
+    /// Boxed to keep a `Refusal` under clippy's large-error bound: the ACP crate turns on
+    /// serde_json's `preserve_order`, which makes every `Value` an `IndexMap`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hint: Option<String>,
+    pub hint: Option<Box<str>>,
     #[serde(default, skip_serializing_if = "Value::is_null")]
     pub detail: Value,
 }
@@ -136,7 +138,7 @@ impl Refusal {
     }
 
     pub fn hint(mut self, hint: impl Into<String>) -> Self {
-        self.hint = Some(hint.into());
+        self.hint = Some(hint.into().into_boxed_str());
         self
     }
 

@@ -20,7 +20,7 @@
 use crate::{Engine, Outcome, store_err};
 use room_core::wake::{WAKE_SCHEMA, WakePermit, wake_path};
 use room_core::{Code, Refusal, TaskStatus};
-use room_store::control::{RoomRow, WakeRow};
+use room_store::control::{LaunchEnd, RoomRow, WakeRow};
 use serde_json::{Value, json};
 
 /// Permits one sweep revalidates.
@@ -247,10 +247,99 @@ pub struct Launch {
 }
 
 /// How a worker process ended, as the dispatcher observed it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Exit {
     pub code: Option<i32>,
     pub timed_out: bool,
+    /// What the adapter proved about delivery into the agent's own session (a one-shot
+    /// process proves nothing beyond its start: `Dispatched`).
+    pub delivery: Delivery,
+    /// What the adapter reported (an ACP session's id, its stop reason, a cancel), kept with
+    /// the launch.
+    pub detail: Value,
+    /// What stopping the worker's owned job observed (its kind, whether zero processes were
+    /// seen), kept with the launch.
+    pub job: Value,
+}
+
+impl Exit {
+    /// A process that ran (or not) with nothing proven about its session.
+    pub fn process(code: Option<i32>, timed_out: bool) -> Exit {
+        Exit {
+            code,
+            timed_out,
+            delivery: Delivery::Dispatched,
+            detail: Value::Null,
+            job: Value::Null,
+        }
+    }
+}
+
+/// The rungs of the proof ladder below `replied`, as an adapter observed them. Only what
+/// the adapter saw is claimed: a one-shot process stays `Dispatched` whatever it printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// An attempt exists; nothing shows the prompt reached the agent (`delivery_unproven`).
+    Dispatched,
+    /// The bound session took the prompt (it streamed an update for it, or was cancelled
+    /// in it) but did not finish its turn.
+    DeliveredToBody,
+    /// The bound session finished its turn on the prompt: it has seen the work; a reply is
+    /// still owed.
+    BodyVisible,
+    /// A session other than the bound one spoke for the prompt: refused, no credit.
+    WrongBody,
+}
+
+impl Delivery {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Delivery::Dispatched => "dispatched",
+            Delivery::DeliveredToBody => "delivered_to_body",
+            Delivery::BodyVisible => "body_visible_pending_reply",
+            Delivery::WrongBody => "wrong_body_rejected",
+        }
+    }
+}
+
+/// The outcome, the proof rung and the permit's next state of an ended launch.
+fn judge(replied: bool, exit: &Exit) -> (&'static str, &'static str, &'static str) {
+    if replied {
+        return ("replied", "replied", "replied");
+    }
+    let proof = exit.delivery.as_str();
+    match exit {
+        // a session that was not the bound one gets no credit, whatever it did
+        Exit {
+            delivery: Delivery::WrongBody,
+            ..
+        } => ("wrong_body_rejected", proof, "failed"),
+        Exit {
+            timed_out: true, ..
+        } => ("timed_out", proof, "failed"),
+        Exit {
+            delivery: Delivery::BodyVisible,
+            ..
+        } => ("body_visible_pending_reply", proof, "pending_reply"),
+        Exit { code: Some(0), .. } => ("process_exit_only", proof, "pending_reply"),
+        _ => ("failed", proof, "failed"),
+    }
+}
+
+fn end(
+    at_ms: u64,
+    outcome: &str,
+    proof: &str,
+    detail: Option<String>,
+    wake_state: &str,
+) -> LaunchEnd {
+    LaunchEnd {
+        at_ms,
+        outcome: outcome.into(),
+        proof: proof.into(),
+        detail,
+        wake_state: wake_state.into(),
+    }
 }
 
 impl Engine {
@@ -326,6 +415,8 @@ impl Engine {
             not_after_ms: not_after,
             ended_ms: None,
             outcome: None,
+            proof: None,
+            detail: None,
         };
         self.control().insert_launch(&row).map_err(store_err)?;
         let b = &permit.binding;
@@ -375,9 +466,14 @@ impl Engine {
                 ))
             }
             _ => {
-                self.control()
-                    .launch_ended(id, now, "wake_job_changed_during_validation", "dead")
-                    .map_err(store_err)?;
+                let e = end(
+                    now,
+                    "wake_job_changed_during_validation",
+                    "dispatched",
+                    None,
+                    "dead",
+                );
+                self.control().launch_ended(id, &e).map_err(store_err)?;
                 Err(refuse(
                     Code::WakeJobChangedDuringValidation,
                     format!("the permit of launch {id} changed or lapsed while it started"),
@@ -388,9 +484,11 @@ impl Engine {
 
     /// A launch's process ended: what was proven. `replied` when every obligation of the
     /// permit (or, without any, every mention) was resolved by the worker's own turns (its
-    /// launch's conversation);
-    /// otherwise `process_exit_only` for an exit 0 (the permit stays `pending_reply`),
-    /// `timed_out` or `failed`. The credential stops working either way.
+    /// launch's conversation); otherwise the adapter's rung: `wrong_body_rejected` (another
+    /// session spoke; no credit), `timed_out`, `body_visible_pending_reply` (the bound
+    /// session finished its turn without a reply), `process_exit_only` for an exit 0, or
+    /// `failed`. The permit stays `pending_reply` where a reply may still come. The
+    /// credential stops working either way.
     pub fn launch_ended(&self, id: &str, exit: Exit) -> Outcome<Value> {
         let now = self.now_ms();
         let l = self
@@ -399,23 +497,14 @@ impl Engine {
             .map_err(store_err)?
             .ok_or_else(|| refuse(Code::NotFound, format!("no launch {id}")))?;
         let replied = self.replied_by_launch(&l)?;
-        let (outcome, wake_state) = match (replied, exit) {
-            (true, _) => ("replied", "replied"),
-            (
-                false,
-                Exit {
-                    timed_out: true, ..
-                },
-            ) => ("timed_out", "failed"),
-            (false, Exit { code: Some(0), .. }) => ("process_exit_only", "pending_reply"),
-            (false, _) => ("failed", "failed"),
-        };
-        self.control()
-            .launch_ended(id, now, outcome, wake_state)
-            .map_err(store_err)?;
+        let (outcome, proof, wake_state) = judge(replied, &exit);
+        let detail = (!exit.detail.is_null() || !exit.job.is_null())
+            .then(|| json!({"adapter": exit.detail, "job": exit.job}).to_string());
+        let e = end(now, outcome, proof, detail, wake_state);
+        self.control().launch_ended(id, &e).map_err(store_err)?;
         Ok(
-            json!({"launch": id, "outcome": outcome, "exit_code": exit.code,
-            "timed_out": exit.timed_out}),
+            json!({"launch": id, "outcome": outcome, "proof": proof, "exit_code": exit.code,
+            "timed_out": exit.timed_out, "adapter": exit.detail, "job": exit.job}),
         )
     }
 
@@ -504,9 +593,8 @@ impl Engine {
         let live = self.control().launches_live().map_err(store_err)?;
         let now = self.now_ms();
         for l in &live {
-            self.control()
-                .launch_ended(&l.id, now, "interrupted", "failed")
-                .map_err(store_err)?;
+            let e = end(now, "interrupted", "dispatched", None, "failed");
+            self.control().launch_ended(&l.id, &e).map_err(store_err)?;
         }
         Ok(live.len())
     }

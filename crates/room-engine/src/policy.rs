@@ -33,12 +33,22 @@ struct ConfigFile {
 #[derive(Debug, Deserialize, Clone, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct Route {
-    /// `command` (a one-shot program: the wake prompt on stdin) or `script` (Room's own
-    /// scripted agent, following `steps`).
+    /// `command` (a one-shot program: the wake prompt on stdin), `acp` (an Agent Client
+    /// Protocol agent: the wake is a prompt in a session given Room's MCP server) or `script`
+    /// (Room's own scripted agent, following `steps`).
     pub adapter: String,
-    /// `command`: the absolute program and its exact arguments (no shell, no PATH lookup).
+    /// `command` and `acp`: the absolute program and its exact arguments (no shell, no PATH
+    /// lookup).
     #[serde(default)]
     pub command: Vec<String>,
+    /// `acp`: what a known agent needs beyond its command (`claude`, `codex`, `gemini`): the
+    /// environment names it reads, the settings it must have, an `authenticate` method.
+    #[serde(default)]
+    pub preset: Option<String>,
+    /// `acp`: how the agent's permission requests are answered: `reject` (the default) or
+    /// `allow_once`.
+    #[serde(default)]
+    pub permissions: Option<String>,
     /// `script`: the steps, in order (`read`, `reply`, `exit`, `fail`, `hang`).
     #[serde(default)]
     pub steps: Vec<String>,
@@ -57,6 +67,11 @@ fn route_timeout_ms() -> u64 {
     10 * 60_000
 }
 
+/// The ACP agents a route may name as its `preset`.
+pub const ACP_PRESETS: [&str; 3] = ["claude", "codex", "gemini"];
+/// How a route may answer an ACP agent's permission requests.
+pub const ACP_PERMISSIONS: [&str; 2] = ["reject", "allow_once"];
+
 /// Steps the scripted agent knows.
 pub const SCRIPT_STEPS: [&str; 5] = ["read", "reply", "exit", "fail", "hang"];
 /// The longest route timeout.
@@ -65,7 +80,7 @@ pub const ROUTE_TIMEOUT_MS_MAX: u64 = 60 * 60_000;
 fn check_route(agent: &str, r: &Route) -> Result<(), String> {
     let at = format!("config.toml: routes.{agent}");
     match r.adapter.as_str() {
-        "command" => match r.command.first() {
+        "command" | "acp" => match r.command.first() {
             Some(p) if p.starts_with('/') && !p.split('/').any(|x| x == "." || x == "..") => {}
             _ => {
                 return Err(format!(
@@ -78,7 +93,28 @@ fn check_route(agent: &str, r: &Route) -> Result<(), String> {
                 return Err(format!("{at}.steps: {s:?} is not one of {SCRIPT_STEPS:?}"));
             }
         }
-        other => return Err(format!("{at}.adapter {other:?} is not command or script")),
+        other => {
+            return Err(format!(
+                "{at}.adapter {other:?} is not command, acp or script"
+            ));
+        }
+    }
+    if r.adapter != "acp" && (r.preset.is_some() || r.permissions.is_some()) {
+        return Err(format!(
+            "{at}: preset and permissions are for the acp adapter"
+        ));
+    }
+    if let Some(p) = r.preset.as_deref().filter(|p| !ACP_PRESETS.contains(p)) {
+        return Err(format!("{at}.preset {p:?} is not one of {ACP_PRESETS:?}"));
+    }
+    if let Some(p) = r
+        .permissions
+        .as_deref()
+        .filter(|p| !ACP_PERMISSIONS.contains(p))
+    {
+        return Err(format!(
+            "{at}.permissions {p:?} is not one of {ACP_PERMISSIONS:?}"
+        ));
     }
     if r.cwd.as_deref().is_some_and(|c| !c.starts_with('/')) {
         return Err(format!("{at}.cwd must be absolute"));

@@ -159,6 +159,7 @@ impl Engine {
                     let mut v = serde_json::to_value(&p).expect("permits serialize");
                     v["intact"] = json!(intact);
                     v["state"] = json!(w.state);
+                    v["launches"] = self.launches_view(&w);
                     if w.state == room_store::control::WAKE_DEAD {
                         v["dead_letter"] = json!({"code": w.reason, "reason": w.detail,
                             "retry_allowed": false});
@@ -174,5 +175,31 @@ impl Engine {
             .collect();
         // the oldest WAKES_PAGE_MAX permits; say so rather than hide the rest
         Ok(json!({"wakes": out, "truncated": truncated}))
+    }
+
+    /// A permit's launches as the wakes view shows them: each attempt's proof rung and what
+    /// its adapter reported. A store error is shown, not hidden.
+    fn launches_view(&self, w: &room_store::control::WakeRow) -> Value {
+        let rows = match self
+            .control()
+            .launches_of_wake(&w.room, &w.agent, &w.source_event)
+        {
+            Ok(rows) => rows,
+            Err(e) => return json!({"error": e.to_string()}),
+        };
+        let mut out = Vec::new();
+        for l in rows {
+            // stored by `launch_ended` as {"adapter": …, "job": …}
+            let detail: Value = l
+                .detail
+                .as_deref()
+                .map(|d| serde_json::from_str(d).unwrap_or_else(|_| json!({"adapter": d})))
+                .unwrap_or(Value::Null);
+            out.push(json!({"launch": l.id, "state": l.state, "pid": l.pid,
+                "created_ms": l.created_ms, "ended_ms": l.ended_ms, "outcome": l.outcome,
+                "proof": l.proof.as_deref().unwrap_or("dispatched"),
+                "adapter": detail["adapter"], "job": detail["job"]}));
+        }
+        json!(out)
     }
 }

@@ -1,12 +1,15 @@
-//! Linux process supervision for Room. Today it owns one thing: running an acceptance
-//! `command` check the way the seed demands (an absolute program, the exact arguments, no
-//! shell, no PATH lookup, a bounded time), so that the engine can measure work without knowing
-//! what a process is. Owned jobs (cgroup v2), the observer, the stop outbox and the broker
-//! arrive here with active cancellation.
+//! Linux process supervision for Room. It owns two things: running an acceptance `command`
+//! check the way the seed demands (an absolute program, the exact arguments, no shell, no PATH
+//! lookup, a bounded time), so that the engine can measure work without knowing what a process
+//! is; and owned jobs (`job`: a cgroup v2 leaf per worker, or its process group where no
+//! cgroup can be made), so that a stopped worker is observed gone. The observer, the stop
+//! outbox and the broker arrive here with active cancellation.
 //!
 //! Each run starts in a process group of its own. At the deadline, and again once the program
 //! exits, the whole group is killed: a check must not leave a grandchild running, and a
 //! grandchild holding the output pipes must not hang the caller.
+
+pub mod job;
 
 use room_core::{RunOutcome, RunRequest, Runner};
 use rustix::process::{Pid, Signal, kill_process_group};

@@ -490,12 +490,14 @@ pub async fn serve(
             }
         }
     });
+    let jobs = worker_jobs(&state.instance_id);
     let dispatcher = tokio::spawn(crate::workers::run(
         engine.clone(),
         crate::workers::WorkerEnv {
             state_dir: state.root.clone(),
             socket: sock.clone(),
             room_exe: cfg.room_exe.clone(),
+            jobs: jobs.clone(),
         },
     ));
     let sweeper = tokio::spawn({
@@ -568,6 +570,13 @@ pub async fn serve(
     flusher.abort();
     sweeper.abort();
     dispatcher.abort();
+    // running workers end with their daemon (their launches end as interrupted at the next start)
+    match tokio::task::spawn_blocking(move || jobs.close(crate::workers::STOP_WAIT_MS)).await {
+        Ok(Ok(0)) => {}
+        Ok(Ok(n)) => tracing::warn!("stopped {n} running workers at shutdown"),
+        Ok(Err(e)) => tracing::error!("workers' jobs not stopped at shutdown: {e}"),
+        Err(e) => tracing::error!("stopping workers at shutdown panicked: {e}"),
+    }
     let e = engine.clone();
     let _ = tokio::task::spawn_blocking(move || e.close_clean()).await;
     let _ = std::fs::remove_file(&sock);
@@ -998,4 +1007,25 @@ pub mod http {
         };
         (status, axum::Json(resp)).into_response()
     }
+}
+
+/// Where this daemon makes its workers' owned jobs: a cgroup v2 base named for the state
+/// directory (so that the next daemon of it finds what a crash left), else process groups.
+fn worker_jobs(instance_id: &str) -> room_exec::job::Jobs {
+    let name: String = instance_id
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .take(32)
+        .collect();
+    let jobs = room_exec::job::Jobs::detect(&name);
+    match jobs.why_not_cgroup() {
+        None => tracing::info!(
+            base = %jobs.base().map(|b| b.display().to_string()).unwrap_or_default(),
+            "workers run in cgroup v2 jobs"
+        ),
+        Some(why) => tracing::warn!(
+            "workers run in process groups (a process that calls setsid escapes them): {why}"
+        ),
+    }
+    jobs
 }

@@ -261,7 +261,7 @@ fn egress(engine: &Engine, out: Result<Value, Refusal>) -> Response {
         }
         Err(mut r) => {
             r.message = redactor.redact(&r.message).into_owned();
-            r.hint = r.hint.map(|h| redactor.redact(&h).into_owned());
+            r.hint = r.hint.map(|h| redactor.redact(&h).into_owned().into());
             redactor.redact_in_place(&mut r.detail);
             Response::refused(r)
         }

@@ -4,21 +4,28 @@
 //! this module only starts processes, reports their pids (the split-lock claim) and exits,
 //! and stops their process groups.
 //!
-//! A worker runs in its own process group with an empty environment except the names its
+//! A worker runs in an owned job (`room_exec::job`: a cgroup v2 leaf of its own where the
+//! daemon can make one, else its process group) with an empty environment except the names its
 //! route lists and `ROOM_TOKEN` (its one-launch credential), `ROOM_STATE_DIR`, `ROOM_SOCKET`
 //! and `ROOM_LAUNCH`; the wake prompt (JSON) is its stdin; its stdout and stderr go to
-//! `<state>/workers/<launch>/`. At its deadline the whole group is killed, and a launch ends
-//! only once no process of the group is left.
+//! `<state>/workers/<launch>/`. When its leader exits, and at its deadline, the whole job is
+//! killed, and the launch records whether zero processes were then observed.
+//!
+//! The `acp` adapter speaks the Agent Client Protocol on the worker's stdin and stdout
+//! (`room_agents::acp`): the wake is a prompt in a new session that is given Room's own MCP
+//! server (`room mcp` with the launch's credential); its stderr goes to the log.
 
+use room_agents::acp;
 use room_engine::Engine;
-use room_engine::dispatch::{Exit, Launch};
+use room_engine::dispatch::{Delivery, Exit, Launch};
+use room_exec::job::{Job, Jobs};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::io::AsyncWriteExt;
 
 /// How long a stopped group may take to be seen empty.
-const STOP_WAIT_MS: u64 = 5_000;
+pub(crate) const STOP_WAIT_MS: u64 = 5_000;
 
 /// Where the dispatcher finds what it launches.
 #[derive(Debug, Clone)]
@@ -27,6 +34,8 @@ pub struct WorkerEnv {
     pub socket: PathBuf,
     /// The `room` binary, which the `script` adapter runs as `room agent-script`.
     pub room_exe: Option<PathBuf>,
+    /// Where workers' owned jobs are made.
+    pub jobs: Jobs,
 }
 
 /// Run the dispatcher until the task is aborted.
@@ -34,6 +43,13 @@ pub async fn run(engine: Arc<Engine>, env: WorkerEnv) {
     let mut changes = crate::dispatch::changes().subscribe();
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
     {
+        let jobs = env.jobs.clone();
+        match tokio::task::spawn_blocking(move || jobs.reap_stale(STOP_WAIT_MS)).await {
+            Ok(Ok(0)) => {}
+            Ok(Ok(n)) => tracing::warn!("ended the processes of {n} jobs a previous daemon left"),
+            Ok(Err(e)) => tracing::error!("the jobs of a previous daemon were not looked at: {e}"),
+            Err(e) => tracing::error!("reaping old jobs panicked: {e}"),
+        }
         let engine = engine.clone();
         match tokio::task::spawn_blocking(move || engine.recover_launches()).await {
             Ok(Ok(0)) => {}
@@ -68,7 +84,10 @@ pub async fn run(engine: Arc<Engine>, env: WorkerEnv) {
 /// The program and arguments a launch runs.
 fn program(l: &Launch, env: &WorkerEnv) -> Result<(PathBuf, Vec<String>), String> {
     match l.route.adapter.as_str() {
-        "command" => {
+        "command" | "acp" => {
+            if l.route.adapter == "acp" && env.room_exe.is_none() {
+                return Err("the acp adapter gives the agent Room's MCP server, the room binary, which this daemon does not know".into());
+            }
             let (p, args) = l.route.command.split_first().ok_or("an empty command")?;
             Ok((PathBuf::from(p), args.to_vec()))
         }
@@ -94,10 +113,7 @@ async fn run_launch(engine: Arc<Engine>, env: WorkerEnv, l: Launch) {
         Ok(exit) => exit,
         Err(why) => {
             tracing::warn!(launch = %l.id, "worker did not run: {why}");
-            Exit {
-                code: None,
-                timed_out: false,
-            }
+            Exit::process(None, false)
         }
     };
     let id = l.id.clone();
@@ -117,35 +133,82 @@ fn worker_dir(state: &Path, launch: &str) -> std::io::Result<PathBuf> {
     Ok(dir)
 }
 
-async fn start_and_wait(engine: &Arc<Engine>, env: &WorkerEnv, l: &Launch) -> Result<Exit, String> {
+/// The worker's command: program, arguments, working directory, its stdio and the only
+/// environment it gets.
+fn command(
+    env: &WorkerEnv,
+    l: &Launch,
+    dir: &Path,
+    cwd: &Path,
+) -> Result<tokio::process::Command, String> {
     let (prog, args) = program(l, env)?;
-    let dir = worker_dir(&env.state_dir, &l.id).map_err(|e| e.to_string())?;
-    let out = std::fs::File::create(dir.join("stdout.log")).map_err(|e| e.to_string())?;
     let err = std::fs::File::create(dir.join("stderr.log")).map_err(|e| e.to_string())?;
     let mut cmd = tokio::process::Command::new(&prog);
     cmd.args(&args)
         .env_clear()
-        .current_dir(l.route.cwd.as_deref().map(Path::new).unwrap_or(&dir))
+        .current_dir(cwd)
         .stdin(std::process::Stdio::piped())
-        .stdout(out)
         .stderr(err)
-        .process_group(0)
         .kill_on_drop(false);
-    for name in &l.route.env {
+    if l.route.adapter == "acp" {
+        cmd.stdout(std::process::Stdio::piped());
+    } else {
+        let out = std::fs::File::create(dir.join("stdout.log")).map_err(|e| e.to_string())?;
+        cmd.stdout(out);
+    }
+    let preset = l.route.preset.as_deref().and_then(acp::preset);
+    let passed = preset.map_or(&[][..], |p| p.env_pass);
+    for name in l
+        .route
+        .env
+        .iter()
+        .map(String::as_str)
+        .chain(passed.iter().copied())
+    {
         if let Some(v) = std::env::var_os(name) {
             cmd.env(name, v);
         }
+    }
+    for (k, v) in preset.map_or(&[][..], |p| p.env_set) {
+        cmd.env(k, v);
     }
     cmd.env("ROOM_TOKEN", &l.token)
         .env("ROOM_STATE_DIR", &env.state_dir)
         .env("ROOM_SOCKET", &env.socket)
         .env("ROOM_LAUNCH", &l.id);
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("{}: {e}", prog.display()))?;
-    let pid = child
-        .id()
-        .ok_or("the worker exited before its pid was read")?;
+    Ok(cmd)
+}
+
+async fn start_and_wait(engine: &Arc<Engine>, env: &WorkerEnv, l: &Launch) -> Result<Exit, String> {
+    let dir = worker_dir(&env.state_dir, &l.id).map_err(|e| e.to_string())?;
+    let cwd = l
+        .route
+        .cwd
+        .as_deref()
+        .map(PathBuf::from)
+        .unwrap_or(dir.clone());
+    let mut cmd = command(env, l, &dir, &cwd)?;
+    let mut job = env
+        .jobs
+        .create(&l.id)
+        .map_err(|e| format!("the launch's job: {e}"))?;
+    job.prepare(cmd.as_std_mut());
+    let spawned = cmd.spawn();
+    let mut child = match spawned {
+        Ok(c) => c,
+        Err(e) => {
+            stop(job).await;
+            return Err(format!(
+                "{}: {e}",
+                l.route.command.first().map_or("room", |p| p.as_str())
+            ));
+        }
+    };
+    let Some(pid) = child.id() else {
+        stop(job).await;
+        return Err("the worker exited before its pid was read".into());
+    };
+    job.started(pid);
     // the split-lock claim: the permit is read again before the worker's credential works
     let claimed = {
         let engine = engine.clone();
@@ -155,10 +218,23 @@ async fn start_and_wait(engine: &Arc<Engine>, env: &WorkerEnv, l: &Launch) -> Re
             .map_err(|e| e.to_string())?
     };
     if let Err(r) = claimed {
-        stop(pid).await;
+        stop(job).await;
         let _ = child.wait().await;
         return Err(r.to_string());
     }
+    let mut exit = if l.route.adapter == "acp" {
+        acp_turn(env, l, &mut child, cwd).await
+    } else {
+        one_shot(l, &mut child).await?
+    };
+    // whatever the leader did, nothing of its job outlives the launch
+    exit.job = stop(job).await;
+    let _ = child.wait().await;
+    Ok(exit)
+}
+
+/// A one-shot worker: the wake on stdin, then its exit or its deadline.
+async fn one_shot(l: &Launch, child: &mut tokio::process::Child) -> Result<Exit, String> {
     if let Some(mut stdin) = child.stdin.take() {
         let mut prompt = serde_json::to_vec(&l.prompt).expect("prompts serialize");
         prompt.push(b'\n');
@@ -170,31 +246,96 @@ async fn start_and_wait(engine: &Arc<Engine>, env: &WorkerEnv, l: &Launch) -> Re
         child.wait(),
     )
     .await;
-    let exit = match waited {
-        Ok(Ok(status)) => Exit {
-            code: status.code(),
-            timed_out: false,
-        },
-        Ok(Err(e)) => return Err(e.to_string()),
-        Err(_) => Exit {
-            code: None,
-            timed_out: true,
-        },
-    };
-    // whatever the leader did, nothing of its group outlives the launch
-    stop(pid).await;
-    let _ = child.wait().await;
-    Ok(exit)
+    match waited {
+        Ok(Ok(status)) => Ok(Exit::process(status.code(), false)),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Ok(Exit::process(None, true)),
+    }
 }
 
-async fn stop(pgid: u32) {
-    let empty = tokio::task::spawn_blocking(move || room_exec::stop_group(pgid, STOP_WAIT_MS))
-        .await
-        .unwrap_or(false);
-    if !empty {
+/// One ACP turn with the started agent, then its whole group is stopped: an ACP agent does
+/// not exit by itself (nor when its stdin closes).
+async fn acp_turn(
+    env: &WorkerEnv,
+    l: &Launch,
+    child: &mut tokio::process::Child,
+    cwd: PathBuf,
+) -> Exit {
+    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        return Exit::process(None, false);
+    };
+    let room_exe = env
+        .room_exe
+        .clone()
+        .expect("program() refuses the acp adapter without the room binary");
+    let preset = l.route.preset.as_deref().and_then(acp::preset);
+    let grace = acp::CANCEL_GRACE_MS.min(l.deadline_ms / 2);
+    let turn = acp::Turn {
+        cwd,
+        mcp_servers: vec![acp::StdioServer {
+            name: "room".into(),
+            command: room_exe,
+            args: vec!["mcp".into()],
+            env: vec![
+                ("ROOM_TOKEN".into(), l.token.clone()),
+                ("ROOM_STATE_DIR".into(), env.state_dir.display().to_string()),
+                ("ROOM_LAUNCH".into(), l.id.clone()),
+            ],
+        }],
+        prompt: prompt_blocks(&l.prompt),
+        authenticate: preset.and_then(|p| p.authenticate).map(String::from),
+        permissions: match l.route.permissions.as_deref() {
+            Some("allow_once") => acp::Permissions::AllowOnce,
+            _ => acp::Permissions::Reject,
+        },
+        turn_ms: l.deadline_ms - grace,
+        cancel_grace_ms: grace,
+    };
+    let report = acp::run(stdin, stdout, turn).await;
+    let code = child.try_wait().ok().flatten().and_then(|s| s.code());
+    if let Some(e) = &report.error {
+        tracing::warn!(launch = %l.id, "acp turn: {e}");
+    }
+    Exit {
+        code,
+        timed_out: report.timed_out,
+        delivery: match report.proven() {
+            acp::Proven::Nothing => Delivery::Dispatched,
+            acp::Proven::Delivered => Delivery::DeliveredToBody,
+            acp::Proven::TurnEnded => Delivery::BodyVisible,
+            acp::Proven::WrongBody => Delivery::WrongBody,
+        },
+        detail: serde_json::to_value(&report).expect("reports serialize"),
+        job: serde_json::Value::Null,
+    }
+}
+
+/// The wake as an agent reads it: what is asked, how to answer, and the wake itself as JSON.
+fn prompt_blocks(wake: &serde_json::Value) -> Vec<String> {
+    let said = format!(
+        "Room woke you. {from} asks in room {room}: {prompt}\n\nCatch up with the room_sync \
+         tool of the `room` MCP server, then answer each obligation below with room_reply \
+         (reply_to: the obligation id). The wake follows as JSON.",
+        from = wake["from"].as_str().unwrap_or("someone"),
+        room = wake["room"].as_str().unwrap_or("?"),
+        prompt = wake["prompt"].as_str().unwrap_or(""),
+    );
+    vec![said, wake.to_string()]
+}
+
+/// Stop the job and say what was observed: its kind, and whether zero processes were seen.
+async fn stop(mut job: Job) -> serde_json::Value {
+    let s = tokio::task::spawn_blocking(move || job.stop(STOP_WAIT_MS)).await;
+    let Ok(s) = s else {
+        tracing::error!("stopping a worker's job panicked");
+        return serde_json::json!({"confirmed_empty": false});
+    };
+    if !s.confirmed_empty {
         tracing::error!(
-            pgid,
-            "a worker's process group is still not empty after SIGKILL"
+            remaining = ?s.remaining,
+            "a worker's job still holds processes after SIGKILL"
         );
     }
+    serde_json::json!({"kind": s.kind.as_str(), "confirmed_empty": s.confirmed_empty,
+        "remaining": s.remaining, "waited_ms": s.waited_ms})
 }

@@ -145,6 +145,39 @@ fn a_worker_past_its_deadline_is_stopped_with_its_whole_group() {
     );
 }
 
+fn gone(pid: u64) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z "))
+}
+
+#[test]
+fn a_worker_s_grandchild_that_left_its_process_group_ends_with_its_job() {
+    let mut fx = Fx::new();
+    let (a, _, _) = fx.team("coord");
+    route(&fx, "escape", 30_000);
+    let src = send(&mut fx, &a, "leave something behind");
+    let w = settled(&mut fx, &src, &["queued", "dispatched"]);
+    assert_eq!(w["state"], "pending_reply", "{w}");
+    let job = &w["launches"][0]["job"];
+    assert_eq!(job["confirmed_empty"], true, "zero processes observed: {w}");
+    let out = worker_out(&fx);
+    let child = out[1]["child"].as_u64().unwrap();
+    // the daemon makes cgroup jobs wherever this process could
+    let here = room_exec::job::Jobs::detect(&format!("probe{}", std::process::id()));
+    if let Some(base) = here.base() {
+        std::fs::remove_dir(base).unwrap();
+        assert_eq!(job["kind"], "cgroup", "{w}");
+    }
+    if job["kind"] == "cgroup" {
+        assert!(gone(child), "the setsid grandchild outlived its cgroup job");
+    } else {
+        // a process group cannot see what left it; the launch says which kind it had
+        assert_eq!(job["kind"], "process_group");
+        let _ = std::process::Command::new("/bin/kill")
+            .args(["-9", &child.to_string()])
+            .status();
+    }
+}
+
 #[test]
 fn an_agent_without_a_route_keeps_its_permits_queued() {
     let mut fx = Fx::new();

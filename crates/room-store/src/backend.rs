@@ -282,19 +282,20 @@ pub trait ControlStore: Send {
     fn launch_by_secret(&self, secret_sha256: &str) -> Result<Option<crate::control::LaunchRow>>;
     /// An agent's launches, newest first, at most `limit`.
     fn launches_of(&self, agent: &str, limit: usize) -> Result<Vec<crate::control::LaunchRow>>;
+    /// A permit's launches, oldest first, at most `control::LAUNCHES_OF_WAKE_MAX`.
+    fn launches_of_wake(
+        &self,
+        room: &str,
+        agent: &str,
+        source_event: &str,
+    ) -> Result<Vec<crate::control::LaunchRow>>;
     /// Launches not ended (at a start: those a crash left behind).
     fn launches_live(&self) -> Result<Vec<crate::control::LaunchRow>>;
     /// A starting launch's process was claimed with `pid`; false when it was not starting.
     fn launch_running(&mut self, id: &str, pid: u32) -> Result<bool>;
     /// End a launch with its outcome and move its permit to `wake_state`; false when it had
     /// already ended.
-    fn launch_ended(
-        &mut self,
-        id: &str,
-        at_ms: u64,
-        outcome: &str,
-        wake_state: &str,
-    ) -> Result<bool>;
+    fn launch_ended(&mut self, id: &str, end: &crate::control::LaunchEnd) -> Result<bool>;
     /// Queue permits in one transaction; a permit already queued stays as sealed.
     fn insert_wakes(&mut self, rows: &[WakeRow]) -> Result<()>;
     fn wakes_requeue_pending(&self) -> Result<bool>;

@@ -180,7 +180,16 @@ CREATE TABLE launches (
 CREATE INDEX launches_agent ON launches(agent, state);
 CREATE INDEX launches_wake ON launches(room, agent, source_event);
 "#,
+    // what a launch proved about delivery (the rung of the proof ladder it reached) and what
+    // its adapter reported (an ACP session's id and stop reason, a cancel)
+    r#"
+ALTER TABLE launches ADD COLUMN proof TEXT;
+ALTER TABLE launches ADD COLUMN detail TEXT;
+"#,
 ];
+
+/// The most launches `launches_of_wake` lists (a permit is launched once; retries are later).
+pub const LAUNCHES_OF_WAKE_MAX: usize = 16;
 
 /// One sealed permit as the queue stores it: its key and its canonical JSON.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,11 +222,28 @@ pub struct LaunchRow {
     pub created_ms: u64,
     pub not_after_ms: u64,
     pub ended_ms: Option<u64>,
-    /// How it ended: its proof state (`replied`, `process_exit_only`, `failed`, …).
+    /// How it ended (`replied`, `process_exit_only`, `body_visible_pending_reply`,
+    /// `timed_out`, `failed`, …).
     pub outcome: Option<String>,
+    /// The highest rung of the proof ladder it reached (`dispatched`, `delivered_to_body`,
+    /// `body_visible_pending_reply`, `wrong_body_rejected`, `replied`).
+    pub proof: Option<String>,
+    /// What its adapter reported, as JSON.
+    pub detail: Option<String>,
 }
 
-const LAUNCH_COLS: &str = "id, room, agent, source_event, secret_sha256, permit_sha256, state, pid, created_ms, not_after_ms, ended_ms, outcome";
+/// How a launch ended, as `launch_ended` records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchEnd {
+    pub at_ms: u64,
+    pub outcome: String,
+    pub proof: String,
+    pub detail: Option<String>,
+    /// The state its permit moves to (`replied`, `pending_reply`, `failed`).
+    pub wake_state: String,
+}
+
+const LAUNCH_COLS: &str = "id, room, agent, source_event, secret_sha256, permit_sha256, state, pid, created_ms, not_after_ms, ended_ms, outcome, proof, detail";
 
 fn launch_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<LaunchRow> {
     Ok(LaunchRow {
@@ -233,6 +259,8 @@ fn launch_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<LaunchRow> {
         not_after_ms: u(r.get(9)?),
         ended_ms: r.get::<_, Option<i64>>(10)?.map(u),
         outcome: r.get(11)?,
+        proof: r.get(12)?,
+        detail: r.get(13)?,
     })
 }
 
@@ -1410,10 +1438,10 @@ impl ControlStore for SqliteControl {
                 )));
             }
             tx.execute(
-                &format!("INSERT INTO launches ({LAUNCH_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"),
+                &format!("INSERT INTO launches ({LAUNCH_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"),
                 params![l.id, l.room, l.agent, l.source_event, l.secret_sha256, l.permit_sha256,
                     l.state, l.pid.map(i64::from), l.created_ms as i64, l.not_after_ms as i64,
-                    l.ended_ms.map(|v| v as i64), l.outcome],
+                    l.ended_ms.map(|v| v as i64), l.outcome, l.proof, l.detail],
             )?;
             tx.commit()?;
             Ok(())
@@ -1446,6 +1474,20 @@ impl ControlStore for SqliteControl {
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
+    fn launches_of_wake(
+        &self,
+        room: &str,
+        agent: &str,
+        source_event: &str,
+    ) -> Result<Vec<LaunchRow>> {
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {LAUNCH_COLS} FROM launches WHERE room = ?1 AND agent = ?2 AND source_event = ?3
+             ORDER BY created_ms, id LIMIT {LAUNCHES_OF_WAKE_MAX}"
+        ))?;
+        let rows = st.query_map(params![room, agent, source_event], launch_from_row)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
     fn launches_live(&self) -> Result<Vec<LaunchRow>> {
         let mut st = self.conn.prepare_cached(&format!(
             "SELECT {LAUNCH_COLS} FROM launches WHERE state != 'ended' ORDER BY created_ms"
@@ -1464,25 +1506,19 @@ impl ControlStore for SqliteControl {
         })
     }
 
-    fn launch_ended(
-        &mut self,
-        id: &str,
-        at_ms: u64,
-        outcome: &str,
-        wake_state: &str,
-    ) -> Result<bool> {
+    fn launch_ended(&mut self, id: &str, end: &LaunchEnd) -> Result<bool> {
         self.write(|c| {
             let tx = c.conn.transaction()?;
             let n = tx.execute(
-                "UPDATE launches SET state = 'ended', ended_ms = ?2, outcome = ?3
-                 WHERE id = ?1 AND state != 'ended'",
-                params![id, at_ms as i64, outcome],
+                "UPDATE launches SET state = 'ended', ended_ms = ?2, outcome = ?3, proof = ?4,
+                   detail = ?5 WHERE id = ?1 AND state != 'ended'",
+                params![id, end.at_ms as i64, end.outcome, end.proof, end.detail],
             )?;
             if n == 1 {
                 tx.execute(
                     "UPDATE wakes SET state = ?2, reason = ?3 WHERE (room, agent, source_event) =
                        (SELECT room, agent, source_event FROM launches WHERE id = ?1)",
-                    params![id, wake_state, outcome],
+                    params![id, end.wake_state, end.outcome],
                 )?;
             }
             tx.commit()?;

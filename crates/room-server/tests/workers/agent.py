@@ -1,6 +1,7 @@
 """A worker for the dispatcher tests: a real process that reads its wake prompt on stdin and,
 by its first argument, replies through the daemon socket with its one-launch credential
-(reply), exits without replying (exit), fails (fail) or never ends, with a child (hang)."""
+(reply), exits without replying (exit), fails (fail), never ends, with a child (hang), or exits
+leaving a grandchild that left its process group (escape)."""
 import json
 import os
 import socket
@@ -16,6 +17,11 @@ if mode == "exit":
     sys.exit(0)
 if mode == "fail":
     sys.exit(3)
+if mode == "escape":
+    # a grandchild in a session of its own (out of the worker's process group) outlives this exit
+    child = subprocess.Popen(["/usr/bin/setsid", "/usr/bin/sleep", "600"])
+    print(json.dumps({"child": child.pid}), flush=True)
+    sys.exit(0)
 if mode == "hang":
     child = subprocess.Popen(["/usr/bin/sleep", "600"])
     print(json.dumps({"child": child.pid}), flush=True)

@@ -1,0 +1,349 @@
+//! `acp`: Room as an Agent Client Protocol client (the `agent-client-protocol` crate, protocol
+//! v1). One launch is one turn: `initialize`, an `authenticate` where the route's preset needs
+//! one, `session/new` with Room's own MCP server in `mcpServers` (so the agent calls back
+//! into Room under the launch's one-launch credential), `session/prompt` with the wake, and at
+//! the deadline `session/cancel` with a short grace for the agent to end its turn.
+//!
+//! What the agent proved is reported, never inferred: the session it bound, the updates that
+//! came from that session and from any other (a wrong body), and how its turn ended. The
+//! engine turns that into a rung of the proof ladder; a reply is proven only by Room's own
+//! journal. Permission requests are answered by the route's policy.
+
+use agent_client_protocol::schema::ProtocolVersion;
+use agent_client_protocol::v1::ConnectionTo;
+use agent_client_protocol::v1::schema::{
+    AuthenticateRequest, CancelNotification, ContentBlock, EnvVariable, InitializeRequest,
+    McpServer, McpServerStdio, NewSessionRequest, PermissionOptionKind, PromptRequest,
+    RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
+    SelectedPermissionOutcome, SessionNotification, TextContent,
+};
+use agent_client_protocol::{Agent, ByteStreams, Client};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
+
+/// How long an agent has to end its turn after `session/cancel`.
+pub const CANCEL_GRACE_MS: u64 = 2_000;
+/// Sessions whose updates are counted one by one; beyond this they count as one "other".
+const SESSIONS_SEEN_MAX: usize = 16;
+
+/// An MCP server the agent is to start over stdio (Room's own: `room mcp`).
+#[derive(Debug, Clone)]
+pub struct StdioServer {
+    pub name: String,
+    pub command: PathBuf,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+}
+
+/// How the agent's permission requests are answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Permissions {
+    /// Pick the agent's own "reject" option (or cancel the request when it offers none).
+    Reject,
+    /// Pick "allow once" (never "allow always": a wake grants nothing beyond itself).
+    AllowOnce,
+}
+
+/// What a known agent needs beyond its command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Preset {
+    pub name: &'static str,
+    /// Environment names passed through when the daemon has them.
+    pub env_pass: &'static [&'static str],
+    /// Settings the agent must have to work unattended.
+    pub env_set: &'static [(&'static str, &'static str)],
+    /// An `authenticate` method to call before `session/new`.
+    pub authenticate: Option<&'static str>,
+}
+
+/// The presets a route may name (checked facts: INTEROP.md, "ACP agents").
+pub const PRESETS: [Preset; 3] = [
+    Preset {
+        name: "claude",
+        env_pass: &[
+            "PATH",
+            "HOME",
+            "ANTHROPIC_API_KEY",
+            "CLAUDE_CODE_OAUTH_TOKEN",
+        ],
+        // as root, claude-agent-acp refuses `session/new` without it
+        env_set: &[("IS_SANDBOX", "1")],
+        authenticate: None,
+    },
+    Preset {
+        name: "codex",
+        env_pass: &["PATH", "HOME", "CODEX_API_KEY", "OPENAI_API_KEY"],
+        env_set: &[],
+        // codex-acp refuses `session/new` until authenticated
+        authenticate: Some("codex-api-key"),
+    },
+    Preset {
+        name: "gemini",
+        env_pass: &["PATH", "HOME", "GEMINI_API_KEY"],
+        // in a folder it does not trust, Gemini CLI silently starts no MCP server
+        env_set: &[("GEMINI_CLI_TRUST_WORKSPACE", "true")],
+        authenticate: None,
+    },
+];
+
+pub fn preset(name: &str) -> Option<&'static Preset> {
+    PRESETS.iter().find(|p| p.name == name)
+}
+
+/// One turn to run.
+#[derive(Debug, Clone)]
+pub struct Turn {
+    pub cwd: PathBuf,
+    pub mcp_servers: Vec<StdioServer>,
+    /// The prompt's text blocks, in order.
+    pub prompt: Vec<String>,
+    pub authenticate: Option<String>,
+    pub permissions: Permissions,
+    /// The time the whole exchange may take before `session/cancel` is sent.
+    pub turn_ms: u64,
+    /// The time after `session/cancel` for the agent to end its turn.
+    pub cancel_grace_ms: u64,
+}
+
+/// What the agent showed, as seen on the wire.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Report {
+    /// The agent's name from `initialize`.
+    pub agent: Option<String>,
+    /// Whether it offers `session/load` (a session that may be resumed later).
+    pub load_session: bool,
+    /// The session `session/new` bound.
+    pub session: Option<String>,
+    pub prompt_sent: bool,
+    /// `session/update`s from the bound session.
+    pub updates_bound: u64,
+    /// `session/update`s from any other session: a wrong body, refused.
+    pub updates_foreign: u64,
+    pub permission_requests: u64,
+    /// How the turn ended (`end_turn`, `cancelled`, `refusal`, …); none when it never did.
+    pub stop_reason: Option<String>,
+    pub cancel_sent: bool,
+    pub timed_out: bool,
+    pub error: Option<String>,
+}
+
+/// What the report proves about delivery, in the ladder's words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Proven {
+    /// Nothing shows the bound session took the prompt.
+    Nothing,
+    /// The bound session took it (an update, or a cancelled turn) without finishing.
+    Delivered,
+    /// The bound session finished its turn on it.
+    TurnEnded,
+    /// Another session spoke: no credit for anyone.
+    WrongBody,
+}
+
+impl Report {
+    pub fn proven(&self) -> Proven {
+        if self.updates_foreign > 0 {
+            return Proven::WrongBody;
+        }
+        match self.stop_reason.as_deref() {
+            Some("cancelled") => Proven::Delivered,
+            Some(_) => Proven::TurnEnded,
+            None if self.updates_bound > 0 => Proven::Delivered,
+            None => Proven::Nothing,
+        }
+    }
+}
+
+/// What the handlers share: updates by session (the bound one is known only once
+/// `session/new` answers, and updates may race that answer) and permission requests.
+#[derive(Default)]
+struct Seen {
+    updates: BTreeMap<String, u64>,
+    others: u64,
+    permission_requests: u64,
+}
+
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // a handler that panicked leaves counts that are still counts
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Run one turn with the agent on the other end of `to_agent`/`from_agent`. Never longer
+/// than `turn_ms + cancel_grace_ms`; the caller then ends the agent's processes.
+pub async fn run<W, R>(to_agent: W, from_agent: R, turn: Turn) -> Report
+where
+    W: tokio::io::AsyncWrite + Send + 'static,
+    R: tokio::io::AsyncRead + Send + 'static,
+{
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let report = Arc::new(Mutex::new(Report::default()));
+    let limit = Duration::from_millis(turn.turn_ms.saturating_add(turn.cancel_grace_ms));
+    let transport = ByteStreams::new(to_agent.compat_write(), from_agent.compat());
+    let out = tokio::time::timeout(
+        limit,
+        connect(transport, turn, seen.clone(), report.clone()),
+    )
+    .await;
+    let mut r = locked(&report).clone();
+    match out {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => r.error = Some(e.to_string()),
+        Err(_) => {
+            r.timed_out = true;
+            r.error
+                .get_or_insert_with(|| "the agent did not answer in time".into());
+        }
+    }
+    let seen = locked(&seen);
+    r.permission_requests = seen.permission_requests;
+    for (session, n) in &seen.updates {
+        if r.session.as_deref() == Some(session.as_str()) {
+            r.updates_bound += n;
+        } else {
+            r.updates_foreign += n;
+        }
+    }
+    r.updates_foreign += seen.others;
+    r
+}
+
+async fn connect(
+    transport: impl agent_client_protocol::ConnectTo<Client> + 'static,
+    turn: Turn,
+    seen: Arc<Mutex<Seen>>,
+    report: Arc<Mutex<Report>>,
+) -> agent_client_protocol::Result<()> {
+    let (on_update, on_permission) = (seen.clone(), seen);
+    let permissions = turn.permissions;
+    Client
+        .v1()
+        .name("room")
+        .on_receive_notification(
+            async move |n: SessionNotification, _cx| {
+                let mut s = locked(&on_update);
+                let key = n.session_id.0.to_string();
+                if let Some(c) = s.updates.get_mut(&key) {
+                    *c += 1;
+                } else if s.updates.len() < SESSIONS_SEEN_MAX {
+                    s.updates.insert(key, 1);
+                } else {
+                    s.others += 1;
+                }
+                Ok(())
+            },
+            agent_client_protocol::on_receive_notification!(),
+        )
+        .on_receive_request(
+            async move |req: RequestPermissionRequest, responder, _cx| {
+                locked(&on_permission).permission_requests += 1;
+                responder.respond(answer(&req, permissions))
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .connect_with(transport, async move |cx: ConnectionTo<Agent>| {
+            drive(cx, turn, report).await
+        })
+        .await
+}
+
+/// The route's answer to a permission request: the agent's own option of the wanted kind.
+fn answer(req: &RequestPermissionRequest, p: Permissions) -> RequestPermissionResponse {
+    let kinds: &[PermissionOptionKind] = match p {
+        Permissions::Reject => &[
+            PermissionOptionKind::RejectOnce,
+            PermissionOptionKind::RejectAlways,
+        ],
+        Permissions::AllowOnce => &[PermissionOptionKind::AllowOnce],
+    };
+    let chosen = kinds.iter().find_map(|k| {
+        req.options
+            .iter()
+            .find(|o| o.kind == *k)
+            .map(|o| o.option_id.clone())
+    });
+    RequestPermissionResponse::new(match chosen {
+        Some(id) => RequestPermissionOutcome::Selected(SelectedPermissionOutcome::new(id)),
+        None => RequestPermissionOutcome::Cancelled,
+    })
+}
+
+async fn drive(
+    cx: ConnectionTo<Agent>,
+    turn: Turn,
+    report: Arc<Mutex<Report>>,
+) -> agent_client_protocol::Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(turn.turn_ms);
+    let init = cx
+        .send_request(InitializeRequest::new(ProtocolVersion::V1))
+        .block_task()
+        .await?;
+    {
+        let mut r = locked(&report);
+        r.agent = init.agent_info.map(|i| i.name);
+        r.load_session = init.agent_capabilities.load_session;
+    }
+    if let Some(m) = &turn.authenticate {
+        cx.send_request(AuthenticateRequest::new(m.clone()))
+            .block_task()
+            .await?;
+    }
+    let servers = turn.mcp_servers.iter().map(stdio_server).collect();
+    let session = cx
+        .send_request(NewSessionRequest::new(&turn.cwd).mcp_servers(servers))
+        .block_task()
+        .await?
+        .session_id;
+    locked(&report).session = Some(session.0.to_string());
+    let blocks = turn
+        .prompt
+        .iter()
+        .map(|t| ContentBlock::Text(TextContent::new(t.clone())))
+        .collect();
+    let prompt = cx
+        .send_request(PromptRequest::new(session.clone(), blocks))
+        .block_task();
+    locked(&report).prompt_sent = true;
+    tokio::pin!(prompt);
+    let answered = tokio::select! {
+        r = &mut prompt => Some(r?),
+        _ = tokio::time::sleep_until(deadline) => None,
+    };
+    let response = match answered {
+        Some(r) => r,
+        None => {
+            cx.send_notification(CancelNotification::new(session))?;
+            {
+                let mut r = locked(&report);
+                r.cancel_sent = true;
+                r.timed_out = true;
+            }
+            let grace = Duration::from_millis(turn.cancel_grace_ms);
+            match tokio::time::timeout(grace, prompt).await {
+                Ok(r) => r?,
+                Err(_) => return Ok(()),
+            }
+        }
+    };
+    let reason = serde_json::to_value(response.stop_reason)
+        .ok()
+        .and_then(|v| v.as_str().map(String::from));
+    locked(&report).stop_reason = reason;
+    Ok(())
+}
+
+fn stdio_server(s: &StdioServer) -> McpServer {
+    let env = s
+        .env
+        .iter()
+        .map(|(k, v)| EnvVariable::new(k.clone(), v.clone()))
+        .collect();
+    McpServer::Stdio(
+        McpServerStdio::new(s.name.clone(), s.command.clone())
+            .args(s.args.clone())
+            .env(env),
+    )
+}

@@ -1,0 +1,8 @@
+//! Room's adapters to agents: how a sealed wake reaches an agent's own session, and what each
+//! adapter can prove about it. The engine decides who is woken and judges what was proven;
+//! an adapter only speaks the agent's protocol and reports what it saw, never more.
+//!
+//! Processes are the caller's (the daemon's dispatcher owns their groups); an adapter gets
+//! the agent's stdin and stdout.
+
+pub mod acp;

@@ -1,0 +1,279 @@
+//! The `acp` adapter against a real third-party ACP agent: `tests/acp/agent.py`, built on the
+//! official ACP Python SDK, which reaches Room only through the MCP server it is given in
+//! `session/new` (the official MCP Python SDK over `room mcp`). Each rung of the proof ladder
+//! the adapter can reach is reached through real processes: a correlated reply, a turn that
+//! ends without one, a cancel the agent honours, a cancel it ignores (its whole group is
+//! still ended, down to a grandchild), and a session that speaks under another's id.
+//!
+//! Needs a Python with `agent-client-protocol` and `mcp` (scripts/test makes `.venv`), or
+//! `ROOM_TEST_PYTHON` naming one.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output};
+use std::time::Duration;
+
+fn python() -> PathBuf {
+    let p = std::env::var_os("ROOM_TEST_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python"));
+    let ok = Command::new(&p)
+        .args(["-c", "import acp, mcp"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        ok,
+        "{} cannot import acp and mcp\nhint: run scripts/test once (it makes .venv), or set ROOM_TEST_PYTHON",
+        p.display()
+    );
+    // absolute, but not canonical: a venv's python is a symlink that finds its packages only
+    // when started by its own path
+    let dir = std::fs::canonicalize(p.parent().unwrap()).unwrap();
+    dir.join(p.file_name().unwrap())
+}
+
+struct Env {
+    _tmp: tempfile::TempDir,
+    root: PathBuf,
+    state: PathBuf,
+}
+
+impl Env {
+    fn new() -> Env {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(tmp.path()).unwrap();
+        Env {
+            state: root.join("state"),
+            root,
+            _tmp: tmp,
+        }
+    }
+
+    fn cmd(&self, args: &[&str], token: Option<&str>) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_room"));
+        c.args(args)
+            .arg("--state-dir")
+            .arg(&self.state)
+            .env("XDG_CONFIG_HOME", self.root.join("config"))
+            .env("ROOM_LOG", "error")
+            .env_remove("ROOM_TOKEN")
+            .env_remove("ROOM_CONVERSATION");
+        if let Some(t) = token {
+            c.env("ROOM_TOKEN", t);
+        }
+        c
+    }
+
+    fn run(&self, args: &[&str], token: Option<&str>) -> Output {
+        self.cmd(args, token).output().unwrap()
+    }
+
+    fn ok(&self, args: &[&str], token: Option<&str>) -> Value {
+        let o = self.run(args, token);
+        assert!(
+            o.status.success(),
+            "room {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        serde_json::from_slice(&o.stdout).unwrap_or(Value::Null)
+    }
+
+    fn serve(&self) -> Daemon {
+        let child = Daemon(self.cmd(&["serve"], None).spawn().unwrap());
+        for _ in 0..500 {
+            if self.state.join("room.sock").exists() && self.run(&["list"], None).status.success() {
+                return child;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("daemon did not come up");
+    }
+
+    fn caught_up(&self, tok: &str, room: &str) {
+        let mut confirm: Option<String> = None;
+        for _ in 0..100 {
+            let mut args = vec!["sync", room, "--json"];
+            if let Some(c) = &confirm {
+                args.extend(["--confirm", c.as_str()]);
+            }
+            let page = self.ok(&args, Some(tok));
+            if page["more"] != true && confirm.is_some() {
+                return;
+            }
+            confirm = page["receipt"].as_str().map(String::from);
+        }
+        panic!("never caught up");
+    }
+}
+
+/// The daemon, ended with the test whether it passes or not.
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+const MODES: [&str; 5] = ["reply", "silent", "hang", "ignore_cancel", "wrong_body"];
+
+/// Every wake, once none is queued or dispatched any more, by recipient.
+fn settled(env: &Env) -> std::collections::BTreeMap<String, Value> {
+    for _ in 0..600 {
+        let w = env.ok(&["wakes", "list", "--json"], None);
+        let wakes = w["wakes"].as_array().unwrap().clone();
+        let busy = wakes
+            .iter()
+            .any(|w| matches!(w["state"].as_str(), Some("queued" | "dispatched")));
+        if wakes.len() == MODES.len() && !busy {
+            return wakes
+                .into_iter()
+                .map(|w| (w["agent"].as_str().unwrap().to_string(), w))
+                .collect();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!(
+        "the wakes never settled: {}",
+        env.ok(&["wakes", "list", "--json"], None)
+    );
+}
+
+fn alive(pid: u32) -> bool {
+    // a zombie is dead: only its exit status is left for a parent to collect
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            let state = s.rsplit(')').next().unwrap_or("").trim_start();
+            !state.starts_with('Z') && !state.starts_with('X')
+        })
+        .unwrap_or(false)
+}
+
+#[test]
+fn a_wake_reaches_a_real_acp_agent_and_each_proof_is_what_was_seen() {
+    let py = python();
+    let agent_py = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/acp/agent.py");
+    let env = Env::new();
+    env.ok(&["init"], None);
+    let mut config = String::new();
+    for m in MODES {
+        // hang and ignore_cancel meet their deadline: a short one, yet long enough for five Python
+        // agents starting at once on two cores to reach their prompt
+        let timeout_ms = if m.contains("hang") || m.contains("cancel") {
+            10_000
+        } else {
+            60_000
+        };
+        config.push_str(&format!(
+            "[routes.{a}]\nadapter = \"acp\"\ncommand = [{py:?}, {agent:?}, {m:?}]\ntimeout_ms = {timeout_ms}\n\n",
+            a = m.replace('_', "-"),
+            py = py.display().to_string(),
+            agent = agent_py.display().to_string(),
+        ));
+    }
+    std::fs::write(env.state.join("config.toml"), config).unwrap();
+    let daemon = env.serve();
+    let token = |name: &str, tier: &str| {
+        env.ok(
+            &["agent", "enroll", name, "--max-tier", tier, "--json"],
+            None,
+        )["token"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let boss = token("boss", "coordinator");
+    let mut create = vec!["create", "chat", "--member", "boss"];
+    let names: Vec<String> = MODES.iter().map(|m| m.replace('_', "-")).collect();
+    for n in &names {
+        token(n, "member");
+        create.extend(["--member", n.as_str()]);
+    }
+    env.ok(&create, None);
+    for n in &names {
+        env.caught_up(&boss, "chat");
+        env.ok(
+            &["send", "chat", &format!("check the build, {n}"), "--to", n],
+            Some(&boss),
+        );
+    }
+    let wakes = settled(&env);
+    let launch = |agent: &str| -> Value {
+        let w = &wakes[agent];
+        let l = w["launches"].as_array().expect("launches listed");
+        assert_eq!(l.len(), 1, "one launch per permit: {w}");
+        l[0].clone()
+    };
+
+    // a reply from the bound session, correlated by the launch's conversation
+    let l = launch("reply");
+    assert_eq!(wakes["reply"]["state"], "replied", "{l}");
+    assert_eq!(
+        (&l["outcome"], &l["proof"]),
+        (&"replied".into(), &"replied".into())
+    );
+    assert_eq!(l["adapter"]["stop_reason"], "end_turn");
+    assert!(
+        l["adapter"]["session"].is_string() && l["adapter"]["updates_bound"].as_u64() >= Some(2)
+    );
+
+    // the turn ended without a reply: seen, still owed
+    let l = launch("silent");
+    assert_eq!(wakes["silent"]["state"], "pending_reply", "{l}");
+    assert_eq!(l["outcome"], "body_visible_pending_reply");
+    assert_eq!(l["proof"], "body_visible_pending_reply");
+
+    // the deadline cancels the prompt; the agent honours it
+    let l = launch("hang");
+    assert_eq!(wakes["hang"]["state"], "failed", "{l}");
+    assert_eq!(
+        (&l["outcome"], &l["proof"]),
+        (&"timed_out".into(), &"delivered_to_body".into())
+    );
+    assert_eq!(l["adapter"]["cancel_sent"], true);
+    assert_eq!(l["adapter"]["stop_reason"], "cancelled");
+
+    // an agent that ignores the cancel is ended with its whole group, grandchild included
+    let l = launch("ignore-cancel");
+    assert_eq!(
+        (&l["outcome"], &l["proof"]),
+        (&"timed_out".into(), &"delivered_to_body".into()),
+        "{l}"
+    );
+    assert_eq!(l["adapter"]["cancel_sent"], true);
+    assert!(l["adapter"]["stop_reason"].is_null(), "{l}");
+    let log = std::fs::read_to_string(
+        env.state
+            .join("workers")
+            .join(l["launch"].as_str().unwrap())
+            .join("stderr.log"),
+    )
+    .unwrap();
+    let child: Value = log
+        .lines()
+        .filter_map(|x| serde_json::from_str::<Value>(x).ok())
+        .find(|x| x["step"] == "child")
+        .unwrap_or_else(|| panic!("the agent logged its child: {log}"));
+    let pid = child["pid"].as_u64().unwrap() as u32;
+    assert!(
+        !alive(pid),
+        "the agent's grandchild {pid} outlived its launch"
+    );
+    assert_eq!(
+        l["job"]["confirmed_empty"], true,
+        "zero processes observed: {l}"
+    );
+    assert!(!alive(l["pid"].as_u64().unwrap() as u32));
+
+    // updates under another session's id: refused, no credit
+    let l = launch("wrong-body");
+    assert_eq!(wakes["wrong-body"]["state"], "failed", "{l}");
+    assert_eq!(
+        (&l["outcome"], &l["proof"]),
+        (&"wrong_body_rejected".into(), &"wrong_body_rejected".into())
+    );
+    assert!(l["adapter"]["updates_foreign"].as_u64() >= Some(1));
+
+    drop(daemon);
+}

@@ -1,0 +1,105 @@
+"""A real third-party ACP agent for the adapter tests, built on the official ACP Python SDK
+(PyPI `agent-client-protocol`); it reaches Room only through the MCP servers it is given in
+`session/new`, with the official MCP Python SDK (PyPI `mcp`). Prompted, it acts by its first
+argument:
+
+- reply: catches up with `room_sync` and answers each obligation of its wake with `room_reply`,
+  then ends its turn;
+- silent: ends its turn without replying;
+- hang: streams an update and waits for `session/cancel`, then answers `cancelled`;
+- ignore_cancel: starts a child process and never answers, not even to `session/cancel`;
+- wrong_body: streams its update under another session's id and ends its turn.
+
+Each step is a JSON line on stderr (the dispatcher keeps it in the worker's log)."""
+
+import asyncio
+import json
+import subprocess
+import sys
+import uuid
+
+from acp import (
+    Agent,
+    InitializeResponse,
+    NewSessionResponse,
+    PromptResponse,
+    run_agent,
+    text_block,
+    update_agent_message,
+)
+from mcp import Client, StdioServerParameters
+
+MODE = sys.argv[1] if len(sys.argv) > 1 else "reply"
+
+
+def log(**kw):
+    print(json.dumps(kw), file=sys.stderr, flush=True)
+
+
+def text_of(block):
+    return block.get("text", "") if isinstance(block, dict) else getattr(block, "text", "")
+
+
+class TestAgent(Agent):
+    def on_connect(self, conn):
+        self.conn = conn
+        self.servers = {}
+        self.cancelled = asyncio.Event()
+
+    async def initialize(self, protocol_version, client_capabilities=None, client_info=None, **kw):
+        log(step="initialize", client=getattr(client_info, "name", None))
+        return InitializeResponse(protocol_version=protocol_version)
+
+    async def new_session(self, cwd, mcp_servers=None, **kw):
+        sid = uuid.uuid4().hex
+        self.servers[sid] = list(mcp_servers or [])
+        log(step="new_session", session=sid, cwd=cwd, mcp=[s.name for s in self.servers[sid]])
+        return NewSessionResponse(session_id=sid)
+
+    async def cancel(self, session_id, **kw):
+        log(step="cancel", session=session_id)
+        if MODE != "ignore_cancel":
+            self.cancelled.set()
+
+    async def prompt(self, session_id, prompt, **kw):
+        texts = [text_of(b) for b in prompt]
+        log(step="prompt", session=session_id, blocks=len(texts))
+        if MODE == "wrong_body":
+            await self.conn.session_update(session_id=uuid.uuid4().hex, update=update_agent_message(text_block("not me")))
+            return PromptResponse(stop_reason="end_turn")
+        await self.conn.session_update(session_id=session_id, update=update_agent_message(text_block("reading")))
+        if MODE == "hang":
+            await self.cancelled.wait()
+            return PromptResponse(stop_reason="cancelled")
+        if MODE == "ignore_cancel":
+            child = subprocess.Popen(["/usr/bin/sleep", "600"])
+            log(step="child", pid=child.pid)
+            await asyncio.Event().wait()
+        if MODE == "reply":
+            wake = next(json.loads(t) for t in texts if t.startswith("{"))
+            await self.answer(session_id, wake)
+        return PromptResponse(stop_reason="end_turn")
+
+    async def answer(self, session_id, wake):
+        room_server = next(s for s in self.servers[session_id] if s.name == "room")
+        params = StdioServerParameters(
+            command=room_server.command, args=list(room_server.args), env={e.name: e.value for e in room_server.env}
+        )
+        async with Client(params, mode="legacy") as client:
+            confirm = None
+            while True:
+                args = {"room": wake["room"]} | ({"confirm": confirm} if confirm else {})
+                r = await client.call_tool("room_sync", args)
+                assert not r.is_error, r.structured_content
+                if not r.structured_content["items"]:
+                    break
+                confirm = r.structured_content["receipt"]
+            for ob in wake["obligation_ids"]:
+                r = await client.call_tool("room_reply", {"room": wake["room"], "reply_to": ob, "text": "done: " + wake["prompt"]})
+                assert not r.is_error, r.structured_content
+                log(step="replied", obligation=ob)
+        await self.conn.session_update(session_id=session_id, update=update_agent_message(text_block("replied")))
+
+
+if __name__ == "__main__":
+    asyncio.run(run_agent(TestAgent()))
