@@ -232,6 +232,27 @@ pub const LAUNCHES_PER_PASS_MAX: usize = 16;
 /// A launch's state while its process is running.
 const RUNNING: &str = "running";
 
+/// Why queued permits wait, as the last dispatch pass found them: `recipient_busy` (another
+/// launch of the recipient runs, or its cooldown has not passed) or `worker_route_capacity`
+/// (the daemon runs `[dispatch] workers_max` workers already). A deferral never drops a
+/// permit; it is kept in memory only, for the wakes view.
+#[derive(Debug, Default)]
+pub(crate) struct Deferrals(std::sync::Mutex<std::collections::BTreeMap<String, &'static str>>);
+
+impl Deferrals {
+    fn replace(&self, next: std::collections::BTreeMap<String, &'static str>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = next;
+    }
+
+    pub(crate) fn of(&self, path: &str) -> Option<&'static str> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(path)
+            .copied()
+    }
+}
+
 /// A launch the dispatcher is to start: the route, what the worker reads on stdin, and the
 /// credential it acts with (shown here once; only its digest is stored).
 #[derive(Debug, Clone)]
@@ -344,13 +365,16 @@ fn end(
 
 impl Engine {
     /// One dispatch pass over the permits of routed agents, oldest first: start a launch for each
-    /// that revalidates and whose recipient is not busy with another launch (`recipient_busy`
-    /// defers, never drops) and is past its cooldown. One that fails revalidation is left to the
-    /// sweep, which dead-letters it with its reason.
+    /// that revalidates, whose recipient is not busy with another launch and is past its
+    /// cooldown (`recipient_busy` defers, never drops), while fewer than `[dispatch]
+    /// workers_max` workers run (`worker_route_capacity` defers). One that fails revalidation
+    /// is left to the sweep, which dead-letters it with its reason.
     pub fn dispatch_take(&self) -> Outcome<Vec<Launch>> {
         // without routes nothing launches: a call that queued a permit costs nothing more
-        let routes = self.policy().routes.clone();
+        let policy = self.policy();
+        let routes = policy.routes.clone();
         if routes.is_empty() {
+            self.deferrals.replace(Default::default());
             return Ok(Vec::new());
         }
         self.flush_wakes();
@@ -360,15 +384,25 @@ impl Engine {
             .control()
             .wakes_queued_of(&agents, DISPATCH_BATCH_MAX)
             .map_err(store_err)?;
+        let running = self.control().launches_live().map_err(store_err)?.len();
         let mut out: Vec<Launch> = Vec::new();
+        let mut deferred = std::collections::BTreeMap::new();
         for w in rows {
             let Some(route) = routes.get(&w.agent) else {
                 continue;
             };
-            if out.len() >= LAUNCHES_PER_PASS_MAX
-                || out.iter().any(|l| l.agent == w.agent)
-                || self.recipient_busy(&w.agent, now)?
-            {
+            let why =
+                if out.iter().any(|l| l.agent == w.agent) || self.recipient_busy(&w.agent, now)? {
+                    Some("recipient_busy")
+                } else if running + out.len() >= policy.workers_max
+                    || out.len() >= LAUNCHES_PER_PASS_MAX
+                {
+                    Some("worker_route_capacity")
+                } else {
+                    None
+                };
+            if let Some(why) = why {
+                deferred.insert(wake_path(&w.room, &w.agent, &w.source_event), why);
                 continue;
             }
             let permit = match self.revalidate(&w, now) {
@@ -378,6 +412,7 @@ impl Engine {
             };
             out.push(self.start_launch(&w, permit, route, now)?);
         }
+        self.deferrals.replace(deferred);
         Ok(out)
     }
 

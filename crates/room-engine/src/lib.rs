@@ -129,6 +129,8 @@ pub struct Engine {
     pub(crate) config: EngineConfig,
     pub(crate) authority: Authority,
     pub(crate) rooms: Rooms,
+    /// Why each queued permit the last dispatch pass looked at waits (not persisted).
+    pub(crate) deferrals: dispatch::Deferrals,
 }
 
 pub type Outcome<T> = Result<T, Refusal>;
@@ -151,6 +153,7 @@ impl Engine {
         let engine = Engine {
             authority: Authority::new(env.clone(), state.clone(), control),
             rooms: Rooms::new(store, config.rooms_open_max),
+            deferrals: dispatch::Deferrals::default(),
             state,
             env,
             config,

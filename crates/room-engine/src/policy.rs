@@ -27,6 +27,28 @@ struct ConfigFile {
     /// MCP session.
     #[serde(default)]
     routes: BTreeMap<String, Route>,
+    #[serde(default)]
+    dispatch: DispatchLimits,
+}
+
+/// How many workers the dispatcher keeps running at once, across every route.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct DispatchLimits {
+    workers_max: u64,
+}
+
+/// Workers running at once when `[dispatch] workers_max` says nothing.
+pub const WORKERS_MAX_DEFAULT: usize = 8;
+/// The most `[dispatch] workers_max` may allow.
+pub const WORKERS_MAX_LIMIT: u64 = 256;
+
+impl Default for DispatchLimits {
+    fn default() -> Self {
+        DispatchLimits {
+            workers_max: WORKERS_MAX_DEFAULT as u64,
+        }
+    }
 }
 
 /// How the dispatcher delivers an agent's wakes: an adapter and what it runs.
@@ -225,6 +247,8 @@ pub struct Policy {
     pub evidence_origins_min: u32,
     /// Per agent, how its wakes are delivered.
     pub routes: Arc<BTreeMap<String, Route>>,
+    /// Workers running at once, across every route (a permit beyond it waits, queued).
+    pub workers_max: usize,
 }
 
 impl Policy {
@@ -317,6 +341,7 @@ fn failed(why: String) -> Policy {
         acceptance_commands: Arc::new(Vec::new()),
         evidence_origins_min: 1,
         routes: Arc::new(BTreeMap::new()),
+        workers_max: WORKERS_MAX_DEFAULT,
     }
 }
 
@@ -345,6 +370,12 @@ fn parse(bytes: &[u8]) -> Policy {
     if let Some(why) = cfg.routes.iter().find_map(|(a, r)| check_route(a, r).err()) {
         return failed(why);
     }
+    let workers_max = cfg.dispatch.workers_max;
+    if !(1..=WORKERS_MAX_LIMIT).contains(&workers_max) {
+        return failed(format!(
+            "config.toml: dispatch.workers_max {workers_max} is not within 1..={WORKERS_MAX_LIMIT}"
+        ));
+    }
     match Redactor::new(&cfg.redaction.patterns) {
         Ok(r) => Policy {
             ceiling,
@@ -354,6 +385,7 @@ fn parse(bytes: &[u8]) -> Policy {
             acceptance_commands: Arc::new(cfg.acceptance.commands),
             evidence_origins_min: cfg.acceptance.evidence_origins_min.clamp(1, 16),
             routes: Arc::new(cfg.routes),
+            workers_max: workers_max as usize,
         },
         Err(e) => failed(format!("config.toml: {e}")),
     }

@@ -160,6 +160,13 @@ impl Engine {
                     v["intact"] = json!(intact);
                     v["state"] = json!(w.state);
                     v["launches"] = self.launches_view(&w);
+                    if w.state == room_store::control::WAKE_QUEUED {
+                        v["deferred"] = json!(self.deferrals.of(&wake_path(
+                            &w.room,
+                            &w.agent,
+                            &w.source_event
+                        )));
+                    }
                     if w.state == room_store::control::WAKE_DEAD {
                         v["dead_letter"] = json!({"code": w.reason, "reason": w.detail,
                             "retry_allowed": false});

@@ -490,7 +490,7 @@ pub async fn serve(
             }
         }
     });
-    let jobs = worker_jobs(&state.instance_id);
+    let jobs = worker_jobs(&state);
     let dispatcher = tokio::spawn(crate::workers::run(
         engine.clone(),
         crate::workers::WorkerEnv {
@@ -1010,14 +1010,13 @@ pub mod http {
 }
 
 /// Where this daemon makes its workers' owned jobs: a cgroup v2 base named for the state
-/// directory (so that the next daemon of it finds what a crash left), else process groups.
-fn worker_jobs(instance_id: &str) -> room_exec::job::Jobs {
-    let name: String = instance_id
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric())
-        .take(32)
-        .collect();
-    let jobs = room_exec::job::Jobs::detect(&name);
+/// directory, its instance and its path (so that the next daemon of it finds what a crash
+/// left, and no other daemon's start mistakes this one's jobs for leftovers), else process
+/// groups.
+fn worker_jobs(state: &room_store::statedir::StateDir) -> room_exec::job::Jobs {
+    let key = format!("{}\0{}", state.instance_id, state.root.display());
+    let name = &room_core::sha256_hex(key.as_bytes())[..32];
+    let jobs = room_exec::job::Jobs::detect(name);
     match jobs.why_not_cgroup() {
         None => tracing::info!(
             base = %jobs.base().map(|b| b.display().to_string()).unwrap_or_default(),

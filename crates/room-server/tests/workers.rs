@@ -145,6 +145,90 @@ fn a_worker_past_its_deadline_is_stopped_with_its_whole_group() {
     );
 }
 
+#[test]
+fn workers_beyond_the_daemon_s_capacity_wait_queued_and_say_why() {
+    let mut fx = Fx::new();
+    let (a, _, _) = fx.team("coord");
+    let agent = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/workers/agent.py");
+    let mut config = String::from("[dispatch]\nworkers_max = 1\n\n");
+    for who in ["beta", "gamma"] {
+        config.push_str(&format!(
+            "[routes.{who}]\nadapter = \"command\"\ncommand = [\"/usr/bin/python3\", {:?}, \"hang\"]\ntimeout_ms = 2000\n\n",
+            agent.to_str().unwrap()
+        ));
+    }
+    fx.write_config(&config);
+    fx.sync_all(&a, "coord");
+    let to_beta = fx.ok(
+        Some(&a),
+        "send",
+        json!({"room": "coord", "to": ["beta"], "text": "one"}),
+    )["event"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    fx.sync_all(&a, "coord");
+    let to_gamma = fx.ok(
+        Some(&a),
+        "send",
+        json!({"room": "coord", "to": ["gamma"], "text": "two"}),
+    )["event"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // while one worker runs, the other permit waits, queued, and says why
+    let start = Instant::now();
+    let waiting = loop {
+        let all = fx.ok(None, "wakes_list", json!({}));
+        let queued = all["wakes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["state"] == "queued" && w["deferred"] == "worker_route_capacity")
+            .cloned();
+        if let Some(w) = queued {
+            break w;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no permit waited for capacity: {all}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(waiting["dead_letter"], Value::Null);
+    let b = settled(&mut fx, &to_beta, &["queued", "dispatched"]);
+    let g = settled(&mut fx, &to_gamma, &["queued", "dispatched"]);
+    assert_eq!(
+        (b["state"].as_str(), g["state"].as_str()),
+        (Some("failed"), Some("failed"))
+    );
+    let (lb, lg) = (&b["launches"][0], &g["launches"][0]);
+    let (first, second) = if lb["created_ms"].as_u64() < lg["created_ms"].as_u64() {
+        (lb, lg)
+    } else {
+        (lg, lb)
+    };
+    assert!(
+        second["created_ms"].as_u64().unwrap() >= first["ended_ms"].as_u64().unwrap(),
+        "two workers ran at once under workers_max = 1: {first} {second}"
+    );
+}
+
+#[test]
+fn a_capacity_outside_its_bounds_fails_the_policy_closed() {
+    let mut fx = Fx::new();
+    let (a, _, _) = fx.team("coord");
+    fx.write_config("[dispatch]\nworkers_max = 0\n");
+    // a policy that cannot be loaded withholds results, naming what to fix
+    let r = fx.refuse(
+        Some(&a),
+        "sync",
+        json!({"room": "coord"}),
+        "tool_result_withheld",
+    );
+    assert!(r.to_string().contains("dispatch.workers_max"), "{r}");
+}
+
 fn gone(pid: u64) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z "))
 }

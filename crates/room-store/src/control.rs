@@ -185,6 +185,8 @@ CREATE INDEX launches_wake ON launches(room, agent, source_event);
     r#"
 ALTER TABLE launches ADD COLUMN proof TEXT;
 ALTER TABLE launches ADD COLUMN detail TEXT;
+-- the dispatcher counts the live launches on every pass: by index, however many have ended
+CREATE INDEX launches_live ON launches(created_ms) WHERE state != 'ended';
 "#,
 ];
 
