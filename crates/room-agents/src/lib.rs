@@ -2,7 +2,8 @@
 //! adapter can prove about it. The engine decides who is woken and judges what was proven;
 //! an adapter only speaks the agent's protocol and reports what it saw, never more.
 //!
-//! Processes are the caller's (the daemon's dispatcher owns their groups); an adapter gets
-//! the agent's stdin and stdout.
+//! Processes are the caller's (the daemon's dispatcher owns their jobs): `acp` gets the
+//! agent's stdin and stdout; `openai` gets an HTTP client and the tools it may run.
 
 pub mod acp;
+pub mod openai;

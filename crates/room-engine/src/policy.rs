@@ -71,6 +71,18 @@ pub struct Route {
     /// `allow_once`.
     #[serde(default)]
     pub permissions: Option<String>,
+    /// `openai`: the API's base URL up to its version (`http://127.0.0.1:11434/v1`).
+    #[serde(default)]
+    pub base_url: Option<String>,
+    /// `openai`: the model to ask.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// `openai`: the daemon environment variable holding the API key (none: no key sent).
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// `openai`: completions one wake may take at most (1..=64, default 16).
+    #[serde(default)]
+    pub rounds_max: Option<u32>,
     /// `script`: the steps, in order (`read`, `reply`, `exit`, `fail`, `hang`).
     #[serde(default)]
     pub steps: Vec<String>,
@@ -87,6 +99,39 @@ pub struct Route {
 
 fn route_timeout_ms() -> u64 {
     10 * 60_000
+}
+
+/// An `openai` route: an http(s) base URL, a model, a plain environment name for the key, a
+/// round bound within 1..=64, and no command (the loop runs in the daemon).
+fn check_api_route(at: &str, r: &Route) -> Result<(), String> {
+    let url = r.base_url.as_deref().unwrap_or("");
+    if !(url.starts_with("http://") || url.starts_with("https://"))
+        || url.contains(char::is_whitespace)
+    {
+        return Err(format!("{at}.base_url must be an http:// or https:// URL"));
+    }
+    if r.model
+        .as_deref()
+        .is_none_or(|m| m.is_empty() || m.len() > 256)
+    {
+        return Err(format!("{at}.model must name a model (1-256 bytes)"));
+    }
+    if let Some(k) = &r.api_key_env
+        && (k.is_empty() || !k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
+    {
+        return Err(format!(
+            "{at}.api_key_env must be an environment variable name"
+        ));
+    }
+    if r.rounds_max.is_some_and(|n| !(1..=64).contains(&n)) {
+        return Err(format!("{at}.rounds_max must be within 1..=64"));
+    }
+    if !r.command.is_empty() || !r.steps.is_empty() {
+        return Err(format!(
+            "{at}: an openai route runs no command and no steps"
+        ));
+    }
+    Ok(())
 }
 
 /// The ACP agents a route may name as its `preset`.
@@ -115,11 +160,21 @@ fn check_route(agent: &str, r: &Route) -> Result<(), String> {
                 return Err(format!("{at}.steps: {s:?} is not one of {SCRIPT_STEPS:?}"));
             }
         }
+        "openai" => check_api_route(&at, r)?,
         other => {
             return Err(format!(
-                "{at}.adapter {other:?} is not command, acp or script"
+                "{at}.adapter {other:?} is not command, acp, openai or script"
             ));
         }
+    }
+    let api_fields = r.base_url.is_some()
+        || r.model.is_some()
+        || r.api_key_env.is_some()
+        || r.rounds_max.is_some();
+    if r.adapter != "openai" && api_fields {
+        return Err(format!(
+            "{at}: base_url, model, api_key_env and rounds_max are for the openai adapter"
+        ));
     }
     if r.adapter != "acp" && (r.preset.is_some() || r.permissions.is_some()) {
         return Err(format!(

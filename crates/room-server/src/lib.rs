@@ -2,6 +2,7 @@
 //! what the transport observed (the socket peer's credentials, an agent's token) and every
 //! decision with it; it decides no authority itself.
 
+mod api_worker;
 pub mod client;
 pub mod daemon;
 pub mod dispatch;

@@ -283,3 +283,221 @@ fn an_agent_without_a_route_keeps_its_permits_queued() {
         .unwrap_or(0);
     assert_eq!(launched, 0, "nothing was launched");
 }
+
+/// A scripted OpenAI-compatible server (tests/workers/openai_server.py), ended with the test.
+struct ApiServer {
+    child: std::process::Child,
+    port: u16,
+    log: std::path::PathBuf,
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl ApiServer {
+    fn start(fx: &Fx, mode: &str) -> ApiServer {
+        use std::io::BufRead;
+        let script =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/workers/openai_server.py");
+        let log = fx.root.join(format!("openai-{mode}.jsonl"));
+        let mut child = std::process::Command::new("/usr/bin/python3")
+            .arg(script)
+            .arg(mode)
+            .arg(&log)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        ApiServer {
+            port: line.trim().parse().expect("the server prints its port"),
+            child,
+            log,
+        }
+    }
+
+    fn requests(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+}
+
+/// Route beta to the scripted server in `mode`, wake it, and return its settled permit and
+/// its one launch.
+fn api_wake(fx: &mut Fx, mode: &str) -> (ApiServer, Value, Value, String) {
+    let server = ApiServer::start(fx, mode);
+    let (a, b, _) = fx.team("coord");
+    fx.write_config(&format!(
+        "[routes.beta]\nadapter = \"openai\"\nbase_url = \"http://127.0.0.1:{}/v1\"\nmodel = \"test-model\"\ntimeout_ms = 20000\n",
+        server.port
+    ));
+    let src = send(fx, &a, "summarize the thread");
+    let w = settled(fx, &src, &["queued", "dispatched"]);
+    let l = w["launches"][0].clone();
+    (server, w, l, b)
+}
+
+#[test]
+fn an_api_model_replies_through_room_s_tools_and_its_usage_is_kept() {
+    let mut fx = Fx::new();
+    let (server, w, l, b) = api_wake(&mut fx, "reply");
+    assert_eq!(w["state"], "replied", "{w}");
+    assert_eq!(
+        (&l["outcome"], &l["proof"]),
+        (&json!("replied"), &json!("replied"))
+    );
+    let r = &l["adapter"];
+    assert_eq!(
+        (r["completions"].as_u64(), r["tool_calls"].as_u64()),
+        (Some(4), Some(3)),
+        "{r}"
+    );
+    assert_eq!(r["tool_errors"], 0, "{r}");
+    assert_eq!(
+        (r["prompt_tokens"].as_u64(), r["completion_tokens"].as_u64()),
+        (Some(400), Some(28))
+    );
+    assert_eq!(r["usage"].as_array().unwrap().len(), 4);
+    assert_eq!(r["turn_ended"], true);
+    assert_eq!(l["job"]["kind"], "in_daemon");
+    assert_eq!(
+        beta_open(&mut fx, &b),
+        0,
+        "the model's reply resolved the obligation"
+    );
+    let reqs = server.requests();
+    let first = &reqs[0]["body"];
+    assert_eq!(first["model"], "test-model");
+    let tools: Vec<&str> = first["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        tools.contains(&"room_sync") && tools.contains(&"room_reply"),
+        "{tools:?}"
+    );
+    assert_eq!(
+        reqs[0]["auth"],
+        Value::Null,
+        "no key was configured, none was sent"
+    );
+    // the model saw each tool's result, the receipt it confirmed among them
+    let last = reqs.last().unwrap()["body"]["messages"].as_array().unwrap();
+    assert_eq!(last.iter().filter(|m| m["role"] == "tool").count(), 3);
+}
+
+#[test]
+fn arguments_that_are_not_json_go_back_to_the_model_as_a_refused_call() {
+    let mut fx = Fx::new();
+    let (server, w, l, _) = api_wake(&mut fx, "bad_args");
+    assert_eq!(w["state"], "pending_reply", "{w}");
+    assert_eq!(l["outcome"], "body_visible_pending_reply", "{l}");
+    assert_eq!(
+        (
+            l["adapter"]["tool_calls"].as_u64(),
+            l["adapter"]["tool_errors"].as_u64()
+        ),
+        (Some(1), Some(1))
+    );
+    let reqs = server.requests();
+    let tool = reqs[1]["body"]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .unwrap()
+        .clone();
+    assert!(
+        tool["content"]
+            .as_str()
+            .unwrap()
+            .contains("arguments are not JSON"),
+        "{tool}"
+    );
+}
+
+#[test]
+fn malformed_truncated_and_refused_responses_prove_nothing_and_say_why() {
+    for (mode, why) in [
+        ("malformed", "malformed response"),
+        ("truncated", "truncated response"),
+        ("status", "the API answered 401"),
+    ] {
+        let mut fx = Fx::new();
+        let (_server, w, l, b) = api_wake(&mut fx, mode);
+        assert_eq!(w["state"], "failed", "{mode}: {w}");
+        assert_eq!(
+            (&l["outcome"], &l["proof"]),
+            (&json!("failed"), &json!("dispatched")),
+            "{mode}: {l}"
+        );
+        let e = l["adapter"]["error"].as_str().unwrap_or("");
+        assert!(e.contains(why), "{mode}: {e}");
+        assert_eq!(l["adapter"]["completions"], 0);
+        assert_eq!(
+            beta_open(&mut fx, &b),
+            1,
+            "{mode}: the obligation stays open"
+        );
+    }
+}
+
+#[test]
+fn a_route_that_does_not_fit_its_adapter_fails_the_policy_closed_and_names_the_field() {
+    let mut fx = Fx::new();
+    let (a, _, _) = fx.team("coord");
+    for (route, field) in [
+        (
+            "adapter = \"openai\"\nbase_url = \"ftp://x/v1\"\nmodel = \"m\"",
+            "base_url",
+        ),
+        (
+            "adapter = \"openai\"\nbase_url = \"http://127.0.0.1:1/v1\"",
+            "model",
+        ),
+        (
+            "adapter = \"openai\"\nbase_url = \"http://127.0.0.1:1/v1\"\nmodel = \"m\"\nrounds_max = 65",
+            "rounds_max",
+        ),
+        (
+            "adapter = \"openai\"\nbase_url = \"http://127.0.0.1:1/v1\"\nmodel = \"m\"\ncommand = [\"/bin/true\"]",
+            "runs no command",
+        ),
+        (
+            "adapter = \"command\"\ncommand = [\"/bin/true\"]\nmodel = \"m\"",
+            "for the openai adapter",
+        ),
+        (
+            "adapter = \"command\"\ncommand = [\"/bin/true\"]\npreset = \"claude\"",
+            "for the acp adapter",
+        ),
+        (
+            "adapter = \"acp\"\ncommand = [\"/bin/true\"]\npreset = \"other\"",
+            "preset",
+        ),
+        (
+            "adapter = \"acp\"\ncommand = [\"/bin/true\"]\npermissions = \"allow_always\"",
+            "permissions",
+        ),
+    ] {
+        fx.write_config(&format!("[routes.beta]\n{route}\n"));
+        let r = fx.refuse(
+            Some(&a),
+            "sync",
+            json!({"room": "coord"}),
+            "tool_result_withheld",
+        );
+        assert!(r.to_string().contains(field), "{route}: {r}");
+    }
+}

@@ -159,7 +159,7 @@ fn tools_of(mode: ToolsMode) -> &'static [Tool] {
 }
 
 /// A short text rendering beside the structured content, for hosts that show only text.
-fn render(resp: &Response) -> String {
+pub(crate) fn render(resp: &Response) -> String {
     match (&resp.result, &resp.refusal) {
         (_, Some(r)) => {
             let mut s = format!("error[{}]: {}", r.code, r.message);

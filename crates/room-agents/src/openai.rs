@@ -1,0 +1,376 @@
+//! `openai`: an API model behind an OpenAI-compatible chat completions endpoint (OpenAI itself,
+//! or a local server such as Ollama or vLLM), driven by a bounded tool-calling loop whose tools
+//! are Room's own (the caller's `ToolHost` runs them under the launch's credential).
+//!
+//! One launch is one loop: the wake as the user message, then at most `rounds_max` completions;
+//! each tool call the model makes is run and its result (or refusal) handed back, until the
+//! model answers without a tool call or a bound is reached. Every bound is explicit: rounds,
+//! tool calls per round, response bytes, tool result bytes, the deadline.
+//!
+//! What the model showed is reported, never inferred: how many completions answered (a valid
+//! completion proves the prompt reached the model), whether it ended its turn, each call's
+//! token usage, and every malformed or truncated response as an error. A reply is proven only
+//! by Room's own journal.
+
+use serde::Serialize;
+use serde_json::{Value, json};
+use std::time::Duration;
+
+/// Completions one loop may ask for at most (the route's `rounds_max` is clamped to this).
+pub const ROUNDS_MAX: u32 = 64;
+/// Tool calls of one completion that are run; more are answered as refused.
+pub const TOOL_CALLS_PER_ROUND_MAX: usize = 16;
+/// Bytes of one response body read at most; a longer one is malformed.
+pub const RESPONSE_BYTES_MAX: usize = 4 << 20;
+/// Bytes of one tool result handed back to the model (a page is at most 24 KiB).
+pub const TOOL_RESULT_BYTES_MAX: usize = 32 << 10;
+/// Bytes of an error body kept in the report.
+const ERROR_BODY_BYTES_MAX: usize = 512;
+
+/// A tool the model may call: what chat completions calls a function.
+#[derive(Debug, Clone)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    /// The JSON Schema of its arguments (an object schema).
+    pub parameters: Value,
+}
+
+/// What running a tool gave back: its text, and whether it was refused.
+#[derive(Debug, Clone)]
+pub struct ToolOutcome {
+    pub text: String,
+    pub is_error: bool,
+}
+
+/// Runs the model's tool calls (in the daemon: Room's tools, as the launch's recipient).
+pub trait ToolHost: Send + Sync {
+    fn tools(&self) -> Vec<ToolSpec>;
+    fn call(
+        &self,
+        name: &str,
+        args: Value,
+    ) -> impl std::future::Future<Output = ToolOutcome> + Send;
+}
+
+/// One loop to run.
+#[derive(Debug, Clone)]
+pub struct Turn {
+    /// The API's base URL, up to and including its version (`http://127.0.0.1:11434/v1`).
+    pub base_url: String,
+    pub model: String,
+    /// Sent as `Authorization: Bearer`, when set.
+    pub api_key: Option<String>,
+    pub system: String,
+    pub prompt: String,
+    pub rounds_max: u32,
+    /// The time the whole loop may take.
+    pub deadline_ms: u64,
+}
+
+/// Tokens one completion used, as the API reported them (absent fields are absent).
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    pub total_tokens: Option<u64>,
+}
+
+/// What the model showed.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Report {
+    pub model: String,
+    /// Valid completions received.
+    pub completions: u32,
+    pub tool_calls: u32,
+    /// Tool calls refused before they ran (unknown tool, arguments that are not a JSON
+    /// object, too many in one completion) or refused by Room.
+    pub tool_errors: u32,
+    /// Per completion, in order.
+    pub usage: Vec<Usage>,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    /// The last completion's `finish_reason`.
+    pub finish_reason: Option<String>,
+    /// The model answered without asking for a tool: its turn ended.
+    pub turn_ended: bool,
+    pub timed_out: bool,
+    pub error: Option<String>,
+}
+
+/// What the report proves about delivery, in the ladder's words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Proven {
+    /// No valid completion came back.
+    Nothing,
+    /// The model answered on the prompt but did not end its turn.
+    Delivered,
+    /// The model ended its turn on the prompt.
+    TurnEnded,
+}
+
+impl Report {
+    pub fn proven(&self) -> Proven {
+        match (self.completions, self.turn_ended) {
+            (0, _) => Proven::Nothing,
+            (_, true) => Proven::TurnEnded,
+            (_, false) => Proven::Delivered,
+        }
+    }
+}
+
+/// One parsed completion: the assistant message to keep, its tool calls, why it stopped.
+struct Completion {
+    message: Value,
+    calls: Vec<Call>,
+    finish_reason: Option<String>,
+    usage: Usage,
+}
+
+struct Call {
+    id: String,
+    name: String,
+    /// The arguments text as the model wrote it (chat completions sends a JSON string).
+    arguments: String,
+}
+
+/// The HTTP client a loop uses: no redirects (a key is never sent on to another host).
+pub fn client() -> Result<reqwest::Client, String> {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+/// Run the loop. Never longer than `turn.deadline_ms`.
+pub async fn run<H: ToolHost>(http: &reqwest::Client, host: &H, turn: Turn) -> Report {
+    let mut report = Report {
+        model: turn.model.clone(),
+        ..Report::default()
+    };
+    let limit = Duration::from_millis(turn.deadline_ms);
+    if tokio::time::timeout(limit, drive(http, host, &turn, &mut report))
+        .await
+        .is_err()
+    {
+        report.timed_out = true;
+        report
+            .error
+            .get_or_insert_with(|| "the model did not end its turn in time".into());
+    }
+    report
+}
+
+async fn drive<H: ToolHost>(http: &reqwest::Client, host: &H, turn: &Turn, report: &mut Report) {
+    let tools: Vec<Value> = host
+        .tools()
+        .into_iter()
+        .map(|t| {
+            json!({"type": "function", "function": {"name": t.name,
+                "description": t.description, "parameters": t.parameters}})
+        })
+        .collect();
+    let mut messages = vec![
+        json!({"role": "system", "content": turn.system}),
+        json!({"role": "user", "content": turn.prompt}),
+    ];
+    for _ in 0..turn.rounds_max.clamp(1, ROUNDS_MAX) {
+        let body = json!({"model": turn.model, "messages": messages, "tools": tools});
+        let c = match complete(http, turn, &body).await {
+            Ok(c) => c,
+            Err(e) => {
+                report.error = Some(e);
+                return;
+            }
+        };
+        report.completions += 1;
+        report.prompt_tokens += c.usage.prompt_tokens.unwrap_or(0);
+        report.completion_tokens += c.usage.completion_tokens.unwrap_or(0);
+        report.usage.push(c.usage);
+        report.finish_reason = c.finish_reason;
+        messages.push(c.message);
+        if c.calls.is_empty() {
+            report.turn_ended = true;
+            return;
+        }
+        for (i, call) in c.calls.iter().enumerate() {
+            report.tool_calls += 1;
+            let out = if i >= TOOL_CALLS_PER_ROUND_MAX {
+                refused(format!(
+                    "not run: at most {TOOL_CALLS_PER_ROUND_MAX} tool calls per answer"
+                ))
+            } else {
+                run_call(host, call).await
+            };
+            if out.is_error {
+                report.tool_errors += 1;
+            }
+            messages.push(json!({"role": "tool", "tool_call_id": call.id,
+                "content": clip(&out.text, TOOL_RESULT_BYTES_MAX)}));
+        }
+    }
+    report.error = Some(format!(
+        "the model used all {} of its rounds without ending its turn",
+        turn.rounds_max.clamp(1, ROUNDS_MAX)
+    ));
+}
+
+fn refused(text: String) -> ToolOutcome {
+    ToolOutcome {
+        text,
+        is_error: true,
+    }
+}
+
+async fn run_call<H: ToolHost>(host: &H, call: &Call) -> ToolOutcome {
+    if !host.tools().iter().any(|t| t.name == call.name) {
+        return refused(format!("unknown tool {:?}", call.name));
+    }
+    // an empty arguments string is an empty object (some servers send it for no arguments)
+    let args = if call.arguments.trim().is_empty() {
+        Ok(json!({}))
+    } else {
+        serde_json::from_str::<Value>(&call.arguments)
+    };
+    match args {
+        Ok(v @ Value::Object(_)) => host.call(&call.name, v).await,
+        Ok(_) => refused("arguments must be a JSON object".into()),
+        Err(e) => refused(format!("arguments are not JSON: {e}")),
+    }
+}
+
+/// One POST to `/chat/completions`, read within `RESPONSE_BYTES_MAX` and parsed.
+async fn complete(http: &reqwest::Client, turn: &Turn, body: &Value) -> Result<Completion, String> {
+    let url = format!("{}/chat/completions", turn.base_url.trim_end_matches('/'));
+    let mut req = http
+        .post(&url)
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(body).expect("request bodies serialize"));
+    if let Some(k) = &turn.api_key {
+        req = req.bearer_auth(k);
+    }
+    let mut resp = req.send().await.map_err(|e| format!("{url}: {e}"))?;
+    let status = resp.status();
+    let mut bytes = Vec::new();
+    loop {
+        match resp.chunk().await {
+            Ok(Some(c)) => {
+                if bytes.len() + c.len() > RESPONSE_BYTES_MAX {
+                    return Err(format!(
+                        "malformed response: longer than {RESPONSE_BYTES_MAX} bytes"
+                    ));
+                }
+                bytes.extend_from_slice(&c);
+            }
+            Ok(None) => break,
+            // a body cut short (the connection closed before its length) is truncated
+            Err(e) => return Err(format!("truncated response: {e}")),
+        }
+    }
+    if !status.is_success() {
+        let text = String::from_utf8_lossy(&bytes);
+        return Err(format!(
+            "the API answered {status}: {}",
+            clip(&text, ERROR_BODY_BYTES_MAX)
+        ));
+    }
+    parse(&bytes)
+}
+
+/// A chat completion's first choice, checked field by field.
+fn parse(bytes: &[u8]) -> Result<Completion, String> {
+    let v: Value = serde_json::from_slice(bytes).map_err(|e| format!("malformed response: {e}"))?;
+    let choice = &v["choices"][0];
+    let message = choice["message"].clone();
+    if !message.is_object() {
+        return Err("malformed response: no choices[0].message".into());
+    }
+    let mut calls = Vec::new();
+    match &message["tool_calls"] {
+        Value::Null => {}
+        Value::Array(list) => {
+            for (i, c) in list.iter().enumerate() {
+                let f = &c["function"];
+                let (Some(id), Some(name)) = (c["id"].as_str(), f["name"].as_str()) else {
+                    return Err(format!(
+                        "malformed response: tool_calls[{i}] has no id or function.name"
+                    ));
+                };
+                let arguments = match &f["arguments"] {
+                    Value::String(s) => s.clone(),
+                    Value::Null => String::new(),
+                    // some servers send the object itself
+                    other => other.to_string(),
+                };
+                calls.push(Call {
+                    id: id.to_string(),
+                    name: name.to_string(),
+                    arguments,
+                });
+            }
+        }
+        _ => return Err("malformed response: tool_calls is not a list".into()),
+    }
+    let u = &v["usage"];
+    Ok(Completion {
+        message,
+        calls,
+        finish_reason: choice["finish_reason"].as_str().map(String::from),
+        usage: Usage {
+            prompt_tokens: u["prompt_tokens"].as_u64(),
+            completion_tokens: u["completion_tokens"].as_u64(),
+            total_tokens: u["total_tokens"].as_u64(),
+        },
+    })
+}
+
+/// At most `max` bytes of `s`, cut at a character boundary, marked when cut.
+fn clip(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… [cut at {max} bytes]", &s[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_completion_with_tool_calls_parses_and_a_bad_one_says_why() {
+        let ok = br#"{"choices":[{"message":{"role":"assistant","content":null,"tool_calls":[
+            {"id":"c1","type":"function","function":{"name":"room_sync","arguments":"{\"room\":\"a\"}"}}]},
+            "finish_reason":"tool_calls"}],"usage":{"prompt_tokens":10,"completion_tokens":3,"total_tokens":13}}"#;
+        let c = parse(ok).unwrap();
+        assert_eq!(c.calls.len(), 1);
+        assert_eq!(c.calls[0].name, "room_sync");
+        assert_eq!(c.usage.total_tokens, Some(13));
+        assert_eq!(c.finish_reason.as_deref(), Some("tool_calls"));
+        for (bad, why) in [
+            (&b"{\"choices\": [{\"mess"[..], "malformed response"),
+            (b"{\"choices\": []}", "no choices[0].message"),
+            (
+                b"{\"choices\":[{\"message\":{\"tool_calls\":{}}}]}",
+                "not a list",
+            ),
+            (
+                b"{\"choices\":[{\"message\":{\"tool_calls\":[{\"function\":{}}]}}]}",
+                "no id or function.name",
+            ),
+        ] {
+            let e = parse(bad).err().unwrap();
+            assert!(e.contains(why), "{e}");
+        }
+    }
+
+    #[test]
+    fn clipping_keeps_characters_whole() {
+        assert_eq!(clip("abc", 8), "abc");
+        let c = clip("ééé", 3);
+        assert!(c.starts_with('é') && c.contains("cut at 3"), "{c}");
+    }
+}

@@ -1,0 +1,127 @@
+//! The `openai` adapter's worker: an API model has no process, so its launch runs in the
+//! daemon as a task. Its tools are Room's MCP tools (`mcp::tools`, the full set), each run
+//! through `dispatch::handle` with the launch's one-launch credential, so the model reads and
+//! replies as the recipient, in the launch's conversation, under the same gate, tier and
+//! redaction as any MCP host; a refusal goes back to the model as the tool's result.
+
+use crate::dispatch::{self, Transport};
+use crate::mcp::tools::{self, ToolsMode};
+use crate::wire::Request;
+use room_agents::openai::{self, ToolHost, ToolOutcome, ToolSpec};
+use room_engine::Engine;
+use room_engine::dispatch::{Delivery, Exit, Launch};
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+/// What the model is told before the wake.
+const SYSTEM: &str = "You are an agent in Room, a coordination plane shared with other agents. \
+You were woken because work is addressed to you. Use the tools: catch up with room_sync (confirm \
+each page's receipt), then answer each obligation of the wake with room_reply (reply_to: its id). \
+A refusal comes back as the tool's result with its code and a hint; act on it. End your turn \
+with a short summary and no tool call.";
+
+/// Room's tools, run as the launch's recipient.
+struct LaunchTools {
+    engine: Arc<Engine>,
+    token: String,
+}
+
+impl ToolHost for LaunchTools {
+    fn tools(&self) -> Vec<ToolSpec> {
+        tools::listed(ToolsMode::Full)
+            .iter()
+            .map(|d| ToolSpec {
+                name: d.name.to_string(),
+                description: d.description.to_string(),
+                parameters: d.input.clone(),
+            })
+            .collect()
+    }
+
+    async fn call(&self, name: &str, args: Value) -> ToolOutcome {
+        let Some(def) = tools::listed(ToolsMode::Full)
+            .iter()
+            .find(|d| d.name == name)
+        else {
+            return ToolOutcome {
+                text: format!("unknown tool {name:?}"),
+                is_error: true,
+            };
+        };
+        let args = match (def.name, args) {
+            ("room", Value::Object(m)) => Value::Object(tools::multiplexer_args(m)),
+            (_, a) => a,
+        };
+        let req = Request {
+            op: def.op.to_string(),
+            token: Some(self.token.clone()),
+            conversation: None,
+            tier: None,
+            args,
+            meta: None,
+        };
+        let engine = self.engine.clone();
+        match tokio::task::spawn_blocking(move || {
+            dispatch::handle(&engine, Transport::Http, req, None)
+        })
+        .await
+        {
+            Ok(resp) => ToolOutcome {
+                text: crate::mcp::render(&resp),
+                is_error: resp.refusal.is_some(),
+            },
+            Err(e) => ToolOutcome {
+                text: format!("the tool call failed: {e}"),
+                is_error: true,
+            },
+        }
+    }
+}
+
+/// One launch of an `openai` route, claimed with the daemon's own pid (it runs here).
+pub(crate) async fn run(engine: &Arc<Engine>, l: &Launch) -> Result<Exit, String> {
+    let pid = std::process::id();
+    let claimed = {
+        let engine = engine.clone();
+        let id = l.id.clone();
+        tokio::task::spawn_blocking(move || engine.launch_started(&id, pid))
+            .await
+            .map_err(|e| e.to_string())?
+    };
+    claimed.map_err(|r| r.to_string())?;
+    let r = &l.route;
+    let turn = openai::Turn {
+        base_url: r.base_url.clone().unwrap_or_default(),
+        model: r.model.clone().unwrap_or_default(),
+        api_key: r.api_key_env.as_deref().and_then(|k| std::env::var(k).ok()),
+        system: SYSTEM.into(),
+        prompt: format!(
+            "{}\n\nThe wake, as JSON:\n{}",
+            l.prompt["prompt"].as_str().unwrap_or(""),
+            l.prompt
+        ),
+        rounds_max: r.rounds_max.unwrap_or(16),
+        deadline_ms: l.deadline_ms,
+    };
+    let http = openai::client()?;
+    let host = LaunchTools {
+        engine: engine.clone(),
+        token: l.token.clone(),
+    };
+    let report = openai::run(&http, &host, turn).await;
+    if let Some(e) = &report.error {
+        tracing::warn!(launch = %l.id, "openai turn: {e}");
+    }
+    Ok(Exit {
+        code: None,
+        timed_out: report.timed_out,
+        delivery: match report.proven() {
+            openai::Proven::Nothing => Delivery::Dispatched,
+            openai::Proven::Delivered => Delivery::DeliveredToBody,
+            openai::Proven::TurnEnded => Delivery::BodyVisible,
+        },
+        detail: serde_json::to_value(&report).expect("reports serialize"),
+        // no process: nothing to stop
+        job: json!({"kind": "in_daemon", "confirmed_empty": true}),
+    })
+}

@@ -1,0 +1,89 @@
+"""A local OpenAI-compatible chat completions server for the `openai` adapter's tests. It plays a
+model by its first argument and logs every request body (one JSON line each) to the file named
+by its second; its port is its first stdout line.
+
+- reply: room_sync, room_sync with the page's receipt as confirm, room_reply to the wake's first
+  obligation, then an answer without tool calls (each completion reports its token usage);
+- bad_args: a tool call whose arguments are not JSON, then an answer without tool calls;
+- malformed: a 200 whose body is not JSON;
+- truncated: a 200 that promises more bytes than it sends, then closes;
+- status: a 401 with an error body."""
+
+import json
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+MODE, LOG = sys.argv[1], sys.argv[2]
+usage = {"prompt_tokens": 100, "completion_tokens": 7, "total_tokens": 107}
+
+
+def calls(*named):
+    return [{"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}} for i, (n, a) in enumerate(named)]
+
+
+def answer(tool_calls=None, text=None):
+    msg = {"role": "assistant", "content": text}
+    if tool_calls:
+        msg["tool_calls"] = tool_calls
+    return {"id": "cmpl", "object": "chat.completion", "model": "test-model",
+            "choices": [{"index": 0, "message": msg, "finish_reason": "tool_calls" if tool_calls else "stop"}],
+            "usage": usage}
+
+
+def wake_of(messages):
+    user = next(m["content"] for m in messages if m["role"] == "user")
+    return json.loads(user.split("The wake, as JSON:\n", 1)[1])
+
+
+def reply_mode(messages):
+    wake = wake_of(messages)
+    room = wake["room"]
+    made = [c for m in messages if m["role"] == "assistant" for c in m.get("tool_calls") or []]
+    if not made:
+        return answer(calls(("room_sync", json.dumps({"room": room}))))
+    last = made[-1]["function"]
+    result = json.loads(messages[-1]["content"])
+    if last["name"] == "room_sync" and "confirm" not in json.loads(last["arguments"]):
+        return answer(calls(("room_sync", json.dumps({"room": room, "confirm": result["receipt"]}))))
+    if last["name"] == "room_sync":
+        ob = wake["obligation_ids"][0]
+        return answer(calls(("room_reply", json.dumps({"room": room, "reply_to": ob, "text": "done: " + wake["prompt"]}))))
+    return answer(text="replied")
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def send(self, code, body, length=None):
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body) if length is None else length))
+        self.end_headers()
+        self.wfile.write(body)
+        self.wfile.flush()
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with open(LOG, "a") as f:
+            f.write(json.dumps({"path": self.path, "auth": self.headers.get("Authorization"), "body": body}) + "\n")
+        if self.path != "/v1/chat/completions":
+            return self.send(404, b'{"error": "no such path"}')
+        if MODE == "reply":
+            return self.send(200, json.dumps(reply_mode(body["messages"])).encode())
+        if MODE == "bad_args":
+            if body["messages"][-1]["role"] == "tool":
+                return self.send(200, json.dumps(answer(text="gave up")).encode())
+            return self.send(200, json.dumps(answer(calls(("room_sync", "{not json")))).encode())
+        if MODE == "malformed":
+            return self.send(200, b'{"choices": [')
+        if MODE == "truncated":
+            self.send(200, b'{"choices": [{"message": {"role"', length=4096)
+            self.close_connection = True
+            return
+        return self.send(401, b'{"error": {"message": "invalid api key"}}')
+
+
+server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+print(server.server_address[1], flush=True)
+server.serve_forever()
