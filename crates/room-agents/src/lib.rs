@@ -3,7 +3,8 @@
 //! an adapter only speaks the agent's protocol and reports what it saw, never more.
 //!
 //! Processes are the caller's (the daemon's dispatcher owns their jobs): `acp` gets the
-//! agent's stdin and stdout; `openai` gets an HTTP client and the tools it may run.
+//! agent's stdin and stdout; `api` (the `openai` and `anthropic` adapters) gets an HTTP
+//! client and the tools it may run.
 
 pub mod acp;
-pub mod openai;
+pub mod api;

@@ -71,18 +71,24 @@ pub struct Route {
     /// `allow_once`.
     #[serde(default)]
     pub permissions: Option<String>,
-    /// `openai`: the API's base URL up to its version (`http://127.0.0.1:11434/v1`).
+    /// `openai` and `anthropic`: the API's base URL up to its version
+    /// (`http://127.0.0.1:11434/v1`; `anthropic` defaults to `https://api.anthropic.com/v1`).
     #[serde(default)]
     pub base_url: Option<String>,
-    /// `openai`: the model to ask.
+    /// `openai` and `anthropic`: the model to ask.
     #[serde(default)]
     pub model: Option<String>,
-    /// `openai`: the daemon environment variable holding the API key (none: no key sent).
+    /// `openai` and `anthropic`: the daemon environment variable holding the API key (none:
+    /// no key sent).
     #[serde(default)]
     pub api_key_env: Option<String>,
-    /// `openai`: completions one wake may take at most (1..=64, default 16).
+    /// `openai` and `anthropic`: completions one wake may take at most (1..=64, default 16).
     #[serde(default)]
     pub rounds_max: Option<u32>,
+    /// `openai` and `anthropic`: tokens one completion may produce (1..=1,000,000; `anthropic`
+    /// defaults to 4,096, `openai` sends none unless set).
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
     /// `script`: the steps, in order (`read`, `reply`, `exit`, `fail`, `hang`).
     #[serde(default)]
     pub steps: Vec<String>,
@@ -101,10 +107,15 @@ fn route_timeout_ms() -> u64 {
     10 * 60_000
 }
 
-/// An `openai` route: an http(s) base URL, a model, a plain environment name for the key, a
-/// round bound within 1..=64, and no command (the loop runs in the daemon).
+/// The base URL of an `anthropic` route that names none.
+pub const ANTHROPIC_BASE_URL: &str = "https://api.anthropic.com/v1";
+
+/// An `openai` or `anthropic` route: an http(s) base URL (`anthropic` has a default), a
+/// model, a plain environment name for the key, bounds within their ranges, and no command
+/// (the loop runs in the daemon).
 fn check_api_route(at: &str, r: &Route) -> Result<(), String> {
-    let url = r.base_url.as_deref().unwrap_or("");
+    let default = (r.adapter == "anthropic").then_some(ANTHROPIC_BASE_URL);
+    let url = r.base_url.as_deref().or(default).unwrap_or("");
     if !(url.starts_with("http://") || url.starts_with("https://"))
         || url.contains(char::is_whitespace)
     {
@@ -126,9 +137,13 @@ fn check_api_route(at: &str, r: &Route) -> Result<(), String> {
     if r.rounds_max.is_some_and(|n| !(1..=64).contains(&n)) {
         return Err(format!("{at}.rounds_max must be within 1..=64"));
     }
+    if r.max_tokens.is_some_and(|n| !(1..=1_000_000).contains(&n)) {
+        return Err(format!("{at}.max_tokens must be within 1..=1000000"));
+    }
     if !r.command.is_empty() || !r.steps.is_empty() {
         return Err(format!(
-            "{at}: an openai route runs no command and no steps"
+            "{at}: an {} route runs no command and no steps",
+            r.adapter
         ));
     }
     Ok(())
@@ -160,20 +175,21 @@ fn check_route(agent: &str, r: &Route) -> Result<(), String> {
                 return Err(format!("{at}.steps: {s:?} is not one of {SCRIPT_STEPS:?}"));
             }
         }
-        "openai" => check_api_route(&at, r)?,
+        "openai" | "anthropic" => check_api_route(&at, r)?,
         other => {
             return Err(format!(
-                "{at}.adapter {other:?} is not command, acp, openai or script"
+                "{at}.adapter {other:?} is not command, acp, openai, anthropic or script"
             ));
         }
     }
     let api_fields = r.base_url.is_some()
         || r.model.is_some()
         || r.api_key_env.is_some()
-        || r.rounds_max.is_some();
-    if r.adapter != "openai" && api_fields {
+        || r.rounds_max.is_some()
+        || r.max_tokens.is_some();
+    if !matches!(r.adapter.as_str(), "openai" | "anthropic") && api_fields {
         return Err(format!(
-            "{at}: base_url, model, api_key_env and rounds_max are for the openai adapter"
+            "{at}: base_url, model, api_key_env, rounds_max and max_tokens are for the openai and anthropic adapters"
         ));
     }
     if r.adapter != "acp" && (r.preset.is_some() || r.permissions.is_some()) {

@@ -1,5 +1,5 @@
-//! The `openai` adapter's worker: an API model has no process, so its launch runs in the
-//! daemon as a task. Its tools are Room's MCP tools (`mcp::tools`, the full set), each run
+//! The `openai` and `anthropic` adapters' worker: an API model has no process, so its launch
+//! runs in the daemon as a task. Its tools are Room's MCP tools (`mcp::tools`, the full set), each run
 //! through `dispatch::handle` with the launch's one-launch credential, so the model reads and
 //! replies as the recipient, in the launch's conversation, under the same gate, tier and
 //! redaction as any MCP host; a refusal goes back to the model as the tool's result.
@@ -7,7 +7,7 @@
 use crate::dispatch::{self, Transport};
 use crate::mcp::tools::{self, ToolsMode};
 use crate::wire::Request;
-use room_agents::openai::{self, ToolHost, ToolOutcome, ToolSpec};
+use room_agents::api::{self, Dialect, ToolHost, ToolOutcome, ToolSpec};
 use room_engine::Engine;
 use room_engine::dispatch::{Delivery, Exit, Launch};
 use serde_json::{Value, json};
@@ -78,7 +78,8 @@ impl ToolHost for LaunchTools {
     }
 }
 
-/// One launch of an `openai` route, claimed with the daemon's own pid (it runs here).
+/// One launch of an `openai` or `anthropic` route, claimed with the daemon's own pid (it runs
+/// here).
 pub(crate) async fn run(engine: &Arc<Engine>, l: &Launch) -> Result<Exit, String> {
     let pid = std::process::id();
     let claimed = {
@@ -90,8 +91,17 @@ pub(crate) async fn run(engine: &Arc<Engine>, l: &Launch) -> Result<Exit, String
     };
     claimed.map_err(|r| r.to_string())?;
     let r = &l.route;
-    let turn = openai::Turn {
-        base_url: r.base_url.clone().unwrap_or_default(),
+    let dialect = match r.adapter.as_str() {
+        "anthropic" => Dialect::Anthropic,
+        _ => Dialect::OpenAi,
+    };
+    let default_url = match dialect {
+        Dialect::Anthropic => room_engine::policy::ANTHROPIC_BASE_URL,
+        Dialect::OpenAi => "",
+    };
+    let turn = api::Turn {
+        dialect,
+        base_url: r.base_url.clone().unwrap_or_else(|| default_url.into()),
         model: r.model.clone().unwrap_or_default(),
         api_key: r.api_key_env.as_deref().and_then(|k| std::env::var(k).ok()),
         system: SYSTEM.into(),
@@ -101,24 +111,25 @@ pub(crate) async fn run(engine: &Arc<Engine>, l: &Launch) -> Result<Exit, String
             l.prompt
         ),
         rounds_max: r.rounds_max.unwrap_or(16),
+        max_tokens: r.max_tokens,
         deadline_ms: l.deadline_ms,
     };
-    let http = openai::client()?;
+    let http = api::client()?;
     let host = LaunchTools {
         engine: engine.clone(),
         token: l.token.clone(),
     };
-    let report = openai::run(&http, &host, turn).await;
+    let report = api::run(&http, &host, turn).await;
     if let Some(e) = &report.error {
-        tracing::warn!(launch = %l.id, "openai turn: {e}");
+        tracing::warn!(launch = %l.id, adapter = %r.adapter, "api turn: {e}");
     }
     Ok(Exit {
         code: None,
         timed_out: report.timed_out,
         delivery: match report.proven() {
-            openai::Proven::Nothing => Delivery::Dispatched,
-            openai::Proven::Delivered => Delivery::DeliveredToBody,
-            openai::Proven::TurnEnded => Delivery::BodyVisible,
+            api::Proven::Nothing => Delivery::Dispatched,
+            api::Proven::Delivered => Delivery::DeliveredToBody,
+            api::Proven::TurnEnded => Delivery::BodyVisible,
         },
         detail: serde_json::to_value(&report).expect("reports serialize"),
         // no process: nothing to stop

@@ -180,7 +180,7 @@ fn command(
 }
 
 async fn start_and_wait(engine: &Arc<Engine>, env: &WorkerEnv, l: &Launch) -> Result<Exit, String> {
-    if l.route.adapter == "openai" {
+    if matches!(l.route.adapter.as_str(), "openai" | "anthropic") {
         return crate::api_worker::run(engine, l).await;
     }
     let dir = worker_dir(&env.state_dir, &l.id).map_err(|e| e.to_string())?;

@@ -334,10 +334,14 @@ impl ApiServer {
 /// Route beta to the scripted server in `mode`, wake it, and return its settled permit and
 /// its one launch.
 fn api_wake(fx: &mut Fx, mode: &str) -> (ApiServer, Value, Value, String) {
+    api_wake_with(fx, mode, "adapter = \"openai\"")
+}
+
+fn api_wake_with(fx: &mut Fx, mode: &str, route: &str) -> (ApiServer, Value, Value, String) {
     let server = ApiServer::start(fx, mode);
     let (a, b, _) = fx.team("coord");
     fx.write_config(&format!(
-        "[routes.beta]\nadapter = \"openai\"\nbase_url = \"http://127.0.0.1:{}/v1\"\nmodel = \"test-model\"\ntimeout_ms = 20000\n",
+        "[routes.beta]\n{route}\nbase_url = \"http://127.0.0.1:{}/v1\"\nmodel = \"test-model\"\ntimeout_ms = 20000\n",
         server.port
     ));
     let src = send(fx, &a, "summarize the thread");
@@ -476,7 +480,11 @@ fn a_route_that_does_not_fit_its_adapter_fails_the_policy_closed_and_names_the_f
         ),
         (
             "adapter = \"command\"\ncommand = [\"/bin/true\"]\nmodel = \"m\"",
-            "for the openai adapter",
+            "for the openai and anthropic adapters",
+        ),
+        (
+            "adapter = \"anthropic\"\nmodel = \"m\"\nmax_tokens = 0",
+            "max_tokens",
         ),
         (
             "adapter = \"command\"\ncommand = [\"/bin/true\"]\npreset = \"claude\"",
@@ -500,4 +508,35 @@ fn a_route_that_does_not_fit_its_adapter_fails_the_policy_closed_and_names_the_f
         );
         assert!(r.to_string().contains(field), "{route}: {r}");
     }
+}
+
+#[test]
+fn an_anthropic_model_replies_through_tool_use_blocks_with_its_key_and_version() {
+    let mut fx = Fx::new();
+    // CARGO_PKG_NAME is in the daemon's (this test's) environment: the key is read by name
+    let route = "adapter = \"anthropic\"\napi_key_env = \"CARGO_PKG_NAME\"\nmax_tokens = 512";
+    let (server, w, l, b) = api_wake_with(&mut fx, "reply", route);
+    assert_eq!(w["state"], "replied", "{w}");
+    assert_eq!(l["proof"], "replied");
+    let r = &l["adapter"];
+    assert_eq!(
+        (r["completions"].as_u64(), r["tool_calls"].as_u64()),
+        (Some(4), Some(3)),
+        "{r}"
+    );
+    assert_eq!(r["finish_reason"], "end_turn");
+    assert_eq!(
+        (r["prompt_tokens"].as_u64(), r["completion_tokens"].as_u64()),
+        (Some(200), Some(20))
+    );
+    assert_eq!(beta_open(&mut fx, &b), 0);
+    let reqs = server.requests();
+    assert!(reqs.iter().all(|q| q["path"] == "/v1/messages"));
+    assert_eq!(reqs[0]["x_api_key"], "room-server");
+    assert_eq!(reqs[0]["anthropic_version"], "2023-06-01");
+    assert_eq!(reqs[0]["auth"], Value::Null);
+    let body = &reqs[0]["body"];
+    assert_eq!(body["max_tokens"], 512);
+    assert!(body["system"].as_str().unwrap().contains("room_sync"));
+    assert!(body["tools"][0]["input_schema"].is_object());
 }

@@ -1,6 +1,7 @@
-"""A local OpenAI-compatible chat completions server for the `openai` adapter's tests. It plays a
-model by its first argument and logs every request body (one JSON line each) to the file named
-by its second; its port is its first stdout line.
+"""A local model API for the `openai` and `anthropic` adapters' tests: OpenAI-compatible chat
+completions at /v1/chat/completions and the Anthropic Messages API at /v1/messages. It plays a
+model by its first argument and logs every request (headers that matter and body, one JSON line
+each) to the file named by its second; its port is its first stdout line.
 
 - reply: room_sync, room_sync with the page's receipt as confirm, room_reply to the wake's first
   obligation, then an answer without tool calls (each completion reports its token usage);
@@ -35,6 +36,30 @@ def wake_of(messages):
     return json.loads(user.split("The wake, as JSON:\n", 1)[1])
 
 
+def messages_answer(messages):
+    """The reply flow in the Messages API's shapes: tool_use blocks out, tool_result blocks in."""
+    wake = wake_of(messages)
+    room = wake["room"]
+    made = [b for m in messages if m["role"] == "assistant" for b in m["content"] if b["type"] == "tool_use"]
+    usage = {"input_tokens": 50, "output_tokens": 5}
+
+    def use(name, args):
+        return {"type": "message", "role": "assistant", "stop_reason": "tool_use", "usage": usage,
+                "content": [{"type": "text", "text": "working"},
+                            {"type": "tool_use", "id": f"tu_{len(made)}", "name": name, "input": args}]}
+    if not made:
+        return use("room_sync", {"room": room})
+    last = made[-1]
+    result = messages[-1]["content"][0]
+    assert result["type"] == "tool_result" and result["tool_use_id"] == last["id"], result
+    if last["name"] == "room_sync" and "confirm" not in last["input"]:
+        return use("room_sync", {"room": room, "confirm": json.loads(result["content"])["receipt"]})
+    if last["name"] == "room_sync":
+        return use("room_reply", {"room": room, "reply_to": wake["obligation_ids"][0], "text": "done"})
+    return {"type": "message", "role": "assistant", "stop_reason": "end_turn", "usage": usage,
+            "content": [{"type": "text", "text": "replied"}]}
+
+
 def reply_mode(messages):
     wake = wake_of(messages)
     room = wake["room"]
@@ -66,8 +91,12 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         with open(LOG, "a") as f:
-            f.write(json.dumps({"path": self.path, "auth": self.headers.get("Authorization"), "body": body}) + "\n")
-        if self.path != "/v1/chat/completions":
+            f.write(json.dumps({"path": self.path, "auth": self.headers.get("Authorization"),
+                                "x_api_key": self.headers.get("x-api-key"),
+                                "anthropic_version": self.headers.get("anthropic-version"), "body": body}) + "\n")
+        if self.path == "/v1/messages" and MODE == "reply":
+            return self.send(200, json.dumps(messages_answer(body["messages"])).encode())
+        if self.path not in ("/v1/chat/completions", "/v1/messages"):
             return self.send(404, b'{"error": "no such path"}')
         if MODE == "reply":
             return self.send(200, json.dumps(reply_mode(body["messages"])).encode())

@@ -1,6 +1,7 @@
-//! `openai`: an API model behind an OpenAI-compatible chat completions endpoint (OpenAI itself,
-//! or a local server such as Ollama or vLLM), driven by a bounded tool-calling loop whose tools
-//! are Room's own (the caller's `ToolHost` runs them under the launch's credential).
+//! API models driven by a bounded tool-calling loop whose tools are Room's own (the caller's
+//! `ToolHost` runs them under the launch's credential), in two dialects: `openai` (chat
+//! completions, which OpenAI and local servers such as Ollama or vLLM speak) and `anthropic`
+//! (the Messages API).
 //!
 //! One launch is one loop: the wake as the user message, then at most `rounds_max` completions;
 //! each tool call the model makes is run and its result (or refusal) handed back, until the
@@ -53,10 +54,27 @@ pub trait ToolHost: Send + Sync {
     ) -> impl std::future::Future<Output = ToolOutcome> + Send;
 }
 
+/// Which API the loop speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// `POST {base}/chat/completions`, `Authorization: Bearer`, `tools[].function`.
+    OpenAi,
+    /// `POST {base}/messages`, `x-api-key` and `anthropic-version`, `tool_use` and
+    /// `tool_result` blocks.
+    Anthropic,
+}
+
+/// The `anthropic-version` header the Messages API dialect sends.
+pub const ANTHROPIC_VERSION: &str = "2023-06-01";
+/// `max_tokens` of a Messages API request when the route sets none (the API requires one).
+pub const ANTHROPIC_MAX_TOKENS_DEFAULT: u32 = 4_096;
+
 /// One loop to run.
 #[derive(Debug, Clone)]
 pub struct Turn {
-    /// The API's base URL, up to and including its version (`http://127.0.0.1:11434/v1`).
+    pub dialect: Dialect,
+    /// The API's base URL, up to and including its version (`http://127.0.0.1:11434/v1`,
+    /// `https://api.anthropic.com/v1`).
     pub base_url: String,
     pub model: String,
     /// Sent as `Authorization: Bearer`, when set.
@@ -64,6 +82,9 @@ pub struct Turn {
     pub system: String,
     pub prompt: String,
     pub rounds_max: u32,
+    /// Tokens one completion may produce (the Messages API requires it; chat completions
+    /// sends it only when set).
+    pub max_tokens: Option<u32>,
     /// The time the whole loop may take.
     pub deadline_ms: u64,
 }
@@ -130,8 +151,13 @@ struct Completion {
 struct Call {
     id: String,
     name: String,
-    /// The arguments text as the model wrote it (chat completions sends a JSON string).
-    arguments: String,
+    /// The arguments: chat completions sends a JSON string, the Messages API an object.
+    arguments: Args,
+}
+
+enum Args {
+    Text(String),
+    Value(Value),
 }
 
 /// The HTTP client a loop uses: no redirects (a key is never sent on to another host).
@@ -165,17 +191,34 @@ async fn drive<H: ToolHost>(http: &reqwest::Client, host: &H, turn: &Turn, repor
     let tools: Vec<Value> = host
         .tools()
         .into_iter()
-        .map(|t| {
-            json!({"type": "function", "function": {"name": t.name,
-                "description": t.description, "parameters": t.parameters}})
+        .map(|t| match turn.dialect {
+            Dialect::OpenAi => json!({"type": "function", "function": {"name": t.name,
+                "description": t.description, "parameters": t.parameters}}),
+            Dialect::Anthropic => json!({"name": t.name, "description": t.description,
+                "input_schema": t.parameters}),
         })
         .collect();
-    let mut messages = vec![
-        json!({"role": "system", "content": turn.system}),
-        json!({"role": "user", "content": turn.prompt}),
-    ];
-    for _ in 0..turn.rounds_max.clamp(1, ROUNDS_MAX) {
-        let body = json!({"model": turn.model, "messages": messages, "tools": tools});
+    let mut messages = match turn.dialect {
+        Dialect::OpenAi => vec![
+            json!({"role": "system", "content": turn.system}),
+            json!({"role": "user", "content": turn.prompt}),
+        ],
+        Dialect::Anthropic => vec![json!({"role": "user", "content": turn.prompt})],
+    };
+    let rounds = turn.rounds_max.clamp(1, ROUNDS_MAX);
+    for _ in 0..rounds {
+        let body = match turn.dialect {
+            Dialect::OpenAi => {
+                let mut b = json!({"model": turn.model, "messages": messages, "tools": tools});
+                if let Some(n) = turn.max_tokens {
+                    b["max_tokens"] = json!(n);
+                }
+                b
+            }
+            Dialect::Anthropic => json!({"model": turn.model,
+                "max_tokens": turn.max_tokens.unwrap_or(ANTHROPIC_MAX_TOKENS_DEFAULT),
+                "system": turn.system, "messages": messages, "tools": tools}),
+        };
         let c = match complete(http, turn, &body).await {
             Ok(c) => c,
             Err(e) => {
@@ -193,6 +236,7 @@ async fn drive<H: ToolHost>(http: &reqwest::Client, host: &H, turn: &Turn, repor
             report.turn_ended = true;
             return;
         }
+        let mut results = Vec::new();
         for (i, call) in c.calls.iter().enumerate() {
             report.tool_calls += 1;
             let out = if i >= TOOL_CALLS_PER_ROUND_MAX {
@@ -205,13 +249,23 @@ async fn drive<H: ToolHost>(http: &reqwest::Client, host: &H, turn: &Turn, repor
             if out.is_error {
                 report.tool_errors += 1;
             }
-            messages.push(json!({"role": "tool", "tool_call_id": call.id,
-                "content": clip(&out.text, TOOL_RESULT_BYTES_MAX)}));
+            let text = clip(&out.text, TOOL_RESULT_BYTES_MAX);
+            results.push(match turn.dialect {
+                Dialect::OpenAi => {
+                    json!({"role": "tool", "tool_call_id": call.id, "content": text})
+                }
+                Dialect::Anthropic => json!({"type": "tool_result", "tool_use_id": call.id,
+                    "content": text, "is_error": out.is_error}),
+            });
+        }
+        match turn.dialect {
+            Dialect::OpenAi => messages.extend(results),
+            // every result of one answer rides in one user message
+            Dialect::Anthropic => messages.push(json!({"role": "user", "content": results})),
         }
     }
     report.error = Some(format!(
-        "the model used all {} of its rounds without ending its turn",
-        turn.rounds_max.clamp(1, ROUNDS_MAX)
+        "the model used all {rounds} of its rounds without ending its turn"
     ));
 }
 
@@ -226,11 +280,11 @@ async fn run_call<H: ToolHost>(host: &H, call: &Call) -> ToolOutcome {
     if !host.tools().iter().any(|t| t.name == call.name) {
         return refused(format!("unknown tool {:?}", call.name));
     }
-    // an empty arguments string is an empty object (some servers send it for no arguments)
-    let args = if call.arguments.trim().is_empty() {
-        Ok(json!({}))
-    } else {
-        serde_json::from_str::<Value>(&call.arguments)
+    let args = match &call.arguments {
+        // an empty arguments string is an empty object (some servers send it for no arguments)
+        Args::Text(t) if t.trim().is_empty() => Ok(json!({})),
+        Args::Text(t) => serde_json::from_str::<Value>(t),
+        Args::Value(v) => Ok(v.clone()),
     };
     match args {
         Ok(v @ Value::Object(_)) => host.call(&call.name, v).await,
@@ -239,15 +293,26 @@ async fn run_call<H: ToolHost>(host: &H, call: &Call) -> ToolOutcome {
     }
 }
 
-/// One POST to `/chat/completions`, read within `RESPONSE_BYTES_MAX` and parsed.
+/// One POST of a completion, read within `RESPONSE_BYTES_MAX` and parsed.
 async fn complete(http: &reqwest::Client, turn: &Turn, body: &Value) -> Result<Completion, String> {
-    let url = format!("{}/chat/completions", turn.base_url.trim_end_matches('/'));
+    let base = turn.base_url.trim_end_matches('/');
+    let url = match turn.dialect {
+        Dialect::OpenAi => format!("{base}/chat/completions"),
+        Dialect::Anthropic => format!("{base}/messages"),
+    };
     let mut req = http
         .post(&url)
         .header("content-type", "application/json")
         .body(serde_json::to_vec(body).expect("request bodies serialize"));
-    if let Some(k) = &turn.api_key {
-        req = req.bearer_auth(k);
+    match (turn.dialect, &turn.api_key) {
+        (Dialect::OpenAi, Some(k)) => req = req.bearer_auth(k),
+        (Dialect::Anthropic, k) => {
+            req = req.header("anthropic-version", ANTHROPIC_VERSION);
+            if let Some(k) = k {
+                req = req.header("x-api-key", k);
+            }
+        }
+        (Dialect::OpenAi, None) => {}
     }
     let mut resp = req.send().await.map_err(|e| format!("{url}: {e}"))?;
     let status = resp.status();
@@ -274,7 +339,47 @@ async fn complete(http: &reqwest::Client, turn: &Turn, body: &Value) -> Result<C
             clip(&text, ERROR_BODY_BYTES_MAX)
         ));
     }
-    parse(&bytes)
+    match turn.dialect {
+        Dialect::OpenAi => parse(&bytes),
+        Dialect::Anthropic => parse_message(&bytes),
+    }
+}
+
+/// A Messages API answer: its content blocks, `tool_use` among them, checked field by field.
+fn parse_message(bytes: &[u8]) -> Result<Completion, String> {
+    let v: Value = serde_json::from_slice(bytes).map_err(|e| format!("malformed response: {e}"))?;
+    let Value::Array(content) = &v["content"] else {
+        return Err("malformed response: no content list".into());
+    };
+    let mut calls = Vec::new();
+    for (i, b) in content.iter().enumerate() {
+        if b["type"] != "tool_use" {
+            continue;
+        }
+        let (Some(id), Some(name)) = (b["id"].as_str(), b["name"].as_str()) else {
+            return Err(format!(
+                "malformed response: content[{i}] is a tool_use without id or name"
+            ));
+        };
+        calls.push(Call {
+            id: id.to_string(),
+            name: name.to_string(),
+            arguments: Args::Value(b["input"].clone()),
+        });
+    }
+    let u = &v["usage"];
+    let (input, output) = (u["input_tokens"].as_u64(), u["output_tokens"].as_u64());
+    Ok(Completion {
+        // the assistant turn is sent back as it came: its blocks, tool_use ids included
+        message: json!({"role": "assistant", "content": content}),
+        calls,
+        finish_reason: v["stop_reason"].as_str().map(String::from),
+        usage: Usage {
+            prompt_tokens: input,
+            completion_tokens: output,
+            total_tokens: input.zip(output).map(|(a, b)| a + b),
+        },
+    })
 }
 
 /// A chat completion's first choice, checked field by field.
@@ -297,10 +402,10 @@ fn parse(bytes: &[u8]) -> Result<Completion, String> {
                     ));
                 };
                 let arguments = match &f["arguments"] {
-                    Value::String(s) => s.clone(),
-                    Value::Null => String::new(),
+                    Value::String(s) => Args::Text(s.clone()),
+                    Value::Null => Args::Text(String::new()),
                     // some servers send the object itself
-                    other => other.to_string(),
+                    other => Args::Value(other.clone()),
                 };
                 calls.push(Call {
                     id: id.to_string(),
@@ -363,6 +468,29 @@ mod tests {
             ),
         ] {
             let e = parse(bad).err().unwrap();
+            assert!(e.contains(why), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_messages_api_answer_parses_and_a_bad_one_says_why() {
+        let ok = br#"{"type":"message","role":"assistant","content":[{"type":"text","text":"ok"},
+            {"type":"tool_use","id":"tu_1","name":"room_sync","input":{"room":"a"}}],
+            "stop_reason":"tool_use","usage":{"input_tokens":12,"output_tokens":5}}"#;
+        let c = parse_message(ok).unwrap();
+        assert_eq!(c.calls.len(), 1);
+        assert!(matches!(&c.calls[0].arguments, Args::Value(v) if v["room"] == "a"));
+        assert_eq!(c.usage.total_tokens, Some(17));
+        assert_eq!(c.message["content"][1]["id"], "tu_1");
+        for (bad, why) in [
+            (&b"{\"content\": 3}"[..], "no content list"),
+            (
+                b"{\"content\": [{\"type\": \"tool_use\"}]}",
+                "without id or name",
+            ),
+            (b"not json", "malformed response"),
+        ] {
+            let e = parse_message(bad).err().unwrap();
             assert!(e.contains(why), "{e}");
         }
     }
