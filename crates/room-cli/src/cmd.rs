@@ -277,6 +277,9 @@ pub enum WakesCmd {
     List { room: Option<String> },
     /// Revalidate queued permits now (the daemon does it every second): dead-letter refused ones.
     Check,
+    /// A room's open obligations with their fold (`pending`, or `dead_obligation` once past
+    /// their wake deadline unanswered) and the circular waits among them.
+    Obligations { room: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -424,6 +427,9 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
         ),
         Cmd::Wakes(WakesCmd::List { room }) => req("wakes_list", json!({"room": room})),
         Cmd::Wakes(WakesCmd::Check) => req("wakes_check", json!({})),
+        Cmd::Wakes(WakesCmd::Obligations { room }) => {
+            req("wakes_obligations", json!({"room": room}))
+        }
         Cmd::Task(t) => match t {
             TaskCmd::Create(a) => wire("task_create", a),
             TaskCmd::Claim(a) => wire("task_claim", a),

@@ -10,6 +10,7 @@ pub mod compose;
 pub mod dispatch;
 pub mod event;
 pub mod evidence;
+pub mod fold;
 pub mod invariants;
 pub mod ledger;
 pub mod lineage;

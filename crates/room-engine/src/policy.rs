@@ -31,12 +31,19 @@ struct ConfigFile {
     dispatch: DispatchLimits,
 }
 
-/// How many workers the dispatcher keeps running at once, across every route.
+/// How many workers the dispatcher keeps running at once, across every route, and when an
+/// unanswered obligation is folded to `dead_obligation`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 struct DispatchLimits {
     workers_max: u64,
+    obligation_fold_ms: u64,
 }
+
+/// How long past its wake deadline an unanswered obligation stays `pending` by default.
+pub const OBLIGATION_FOLD_MS_DEFAULT: u64 = 10 * 60_000;
+/// The longest `[dispatch] obligation_fold_ms` may be (30 days).
+pub const OBLIGATION_FOLD_MS_MAX: u64 = 30 * 24 * 3_600_000;
 
 /// Workers running at once when `[dispatch] workers_max` says nothing.
 pub const WORKERS_MAX_DEFAULT: usize = 8;
@@ -47,6 +54,7 @@ impl Default for DispatchLimits {
     fn default() -> Self {
         DispatchLimits {
             workers_max: WORKERS_MAX_DEFAULT as u64,
+            obligation_fold_ms: OBLIGATION_FOLD_MS_DEFAULT,
         }
     }
 }
@@ -320,6 +328,8 @@ pub struct Policy {
     pub routes: Arc<BTreeMap<String, Route>>,
     /// Workers running at once, across every route (a permit beyond it waits, queued).
     pub workers_max: usize,
+    /// How long past its wake deadline an unanswered obligation stays `pending`.
+    pub obligation_fold_ms: u64,
 }
 
 impl Policy {
@@ -413,6 +423,7 @@ fn failed(why: String) -> Policy {
         evidence_origins_min: 1,
         routes: Arc::new(BTreeMap::new()),
         workers_max: WORKERS_MAX_DEFAULT,
+        obligation_fold_ms: OBLIGATION_FOLD_MS_DEFAULT,
     }
 }
 
@@ -447,6 +458,12 @@ fn parse(bytes: &[u8]) -> Policy {
             "config.toml: dispatch.workers_max {workers_max} is not within 1..={WORKERS_MAX_LIMIT}"
         ));
     }
+    let fold_ms = cfg.dispatch.obligation_fold_ms;
+    if fold_ms > OBLIGATION_FOLD_MS_MAX {
+        return failed(format!(
+            "config.toml: dispatch.obligation_fold_ms {fold_ms} is more than {OBLIGATION_FOLD_MS_MAX} (30 days)"
+        ));
+    }
     match Redactor::new(&cfg.redaction.patterns) {
         Ok(r) => Policy {
             ceiling,
@@ -457,6 +474,7 @@ fn parse(bytes: &[u8]) -> Policy {
             evidence_origins_min: cfg.acceptance.evidence_origins_min.clamp(1, 16),
             routes: Arc::new(cfg.routes),
             workers_max: workers_max as usize,
+            obligation_fold_ms: fold_ms,
         },
         Err(e) => failed(format!("config.toml: {e}")),
     }

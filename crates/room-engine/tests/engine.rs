@@ -1211,3 +1211,68 @@ fn permits_expire_in_the_queue_and_a_tampered_one_is_refused() {
         ("dead".into(), json!("wake_job_binding_changed"))
     );
 }
+
+#[test]
+fn unanswered_obligations_fold_dead_past_their_deadline_and_circular_waits_surface() {
+    let f = Fixture::new();
+    let e = f.engine(11);
+    let a = agent(&e, "alpha", Tier::Member);
+    let b = agent(&e, "beta", Tier::Member);
+    e.room_create(&owner(&e), "r", None, &["alpha".into(), "beta".into()])
+        .unwrap();
+    let send = |who: &AgentCaller, to: &str, text: &str| {
+        catch_up(&e, who, "r");
+        e.turn(
+            who,
+            Verb::Send,
+            TurnArgs {
+                to: vec![to.into()],
+                ..say("r", text)
+            },
+        )
+        .unwrap()
+    };
+    send(&a, "beta", "review my patch");
+    send(&b, "alpha", "first review mine");
+    let view = |e: &Engine| e.obligations_view(&owner(e), "r").unwrap();
+    let v = view(&e);
+    let folds: Vec<&str> = v["obligations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["fold"].as_str().unwrap())
+        .collect();
+    assert_eq!(folds, ["pending", "pending"], "{v}");
+    assert_eq!(v["circular_waits"].as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(v["circular_waits"][0]["agents"], json!(["alpha", "beta"]));
+    // past the 60 s wake deadline and the 10 min fold age, nobody is woken for them: dead, and
+    // still open (still listed, still answerable)
+    f.clock.advance(60_000 + 600_000);
+    assert_eq!(view(&e)["dead"], 0, "at the bound itself still pending");
+    f.clock.advance(1);
+    let v = view(&e);
+    assert_eq!(v["dead"], 2, "{v}");
+    // a late reply still resolves one; the cycle is gone with it
+    let ob = v["obligations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["to"] == "beta")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    catch_up(&e, &b, "r");
+    e.turn(
+        &b,
+        Verb::Reply,
+        TurnArgs {
+            reply_to: Some(ob),
+            ..say("r", "done")
+        },
+    )
+    .unwrap();
+    let v = view(&e);
+    assert_eq!(v["obligations"].as_array().unwrap().len(), 1, "{v}");
+    assert!(v["circular_waits"].as_array().unwrap().is_empty());
+}

@@ -43,6 +43,7 @@ const OWNER_OPS: &[&str] = &[
     "index_rebuild",
     "wakes_list",
     "wakes_check",
+    "wakes_obligations",
     "owner_task_show",
     "owner_task_check",
     "owner_task_override",
@@ -181,6 +182,7 @@ const READ_OPS: &[&str] = &[
     "room_log",
     "room_audit",
     "wakes_list",
+    "wakes_obligations",
     "owner_task_show",
     "owner_task_check",
     "agent_list",
@@ -334,6 +336,7 @@ fn owner_op(engine: &Engine, owner: &Owner, op: &str, a: Value) -> Result<Value,
             engine.index_rebuild(owner, &a.room, a.accept_loss)
         }
         "wakes_list" => engine.wakes_view(owner, args::<OptRoomArgs>(a)?.room.as_deref()),
+        "wakes_obligations" => engine.obligations_view(owner, &args::<RoomArgs>(a)?.room),
         "wakes_check" => {
             args::<Empty>(a)?;
             engine.dispatch_sweep()

@@ -261,6 +261,7 @@ fn owner_required() {
         ("room_reset", json!({"room": "coord"})),
         ("rooms", json!({})),
         ("wakes_list", json!({})),
+        ("wakes_obligations", json!({"room": "coord"})),
     ] {
         fx.refuse(Some(&b), op, args.clone(), "owner_required");
         fx.refuse(Some(&a), op, args, "owner_required");

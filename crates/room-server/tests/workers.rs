@@ -540,3 +540,43 @@ fn an_anthropic_model_replies_through_tool_use_blocks_with_its_key_and_version()
     assert!(body["system"].as_str().unwrap().contains("room_sync"));
     assert!(body["tools"][0]["input_schema"].is_object());
 }
+
+#[test]
+fn the_owner_sees_open_obligations_with_their_fold_and_the_circular_waits() {
+    let mut fx = Fx::new();
+    let (a, b, _) = fx.team("coord");
+    send(&mut fx, &a, "review my patch");
+    fx.sync_all(&b, "coord");
+    fx.ok(
+        Some(&b),
+        "send",
+        json!({"room": "coord", "to": ["alpha"], "text": "first mine"}),
+    );
+    let v = fx.ok(None, "wakes_obligations", json!({"room": "coord"}));
+    assert_eq!(v["obligations"].as_array().unwrap().len(), 2, "{v}");
+    assert!(
+        v["obligations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|o| o["fold"] == "pending")
+    );
+    assert_eq!(
+        v["circular_waits"][0]["agents"],
+        json!(["alpha", "beta"]),
+        "{v}"
+    );
+    assert_eq!(
+        v["circular_waits"][0]["obligations"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    fx.refuse(
+        None,
+        "wakes_obligations",
+        json!({"room": "nowhere"}),
+        "room_not_found",
+    );
+}

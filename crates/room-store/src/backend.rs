@@ -107,6 +107,9 @@ pub trait RoomIndex: Send {
     /// The oldest open items of `agent`, at most `limit`, and their total.
     fn open_items_page(&self, agent: &str, limit: usize) -> Result<(Vec<ItemRow>, u64)>;
     fn open_sources(&self, agent: &str, limit: usize) -> Result<Vec<String>>;
+    /// The room's open obligations, whoever they are addressed to, oldest first, at most
+    /// `limit`.
+    fn open_obligations(&self, limit: usize) -> Result<Vec<ItemRow>>;
     fn open_items_for_task(&self, agent: &str, task: &str) -> Result<Vec<ItemRow>>;
     /// Record that `row.agent` (in `row.conversation`) was served bytes `[from, to)` of a
     /// governing-source part; kept newest first, at most `SOURCE_READS_PER_PART_MAX` per

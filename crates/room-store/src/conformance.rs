@@ -1265,6 +1265,13 @@ pub fn index_projection(h: &mut dyn Harness) {
     );
     assert_eq!(idx.items(ItemKind::Obligation).unwrap().len(), 1);
     assert_eq!(idx.open_sources("beta", 8).unwrap(), ["evt_1", "evt_3"]);
+    let obligations: Vec<String> = idx
+        .open_obligations(8)
+        .unwrap()
+        .into_iter()
+        .map(|o| o.id)
+        .collect();
+    assert_eq!(obligations, ["obl_1"]);
     let mut anc = idx.ancestors("evt_4", 16).unwrap();
     anc.sort();
     assert_eq!(anc, ["evt_1", "evt_3"]);

@@ -209,6 +209,10 @@ CREATE INDEX source_reads_reader ON source_reads(agent, task, path, conversation
 ALTER TABLE evidence ADD COLUMN sha256 TEXT;
 CREATE INDEX evidence_task ON evidence(task, seq) WHERE task IS NOT NULL;
 "#,
+    // The obligation fold lists a room's open obligations, whoever they are addressed to.
+    r#"
+CREATE INDEX obligations_open_all ON obligations(source_seq) WHERE status = 'open';
+"#,
 ];
 
 /// Reading receipts kept per reader, task and part (the oldest go first).
@@ -1507,6 +1511,15 @@ impl RoomIndex for Index {
         seen.dedup();
         seen.truncate(limit);
         Ok(seen.into_iter().map(|(_, s)| s).collect())
+    }
+
+    /// The room's open obligations, whoever they are addressed to, oldest first.
+    fn open_obligations(&self, limit: usize) -> Result<Vec<ItemRow>> {
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {ITEM_COLS} FROM obligations WHERE status = 'open' ORDER BY source_seq LIMIT ?1"
+        ))?;
+        let rows = st.query_map([limit as i64], |r| item_from_row(ItemKind::Obligation, r))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
     /// The open items addressed to `agent` for `task`, oldest first.
