@@ -1,8 +1,11 @@
 //! `acp`: Room as an Agent Client Protocol client (the `agent-client-protocol` crate, protocol
 //! v1). One launch is one turn: `initialize`, an `authenticate` where the route's preset needs
 //! one, `session/new` with Room's own MCP server in `mcpServers` (so the agent calls back
-//! into Room under the launch's one-launch credential), `session/prompt` with the wake, and at
-//! the deadline `session/cancel` with a short grace for the agent to end its turn.
+//! into Room under the launch's one-launch credential), or `session/load` of the session the
+//! route is bound to (never a new one beside it: `spawn_policy = "never"`), `session/prompt`
+//! with the wake, and at the deadline `session/cancel` with a short grace for the agent to end
+//! its turn. Updates a loaded session replays before the prompt are counted apart: they prove
+//! nothing about the wake.
 //!
 //! What the agent proved is reported, never inferred: the session it bound, the updates that
 //! came from that session and from any other (a wrong body), and how its turn ended. The
@@ -13,9 +16,9 @@ use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
     AuthenticateRequest, CancelNotification, ContentBlock, EnvVariable, InitializeRequest,
-    McpServer, McpServerStdio, NewSessionRequest, PermissionOptionKind, PromptRequest,
-    RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
-    SelectedPermissionOutcome, SessionNotification, TextContent,
+    LoadSessionRequest, McpServer, McpServerStdio, NewSessionRequest, PermissionOptionKind,
+    PromptRequest, RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
+    SelectedPermissionOutcome, SessionId, SessionNotification, TextContent,
 };
 use agent_client_protocol::{Agent, ByteStreams, Client};
 use serde::Serialize;
@@ -102,6 +105,8 @@ pub struct Turn {
     /// The prompt's text blocks, in order.
     pub prompt: Vec<String>,
     pub authenticate: Option<String>,
+    /// The native session to load instead of opening a new one.
+    pub resume: Option<String>,
     pub permissions: Permissions,
     /// The time the whole exchange may take before `session/cancel` is sent.
     pub turn_ms: u64,
@@ -116,8 +121,12 @@ pub struct Report {
     pub agent: Option<String>,
     /// Whether it offers `session/load` (a session that may be resumed later).
     pub load_session: bool,
-    /// The session `session/new` bound.
+    /// The session the turn ran in (`session/new`'s, or the one loaded).
     pub session: Option<String>,
+    /// The session was loaded (`session/load`), not opened.
+    pub loaded: bool,
+    /// Updates before the prompt (a loaded session's history): no proof of anything.
+    pub replayed_updates: u64,
     pub prompt_sent: bool,
     /// `session/update`s from the bound session.
     pub updates_bound: u64,
@@ -165,6 +174,9 @@ struct Seen {
     updates: BTreeMap<String, u64>,
     others: u64,
     permission_requests: u64,
+    /// Set just before the prompt is sent: updates before it are replays.
+    prompting: bool,
+    replayed: u64,
 }
 
 fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -200,6 +212,7 @@ where
     }
     let seen = locked(&seen);
     r.permission_requests = seen.permission_requests;
+    r.replayed_updates = seen.replayed;
     for (session, n) in &seen.updates {
         if r.session.as_deref() == Some(session.as_str()) {
             r.updates_bound += n;
@@ -217,7 +230,7 @@ async fn connect(
     seen: Arc<Mutex<Seen>>,
     report: Arc<Mutex<Report>>,
 ) -> agent_client_protocol::Result<()> {
-    let (on_update, on_permission) = (seen.clone(), seen);
+    let (on_update, on_permission, prompting) = (seen.clone(), seen.clone(), seen);
     let permissions = turn.permissions;
     Client
         .v1()
@@ -225,6 +238,10 @@ async fn connect(
         .on_receive_notification(
             async move |n: SessionNotification, _cx| {
                 let mut s = locked(&on_update);
+                if !s.prompting {
+                    s.replayed += 1;
+                    return Ok(());
+                }
                 let key = n.session_id.0.to_string();
                 if let Some(c) = s.updates.get_mut(&key) {
                     *c += 1;
@@ -245,7 +262,7 @@ async fn connect(
             agent_client_protocol::on_receive_request!(),
         )
         .connect_with(transport, async move |cx: ConnectionTo<Agent>| {
-            drive(cx, turn, report).await
+            drive(cx, turn, report, prompting).await
         })
         .await
 }
@@ -275,6 +292,7 @@ async fn drive(
     cx: ConnectionTo<Agent>,
     turn: Turn,
     report: Arc<Mutex<Report>>,
+    seen: Arc<Mutex<Seen>>,
 ) -> agent_client_protocol::Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_millis(turn.turn_ms);
     let init = cx
@@ -291,18 +309,37 @@ async fn drive(
             .block_task()
             .await?;
     }
-    let servers = turn.mcp_servers.iter().map(stdio_server).collect();
-    let session = cx
-        .send_request(NewSessionRequest::new(&turn.cwd).mcp_servers(servers))
-        .block_task()
-        .await?
-        .session_id;
+    let servers: Vec<McpServer> = turn.mcp_servers.iter().map(stdio_server).collect();
+    let session = match &turn.resume {
+        Some(id) => {
+            if !init.agent_capabilities.load_session {
+                // a new session beside the bound one is what spawn_policy "never" forbids
+                locked(&report).error = Some(format!(
+                    "the agent offers no session/load, so its bound session {id} cannot be resumed"
+                ));
+                return Ok(());
+            }
+            let sid = SessionId::new(id.as_str());
+            cx.send_request(LoadSessionRequest::new(sid.clone(), &turn.cwd).mcp_servers(servers))
+                .block_task()
+                .await?;
+            locked(&report).loaded = true;
+            sid
+        }
+        None => {
+            cx.send_request(NewSessionRequest::new(&turn.cwd).mcp_servers(servers))
+                .block_task()
+                .await?
+                .session_id
+        }
+    };
     locked(&report).session = Some(session.0.to_string());
     let blocks = turn
         .prompt
         .iter()
         .map(|t| ContentBlock::Text(TextContent::new(t.clone())))
         .collect();
+    locked(&seen).prompting = true;
     let prompt = cx
         .send_request(PromptRequest::new(session.clone(), blocks))
         .block_task();

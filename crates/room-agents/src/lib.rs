@@ -8,3 +8,4 @@
 
 pub mod acp;
 pub mod api;
+pub mod coverage;

@@ -146,6 +146,12 @@ pub enum Cmd {
     /// The sealed wake queue (owner).
     #[command(subcommand)]
     Wakes(WakesCmd),
+    /// The native sessions adapters opened or loaded for launches (owner).
+    #[command(subcommand)]
+    Sessions(SessionsCmd),
+    /// What each adapter can do and prove (owner).
+    #[command(subcommand)]
+    Adapters(AdaptersCmd),
     /// Tasks.
     #[command(subcommand)]
     Task(TaskCmd),
@@ -280,6 +286,24 @@ pub enum WakesCmd {
     /// A room's open obligations with their fold (`pending`, or `dead_obligation` once past
     /// their wake deadline unanswered) and the circular waits among them.
     Obligations { room: String },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SessionsCmd {
+    /// Sessions newest first: global id, agent, transport, proof cursor, lease, binding.
+    List {
+        #[arg(long)]
+        agent: Option<String>,
+    },
+    /// One session by its global id (`sf_<host>_<native>`).
+    Show { id: String },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum AdaptersCmd {
+    /// Each adapter's coverage of the session factory's eleven operations and of the proof
+    /// ladder.
+    List,
 }
 
 #[derive(Subcommand, Debug)]
@@ -426,6 +450,9 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
             json!({"room": room, "accept_loss": accept_loss}),
         ),
         Cmd::Wakes(WakesCmd::List { room }) => req("wakes_list", json!({"room": room})),
+        Cmd::Sessions(SessionsCmd::List { agent }) => req("sessions_list", json!({"agent": agent})),
+        Cmd::Sessions(SessionsCmd::Show { id }) => req("sessions_show", json!({"id": id})),
+        Cmd::Adapters(AdaptersCmd::List) => req("adapters_list", json!({})),
         Cmd::Wakes(WakesCmd::Check) => req("wakes_check", json!({})),
         Cmd::Wakes(WakesCmd::Obligations { room }) => {
             req("wakes_obligations", json!({"room": room}))

@@ -8,7 +8,7 @@
 //! Needs a Python with `agent-client-protocol` and `mcp` (scripts/test makes `.venv`), or
 //! `ROOM_TEST_PYTHON` naming one.
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
 use std::time::Duration;
@@ -276,4 +276,152 @@ fn a_wake_reaches_a_real_acp_agent_and_each_proof_is_what_was_seen() {
     assert!(l["adapter"]["updates_foreign"].as_u64() >= Some(1));
 
     drop(daemon);
+}
+
+/// Every wake once none is queued or dispatched, when there are `n`.
+fn settled_n(env: &Env, n: usize) -> Vec<Value> {
+    for _ in 0..900 {
+        let w = env.ok(&["wakes", "list", "--json"], None);
+        let wakes = w["wakes"].as_array().unwrap().clone();
+        let busy = wakes
+            .iter()
+            .any(|w| matches!(w["state"].as_str(), Some("queued" | "dispatched")));
+        if wakes.len() == n && !busy {
+            return wakes;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!(
+        "the wakes never settled: {}",
+        env.ok(&["wakes", "list", "--json"], None)
+    );
+}
+
+#[test]
+fn with_spawn_policy_never_a_wake_is_delivered_into_the_bound_session_or_not_at_all() {
+    let py = python();
+    let agent_py = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/acp/agent.py");
+    let env = Env::new();
+    env.ok(&["init"], None);
+    let sessions_file = env.root.join("keeper-sessions.json");
+    let config = format!(
+        "[routes.keeper]\nadapter = \"acp\"\ncommand = [{py:?}, {agent:?}, \"reply\", {file:?}]\nspawn_policy = \"never\"\n\n\
+         [routes.noload]\nadapter = \"acp\"\ncommand = [{py:?}, {agent:?}, \"reply\"]\nspawn_policy = \"never\"\n",
+        py = py.display().to_string(),
+        agent = agent_py.display().to_string(),
+        file = sessions_file.display().to_string(),
+    );
+    std::fs::write(env.state.join("config.toml"), config).unwrap();
+    let _daemon = env.serve();
+    let token = |name: &str, tier: &str| {
+        env.ok(
+            &["agent", "enroll", name, "--max-tier", tier, "--json"],
+            None,
+        )["token"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let boss = token("boss", "coordinator");
+    token("keeper", "member");
+    token("noload", "member");
+    env.ok(
+        &[
+            "create", "chat", "--member", "boss", "--member", "keeper", "--member", "noload",
+        ],
+        None,
+    );
+    let send = |n: usize, to: &str| {
+        env.caught_up(&boss, "chat");
+        env.ok(
+            &["send", "chat", &format!("task {n} for {to}"), "--to", to],
+            Some(&boss),
+        );
+    };
+    send(1, "keeper");
+    send(1, "noload");
+    settled_n(&env, 2);
+    send(2, "keeper");
+    send(2, "noload");
+    let wakes = settled_n(&env, 4);
+    let launches = |agent: &str| -> Vec<Value> {
+        let mut l: Vec<Value> = wakes
+            .iter()
+            .filter(|w| w["agent"] == agent)
+            .flat_map(|w| w["launches"].as_array().unwrap().clone())
+            .collect();
+        l.sort_by_key(|l| l["created_ms"].as_u64());
+        l
+    };
+
+    // the first wake opens the session and binds it; the second loads it and replies in it
+    let k = launches("keeper");
+    assert_eq!(k.len(), 2, "{k:?}");
+    assert!(k.iter().all(|l| l["proof"] == "replied"), "{k:?}");
+    assert_eq!(k[0]["adapter"]["loaded"], false);
+    assert_eq!(k[1]["adapter"]["loaded"], true, "{}", k[1]);
+    assert_eq!(k[1]["adapter"]["session"], k[0]["adapter"]["session"]);
+    assert!(
+        k[1]["adapter"]["replayed_updates"].as_u64() >= Some(1),
+        "a replay is no proof"
+    );
+    let listed = env.ok(&["sessions", "list", "--agent", "keeper", "--json"], None);
+    let s = &listed["sessions"][0];
+    assert_eq!(listed["sessions"].as_array().unwrap().len(), 1, "{listed}");
+    let native = k[0]["adapter"]["session"].as_str().unwrap();
+    assert_eq!(s["id"], format!("sf_acp_{native}"));
+    assert_eq!(
+        (s["bound"].as_bool(), s["loadable"].as_bool()),
+        (Some(true), Some(true))
+    );
+    assert_eq!(
+        (s["launches"].as_u64(), s["proof"].as_str()),
+        (Some(2), Some("replied"))
+    );
+    assert_eq!(s["lease"]["launch"], k[1]["launch"]);
+    assert_eq!(s["transport"], "acp_stdio");
+    let shown = env.ok(
+        &["sessions", "show", s["id"].as_str().unwrap(), "--json"],
+        None,
+    );
+    assert_eq!(shown["id"], s["id"]);
+
+    // an agent that cannot load its bound session gets no sibling: the wake fails unprompted
+    let n = launches("noload");
+    assert_eq!(n[0]["proof"], "replied", "{}", n[0]);
+    assert_eq!(
+        (&n[1]["outcome"], &n[1]["proof"]),
+        (&json!("failed"), &json!("dispatched")),
+        "{}",
+        n[1]
+    );
+    assert_eq!(n[1]["adapter"]["prompt_sent"], false);
+    assert!(
+        n[1]["adapter"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("offers no session/load")
+    );
+    let listed = env.ok(&["sessions", "list", "--agent", "noload", "--json"], None);
+    assert_eq!(listed["sessions"][0]["launches"], 1, "{listed}");
+
+    // an unknown session is not found, and the adapters say what they cover
+    let o = env.run(&["sessions", "show", "sf_acp_nothing", "--json"], None);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not_found"));
+    let adapters = env.ok(&["adapters", "list", "--json"], None);
+    let acp = adapters["adapters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["adapter"] == "acp")
+        .unwrap()
+        .clone();
+    assert!(
+        acp["operations"]
+            .as_array()
+            .unwrap()
+            .contains(&json!(["resume", "conditional"])),
+        "{acp}"
+    );
 }

@@ -265,6 +265,39 @@ pub struct Launch {
     pub prompt: Value,
     /// The longest the process may run: the route's bound and what is left of the permit's.
     pub deadline_ms: u64,
+    /// The native session to deliver into (the agent's bound one, `spawn_policy = "never"`);
+    /// none: the adapter opens a new one.
+    pub resume: Option<String>,
+}
+
+/// A native session an adapter ran the launch in, as it reported it.
+#[derive(Debug, Clone)]
+pub struct SessionSeen {
+    /// The adapter family (`acp`, or its preset).
+    pub host: String,
+    pub native: String,
+    pub cwd: String,
+    pub transport: String,
+    /// The agent offered to load it again.
+    pub loadable: bool,
+}
+
+/// A session's global id: `sf_<host>_<native>`, the native id kept as it is when it is plain
+/// (letters, digits, `.`, `_`, `-`, at most 128 bytes) and by its digest otherwise.
+pub fn session_id(host: &str, native: &str) -> String {
+    let plain = !native.is_empty()
+        && native.len() <= 128
+        && native
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if plain {
+        format!("sf_{host}_{native}")
+    } else {
+        format!(
+            "sf_{host}_h{}",
+            &room_core::sha256_hex(native.as_bytes())[..32]
+        )
+    }
 }
 
 /// How a worker process ended, as the dispatcher observed it.
@@ -281,6 +314,8 @@ pub struct Exit {
     /// What stopping the worker's owned job observed (its kind, whether zero processes were
     /// seen), kept with the launch.
     pub job: Value,
+    /// The native session the launch ran in, where the adapter has sessions.
+    pub session: Option<SessionSeen>,
 }
 
 impl Exit {
@@ -292,6 +327,7 @@ impl Exit {
             delivery: Delivery::Dispatched,
             detail: Value::Null,
             job: Value::Null,
+            session: None,
         }
     }
 }
@@ -360,6 +396,7 @@ fn end(
         proof: proof.into(),
         detail,
         wake_state: wake_state.into(),
+        session: None,
     }
 }
 
@@ -437,6 +474,14 @@ impl Engine {
         let token = format!("{WORKER_TOKEN_PREFIX}{}", self.env.entropy.hex(32));
         let due = w.created_ms.saturating_add(permit.binding.deadline_ms);
         let not_after = due.min(now.saturating_add(route.timeout_ms));
+        let resume = match route.spawn_policy.as_deref() {
+            Some("never") => self
+                .control()
+                .session_bound(&w.agent)
+                .map_err(store_err)?
+                .map(|s| s.native),
+            _ => None,
+        };
         let row = room_store::control::LaunchRow {
             id: id.clone(),
             room: w.room.clone(),
@@ -467,7 +512,42 @@ impl Engine {
             route: route.clone(),
             prompt,
             deadline_ms: not_after.saturating_sub(now),
+            resume,
         })
+    }
+
+    /// The session a launch ran in, as the factory keeps it. The route as it stands at the
+    /// launch's end decides the binding (an edit bites on the next end).
+    fn session_row(
+        &self,
+        l: &room_store::control::LaunchRow,
+        s: &SessionSeen,
+        proof: &str,
+        now: u64,
+    ) -> room_store::control::SessionRow {
+        let never = self
+            .policy()
+            .routes
+            .get(&l.agent)
+            .and_then(|r| r.spawn_policy.as_deref())
+            == Some("never");
+        room_store::control::SessionRow {
+            id: session_id(&s.host, &s.native),
+            agent: l.agent.clone(),
+            host: s.host.clone(),
+            native: s.native.clone(),
+            cwd: s.cwd.clone(),
+            transport: s.transport.clone(),
+            model: None,
+            proof: proof.into(),
+            parent: None,
+            launch: l.id.clone(),
+            launches: 1,
+            loadable: s.loadable,
+            bound: never,
+            created_ms: now,
+            updated_ms: now,
+        }
     }
 
     /// The split-lock claim of a started process: the permit is read again and must still be
@@ -535,7 +615,11 @@ impl Engine {
         let (outcome, proof, wake_state) = judge(replied, &exit);
         let detail = (!exit.detail.is_null() || !exit.job.is_null())
             .then(|| json!({"adapter": exit.detail, "job": exit.job}).to_string());
-        let e = end(now, outcome, proof, detail, wake_state);
+        let mut e = end(now, outcome, proof, detail, wake_state);
+        e.session = exit
+            .session
+            .as_ref()
+            .map(|s| self.session_row(&l, s, proof, now));
         self.control().launch_ended(id, &e).map_err(store_err)?;
         Ok(
             json!({"launch": id, "outcome": outcome, "proof": proof, "exit_code": exit.code,

@@ -19,6 +19,7 @@ pub mod principal;
 pub mod quota;
 pub mod room;
 pub mod rooms;
+pub mod sessions;
 pub mod source;
 pub mod sync;
 pub mod territory;

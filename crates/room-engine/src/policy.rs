@@ -79,6 +79,11 @@ pub struct Route {
     /// `allow_once`.
     #[serde(default)]
     pub permissions: Option<String>,
+    /// `acp`: `new` (the default: each wake opens a session) or `never` (the first wake's
+    /// session is bound to the agent and every later wake is delivered into it with
+    /// `session/load`; a launch that cannot load it fails rather than open a sibling).
+    #[serde(default)]
+    pub spawn_policy: Option<String>,
     /// `openai` and `anthropic`: the API's base URL up to its version
     /// (`http://127.0.0.1:11434/v1`; `anthropic` defaults to `https://api.anthropic.com/v1`).
     #[serde(default)]
@@ -199,6 +204,16 @@ fn check_route(agent: &str, r: &Route) -> Result<(), String> {
         return Err(format!(
             "{at}: base_url, model, api_key_env, rounds_max and max_tokens are for the openai and anthropic adapters"
         ));
+    }
+    if r.adapter != "acp" && r.spawn_policy.is_some() {
+        return Err(format!("{at}: spawn_policy is for the acp adapter"));
+    }
+    if let Some(p) = r
+        .spawn_policy
+        .as_deref()
+        .filter(|p| !["new", "never"].contains(p))
+    {
+        return Err(format!("{at}.spawn_policy {p:?} is not new or never"));
     }
     if r.adapter != "acp" && (r.preset.is_some() || r.permissions.is_some()) {
         return Err(format!(

@@ -134,5 +134,7 @@ pub(crate) async fn run(engine: &Arc<Engine>, l: &Launch) -> Result<Exit, String
         detail: serde_json::to_value(&report).expect("reports serialize"),
         // no process: nothing to stop
         job: json!({"kind": "in_daemon", "confirmed_empty": true}),
+        // an API conversation lives only as long as its launch: no native session to keep
+        session: None,
     })
 }

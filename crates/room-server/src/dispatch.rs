@@ -44,6 +44,9 @@ const OWNER_OPS: &[&str] = &[
     "wakes_list",
     "wakes_check",
     "wakes_obligations",
+    "sessions_list",
+    "sessions_show",
+    "adapters_list",
     "owner_task_show",
     "owner_task_check",
     "owner_task_override",
@@ -183,6 +186,9 @@ const READ_OPS: &[&str] = &[
     "room_audit",
     "wakes_list",
     "wakes_obligations",
+    "sessions_list",
+    "sessions_show",
+    "adapters_list",
     "owner_task_show",
     "owner_task_check",
     "agent_list",
@@ -337,6 +343,12 @@ fn owner_op(engine: &Engine, owner: &Owner, op: &str, a: Value) -> Result<Value,
         }
         "wakes_list" => engine.wakes_view(owner, args::<OptRoomArgs>(a)?.room.as_deref()),
         "wakes_obligations" => engine.obligations_view(owner, &args::<RoomArgs>(a)?.room),
+        "sessions_list" => engine.sessions_view(owner, args::<OptAgentArgs>(a)?.agent.as_deref()),
+        "sessions_show" => engine.session_show(owner, &args::<IdArgs>(a)?.id),
+        "adapters_list" => {
+            args::<serde_json::Map<String, Value>>(a)?;
+            Ok(json!({"adapters": room_agents::coverage::all()}))
+        }
         "wakes_check" => {
             args::<Empty>(a)?;
             engine.dispatch_sweep()

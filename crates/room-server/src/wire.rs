@@ -186,6 +186,19 @@ pub struct OptRoomArgs {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+pub struct OptAgentArgs {
+    #[serde(default)]
+    pub agent: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdArgs {
+    pub id: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LogArgs {
     pub room: String,
     #[serde(default)]

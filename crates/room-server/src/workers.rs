@@ -17,7 +17,7 @@
 
 use room_agents::acp;
 use room_engine::Engine;
-use room_engine::dispatch::{Delivery, Exit, Launch};
+use room_engine::dispatch::{Delivery, Exit, Launch, SessionSeen};
 use room_exec::job::{Job, Jobs};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
@@ -274,7 +274,7 @@ async fn acp_turn(
     let preset = l.route.preset.as_deref().and_then(acp::preset);
     let grace = acp::CANCEL_GRACE_MS.min(l.deadline_ms / 2);
     let turn = acp::Turn {
-        cwd,
+        cwd: cwd.clone(),
         mcp_servers: vec![acp::StdioServer {
             name: "room".into(),
             command: room_exe,
@@ -287,6 +287,7 @@ async fn acp_turn(
         }],
         prompt: prompt_blocks(&l.prompt),
         authenticate: preset.and_then(|p| p.authenticate).map(String::from),
+        resume: l.resume.clone(),
         permissions: match l.route.permissions.as_deref() {
             Some("allow_once") => acp::Permissions::AllowOnce,
             _ => acp::Permissions::Reject,
@@ -308,6 +309,13 @@ async fn acp_turn(
             acp::Proven::TurnEnded => Delivery::BodyVisible,
             acp::Proven::WrongBody => Delivery::WrongBody,
         },
+        session: report.session.clone().map(|native| SessionSeen {
+            host: l.route.preset.clone().unwrap_or_else(|| "acp".into()),
+            native,
+            cwd: cwd.display().to_string(),
+            transport: "acp_stdio".into(),
+            loadable: report.load_session,
+        }),
         detail: serde_json::to_value(&report).expect("reports serialize"),
         job: serde_json::Value::Null,
     }

@@ -487,6 +487,14 @@ fn a_route_that_does_not_fit_its_adapter_fails_the_policy_closed_and_names_the_f
             "max_tokens",
         ),
         (
+            "adapter = \"acp\"\ncommand = [\"/bin/true\"]\nspawn_policy = \"sometimes\"",
+            "spawn_policy",
+        ),
+        (
+            "adapter = \"command\"\ncommand = [\"/bin/true\"]\nspawn_policy = \"never\"",
+            "spawn_policy is for the acp adapter",
+        ),
+        (
             "adapter = \"command\"\ncommand = [\"/bin/true\"]\npreset = \"claude\"",
             "for the acp adapter",
         ),

@@ -299,6 +299,15 @@ pub trait ControlStore: Send {
     /// End a launch with its outcome and move its permit to `wake_state`; false when it had
     /// already ended.
     fn launch_ended(&mut self, id: &str, end: &crate::control::LaunchEnd) -> Result<bool>;
+    /// Sessions, newest first, of one agent or all, at most `limit` (and `SESSIONS_PAGE_MAX`).
+    fn sessions(
+        &self,
+        agent: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<crate::control::SessionRow>>;
+    fn session(&self, id: &str) -> Result<Option<crate::control::SessionRow>>;
+    /// The session an agent's launches deliver into, if one is bound.
+    fn session_bound(&self, agent: &str) -> Result<Option<crate::control::SessionRow>>;
     /// Queue permits in one transaction; a permit already queued stays as sealed.
     fn insert_wakes(&mut self, rows: &[WakeRow]) -> Result<()>;
     fn wakes_requeue_pending(&self) -> Result<bool>;

@@ -188,10 +188,118 @@ ALTER TABLE launches ADD COLUMN detail TEXT;
 -- the dispatcher counts the live launches on every pass: by index, however many have ended
 CREATE INDEX launches_live ON launches(created_ms) WHERE state != 'ended';
 "#,
+    // the session factory: each native session an adapter opened or loaded, under its global
+    // id; at most one bound per agent (the one spawn_policy "never" delivers into)
+    r#"
+CREATE TABLE sessions (
+    id TEXT PRIMARY KEY,
+    agent TEXT NOT NULL,
+    host TEXT NOT NULL,
+    native TEXT NOT NULL,
+    cwd TEXT NOT NULL,
+    transport TEXT NOT NULL,
+    model TEXT,
+    proof TEXT NOT NULL,
+    parent TEXT,
+    launch TEXT NOT NULL,
+    launches INTEGER NOT NULL,
+    loadable INTEGER NOT NULL,
+    bound INTEGER NOT NULL,
+    created_ms INTEGER NOT NULL,
+    updated_ms INTEGER NOT NULL
+) STRICT;
+CREATE INDEX sessions_agent ON sessions(agent, updated_ms);
+CREATE UNIQUE INDEX sessions_bound ON sessions(agent) WHERE bound = 1;
+"#,
 ];
+
+/// Sessions one listing shows at most (newest first).
+pub const SESSIONS_PAGE_MAX: usize = 256;
+
+/// A native session as the session factory keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionRow {
+    /// `sf_<host>_<native>`.
+    pub id: String,
+    pub agent: String,
+    /// The adapter family that reached it (`acp`, or the ACP preset: `claude`, `codex`, …).
+    pub host: String,
+    pub native: String,
+    pub cwd: String,
+    pub transport: String,
+    pub model: Option<String>,
+    /// The proof cursor: the rung its newest launch reached.
+    pub proof: String,
+    pub parent: Option<String>,
+    /// Its newest launch (the lease on it).
+    pub launch: String,
+    pub launches: u64,
+    /// The agent offered `session/load` for it.
+    pub loadable: bool,
+    /// Launches of its agent deliver into it (`spawn_policy = "never"`).
+    pub bound: bool,
+    pub created_ms: u64,
+    pub updated_ms: u64,
+}
+
+const SESSION_COLS: &str = "id, agent, host, native, cwd, transport, model, proof, parent, launch, launches, loadable, bound, created_ms, updated_ms";
+
+fn session_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
+    Ok(SessionRow {
+        id: r.get(0)?,
+        agent: r.get(1)?,
+        host: r.get(2)?,
+        native: r.get(3)?,
+        cwd: r.get(4)?,
+        transport: r.get(5)?,
+        model: r.get(6)?,
+        proof: r.get(7)?,
+        parent: r.get(8)?,
+        launch: r.get(9)?,
+        launches: u(r.get(10)?),
+        loadable: r.get::<_, i64>(11)? != 0,
+        bound: r.get::<_, i64>(12)? != 0,
+        created_ms: u(r.get(13)?),
+        updated_ms: u(r.get(14)?),
+    })
+}
 
 /// The most launches `launches_of_wake` lists (a permit is launched once; retries are later).
 pub const LAUNCHES_OF_WAKE_MAX: usize = 16;
+
+/// Insert a session or move an existing one on (its proof, newest launch, count); binding one
+/// unbinds the agent's others in the same transaction. A session id already kept for another
+/// agent is refused: one native session never speaks for two agents.
+fn record_session(tx: &rusqlite::Transaction<'_>, s: &SessionRow) -> Result<()> {
+    let owner: Option<String> = tx
+        .query_row("SELECT agent FROM sessions WHERE id = ?1", [&s.id], |r| {
+            r.get(0)
+        })
+        .optional()?;
+    if owner.as_deref().is_some_and(|a| a != s.agent) {
+        return Err(StoreError::Corrupt(format!(
+            "session {} is kept for another agent than {}",
+            s.id, s.agent
+        )));
+    }
+    if s.bound {
+        tx.execute(
+            "UPDATE sessions SET bound = 0 WHERE agent = ?1 AND id != ?2",
+            params![s.agent, s.id],
+        )?;
+    }
+    tx.execute(
+        &format!(
+            "INSERT INTO sessions ({SESSION_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 1, ?11, ?12, ?13, ?13)
+             ON CONFLICT(id) DO UPDATE SET proof = excluded.proof, launch = excluded.launch,
+               launches = launches + 1, loadable = excluded.loadable,
+               bound = max(bound, excluded.bound), updated_ms = excluded.updated_ms"
+        ),
+        params![s.id, s.agent, s.host, s.native, s.cwd, s.transport, s.model, s.proof, s.parent,
+            s.launch, i64::from(s.loadable), i64::from(s.bound), s.updated_ms as i64],
+    )?;
+    Ok(())
+}
 
 /// One sealed permit as the queue stores it: its key and its canonical JSON.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -243,6 +351,8 @@ pub struct LaunchEnd {
     pub detail: Option<String>,
     /// The state its permit moves to (`replied`, `pending_reply`, `failed`).
     pub wake_state: String,
+    /// The native session it ran in, recorded (or updated) with the end.
+    pub session: Option<SessionRow>,
 }
 
 const LAUNCH_COLS: &str = "id, room, agent, source_event, secret_sha256, permit_sha256, state, pid, created_ms, not_after_ms, ended_ms, outcome, proof, detail";
@@ -1522,10 +1632,45 @@ impl ControlStore for SqliteControl {
                        (SELECT room, agent, source_event FROM launches WHERE id = ?1)",
                     params![id, end.wake_state, end.outcome],
                 )?;
+                if let Some(s) = &end.session {
+                    record_session(&tx, s)?;
+                }
             }
             tx.commit()?;
             Ok(n == 1)
         })
+    }
+
+    fn sessions(&self, agent: Option<&str>, limit: usize) -> Result<Vec<SessionRow>> {
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {SESSION_COLS} FROM sessions WHERE ?1 IS NULL OR agent = ?1
+             ORDER BY updated_ms DESC, id LIMIT ?2"
+        ))?;
+        let rows = st.query_map(
+            params![agent, limit.min(SESSIONS_PAGE_MAX) as i64],
+            session_from_row,
+        )?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    fn session(&self, id: &str) -> Result<Option<SessionRow>> {
+        Ok(self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {SESSION_COLS} FROM sessions WHERE id = ?1"
+            ))?
+            .query_row([id], session_from_row)
+            .optional()?)
+    }
+
+    fn session_bound(&self, agent: &str) -> Result<Option<SessionRow>> {
+        Ok(self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {SESSION_COLS} FROM sessions WHERE agent = ?1 AND bound = 1"
+            ))?
+            .query_row([agent], session_from_row)
+            .optional()?)
     }
 
     /// An earlier reload failed: the cache must be reloaded before it is trusted.

@@ -10,6 +10,9 @@ argument:
 - ignore_cancel: starts a child process and never answers, not even to `session/cancel`;
 - wrong_body: streams its update under another session's id and ends its turn.
 
+With a second argument (a file that keeps its sessions across processes) it offers
+`session/load`: a loaded session replays one update of its history before the prompt.
+
 Each step is a JSON line on stderr (the dispatcher keeps it in the worker's log)."""
 
 import asyncio
@@ -19,17 +22,29 @@ import sys
 import uuid
 
 from acp import (
+    RequestError,
     Agent,
     InitializeResponse,
+    LoadSessionResponse,
     NewSessionResponse,
     PromptResponse,
     run_agent,
     text_block,
     update_agent_message,
 )
+from acp.schema import AgentCapabilities
 from mcp import Client, StdioServerParameters
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "reply"
+SESSIONS = sys.argv[2] if len(sys.argv) > 2 else None
+
+
+def known_sessions():
+    try:
+        with open(SESSIONS) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return []
 
 
 def log(**kw):
@@ -48,13 +63,27 @@ class TestAgent(Agent):
 
     async def initialize(self, protocol_version, client_capabilities=None, client_info=None, **kw):
         log(step="initialize", client=getattr(client_info, "name", None))
-        return InitializeResponse(protocol_version=protocol_version)
+        caps = AgentCapabilities(load_session=SESSIONS is not None)
+        return InitializeResponse(protocol_version=protocol_version, agent_capabilities=caps)
 
     async def new_session(self, cwd, mcp_servers=None, **kw):
         sid = uuid.uuid4().hex
         self.servers[sid] = list(mcp_servers or [])
         log(step="new_session", session=sid, cwd=cwd, mcp=[s.name for s in self.servers[sid]])
+        if SESSIONS:
+            kept = known_sessions() + [sid]
+            with open(SESSIONS, "w") as f:
+                json.dump(kept, f)
         return NewSessionResponse(session_id=sid)
+
+    async def load_session(self, cwd, session_id, mcp_servers=None, **kw):
+        if session_id not in known_sessions():
+            raise RequestError.invalid_params({"session_id": session_id})
+        self.servers[session_id] = list(mcp_servers or [])
+        log(step="load_session", session=session_id)
+        # the history replays before the prompt
+        await self.conn.session_update(session_id=session_id, update=update_agent_message(text_block("earlier turn")))
+        return LoadSessionResponse()
 
     async def cancel(self, session_id, **kw):
         log(step="cancel", session=session_id)
