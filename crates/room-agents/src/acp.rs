@@ -32,6 +32,8 @@ use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 pub const CANCEL_GRACE_MS: u64 = 2_000;
 /// Sessions whose updates are counted one by one; beyond this they count as one "other".
 const SESSIONS_SEEN_MAX: usize = 16;
+/// Bytes of any text the agent chose (its name, an error, a session id) kept in a report.
+const AGENT_TEXT_BYTES_MAX: usize = 512;
 
 /// An MCP server the agent is to start over stdio (Room's own: `room mcp`).
 #[derive(Debug, Clone)]
@@ -203,7 +205,7 @@ where
     let mut r = locked(&report).clone();
     match out {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => r.error = Some(e.to_string()),
+        Ok(Err(e)) => r.error = Some(crate::api::clip(&e.to_string(), AGENT_TEXT_BYTES_MAX)),
         Err(_) => {
             r.timed_out = true;
             r.error
@@ -301,7 +303,9 @@ async fn drive(
         .await?;
     {
         let mut r = locked(&report);
-        r.agent = init.agent_info.map(|i| i.name);
+        r.agent = init
+            .agent_info
+            .map(|i| crate::api::clip(&i.name, AGENT_TEXT_BYTES_MAX));
         r.load_session = init.agent_capabilities.load_session;
     }
     if let Some(m) = &turn.authenticate {
@@ -383,4 +387,54 @@ fn stdio_server(s: &StdioServer) -> McpServer {
             .args(s.args.clone())
             .env(env),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agent_client_protocol::v1::schema::{
+        PermissionOption, ToolCallUpdate, ToolCallUpdateFields,
+    };
+
+    fn request(kinds: &[(&str, PermissionOptionKind)]) -> RequestPermissionRequest {
+        let options = kinds
+            .iter()
+            .map(|(id, k)| PermissionOption::new(id.to_string(), id.to_string(), *k))
+            .collect();
+        RequestPermissionRequest::new(
+            "s1",
+            ToolCallUpdate::new("t1", ToolCallUpdateFields::default()),
+            options,
+        )
+    }
+
+    fn chosen(r: RequestPermissionResponse) -> Option<String> {
+        match r.outcome {
+            RequestPermissionOutcome::Selected(s) => Some(s.option_id.0.to_string()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn permission_requests_get_the_route_s_answer_and_never_allow_always() {
+        use PermissionOptionKind::*;
+        let all = request(&[
+            ("yes-always", AllowAlways),
+            ("yes", AllowOnce),
+            ("no", RejectOnce),
+            ("never", RejectAlways),
+        ]);
+        assert_eq!(
+            chosen(answer(&all, Permissions::Reject)).as_deref(),
+            Some("no")
+        );
+        assert_eq!(
+            chosen(answer(&all, Permissions::AllowOnce)).as_deref(),
+            Some("yes")
+        );
+        // only "allow always" on offer: a wake grants nothing beyond itself, so cancel
+        let always = request(&[("yes-always", AllowAlways)]);
+        assert_eq!(chosen(answer(&always, Permissions::AllowOnce)), None);
+        assert_eq!(chosen(answer(&always, Permissions::Reject)), None);
+    }
 }

@@ -27,6 +27,9 @@ pub const RESPONSE_BYTES_MAX: usize = 4 << 20;
 pub const TOOL_RESULT_BYTES_MAX: usize = 32 << 10;
 /// Bytes of an error body kept in the report.
 const ERROR_BODY_BYTES_MAX: usize = 512;
+/// Bytes the whole conversation (prompt, answers, tool results) may grow to; every request
+/// resends it.
+pub const CONVERSATION_BYTES_MAX: usize = 8 << 20;
 
 /// A tool the model may call: what chat completions calls a function.
 #[derive(Debug, Clone)]
@@ -63,6 +66,11 @@ pub enum Dialect {
     /// `tool_result` blocks.
     Anthropic,
 }
+
+/// The base URL of an `anthropic` route that names none.
+pub const ANTHROPIC_BASE_URL: &str = "https://api.anthropic.com/v1";
+/// Completions one wake may take when its route says nothing.
+pub const ROUNDS_DEFAULT: u32 = 16;
 
 /// The `anthropic-version` header the Messages API dialect sends.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
@@ -168,36 +176,52 @@ pub fn client() -> Result<reqwest::Client, String> {
         .map_err(|e| e.to_string())
 }
 
-/// Run the loop. Never longer than `turn.deadline_ms`.
+/// Run the loop. Every request is bounded by what is left of `turn.deadline_ms`, and no tool
+/// call starts past it; a tool call that has started is never abandoned (what it writes, it
+/// writes while the launch's credential still works).
 pub async fn run<H: ToolHost>(http: &reqwest::Client, host: &H, turn: Turn) -> Report {
     let mut report = Report {
         model: turn.model.clone(),
         ..Report::default()
     };
-    let limit = Duration::from_millis(turn.deadline_ms);
-    if tokio::time::timeout(limit, drive(http, host, &turn, &mut report))
-        .await
-        .is_err()
-    {
-        report.timed_out = true;
-        report
-            .error
-            .get_or_insert_with(|| "the model did not end its turn in time".into());
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(turn.deadline_ms);
+    if let Err(e) = drive(http, host, &turn, deadline, &mut report).await {
+        report.timed_out = e.timed_out;
+        report.error = Some(e.text);
     }
     report
 }
 
-async fn drive<H: ToolHost>(http: &reqwest::Client, host: &H, turn: &Turn, report: &mut Report) {
-    let tools: Vec<Value> = host
-        .tools()
-        .into_iter()
-        .map(|t| match turn.dialect {
-            Dialect::OpenAi => json!({"type": "function", "function": {"name": t.name,
-                "description": t.description, "parameters": t.parameters}}),
-            Dialect::Anthropic => json!({"name": t.name, "description": t.description,
-                "input_schema": t.parameters}),
-        })
-        .collect();
+/// Why a loop ended before the model ended its turn.
+struct Stop {
+    text: String,
+    timed_out: bool,
+}
+
+impl Stop {
+    fn error(text: impl Into<String>) -> Stop {
+        Stop {
+            text: text.into(),
+            timed_out: false,
+        }
+    }
+
+    fn late() -> Stop {
+        Stop {
+            text: "the model did not end its turn in time".into(),
+            timed_out: true,
+        }
+    }
+}
+
+async fn drive<H: ToolHost>(
+    http: &reqwest::Client,
+    host: &H,
+    turn: &Turn,
+    deadline: tokio::time::Instant,
+    report: &mut Report,
+) -> Result<(), Stop> {
+    let tools = tool_list(turn.dialect, host.tools());
     let mut messages = match turn.dialect {
         Dialect::OpenAi => vec![
             json!({"role": "system", "content": turn.system}),
@@ -205,39 +229,38 @@ async fn drive<H: ToolHost>(http: &reqwest::Client, host: &H, turn: &Turn, repor
         ],
         Dialect::Anthropic => vec![json!({"role": "user", "content": turn.prompt})],
     };
+    let mut bytes = turn.system.len() + turn.prompt.len();
     let rounds = turn.rounds_max.clamp(1, ROUNDS_MAX);
     for _ in 0..rounds {
-        let body = match turn.dialect {
-            Dialect::OpenAi => {
-                let mut b = json!({"model": turn.model, "messages": messages, "tools": tools});
-                if let Some(n) = turn.max_tokens {
-                    b["max_tokens"] = json!(n);
-                }
-                b
-            }
-            Dialect::Anthropic => json!({"model": turn.model,
-                "max_tokens": turn.max_tokens.unwrap_or(ANTHROPIC_MAX_TOKENS_DEFAULT),
-                "system": turn.system, "messages": messages, "tools": tools}),
-        };
-        let c = match complete(http, turn, &body).await {
-            Ok(c) => c,
-            Err(e) => {
-                report.error = Some(e);
-                return;
-            }
-        };
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            return Err(Stop::late());
+        }
+        let body = request_body(turn, &messages, &tools);
+        let c = complete(http, turn, &body, left).await?;
         report.completions += 1;
         report.prompt_tokens += c.usage.prompt_tokens.unwrap_or(0);
         report.completion_tokens += c.usage.completion_tokens.unwrap_or(0);
         report.usage.push(c.usage);
-        report.finish_reason = c.finish_reason;
+        report.finish_reason = c.finish_reason.clone();
+        if matches!(c.finish_reason.as_deref(), Some("length" | "max_tokens")) {
+            // an answer cut at its token limit may carry a half-written tool call: run none
+            return Err(Stop::error(format!(
+                "truncated answer: the model stopped at its token limit ({})",
+                c.finish_reason.unwrap_or_default()
+            )));
+        }
+        bytes += c.message.to_string().len();
         messages.push(c.message);
         if c.calls.is_empty() {
             report.turn_ended = true;
-            return;
+            return Ok(());
         }
         let mut results = Vec::new();
         for (i, call) in c.calls.iter().enumerate() {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Stop::late());
+            }
             report.tool_calls += 1;
             let out = if i >= TOOL_CALLS_PER_ROUND_MAX {
                 refused(format!(
@@ -246,17 +269,15 @@ async fn drive<H: ToolHost>(http: &reqwest::Client, host: &H, turn: &Turn, repor
             } else {
                 run_call(host, call).await
             };
-            if out.is_error {
-                report.tool_errors += 1;
-            }
-            let text = clip(&out.text, TOOL_RESULT_BYTES_MAX);
-            results.push(match turn.dialect {
-                Dialect::OpenAi => {
-                    json!({"role": "tool", "tool_call_id": call.id, "content": text})
-                }
-                Dialect::Anthropic => json!({"type": "tool_result", "tool_use_id": call.id,
-                    "content": text, "is_error": out.is_error}),
-            });
+            report.tool_errors += u32::from(out.is_error);
+            let r = tool_result(turn.dialect, call, &out);
+            bytes += r.to_string().len();
+            results.push(r);
+        }
+        if bytes > CONVERSATION_BYTES_MAX {
+            return Err(Stop::error(format!(
+                "the conversation grew past {CONVERSATION_BYTES_MAX} bytes"
+            )));
         }
         match turn.dialect {
             Dialect::OpenAi => messages.extend(results),
@@ -264,9 +285,47 @@ async fn drive<H: ToolHost>(http: &reqwest::Client, host: &H, turn: &Turn, repor
             Dialect::Anthropic => messages.push(json!({"role": "user", "content": results})),
         }
     }
-    report.error = Some(format!(
+    Err(Stop::error(format!(
         "the model used all {rounds} of its rounds without ending its turn"
-    ));
+    )))
+}
+
+/// The tools as the dialect names them.
+fn tool_list(dialect: Dialect, tools: Vec<ToolSpec>) -> Vec<Value> {
+    tools
+        .into_iter()
+        .map(|t| match dialect {
+            Dialect::OpenAi => json!({"type": "function", "function": {"name": t.name,
+                "description": t.description, "parameters": t.parameters}}),
+            Dialect::Anthropic => json!({"name": t.name, "description": t.description,
+                "input_schema": t.parameters}),
+        })
+        .collect()
+}
+
+fn request_body(turn: &Turn, messages: &[Value], tools: &[Value]) -> Value {
+    match turn.dialect {
+        Dialect::OpenAi => {
+            let mut b = json!({"model": turn.model, "messages": messages, "tools": tools});
+            if let Some(n) = turn.max_tokens {
+                b["max_tokens"] = json!(n);
+            }
+            b
+        }
+        Dialect::Anthropic => json!({"model": turn.model,
+            "max_tokens": turn.max_tokens.unwrap_or(ANTHROPIC_MAX_TOKENS_DEFAULT),
+            "system": turn.system, "messages": messages, "tools": tools}),
+    }
+}
+
+/// A tool's result as the dialect hands it back, clipped to `TOOL_RESULT_BYTES_MAX`.
+fn tool_result(dialect: Dialect, call: &Call, out: &ToolOutcome) -> Value {
+    let text = clip(&out.text, TOOL_RESULT_BYTES_MAX);
+    match dialect {
+        Dialect::OpenAi => json!({"role": "tool", "tool_call_id": call.id, "content": text}),
+        Dialect::Anthropic => json!({"type": "tool_result", "tool_use_id": call.id,
+            "content": text, "is_error": out.is_error}),
+    }
 }
 
 fn refused(text: String) -> ToolOutcome {
@@ -293,8 +352,13 @@ async fn run_call<H: ToolHost>(host: &H, call: &Call) -> ToolOutcome {
     }
 }
 
-/// One POST of a completion, read within `RESPONSE_BYTES_MAX` and parsed.
-async fn complete(http: &reqwest::Client, turn: &Turn, body: &Value) -> Result<Completion, String> {
+/// One POST of a completion within `left`, read within `RESPONSE_BYTES_MAX` and parsed.
+async fn complete(
+    http: &reqwest::Client,
+    turn: &Turn,
+    body: &Value,
+    left: Duration,
+) -> Result<Completion, Stop> {
     let base = turn.base_url.trim_end_matches('/');
     let url = match turn.dialect {
         Dialect::OpenAi => format!("{base}/chat/completions"),
@@ -302,6 +366,7 @@ async fn complete(http: &reqwest::Client, turn: &Turn, body: &Value) -> Result<C
     };
     let mut req = http
         .post(&url)
+        .timeout(left)
         .header("content-type", "application/json")
         .body(serde_json::to_vec(body).expect("request bodies serialize"));
     match (turn.dialect, &turn.api_key) {
@@ -314,35 +379,43 @@ async fn complete(http: &reqwest::Client, turn: &Turn, body: &Value) -> Result<C
         }
         (Dialect::OpenAi, None) => {}
     }
-    let mut resp = req.send().await.map_err(|e| format!("{url}: {e}"))?;
+    let failed = |e: reqwest::Error, what: &str| {
+        if e.is_timeout() {
+            Stop::late()
+        } else {
+            Stop::error(format!("{what}: {e}"))
+        }
+    };
+    let mut resp = req.send().await.map_err(|e| failed(e, &url))?;
     let status = resp.status();
     let mut bytes = Vec::new();
     loop {
         match resp.chunk().await {
             Ok(Some(c)) => {
                 if bytes.len() + c.len() > RESPONSE_BYTES_MAX {
-                    return Err(format!(
+                    return Err(Stop::error(format!(
                         "malformed response: longer than {RESPONSE_BYTES_MAX} bytes"
-                    ));
+                    )));
                 }
                 bytes.extend_from_slice(&c);
             }
             Ok(None) => break,
             // a body cut short (the connection closed before its length) is truncated
-            Err(e) => return Err(format!("truncated response: {e}")),
+            Err(e) => return Err(failed(e, "truncated response")),
         }
     }
     if !status.is_success() {
         let text = String::from_utf8_lossy(&bytes);
-        return Err(format!(
+        return Err(Stop::error(format!(
             "the API answered {status}: {}",
             clip(&text, ERROR_BODY_BYTES_MAX)
-        ));
+        )));
     }
     match turn.dialect {
         Dialect::OpenAi => parse(&bytes),
         Dialect::Anthropic => parse_message(&bytes),
     }
+    .map_err(Stop::error)
 }
 
 /// A Messages API answer: its content blocks, `tool_use` among them, checked field by field.
@@ -430,7 +503,7 @@ fn parse(bytes: &[u8]) -> Result<Completion, String> {
 }
 
 /// At most `max` bytes of `s`, cut at a character boundary, marked when cut.
-fn clip(s: &str, max: usize) -> String {
+pub(crate) fn clip(s: &str, max: usize) -> String {
     if s.len() <= max {
         return s.to_string();
     }

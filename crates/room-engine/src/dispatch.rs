@@ -554,7 +554,7 @@ impl Engine {
     /// the sealed one and valid, with time left; only then does the launch run (and its
     /// credential work). Otherwise the launch ends `wake_job_changed_during_validation` and
     /// the dispatcher stops the process.
-    pub fn launch_started(&self, id: &str, pid: u32) -> Outcome<()> {
+    pub fn launch_started(&self, id: &str, pid: Option<u32>) -> Outcome<()> {
         let now = self.now_ms();
         let l = self
             .control()
@@ -706,8 +706,20 @@ impl Engine {
         Ok(Some(l))
     }
 
-    /// Launches a previous daemon left starting or running: their processes are not ours any
-    /// more, so they end `interrupted` and their credentials stop working.
+    /// A launch whose job was stopped but not seen empty: `unconfirmed`. Its credential stops
+    /// working at once; it stays live (its recipient busy, a worker counted against the
+    /// capacity) until a later stop sees zero processes and `launch_ended` ends it. A kill
+    /// request is never taken for quiescence.
+    pub fn launch_unconfirmed(&self, id: &str, job: Value) -> Outcome<bool> {
+        let detail = json!({"job": job}).to_string();
+        self.control()
+            .launch_unconfirmed(id, &detail)
+            .map_err(store_err)
+    }
+
+    /// Launches a previous daemon left starting, running or unconfirmed: their processes are
+    /// not ours any more (the daemon has ended what its jobs still held), so they end
+    /// `interrupted` and their credentials stop working.
     pub fn recover_launches(&self) -> Outcome<usize> {
         let live = self.control().launches_live().map_err(store_err)?;
         let now = self.now_ms();
@@ -722,4 +734,65 @@ impl Engine {
 /// The native conversation a launch's worker acts in: its correlation key.
 pub fn worker_conversation(launch: &str) -> String {
     format!("wake:{launch}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exit(code: Option<i32>, timed_out: bool, delivery: Delivery) -> Exit {
+        Exit {
+            delivery,
+            ..Exit::process(code, timed_out)
+        }
+    }
+
+    #[test]
+    fn the_journal_s_reply_outranks_every_rung_and_a_wrong_body_outranks_the_rest() {
+        use Delivery::*;
+        let cases = [
+            (
+                true,
+                exit(None, true, WrongBody),
+                ("replied", "replied", "replied"),
+            ),
+            (
+                false,
+                exit(Some(0), true, WrongBody),
+                ("wrong_body_rejected", "wrong_body_rejected", "failed"),
+            ),
+            (
+                false,
+                exit(Some(0), true, BodyVisible),
+                ("timed_out", "body_visible_pending_reply", "failed"),
+            ),
+            (
+                false,
+                exit(Some(0), false, BodyVisible),
+                (
+                    "body_visible_pending_reply",
+                    "body_visible_pending_reply",
+                    "pending_reply",
+                ),
+            ),
+            (
+                false,
+                exit(Some(0), false, Dispatched),
+                ("process_exit_only", "dispatched", "pending_reply"),
+            ),
+            (
+                false,
+                exit(Some(1), false, DeliveredToBody),
+                ("failed", "delivered_to_body", "failed"),
+            ),
+            (
+                false,
+                exit(None, false, Dispatched),
+                ("failed", "dispatched", "failed"),
+            ),
+        ];
+        for (replied, e, want) in cases {
+            assert_eq!(judge(replied, &e), want, "{e:?}");
+        }
+    }
 }

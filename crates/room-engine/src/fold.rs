@@ -6,8 +6,10 @@
 //! for it any more.
 //!
 //! Circular waits: an open obligation from A to B means A waits on B. A cycle of such waits
-//! (A on B, B on A, or longer) blocks everyone in it; each is found by a breadth-first walk of
-//! at most `WAIT_LINKS_MAX` links and surfaced with the obligations that close it.
+//! (A on B, B on A, or longer) blocks everyone in it. From each agent a breadth-first walk of
+//! at most `WAIT_LINKS_MAX` links finds the shortest cycle through it, surfaced with the
+//! obligations that close it; so every agent caught in a cycle is named, though a longer cycle
+//! whose every member also sits on a shorter one is not listed apart.
 //!
 //! The fold is computed when read, from the room index and the clock: it writes nothing, so
 //! it can never disagree with the journal.

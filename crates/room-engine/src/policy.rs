@@ -120,19 +120,15 @@ fn route_timeout_ms() -> u64 {
     10 * 60_000
 }
 
-/// The base URL of an `anthropic` route that names none.
-pub const ANTHROPIC_BASE_URL: &str = "https://api.anthropic.com/v1";
-
-/// An `openai` or `anthropic` route: an http(s) base URL (`anthropic` has a default), a
-/// model, a plain environment name for the key, bounds within their ranges, and no command
-/// (the loop runs in the daemon).
+/// An `openai` or `anthropic` route: a base URL (`anthropic` may leave it to the adapter's
+/// default) that is https, or http to this machine only when a key would be sent; a model, a
+/// plain environment name for the key, bounds within their ranges, no command, steps, env or
+/// cwd (the loop runs in the daemon).
 fn check_api_route(at: &str, r: &Route) -> Result<(), String> {
-    let default = (r.adapter == "anthropic").then_some(ANTHROPIC_BASE_URL);
-    let url = r.base_url.as_deref().or(default).unwrap_or("");
-    if !(url.starts_with("http://") || url.starts_with("https://"))
-        || url.contains(char::is_whitespace)
-    {
-        return Err(format!("{at}.base_url must be an http:// or https:// URL"));
+    match r.base_url.as_deref() {
+        None if r.adapter == "anthropic" => {}
+        None => return Err(format!("{at}.base_url must be an http:// or https:// URL")),
+        Some(url) => check_api_url(at, url, r.api_key_env.is_some())?,
     }
     if r.model
         .as_deref()
@@ -153,10 +149,34 @@ fn check_api_route(at: &str, r: &Route) -> Result<(), String> {
     if r.max_tokens.is_some_and(|n| !(1..=1_000_000).contains(&n)) {
         return Err(format!("{at}.max_tokens must be within 1..=1000000"));
     }
-    if !r.command.is_empty() || !r.steps.is_empty() {
+    if !r.command.is_empty() || !r.steps.is_empty() || !r.env.is_empty() || r.cwd.is_some() {
         return Err(format!(
-            "{at}: an {} route runs no command and no steps",
+            "{at}: an {} route runs no command and no steps, and has no env or cwd",
             r.adapter
+        ));
+    }
+    Ok(())
+}
+
+/// https anywhere; http only to a loopback host when a key rides along (a key is never sent
+/// in clear across a network).
+fn check_api_url(at: &str, url: &str, with_key: bool) -> Result<(), String> {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", ""));
+    if !matches!(scheme, "http" | "https") || rest.is_empty() || url.contains(char::is_whitespace) {
+        return Err(format!("{at}.base_url must be an http:// or https:// URL"));
+    }
+    let authority = rest.split('/').next().unwrap_or("");
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    let loopback = host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if scheme == "http" && with_key && !loopback {
+        return Err(format!(
+            "{at}.base_url: an API key is sent only over https, or over http to this machine"
         ));
     }
     Ok(())
@@ -204,6 +224,9 @@ fn check_route(agent: &str, r: &Route) -> Result<(), String> {
         return Err(format!(
             "{at}: base_url, model, api_key_env, rounds_max and max_tokens are for the openai and anthropic adapters"
         ));
+    }
+    if r.adapter != "script" && !r.steps.is_empty() {
+        return Err(format!("{at}: steps are for the script adapter"));
     }
     if r.adapter != "acp" && r.spawn_policy.is_some() {
         return Err(format!("{at}: spawn_policy is for the acp adapter"));

@@ -1276,3 +1276,60 @@ fn unanswered_obligations_fold_dead_past_their_deadline_and_circular_waits_surfa
     assert_eq!(v["obligations"].as_array().unwrap().len(), 1, "{v}");
     assert!(v["circular_waits"].as_array().unwrap().is_empty());
 }
+
+#[test]
+fn a_stop_not_seen_empty_keeps_the_launch_live_and_its_credential_dead_until_a_start() {
+    let f = Fixture::new();
+    std::fs::write(
+        f.state.join("config.toml"),
+        "[routes.beta]\nadapter = \"command\"\ncommand = [\"/bin/true\"]\n",
+    )
+    .unwrap();
+    let e = f.engine(13);
+    let a = agent(&e, "alpha", Tier::Member);
+    agent(&e, "beta", Tier::Member);
+    e.room_create(&owner(&e), "r", None, &["alpha".into(), "beta".into()])
+        .unwrap();
+    let send = |text: &str| {
+        catch_up(&e, &a, "r");
+        e.turn(
+            &a,
+            Verb::Send,
+            TurnArgs {
+                to: vec!["beta".into()],
+                ..say("r", text)
+            },
+        )
+        .unwrap();
+    };
+    send("first");
+    let l = e.dispatch_take().unwrap().remove(0);
+    e.launch_started(&l.id, Some(4242)).unwrap();
+    let worker = AgentCaller {
+        token: l.token.clone(),
+        conversation: "ignored".into(),
+        declared_tier: None,
+    };
+    assert!(
+        e.whoami(&worker).is_ok(),
+        "the credential works while it runs"
+    );
+    assert!(
+        e.launch_unconfirmed(&l.id, json!({"confirmed_empty": false}))
+            .unwrap()
+    );
+    assert_eq!(
+        e.whoami(&worker).unwrap_err().code,
+        room_core::Code::CredentialRevoked
+    );
+    // still live: its recipient is busy, however long after the cooldown
+    send("second");
+    f.clock.advance(10_000);
+    assert!(e.dispatch_take().unwrap().is_empty(), "beta is still busy");
+    let launches = e.wakes_view(&owner(&e), None).unwrap()["wakes"][0]["launches"].clone();
+    assert_eq!(launches[0]["state"], "unconfirmed", "{launches}");
+    // the next start (after its jobs are reaped) ends it; then beta may be woken again
+    assert_eq!(e.recover_launches().unwrap(), 1);
+    f.clock.advance(3_000);
+    assert_eq!(e.dispatch_take().unwrap().len(), 1);
+}

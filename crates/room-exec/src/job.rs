@@ -13,11 +13,17 @@
 //! Leaves live under `<the daemon's own cgroup>/room-<name>/`, `name` fixed per state
 //! directory, so that a daemon started after a crash finds the leaves of the one before and
 //! ends what is left in them (`Jobs::reap_stale`).
+//!
+//! The limit: a worker runs as the daemon's uid, and the child must be able to write its
+//! leaf's `cgroup.procs`, so a worker that sets out to can move itself into another cgroup the
+//! uid may write (the daemon's own) and leave its job unseen. Closing that takes a cgroup
+//! namespace or another uid for workers (the broker work of active cancellation).
 
 use rustix::process::{Pid, Signal, kill_process};
 use std::io::Write;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How often a stop looks again for the job to be empty.
@@ -61,6 +67,16 @@ pub struct Jobs {
     base: Option<PathBuf>,
     /// Why there is no cgroup base, for the log.
     why_not: Option<String>,
+    /// The process groups of the jobs started and not yet seen empty: what `close` stops
+    /// when there is no cgroup base to walk.
+    live: Live,
+}
+
+type Live = Arc<std::sync::Mutex<std::collections::BTreeSet<u32>>>;
+
+fn live_set(live: &Live) -> std::sync::MutexGuard<'_, std::collections::BTreeSet<u32>> {
+    // a panic while holding it leaves a set that is still a set
+    live.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Jobs {
@@ -71,6 +87,7 @@ impl Jobs {
             Ok(base) => Jobs {
                 base: Some(base),
                 why_not: None,
+                live: Live::default(),
             },
             Err(why) => return Jobs::process_groups(why),
         };
@@ -109,7 +126,18 @@ impl Jobs {
         Jobs {
             base: None,
             why_not: Some(why.into()),
+            live: Live::default(),
         }
+    }
+
+    /// The jobs a previous daemon made under `base` (a path it recorded), to be reaped; none
+    /// when `base` is no cgroup directory any more.
+    pub fn existing(base: &Path) -> Option<Jobs> {
+        base.join("cgroup.procs").exists().then(|| Jobs {
+            base: Some(base.to_path_buf()),
+            why_not: None,
+            live: Live::default(),
+        })
     }
 
     pub fn kind(&self) -> JobKind {
@@ -148,6 +176,7 @@ impl Jobs {
                 leaf: None,
                 procs: None,
                 leader: None,
+                live: self.live.clone(),
             });
         };
         let leaf = base.join(id);
@@ -155,13 +184,14 @@ impl Jobs {
         let procs = std::fs::OpenOptions::new()
             .write(true)
             .open(leaf.join("cgroup.procs"))
-            .map(OwnedFd::from);
+            .map(|f| Arc::new(OwnedFd::from(f)));
         match procs {
             Ok(fd) => Ok(Job {
                 kind: JobKind::Cgroup,
                 leaf: Some(leaf),
                 procs: Some(fd),
                 leader: None,
+                live: self.live.clone(),
             }),
             Err(e) => {
                 let _ = std::fs::remove_dir(&leaf);
@@ -182,7 +212,8 @@ impl Jobs {
                 continue;
             }
             let leaf = e.path();
-            if !cgroup_empty(&leaf)? {
+            // a leaf that cannot be read is still stopped: one bad leaf keeps none from it
+            if !cgroup_empty(&leaf).unwrap_or(false) {
                 held += 1;
             }
             let s = stop_cgroup(&leaf, wait_ms);
@@ -198,7 +229,18 @@ impl Jobs {
     /// At a daemon's shutdown: end every job still running and remove the base, so that
     /// nothing a worker started outlives its daemon. Returns how many jobs held processes.
     pub fn close(&self, wait_ms: u64) -> std::io::Result<usize> {
-        let held = self.reap_stale(wait_ms)?;
+        let groups: Vec<u32> = live_set(&self.live).iter().copied().collect();
+        let mut held = 0;
+        for pgid in groups {
+            if !crate::group_members(pgid).is_empty() {
+                held += 1;
+            }
+            if crate::stop_group(pgid, wait_ms) {
+                live_set(&self.live).remove(&pgid);
+            }
+        }
+        // what is left in the leaves (a setsid descendant) goes with them
+        held = held.max(self.reap_stale(wait_ms)?);
         if let Some(base) = &self.base {
             // a leaf that would not empty keeps the base; the next start tries again
             let _ = std::fs::remove_dir(base);
@@ -212,10 +254,12 @@ impl Jobs {
 pub struct Job {
     kind: JobKind,
     leaf: Option<PathBuf>,
-    /// `cgroup.procs` of the leaf, open for the child to enter between fork and exec.
-    procs: Option<OwnedFd>,
+    /// `cgroup.procs` of the leaf, open for the child to enter between fork and exec (shared
+    /// with the command it was prepared for, which keeps it open until it is dropped).
+    procs: Option<Arc<OwnedFd>>,
     /// The process group leader, once started.
     leader: Option<u32>,
+    live: Live,
 }
 
 impl Job {
@@ -228,17 +272,14 @@ impl Job {
     pub fn prepare(&self, cmd: &mut std::process::Command) {
         use std::os::unix::process::CommandExt;
         cmd.process_group(0);
-        if let Some(fd) = &self.procs {
-            let raw = fd.as_raw_fd();
+        if let Some(fd) = self.procs.clone() {
             // SAFETY: between fork and exec only async-signal-safe calls are allowed; this
-            // is one write(2) on a descriptor the parent keeps open until the spawn returns.
+            // is one write(2), on a descriptor the closure itself keeps open (no allocation,
+            // no lock: borrowing an fd touches no reference count).
             unsafe {
-                cmd.pre_exec(move || {
-                    let fd = std::os::fd::BorrowedFd::borrow_raw(raw);
-                    match rustix::io::write(fd, b"0") {
-                        Ok(_) => Ok(()),
-                        Err(e) => Err(std::io::Error::from_raw_os_error(e.raw_os_error())),
-                    }
+                cmd.pre_exec(move || match rustix::io::write(fd.as_fd(), b"0") {
+                    Ok(_) => Ok(()),
+                    Err(e) => Err(std::io::Error::from_raw_os_error(e.raw_os_error())),
                 });
             }
         }
@@ -247,6 +288,7 @@ impl Job {
     /// Record the started child's pid (its process group's id).
     pub fn started(&mut self, pid: u32) {
         self.leader = Some(pid);
+        live_set(&self.live).insert(pid);
         // the child has entered the leaf (or failed to start); the parent needs it no more
         self.procs = None;
     }
@@ -263,6 +305,17 @@ impl Job {
     /// Kill every process of the job and wait (at most `wait_ms`) until none is observed.
     /// A cgroup leaf seen empty is removed.
     pub fn stop(&mut self, wait_ms: u64) -> Stopped {
+        let leader = self.leader;
+        let s = self.stop_once(wait_ms);
+        if s.confirmed_empty
+            && let Some(pgid) = leader
+        {
+            live_set(&self.live).remove(&pgid);
+        }
+        s
+    }
+
+    fn stop_once(&mut self, wait_ms: u64) -> Stopped {
         match (&self.leaf, self.leader) {
             (Some(leaf), _) => {
                 let s = stop_cgroup(leaf, wait_ms);
@@ -539,6 +592,22 @@ mod tests {
         let base = again.base().unwrap().to_path_buf();
         assert!(!base.join("left-behind").exists());
         std::fs::remove_dir(base).unwrap();
+    }
+
+    #[test]
+    fn closing_process_group_jobs_stops_the_groups_still_running() {
+        let jobs = Jobs::process_groups("forced for the test");
+        let mut job = jobs.create("job-c").unwrap();
+        let mut cmd = Command::new("/usr/bin/sleep");
+        cmd.arg("600");
+        job.prepare(&mut cmd);
+        let mut child = cmd.spawn().unwrap();
+        job.started(child.id());
+        // the daemon shuts down with the worker running: its job is never stopped by its launch
+        assert_eq!(jobs.close(5_000).unwrap(), 1);
+        let _ = child.wait();
+        assert!(!alive(child.id()));
+        assert_eq!(jobs.close(5_000).unwrap(), 0, "nothing is left to stop");
     }
 
     #[test]

@@ -78,14 +78,13 @@ impl ToolHost for LaunchTools {
     }
 }
 
-/// One launch of an `openai` or `anthropic` route, claimed with the daemon's own pid (it runs
-/// here).
+/// One launch of an `openai` or `anthropic` route, claimed with no pid: it runs in the
+/// daemon, and no stop by pid may ever aim at the daemon itself.
 pub(crate) async fn run(engine: &Arc<Engine>, l: &Launch) -> Result<Exit, String> {
-    let pid = std::process::id();
     let claimed = {
         let engine = engine.clone();
         let id = l.id.clone();
-        tokio::task::spawn_blocking(move || engine.launch_started(&id, pid))
+        tokio::task::spawn_blocking(move || engine.launch_started(&id, None))
             .await
             .map_err(|e| e.to_string())?
     };
@@ -96,7 +95,7 @@ pub(crate) async fn run(engine: &Arc<Engine>, l: &Launch) -> Result<Exit, String
         _ => Dialect::OpenAi,
     };
     let default_url = match dialect {
-        Dialect::Anthropic => room_engine::policy::ANTHROPIC_BASE_URL,
+        Dialect::Anthropic => api::ANTHROPIC_BASE_URL,
         Dialect::OpenAi => "",
     };
     let turn = api::Turn {
@@ -110,9 +109,9 @@ pub(crate) async fn run(engine: &Arc<Engine>, l: &Launch) -> Result<Exit, String
             l.prompt["prompt"].as_str().unwrap_or(""),
             l.prompt
         ),
-        rounds_max: r.rounds_max.unwrap_or(16),
+        rounds_max: r.rounds_max.unwrap_or(api::ROUNDS_DEFAULT),
         max_tokens: r.max_tokens,
-        deadline_ms: l.deadline_ms,
+        deadline_ms: crate::workers::time_left_ms(l),
     };
     let http = api::client()?;
     let host = LaunchTools {

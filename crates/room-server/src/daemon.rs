@@ -1017,6 +1017,7 @@ fn worker_jobs(state: &room_store::statedir::StateDir) -> room_exec::job::Jobs {
     let key = format!("{}\0{}", state.instance_id, state.root.display());
     let name = &room_core::sha256_hex(key.as_bytes())[..32];
     let jobs = room_exec::job::Jobs::detect(name);
+    reap_recorded_base(&state.root, jobs.base());
     match jobs.why_not_cgroup() {
         None => tracing::info!(
             base = %jobs.base().map(|b| b.display().to_string()).unwrap_or_default(),
@@ -1027,4 +1028,34 @@ fn worker_jobs(state: &room_store::statedir::StateDir) -> room_exec::job::Jobs {
         ),
     }
     jobs
+}
+
+/// A daemon started from another cgroup than the one before it makes its jobs elsewhere: the
+/// previous base is recorded in `<state>/jobs.base`, and what is left in it is ended here.
+fn reap_recorded_base(root: &std::path::Path, now: Option<&std::path::Path>) {
+    let record = root.join("jobs.base");
+    if let Ok(old) = std::fs::read_to_string(&record) {
+        let old = std::path::PathBuf::from(old.trim());
+        if Some(old.as_path()) != now
+            && let Some(jobs) = room_exec::job::Jobs::existing(&old)
+        {
+            match jobs.close(crate::workers::STOP_WAIT_MS) {
+                Ok(0) => {}
+                Ok(n) => {
+                    tracing::warn!(base = %old.display(), "ended {n} jobs a previous daemon left")
+                }
+                Err(e) => tracing::error!(base = %old.display(), "a previous daemon's jobs: {e}"),
+            }
+        }
+    }
+    let wrote = match now {
+        Some(base) => std::fs::write(&record, base.display().to_string()),
+        None => match std::fs::remove_file(&record) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            other => other,
+        },
+    };
+    if let Err(e) = wrote {
+        tracing::error!("{}: {e}", record.display());
+    }
 }

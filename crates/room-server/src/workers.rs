@@ -26,6 +26,8 @@ use tokio::io::AsyncWriteExt;
 
 /// How long a stopped group may take to be seen empty.
 pub(crate) const STOP_WAIT_MS: u64 = 5_000;
+/// Stops tried again, a second apart, for a job not seen empty.
+const STOP_RETRIES: u32 = 60;
 
 /// Where the dispatcher finds what it launches.
 #[derive(Debug, Clone)]
@@ -109,19 +111,80 @@ fn program(l: &Launch, env: &WorkerEnv) -> Result<(PathBuf, Vec<String>), String
 }
 
 async fn run_launch(engine: Arc<Engine>, env: WorkerEnv, l: Launch) {
-    let exit = match start_and_wait(&engine, &env, &l).await {
-        Ok(exit) => exit,
-        Err(why) => {
-            tracing::warn!(launch = %l.id, "worker did not run: {why}");
-            Exit::process(None, false)
-        }
+    let (ran, job) = if matches!(l.route.adapter.as_str(), "openai" | "anthropic") {
+        (crate::api_worker::run(&engine, &l).await, None)
+    } else {
+        start_and_wait(&engine, &env, &l).await
     };
+    let mut exit = ran.unwrap_or_else(|why| {
+        tracing::warn!(launch = %l.id, "worker did not run: {why}");
+        Exit::process(None, false)
+    });
+    // whatever the worker did, and on every path, nothing of its job outlives the launch
+    if let Some(job) = job {
+        match stop_until_confirmed(&engine, &l, job).await {
+            Some(observed) => exit.job = observed,
+            // not seen empty: the launch stays live (busy, counted), never taken for ended
+            None => return,
+        }
+    }
     let id = l.id.clone();
     match tokio::task::spawn_blocking(move || engine.launch_ended(&id, exit)).await {
         Ok(Ok(v)) => tracing::info!(launch = %l.id, agent = %l.agent, "launch ended: {v}"),
         Ok(Err(r)) => tracing::error!(launch = %l.id, "launch end not recorded: {r}"),
         Err(e) => tracing::error!(launch = %l.id, "launch end panicked: {e}"),
     }
+}
+
+/// Stop the job; while it is not seen empty, mark the launch `unconfirmed` (its credential
+/// stops working, it still counts as running) and try again every second, at most
+/// `STOP_RETRIES` times. What the stop observed, or none when zero processes were never seen.
+async fn stop_until_confirmed(
+    engine: &Arc<Engine>,
+    l: &Launch,
+    mut job: Job,
+) -> Option<serde_json::Value> {
+    let mut marked = false;
+    for attempt in 0..=STOP_RETRIES {
+        let (back, observed) = stop(job).await;
+        if observed["confirmed_empty"] == true {
+            let mut observed = observed;
+            observed["attempts"] = serde_json::json!(attempt + 1);
+            return Some(observed);
+        }
+        if !marked {
+            marked = true;
+            let (engine, id) = (engine.clone(), l.id.clone());
+            match tokio::task::spawn_blocking(move || engine.launch_unconfirmed(&id, observed))
+                .await
+            {
+                Ok(Ok(_)) => {}
+                Ok(Err(r)) => tracing::error!(launch = %l.id, "unconfirmed stop not recorded: {r}"),
+                Err(e) => {
+                    tracing::error!(launch = %l.id, "recording an unconfirmed stop panicked: {e}")
+                }
+            }
+        }
+        job = back?;
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+    tracing::error!(
+        launch = %l.id,
+        "a worker's job was never seen empty; the launch stays unconfirmed until the next start"
+    );
+    None
+}
+
+/// What is left of a launch's time now: its `not_after` is fixed at dispatch, and spawning and
+/// claiming took some of it.
+pub(crate) fn time_left_ms(l: &Launch) -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    l.prompt["not_after_ms"]
+        .as_u64()
+        .map_or(l.deadline_ms, |t| t.saturating_sub(now))
+        .min(l.deadline_ms)
 }
 
 fn worker_dir(state: &Path, launch: &str) -> std::io::Result<PathBuf> {
@@ -179,61 +242,76 @@ fn command(
     Ok(cmd)
 }
 
-async fn start_and_wait(engine: &Arc<Engine>, env: &WorkerEnv, l: &Launch) -> Result<Exit, String> {
-    if matches!(l.route.adapter.as_str(), "openai" | "anthropic") {
-        return crate::api_worker::run(engine, l).await;
-    }
-    let dir = worker_dir(&env.state_dir, &l.id).map_err(|e| e.to_string())?;
+/// Start the worker in a job of its own, claim the launch with its pid and run its adapter.
+/// The job comes back on every path where one was made, for the caller to stop.
+async fn start_and_wait(
+    engine: &Arc<Engine>,
+    env: &WorkerEnv,
+    l: &Launch,
+) -> (Result<Exit, String>, Option<Job>) {
+    let dir = match worker_dir(&env.state_dir, &l.id) {
+        Ok(d) => d,
+        Err(e) => return (Err(e.to_string()), None),
+    };
     let cwd = l
         .route
         .cwd
         .as_deref()
         .map(PathBuf::from)
         .unwrap_or(dir.clone());
-    let mut cmd = command(env, l, &dir, &cwd)?;
-    let mut job = env
-        .jobs
-        .create(&l.id)
-        .map_err(|e| format!("the launch's job: {e}"))?;
+    let mut cmd = match command(env, l, &dir, &cwd) {
+        Ok(c) => c,
+        Err(e) => return (Err(e), None),
+    };
+    let mut job = match env.jobs.create(&l.id) {
+        Ok(j) => j,
+        Err(e) => return (Err(format!("the launch's job: {e}")), None),
+    };
     job.prepare(cmd.as_std_mut());
     let spawned = cmd.spawn();
+    // the command holds the leaf's cgroup.procs open for the child; no longer needed
+    drop(cmd);
     let mut child = match spawned {
         Ok(c) => c,
         Err(e) => {
-            stop(job).await;
-            return Err(format!(
-                "{}: {e}",
-                l.route.command.first().map_or("room", |p| p.as_str())
-            ));
+            let prog = l.route.command.first().map_or("room", |p| p.as_str());
+            return (Err(format!("{prog}: {e}")), Some(job));
         }
     };
     let Some(pid) = child.id() else {
-        stop(job).await;
-        return Err("the worker exited before its pid was read".into());
+        return (
+            Err("the worker exited before its pid was read".into()),
+            Some(job),
+        );
     };
     job.started(pid);
-    // the split-lock claim: the permit is read again before the worker's credential works
+    let ran = claim_and_run(engine, env, l, &mut child, pid, cwd).await;
+    (ran, Some(job))
+}
+
+/// The split-lock claim (the permit is read again before the worker's credential works), then
+/// the adapter.
+async fn claim_and_run(
+    engine: &Arc<Engine>,
+    env: &WorkerEnv,
+    l: &Launch,
+    child: &mut tokio::process::Child,
+    pid: u32,
+    cwd: PathBuf,
+) -> Result<Exit, String> {
     let claimed = {
         let engine = engine.clone();
         let id = l.id.clone();
-        tokio::task::spawn_blocking(move || engine.launch_started(&id, pid))
+        tokio::task::spawn_blocking(move || engine.launch_started(&id, Some(pid)))
             .await
             .map_err(|e| e.to_string())?
     };
-    if let Err(r) = claimed {
-        stop(job).await;
-        let _ = child.wait().await;
-        return Err(r.to_string());
-    }
-    let mut exit = if l.route.adapter == "acp" {
-        acp_turn(env, l, &mut child, cwd).await
+    claimed.map_err(|r| r.to_string())?;
+    if l.route.adapter == "acp" {
+        Ok(acp_turn(env, l, child, cwd).await)
     } else {
-        one_shot(l, &mut child).await?
-    };
-    // whatever the leader did, nothing of its job outlives the launch
-    exit.job = stop(job).await;
-    let _ = child.wait().await;
-    Ok(exit)
+        one_shot(l, child).await
+    }
 }
 
 /// A one-shot worker: the wake on stdin, then its exit or its deadline.
@@ -245,7 +323,7 @@ async fn one_shot(l: &Launch, child: &mut tokio::process::Child) -> Result<Exit,
         let _ = stdin.write_all(&prompt).await;
     }
     let waited = tokio::time::timeout(
-        std::time::Duration::from_millis(l.deadline_ms),
+        std::time::Duration::from_millis(time_left_ms(l)),
         child.wait(),
     )
     .await;
@@ -272,7 +350,8 @@ async fn acp_turn(
         .clone()
         .expect("program() refuses the acp adapter without the room binary");
     let preset = l.route.preset.as_deref().and_then(acp::preset);
-    let grace = acp::CANCEL_GRACE_MS.min(l.deadline_ms / 2);
+    let left = time_left_ms(l);
+    let grace = acp::CANCEL_GRACE_MS.min(left / 2);
     let turn = acp::Turn {
         cwd: cwd.clone(),
         mcp_servers: vec![acp::StdioServer {
@@ -292,7 +371,7 @@ async fn acp_turn(
             Some("allow_once") => acp::Permissions::AllowOnce,
             _ => acp::Permissions::Reject,
         },
-        turn_ms: l.deadline_ms - grace,
+        turn_ms: left - grace,
         cancel_grace_ms: grace,
     };
     let report = acp::run(stdin, stdout, turn).await;
@@ -335,11 +414,16 @@ fn prompt_blocks(wake: &serde_json::Value) -> Vec<String> {
 }
 
 /// Stop the job and say what was observed: its kind, and whether zero processes were seen.
-async fn stop(mut job: Job) -> serde_json::Value {
-    let s = tokio::task::spawn_blocking(move || job.stop(STOP_WAIT_MS)).await;
-    let Ok(s) = s else {
+/// The job comes back when it was not seen empty.
+async fn stop(mut job: Job) -> (Option<Job>, serde_json::Value) {
+    let s = tokio::task::spawn_blocking(move || {
+        let s = job.stop(STOP_WAIT_MS);
+        (job, s)
+    })
+    .await;
+    let Ok((job, s)) = s else {
         tracing::error!("stopping a worker's job panicked");
-        return serde_json::json!({"confirmed_empty": false});
+        return (None, serde_json::json!({"confirmed_empty": false}));
     };
     if !s.confirmed_empty {
         tracing::error!(
@@ -347,6 +431,7 @@ async fn stop(mut job: Job) -> serde_json::Value {
             "a worker's job still holds processes after SIGKILL"
         );
     }
-    serde_json::json!({"kind": s.kind.as_str(), "confirmed_empty": s.confirmed_empty,
-        "remaining": s.remaining, "waited_ms": s.waited_ms})
+    let observed = serde_json::json!({"kind": s.kind.as_str(), "confirmed_empty": s.confirmed_empty,
+        "remaining": s.remaining, "waited_ms": s.waited_ms});
+    ((!s.confirmed_empty).then_some(job), observed)
 }

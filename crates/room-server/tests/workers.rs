@@ -491,6 +491,18 @@ fn a_route_that_does_not_fit_its_adapter_fails_the_policy_closed_and_names_the_f
             "spawn_policy",
         ),
         (
+            "adapter = \"command\"\ncommand = [\"/bin/true\"]\nsteps = [\"read\"]",
+            "steps are for the script adapter",
+        ),
+        (
+            "adapter = \"openai\"\nbase_url = \"http://10.1.2.3/v1\"\nmodel = \"m\"\napi_key_env = \"K\"",
+            "only over https",
+        ),
+        (
+            "adapter = \"openai\"\nbase_url = \"http://127.0.0.1:1/v1\"\nmodel = \"m\"\ncwd = \"/tmp\"",
+            "no env or cwd",
+        ),
+        (
             "adapter = \"command\"\ncommand = [\"/bin/true\"]\nspawn_policy = \"never\"",
             "spawn_policy is for the acp adapter",
         ),
@@ -587,4 +599,35 @@ fn the_owner_sees_open_obligations_with_their_fold_and_the_circular_waits() {
         json!({"room": "nowhere"}),
         "room_not_found",
     );
+}
+
+#[test]
+fn an_answer_cut_at_its_token_limit_runs_none_of_its_calls() {
+    let mut fx = Fx::new();
+    let (server, w, l, b) = api_wake(&mut fx, "length");
+    assert_eq!(w["state"], "failed", "{w}");
+    assert_eq!(
+        (&l["outcome"], &l["proof"]),
+        (&json!("failed"), &json!("delivered_to_body")),
+        "{l}"
+    );
+    let r = &l["adapter"];
+    assert!(
+        r["error"].as_str().unwrap().contains("truncated answer"),
+        "{r}"
+    );
+    assert_eq!(
+        (r["completions"].as_u64(), r["tool_calls"].as_u64()),
+        (Some(1), Some(0))
+    );
+    assert_eq!(r["turn_ended"], false);
+    assert_eq!(server.requests().len(), 1);
+    assert_eq!(beta_open(&mut fx, &b), 1);
+}
+
+#[test]
+fn the_policy_s_acp_presets_are_the_adapter_s() {
+    // config validation (the engine) and the adapter (room-agents) name the same presets
+    let adapter: Vec<&str> = room_agents::acp::PRESETS.iter().map(|p| p.name).collect();
+    assert_eq!(adapter, room_engine::policy::ACP_PRESETS);
 }

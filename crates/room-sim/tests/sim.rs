@@ -161,7 +161,7 @@ fn a_done_that_ignores_its_claims_pinned_authority_is_caught() {
     // seeds that reach an amendment between a claim and its done within 1,000 steps (a change
     // of the scheduler may move them: `room-sim --seeds 0..40 --steps 1000 --broken
     // skip-authority-pins` finds new ones)
-    let seeds = [13, 1, 7];
+    let seeds = [9, 14, 24];
     let caught = seeds.iter().find_map(|&seed| {
         run(SimConfig {
             steps: 1000,

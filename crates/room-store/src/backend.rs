@@ -295,7 +295,11 @@ pub trait ControlStore: Send {
     /// Launches not ended (at a start: those a crash left behind).
     fn launches_live(&self) -> Result<Vec<crate::control::LaunchRow>>;
     /// A starting launch's process was claimed with `pid`; false when it was not starting.
-    fn launch_running(&mut self, id: &str, pid: u32) -> Result<bool>;
+    fn launch_running(&mut self, id: &str, pid: Option<u32>) -> Result<bool>;
+    /// A launch whose job was not seen empty when stopped: its credential stops working, it
+    /// still counts as live (busy, capacity) until a stop sees it empty; false when it was not
+    /// starting or running.
+    fn launch_unconfirmed(&mut self, id: &str, detail: &str) -> Result<bool>;
     /// End a launch with its outcome and move its permit to `wake_state`; false when it had
     /// already ended.
     fn launch_ended(&mut self, id: &str, end: &crate::control::LaunchEnd) -> Result<bool>;

@@ -1608,11 +1608,22 @@ impl ControlStore for SqliteControl {
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
-    fn launch_running(&mut self, id: &str, pid: u32) -> Result<bool> {
+    fn launch_running(&mut self, id: &str, pid: Option<u32>) -> Result<bool> {
         self.write(|c| {
             let n = c.conn.execute(
                 "UPDATE launches SET state = 'running', pid = ?2 WHERE id = ?1 AND state = 'starting'",
-                params![id, i64::from(pid)],
+                params![id, pid.map(i64::from)],
+            )?;
+            Ok(n == 1)
+        })
+    }
+
+    fn launch_unconfirmed(&mut self, id: &str, detail: &str) -> Result<bool> {
+        self.write(|c| {
+            let n = c.conn.execute(
+                "UPDATE launches SET state = 'unconfirmed', detail = ?2
+                 WHERE id = ?1 AND state IN ('starting', 'running')",
+                params![id, detail],
             )?;
             Ok(n == 1)
         })

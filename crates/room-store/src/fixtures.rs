@@ -9,7 +9,7 @@ use std::path::Path;
 /// destination ledger).
 pub fn index_back_to_schema_1(path: &Path) -> Result<()> {
     Connection::open(path)?.execute_batch(
-        "DROP TABLE source_reads; DROP INDEX evidence_task; DROP TABLE evidence; DROP TABLE ops; DROP TABLE idempotency; DROP TABLE lifecycles;
+        "DROP INDEX obligations_open_all; DROP TABLE source_reads; DROP INDEX evidence_task; DROP TABLE evidence; DROP TABLE ops; DROP TABLE idempotency; DROP TABLE lifecycles;
          DROP INDEX mentions_open; DROP INDEX obligations_open;
          DROP INDEX mentions_task_open; DROP INDEX obligations_task_open;
          DROP TABLE open_counts;
@@ -27,7 +27,7 @@ pub fn index_back_to_schema_1(path: &Path) -> Result<()> {
 /// task requirements or acceptance, no terms, pins or scope index).
 pub fn control_back_to_schema_2(path: &Path) -> Result<()> {
     Connection::open(path)?.execute_batch(
-        "DROP TABLE launches; DROP INDEX tasks_lease_gen; ALTER TABLE tasks DROP COLUMN parent_revision;
+        "DROP TABLE sessions; DROP TABLE launches; DROP INDEX tasks_lease_gen; ALTER TABLE tasks DROP COLUMN parent_revision;
          DROP TABLE project_sources; ALTER TABLE tasks DROP COLUMN governed;
          ALTER TABLE rooms DROP COLUMN admission_open;
          DROP TABLE task_scopes; DROP INDEX tasks_successor;

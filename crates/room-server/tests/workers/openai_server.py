@@ -6,6 +6,7 @@ each) to the file named by its second; its port is its first stdout line.
 - reply: room_sync, room_sync with the page's receipt as confirm, room_reply to the wake's first
   obligation, then an answer without tool calls (each completion reports its token usage);
 - bad_args: a tool call whose arguments are not JSON, then an answer without tool calls;
+- length: an answer cut at its token limit (finish_reason "length") with a half-written call;
 - malformed: a 200 whose body is not JSON;
 - truncated: a 200 that promises more bytes than it sends, then closes;
 - status: a 401 with an error body."""
@@ -104,6 +105,10 @@ class Handler(BaseHTTPRequestHandler):
             if body["messages"][-1]["role"] == "tool":
                 return self.send(200, json.dumps(answer(text="gave up")).encode())
             return self.send(200, json.dumps(answer(calls(("room_sync", "{not json")))).encode())
+        if MODE == "length":
+            cut = answer(calls(("room_reply", '{"room": "coord", "reply_to": "obl_x", "te')))
+            cut["choices"][0]["finish_reason"] = "length"
+            return self.send(200, json.dumps(cut).encode())
         if MODE == "malformed":
             return self.send(200, b'{"choices": [')
         if MODE == "truncated":
