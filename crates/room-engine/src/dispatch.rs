@@ -474,6 +474,20 @@ impl Engine {
         let token = format!("{WORKER_TOKEN_PREFIX}{}", self.env.entropy.hex(32));
         let due = w.created_ms.saturating_add(permit.binding.deadline_ms);
         let not_after = due.min(now.saturating_add(route.timeout_ms));
+        let b = &permit.binding;
+        // evidence is served to the recipient at wake time, with a fresh receipt
+        let evidence = match b.evidence_refs.as_deref() {
+            Some(refs) if !refs.is_empty() => {
+                let (served, withheld) = self.deliver_evidence(&b.room, refs)?;
+                Some(
+                    json!({"schema": "room.evidence.receipt/1", "tool": "wake_delivery",
+                    "id": format!("srv_{}", self.env.entropy.hex(16)), "launch": id,
+                    "recipient": b.agent, "at_ms": now, "served": served,
+                    "withheld": withheld}),
+                )
+            }
+            _ => None,
+        };
         let resume = match route.spawn_policy.as_deref() {
             Some("never") => self
                 .control()
@@ -497,13 +511,16 @@ impl Engine {
             outcome: None,
             proof: None,
             detail: None,
+            delivery: evidence.as_ref().map(Value::to_string),
         };
         self.control().insert_launch(&row).map_err(store_err)?;
-        let b = &permit.binding;
-        let prompt = json!({"launch": id, "room": b.room, "agent": b.agent, "from": b.from,
+        let mut prompt = json!({"launch": id, "room": b.room, "agent": b.agent, "from": b.from,
             "task": b.task, "source_event": b.source_event, "prompt": b.prompt,
             "mention_ids": b.mention_ids, "obligation_ids": b.obligation_ids,
             "not_after_ms": not_after, "binding_sha256": permit.binding_sha256});
+        if let Some(e) = evidence {
+            prompt["evidence"] = e;
+        }
         Ok(Launch {
             id,
             token,

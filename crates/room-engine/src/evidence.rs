@@ -172,6 +172,77 @@ impl Engine {
         Ok(out)
     }
 
+    /// The evidence a wake cites, rechecked for its recipient now (not inherited from the
+    /// sender's view at sealing): a handle still registered in the room, whose room is
+    /// readable, and whose `file:` origin still has the digest Room measured at registration,
+    /// is served with its passage (origin, summary, lineage); any other is withheld with its
+    /// reason. Returns (served, withheld).
+    pub(crate) fn deliver_evidence(
+        &self,
+        room: &str,
+        refs: &[String],
+    ) -> Outcome<(Vec<Value>, Vec<Value>)> {
+        let handle = self.room_handle(room)?;
+        let (project, found) = {
+            let h = lock_room(&handle);
+            if let Err(r) = h.readable() {
+                let withheld = refs
+                    .iter()
+                    .map(|ev| json!({"evidence": ev, "reason": r.code.as_str()}))
+                    .collect();
+                return Ok((Vec::new(), withheld));
+            }
+            let mut found = Vec::new();
+            for ev in refs.iter().take(LINEAGE_MAX) {
+                let row = h.index.evidence(ev).map_err(store_err)?;
+                let body = match &row {
+                    Some(r) => h
+                        .index
+                        .event_by_id(&r.event)
+                        .map_err(store_err)?
+                        .map(|e| e.body),
+                    None => None,
+                };
+                found.push((ev.clone(), row, body));
+            }
+            (h.binding.project().map(String::from), found)
+        };
+        let (mut served, mut withheld) = (Vec::new(), Vec::new());
+        for (ev, row, body) in found {
+            let Some(row) = row else {
+                withheld.push(json!({"evidence": ev, "reason": "not_evidence_of_this_room"}));
+                continue;
+            };
+            if let (Some(pinned), Some(rel), Some(p)) = (
+                &row.sha256,
+                row.origin.as_deref().and_then(|o| o.strip_prefix("file:")),
+                &project,
+            ) {
+                // a project that cannot be measured now withholds, never fails the dispatch
+                let live = match self.measure_file(p, rel) {
+                    Ok(live) => live,
+                    Err(r) => {
+                        withheld.push(json!({"evidence": ev, "reason": r.code.as_str()}));
+                        continue;
+                    }
+                };
+                if live.as_ref() != Some(pinned) {
+                    withheld.push(json!({"evidence": ev, "reason": "content_mismatch",
+                        "registered_sha256": pinned, "live_sha256": live}));
+                    continue;
+                }
+            }
+            let summary = body
+                .and_then(|b| serde_json::from_str::<Value>(&b).ok())
+                .and_then(|b| b["summary"].as_str().map(String::from));
+            served.push(
+                json!({"evidence": ev, "origin": row.origin, "lineage": row.lineage,
+                "summary": summary}),
+            );
+        }
+        Ok((served, withheld))
+    }
+
     /// The registration event of evidence handle `ev`, which must be of `room`: one of another
     /// room is `cross_room_evidence_refused`, an unknown one names `field`.
     pub(crate) fn evidence_here(&self, room: &str, ev: &str, field: &str) -> Outcome<String> {

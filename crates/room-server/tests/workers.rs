@@ -631,3 +631,79 @@ fn the_policy_s_acp_presets_are_the_adapter_s() {
     let adapter: Vec<&str> = room_agents::acp::PRESETS.iter().map(|p| p.name).collect();
     assert_eq!(adapter, room_engine::policy::ACP_PRESETS);
 }
+
+#[test]
+fn cited_evidence_is_served_to_the_recipient_at_wake_time_with_a_delivery_receipt() {
+    let mut fx = Fx::new();
+    let a = fx.enroll("alpha", "coordinator");
+    fx.enroll("beta", "member");
+    let (dir, pid) = fx.open_project("p1");
+    fx.ok(
+        None,
+        "room_create",
+        json!({"name": "build", "project": pid, "members": ["alpha", "beta"]}),
+    );
+    route(&fx, "exit", 30_000);
+    let t = fx.ok(
+        Some(&a),
+        "task_create",
+        json!({"room": "build", "title": "review", "to": "beta"}),
+    )["task"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    std::fs::create_dir_all(dir.join("docs")).unwrap();
+    std::fs::write(dir.join("docs/spec.md"), b"the spec").unwrap();
+    let register = |fx: &mut Fx, origin: &str| {
+        fx.ok(
+            Some(&a),
+            "evidence_register",
+            json!({"room": "build", "task": t, "origin": origin,
+            "summary": format!("about {origin}")}),
+        )["evidence"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let web = register(&mut fx, "url:https://example.test/spec");
+    let file = register(&mut fx, "file:docs/spec.md");
+    // the file changes after it was registered: the recipient is not served the old claim
+    std::fs::write(dir.join("docs/spec.md"), b"rewritten").unwrap();
+    fx.sync_all(&a, "build");
+    let src = fx.ok(
+        Some(&a),
+        "send",
+        json!({"room": "build", "to": ["beta"], "task": t,
+        "text": "review against these", "evidence": [web, file]}),
+    )["event"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let w = settled(&mut fx, &src, &["queued", "dispatched"]);
+    let d = &w["launches"][0]["delivery"];
+    assert_eq!(
+        (d["tool"].as_str(), d["recipient"].as_str()),
+        (Some("wake_delivery"), Some("beta")),
+        "{w}"
+    );
+    let id = d["id"].as_str().unwrap();
+    assert!(id.len() == 36 && id.starts_with("srv_"), "{id}");
+    assert_eq!(d["served"].as_array().unwrap().len(), 1, "{d}");
+    assert_eq!(d["served"][0]["evidence"], web.as_str());
+    assert_eq!(
+        d["served"][0]["summary"],
+        "about url:https://example.test/spec"
+    );
+    assert_eq!(d["withheld"][0]["evidence"], file.as_str());
+    assert_eq!(d["withheld"][0]["reason"], "content_mismatch");
+    // the passage rode inline in the worker's prompt, under the same receipt
+    let launch = w["launches"][0]["launch"].as_str().unwrap();
+    let out =
+        std::fs::read_to_string(fx.state.join("workers").join(launch).join("stdout.log")).unwrap();
+    let first: Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    assert_eq!(first["evidence"]["id"], id);
+    assert_eq!(
+        first["evidence"]["served"][0]["summary"],
+        "about url:https://example.test/spec"
+    );
+}

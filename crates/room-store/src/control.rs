@@ -185,6 +185,8 @@ CREATE INDEX launches_wake ON launches(room, agent, source_event);
     r#"
 ALTER TABLE launches ADD COLUMN proof TEXT;
 ALTER TABLE launches ADD COLUMN detail TEXT;
+-- the wake_delivery receipt of the evidence served to (and withheld from) its recipient
+ALTER TABLE launches ADD COLUMN delivery TEXT;
 -- the dispatcher counts the live launches on every pass: by index, however many have ended
 CREATE INDEX launches_live ON launches(created_ms) WHERE state != 'ended';
 "#,
@@ -340,6 +342,8 @@ pub struct LaunchRow {
     pub proof: Option<String>,
     /// What its adapter reported, as JSON.
     pub detail: Option<String>,
+    /// The `wake_delivery` receipt of the evidence its wake cited, as JSON.
+    pub delivery: Option<String>,
 }
 
 /// How a launch ended, as `launch_ended` records it.
@@ -355,7 +359,7 @@ pub struct LaunchEnd {
     pub session: Option<SessionRow>,
 }
 
-const LAUNCH_COLS: &str = "id, room, agent, source_event, secret_sha256, permit_sha256, state, pid, created_ms, not_after_ms, ended_ms, outcome, proof, detail";
+const LAUNCH_COLS: &str = "id, room, agent, source_event, secret_sha256, permit_sha256, state, pid, created_ms, not_after_ms, ended_ms, outcome, proof, detail, delivery";
 
 fn launch_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<LaunchRow> {
     Ok(LaunchRow {
@@ -373,6 +377,7 @@ fn launch_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<LaunchRow> {
         outcome: r.get(11)?,
         proof: r.get(12)?,
         detail: r.get(13)?,
+        delivery: r.get(14)?,
     })
 }
 
@@ -1550,10 +1555,10 @@ impl ControlStore for SqliteControl {
                 )));
             }
             tx.execute(
-                &format!("INSERT INTO launches ({LAUNCH_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"),
+                &format!("INSERT INTO launches ({LAUNCH_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"),
                 params![l.id, l.room, l.agent, l.source_event, l.secret_sha256, l.permit_sha256,
                     l.state, l.pid.map(i64::from), l.created_ms as i64, l.not_after_ms as i64,
-                    l.ended_ms.map(|v| v as i64), l.outcome, l.proof, l.detail],
+                    l.ended_ms.map(|v| v as i64), l.outcome, l.proof, l.detail, l.delivery],
             )?;
             tx.commit()?;
             Ok(())

@@ -12,7 +12,8 @@ import time
 prompt = json.loads(sys.stdin.readline())
 mode = sys.argv[1] if len(sys.argv) > 1 else "reply"
 token = os.environ["ROOM_TOKEN"]
-print(json.dumps({"token": token, "launch": os.environ.get("ROOM_LAUNCH"), "env": sorted(os.environ)}), flush=True)
+print(json.dumps({"token": token, "launch": os.environ.get("ROOM_LAUNCH"), "env": sorted(os.environ),
+                  "evidence": prompt.get("evidence")}), flush=True)
 if mode == "exit":
     sys.exit(0)
 if mode == "fail":
