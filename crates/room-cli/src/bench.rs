@@ -20,7 +20,9 @@ pub struct BenchArgs {
     /// streamable HTTP against the same turns in-process) or `swarm` (10, 100 and 500 agents over
     /// streamable HTTP in rooms of 2 to 8, with a realistic mix of turns) or `acceptance`
     /// (`done` with sha256 checks against hashing the same bytes; a claim against 10,000
-    /// live leases against an uncontended one).
+    /// live leases against an uncontended one) or `wakes` (send to worker claim at 1, 16 and 64
+    /// recipients against spawning the worker binary; stopping a 50-process tree until zero
+    /// processes are observed against killing one).
     #[arg(default_value = "core")]
     pub what: String,
     /// Seconds each measurement runs.
@@ -72,9 +74,10 @@ pub fn run(a: &BenchArgs) -> i32 {
         "mcp" => crate::bench_mcp::bench(a),
         "swarm" => crate::bench_mcp::swarm(a),
         "acceptance" => crate::bench_accept::bench(a),
+        "wakes" => crate::bench_wakes::bench(a),
         other => {
             eprintln!(
-                "error[invalid_argument]: what: {other:?} is not core, mcp, swarm or acceptance"
+                "error[invalid_argument]: what: {other:?} is not core, mcp, swarm, acceptance or wakes"
             );
             return crate::cmd::EXIT_REFUSED;
         }

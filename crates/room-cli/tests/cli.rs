@@ -378,6 +378,23 @@ fn task_acceptance_from_the_command_line() {
 /// answered, agents claim the tasks created for them and finish them, and nothing is refused but
 /// by the Work Gate.
 #[test]
+fn the_wakes_bench_reaches_every_worker_and_stops_every_tree() {
+    let env = Env::new();
+    let root = env.root.to_str().unwrap();
+    let out = env.run(&["bench", "wakes", "--dir", root], None);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", stderr(&out));
+    for row in [
+        "send -> worker claim, 1 recipient(s)",
+        "send -> worker claim, 16 recipient(s)",
+        "send -> worker claim, 64 recipient(s)",
+        "stop -> zero processes, 50-process tree",
+    ] {
+        assert!(stdout.contains(row), "no row {row:?}: {stdout}");
+    }
+}
+
+#[test]
 fn the_swarm_bench_runs_on_both_clients() {
     let env = Env::new();
     for client in ["lean", "rmcp"] {

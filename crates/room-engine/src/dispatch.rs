@@ -512,6 +512,7 @@ impl Engine {
             proof: None,
             detail: None,
             delivery: evidence.as_ref().map(Value::to_string),
+            started_ms: None,
         };
         self.control().insert_launch(&row).map_err(store_err)?;
         let mut prompt = json!({"launch": id, "room": b.room, "agent": b.agent, "from": b.from,
@@ -589,7 +590,11 @@ impl Engine {
         });
         match still {
             Some(p) if p.binding_sha256 == l.permit_sha256 && now < l.not_after_ms => {
-                if self.control().launch_running(id, pid).map_err(store_err)? {
+                if self
+                    .control()
+                    .launch_running(id, pid, now)
+                    .map_err(store_err)?
+                {
                     return Ok(());
                 }
                 Err(refuse(

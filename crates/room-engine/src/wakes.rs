@@ -203,7 +203,8 @@ impl Engine {
                 .map(|d| serde_json::from_str(d).unwrap_or_else(|_| json!({"adapter": d})))
                 .unwrap_or(Value::Null);
             out.push(json!({"launch": l.id, "state": l.state, "pid": l.pid,
-                "created_ms": l.created_ms, "ended_ms": l.ended_ms, "outcome": l.outcome,
+                "created_ms": l.created_ms, "started_ms": l.started_ms, "ended_ms": l.ended_ms,
+                "outcome": l.outcome,
                 "proof": l.proof.as_deref().unwrap_or("dispatched"),
                 "adapter": detail["adapter"], "job": detail["job"],
                 "delivery": l.delivery.as_deref().and_then(|d| serde_json::from_str::<Value>(d).ok())}));

@@ -60,11 +60,17 @@ pub async fn run(engine: Arc<Engine>, env: WorkerEnv) {
             Err(e) => tracing::error!("launch recovery panicked: {e}"),
         }
     }
+    let mut full = false;
     loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            r = changes.changed() => if r.is_err() { return },
+        // a pass that started as many launches as one may takes the next at once: the rest
+        // of a wide send must not wait for the next tick
+        if !full {
+            tokio::select! {
+                _ = tick.tick() => {}
+                r = changes.changed() => if r.is_err() { return },
+            }
         }
+        full = false;
         let engine2 = engine.clone();
         let launches = match tokio::task::spawn_blocking(move || engine2.dispatch_take()).await {
             Ok(Ok(l)) => l,
@@ -77,6 +83,7 @@ pub async fn run(engine: Arc<Engine>, env: WorkerEnv) {
                 continue;
             }
         };
+        full = launches.len() >= room_engine::dispatch::LAUNCHES_PER_PASS_MAX;
         for l in launches {
             tokio::spawn(run_launch(engine.clone(), env.clone(), l));
         }

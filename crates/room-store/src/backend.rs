@@ -295,7 +295,7 @@ pub trait ControlStore: Send {
     /// Launches not ended (at a start: those a crash left behind).
     fn launches_live(&self) -> Result<Vec<crate::control::LaunchRow>>;
     /// A starting launch's process was claimed with `pid`; false when it was not starting.
-    fn launch_running(&mut self, id: &str, pid: Option<u32>) -> Result<bool>;
+    fn launch_running(&mut self, id: &str, pid: Option<u32>, at_ms: u64) -> Result<bool>;
     /// A launch whose job was not seen empty when stopped: its credential stops working, it
     /// still counts as live (busy, capacity) until a stop sees it empty; false when it was not
     /// starting or running.

@@ -187,6 +187,8 @@ ALTER TABLE launches ADD COLUMN proof TEXT;
 ALTER TABLE launches ADD COLUMN detail TEXT;
 -- the wake_delivery receipt of the evidence served to (and withheld from) its recipient
 ALTER TABLE launches ADD COLUMN delivery TEXT;
+-- when the split-lock claim made it running
+ALTER TABLE launches ADD COLUMN started_ms INTEGER;
 -- the dispatcher counts the live launches on every pass: by index, however many have ended
 CREATE INDEX launches_live ON launches(created_ms) WHERE state != 'ended';
 "#,
@@ -344,6 +346,8 @@ pub struct LaunchRow {
     pub detail: Option<String>,
     /// The `wake_delivery` receipt of the evidence its wake cited, as JSON.
     pub delivery: Option<String>,
+    /// When the split-lock claim made it running.
+    pub started_ms: Option<u64>,
 }
 
 /// How a launch ended, as `launch_ended` records it.
@@ -359,7 +363,7 @@ pub struct LaunchEnd {
     pub session: Option<SessionRow>,
 }
 
-const LAUNCH_COLS: &str = "id, room, agent, source_event, secret_sha256, permit_sha256, state, pid, created_ms, not_after_ms, ended_ms, outcome, proof, detail, delivery";
+const LAUNCH_COLS: &str = "id, room, agent, source_event, secret_sha256, permit_sha256, state, pid, created_ms, not_after_ms, ended_ms, outcome, proof, detail, delivery, started_ms";
 
 fn launch_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<LaunchRow> {
     Ok(LaunchRow {
@@ -378,6 +382,7 @@ fn launch_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<LaunchRow> {
         proof: r.get(12)?,
         detail: r.get(13)?,
         delivery: r.get(14)?,
+        started_ms: r.get::<_, Option<i64>>(15)?.map(u),
     })
 }
 
@@ -1555,10 +1560,11 @@ impl ControlStore for SqliteControl {
                 )));
             }
             tx.execute(
-                &format!("INSERT INTO launches ({LAUNCH_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"),
+                &format!("INSERT INTO launches ({LAUNCH_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"),
                 params![l.id, l.room, l.agent, l.source_event, l.secret_sha256, l.permit_sha256,
                     l.state, l.pid.map(i64::from), l.created_ms as i64, l.not_after_ms as i64,
-                    l.ended_ms.map(|v| v as i64), l.outcome, l.proof, l.detail, l.delivery],
+                    l.ended_ms.map(|v| v as i64), l.outcome, l.proof, l.detail, l.delivery,
+                    l.started_ms.map(|v| v as i64)],
             )?;
             tx.commit()?;
             Ok(())
@@ -1613,11 +1619,12 @@ impl ControlStore for SqliteControl {
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
-    fn launch_running(&mut self, id: &str, pid: Option<u32>) -> Result<bool> {
+    fn launch_running(&mut self, id: &str, pid: Option<u32>, at_ms: u64) -> Result<bool> {
         self.write(|c| {
             let n = c.conn.execute(
-                "UPDATE launches SET state = 'running', pid = ?2 WHERE id = ?1 AND state = 'starting'",
-                params![id, pid.map(i64::from)],
+                "UPDATE launches SET state = 'running', pid = ?2, started_ms = ?3
+                 WHERE id = ?1 AND state = 'starting'",
+                params![id, pid.map(i64::from), at_ms as i64],
             )?;
             Ok(n == 1)
         })
