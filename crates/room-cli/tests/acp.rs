@@ -425,3 +425,154 @@ fn with_spawn_policy_never_a_wake_is_delivered_into_the_bound_session_or_not_at_
         "{acp}"
     );
 }
+
+/// The published ACP bridges, installed by scripts/test into tests/mcp/npm/node_modules.
+fn bridges() -> PathBuf {
+    let nm = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/mcp/npm/node_modules");
+    let nm = std::fs::canonicalize(&nm).unwrap_or(nm);
+    for need in [
+        "@zed-industries/claude-agent-acp/dist/index.js",
+        "@zed-industries/codex-acp-linux-x64/bin/codex-acp",
+        "@google/gemini-cli/bundle/gemini.js",
+    ] {
+        assert!(
+            nm.join(need).exists(),
+            "{} is missing\nhint: run scripts/test once (it installs tests/mcp/npm)",
+            nm.join(need).display()
+        );
+    }
+    nm
+}
+
+#[test]
+fn the_published_acp_bridges_take_room_as_their_mcp_server_and_fail_cleanly_offline() {
+    // as root, unshare needs no more; elsewhere the test says so rather than pass
+    assert!(
+        std::process::Command::new("/usr/bin/unshare")
+            .args(["--net", "--", "/bin/true"])
+            .status()
+            .is_ok_and(|s| s.success()),
+        "unshare --net is not available here"
+    );
+    let nm = bridges();
+    let env = Env::new();
+    env.ok(&["init"], None);
+    let home = env.root.join("home");
+    std::fs::create_dir_all(home.join(".gemini")).unwrap();
+    // no telemetry and no update check: the bridges talk to loopback only
+    std::fs::write(
+        home.join(".gemini/settings.json"),
+        r#"{"privacy":{"usageStatisticsEnabled":false},"telemetry":{"enabled":false},
+            "general":{"enableAutoUpdate":false,"enableAutoUpdateNotification":false}}"#,
+    )
+    .unwrap();
+    let work = env.root.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let node = "/usr/bin/node";
+    // each bridge runs in a network namespace of its own with no interface: a prompt that
+    // tries to reach its vendor's API fails on this machine, and no traffic leaves it (Room's
+    // MCP server is reached over its Unix socket, which the namespace does not touch)
+    let offline = |argv: Vec<String>| -> Vec<String> {
+        ["/usr/bin/unshare", "--net", "--"]
+            .into_iter()
+            .map(String::from)
+            .chain(argv)
+            .collect()
+    };
+    let routes = [
+        (
+            "claude",
+            vec![
+                node.to_string(),
+                nm.join("@zed-industries/claude-agent-acp/dist/index.js")
+                    .display()
+                    .to_string(),
+            ],
+        ),
+        (
+            "codex",
+            vec![
+                nm.join("@zed-industries/codex-acp-linux-x64/bin/codex-acp")
+                    .display()
+                    .to_string(),
+            ],
+        ),
+        (
+            "gemini",
+            vec![
+                node.to_string(),
+                nm.join("@google/gemini-cli/bundle/gemini.js")
+                    .display()
+                    .to_string(),
+                "--acp".into(),
+            ],
+        ),
+    ];
+    let mut config = String::new();
+    for (name, command) in &routes {
+        let command = offline(command.clone());
+        config.push_str(&format!(
+            "[routes.{name}]\nadapter = \"acp\"\npreset = \"{name}\"\ncommand = {command:?}\ncwd = {cwd:?}\ntimeout_ms = 15000\n\n",
+            cwd = work.display().to_string(),
+        ));
+    }
+    std::fs::write(env.state.join("config.toml"), config).unwrap();
+    // the keys the presets pass through: dummies (nothing can reach a model from here)
+    let child = env
+        .cmd(&["serve"], None)
+        .env("HOME", &home)
+        .env("CODEX_API_KEY", "dummy-key-for-tests")
+        .env("GEMINI_API_KEY", "dummy-key-for-tests")
+        .env_remove("ANTHROPIC_API_KEY")
+        .env("NO_COLOR", "1")
+        .spawn()
+        .unwrap();
+    let _daemon = Daemon(child);
+    for _ in 0..500 {
+        if env.run(&["list"], None).status.success() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let boss = env.ok(
+        &[
+            "agent",
+            "enroll",
+            "boss",
+            "--max-tier",
+            "coordinator",
+            "--json",
+        ],
+        None,
+    )["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut create = vec!["create", "chat", "--member", "boss"];
+    for (name, _) in &routes {
+        env.ok(&["agent", "enroll", name, "--json"], None);
+        create.extend(["--member", name]);
+    }
+    env.ok(&create, None);
+    for (name, _) in &routes {
+        env.caught_up(&boss, "chat");
+        env.ok(&["send", "chat", "say hello", "--to", name], Some(&boss));
+    }
+    let wakes = settled_n(&env, routes.len());
+    for (name, _) in &routes {
+        let w = wakes.iter().find(|w| w["agent"] == *name).unwrap();
+        let l = &w["launches"][0];
+        let a = &l["adapter"];
+        // the handshake: the agent answered initialize and opened a session given Room's MCP server
+        assert!(a["session"].is_string(), "{name}: no session: {l}");
+        assert_eq!(a["prompt_sent"], true, "{name}: {l}");
+        // offline, nothing can answer: a clean failure, never a reply
+        assert_ne!(w["state"], "replied", "{name}: {w}");
+        assert_ne!(l["proof"], "replied", "{name}: {l}");
+        assert_eq!(
+            l["job"]["confirmed_empty"], true,
+            "{name}: zero processes: {l}"
+        );
+        eprintln!("{name}: {} / {} ({})", l["outcome"], l["proof"], a["error"]);
+    }
+}
