@@ -1333,3 +1333,59 @@ fn a_stop_not_seen_empty_keeps_the_launch_live_and_its_credential_dead_until_a_s
     f.clock.advance(3_000);
     assert_eq!(e.dispatch_take().unwrap().len(), 1);
 }
+
+#[test]
+fn a_permit_that_changes_between_dispatch_and_claim_is_refused_and_its_launch_dies() {
+    let f = Fixture::new();
+    std::fs::write(
+        f.state.join("config.toml"),
+        "[routes.beta]\nadapter = \"command\"\ncommand = [\"/bin/true\"]\n",
+    )
+    .unwrap();
+    let e = f.engine(17);
+    let a = agent(&e, "alpha", Tier::Member);
+    agent(&e, "beta", Tier::Member);
+    e.room_create(&owner(&e), "r", None, &["alpha".into(), "beta".into()])
+        .unwrap();
+    let send = |text: &str| {
+        catch_up(&e, &a, "r");
+        e.turn(
+            &a,
+            Verb::Send,
+            TurnArgs {
+                to: vec!["beta".into()],
+                ..say("r", text)
+            },
+        )
+        .unwrap();
+    };
+    send("first");
+    let l = e.dispatch_take().unwrap().remove(0);
+    // a second permit for beta waits while the first launch lives: recipient_busy
+    send("second");
+    assert!(e.dispatch_take().unwrap().is_empty());
+    let second = e.wakes_view(&owner(&e), None).unwrap()["wakes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["state"] == "queued")
+        .unwrap()
+        .clone();
+    assert_eq!(second["deferred"], "recipient_busy", "{second}");
+    // the recipient is re-registered after dispatch, before its worker's claim
+    e.rotate(&owner(&e), "beta").unwrap();
+    let r = e.launch_started(&l.id, Some(4242)).unwrap_err();
+    assert_eq!(r.code, room_core::Code::WakeJobChangedDuringValidation);
+    let first = e.wakes_view(&owner(&e), None).unwrap()["wakes"][0].clone();
+    assert_eq!(first["state"], "dead", "{first}");
+    assert_eq!(
+        first["launches"][0]["outcome"],
+        "wake_job_changed_during_validation"
+    );
+    let worker = AgentCaller {
+        token: l.token.clone(),
+        conversation: "c".into(),
+        declared_tier: None,
+    };
+    assert!(e.whoami(&worker).is_err(), "its credential never worked");
+}
