@@ -578,9 +578,11 @@ impl Engine {
     pub fn whoami(&self, caller: &AgentCaller) -> Outcome<Value> {
         let p = self.authorize(caller, Verb::Whoami)?;
         let rooms = self.rooms_listing(Some(&p.name))?;
+        let wakes = self.wakes_of(&p.name, &caller.token)?;
         Ok(
             json!({"agent": p.name, "tier": p.tier, "conversation": p.conversation,
-            "registration_sha256": p.registration_sha256, "rooms": rooms["rooms"]}),
+            "registration_sha256": p.registration_sha256, "rooms": rooms["rooms"],
+            "wakes": wakes}),
         )
     }
 

@@ -19,6 +19,9 @@ use room_store::control::WakeRow;
 use room_store::index::EventRow;
 use serde_json::{Value, json};
 
+/// Queued permits `whoami` shows an agent (the oldest).
+pub const WAKES_OF_AGENT_MAX: usize = 16;
+
 /// Prompts longer than this are cut in the permit; the full text stays in the room.
 const PROMPT_BYTES_MAX: usize = 4096;
 const PULSE_BYTES_MAX: usize = 160;
@@ -182,6 +185,52 @@ impl Engine {
             .collect();
         // the oldest WAKES_PAGE_MAX permits; say so rather than hide the rest
         Ok(json!({"wakes": out, "truncated": truncated}))
+    }
+
+    /// The wakes waiting for `agent`, as it sees them itself (`whoami`): its queued permits,
+    /// oldest first (an agent without a route takes them in its own session), and, for a
+    /// worker's one-launch credential, the wake its launch delivers with the evidence
+    /// receipt.
+    pub(crate) fn wakes_of(&self, agent: &str, token: &str) -> Outcome<Value> {
+        let view = |w: &WakeRow| -> Value {
+            match serde_json::from_str::<WakePermit>(&w.permit) {
+                Ok(p) => {
+                    let b = &p.binding;
+                    json!({"room": b.room, "from": b.from, "task": b.task,
+                        "source_event": b.source_event, "prompt": b.prompt,
+                        "mention_ids": b.mention_ids, "obligation_ids": b.obligation_ids,
+                        "not_after": b.not_after, "state": w.state})
+                }
+                Err(_) => json!({"room": w.room, "source_event": w.source_event,
+                    "state": w.state, "intact": false}),
+            }
+        };
+        let queued = self
+            .control()
+            .wakes_queued_of(&[agent.to_string()], WAKES_OF_AGENT_MAX)
+            .map_err(store_err)?;
+        let mut out = json!({"queued": queued.iter().map(view).collect::<Vec<_>>()});
+        if token.starts_with(crate::dispatch::WORKER_TOKEN_PREFIX) {
+            let digest = room_core::sha256_hex(token.as_bytes());
+            // bound first: the control store's guard must not live through the body
+            let launch = self
+                .control()
+                .launch_by_secret(&digest)
+                .map_err(store_err)?;
+            if let Some(l) = launch {
+                let w = self
+                    .control()
+                    .wake(&l.room, &l.agent, &l.source_event)
+                    .map_err(store_err)?;
+                let delivery = l
+                    .delivery
+                    .as_deref()
+                    .and_then(|d| serde_json::from_str::<Value>(d).ok());
+                out["this_launch"] = json!({"launch": l.id, "not_after_ms": l.not_after_ms,
+                    "wake": w.as_ref().map(view), "evidence": delivery});
+            }
+        }
+        Ok(out)
     }
 
     /// A permit's launches as the wakes view shows them: each attempt's proof rung and what

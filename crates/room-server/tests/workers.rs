@@ -109,6 +109,11 @@ fn a_routed_send_wakes_a_worker_whose_reply_is_proven() {
     let launch = out[0]["launch"].as_str().unwrap();
     assert_eq!(out[1]["whoami"]["agent"], "beta");
     assert_eq!(out[1]["whoami"]["conversation"], format!("wake:{launch}"));
+    // the worker sees the wake its launch delivers
+    let mine = &out[1]["whoami"]["wakes"]["this_launch"];
+    assert_eq!(mine["launch"], launch, "{mine}");
+    assert_eq!(mine["wake"]["source_event"], src.as_str());
+    assert_eq!(mine["wake"]["prompt"], "summarize the thread");
     // the one-launch credential ended with its launch
     let token = out[0]["token"].as_str().unwrap().to_string();
     fx.refuse(Some(&token), "whoami", json!({}), "credential_revoked");
@@ -265,7 +270,7 @@ fn a_worker_s_grandchild_that_left_its_process_group_ends_with_its_job() {
 #[test]
 fn an_agent_without_a_route_keeps_its_permits_queued() {
     let mut fx = Fx::new();
-    let (a, _, _) = fx.team("coord");
+    let (a, b, _) = fx.team("coord");
     let src = send(&mut fx, &a, "for your own session");
     fx.ok(None, "wakes_check", json!({}));
     std::thread::sleep(Duration::from_millis(1_200));
@@ -282,6 +287,12 @@ fn an_agent_without_a_route_keeps_its_permits_queued() {
         .map(|d| d.count())
         .unwrap_or(0);
     assert_eq!(launched, 0, "nothing was launched");
+    // its own session sees what waits for it
+    let me = fx.ok(Some(&b), "whoami", json!({}));
+    let queued = &me["wakes"]["queued"];
+    assert_eq!(queued[0]["source_event"], src.as_str(), "{me}");
+    assert_eq!(queued[0]["prompt"], "for your own session");
+    assert_eq!(me["wakes"]["this_launch"], Value::Null);
 }
 
 /// A scripted OpenAI-compatible server (tests/workers/openai_server.py), ended with the test.

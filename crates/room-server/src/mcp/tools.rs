@@ -203,7 +203,7 @@ pub fn all() -> Vec<ToolDef> {
         ToolDef {
             name: "room_whoami",
             op: "whoami",
-            description: "Who you are in Room: agent name, effective tier, the conversation your reading position is bound to, and your rooms.",
+            description: "Who you are: agent name, effective tier, the conversation your reading position is bound to, your rooms and wakes.",
             input: empty.clone(),
         },
         ToolDef {
