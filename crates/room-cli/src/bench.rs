@@ -227,8 +227,35 @@ pub(crate) fn own_rooms(
     Ok((all.len() as f64 / start.elapsed().as_secs_f64(), all))
 }
 
-/// `writers` agents sharing one room: each reads, then writes; count what the gate refuses.
-fn shared_room(dir: &Path, writers: usize, secs: f64) -> anyhow::Result<(f64, u64, u64, u64)> {
+/// How agents sharing one room read and act.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Loop {
+    /// Read a page, confirm it (a call), then act (another call); a refusal's page is confirmed
+    /// before the next try.
+    ConfirmThenAct,
+    /// Read a page, act with `read_through` its receipt (one call); a refusal's delta page is
+    /// presented with the next try.
+    ReadThrough,
+}
+
+/// What agents sharing one room achieved.
+struct Shared {
+    per_s: f64,
+    /// Refusals each accepted turn met before it landed.
+    refusals: Vec<Duration>,
+    /// Bytes of pages handed back by refusals, in total.
+    reread_bytes: u64,
+    accepted: u64,
+    /// Accepted turns per agent.
+    per_agent: Vec<u64>,
+    /// Turns the turnstile refused (queue full or waited too long).
+    queue_refused: u64,
+}
+
+/// `writers` agents in one room, each looping: read its inbox (`sync`), then act on it; a
+/// refusal hands back the next page, read before the next try. Every turn goes through the
+/// room's turnstile, as the daemon's calls do.
+fn shared_room(dir: &Path, writers: usize, secs: f64, how: Loop) -> anyhow::Result<Shared> {
     let w = world(dir)?;
     let names: Vec<String> = (0..writers).map(|i| format!("w{i}")).collect();
     let mut callers = vec![];
@@ -238,37 +265,113 @@ fn shared_room(dir: &Path, writers: usize, secs: f64) -> anyhow::Result<(f64, u6
     w.engine
         .room_create(&owner(&w.engine), "shared", None, &names)
         .map_err(anyhow::Error::msg)?;
+    // everyone starts caught up: the room's opening records are not the contention measured
+    for a in &callers {
+        catch_up(&w.engine, a, "shared").map_err(anyhow::Error::msg)?;
+    }
     let start = Instant::now();
     let threads: Vec<_> = callers
         .into_iter()
         .map(|a| {
             let e = w.engine.clone();
-            std::thread::spawn(move || {
-                let (mut ok, mut required, mut arrival, mut i) = (0u64, 0u64, 0u64, 0u64);
-                while start.elapsed().as_secs_f64() < secs {
-                    i += 1;
-                    if catch_up(&e, &a, "shared").is_err() {
-                        continue;
-                    }
-                    match e.turn(&a, Verb::Note, note("shared", i)) {
-                        Ok(_) => ok += 1,
-                        Err(r) if r.code == Code::RoomSyncRequired => required += 1,
-                        Err(r) if r.code == Code::RoomSyncConcurrentArrival => arrival += 1,
-                        Err(r) => panic!("unexpected refusal {r}"),
-                    }
-                }
-                (ok, required, arrival)
-            })
+            std::thread::spawn(move || shared_agent(&e, &a, start, secs, how))
         })
         .collect();
-    let (mut ok, mut req, mut arr) = (0, 0, 0);
+    let mut out = Shared {
+        per_s: 0.0,
+        refusals: vec![],
+        reread_bytes: 0,
+        accepted: 0,
+        per_agent: vec![],
+        queue_refused: 0,
+    };
     for t in threads {
-        let (a, b, c) = t.join().map_err(|_| anyhow::anyhow!("writer panicked"))?;
-        ok += a;
-        req += b;
-        arr += c;
+        let r = t
+            .join()
+            .map_err(|_| anyhow::anyhow!("writer panicked"))?
+            .map_err(anyhow::Error::msg)?;
+        out.accepted += r.accepted;
+        out.per_agent.push(r.accepted);
+        out.refusals.extend(r.refusals);
+        out.reread_bytes += r.reread_bytes;
+        out.queue_refused += r.queue_refused;
     }
-    Ok((ok as f64 / start.elapsed().as_secs_f64(), ok, req, arr))
+    out.per_s = out.accepted as f64 / secs;
+    Ok(out)
+}
+
+fn shared_agent(
+    e: &Engine,
+    a: &AgentCaller,
+    start: Instant,
+    secs: f64,
+    how: Loop,
+) -> Result<Shared, room_core::Refusal> {
+    let mut me = Shared {
+        per_s: 0.0,
+        refusals: vec![],
+        reread_bytes: 0,
+        accepted: 0,
+        per_agent: vec![],
+        queue_refused: 0,
+    };
+    let mut i = 0u64;
+    while start.elapsed().as_secs_f64() < secs {
+        // read the inbox
+        // one owner policy per call, as the daemon's calls have
+        let page = {
+            let _call = e.one_call();
+            e.sync(a, "shared", None)?
+        };
+        let mut receipt = page["receipt"].as_str().map(String::from);
+        let mut refused = 0u64;
+        loop {
+            i += 1;
+            let mut args = note("shared", i);
+            match how {
+                Loop::ConfirmThenAct => {
+                    if let Some(r) = receipt.take() {
+                        let _call = e.one_call();
+                        e.sync(a, "shared", Some(&r))?;
+                    }
+                }
+                Loop::ReadThrough => args.read_through = receipt.take(),
+            }
+            let out = {
+                let _call = e.one_call();
+                e.turn_waiting(a, Verb::Note, args)
+            };
+            match out {
+                Ok(_) => break,
+                Err(r)
+                    if matches!(
+                        r.code,
+                        Code::RoomSyncRequired
+                            | Code::RoomSyncConcurrentArrival
+                            | Code::RoomSyncViewChanged
+                    ) =>
+                {
+                    refused += 1;
+                    let next = &r.detail["next_page"];
+                    me.reread_bytes += next.to_string().len() as u64;
+                    receipt = next["receipt"].as_str().map(String::from);
+                }
+                Err(r) if r.code == Code::RoomTurnQueueExceeded => {
+                    me.queue_refused += 1;
+                    break;
+                }
+                Err(r) => return Err(r),
+            }
+            // past the window the agent still retries (a refused author holds the room's
+            // slot until it does), but stops after its next turn
+        }
+        // only turns that landed inside the window count
+        if start.elapsed().as_secs_f64() < secs {
+            me.accepted += 1;
+            me.refusals.push(Duration::from_micros(refused));
+        }
+    }
+    Ok(me)
 }
 
 /// The gate's queries (checkpoint lookup + first foreign event after it + one parent) over an
@@ -318,6 +421,45 @@ fn gate_cost(dir: &Path, n: u64) -> anyhow::Result<f64> {
     Ok(start.elapsed().as_secs_f64() * 1e6 / rounds as f64)
 }
 
+/// The row of one shared-room run: accepted turns/s, as a ratio to one writer alone (gated,
+/// in its own room) when measured, refusals per accepted turn (p50/p99 in the latency
+/// columns), the bytes of pages handed back per accepted turn and the spread per agent.
+fn shared_row(writers: usize, label: &str, mut sh: Shared, single: Option<f64>, base: f64) -> Row {
+    let (p50, p99) = (pct(&mut sh.refusals, 0.5), pct(&mut sh.refusals, 0.99));
+
+    sh.per_agent.sort_unstable();
+    let n = sh.per_agent.len().max(1) as f64;
+    let mean = sh.accepted as f64 / n;
+    let var = sh
+        .per_agent
+        .iter()
+        .map(|x| (*x as f64 - mean).powi(2))
+        .sum::<f64>()
+        / n;
+    let ratio = single.map_or_else(
+        || format!("{:.2}x raw", sh.per_s / base),
+        |s| format!("{:.2}x one writer", sh.per_s / s),
+    );
+    Row {
+        name: format!("{writers} agents in one room, {label}"),
+        per_s: sh.per_s,
+        p50_us: p50,
+        p99_us: p99,
+        note: format!(
+            "{ratio}; refusals per turn in the p50/p99 columns; {:.0} B re-read per turn; per agent min {} max {} (cv {:.2}){}",
+            sh.reread_bytes as f64 / sh.accepted.max(1) as f64,
+            sh.per_agent.first().copied().unwrap_or(0),
+            sh.per_agent.last().copied().unwrap_or(0),
+            if mean > 0.0 { var.sqrt() / mean } else { 0.0 },
+            if sh.queue_refused > 0 {
+                format!("; {} refused by the turnstile", sh.queue_refused)
+            } else {
+                String::new()
+            }
+        ),
+    }
+}
+
 fn bench(a: &BenchArgs) -> anyhow::Result<()> {
     let dir = a.dir.clone().unwrap_or_else(std::env::temp_dir);
     let secs = a.seconds;
@@ -340,22 +482,19 @@ fn bench(a: &BenchArgs) -> anyhow::Result<()> {
             note: format!("{:.2}x raw", per_s / base),
         });
     }
-    for writers in [8usize, 64].into_iter().filter(|w| *w <= a.writers_max) {
-        eprintln!("  {writers} writers sharing one room …");
-        let (per_s, ok, req, arr) = shared_room(&dir, writers, secs)?;
-        let tried = (ok + req + arr).max(1) as f64;
-        rows.push(Row {
-            name: format!("accepted turns, {writers} writers sharing one room"),
-            per_s,
-            p50_us: None,
-            p99_us: None,
-            note: format!(
-                "{:.2}x raw; refused {:.0}% room_sync_required, {:.0}% room_sync_concurrent_arrival",
-                per_s / base,
-                req as f64 * 100.0 / tried,
-                arr as f64 * 100.0 / tried
-            ),
-        });
+    let single = rows
+        .iter()
+        .find(|r| r.name.starts_with("gated turns, 1 writer"))
+        .map(|r| r.per_s);
+    for writers in [10usize, 100].into_iter().filter(|w| *w <= a.writers_max) {
+        for (how, label) in [
+            (Loop::ConfirmThenAct, "confirm, then act"),
+            (Loop::ReadThrough, "read_through"),
+        ] {
+            eprintln!("  {writers} agents in one room ({label}) …");
+            let sh = shared_room(&dir, writers, secs, how)?;
+            rows.push(shared_row(writers, label, sh, single, base));
+        }
     }
     eprintln!("  gate cost at 10 k and {} events …", a.history);
     let small = gate_cost(&dir, 10_000)?;

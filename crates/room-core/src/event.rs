@@ -302,6 +302,10 @@ pub struct Turn {
     pub verb: Verb,
     /// Digest of the author's conversation key (for audits; never the raw conversation).
     pub conversation_key: String,
+    /// The view (a digest) the author's gate passed under: with `conversation_key`, it lets
+    /// the Fold Rule be re-derived from the journal (`index::FoldAdvance`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub view_gen: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -595,6 +599,7 @@ mod tests {
             actor: "a".into(),
             verb: Verb::Done,
             conversation_key: "k".into(),
+            view_gen: None,
             text: None,
             text_blob: None,
             to: vec![],

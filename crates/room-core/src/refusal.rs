@@ -57,6 +57,7 @@ codes! {
     RoomSyncReceiptForked => "room_sync_receipt_forked",
     RoomSyncRequired => "room_sync_required",
     RoomSyncConcurrentArrival => "room_sync_concurrent_arrival",
+    RoomTurnQueueExceeded => "room_turn_queue_exceeded",
     ReceiptUnknown => "receipt_unknown",
     // verbs
     NoteMentionsRefused => "note_mentions_refused",

@@ -23,6 +23,7 @@ pub mod sessions;
 pub mod source;
 pub mod sync;
 pub mod territory;
+pub mod turnstile;
 pub mod verbs;
 pub mod wakes;
 
@@ -133,6 +134,9 @@ pub struct Engine {
     pub(crate) rooms: Rooms,
     /// Why each queued permit the last dispatch pass looked at waits (not persisted).
     pub(crate) deferrals: dispatch::Deferrals,
+    /// Tickets of turns waiting in a room's turnstile, and their wake-ups.
+    pub(crate) turn_waits: turnstile::TurnWaits,
+    pub(crate) tickets: std::sync::atomic::AtomicU64,
 }
 
 pub type Outcome<T> = Result<T, Refusal>;
@@ -156,6 +160,8 @@ impl Engine {
             authority: Authority::new(env.clone(), state.clone(), control),
             rooms: Rooms::new(store, config.rooms_open_max),
             deferrals: dispatch::Deferrals::default(),
+            turn_waits: Default::default(),
+            tickets: std::sync::atomic::AtomicU64::new(1),
             state,
             env,
             config,
@@ -202,7 +208,7 @@ impl Engine {
         self.authority.control()
     }
 
-    pub(crate) fn now_ms(&self) -> u64 {
+    pub fn now_ms(&self) -> u64 {
         self.env.clock.now_ms()
     }
 

@@ -29,6 +29,60 @@ struct ConfigFile {
     routes: BTreeMap<String, Route>,
     #[serde(default)]
     dispatch: DispatchLimits,
+    #[serde(default)]
+    gate: GateLimits,
+}
+
+/// The turnstile's bounds (`[gate]`): how long a refused turn's retry slot is held for it,
+/// how many turns may wait in one room, and how long one may wait in all.
+#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct GateLimits {
+    pub turn_slot_ms: u64,
+    /// 0: no turnstile (every turn goes straight to the gate).
+    pub turn_queue_max: u64,
+    pub turn_wait_ms_max: u64,
+}
+
+/// `[gate] turn_slot_ms` bounds.
+pub const TURN_SLOT_MS_RANGE: std::ops::RangeInclusive<u64> = 10..=60_000;
+/// `[gate] turn_queue_max` bound.
+pub const TURN_QUEUE_MAX_LIMIT: u64 = 4096;
+/// `[gate] turn_wait_ms_max` bounds.
+pub const TURN_WAIT_MS_RANGE: std::ops::RangeInclusive<u64> = 100..=600_000;
+
+impl Default for GateLimits {
+    fn default() -> Self {
+        GateLimits {
+            turn_slot_ms: 500,
+            turn_queue_max: 256,
+            turn_wait_ms_max: 10_000,
+        }
+    }
+}
+
+impl GateLimits {
+    fn check(&self) -> Result<(), String> {
+        if !TURN_SLOT_MS_RANGE.contains(&self.turn_slot_ms) {
+            return Err(format!(
+                "config.toml: gate.turn_slot_ms {} is not within {TURN_SLOT_MS_RANGE:?}",
+                self.turn_slot_ms
+            ));
+        }
+        if self.turn_queue_max > TURN_QUEUE_MAX_LIMIT {
+            return Err(format!(
+                "config.toml: gate.turn_queue_max {} is more than {TURN_QUEUE_MAX_LIMIT}",
+                self.turn_queue_max
+            ));
+        }
+        if !TURN_WAIT_MS_RANGE.contains(&self.turn_wait_ms_max) {
+            return Err(format!(
+                "config.toml: gate.turn_wait_ms_max {} is not within {TURN_WAIT_MS_RANGE:?}",
+                self.turn_wait_ms_max
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// How many workers the dispatcher keeps running at once, across every route, and when an
@@ -368,6 +422,8 @@ pub struct Policy {
     pub workers_max: usize,
     /// How long past its wake deadline an unanswered obligation stays `pending`.
     pub obligation_fold_ms: u64,
+    /// The turnstile's bounds.
+    pub gate: GateLimits,
 }
 
 impl Policy {
@@ -462,6 +518,7 @@ fn failed(why: String) -> Policy {
         routes: Arc::new(BTreeMap::new()),
         workers_max: WORKERS_MAX_DEFAULT,
         obligation_fold_ms: OBLIGATION_FOLD_MS_DEFAULT,
+        gate: GateLimits::default(),
     }
 }
 
@@ -502,6 +559,9 @@ fn parse(bytes: &[u8]) -> Policy {
             "config.toml: dispatch.obligation_fold_ms {fold_ms} is more than {OBLIGATION_FOLD_MS_MAX} (30 days)"
         ));
     }
+    if let Err(why) = cfg.gate.check() {
+        return failed(why);
+    }
     match Redactor::new(&cfg.redaction.patterns) {
         Ok(r) => Policy {
             ceiling,
@@ -513,6 +573,7 @@ fn parse(bytes: &[u8]) -> Policy {
             routes: Arc::new(cfg.routes),
             workers_max: workers_max as usize,
             obligation_fold_ms: fold_ms,
+            gate: cfg.gate,
         },
         Err(e) => failed(format!("config.toml: {e}")),
     }

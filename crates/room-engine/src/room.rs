@@ -13,8 +13,8 @@ use room_core::wake::TASKED_DEADLINE_MS;
 use room_core::{Code, Record, Refusal, canon, id};
 use room_store::control::{RoomRow, TaskRow, WakeRow};
 use room_store::index::{
-    Batch, CheckpointRow, EventRow, EvidenceRow, ItemKind, ItemRow, LifecycleChange, LogTrust,
-    OpChange, OpRow,
+    Batch, CheckpointRow, EventRow, EvidenceRow, FoldAdvance, ItemKind, ItemRow, LifecycleChange,
+    LogTrust, OpChange, OpRow,
 };
 use room_store::journal::{ChainPos, JournalMark, RECORD_BYTES_MAX};
 use room_store::{BlobStore, RoomIndex, RoomLog, ShardCreated, StoreError};
@@ -101,6 +101,9 @@ pub struct RoomHandle {
         (String, crate::event::Invariant),
         crate::invariants::Suppressed,
     >,
+    /// Who writes next in this room when many wait (not persisted: a reopened room starts
+    /// with an empty queue, and its waiters queue again).
+    pub(crate) turnstile: crate::turnstile::Turnstile,
 }
 
 /// Lag after which the wakes mark is moved up even when no permit waits for a sync.
@@ -190,6 +193,14 @@ pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result
     }
     match &body {
         EventBody::Turn(t) => {
+            if let Some(view_gen) = &t.view_gen {
+                p.batch.folds.push(FoldAdvance {
+                    actor: t.actor.clone(),
+                    conversation_key: t.conversation_key.clone(),
+                    view_gen: view_gen.clone(),
+                    seq: r.seq,
+                });
+            }
             for parent in t
                 .reply_to
                 .iter()
@@ -515,6 +526,7 @@ impl RoomHandle {
             wakes_mark: 0,
             violations_recent: Default::default(),
             violations_suppressed: Default::default(),
+            turnstile: Default::default(),
         };
         let known = h.index.mark()?;
         if !h.open_checked(engine, known.as_ref())? {
@@ -1130,12 +1142,24 @@ impl RoomHandle {
         t: &crate::event::Turn,
         fold: Option<CheckpointRow>,
     ) -> Outcome<Items> {
+        let source = self
+            .index
+            .event_by_id(source_id)
+            .map_err(store_err)?
+            .expect("flush 1 is projected before flush 2");
+        // An item lapses exactly when its wake permit does (created at the turn's seal plus the
+        // deadline); a circle keeps the deadline of the obligation it re-raises.
+        let not_after_ms = if t.verb == room_core::Verb::Circle {
+            t.plan.not_after_ms
+        } else {
+            source.hlc_ms.saturating_add(t.plan.deadline_ms)
+        };
         let spec = |prefix: &str, agent: &String| ItemSpec {
             id: item_id(prefix, source_id, agent),
             agent: agent.clone(),
             from: t.actor.clone(),
             task: t.task.clone(),
-            not_after_ms: t.plan.not_after_ms,
+            not_after_ms,
         };
         let items = Items {
             actor: t.actor.clone(),
@@ -1155,11 +1179,6 @@ impl RoomHandle {
             wakes: t.plan.wake.clone(),
         };
         self.commit(engine, vec![EventBody::Items(items.clone())], fold)?;
-        let source = self
-            .index
-            .event_by_id(source_id)
-            .map_err(store_err)?
-            .expect("flush 1 is projected before flush 2");
         engine.queue_wakes(self, &source, t, &items)?;
         Ok(items)
     }

@@ -297,7 +297,14 @@ impl Engine {
     }
 
     /// Render a page from the caller's standing, store its receipt, return the wire view.
-    pub(crate) fn serve_page(&self, h: &mut RoomHandle, st: &Standing) -> Outcome<Value> {
+    /// `base` names the receipt this page continues (a delta page: the reader presented `base`
+    /// and this page starts where it ended).
+    pub(crate) fn serve_page(
+        &self,
+        h: &mut RoomHandle,
+        st: &Standing,
+        base: Option<&str>,
+    ) -> Outcome<Value> {
         let policy = self.policy();
         let redactor = policy.redactor()?;
         let page = self.build_page(h, st.pos, None, redactor)?;
@@ -318,10 +325,16 @@ impl Engine {
             delivered_sha256: page.items_sha256.clone(),
             created_ms: self.now_ms(),
             confirmed_ms: None,
+            base: base.map(String::from),
         };
         h.index.put_receipt(&receipt).map_err(store_err)?;
+        h.rendered.borrow_mut().served(
+            &receipt.id,
+            redactor.policy_sha256(),
+            &receipt.delivered_sha256,
+        );
         let more = page.end.offset > 0 || page.end.seq < tip.seq;
-        Ok(json!({
+        let mut v = json!({
             "room": h.name,
             "receipt": receipt.id,
             "confirmed_seq": st.pos.seq,
@@ -331,21 +344,27 @@ impl Engine {
             "more": more,
             "view_changed": st.view_changed,
             "items": page.items,
-        }))
+        });
+        if let Some(b) = base {
+            v["continues"] = json!(b);
+        }
+        Ok(v)
     }
 
-    /// Confirm a receipt: it must be this conversation's, for the current view, over a chain
-    /// that still contains its tip, and the delivered representation must still be what the
-    /// redactor produces now.
-    pub(crate) fn confirm_receipt(
+    /// A receipt and the receipts it continues, oldest first, each checked as a confirmation
+    /// checks it: this conversation's, for the current view, over a chain that still contains
+    /// its tip, its delivered representation still what the redactor produces now, and each
+    /// starting where the one before it ended. `field` names the argument it came from.
+    fn receipt_chain(
         &self,
-        h: &mut RoomHandle,
+        h: &RoomHandle,
         st: &Standing,
         receipt_id: &str,
-    ) -> Outcome<Standing> {
+        field: &str,
+    ) -> Outcome<Vec<ReceiptRow>> {
         if !id::is_receipt_id(receipt_id) {
             return Err(Refusal::invalid(
-                "confirm",
+                field,
                 "not a receipt id (rcpt_ and 32 hex)",
             ));
         }
@@ -354,15 +373,51 @@ impl Engine {
                 Code::ReceiptUnknown,
                 format!("receipt {receipt_id} is not one of yours in this room"),
             )
+            .hint("sync again without --confirm")
         };
-        let r = h
-            .index
-            .receipt(receipt_id)
-            .map_err(store_err)?
-            .ok_or_else(unknown)?;
-        if r.actor != st.key.actor || r.conversation != st.key.conversation {
-            return Err(unknown());
+        let mut chain: Vec<ReceiptRow> = Vec::new();
+        let mut next = Some(receipt_id.to_string());
+        while let Some(rid) = next {
+            // Delta pages never chain deeper (`serve_page` starts over from the checkpoint),
+            // so a longer chain is not one this engine wrote.
+            if chain.len() == RECEIPT_CHAIN_MAX {
+                return Err(unknown());
+            }
+            let r = h
+                .index
+                .receipt(&rid)
+                .map_err(store_err)?
+                .ok_or_else(unknown)?;
+            if r.actor != st.key.actor || r.conversation != st.key.conversation {
+                return Err(unknown());
+            }
+            next = r.base.clone();
+            chain.push(r);
         }
+        chain.reverse();
+        let policy = self.policy();
+        let redactor = policy.redactor()?;
+        for (n, r) in chain.iter().enumerate() {
+            self.check_receipt(h, st, r, redactor)?;
+            if n > 0 {
+                let prev = &chain[n - 1];
+                let starts = (r.from_seq, r.from_offset);
+                if starts != (prev.to_seq, prev.chunk_offset) {
+                    return Err(unknown());
+                }
+            }
+        }
+        Ok(chain)
+    }
+
+    /// One receipt's own checks (see [`Engine::receipt_chain`]).
+    fn check_receipt(
+        &self,
+        h: &RoomHandle,
+        st: &Standing,
+        r: &ReceiptRow,
+        redactor: &Redactor,
+    ) -> Outcome<()> {
         // A fork is the more specific diagnosis: check it before the view.
         let tip_ok = h
             .index
@@ -384,17 +439,19 @@ impl Engine {
             )
             .hint("sync again without --confirm and confirm the new receipt"));
         }
-        let policy = self.policy();
-        let redactor = policy.redactor()?;
+        // A page this handle served under this policy needs no second rendering: its events
+        // cannot change under it (the chain check above holds its tip), so neither can its digest.
+        if h.rendered
+            .borrow()
+            .was_served(&r.id, redactor.policy_sha256(), &r.delivered_sha256)
+        {
+            return Ok(());
+        }
         let start = Pos {
             seq: r.from_seq,
             offset: r.from_offset,
         };
-        let end = Pos {
-            seq: r.to_seq,
-            offset: r.chunk_offset,
-        };
-        let page = self.build_page(h, start, Some(end), redactor)?;
+        let page = self.build_page(h, start, Some(receipt_end(r)), redactor)?;
         if page.items_sha256 != r.delivered_sha256 {
             return Err(Refusal::new(
                 Code::RoomSyncDeliveryPolicyChanged,
@@ -402,9 +459,28 @@ impl Engine {
             )
             .hint("sync again and confirm the new receipt"));
         }
-        // Already covered (the Fold Rule moved past it): the checkpoint stays where it is, but is
-        // written durably now, since the Fold Rule's advances ride the open transaction and the
-        // reader is about to be told this confirmation holds.
+        Ok(())
+    }
+
+    /// Where confirming `receipt_id` (and the receipts it continues) leaves the caller, without
+    /// writing anything: the standing a `read_through` turn passes the gate with, and the
+    /// length of the chain (a delta page continues it only while it is short).
+    pub(crate) fn read_through(
+        &self,
+        h: &RoomHandle,
+        st: &Standing,
+        receipt_id: &str,
+        field: &str,
+    ) -> Outcome<(Standing, usize)> {
+        let chain = self.receipt_chain(h, st, receipt_id, field)?;
+        let first = chain.first().expect("a chain holds the receipt asked for");
+        let last = chain.last().expect("a chain holds the receipt asked for");
+        let start = Pos {
+            seq: first.from_seq,
+            offset: first.from_offset,
+        };
+        let end = receipt_end(last);
+        // Already covered (the Fold Rule moved past it): the checkpoint stays where it is.
         let covered = end <= st.pos && !st.view_changed;
         // A confirmed receipt must start at (or before) what is already confirmed: no gaps.
         if !covered && start > st.pos {
@@ -414,41 +490,56 @@ impl Engine {
             )
             .hint("sync again without --confirm"));
         }
-        let to = if covered { st.pos } else { end };
+        let pos = if covered { st.pos } else { end };
+        Ok((
+            Standing {
+                key: st.key.clone(),
+                pos,
+                view_changed: false,
+            },
+            chain.len(),
+        ))
+    }
+
+    /// Confirm a receipt (and the receipts it continues) durably: the checkpoint it establishes
+    /// is on disk before the caller is told. A covered receipt leaves the checkpoint where it
+    /// is, but writes it durably now, since the Fold Rule's advances ride the open transaction
+    /// and the reader is about to be told this confirmation holds.
+    pub(crate) fn confirm_receipt(
+        &self,
+        h: &mut RoomHandle,
+        st: &Standing,
+        receipt_id: &str,
+    ) -> Outcome<Standing> {
+        let (to, _) = self.read_through(h, st, receipt_id, "confirm")?;
         let cp = CheckpointRow {
             actor: st.key.actor.clone(),
             conversation: st.key.conversation.clone(),
             conversation_key: st.key.conversation_key.clone(),
             view_gen: st.key.view_gen.clone(),
-            confirmed_seq: to.seq,
-            chunk_seq: (to.offset > 0).then_some(to.seq + 1),
-            chunk_offset: to.offset,
+            confirmed_seq: to.pos.seq,
+            chunk_seq: (to.pos.offset > 0).then_some(to.pos.seq + 1),
+            chunk_offset: to.pos.offset,
             updated_ms: self.now_ms(),
         };
         h.index
-            .confirm(&r.id, self.now_ms(), &cp)
+            .confirm(receipt_id, self.now_ms(), &cp)
             .map_err(store_err)?;
-        Ok(Standing {
-            key: st.key.clone(),
-            pos: to,
-            view_changed: false,
-        })
+        Ok(to)
     }
 
-    /// The Work Gate. On refusal the detail carries the next page (with its receipt).
+    /// The Work Gate. On refusal the detail carries the next page (with its receipt): after a
+    /// `read_through` (`base`), a delta page that continues the presented receipt while its
+    /// chain is short, else a page from the durable checkpoint (`durable`).
     pub(crate) fn gate(
         &self,
         h: &mut RoomHandle,
         st: &Standing,
         parents: &[String],
+        retry: &GateRetry<'_>,
     ) -> Outcome<()> {
         let refuse = |engine: &Engine, h: &mut RoomHandle, code: Code, msg: String| -> Refusal {
-            let page = engine
-                .serve_page(h, st)
-                .unwrap_or_else(|r| json!({"error": r}));
-            Refusal::new(code, msg)
-                .detail(json!({"next_page": page}))
-                .hint("read the page in detail.next_page, then sync with --confirm <receipt>")
+            engine.sync_refusal(h, st, retry, code, msg)
         };
         if st.view_changed {
             return Err(refuse(
@@ -495,6 +586,49 @@ impl Engine {
         }
         Ok(())
     }
+
+    /// A refusal that sends the reader back to read, carrying what it has not read yet.
+    pub(crate) fn sync_refusal(
+        &self,
+        h: &mut RoomHandle,
+        st: &Standing,
+        retry: &GateRetry<'_>,
+        code: Code,
+        msg: String,
+    ) -> Refusal {
+        let page = match retry.base {
+            Some((base, chain)) if chain < RECEIPT_CHAIN_MAX => self.serve_page(h, st, Some(base)),
+            _ => self.serve_page(h, retry.durable, None),
+        }
+        .unwrap_or_else(|r| json!({"error": r}));
+        let hint = if page.get("continues").is_some() {
+            "read detail.next_page, then call again with read_through: its receipt"
+        } else {
+            "read detail.next_page, then call again with read_through: its receipt (or sync with --confirm <receipt>)"
+        };
+        Refusal::new(code, msg)
+            .detail(json!({"next_page": page}))
+            .hint(hint)
+    }
+}
+
+/// Receipts a delta page may continue: a longer run of refusals starts over from the durable
+/// checkpoint, so that confirming one checks a bounded chain.
+pub const RECEIPT_CHAIN_MAX: usize = 8;
+
+/// What a refused turn's next page starts from.
+pub(crate) struct GateRetry<'a> {
+    /// The caller's durable standing (its checkpoint).
+    pub durable: &'a Standing,
+    /// The receipt the caller presented with `read_through`, and its chain's length.
+    pub base: Option<(&'a str, usize)>,
+}
+
+fn receipt_end(r: &ReceiptRow) -> Pos {
+    Pos {
+        seq: r.to_seq,
+        offset: r.chunk_offset,
+    }
 }
 
 /// Recent renderings of one room's events, bounded in bytes. An entry is used only for the same
@@ -504,13 +638,33 @@ impl Engine {
 pub(crate) struct RenderCache {
     entries: std::collections::BTreeMap<u64, (String, String, Arc<str>)>,
     bytes: usize,
+    /// The newest pages served, as (receipt, policy digest, delivered digest).
+    served: std::collections::VecDeque<(String, String, String)>,
 }
+
+/// Served pages remembered per room (a `read_through` chain checks each of its receipts).
+const SERVED_KEPT_MAX: usize = 1024;
 
 /// Rendered bytes kept per room; larger renderings are not kept at all.
 const RENDER_CACHE_BYTES_MAX: usize = 512 * 1024;
 const RENDER_CACHE_ENTRY_BYTES_MAX: usize = 16 * 1024;
 
 impl RenderCache {
+    fn served(&mut self, receipt: &str, policy: &str, delivered: &str) {
+        if self.served.len() == SERVED_KEPT_MAX {
+            self.served.pop_front();
+        }
+        self.served
+            .push_back((receipt.into(), policy.into(), delivered.into()));
+    }
+
+    fn was_served(&self, receipt: &str, policy: &str, delivered: &str) -> bool {
+        self.served
+            .iter()
+            .rev()
+            .any(|(r, p, d)| r == receipt && p == policy && d == delivered)
+    }
+
     fn get(&self, seq: u64, hash: &str, policy: &str) -> Option<Arc<str>> {
         self.entries
             .get(&seq)

@@ -10,7 +10,8 @@ use crate::event::{
 };
 use crate::principal::{AgentCaller, Principal};
 use crate::room::{RoomHandle, binding_of, graph_id};
-use crate::sync::Standing;
+use crate::sync::{GateRetry, Standing};
+use crate::turnstile::{Admit, TurnStep, TurnWaits};
 use crate::{Engine, Outcome, invariants, lock_room, store_err};
 use room_core::wake::{TASKED_DEADLINE_MS, UNTASKED_DEADLINE_MS};
 use room_core::{Code, GatedVerb, Refusal, Verb, id, name};
@@ -48,6 +49,9 @@ pub struct TurnArgs {
     pub actor: Option<String>,
     /// `exactly_once`: a key this caller already used in this room is refused as a repeat.
     pub idempotency_key: Option<String>,
+    /// The receipt of the page the caller has just read: confirmed in the turn's own commit
+    /// (the gate runs on the position it establishes), so reading and acting take one call.
+    pub read_through: Option<String>,
 }
 
 /// Arguments of `task_create`, already decoded from the wire.
@@ -78,6 +82,10 @@ pub struct Prepared {
     snapshot_seq: u64,
     turn: Turn,
     resolves: Vec<(ItemKind, String)>,
+    /// The caller's checkpoint as stored, and the `read_through` receipt with its chain's
+    /// length: what a refusal at commit serves the next page from.
+    durable: Standing,
+    read_through: Option<(String, usize)>,
 }
 
 /// What every verb's plan reads: the room (under its writer lock), the caller, the turn's
@@ -604,7 +612,7 @@ impl Engine {
             st = self.confirm_receipt(&mut h, &st, r)?;
             confirmed = json!({"receipt": r, "confirmed_seq": st.pos.seq});
         }
-        let mut page = self.serve_page(&mut h, &st)?;
+        let mut page = self.serve_page(&mut h, &st, None)?;
         page["confirmed"] = confirmed;
         // Oldest first and bounded: the page budget must not be defeated by a flood of mentions.
         let (open, total) = h
@@ -925,10 +933,105 @@ impl Engine {
         Ok(v)
     }
 
-    /// A contribution verb, prepared and committed.
+    /// A contribution verb, prepared and committed, outside the room's turnstile (for a caller
+    /// that runs one turn at a time: the simulator, tests). Concurrent callers use
+    /// [`Engine::turn_step`] or [`Engine::turn_waiting`].
     pub fn turn(&self, caller: &AgentCaller, verb: Verb, args: TurnArgs) -> Outcome<Value> {
         let prepared = self.prepare_turn(caller, verb, args)?;
         self.commit_turn(prepared)
+    }
+
+    /// A contribution verb through the room's turnstile (see `turnstile`): it runs now, or the
+    /// answer is to wait for `ticket` (woken through [`Engine::turn_waits`]) or until
+    /// `until_ms`, then call again with it. A turn that waited says so (`waited_ms`).
+    pub fn turn_step(
+        &self,
+        caller: &AgentCaller,
+        verb: Verb,
+        args: TurnArgs,
+        ticket: Option<u64>,
+    ) -> Outcome<TurnStep<Value>> {
+        let limits = self.policy().gate;
+        if limits.turn_queue_max == 0 || !verb.is_gated() {
+            return self.turn(caller, verb, args).map(TurnStep::Done);
+        }
+        let p = self.authorize(caller, verb)?;
+        let (handle, _) = self.member_handle(&p, &args.room)?;
+        let key = format!("{}\0{}", p.name, p.conversation);
+        let admit =
+            lock_room(&handle)
+                .turnstile
+                .admit(&key, ticket, self.now_ms(), &limits, || {
+                    self.tickets
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                })?;
+        let waited_ms = match admit {
+            Admit::Wait { ticket, until_ms } => return Ok(TurnStep::Wait { ticket, until_ms }),
+            Admit::Go { waited_ms } => waited_ms,
+        };
+        let read_forward = args.read_through.is_some();
+        let out = self.turn(caller, verb, args);
+        let sent_back = out.as_ref().is_err_and(|r| {
+            matches!(
+                r.code,
+                Code::RoomSyncRequired
+                    | Code::RoomSyncViewChanged
+                    | Code::RoomSyncConcurrentArrival
+            )
+        });
+        let wake = lock_room(&handle).turnstile.finish(
+            &key,
+            sent_back,
+            read_forward,
+            self.now_ms(),
+            &limits,
+        );
+        if let Some(t) = wake {
+            self.turn_waits.wake(t);
+        }
+        out.map(|mut v| {
+            if waited_ms > 0 {
+                v["waited_ms"] = json!(waited_ms);
+            }
+            TurnStep::Done(v)
+        })
+        .map_err(|mut r| {
+            if waited_ms > 0 {
+                match &mut r.detail {
+                    Value::Object(m) => {
+                        m.insert("waited_ms".into(), json!(waited_ms));
+                    }
+                    d if d.is_null() => *d = json!({"waited_ms": waited_ms}),
+                    _ => {}
+                }
+            }
+            r
+        })
+    }
+
+    /// [`Engine::turn_step`], waiting on this thread while the turn waits (bounded by
+    /// `[gate] turn_wait_ms_max`).
+    pub fn turn_waiting(&self, caller: &AgentCaller, verb: Verb, args: TurnArgs) -> Outcome<Value> {
+        let mut ticket = None;
+        loop {
+            match self.turn_step(caller, verb, args.clone(), ticket)? {
+                TurnStep::Done(v) => return Ok(v),
+                TurnStep::Wait {
+                    ticket: t,
+                    until_ms,
+                } => {
+                    ticket = Some(t);
+                    let left = until_ms.saturating_sub(self.now_ms()).max(1);
+                    self.turn_waits
+                        .wait_blocking(t, std::time::Duration::from_millis(left));
+                }
+            }
+        }
+    }
+
+    /// Where a waiting turn learns that its ticket was woken.
+    pub fn turn_waits(&self) -> &TurnWaits {
+        &self.turn_waits
     }
 
     /// Phase 1: authorize, validate, pass the gate, plan. Holds the room lock only briefly.
@@ -1014,7 +1117,14 @@ impl Engine {
         ) {
             return Err(self.refuse_check(&mut h, v));
         }
-        let standing = self.standing(&h, key)?;
+        let durable = self.standing(&h, key)?;
+        let (standing, read_through) = match &args.read_through {
+            Some(r) => {
+                let (st, chain) = self.read_through(&h, &durable, r, "read_through")?;
+                (st, Some((r.clone(), chain)))
+            }
+            None => (durable.clone(), None),
+        };
         let mut parents: Vec<String> = args.parents.clone();
         parents.extend(evidence_events);
         if let Some(r) = &args.reply_to
@@ -1022,12 +1132,17 @@ impl Engine {
         {
             parents.push(r.clone());
         }
-        self.gate(&mut h, &standing, &parents)?;
+        let retry = GateRetry {
+            durable: &durable,
+            base: read_through.as_ref().map(|(r, n)| (r.as_str(), *n)),
+        };
+        self.gate(&mut h, &standing, &parents, &retry)?;
         recipients.extend(mentioned.iter().cloned());
         let mut turn = Turn {
             actor: p.name.clone(),
             verb: verb.into(),
             conversation_key: standing.key.conversation_key.clone(),
+            view_gen: Some(standing.key.view_gen.clone()),
             text,
             text_blob,
             to: recipients.iter().cloned().collect(),
@@ -1079,6 +1194,8 @@ impl Engine {
             snapshot_seq,
             turn,
             resolves,
+            durable,
+            read_through,
         })
     }
 
@@ -1092,6 +1209,8 @@ impl Engine {
             snapshot_seq,
             turn,
             resolves,
+            durable,
+            read_through,
         } = prep;
         let mut h = lock_room(&handle);
         h.writable()?;
@@ -1108,13 +1227,19 @@ impl Engine {
             .first_foreign_after(snapshot_seq, &p.name)
             .map_err(store_err)?
         {
-            return Err(Refusal::new(
+            let retry = GateRetry {
+                durable: &durable,
+                base: read_through.as_ref().map(|(r, n)| (r.as_str(), *n)),
+            };
+            return Err(self.sync_refusal(
+                &mut h,
+                &standing,
+                &retry,
                 Code::RoomSyncConcurrentArrival,
                 format!(
                     "event {seq} arrived while your turn was being prepared; nothing was written"
                 ),
-            )
-            .hint("sync, read the new event, and act again"));
+            ));
         }
         for (kind, item) in &resolves {
             let row = h.index.item(*kind, item).map_err(store_err)?;

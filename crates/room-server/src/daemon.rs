@@ -697,13 +697,7 @@ pub(crate) async fn decode_and_handle(
             ));
         }
     };
-    let engine = engine.clone();
-    match tokio::task::spawn_blocking(move || dispatch::handle(&engine, transport, req, bearer))
-        .await
-    {
-        Ok(r) => r,
-        Err(e) => Response::refused(Refusal::storage(format!("request handler failed: {e}"))),
-    }
+    dispatch::handle_async(engine.clone(), transport, req, bearer).await
 }
 
 /// A daemon on its own runtime thread, for the demo, the bench and tests.

@@ -4,10 +4,12 @@
 use crate::wire::*;
 use room_core::{Code, Refusal, Tier, Verb};
 use room_engine::principal::AgentCaller;
+use room_engine::turnstile::TurnStep;
 use room_engine::verbs::TurnArgs;
 use room_engine::{Caller, Engine, Evidence, Owner};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+use std::sync::Arc;
 
 /// How the request arrived, with what the transport observed about its peer; the engine
 /// decides what that allows.
@@ -96,17 +98,126 @@ fn verbs_arg(field: &str, v: Vec<String>) -> Result<Vec<Verb>, Refusal> {
         .collect()
 }
 
-/// Handle one request. `bearer` is the HTTP credential, if the transport carried one.
+/// Handle one request, waiting on this thread while a turn waits its turn in a busy room.
+/// `bearer` is the HTTP credential, if the transport carried one. An async caller uses
+/// [`handle_async`], which waits without holding a blocking thread.
 pub fn handle(
     engine: &Engine,
     transport: Transport,
     req: Request,
     bearer: Option<String>,
 ) -> Response {
+    let mut ticket = None;
+    loop {
+        match handle_step(
+            engine,
+            transport.clone(),
+            req.clone(),
+            bearer.clone(),
+            ticket,
+        ) {
+            Step::Done(r) => return r,
+            Step::Wait {
+                ticket: t,
+                until_ms,
+            } => {
+                ticket = Some(t);
+                let left = until_ms.saturating_sub(engine.now_ms()).max(1);
+                engine
+                    .turn_waits()
+                    .wait_blocking(t, std::time::Duration::from_millis(left));
+            }
+        }
+    }
+}
+
+/// [`handle`] on the blocking pool, with every wait in a room's turnstile spent here, off it.
+pub async fn handle_async(
+    engine: Arc<Engine>,
+    transport: Transport,
+    req: Request,
+    bearer: Option<String>,
+) -> Response {
+    engine
+        .turn_waits()
+        .hook_once(|| Arc::new(|| turn_notify().notify_waiters()));
+    let mut ticket = None;
+    loop {
+        let (e, t, r, b) = (
+            engine.clone(),
+            transport.clone(),
+            req.clone(),
+            bearer.clone(),
+        );
+        let step = match tokio::task::spawn_blocking(move || handle_step(&e, t, r, b, ticket)).await
+        {
+            Ok(s) => s,
+            Err(e) => {
+                return Response::refused(Refusal::storage(format!("request handler failed: {e}")));
+            }
+        };
+        match step {
+            Step::Done(r) => return r,
+            Step::Wait {
+                ticket: t,
+                until_ms,
+            } => {
+                ticket = Some(t);
+                wait_turn(&engine, t, until_ms).await;
+            }
+        }
+    }
+}
+
+/// Woken whenever any turn's ticket is woken; each waiter then asks its engine about its own.
+fn turn_notify() -> &'static tokio::sync::Notify {
+    static NOTIFY: std::sync::LazyLock<tokio::sync::Notify> =
+        std::sync::LazyLock::new(tokio::sync::Notify::new);
+    &NOTIFY
+}
+
+async fn wait_turn(engine: &Engine, ticket: u64, until_ms: u64) {
+    let left = until_ms.saturating_sub(engine.now_ms()).max(1);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(left);
+    loop {
+        let notified = turn_notify().notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if engine.turn_waits().take(ticket) {
+            return;
+        }
+        tokio::select! {
+            _ = &mut notified => {}
+            _ = tokio::time::sleep_until(deadline) => return,
+        }
+    }
+}
+
+/// What one pass over a request comes to.
+pub enum Step {
+    Done(Response),
+    /// A turn waits in its room's turnstile: call again with the ticket once it is woken or
+    /// `until_ms` passes.
+    Wait {
+        ticket: u64,
+        until_ms: u64,
+    },
+}
+
+/// One pass over a request (see [`Step`]).
+pub fn handle_step(
+    engine: &Engine,
+    transport: Transport,
+    req: Request,
+    bearer: Option<String>,
+    ticket: Option<u64>,
+) -> Step {
     let op = req.op.clone();
-    let resp = handle_one(engine, transport, req, bearer);
-    announce(&op, &resp);
-    resp
+    let step = handle_one(engine, transport, req, bearer, ticket);
+    if let Step::Done(resp) = &step {
+        announce(&op, resp);
+    }
+    step
 }
 
 fn handle_one(
@@ -114,43 +225,15 @@ fn handle_one(
     transport: Transport,
     req: Request,
     bearer: Option<String>,
-) -> Response {
+    ticket: Option<u64>,
+) -> Step {
     // one owner policy for the whole call, redaction of its answer included
     let _call = engine.one_call();
-    let token = match (bearer, req.token.clone()) {
-        (Some(_), Some(_)) => {
-            return Response::refused(Refusal::invalid(
-                "token",
-                "give the credential once (header or body)",
-            ));
-        }
-        (a, b) => a.or(b),
+    let caller = match resolve_caller(engine, transport, &req, bearer) {
+        Ok(c) => c,
+        Err(r) => return Step::Done(*r),
     };
-    let no_credential = || {
-        Response::refused(
-            Refusal::new(Code::CredentialInvalid, "no credential presented").hint("set ROOM_TOKEN"),
-        )
-    };
-    let caller = match (token, transport) {
-        (None, Transport::UnixSocket(evidence)) => Caller::Local(evidence),
-        (None, Transport::Http) => return no_credential(),
-        (Some(token), _) => {
-            let declared = match tier_arg("tier", req.tier.clone()) {
-                Ok(t) => t,
-                Err(r) => return Response::refused(r),
-            };
-            let conversation = match conversation_of(engine, &token, &req) {
-                Ok(c) => c,
-                Err(r) => return egress(engine, Err(r)),
-            };
-            Caller::Agent(AgentCaller {
-                token,
-                conversation,
-                declared_tier: declared,
-            })
-        }
-    };
-    match caller {
+    Step::Done(match caller {
         Caller::Local(_) => match engine.owner(&caller) {
             // no owner standing and no credential: as an agent it would need a token
             Err(r) if r.code == Code::OwnerRequired => no_credential(),
@@ -164,12 +247,61 @@ fn handle_one(
             // Without an egress policy nothing may leave, so nothing may run either: a call
             // whose answer would be withheld must not have written anything.
             if let Err(withheld) = engine.policy().redactor() {
-                return Response::refused(withheld);
+                return Step::Done(Response::refused(withheld));
             }
-            let out = agent_op(engine, &a, &req.op, req.args);
+            let out = match agent_op(engine, &a, &req.op, req.args, ticket) {
+                Ok(TurnStep::Wait { ticket, until_ms }) => {
+                    return Step::Wait { ticket, until_ms };
+                }
+                Ok(TurnStep::Done(v)) => Ok(v),
+                Err(r) => Err(r),
+            };
             egress(engine, out)
         }
-    }
+    })
+}
+
+fn no_credential() -> Response {
+    Response::refused(
+        Refusal::new(Code::CredentialInvalid, "no credential presented").hint("set ROOM_TOKEN"),
+    )
+}
+
+/// Who is calling: the owner console (a local peer without a credential) or an agent.
+fn resolve_caller(
+    engine: &Engine,
+    transport: Transport,
+    req: &Request,
+    bearer: Option<String>,
+) -> Result<Caller, Box<Response>> {
+    let token = match (bearer, req.token.clone()) {
+        (Some(_), Some(_)) => {
+            return Err(Box::new(Response::refused(Refusal::invalid(
+                "token",
+                "give the credential once (header or body)",
+            ))));
+        }
+        (a, b) => a.or(b),
+    };
+    Ok(match (token, transport) {
+        (None, Transport::UnixSocket(evidence)) => Caller::Local(evidence),
+        (None, Transport::Http) => return Err(Box::new(no_credential())),
+        (Some(token), _) => {
+            let declared = match tier_arg("tier", req.tier.clone()) {
+                Ok(t) => t,
+                Err(r) => return Err(Box::new(Response::refused(r))),
+            };
+            let conversation = match conversation_of(engine, &token, req) {
+                Ok(c) => c,
+                Err(r) => return Err(Box::new(egress(engine, Err(r)))),
+            };
+            Caller::Agent(AgentCaller {
+                token,
+                conversation,
+                declared_tier: declared,
+            })
+        }
+    })
 }
 
 /// Operations that never change a room's journal: they do not wake resource subscribers.
@@ -384,10 +516,17 @@ fn turn_args(w: TurnWire) -> TurnArgs {
         obligation: w.obligation,
         actor: w.actor,
         idempotency_key: w.idempotency_key,
+        read_through: w.read_through,
     }
 }
 
-fn agent_op(engine: &Engine, caller: &AgentCaller, op: &str, a: Value) -> Result<Value, Refusal> {
+fn agent_op(
+    engine: &Engine,
+    caller: &AgentCaller,
+    op: &str,
+    a: Value,
+    ticket: Option<u64>,
+) -> Result<TurnStep<Value>, Refusal> {
     if OWNER_OPS.contains(&op) {
         // The engine decides: an agent has no owner standing, whatever its tier.
         engine.owner(&Caller::Agent(caller.clone()))?;
@@ -412,7 +551,7 @@ fn agent_op(engine: &Engine, caller: &AgentCaller, op: &str, a: Value) -> Result
             a,
         )
     };
-    match verb {
+    let out = match verb {
         Verb::Whoami => {
             args::<serde_json::Map<String, Value>>(a)?
                 .is_empty()
@@ -533,7 +672,8 @@ fn agent_op(engine: &Engine, caller: &AgentCaller, op: &str, a: Value) -> Result
         }
         v => {
             let w: TurnWire = args(a)?;
-            engine.turn(caller, v, turn_args(w))
+            return engine.turn_step(caller, v, turn_args(w), ticket);
         }
-    }
+    };
+    out.map(TurnStep::Done)
 }

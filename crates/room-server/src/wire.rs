@@ -537,6 +537,10 @@ pub struct TurnWire {
     #[arg(long)]
     #[schemars(length(max = IDEMPOTENCY_KEY_BYTES_MAX), pattern(IDEMPOTENCY_KEY_PATTERN))]
     pub idempotency_key: Option<String>,
+    /// Receipt of the page you just read: confirm it and act in one call.
+    #[serde(default)]
+    #[arg(long)]
+    pub read_through: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

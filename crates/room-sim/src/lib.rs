@@ -252,6 +252,15 @@ fn sqlite_target(path: &Path) -> Target {
     }
 }
 
+/// A page an agent read and has not confirmed: its receipt, the position it (or the chain of
+/// delta pages it continues) starts after, and the last seq it covers.
+#[derive(Debug, Clone)]
+struct Read {
+    receipt: String,
+    after: u64,
+    to: u64,
+}
+
 struct Agent {
     name: String,
     token: String,
@@ -843,6 +852,25 @@ impl Sim {
         Ok(())
     }
 
+    /// Read one page of `room` without confirming it: what a `read_through` turn presents.
+    fn read_page(&mut self, i: usize, room: &str) -> Result<Option<Read>, Failure> {
+        let c = self.caller(i);
+        let name = self.agents[i].name.clone();
+        let out = self.checked(format!("{name} sync {room} (read)"), |e| {
+            e.sync(&c, room, None)
+        })?;
+        let Ok(page) = out else { return Ok(None) };
+        if page["view_changed"] == true {
+            self.agents[i].confirmed.insert(room.to_string(), 0);
+            self.agents[i].confirmed_durably.remove(room);
+        }
+        Ok(page["receipt"].as_str().map(|r| Read {
+            receipt: r.into(),
+            after: page["from_seq"].as_u64().unwrap_or(1).saturating_sub(1),
+            to: page["to_seq"].as_u64().unwrap_or(0),
+        }))
+    }
+
     fn agent_turn(&mut self) -> Result<(), Failure> {
         let i = self.pick_agent();
         if self.agents[i].rooms.is_empty() {
@@ -850,8 +878,12 @@ impl Sim {
         }
         let room = self.agents[i].rooms[self.rng.below(self.agents[i].rooms.len() as u64) as usize]
             .clone();
+        // mostly catch up first; else sometimes read one page and act on it with read_through
+        let mut read = None;
         if self.rng.chance(70) {
             self.catch_up(i, &room, 50)?;
+        } else if self.rng.chance(60) {
+            read = self.read_page(i, &room)?;
         }
         let mates: Vec<String> = self
             .agents
@@ -938,9 +970,45 @@ impl Sim {
         args.idempotency_key = self.maybe_key();
         let c = self.caller(i);
         let name = self.agents[i].name.clone();
-        let out = self.checked(format!("{name} {verb} {room}"), |e| {
-            e.turn(&c, verb, args.clone())
-        })?;
+        let mut out = Ok(Value::Null);
+        // with read_through: one try, and one more with the delta page a refusal hands over
+        for _ in 0..2 {
+            args.read_through = read.as_ref().map(|r: &Read| r.receipt.clone());
+            out = self.checked(format!("{name} {verb} {room} read_through={read:?}"), |e| {
+                e.turn(&c, verb, args.clone())
+            })?;
+            match (&out, &read) {
+                (Err(r), Some(old)) if r.code == Code::RoomSyncRequired => {
+                    let next = &r.detail["next_page"];
+                    let Some(receipt) = next["receipt"].as_str() else {
+                        break;
+                    };
+                    read = Some(Read {
+                        receipt: receipt.into(),
+                        after: if next.get("continues").is_some() {
+                            old.after
+                        } else {
+                            next["from_seq"].as_u64().unwrap_or(1).saturating_sub(1)
+                        },
+                        to: next["to_seq"].as_u64().unwrap_or(0),
+                    });
+                }
+                _ => break,
+            }
+        }
+        // A read_through turn that landed confirmed what the agent read (the chain from where
+        // it started); one whose commit failed is in doubt and may have landed, so the model
+        // takes the upper bound, as for a confirmation in doubt. It credits the chain only if
+        // the chain starts where the model stands.
+        let in_doubt = out.as_ref().is_err_and(|r| r.code == Code::StorageFailed);
+        if let Some(r) = read.as_ref().filter(|_| out.is_ok() || in_doubt) {
+            let m = self.agents[i].confirmed.get(&room).copied().unwrap_or(0);
+            // the gap between the model's position and the chain's start may hold the agent's
+            // own events only (a turn whose answer a crash swallowed, which the gate excepts)
+            if r.after <= m || self.foreign_in(&room, &name, m + 1, r.after)?.is_none() {
+                self.agents[i].confirmed.insert(room.clone(), m.max(r.to));
+            }
+        }
         let Ok(v) = out else { return Ok(()) };
         if verb == Verb::Reply {
             self.agents[i]
@@ -953,6 +1021,29 @@ impl Sim {
             self.agents[i].raised.push((room.clone(), ob.to_string()));
         }
         self.record_turn(i, &room, &v, Some((verb, args)))
+    }
+
+    /// The first event in `from..=to` of `room` that is not `name`'s own (invariant verdicts
+    /// are evidence, not acts: they hold no one at the gate).
+    fn foreign_in(
+        &mut self,
+        room: &str,
+        name: &str,
+        from: u64,
+        to: u64,
+    ) -> Result<Option<Value>, Failure> {
+        if to < from {
+            return Ok(None);
+        }
+        let log = self
+            .e()
+            .room_log(&self.owner(), room, from, (to - from + 1) as usize)
+            .map_err(|r| self.fail(r.to_string()))?;
+        Ok(log["events"].as_array().and_then(|es| {
+            es.iter()
+                .find(|e| e["actor"].as_str() != Some(name) && e["kind"] != "invariant_violation")
+                .cloned()
+        }))
     }
 
     /// An accepted gated turn: check that it did not land past an unconfirmed foreign event,

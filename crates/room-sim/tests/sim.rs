@@ -77,6 +77,8 @@ fn skipping_the_runtime_invariants_is_caught_within_the_budget() {
                     "well_formed",
                     "exclusive",
                     "children_open",
+                    // the causal oracle's words for a done over open children
+                    "over unresolved children",
                     "resolution"
                 ]
                 .iter()
@@ -161,7 +163,7 @@ fn a_done_that_ignores_its_claims_pinned_authority_is_caught() {
     // seeds that reach an amendment between a claim and its done within 1,000 steps (a change
     // of the scheduler may move them: `room-sim --seeds 0..40 --steps 1000 --broken
     // skip-authority-pins` finds new ones)
-    let seeds = [9, 14, 24];
+    let seeds = [2, 11, 14];
     let caught = seeds.iter().find_map(|&seed| {
         run(SimConfig {
             steps: 1000,

@@ -8,7 +8,8 @@
 use crate::backend::{Backend, ShardCreated};
 use crate::control::{AgentRow, ProjectRow, RoomRow, TaskRow, WakeRow};
 use crate::index::{
-    Batch, CheckpointRow, EventRow, ItemKind, ItemRow, LifecycleChange, LogTrust, ReceiptRow,
+    Batch, CheckpointRow, EventRow, FoldAdvance, ItemKind, ItemRow, LifecycleChange, LogTrust,
+    ReceiptRow,
 };
 use crate::journal::ChainPos;
 use room_core::chain::ChainTip;
@@ -69,6 +70,10 @@ pub const CASES: &[(&str, Case)] = &[
         index_sync_state_survives_reopen_and_rebuild,
     ),
     ("index_invariant_state", index_invariant_state),
+    (
+        "index_folds_and_receipt_chains",
+        index_folds_and_receipt_chains,
+    ),
     ("blobs", blobs),
     (
         "writer_guard_serializes_one_room",
@@ -1315,6 +1320,7 @@ pub fn index_sync_state_survives_reopen_and_rebuild(h: &mut dyn Harness) {
         delivered_sha256: "d".into(),
         created_ms: 5,
         confirmed_ms: None,
+        base: None,
     };
     {
         store.create_shard("g_sync", b"{}", b"{}", &[]).unwrap();
@@ -1359,6 +1365,68 @@ pub fn index_sync_state_survives_reopen_and_rebuild(h: &mut dyn Harness) {
     assert!(
         idx.checkpoint("beta", "c").unwrap().is_some(),
         "checkpoints too"
+    );
+}
+
+/// A fold advance moves an existing checkpoint of the same conversation key and view forward,
+/// never back, never creates one; a receipt keeps the receipt it continues.
+pub fn index_folds_and_receipt_chains(h: &mut dyn Harness) {
+    let store = h.fresh();
+    store.create_shard("g_fold", b"{}", b"{}", &[]).unwrap();
+    let mut idx = store.open_index("g_fold").unwrap();
+    idx.put_checkpoint(&checkpoint(2)).unwrap();
+    let fold = |actor: &str, key: &str, view: &str, seq: u64| FoldAdvance {
+        actor: actor.into(),
+        conversation_key: key.into(),
+        view_gen: view.into(),
+        seq,
+    };
+    idx.apply(&Batch {
+        events: vec![event(1, "alpha", "turn"), event(2, "alpha", "turn")],
+        folds: vec![
+            fold("beta", "k", "v", 5),
+            fold("beta", "k", "v", 4),
+            fold("beta", "k", "v_old", 9),
+            fold("beta", "other", "v", 9),
+            fold("gamma", "k", "v", 7),
+        ],
+        ..Batch::default()
+    })
+    .unwrap();
+    assert_eq!(
+        idx.checkpoint("beta", "c").unwrap().unwrap().confirmed_seq,
+        5,
+        "forward only, same key and view only"
+    );
+    assert_eq!(idx.checkpoint("gamma", "c").unwrap(), None, "never created");
+    let receipt = |id: &str, base: Option<&str>| ReceiptRow {
+        id: id.into(),
+        actor: "beta".into(),
+        conversation: "c".into(),
+        conversation_key: "k".into(),
+        view_gen: "v".into(),
+        from_seq: 0,
+        from_offset: 0,
+        to_seq: 2,
+        chunk_seq: None,
+        chunk_offset: 0,
+        tip_seq: 2,
+        tip_hash: "h2".into(),
+        delivered_sha256: "d".into(),
+        created_ms: 5,
+        confirmed_ms: None,
+        base: base.map(String::from),
+    };
+    idx.put_receipt(&receipt("rcpt_a", None)).unwrap();
+    idx.put_receipt(&receipt("rcpt_b", Some("rcpt_a"))).unwrap();
+    idx.flush().unwrap();
+    drop(idx);
+    let store = h.reopen();
+    let idx = store.open_index("g_fold").unwrap();
+    assert_eq!(idx.receipt("rcpt_a").unwrap().unwrap().base, None);
+    assert_eq!(
+        idx.receipt("rcpt_b").unwrap().unwrap().base.as_deref(),
+        Some("rcpt_a")
     );
 }
 

@@ -213,6 +213,11 @@ CREATE INDEX evidence_task ON evidence(task, seq) WHERE task IS NOT NULL;
     r#"
 CREATE INDEX obligations_open_all ON obligations(source_seq) WHERE status = 'open';
 "#,
+    // A delta page continues the page whose receipt its reader presented (`read_through`): its
+    // receipt names that one, and confirming it confirms the chain.
+    r#"
+ALTER TABLE receipts ADD COLUMN base TEXT;
+"#,
 ];
 
 /// Reading receipts kept per reader, task and part (the oldest go first).
@@ -326,6 +331,20 @@ pub struct ReceiptRow {
     pub delivered_sha256: String,
     pub created_ms: u64,
     pub confirmed_ms: Option<u64>,
+    /// The receipt whose page this one continues (a delta page served on a refusal): this page
+    /// starts where that one ended, and confirming this one confirms both.
+    pub base: Option<String>,
+}
+
+/// The Fold Rule, re-derived from the journal: a turn that landed proves its author had read
+/// every foreign event before it, so the author's checkpoint for that conversation and view
+/// may stand at the turn. Applied only to an existing row, only forward.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FoldAdvance {
+    pub actor: String,
+    pub conversation_key: String,
+    pub view_gen: String,
+    pub seq: u64,
 }
 
 /// What one journal batch changes in the projection, applied in one transaction together with
@@ -338,6 +357,8 @@ pub struct Batch {
     /// (kind, item id, new status, resolving event id)
     pub resolutions: Vec<(ItemKind, String, String, String)>,
     pub checkpoints: Vec<CheckpointRow>,
+    /// Checkpoints moved forward over landed turns (after `checkpoints`).
+    pub folds: Vec<FoldAdvance>,
     /// `exactly_once`: (actor, key, event id, seq, task) registered by a committed record.
     pub idempotency: Vec<(String, String, String, u64, Option<String>)>,
     /// `well_formed` and `resolution`: lifecycle changes, applied in order.
@@ -1048,6 +1069,13 @@ impl Index {
             for c in &b.checkpoints {
                 upsert_checkpoint(tx, c)?;
             }
+            for f in &b.folds {
+                tx.prepare_cached(
+                    "UPDATE checkpoints SET confirmed_seq = ?4, chunk_seq = NULL, chunk_offset = 0
+                     WHERE actor = ?1 AND conversation_key = ?2 AND view_gen = ?3 AND confirmed_seq < ?4",
+                )?
+                .execute(params![f.actor, f.conversation_key, f.view_gen, f.seq as i64])?;
+            }
             Self::apply_invariant_rows(tx, b)?;
             if let Some(m) = &b.mark {
                 tx.execute(
@@ -1618,8 +1646,8 @@ impl RoomIndex for Index {
         self.isolated(|conn| {
             conn.prepare_cached(
             "INSERT INTO receipts (id, actor, conversation, conversation_key, view_gen, from_seq, from_offset, to_seq,
-               chunk_seq, chunk_offset, tip_seq, tip_hash, delivered_sha256, created_ms, confirmed_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?15, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+               chunk_seq, chunk_offset, tip_seq, tip_hash, delivered_sha256, created_ms, confirmed_ms, base)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?15, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?16)",
         )
         .and_then(|mut st| st.execute(params![
                 r.id,
@@ -1636,7 +1664,8 @@ impl RoomIndex for Index {
                 r.delivered_sha256,
                 r.created_ms as i64,
                 r.confirmed_ms.map(|v| v as i64),
-                r.from_offset as i64
+                r.from_offset as i64,
+                r.base
             ]))
             .map(|_| ())
         })?;
@@ -1664,7 +1693,7 @@ impl RoomIndex for Index {
             .conn
             .prepare_cached(
                 "SELECT id, actor, conversation, conversation_key, view_gen, from_seq, to_seq, chunk_seq,
-                   chunk_offset, tip_seq, tip_hash, delivered_sha256, created_ms, confirmed_ms, from_offset
+                   chunk_offset, tip_seq, tip_hash, delivered_sha256, created_ms, confirmed_ms, from_offset, base
                  FROM receipts WHERE id = ?1",
             )?
             .query_row([id], |r| {
@@ -1684,6 +1713,7 @@ impl RoomIndex for Index {
                     created_ms: r.get::<_, i64>(12)? as u64,
                     confirmed_ms: r.get::<_, Option<i64>>(13)?.map(|v| v as u64),
                     from_offset: r.get::<_, i64>(14)? as u64,
+                    base: r.get(15)?,
                 })
             })
             .optional()?)
@@ -1876,6 +1906,7 @@ mod tests {
             delivered_sha256: "d".into(),
             created_ms: n,
             confirmed_ms: None,
+            base: None,
         };
         for n in 1..=35 {
             idx.put_receipt(&receipt(n)).unwrap();

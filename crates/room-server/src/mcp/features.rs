@@ -87,7 +87,7 @@ repeat while more is true. Then summarize what changed and list your open_items 
         arg: ("room", "Room name (see room_list)"),
         text: "Answer what is addressed to you in room {room}. First catch up: room_sync, then room_sync with confirm set to the receipt, while more is true. \
 For each open item: answer it with room_reply (reply_to = its id), or for a task claim it (task_claim), do the work and finish it with room_done. \
-If an action is refused with room_sync_required, read detail.next_page, confirm its receipt with room_sync, and act again.",
+If an action is refused with room_sync_required, read detail.next_page and act again with read_through set to its receipt.",
     },
     PromptDef {
         name: "finish_task",

@@ -37,6 +37,10 @@ pub trait Backend: Send + Sync + 'static {
     fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         None
     }
+    /// The engine itself, where calls can wait in a busy room without holding a thread.
+    fn engine(&self) -> Option<Arc<Engine>> {
+        None
+    }
 }
 
 /// Inside the daemon: straight to the engine.
@@ -49,6 +53,10 @@ impl Backend for InProcess {
 
     fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         Some(dispatch::changes().subscribe())
+    }
+
+    fn engine(&self) -> Option<Arc<Engine>> {
+        Some(self.0.clone())
     }
 }
 
@@ -223,6 +231,9 @@ impl RoomMcp {
 
     /// Run one daemon operation off the async runtime.
     async fn run(&self, req: Request, bearer: Option<String>) -> Result<Response, McpError> {
+        if let Some(engine) = self.backend.engine() {
+            return Ok(dispatch::handle_async(engine, Transport::Http, req, bearer).await);
+        }
         let backend = self.backend.clone();
         tokio::task::spawn_blocking(move || backend.call(req, bearer))
             .await

@@ -39,11 +39,11 @@ pub struct ToolDef {
 
 /// The refusal loop, in full on `room_sync` and the multiplexer `room` (the tools every mode lists).
 const REFUSALS: &str = "A refusal has isError true and structuredContent.refusal {code, message, hint, detail}. \
-room_sync_required means unread events: read detail.next_page, then call room_sync with confirm set to its receipt, and retry.";
+room_sync_required means unread events: read detail.next_page, then retry with read_through set to its receipt (one call).";
 
 /// The same loop in brief, on every other tool (the refusal's shape is in room_sync's).
 const REFUSALS_BRIEF: &str =
-    "Refused with room_sync_required: read detail.next_page, confirm its receipt, retry.";
+    "Refused with room_sync_required: read detail.next_page, retry with read_through: its receipt.";
 
 /// The input schema of a tool whose arguments are `T`, generated from `T` itself: its doc
 /// comments are the descriptions and its `schemars` attributes the limits (the engine's
@@ -97,7 +97,10 @@ fn turn_schema(text: Option<&str>, fields: &[&str], required: &[&str]) -> Value 
         unreachable!("TurnWire has properties")
     };
     props.retain(|k, _| {
-        matches!(k.as_str(), "room" | "actor" | "idempotency_key") || fields.contains(&k.as_str())
+        matches!(
+            k.as_str(),
+            "room" | "actor" | "idempotency_key" | "read_through"
+        ) || fields.contains(&k.as_str())
     });
     if let (Some(desc), Some(Value::Object(t))) = (text, props.get_mut("text")) {
         t.insert("description".into(), json!(desc));
