@@ -1108,6 +1108,12 @@ impl Sim {
             }
             return Ok(());
         }
+        // The Fold Rule is in the journal: an acknowledged turn moves its author's checkpoint,
+        // where one was durably established for this conversation and view, up to the turn,
+        // whatever crash follows (a read_through confirmation rides exactly this).
+        if let Some(d) = self.agents[i].confirmed_durably.get_mut(&room) {
+            *d = (*d).max(seq);
+        }
         self.acked.entry(room).or_default().insert(event);
         Ok(())
     }
