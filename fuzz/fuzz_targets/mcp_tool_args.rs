@@ -46,7 +46,7 @@ fuzz_target!(|data: &[u8]| {
     let def = &defs[data[0] as usize % defs.len()];
     let args: Value = serde_json::from_slice(&data[1..]).unwrap_or_else(|_| json!({"room": "lobby", "text": String::from_utf8_lossy(&data[1..])}));
     let meta = args.get("_meta").cloned();
-    let req = Request { op: def.op.into(), token: None, conversation: Some("fuzz".into()), tier: None, args, meta };
+    let req = Request { op: def.op.into(), token: None, conversation: Some("fuzz".into()), tier: None, args, meta, page_bytes_max: None };
     let resp = dispatch::handle(&w.engine, Transport::Http, req, Some(w.token.clone()));
     if let Some(r) = &resp.refusal {
         assert!(room_core::Code::parse(r.code.as_str()).is_some());
@@ -56,7 +56,7 @@ fuzz_target!(|data: &[u8]| {
         let mut confirm: Option<String> = None;
         for _ in 0..64 {
             let args = json!({"room": "lobby", "confirm": confirm});
-            let req = Request { op: "sync".into(), token: None, conversation: Some("fuzz".into()), tier: None, args, meta: None };
+            let req = Request { op: "sync".into(), token: None, conversation: Some("fuzz".into()), tier: None, args, meta: None, page_bytes_max: None };
             let page = dispatch::handle(&w.engine, Transport::Http, req, Some(w.token.clone()));
             let Some(p) = page.result else { break };
             if p["items"].as_array().is_none_or(Vec::is_empty) {

@@ -129,6 +129,13 @@ async def gate_flow(client, fx, name):
     assert r.structured_content["verb"] == "say"
     assert fx.journal_lines() == before + 1
     assert "error[" not in r.content[0].text
+    # a page read as an MCP result (text and structuredContent) stays within 24 KiB
+    r = await client.call_tool("room_say", {"room": "lobby", "text": "é" * 9000})
+    assert not r.is_error, r.structured_content
+    r = await client.call_tool("room_sync", {"room": "lobby"})
+    size = len(r.model_dump_json(by_alias=True, exclude_none=True).encode())
+    assert size <= 24 * 1024, f"a sync result takes {size} bytes"
+    before += 1
     # a receipt that is not a receipt names its field
     r = await client.call_tool("room_say", {"room": "lobby", "text": "x", "read_through": "rcpt_nope"})
     assert refusal(r)["code"] == "invalid_argument" and refusal(r)["detail"]["field"] == "read_through"

@@ -162,6 +162,7 @@ fn caller(e: &Engine, name: &str) -> anyhow::Result<AgentCaller> {
         token: t.token,
         conversation: "bench".into(),
         declared_tier: None,
+        page_bytes_max: None,
     })
 }
 

@@ -25,6 +25,7 @@ fn agent(e: &Engine, name: &str, tier: Tier) -> anyhow::Result<AgentCaller> {
         token: t.token,
         conversation: "bench".into(),
         declared_tier: None,
+        page_bytes_max: None,
     })
 }
 

@@ -378,6 +378,7 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
         tier: std::env::var("ROOM_TIER").ok().filter(|c| !c.is_empty()),
         args,
         meta: None,
+        page_bytes_max: None,
     };
     let wire = |op: &str, args: &dyn erased::Wire| req(op, args.to_json());
     let turn = |op: &str, t: &TurnWire| wire(op, t);

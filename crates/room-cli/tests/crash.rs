@@ -60,6 +60,7 @@ fn req(token: Option<&str>, op: &str, args: Value) -> Request {
         tier: None,
         args,
         meta: None,
+        page_bytes_max: None,
     }
 }
 

@@ -42,6 +42,9 @@ pub struct AgentCaller {
     pub conversation: String,
     /// The tier the connection declares; `None` declares no limit of its own.
     pub declared_tier: Option<Tier>,
+    /// The transport's ceiling for one page, envelope included, when it is below the engine's
+    /// (MCP: a result carries its page twice, as text and as structured content).
+    pub page_bytes_max: Option<usize>,
 }
 
 /// An authenticated, authorized agent for the duration of one call.
@@ -51,6 +54,8 @@ pub struct Principal {
     pub registration_sha256: String,
     pub conversation: String,
     pub tier: Tier,
+    /// See [`AgentCaller::page_bytes_max`].
+    pub page_bytes_max: Option<usize>,
 }
 
 #[derive(Debug, Clone)]
@@ -262,6 +267,7 @@ impl Authority {
             registration_sha256: row.registration_sha256,
             conversation: caller.conversation.clone(),
             tier,
+            page_bytes_max: caller.page_bytes_max,
         })
     }
 

@@ -50,7 +50,14 @@ pub struct SyncKey {
     pub conversation: String,
     pub conversation_key: String,
     pub view_gen: String,
+    /// This caller's page ceiling, envelope included (the engine's, or its transport's when
+    /// lower).
+    pub page_bytes: usize,
 }
+
+/// The smallest page ceiling a transport may ask for: room for the envelope and a few
+/// fragments.
+pub const PAGE_BYTES_MIN: usize = 4096;
 
 /// Where a caller's reading stands.
 #[derive(Debug, Clone)]
@@ -106,11 +113,15 @@ impl Engine {
             "instance": self.state.instance_id, "actor": p.name, "registration": p.registration_sha256,
             "conversation": p.conversation, "room": room,
         }));
+        let page_bytes = p.page_bytes_max.map_or(self.config.page_bytes_max, |b| {
+            b.clamp(PAGE_BYTES_MIN, self.config.page_bytes_max)
+        });
         Ok(SyncKey {
             actor: p.name.clone(),
             conversation: p.conversation.clone(),
             conversation_key,
             view_gen,
+            page_bytes,
         })
     }
 
@@ -190,15 +201,22 @@ impl Engine {
         Ok(canonical_string(&item))
     }
 
-    /// Build the page that starts at `start`, or re-render exactly up to `until` (confirmation).
+    /// Build the page that starts at `start` within `page_bytes` (envelope included), or
+    /// re-render exactly up to `until` (a confirmation, under the ceiling its page was served
+    /// with: that decides which events arrived whole).
     pub(crate) fn build_page(
         &self,
         h: &RoomHandle,
         start: Pos,
         until: Option<Pos>,
+        page_bytes: usize,
         redactor: &Redactor,
     ) -> Outcome<Page> {
-        let budget = self.config.page_bytes_max - ENVELOPE_BYTES_RESERVE;
+        assert!(
+            page_bytes > ENVELOPE_BYTES_RESERVE,
+            "a page ceiling leaves room for items"
+        );
+        let budget = page_bytes - ENVELOPE_BYTES_RESERVE;
         let chunk = self.config.chunk_bytes;
         let mut used = 0usize;
         let mut items = Vec::new();
@@ -307,7 +325,7 @@ impl Engine {
     ) -> Outcome<Value> {
         let policy = self.policy();
         let redactor = policy.redactor()?;
-        let page = self.build_page(h, st.pos, None, redactor)?;
+        let page = self.build_page(h, st.pos, None, st.key.page_bytes, redactor)?;
         let tip = h.tip();
         let receipt = ReceiptRow {
             id: id::receipt_id(self.env.entropy.as_ref()),
@@ -326,6 +344,8 @@ impl Engine {
             created_ms: self.now_ms(),
             confirmed_ms: None,
             base: base.map(String::from),
+            page_bytes: (st.key.page_bytes != self.config.page_bytes_max)
+                .then_some(st.key.page_bytes as u64),
         };
         h.index.put_receipt(&receipt).map_err(store_err)?;
         h.rendered.borrow_mut().served(
@@ -451,7 +471,11 @@ impl Engine {
             seq: r.from_seq,
             offset: r.from_offset,
         };
-        let page = self.build_page(h, start, Some(receipt_end(r)), redactor)?;
+        // under the ceiling it was served with (bounded by the engine's: the row is a store's)
+        let page_bytes = r.page_bytes.map_or(self.config.page_bytes_max, |b| {
+            (b as usize).clamp(PAGE_BYTES_MIN, self.config.page_bytes_max)
+        });
+        let page = self.build_page(h, start, Some(receipt_end(r)), page_bytes, redactor)?;
         if page.items_sha256 != r.delivered_sha256 {
             return Err(Refusal::new(
                 Code::RoomSyncDeliveryPolicyChanged,

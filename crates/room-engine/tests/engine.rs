@@ -74,6 +74,7 @@ fn agent(e: &Engine, name: &str, tier: Tier) -> AgentCaller {
         token: t,
         conversation: "c1".into(),
         declared_tier: None,
+        page_bytes_max: None,
     }
 }
 
@@ -1309,6 +1310,7 @@ fn a_stop_not_seen_empty_keeps_the_launch_live_and_its_credential_dead_until_a_s
         token: l.token.clone(),
         conversation: "ignored".into(),
         declared_tier: None,
+        page_bytes_max: None,
     };
     assert!(
         e.whoami(&worker).is_ok(),
@@ -1386,6 +1388,7 @@ fn a_permit_that_changes_between_dispatch_and_claim_is_refused_and_its_launch_di
         token: l.token.clone(),
         conversation: "c".into(),
         declared_tier: None,
+        page_bytes_max: None,
     };
     assert!(e.whoami(&worker).is_err(), "its credential never worked");
 }

@@ -70,6 +70,7 @@ fn agent(e: &Engine, name: &str) -> AgentCaller {
         token: t,
         conversation: "c1".into(),
         declared_tier: None,
+        page_bytes_max: None,
     }
 }
 
@@ -379,4 +380,51 @@ fn a_full_turnstile_and_a_long_wait_are_refused_and_write_nothing() {
     assert_eq!(err.code, Code::RoomTurnQueueExceeded);
     assert_eq!(err.detail["reason"], "waited");
     assert_eq!(tip(&e), before, "neither refusal wrote anything");
+}
+
+/// A transport's lower page ceiling (MCP's) holds for every page it is served, a refusal's
+/// delta page included, and its receipts confirm under the ceiling they were served with.
+#[test]
+fn a_lower_page_ceiling_holds_for_every_page_and_its_receipts_confirm() {
+    let f = Fixture::new();
+    let e = f.engine(6);
+    let ab = room(&e, &["alpha", "beta"]);
+    let a = AgentCaller {
+        page_bytes_max: Some(10 * 1024),
+        ..ab[0].clone()
+    };
+    let b = &ab[1];
+    let bp = e.sync(b, "r", None).unwrap();
+    // an event larger than the ceiling arrives in fragments
+    e.turn(b, Verb::Say, say(&"é".repeat(7_000), Some(&receipt(&bp))))
+        .unwrap();
+    e.turn(b, Verb::Say, say("small", None)).unwrap();
+    let mut page = e.sync(&a, "r", None).unwrap();
+    let mut pages = 0;
+    loop {
+        pages += 1;
+        assert!(page.to_string().len() <= 10 * 1024, "page {pages} fits");
+        if page["more"] == false {
+            break;
+        }
+        page = e.sync(&a, "r", Some(&receipt(&page))).unwrap();
+    }
+    assert!(pages > 2, "the big event took several pages");
+    // the last page is read through; a refusal's delta respects the ceiling too
+    e.turn(b, Verb::Say, say(&"ü".repeat(7_000), None)).unwrap();
+    let err = e
+        .turn(&a, Verb::Say, say("a", Some(&receipt(&page))))
+        .unwrap_err();
+    assert_eq!(err.code, Code::RoomSyncRequired);
+    let mut delta = err.detail["next_page"].clone();
+    loop {
+        assert!(delta.to_string().len() <= 10 * 1024);
+        match e.turn(&a, Verb::Say, say("a", Some(&receipt(&delta)))) {
+            Ok(_) => break,
+            Err(r) => {
+                assert_eq!(r.code, Code::RoomSyncRequired);
+                delta = r.detail["next_page"].clone();
+            }
+        }
+    }
 }

@@ -63,6 +63,7 @@ fn a_unix_peer_of_another_uid_is_refused_owner_standing_like_an_agent() {
             token,
             conversation: "c1".into(),
             declared_tier: None,
+            page_bytes_max: None,
         }))
         .expect_err("an agent is not the owner, whatever its tier");
     assert_eq!(foreign.code, Code::OwnerRequired);

@@ -59,6 +59,7 @@ impl ToolHost for LaunchTools {
             tier: None,
             args,
             meta: None,
+            page_bytes_max: None,
         };
         let engine = self.engine.clone();
         match tokio::task::spawn_blocking(move || {

@@ -299,6 +299,7 @@ fn resolve_caller(
                 token,
                 conversation,
                 declared_tier: declared,
+                page_bytes_max: req.page_bytes_max.map(|b| b as usize),
             })
         }
     })

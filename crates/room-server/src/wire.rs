@@ -36,6 +36,11 @@ pub struct Request {
     /// Request metadata from the host (MCP `_meta`), outside the model-authored arguments.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub meta: Option<Value>,
+    /// The transport's ceiling for one page (transport metadata: the MCP layer sets it, since
+    /// an MCP result carries its page twice, as text and as structured content). It can only
+    /// lower the engine's own ceiling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page_bytes_max: Option<u32>,
 }
 
 impl Request {
@@ -49,6 +54,7 @@ impl Request {
             tier: None,
             args,
             meta: None,
+            page_bytes_max: None,
         }
     }
 

@@ -18,6 +18,7 @@ fn call(sock: &Path, token: Option<&str>, op: &str, args: Value) -> Response {
         tier: None,
         args,
         meta: None,
+        page_bytes_max: None,
     };
     Client::connect(sock).unwrap().call(&req).unwrap()
 }

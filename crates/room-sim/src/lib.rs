@@ -462,6 +462,7 @@ impl Sim {
             token: self.agents[i].token.clone(),
             conversation: "sim".into(),
             declared_tier: None,
+            page_bytes_max: None,
         }
     }
 

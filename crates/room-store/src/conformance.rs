@@ -1321,6 +1321,7 @@ pub fn index_sync_state_survives_reopen_and_rebuild(h: &mut dyn Harness) {
         created_ms: 5,
         confirmed_ms: None,
         base: None,
+        page_bytes: None,
     };
     {
         store.create_shard("g_sync", b"{}", b"{}", &[]).unwrap();
@@ -1416,6 +1417,7 @@ pub fn index_folds_and_receipt_chains(h: &mut dyn Harness) {
         created_ms: 5,
         confirmed_ms: None,
         base: base.map(String::from),
+        page_bytes: base.map(|_| 10_240),
     };
     idx.put_receipt(&receipt("rcpt_a", None)).unwrap();
     idx.put_receipt(&receipt("rcpt_b", Some("rcpt_a"))).unwrap();
@@ -1424,10 +1426,9 @@ pub fn index_folds_and_receipt_chains(h: &mut dyn Harness) {
     let store = h.reopen();
     let idx = store.open_index("g_fold").unwrap();
     assert_eq!(idx.receipt("rcpt_a").unwrap().unwrap().base, None);
-    assert_eq!(
-        idx.receipt("rcpt_b").unwrap().unwrap().base.as_deref(),
-        Some("rcpt_a")
-    );
+    let b = idx.receipt("rcpt_b").unwrap().unwrap();
+    assert_eq!(b.base.as_deref(), Some("rcpt_a"));
+    assert_eq!(b.page_bytes, Some(10_240));
 }
 
 /// `exactly_once` keys and (agent, task) lifecycles: begun, lapsed past the TTL, resolved.

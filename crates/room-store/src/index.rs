@@ -218,6 +218,11 @@ CREATE INDEX obligations_open_all ON obligations(source_seq) WHERE status = 'ope
     r#"
 ALTER TABLE receipts ADD COLUMN base TEXT;
 "#,
+    // A page served under a transport's lower ceiling is re-rendered under that ceiling when it
+    // is confirmed (the ceiling decides which events arrive whole and which in fragments).
+    r#"
+ALTER TABLE receipts ADD COLUMN page_bytes INTEGER;
+"#,
 ];
 
 /// Reading receipts kept per reader, task and part (the oldest go first).
@@ -334,6 +339,8 @@ pub struct ReceiptRow {
     /// The receipt whose page this one continues (a delta page served on a refusal): this page
     /// starts where that one ended, and confirming this one confirms both.
     pub base: Option<String>,
+    /// The page ceiling it was served under, when not the engine's own.
+    pub page_bytes: Option<u64>,
 }
 
 /// The Fold Rule, re-derived from the journal: a turn that landed proves its author had read
@@ -1646,8 +1653,8 @@ impl RoomIndex for Index {
         self.isolated(|conn| {
             conn.prepare_cached(
             "INSERT INTO receipts (id, actor, conversation, conversation_key, view_gen, from_seq, from_offset, to_seq,
-               chunk_seq, chunk_offset, tip_seq, tip_hash, delivered_sha256, created_ms, confirmed_ms, base)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?15, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?16)",
+               chunk_seq, chunk_offset, tip_seq, tip_hash, delivered_sha256, created_ms, confirmed_ms, base, page_bytes)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?15, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?16, ?17)",
         )
         .and_then(|mut st| st.execute(params![
                 r.id,
@@ -1665,7 +1672,8 @@ impl RoomIndex for Index {
                 r.created_ms as i64,
                 r.confirmed_ms.map(|v| v as i64),
                 r.from_offset as i64,
-                r.base
+                r.base,
+                r.page_bytes.map(|b| b as i64)
             ]))
             .map(|_| ())
         })?;
@@ -1693,7 +1701,8 @@ impl RoomIndex for Index {
             .conn
             .prepare_cached(
                 "SELECT id, actor, conversation, conversation_key, view_gen, from_seq, to_seq, chunk_seq,
-                   chunk_offset, tip_seq, tip_hash, delivered_sha256, created_ms, confirmed_ms, from_offset, base
+                   chunk_offset, tip_seq, tip_hash, delivered_sha256, created_ms, confirmed_ms, from_offset, base,
+                   page_bytes
                  FROM receipts WHERE id = ?1",
             )?
             .query_row([id], |r| {
@@ -1714,6 +1723,7 @@ impl RoomIndex for Index {
                     confirmed_ms: r.get::<_, Option<i64>>(13)?.map(|v| v as u64),
                     from_offset: r.get::<_, i64>(14)? as u64,
                     base: r.get(15)?,
+                    page_bytes: r.get::<_, Option<i64>>(16)?.map(|v| v as u64),
                 })
             })
             .optional()?)
@@ -1907,6 +1917,7 @@ mod tests {
             created_ms: n,
             confirmed_ms: None,
             base: None,
+            page_bytes: None,
         };
         for n in 1..=35 {
             idx.put_receipt(&receipt(n)).unwrap();

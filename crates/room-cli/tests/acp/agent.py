@@ -124,7 +124,16 @@ class TestAgent(Agent):
                     break
                 confirm = r.structured_content["receipt"]
             for ob in wake["obligation_ids"]:
-                r = await client.call_tool("room_reply", {"room": wake["room"], "reply_to": ob, "text": "done: " + wake["prompt"]})
+                args = {"room": wake["room"], "reply_to": ob, "text": "done: " + wake["prompt"]}
+                # the loop every tool describes: sent back to read, read the page and retry with
+                # read_through (someone may write between our reading and our reply)
+                for _ in range(5):
+                    r = await client.call_tool("room_reply", args)
+                    refusal = (r.structured_content or {}).get("refusal") if r.is_error else None
+                    if not refusal or refusal["code"] != "room_sync_required":
+                        break
+                    log(step="sent_back", code=refusal["code"])
+                    args = args | {"read_through": refusal["detail"]["next_page"]["receipt"]}
                 assert not r.is_error, r.structured_content
                 log(step="replied", obligation=ob)
         await self.conn.session_update(session_id=session_id, update=update_agent_message(text_block("replied")))

@@ -166,6 +166,12 @@ fn tools_of(mode: ToolsMode) -> &'static [Tool] {
     }
 }
 
+/// The page ceiling of an MCP call. A tool result carries its page twice (hosts such as Claude
+/// Code read only the text, and a tool with an output schema must fill `structuredContent`), and
+/// the text escapes every quote: 10 KiB pages keep the whole result, JSON-RPC envelope included,
+/// within 24 KiB.
+pub const MCP_PAGE_BYTES_MAX: u32 = 10 * 1024;
+
 /// A short text rendering beside the structured content, for hosts that show only text.
 pub(crate) fn render(resp: &Response) -> String {
     match (&resp.result, &resp.refusal) {
@@ -225,6 +231,7 @@ impl RoomMcp {
             } else {
                 Some(Value::Object(meta))
             },
+            page_bytes_max: Some(MCP_PAGE_BYTES_MAX),
         };
         (req, bearer)
     }

@@ -37,6 +37,7 @@ pub fn request(token: Option<&str>, op: &str, args: Value) -> Request {
         tier: None,
         args,
         meta: None,
+        page_bytes_max: None,
     }
 }
 
