@@ -328,3 +328,43 @@ fn a_cut_acknowledged_record_is_a_loss_verify_names_and_rebuild_will_not_hide() 
         String::from_utf8_lossy(&verified.stdout)
     );
 }
+
+/// A journal replaced by a copy of itself (same bytes, another inode) verifies and holds every
+/// acknowledged record: a rotation. The room refuses writes with `room_sync_journal_rotated`
+/// (writing nothing) until the owner accepts it with `room index rebuild`.
+#[test]
+fn a_replaced_journal_that_verifies_is_a_rotation_refused_until_rebuilt() {
+    let env = Env::new();
+    let (daemon, token) = env.with_three_turns();
+    stop(daemon, true);
+    let journal = env.journal();
+    let bytes = std::fs::read(&journal).unwrap();
+    std::fs::remove_file(&journal).unwrap();
+    std::fs::write(&journal, &bytes).unwrap();
+    let daemon = env.serve();
+    let said = env.run(
+        &["say", "r", "onto a rotated journal", "--json"],
+        Some(&token),
+    );
+    assert_eq!(refused_code(&said), "room_sync_journal_rotated");
+    assert_eq!(
+        std::fs::read(&journal).unwrap(),
+        bytes,
+        "the refused turn wrote nothing"
+    );
+    let rebuilt = env.run(&["index", "rebuild", "r"], None);
+    assert!(rebuilt.status.success(), "{}", stderr(&rebuilt));
+    // the rebuilt room is a new view: read it and act in one call
+    let said = env.run(&["say", "r", "after the rebuild", "--json"], Some(&token));
+    assert_eq!(refused_code(&said), "room_sync_view_changed");
+    let receipt = json(&said)["refusal"]["detail"]["next_page"]["receipt"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let said = env.run(
+        &["say", "r", "after the rebuild", "--read-through", &receipt],
+        Some(&token),
+    );
+    assert!(said.status.success(), "{}", stderr(&said));
+    stop(daemon, true);
+}
