@@ -136,6 +136,15 @@ async def gate_flow(client, fx, name):
     size = len(r.model_dump_json(by_alias=True, exclude_none=True).encode())
     assert size <= 24 * 1024, f"a sync result takes {size} bytes"
     before += 1
+    # so does a composed page, however much the rooms hold
+    for i in range(12):
+        r = await client.call_tool("room_note", {"room": "lobby", "text": f"{i} " + "ü" * 700})
+        assert not r.is_error, r.structured_content
+    before += 12
+    r = await client.call_tool("room_compose", {"rooms": ["lobby"], "limit": 200})
+    assert not r.is_error, r.structured_content
+    size = len(r.model_dump_json(by_alias=True, exclude_none=True).encode())
+    assert size <= 24 * 1024, f"a composed page takes {size} bytes"
     # a receipt that is not a receipt names its field
     r = await client.call_tool("room_say", {"room": "lobby", "text": "x", "read_through": "rcpt_nope"})
     assert refusal(r)["code"] == "invalid_argument" and refusal(r)["detail"]["field"] == "read_through"

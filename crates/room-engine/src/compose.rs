@@ -25,6 +25,8 @@ const COMPOSE_ITEMS_DEFAULT: usize = 50;
 const COMPOSE_ITEM_BYTES_MAX: usize = 8 * 1024;
 /// Bytes of items on one page.
 const COMPOSE_PAGE_BYTES_MAX: usize = 64 * 1024;
+/// What a page's envelope (cursor, snapshot, sources) may take beside its items.
+const COMPOSE_ENVELOPE_BYTES: usize = 2048;
 
 #[derive(Debug, Clone, Default)]
 pub struct ComposeArgs {
@@ -72,7 +74,12 @@ impl Engine {
             None => rooms.iter().map(|r| (r.clone(), 0)).collect(),
             Some(c) => resume(c, &request_sha256, &snapshot)?,
         };
-        let (items, after) = self.compose_page(&snapshot, after, limit)?;
+        // a transport's lower page ceiling (MCP's) bounds the items too, less the envelope's share
+        let page_bytes = p.page_bytes_max.map_or(COMPOSE_PAGE_BYTES_MAX, |b| {
+            b.saturating_sub(COMPOSE_ENVELOPE_BYTES)
+                .clamp(COMPOSE_ITEM_BYTES_MAX, COMPOSE_PAGE_BYTES_MAX)
+        });
+        let (items, after) = self.compose_page(&snapshot, after, limit, page_bytes)?;
         let more = snapshot
             .iter()
             .any(|s| after.get(&s.room).copied().unwrap_or(0) < s.tip_seq);
@@ -153,6 +160,7 @@ impl Engine {
         snapshot: &[Source],
         mut after: BTreeMap<String, u64>,
         limit: usize,
+        page_bytes: usize,
     ) -> Outcome<(Vec<Value>, BTreeMap<String, u64>)> {
         let policy = self.policy();
         let redactor = policy.redactor()?;
@@ -197,7 +205,7 @@ impl Engine {
                     "hint": "read it whole with room_sync in its room"});
             }
             let bytes = item.to_string().len();
-            if !items.is_empty() && used + bytes > COMPOSE_PAGE_BYTES_MAX {
+            if !items.is_empty() && used + bytes > page_bytes {
                 break;
             }
             used += bytes;
