@@ -30,7 +30,7 @@ ALL_TOOLS = {
     "room_whoami", "room_list", "room_sync", "room_note", "room_say", "room_reply", "room_send",
     "room_handoff", "room_done", "room_blocked", "room_decline", "room_circle", "task_create",
     "task_claim", "task_show", "task_accept_check", "task_amend", "task_supersede", "room_compose", "source_read",
-    "evidence_register", "op_begin", "op_effect", "op_resolve", "room",
+    "evidence_register", "op_begin", "op_effect", "op_resolve", "room_cancel", "room",
 }
 
 
@@ -268,6 +268,28 @@ for mode in ("auto", "legacy"):
             return body
 
         test(make())
+
+
+@test
+async def room_cancel_needs_operator_standing_and_an_operator_cancels(fx):
+    """Control standing comes from the credential: a member that says it acts for the operator
+    is refused (nothing written); an operator-tier member cancels, and its queued wake dies."""
+    toks = {"alpha": fx.enroll("alpha"), "ops": fx.enroll("ops", tier="operator")}
+    fx.run("create", "lobby", "--member", "alpha", "--member", "ops")
+    async with Client(stdio(fx, toks["alpha"]), mode="auto") as alpha, Client(stdio(fx, toks["ops"]), mode="auto") as ops:
+        await catch_up(alpha, "lobby")
+        sent = await alpha.call_tool("room_send", {"room": "lobby", "text": "please", "to": ["ops"]})
+        assert not sent.is_error, sent.structured_content
+        before = fx.journal_lines()
+        ref = refusal(await alpha.call_tool("room_cancel", {"room": "lobby", "by": "operator"}))
+        assert ref["code"] == "control_standing_required", ref
+        assert fx.journal_lines() == before, "the refused cancel wrote nothing"
+        r = await ops.call_tool("room_cancel", {"room": "lobby", "by": "release manager"})
+        assert not r.is_error, r.structured_content
+        assert r.structured_content["actor"] == "ops" and r.structured_content["dead_lettered"] == 1
+        assert fx.journal_lines() == before + 1
+    wakes = fx.run("wakes", "list")["wakes"]
+    assert [w["state"] for w in wakes] == ["dead"], wakes
 
 
 @test

@@ -113,8 +113,38 @@ pub enum Cmd {
     /// Room membership (owner).
     #[command(subcommand)]
     Members(MembersCmd),
-    /// Reset a room's view: every agent must sync again (owner).
+    /// Reset a room's view: every agent must sync again (owner or operator).
     Reset { room: String },
+    /// Cancel a room: stop its dispatcher and running workers, dead-letter its queued wakes,
+    /// hold what a destination may have accepted (owner or operator agent).
+    Cancel {
+        room: String,
+        /// Who you act for, recorded with the cancel (it grants nothing).
+        #[arg(long)]
+        by: Option<String>,
+    },
+    /// Let a cancelled room dispatch again (owner or operator agent).
+    Resume { room: String },
+    /// List what a cancel held, or resolve one held item with evidence (owner or operator).
+    Reconcile {
+        room: String,
+        /// The hold to resolve (hld_…).
+        #[arg(long, requires_all = ["outcome", "evidence"])]
+        hold: Option<String>,
+        /// accepted, not_accepted or compensated.
+        #[arg(long, requires = "hold")]
+        outcome: Option<String>,
+        /// What shows it (a destination's record, a ticket, a log line).
+        #[arg(long, requires = "hold")]
+        evidence: Option<String>,
+    },
+    /// Stop every worker and dispatch nothing anywhere, or release that (owner or operator).
+    BreakGlass {
+        #[arg(long)]
+        release: bool,
+    },
+    /// The stop outbox: every worker stop, its two phases and whether each was committed.
+    Stops,
     /// A governed task's governing source.
     #[command(subcommand)]
     Source(SourceCmd),
@@ -435,6 +465,19 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
             req("room_members_add", json!({"room": room, "agent": a}))
         }
         Cmd::Reset { room } => req("room_reset", json!({"room": room})),
+        Cmd::Cancel { room, by } => req("room_cancel", json!({"room": room, "by": by})),
+        Cmd::Resume { room } => req("room_resume", json!({"room": room})),
+        Cmd::Reconcile {
+            room,
+            hold,
+            outcome,
+            evidence,
+        } => req(
+            "room_reconcile",
+            json!({"room": room, "hold": hold, "outcome": outcome, "evidence": evidence}),
+        ),
+        Cmd::BreakGlass { release } => req("break_glass", json!({"engage": !release})),
+        Cmd::Stops => req("stops_list", json!({})),
         Cmd::Archive { room } => req("room_archive", json!({"room": room})),
         Cmd::Compose(a) => wire("room_compose", a),
         Cmd::Source(SourceCmd::Read(a)) => wire("source_read", a),

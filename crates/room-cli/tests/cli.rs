@@ -516,3 +516,59 @@ fn a_send_wakes_the_scripted_agent_which_replies() {
     let _ = daemon.kill();
     let _ = daemon.wait();
 }
+
+#[test]
+fn cancel_reconcile_and_break_glass_from_the_command_line() {
+    let env = Env::new();
+    assert!(env.run(&["init"], None).status.success());
+    let mut daemon = env.serve(&env.state);
+    let enroll = |name: &str, tier: &str| {
+        let o = env.run(
+            &["agent", "enroll", name, "--max-tier", tier, "--json"],
+            None,
+        );
+        assert!(o.status.success(), "{}", stderr(&o));
+        json(&o)["token"].as_str().unwrap().to_string()
+    };
+    let (b, ops) = (enroll("beta", "member"), enroll("ops", "operator"));
+    let made = env.run(
+        &["create", "coord", "--member", "beta", "--member", "ops"],
+        None,
+    );
+    assert!(made.status.success(), "{}", stderr(&made));
+    // a member's cancel is refused with its code, whatever --by says
+    let o = env.run(&["cancel", "coord", "--by", "operator", "--json"], Some(&b));
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("control_standing_required"),
+        "{}",
+        stderr(&o)
+    );
+    let o = env.run(
+        &["cancel", "coord", "--by", "on call", "--json"],
+        Some(&ops),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(json(&o)["actor"], "ops");
+    let o = env.run(&["reconcile", "coord", "--json"], None);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(json(&o)["unresolved"], 0);
+    // --hold needs --outcome and --evidence
+    let o = env.run(
+        &["reconcile", "coord", "--hold", "hld_0000000000000000"],
+        None,
+    );
+    assert!(!o.status.success());
+    let o = env.run(&["resume", "coord", "--json"], None);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = env.run(&["break-glass", "--json"], None);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(json(&o)["break_glass"], true);
+    let o = env.run(&["break-glass", "--release", "--json"], None);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = env.run(&["stops", "--json"], None);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(json(&o)["stops"], serde_json::json!([]));
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+}

@@ -45,6 +45,34 @@ pub enum EventBody {
         actor: String,
         open: bool,
     },
+    /// A control actor (the owner console or an operator agent) cancelled the room: its
+    /// dispatcher stops, queued permits are dead-lettered (never retried), running workers
+    /// are stopped, and `held` lists what may already have reached a destination and stays
+    /// held until an operator reconciles it. `by` is what the caller said it acted for:
+    /// recorded, it confers nothing.
+    RoomCancelled {
+        actor: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<String>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        held: Vec<Held>,
+    },
+    /// A control actor let a cancelled room dispatch again.
+    RoomResumed {
+        actor: String,
+    },
+    /// An operator resolved a held item with evidence: what the destination shows, never a
+    /// rewrite of what the worker recorded.
+    Reconciled {
+        actor: String,
+        hold: String,
+        outcome: String,
+        evidence: String,
+    },
+    /// The two-phase stop outbox: phase 1 (`termination_confirmed: false`) is committed before
+    /// a worker's job is killed, phase 2 (`termination_confirmed: true`, naming phase 1 as its
+    /// predecessor) only once zero processes were observed in the job.
+    WorkerStop(Box<WorkerStop>),
     /// The owner accepted that acknowledged records `missing_from..=missing_to` are gone from
     /// the journal (`room index rebuild --accept-loss`); the witnesses that showed they had been
     /// acknowledged. Resets the room's view like `room_reset`: every reader reads again.
@@ -65,6 +93,52 @@ pub enum EventBody {
     /// A runtime invariant's verdict (see `invariants`): a rejected act (its envelope never
     /// committed), a flag beside a committed one, or an in-doubt lapse.
     InvariantViolation(Violation),
+}
+
+/// Something a cancel found unresolved that a destination may already have accepted: held
+/// until an operator reconciles it (`hold` is its id, `kind` one of `destination_operation`,
+/// `model_request`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Held {
+    pub hold: String,
+    pub kind: String,
+    /// The operation id or launch id it holds.
+    pub item: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
+}
+
+/// One phase of a stop in the outbox (see `EventBody::WorkerStop`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerStop {
+    pub actor: String,
+    /// `stp_<32hex>`: the outbox directory of this stop.
+    pub stop: String,
+    /// 1 or 2.
+    pub phase: u8,
+    pub launch: String,
+    pub agent: String,
+    /// Why the worker's authority tripped (`room_cancelled`, `admission_closed`, …).
+    pub reason: String,
+    pub termination_confirmed: bool,
+    /// Phase 1's bounded pending reason; none in phase 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending: Option<String>,
+    /// Phase 2 names the exact phase-1 record it follows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predecessor: Option<StopPredecessor>,
+    /// What the kernel object showed (phase 2): its kind, processes seen, how long it took.
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub observed: serde_json::Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StopPredecessor {
+    pub event_id: String,
+    /// SHA-256 of phase 1's envelope (the canonical JSON of its event body).
+    pub envelope_sha256: String,
 }
 
 /// A durable witness of an acknowledged seq: where it was read (`index_tip`, `receipts`,
@@ -513,7 +587,11 @@ impl EventBody {
             | EventBody::MemberAdded { actor, .. }
             | EventBody::RoomReset { actor }
             | EventBody::Admission { actor, .. }
-            | EventBody::JournalLoss { actor, .. } => actor,
+            | EventBody::JournalLoss { actor, .. }
+            | EventBody::RoomCancelled { actor, .. }
+            | EventBody::RoomResumed { actor }
+            | EventBody::Reconciled { actor, .. } => actor,
+            EventBody::WorkerStop(s) => &s.actor,
             EventBody::Turn(t) => &t.actor,
             EventBody::Items(i) => &i.actor,
             EventBody::Task(t) => &t.actor,
@@ -530,6 +608,10 @@ impl EventBody {
             EventBody::RoomReset { .. } => "room_reset",
             EventBody::Admission { .. } => "admission",
             EventBody::JournalLoss { .. } => "journal_loss",
+            EventBody::RoomCancelled { .. } => "room_cancelled",
+            EventBody::RoomResumed { .. } => "room_resumed",
+            EventBody::Reconciled { .. } => "reconciled",
+            EventBody::WorkerStop(_) => "worker_stop",
             EventBody::Turn(_) => "turn",
             EventBody::Items(_) => "items",
             EventBody::Task(_) => "task",

@@ -81,6 +81,8 @@ codes! {
     TaskSuccessorUnverified => "task_successor_unverified",
     ContentMismatch => "content_mismatch",
     RoomAdmissionClosed => "room_admission_closed",
+    // lifecycle control: cancel, reset, admission, break-glass
+    ControlStandingRequired => "control_standing_required",
     // dispatch: a queued permit is a proposal, revalidated before any launch
     WakeJobBindingChanged => "wake_job_binding_changed",
     WakeRoomAuthorityChanged => "wake_room_authority_changed",

@@ -95,6 +95,14 @@ impl Engine {
         let room = self.room_authority(&p)?;
         self.task_authority(&p, &room)?;
         let epoch = self.control().control_epoch().map_err(store_err)?;
+        if room.cancelled || self.control().break_glass().map_err(store_err)? {
+            let why = if room.cancelled {
+                format!("room {} is cancelled: it dispatches nothing", room.name)
+            } else {
+                "break-glass is engaged: nothing is dispatched".to_string()
+            };
+            return Err(refuse(Code::WakeAdmissionClosed, why));
+        }
         if !room.admission_open || epoch != p.binding.control_epoch {
             return Err(refuse(
                 Code::WakeAdmissionClosed,
@@ -471,6 +479,12 @@ impl Engine {
         now: u64,
     ) -> Outcome<Launch> {
         let id = format!("lch_{}", self.env.entropy.hex(8));
+        // the room's cancel generation it starts under: a cancel after this stops it
+        let room_gen = self
+            .control()
+            .room(&w.room)
+            .map_err(store_err)?
+            .map_or(0, |r| r.cancel_gen);
         let token = format!("{WORKER_TOKEN_PREFIX}{}", self.env.entropy.hex(32));
         let due = w.created_ms.saturating_add(permit.binding.deadline_ms);
         let not_after = due.min(now.saturating_add(route.timeout_ms));
@@ -513,6 +527,8 @@ impl Engine {
             detail: None,
             delivery: evidence.as_ref().map(Value::to_string),
             started_ms: None,
+            control_epoch: b.control_epoch,
+            cancel_gen: room_gen,
         };
         self.control().insert_launch(&row).map_err(store_err)?;
         let mut prompt = json!({"launch": id, "room": b.room, "agent": b.agent, "from": b.from,
@@ -647,6 +663,29 @@ impl Engine {
             json!({"launch": id, "outcome": outcome, "proof": proof, "exit_code": exit.code,
             "timed_out": exit.timed_out, "adapter": exit.detail, "job": exit.job}),
         )
+    }
+
+    /// A launch the observer stopped because its authority tripped (`reason`), recorded with
+    /// the stop and what the job showed: `stopped` unless its own turns replied before, and
+    /// its permit dead (never retried); its obligations stay open.
+    pub fn launch_stopped(&self, id: &str, reason: &str, stop: &str, job: Value) -> Outcome<Value> {
+        let now = self.now_ms();
+        let l = self
+            .control()
+            .launch(id)
+            .map_err(store_err)?
+            .ok_or_else(|| refuse(Code::NotFound, format!("no launch {id}")))?;
+        let replied = self.replied_by_launch(&l)?;
+        let (outcome, wake_state) = if replied {
+            ("replied", "replied")
+        } else {
+            ("stopped", "dead")
+        };
+        let proof = if replied { "replied" } else { "dispatched" };
+        let detail = json!({"stopped": {"reason": reason, "stop": stop}, "job": job});
+        let e = end(now, outcome, proof, Some(detail.to_string()), wake_state);
+        self.control().launch_ended(id, &e).map_err(store_err)?;
+        Ok(json!({"launch": id, "outcome": outcome, "reason": reason, "stop": stop, "job": job}))
     }
 
     /// Whether what the launch's permit asked for is resolved by turns of the launch's own

@@ -13,6 +13,7 @@ pub mod evidence;
 pub mod fold;
 pub mod invariants;
 pub mod ledger;
+pub mod lifecycle;
 pub mod lineage;
 pub mod policy;
 pub mod principal;

@@ -160,6 +160,20 @@ pub(crate) enum TaskEffect {
         room: String,
         agent: String,
     },
+    /// The room is cancelled (with what it held) or resumed as of this record's seq.
+    Cancel {
+        room: String,
+        seq: u64,
+        cancel: Option<(String, Vec<room_core::event::Held>)>,
+    },
+    /// An operator resolved a hold.
+    Reconciled {
+        hold: String,
+        seq: u64,
+        by: String,
+        outcome: String,
+        evidence: String,
+    },
     /// The room's view is reset as of this record's seq (no-op when already at or past it).
     Reset {
         room: String,
@@ -385,7 +399,35 @@ pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result
                 open: *open,
             });
         }
-        EventBody::RoomCreated { .. } => {}
+        EventBody::RoomCancelled { actor, held, .. } => {
+            let why = format!(
+                "room cancelled by {actor} (record {}); retry_allowed: false",
+                r.seq
+            );
+            p.tasks.push(TaskEffect::Cancel {
+                room: room.into(),
+                seq: r.seq,
+                cancel: Some((why, held.clone())),
+            });
+        }
+        EventBody::RoomResumed { .. } => p.tasks.push(TaskEffect::Cancel {
+            room: room.into(),
+            seq: r.seq,
+            cancel: None,
+        }),
+        EventBody::Reconciled {
+            actor,
+            hold,
+            outcome,
+            evidence,
+        } => p.tasks.push(TaskEffect::Reconciled {
+            hold: hold.clone(),
+            seq: r.seq,
+            by: actor.clone(),
+            outcome: outcome.clone(),
+            evidence: evidence.clone(),
+        }),
+        EventBody::RoomCreated { .. } | EventBody::WorkerStop(_) => {}
     }
     Ok(())
 }
@@ -433,6 +475,30 @@ impl Engine {
                 }
                 TaskEffect::Reset { room, seq, at_ms } => {
                     c.reset_room_at(room, *seq, *at_ms)?;
+                }
+                TaskEffect::Cancel { room, seq, cancel } => {
+                    let effect = cancel
+                        .as_ref()
+                        .map(|(why, held)| room_store::backend::CancelEffect { at_ms, why, held });
+                    c.set_cancelled(room, *seq, effect.as_ref())?;
+                }
+                TaskEffect::Reconciled {
+                    hold,
+                    seq,
+                    by,
+                    outcome,
+                    evidence,
+                } => {
+                    c.resolve_hold(
+                        hold,
+                        &room_store::control::HoldResolution {
+                            seq: *seq,
+                            at_ms,
+                            by,
+                            outcome,
+                            evidence,
+                        },
+                    )?;
                 }
             }
         }
@@ -1047,9 +1113,33 @@ impl RoomHandle {
     pub(crate) fn commit_flagged(
         &mut self,
         engine: &Engine,
+        bodies: Vec<EventBody>,
+        fold: Option<CheckpointRow>,
+        flags: Vec<crate::event::Violation>,
+    ) -> Outcome<Vec<Record>> {
+        self.commit_inner(engine, bodies, fold, flags, None)
+    }
+
+    /// Commit one record under an id drawn before (the stop outbox names its records in its
+    /// files before they are committed, so that a replay commits exactly those).
+    pub(crate) fn commit_as(
+        &mut self,
+        engine: &Engine,
+        body: EventBody,
+        id: String,
+    ) -> Outcome<Record> {
+        assert!(id::is_event_id(&id), "a preassigned id is an event id");
+        let mut r = self.commit_inner(engine, vec![body], None, Vec::new(), Some(id))?;
+        Ok(r.remove(0))
+    }
+
+    fn commit_inner(
+        &mut self,
+        engine: &Engine,
         mut bodies: Vec<EventBody>,
         fold: Option<CheckpointRow>,
         flags: Vec<crate::event::Violation>,
+        first_id: Option<String>,
     ) -> Outcome<Vec<Record>> {
         self.writable()?;
         // held from sealing through the append: another writer of this room (another daemon
@@ -1069,7 +1159,8 @@ impl RoomHandle {
         let mut tip = journal.tip();
         let mut records = Vec::with_capacity(bodies.len() + flags.len());
         let first_hlc = tip.hlc.tick(engine.now_ms());
-        let first_id = id::event_id(first_hlc, engine.env.entropy.as_ref());
+        let first_id =
+            first_id.unwrap_or_else(|| id::event_id(first_hlc, engine.env.entropy.as_ref()));
         bodies.extend(flags.into_iter().map(|mut f| {
             f.event = Some(first_id.clone());
             EventBody::InvariantViolation(f)

@@ -103,10 +103,16 @@ impl Engine {
             .control()
             .view_gen(room, &|row, members| {
                 let (readers, participants) = view_roster(members);
-                digest_of(&json!({
+                let mut view = json!({
                     "admission": [row.admission_gen, row.admission_open], "reset": row.reset_gen,
                     "project": row.project_id, "participants": participants, "readers": readers,
-                }))
+                });
+                // a cancel or resume moves the view too (absent before the first, so that
+                // views of rooms never cancelled keep their digest across the upgrade)
+                if row.cancel_gen > 0 {
+                    view["cancel"] = json!([row.cancel_gen, row.cancelled]);
+                }
+                digest_of(&view)
             })
             .ok_or_else(|| Refusal::new(Code::RoomNotFound, "room vanished"))?;
         let conversation_key = digest_of(&json!({

@@ -195,6 +195,8 @@ impl Engine {
             admission_gen: 0,
             admission_open: true,
             archived_ms: None,
+            cancel_gen: 0,
+            cancelled: false,
         };
         // the shard, the control row and the handle appear together or not at all
         let _one_creation = self.rooms.creation_lock();
@@ -345,14 +347,14 @@ impl Engine {
     }
 
     /// Reset a room's view: every checkpoint is invalidated and agents must sync again.
-    pub fn room_reset(&self, _owner: &crate::Owner, room: &str) -> Outcome<Value> {
+    pub fn room_reset(&self, c: &crate::lifecycle::Control, room: &str) -> Outcome<Value> {
         let handle = self.room_handle(room)?;
         let mut h = lock_room(&handle);
         h.writable()?;
         h.commit(
             self,
             vec![EventBody::RoomReset {
-                actor: "owner".into(),
+                actor: c.actor().into(),
             }],
             None,
         )?;
@@ -362,7 +364,12 @@ impl Engine {
     /// Open or close a room's admission (the owner console): while closed no agent writes to
     /// it (`room_admission_closed`); reading goes on. Journaled, and a change moves the room's
     /// view, so every reader reads it again under the new admission.
-    pub fn room_admission(&self, _owner: &crate::Owner, room: &str, open: bool) -> Outcome<Value> {
+    pub fn room_admission(
+        &self,
+        c: &crate::lifecycle::Control,
+        room: &str,
+        open: bool,
+    ) -> Outcome<Value> {
         let handle = self.room_handle(room)?;
         let mut h = lock_room(&handle);
         h.writable()?;
@@ -381,7 +388,7 @@ impl Engine {
         let rec = h.commit(
             self,
             vec![EventBody::Admission {
-                actor: "owner".into(),
+                actor: c.actor().into(),
                 open,
             }],
             None,

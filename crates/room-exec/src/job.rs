@@ -226,6 +226,29 @@ impl Jobs {
 }
 
 impl Jobs {
+    /// Whether the job named `id`, of a daemon before this one, is seen empty now (after
+    /// `reap_stale`): its leaf gone (a leaf is removed only once seen empty) or unpopulated,
+    /// or, for process groups, no process left in group `pgid`. None when nothing can be
+    /// observed (a process group whose leader was never recorded).
+    pub fn observe_empty(&self, id: &str, pgid: Option<u32>) -> Option<Stopped> {
+        let start = Instant::now();
+        let seen = |kind, confirmed_empty: bool, remaining: Vec<u32>| Stopped {
+            kind,
+            confirmed_empty,
+            remaining,
+            waited_ms: u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX),
+        };
+        if let Some(base) = &self.base {
+            let leaf = base.join(id);
+            if !leaf.exists() || cgroup_empty(&leaf).unwrap_or(false) {
+                return Some(seen(JobKind::Cgroup, true, Vec::new()));
+            }
+            return Some(seen(JobKind::Cgroup, false, cgroup_members(&leaf)));
+        }
+        let members = crate::group_members(pgid?);
+        Some(seen(JobKind::ProcessGroup, members.is_empty(), members))
+    }
+
     /// At a daemon's shutdown: end every job still running and remove the base, so that
     /// nothing a worker started outlives its daemon. Returns how many jobs held processes.
     pub fn close(&self, wait_ms: u64) -> std::io::Result<usize> {
@@ -283,6 +306,11 @@ impl Job {
                 });
             }
         }
+    }
+
+    /// The started child's pid (its process group's id).
+    pub fn leader(&self) -> Option<u32> {
+        self.leader
     }
 
     /// Record the started child's pid (its process group's id).

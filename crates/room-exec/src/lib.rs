@@ -10,6 +10,7 @@
 //! grandchild holding the output pipes must not hang the caller.
 
 pub mod job;
+pub mod stop;
 
 use room_core::{RunOutcome, RunRequest, Runner};
 use rustix::process::{Pid, Signal, kill_process_group};

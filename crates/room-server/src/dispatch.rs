@@ -36,8 +36,6 @@ const OWNER_OPS: &[&str] = &[
     "project_source",
     "room_create",
     "room_members_add",
-    "room_reset",
-    "room_admission",
     "room_archive",
     "room_log",
     "room_audit",
@@ -52,8 +50,60 @@ const OWNER_OPS: &[&str] = &[
     "owner_task_show",
     "owner_task_check",
     "owner_task_override",
+    "stops_list",
     "ping",
 ];
+
+/// Lifecycle actions: the owner console or an operator-tier agent (control standing, decided
+/// by the engine from the caller's credential; no argument confers it).
+const CONTROL_OPS: &[&str] = &[
+    "room_cancel",
+    "room_resume",
+    "room_reset",
+    "room_admission",
+    "room_reconcile",
+    "break_glass",
+];
+
+/// The room a control op acts on (none for break-glass), read before its arguments are.
+fn control_room(op: &str, a: &Value) -> Option<String> {
+    (op != "break_glass")
+        .then(|| a.get("room").and_then(Value::as_str).map(String::from))
+        .flatten()
+}
+
+fn control_op(
+    engine: &Engine,
+    c: &room_engine::lifecycle::Control,
+    op: &str,
+    a: Value,
+) -> Result<Value, Refusal> {
+    match op {
+        "room_cancel" => {
+            let a: CancelArgs = args(a)?;
+            engine.room_cancel(c, &a.room, a.by.as_deref())
+        }
+        "room_resume" => engine.room_resume(c, &args::<RoomArgs>(a)?.room),
+        "room_reset" => engine.room_reset(c, &args::<RoomArgs>(a)?.room),
+        "room_admission" => {
+            let a: AdmissionArgs = args(a)?;
+            engine.room_admission(c, &a.room, a.open)
+        }
+        "room_reconcile" => {
+            let a: ReconcileArgs = args(a)?;
+            match (a.hold, a.outcome, a.evidence) {
+                (None, None, None) => engine.holds_view(c, &a.room),
+                (Some(h), Some(o), Some(e)) => engine.reconcile(c, &a.room, &h, &o, &e),
+                _ => Err(Refusal::invalid(
+                    "hold",
+                    "resolving a hold takes hold, outcome and evidence together",
+                )),
+            }
+        }
+        "break_glass" => engine.break_glass(c, args::<BreakGlassArgs>(a)?.engage),
+        _ => Err(Refusal::invalid("op", format!("unknown operation {op:?}"))),
+    }
+}
 
 fn args<T: DeserializeOwned>(v: Value) -> Result<T, Refusal> {
     let v = match v {
@@ -455,10 +505,10 @@ fn owner_op(engine: &Engine, owner: &Owner, op: &str, a: Value) -> Result<Value,
             let a: RoomAgentArgs = args(a)?;
             engine.room_members_add(owner, &a.room, &a.agent)
         }
-        "room_reset" => engine.room_reset(owner, &args::<RoomArgs>(a)?.room),
-        "room_admission" => {
-            let a: AdmissionArgs = args(a)?;
-            engine.room_admission(owner, &a.room, a.open)
+        _ if CONTROL_OPS.contains(&op) => control_op(engine, &owner.control(), op, a),
+        "stops_list" => {
+            args::<Empty>(a)?;
+            crate::workers::stops_view(engine)
         }
         "room_archive" => engine.room_archive(owner, &args::<RoomArgs>(a)?.room),
         "room_log" => {
@@ -528,6 +578,13 @@ fn agent_op(
     a: Value,
     ticket: Option<u64>,
 ) -> Result<TurnStep<Value>, Refusal> {
+    if CONTROL_OPS.contains(&op) {
+        let c = engine.control_actor(
+            &Caller::Agent(caller.clone()),
+            control_room(op, &a).as_deref(),
+        )?;
+        return control_op(engine, &c, op, a).map(TurnStep::Done);
+    }
     if OWNER_OPS.contains(&op) {
         // The engine decides: an agent has no owner standing, whatever its tier.
         engine.owner(&Caller::Agent(caller.clone()))?;

@@ -176,6 +176,37 @@ pub struct IndexRebuildArgs {
 #[serde(deny_unknown_fields)]
 pub struct Empty {}
 
+/// `room_cancel`: stop a room's work (control standing: the owner console or an operator).
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CancelArgs {
+    /// The room to cancel.
+    pub room: String,
+    /// Who you act for: recorded, grants nothing.
+    #[serde(default)]
+    #[schemars(length(min = 1, max = 128))]
+    pub by: Option<String>,
+}
+
+/// `room_reconcile`: list a room's held items, or resolve one (`hold`, `outcome`, `evidence`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReconcileArgs {
+    pub room: String,
+    #[serde(default)]
+    pub hold: Option<String>,
+    #[serde(default)]
+    pub outcome: Option<String>,
+    #[serde(default)]
+    pub evidence: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BreakGlassArgs {
+    pub engage: bool,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdmissionArgs {

@@ -18,11 +18,40 @@
 use room_agents::acp;
 use room_engine::Engine;
 use room_engine::dispatch::{Delivery, Exit, Launch, SessionSeen};
+use room_engine::lifecycle::{StopEnvelope, Trip};
 use room_exec::job::{Job, Jobs};
+use room_exec::stop::Outbox;
+use serde_json::{Value, json};
+use std::collections::HashMap;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use tokio::io::AsyncWriteExt;
+use tokio::sync::oneshot;
+
+/// How often the observer looks at every running launch's authority (and at once on any
+/// change a call announces).
+const OBSERVE_MS: u64 = 1_000;
+
+/// The launches this daemon runs, each with the sender that trips it.
+#[derive(Clone, Default)]
+struct Running(Arc<Mutex<HashMap<String, oneshot::Sender<Trip>>>>);
+
+impl Running {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, oneshot::Sender<Trip>>> {
+        // a panic while holding it leaves a map that is still a map
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A crash injected for the stop outbox's tests (`ROOM_FAULT`): the daemon aborts at the
+/// named point, as a kill -9 would stop it there.
+fn fault(point: &str) {
+    if std::env::var("ROOM_FAULT").is_ok_and(|f| f == point) {
+        tracing::error!("ROOM_FAULT={point}: aborting here");
+        std::process::abort();
+    }
+}
 
 /// How long a stopped group may take to be seen empty.
 pub(crate) const STOP_WAIT_MS: u64 = 5_000;
@@ -52,6 +81,8 @@ pub async fn run(engine: Arc<Engine>, env: WorkerEnv) {
             Ok(Err(e)) => tracing::error!("the jobs of a previous daemon were not looked at: {e}"),
             Err(e) => tracing::error!("reaping old jobs panicked: {e}"),
         }
+        // what a crash left between the phases of a stop is committed before anything else
+        replay_stops(&engine, &env).await;
         let engine = engine.clone();
         match tokio::task::spawn_blocking(move || engine.recover_launches()).await {
             Ok(Ok(0)) => {}
@@ -60,6 +91,8 @@ pub async fn run(engine: Arc<Engine>, env: WorkerEnv) {
             Err(e) => tracing::error!("launch recovery panicked: {e}"),
         }
     }
+    let running = Running::default();
+    tokio::spawn(observe(engine.clone(), running.clone()));
     let mut full = false;
     loop {
         // a pass that started as many launches as one may takes the next at once: the rest
@@ -85,7 +118,15 @@ pub async fn run(engine: Arc<Engine>, env: WorkerEnv) {
         };
         full = launches.len() >= room_engine::dispatch::LAUNCHES_PER_PASS_MAX;
         for l in launches {
-            tokio::spawn(run_launch(engine.clone(), env.clone(), l));
+            let (tx, rx) = oneshot::channel();
+            running.map().insert(l.id.clone(), tx);
+            tokio::spawn(run_launch(
+                engine.clone(),
+                env.clone(),
+                l,
+                rx,
+                running.clone(),
+            ));
         }
     }
 }
@@ -117,12 +158,60 @@ fn program(l: &Launch, env: &WorkerEnv) -> Result<(PathBuf, Vec<String>), String
     }
 }
 
-async fn run_launch(engine: Arc<Engine>, env: WorkerEnv, l: Launch) {
-    let (ran, job) = if matches!(l.route.adapter.as_str(), "openai" | "anthropic") {
-        (crate::api_worker::run(&engine, &l).await, None)
+/// The observer: once a second, and at once after any call that may have moved authority,
+/// it asks the engine which running launches lost theirs and trips each one's stop.
+async fn observe(engine: Arc<Engine>, running: Running) {
+    let mut changes = crate::dispatch::changes().subscribe();
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(OBSERVE_MS));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            r = changes.changed() => if r.is_err() { return },
+        }
+        if running.map().is_empty() {
+            continue;
+        }
+        let e = engine.clone();
+        let trips = match tokio::task::spawn_blocking(move || e.launch_trips()).await {
+            Ok(Ok(t)) => t,
+            Ok(Err(r)) => {
+                tracing::error!("the observer could not read launches: {r}");
+                continue;
+            }
+            Err(e) => {
+                tracing::error!("the observer panicked: {e}");
+                continue;
+            }
+        };
+        for t in trips {
+            if let Some(tx) = running.map().remove(&t.launch) {
+                tracing::warn!(launch = %t.launch, reason = t.reason, "stopping a worker: {}", t.detail);
+                let _ = tx.send(t);
+            }
+        }
+    }
+}
+
+async fn run_launch(
+    engine: Arc<Engine>,
+    env: WorkerEnv,
+    l: Launch,
+    mut trip: oneshot::Receiver<Trip>,
+    running: Running,
+) {
+    let (ran, job, tripped) = if matches!(l.route.adapter.as_str(), "openai" | "anthropic") {
+        tokio::select! {
+            r = crate::api_worker::run(&engine, &l) => (r, None, None),
+            Ok(t) = &mut trip => (Err("stopped".into()), None, Some(t)),
+        }
     } else {
-        start_and_wait(&engine, &env, &l).await
+        start_and_wait(&engine, &env, &l, &mut trip).await
     };
+    running.map().remove(&l.id);
+    if let Some(t) = tripped {
+        stop_with_outbox(&engine, &env, &l, job, t).await;
+        return;
+    }
     let mut exit = ran.unwrap_or_else(|why| {
         tracing::warn!(launch = %l.id, "worker did not run: {why}");
         Exit::process(None, false)
@@ -255,22 +344,62 @@ async fn start_and_wait(
     engine: &Arc<Engine>,
     env: &WorkerEnv,
     l: &Launch,
-) -> (Result<Exit, String>, Option<Job>) {
+    trip: &mut oneshot::Receiver<Trip>,
+) -> (Result<Exit, String>, Option<Job>, Option<Trip>) {
+    let (ran, job) = start_inner(engine, env, l, trip).await;
+    match ran {
+        Ran::Done(r) => (r, job, None),
+        Ran::Tripped(t) => (Err("stopped".into()), job, Some(t)),
+    }
+}
+
+enum Ran {
+    Done(Result<Exit, String>),
+    Tripped(Trip),
+}
+
+async fn start_inner(
+    engine: &Arc<Engine>,
+    env: &WorkerEnv,
+    l: &Launch,
+    trip: &mut oneshot::Receiver<Trip>,
+) -> (Ran, Option<Job>) {
+    let (r, job) = start_job(env, l);
+    let (mut child, pid, mut job) = match r {
+        Ok(started) => started,
+        Err(e) => return (Ran::Done(Err(e)), job),
+    };
+    job.started(pid);
+    let cwd = launch_cwd(env, l);
+    tokio::select! {
+        ran = claim_and_run(engine, env, l, &mut child, pid, cwd) => (Ran::Done(ran), Some(job)),
+        Ok(t) = trip => (Ran::Tripped(t), Some(job)),
+    }
+}
+
+fn launch_cwd(env: &WorkerEnv, l: &Launch) -> PathBuf {
+    l.route
+        .cwd
+        .as_deref()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| env.state_dir.join("workers").join(&l.id))
+}
+
+type Started = (tokio::process::Child, u32, Job);
+
+/// Make the launch's directory and job and spawn its worker inside the job. The job comes
+/// back on every path where one was made, for the caller to stop.
+fn start_job(env: &WorkerEnv, l: &Launch) -> (Result<Started, String>, Option<Job>) {
     let dir = match worker_dir(&env.state_dir, &l.id) {
         Ok(d) => d,
         Err(e) => return (Err(e.to_string()), None),
     };
-    let cwd = l
-        .route
-        .cwd
-        .as_deref()
-        .map(PathBuf::from)
-        .unwrap_or(dir.clone());
+    let cwd = launch_cwd(env, l);
     let mut cmd = match command(env, l, &dir, &cwd) {
         Ok(c) => c,
         Err(e) => return (Err(e), None),
     };
-    let mut job = match env.jobs.create(&l.id) {
+    let job = match env.jobs.create(&l.id) {
         Ok(j) => j,
         Err(e) => return (Err(format!("the launch's job: {e}")), None),
     };
@@ -278,7 +407,7 @@ async fn start_and_wait(
     let spawned = cmd.spawn();
     // the command holds the leaf's cgroup.procs open for the child; no longer needed
     drop(cmd);
-    let mut child = match spawned {
+    let child = match spawned {
         Ok(c) => c,
         Err(e) => {
             let prog = l.route.command.first().map_or("room", |p| p.as_str());
@@ -291,9 +420,7 @@ async fn start_and_wait(
             Some(job),
         );
     };
-    job.started(pid);
-    let ran = claim_and_run(engine, env, l, &mut child, pid, cwd).await;
-    (ran, Some(job))
+    (Ok((child, pid, job)), None)
 }
 
 /// The split-lock claim (the permit is read again before the worker's credential works), then
@@ -441,4 +568,218 @@ async fn stop(mut job: Job) -> (Option<Job>, serde_json::Value) {
     let observed = serde_json::json!({"kind": s.kind.as_str(), "confirmed_empty": s.confirmed_empty,
         "remaining": s.remaining, "waited_ms": s.waited_ms});
     ((!s.confirmed_empty).then_some(job), observed)
+}
+
+/// The outbox of this daemon's stops.
+fn outbox(env: &WorkerEnv) -> Outbox {
+    Outbox::new(env.state_dir.join("stops"))
+}
+
+/// A phase file: what the record says, readable on its own, with the envelope to commit.
+fn phase_doc(e: &StopEnvelope, job: &Value) -> Result<Value, String> {
+    let rec = e.record().map_err(|r| r.to_string())?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    Ok(json!({
+        "schema": room_exec::stop::STOP_SCHEMA, "stop": e.stop, "phase": rec.phase,
+        "room": e.room, "launch": rec.launch, "agent": rec.agent, "reason": rec.reason,
+        "termination_confirmed": rec.termination_confirmed, "pending": rec.pending,
+        "predecessor": rec.predecessor, "observed": rec.observed, "job": job,
+        "written_ms": now, "event_id": e.event_id, "envelope_sha256": e.envelope_sha256,
+        "envelope": e,
+    }))
+}
+
+/// Run `f` on the blocking pool; a panic is an error.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| format!("panicked: {e}"))?
+}
+
+/// Commit one phase's record and mark it committed.
+async fn commit_phase(
+    engine: &Arc<Engine>,
+    env: &WorkerEnv,
+    e: &StopEnvelope,
+) -> Result<(), String> {
+    let (engine, ob, e) = (engine.clone(), outbox(env), e.clone());
+    blocking(move || {
+        engine.stop_commit(&e).map_err(|r| r.to_string())?;
+        let phase = e.record().map_err(|r| r.to_string())?.phase;
+        ob.mark_committed(&e.stop, phase, &e.event_id)
+            .map_err(|x| x.to_string())
+    })
+    .await
+}
+
+/// Stop a launch whose authority tripped, through the two-phase outbox: phase 1 on disk and
+/// committed before the kill, phase 2 only once zero processes were observed in its job.
+/// A job never seen empty keeps its launch unconfirmed and its stop at phase 1.
+async fn stop_with_outbox(
+    engine: &Arc<Engine>,
+    env: &WorkerEnv,
+    l: &Launch,
+    job: Option<Job>,
+    t: Trip,
+) {
+    let job_doc = json!({"kind": job.as_ref().map_or("none", |j| j.kind().as_str()),
+        "pid": job.as_ref().and_then(Job::leader)});
+    let p1 = engine.stop_phase1(&t);
+    let written = match phase_doc(&p1, &job_doc) {
+        Ok(doc) => {
+            let (ob, stop) = (outbox(env), p1.stop.clone());
+            blocking(move || ob.write_phase1(&stop, &doc).map_err(|e| e.to_string())).await
+        }
+        Err(e) => Err(e),
+    };
+    // an outbox that cannot be written still stops the worker; it only cannot prove it later
+    let recorded = match written {
+        Ok(()) => {
+            fault("stop_after_phase1");
+            match commit_phase(engine, env, &p1).await {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::error!(launch = %l.id, stop = %p1.stop, "phase 1 not committed (the next start commits it): {e}");
+                    true
+                }
+            }
+        }
+        Err(e) => {
+            tracing::error!(launch = %l.id, "the stop outbox could not be written: {e}");
+            false
+        }
+    };
+    let observed = match job {
+        Some(job) => match stop_until_confirmed(engine, l, job).await {
+            Some(o) => o,
+            // not seen empty: the launch stays unconfirmed, the stop at phase 1
+            None => return,
+        },
+        None => json!({"kind": "none", "confirmed_empty": true, "remaining": [],
+            "why": "an api launch runs no process: its request was dropped"}),
+    };
+    let mut stop = Value::Null;
+    if recorded {
+        match finish_stop(engine, env, &p1, observed.clone(), &job_doc).await {
+            Ok(()) => stop = json!(p1.stop),
+            Err(e) => tracing::error!(launch = %l.id, stop = %p1.stop, "phase 2: {e}"),
+        }
+    }
+    let (engine, id, reason) = (engine.clone(), l.id.clone(), t.reason);
+    let stop_id = stop.as_str().unwrap_or("").to_string();
+    match tokio::task::spawn_blocking(move || {
+        engine.launch_stopped(&id, reason, &stop_id, observed)
+    })
+    .await
+    {
+        Ok(Ok(v)) => tracing::info!(launch = %l.id, "launch stopped: {v}"),
+        Ok(Err(r)) => tracing::error!(launch = %l.id, "launch stop not recorded: {r}"),
+        Err(e) => tracing::error!(launch = %l.id, "launch stop panicked: {e}"),
+    }
+}
+
+/// Phase 2 of a stop whose zero processes were observed: written, then committed.
+async fn finish_stop(
+    engine: &Arc<Engine>,
+    env: &WorkerEnv,
+    p1: &StopEnvelope,
+    observed: Value,
+    job_doc: &Value,
+) -> Result<(), String> {
+    let p2 = engine
+        .stop_phase2(p1, observed)
+        .map_err(|r| r.to_string())?;
+    let doc = phase_doc(&p2, job_doc)?;
+    let (ob, stop) = (outbox(env), p2.stop.clone());
+    blocking(move || ob.write_phase2(&stop, &doc).map_err(|e| e.to_string())).await?;
+    fault("stop_after_phase2");
+    commit_phase(engine, env, &p2).await
+}
+
+/// At start: commit, in causal order, every stop record a crash left written but not
+/// committed, and finish each stop left at phase 1 whose job is seen empty now (after the
+/// previous daemon's jobs were reaped). Phase 2 is never committed before its phase 1.
+async fn replay_stops(engine: &Arc<Engine>, env: &WorkerEnv) {
+    let ob = outbox(env);
+    let pending = match blocking(move || ob.pending().map_err(|e| e.to_string())).await {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::error!("the stop outbox could not be read: {e}");
+            return;
+        }
+    };
+    for s in pending {
+        if let Err(e) = replay_stop(engine, env, &s).await {
+            tracing::error!(stop = %s.stop, "stop not replayed: {e}");
+        }
+    }
+}
+
+async fn replay_stop(
+    engine: &Arc<Engine>,
+    env: &WorkerEnv,
+    s: &room_exec::stop::StopFiles,
+) -> Result<(), String> {
+    let envelope = |doc: &Option<Value>| -> Result<Option<StopEnvelope>, String> {
+        doc.as_ref()
+            .map(|d| serde_json::from_value(d["envelope"].clone()).map_err(|e| e.to_string()))
+            .transpose()
+    };
+    let p1 = envelope(&s.phase1)?.ok_or("phase 2 without its phase 1")?;
+    if !s.committed[0] {
+        commit_phase(engine, env, &p1).await?;
+        tracing::warn!(stop = %s.stop, "replayed phase 1");
+    }
+    if let Some(p2) = envelope(&s.phase2)? {
+        if !s.committed[1] {
+            commit_phase(engine, env, &p2).await?;
+            tracing::warn!(stop = %s.stop, "replayed phase 2");
+        }
+        return Ok(());
+    }
+    let doc1 = s.phase1.as_ref().expect("p1 came from it");
+    let rec = p1.record().map_err(|r| r.to_string())?;
+    let (jobs, launch) = (env.jobs.clone(), rec.launch.clone());
+    let pid = doc1["job"]["pid"]
+        .as_u64()
+        .and_then(|p| u32::try_from(p).ok());
+    let seen = blocking(move || Ok(jobs.observe_empty(&launch, pid))).await?;
+    match seen {
+        Some(o) if o.confirmed_empty => {
+            let observed = json!({"kind": o.kind.as_str(), "confirmed_empty": true,
+                "remaining": o.remaining, "waited_ms": o.waited_ms, "at": "restart"});
+            finish_stop(engine, env, &p1, observed, &doc1["job"]).await?;
+            tracing::warn!(stop = %s.stop, "a stop left at phase 1 saw its job empty at this start");
+            Ok(())
+        }
+        _ => Err("its job is not seen empty: termination stays unconfirmed".into()),
+    }
+}
+
+/// The owner's view of the outbox: every stop, newest first, with its phases.
+pub(crate) fn stops_view(engine: &Engine) -> Result<Value, room_core::Refusal> {
+    let ob = Outbox::new(engine.state().root.join("stops"));
+    let stops = ob.list(256).map_err(room_core::Refusal::storage)?;
+    let rows: Vec<Value> = stops
+        .iter()
+        .map(|s| {
+            let p = |d: &Option<Value>| {
+                d.as_ref().map(|d| {
+                    json!({"event_id": d["event_id"], "termination_confirmed": d["termination_confirmed"],
+                    "pending": d["pending"], "predecessor": d["predecessor"], "observed": d["observed"]})
+                })
+            };
+            let d1 = s.phase1.as_ref();
+            json!({"stop": s.stop, "launch": d1.map(|d| &d["launch"]), "room": d1.map(|d| &d["room"]),
+                "agent": d1.map(|d| &d["agent"]), "reason": d1.map(|d| &d["reason"]),
+                "phase_1": p(&s.phase1), "phase_2": p(&s.phase2),
+                "committed": {"phase_1": s.committed[0], "phase_2": s.committed[1]},
+                "termination_confirmed": s.phase2.is_some()})
+        })
+        .collect();
+    Ok(json!({"stops": rows}))
 }

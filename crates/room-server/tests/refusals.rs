@@ -258,7 +258,6 @@ fn owner_required() {
             "agent_policy",
             json!({"name": "beta", "max_tier": "operator"}),
         ),
-        ("room_reset", json!({"room": "coord"})),
         ("rooms", json!({})),
         ("wakes_list", json!({})),
         ("wakes_obligations", json!({"room": "coord"})),

@@ -1580,7 +1580,7 @@ impl Sim {
         let room = self.rooms[self.rng.below(self.rooms.len() as u64) as usize].clone();
         if self
             .checked(format!("owner reset {room}"), |e| {
-                e.room_reset(&sim_owner(e), &room)
+                e.room_reset(&sim_owner(e).control(), &room)
             })?
             .is_ok()
         {
@@ -1648,7 +1648,7 @@ impl Sim {
     /// Every archived room is still archived and refuses writes.
     fn check_archived(&mut self) -> Result<(), Failure> {
         for room in self.archived.clone() {
-            let out = self.e().room_reset(&self.owner(), &room);
+            let out = self.e().room_reset(&self.owner().control(), &room);
             match out {
                 Err(r) if r.code == Code::RoomArchived => {}
                 other => {

@@ -96,6 +96,8 @@ pub trait RoomIndex: Send {
     fn evidence_of_task(&self, task: &str, limit: usize) -> Result<Vec<EvidenceRow>>;
     fn ops_of_task(&self, task: &str, limit: usize) -> Result<Vec<OpRow>>;
     fn lapsed_ops(&self, now_ms: u64, limit: usize) -> Result<Vec<OpRow>>;
+    /// Operations not resolved, oldest first, at most `limit`: what a cancel holds.
+    fn ops_unresolved(&self, limit: usize) -> Result<Vec<OpRow>>;
     /// Drop the projection (receipts and checkpoints stay) for a rebuild from the log.
     fn clear_projection(&mut self) -> Result<()>;
     fn event_by_seq(&self, seq: u64) -> Result<Option<EventRow>>;
@@ -149,6 +151,14 @@ pub trait BlobStore: Send + Sync {
     fn get(&self, sha: &str, ext: &str) -> std::io::Result<Vec<u8>>;
     /// Remove what an interrupted `put` left; how many.
     fn sweep_temps(&self) -> std::io::Result<usize>;
+}
+
+/// What a cancel record changes beyond the room row: why its permits died, and what it held.
+#[derive(Debug, Clone, Copy)]
+pub struct CancelEffect<'a> {
+    pub at_ms: u64,
+    pub why: &'a str,
+    pub held: &'a [room_core::event::Held],
 }
 
 /// The machine-wide control store. Every write is durable before it returns.
@@ -207,6 +217,26 @@ pub trait ControlStore: Send {
     /// Open or close the room's admission as of the admission record at `seq` (its admission
     /// generation); a replay is a no-op.
     fn set_admission(&mut self, room: &str, seq: u64, open: bool) -> Result<()>;
+    /// Cancel (with `cancel`) or resume (without) the room as of the record at `seq`, its new
+    /// cancel generation. A cancel dead-letters the room's queued permits and keeps the items
+    /// it held, in the same transaction. A replay is a no-op.
+    fn set_cancelled(
+        &mut self,
+        room: &str,
+        seq: u64,
+        cancel: Option<&CancelEffect<'_>>,
+    ) -> Result<()>;
+    /// How many of the room's permits were dead-lettered with `reason`.
+    fn wakes_dead_count(&self, room: &str, reason: &str) -> Result<u64>;
+    /// A room's holds, oldest first, at most `limit` (and `control::HOLDS_PAGE_MAX`).
+    fn holds(&self, room: &str, limit: usize) -> Result<Vec<crate::control::HoldRow>>;
+    fn hold(&self, id: &str) -> Result<Option<crate::control::HoldRow>>;
+    /// Resolve a hold; false when it was already resolved (a replay).
+    fn resolve_hold(&mut self, id: &str, r: &crate::control::HoldResolution<'_>) -> Result<bool>;
+    /// Whether break-glass is engaged: nothing dispatches, no worker runs.
+    fn break_glass(&self) -> Result<bool>;
+    /// Engage or release break-glass; either advances the control epoch, which is returned.
+    fn set_break_glass(&mut self, engaged: bool) -> Result<u64>;
     fn task(&self, id: &str) -> Result<Option<TaskRow>>;
     fn children(&self, parent: &str) -> Result<Vec<TaskRow>>;
     /// Claimed tasks that name a scope, in one project (or, outside projects, one room).

@@ -47,6 +47,7 @@ pub const CASES: &[(&str, Case)] = &[
         control_task_specs_and_checks,
     ),
     ("control_wakes", control_wakes),
+    ("control_cancel_and_holds", control_cancel_and_holds),
     ("control_change_stamp", control_change_stamp),
     (
         "shard_creation_is_whole_or_nothing",
@@ -106,6 +107,8 @@ fn room(name: &str, project: Option<&str>) -> RoomRow {
         admission_gen: 0,
         admission_open: true,
         archived_ms: None,
+        cancel_gen: 0,
+        cancelled: false,
     }
 }
 
@@ -867,6 +870,92 @@ pub fn control_wakes(h: &mut dyn Harness) {
 }
 
 /// A read leaves the change stamp as it was; a write moves it.
+/// A cancel dead-letters the room's queued permits (not another room's), keeps its holds and
+/// moves the cancel generation; a replay is a no-op; a resume clears the flag only. A hold is
+/// resolved once. Break-glass moves the control epoch both ways. All of it survives reopening.
+pub fn control_cancel_and_holds(h: &mut dyn Harness) {
+    use crate::backend::CancelEffect;
+    use crate::control::HoldResolution;
+    let store = h.fresh();
+    let held = [room_core::event::Held {
+        hold: "hld_1".into(),
+        kind: "destination_operation".into(),
+        item: "op_1".into(),
+        agent: Some("x".into()),
+        task: None,
+    }];
+    let w = |room: &str, src: &str| WakeRow {
+        room: room.into(),
+        agent: "x".into(),
+        source_event: src.into(),
+        created_ms: 10,
+        permit: "p".into(),
+        state: crate::control::WAKE_QUEUED.into(),
+        reason: None,
+        detail: None,
+    };
+    {
+        let mut c = store.open_control().unwrap();
+        c.insert_room(&room("a", None), &[]).unwrap();
+        c.insert_room(&room("b", None), &[]).unwrap();
+        c.insert_wakes(&[w("a", "e1"), w("b", "e2")]).unwrap();
+        let e = CancelEffect {
+            at_ms: 50,
+            why: "cancelled",
+            held: &held,
+        };
+        c.set_cancelled("a", 5, Some(&e)).unwrap();
+        // a replay of the same record, or an older one, changes nothing
+        c.set_cancelled("a", 5, Some(&e)).unwrap();
+        c.set_cancelled("a", 4, None).unwrap();
+        let r = c.room("a").unwrap().unwrap();
+        assert_eq!((r.cancel_gen, r.cancelled), (5, true));
+        assert_eq!(c.wakes_dead_count("a", "room_cancelled").unwrap(), 1);
+        assert_eq!(c.wakes_dead_count("b", "room_cancelled").unwrap(), 0);
+        assert_eq!(c.holds("a", 10).unwrap().len(), 1);
+        let epoch = c.control_epoch().unwrap();
+        assert!(!c.break_glass().unwrap());
+        assert_eq!(c.set_break_glass(true).unwrap(), epoch + 1);
+        assert!(c.break_glass().unwrap());
+        assert_eq!(c.set_break_glass(false).unwrap(), epoch + 2);
+        let res = HoldResolution {
+            seq: 6,
+            at_ms: 60,
+            by: "owner",
+            outcome: "accepted",
+            evidence: "seen",
+        };
+        assert!(c.resolve_hold("hld_1", &res).unwrap());
+        assert!(!c.resolve_hold("hld_1", &res).unwrap(), "once");
+        assert!(!c.resolve_hold("hld_unknown", &res).unwrap());
+    }
+    let store = h.reopen();
+    let mut c = store.open_control().unwrap();
+    let state = |c: &dyn crate::backend::ControlStore, room: &str, src: &str| {
+        let w = c.wake(room, "x", src).unwrap().unwrap();
+        (w.state, w.reason)
+    };
+    assert_eq!(
+        state(c.as_ref(), "a", "e1"),
+        ("dead".into(), Some("room_cancelled".into()))
+    );
+    assert_eq!(state(c.as_ref(), "b", "e2"), ("queued".into(), None));
+    let hold = c.hold("hld_1").unwrap().unwrap();
+    assert_eq!(
+        (hold.resolved_seq, hold.outcome.as_deref(), hold.cancel_seq),
+        (Some(6), Some("accepted"), 5)
+    );
+    assert!(!c.break_glass().unwrap());
+    c.set_cancelled("a", 7, None).unwrap();
+    let r = c.room("a").unwrap().unwrap();
+    assert_eq!((r.cancel_gen, r.cancelled), (7, false));
+    assert_eq!(
+        state(c.as_ref(), "a", "e1").0,
+        "dead",
+        "dead letters stay dead"
+    );
+}
+
 pub fn control_change_stamp(h: &mut dyn Harness) {
     let store = h.fresh();
     let mut c = store.open_control().unwrap();

@@ -215,7 +215,87 @@ CREATE TABLE sessions (
 CREATE INDEX sessions_agent ON sessions(agent, updated_ms);
 CREATE UNIQUE INDEX sessions_bound ON sessions(agent) WHERE bound = 1;
 "#,
+    // active cancellation: a room's cancel generation (the seq of its newest cancel or resume
+    // record) and whether it is cancelled; the control epoch and cancel generation each launch
+    // started under (the observer stops a launch whose authority moved past them); the items
+    // a cancel held for reconciliation; break-glass
+    r#"
+ALTER TABLE rooms ADD COLUMN cancel_gen INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE rooms ADD COLUMN cancelled INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE launches ADD COLUMN control_epoch INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE launches ADD COLUMN cancel_gen INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE holds (
+    id TEXT PRIMARY KEY,
+    room TEXT NOT NULL REFERENCES rooms(name),
+    kind TEXT NOT NULL,
+    item TEXT NOT NULL,
+    agent TEXT,
+    task TEXT,
+    cancel_seq INTEGER NOT NULL,
+    created_ms INTEGER NOT NULL,
+    resolved_seq INTEGER,
+    resolved_ms INTEGER,
+    resolved_by TEXT,
+    outcome TEXT,
+    evidence TEXT
+) STRICT;
+CREATE INDEX holds_room ON holds(room, created_ms);
+INSERT INTO meta (key, value) VALUES ('break_glass', '0');
+"#,
 ];
+
+/// Holds one listing shows at most (oldest first).
+pub const HOLDS_PAGE_MAX: usize = 256;
+
+/// An item a cancel held until an operator reconciles it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HoldRow {
+    pub id: String,
+    pub room: String,
+    /// `destination_operation` or `model_request`.
+    pub kind: String,
+    pub item: String,
+    pub agent: Option<String>,
+    pub task: Option<String>,
+    /// The seq of the cancel record that held it.
+    pub cancel_seq: u64,
+    pub created_ms: u64,
+    pub resolved_seq: Option<u64>,
+    pub resolved_ms: Option<u64>,
+    pub resolved_by: Option<String>,
+    pub outcome: Option<String>,
+    pub evidence: Option<String>,
+}
+
+const HOLD_COLS: &str = "id, room, kind, item, agent, task, cancel_seq, created_ms, resolved_seq, resolved_ms, resolved_by, outcome, evidence";
+
+fn hold_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<HoldRow> {
+    Ok(HoldRow {
+        id: r.get(0)?,
+        room: r.get(1)?,
+        kind: r.get(2)?,
+        item: r.get(3)?,
+        agent: r.get(4)?,
+        task: r.get(5)?,
+        cancel_seq: u(r.get(6)?),
+        created_ms: u(r.get(7)?),
+        resolved_seq: r.get::<_, Option<i64>>(8)?.map(u),
+        resolved_ms: r.get::<_, Option<i64>>(9)?.map(u),
+        resolved_by: r.get(10)?,
+        outcome: r.get(11)?,
+        evidence: r.get(12)?,
+    })
+}
+
+/// An operator's resolution of a hold, as its `reconciled` record says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HoldResolution<'a> {
+    pub seq: u64,
+    pub at_ms: u64,
+    pub by: &'a str,
+    pub outcome: &'a str,
+    pub evidence: &'a str,
+}
 
 /// Sessions one listing shows at most (newest first).
 pub const SESSIONS_PAGE_MAX: usize = 256;
@@ -348,6 +428,9 @@ pub struct LaunchRow {
     pub delivery: Option<String>,
     /// When the split-lock claim made it running.
     pub started_ms: Option<u64>,
+    /// The control epoch and the room's cancel generation it was dispatched under.
+    pub control_epoch: u64,
+    pub cancel_gen: u64,
 }
 
 /// How a launch ended, as `launch_ended` records it.
@@ -363,7 +446,7 @@ pub struct LaunchEnd {
     pub session: Option<SessionRow>,
 }
 
-const LAUNCH_COLS: &str = "id, room, agent, source_event, secret_sha256, permit_sha256, state, pid, created_ms, not_after_ms, ended_ms, outcome, proof, detail, delivery, started_ms";
+const LAUNCH_COLS: &str = "id, room, agent, source_event, secret_sha256, permit_sha256, state, pid, created_ms, not_after_ms, ended_ms, outcome, proof, detail, delivery, started_ms, control_epoch, cancel_gen";
 
 fn launch_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<LaunchRow> {
     Ok(LaunchRow {
@@ -383,6 +466,8 @@ fn launch_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<LaunchRow> {
         detail: r.get(13)?,
         delivery: r.get(14)?,
         started_ms: r.get::<_, Option<i64>>(15)?.map(u),
+        control_epoch: u(r.get(16)?),
+        cancel_gen: u(r.get(17)?),
     })
 }
 
@@ -509,6 +594,11 @@ pub struct RoomRow {
     pub admission_open: bool,
     /// When the owner archived the room (read-only from then on), if it was.
     pub archived_ms: Option<u64>,
+    /// The seq of its newest cancel or resume record (0 before any): a launch started under
+    /// another generation no longer has its room's authority.
+    pub cancel_gen: u64,
+    /// Cancelled: nothing of it is dispatched until a control actor resumes it.
+    pub cancelled: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -709,6 +799,14 @@ impl SqliteControl {
         Ok(())
     }
 
+    fn load_meta_u64(&self, key: &str) -> Result<u64> {
+        let v: String =
+            self.conn
+                .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))?;
+        v.parse()
+            .map_err(|_| StoreError::Corrupt(format!("meta {key} {v:?}")))
+    }
+
     fn load_control_epoch(&self) -> Result<u64> {
         let v: String = self.conn.query_row(
             "SELECT value FROM meta WHERE key = 'control_epoch'",
@@ -787,7 +885,7 @@ impl SqliteControl {
             .collect::<rusqlite::Result<_>>()?)
     }
 
-    const ROOM_COLS: &'static str = "name, graph_id, project_id, created_ms, revision, reset_gen, reset_ms, admission_gen, archived_ms, admission_open";
+    const ROOM_COLS: &'static str = "name, graph_id, project_id, created_ms, revision, reset_gen, reset_ms, admission_gen, archived_ms, admission_open, cancel_gen, cancelled";
 
     fn room_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<RoomRow> {
         Ok(RoomRow {
@@ -801,6 +899,8 @@ impl SqliteControl {
             admission_gen: u(r.get(7)?),
             archived_ms: r.get::<_, Option<i64>>(8)?.map(u),
             admission_open: r.get(9)?,
+            cancel_gen: u(r.get(10)?),
+            cancelled: r.get(11)?,
         })
     }
 
@@ -1110,6 +1210,120 @@ impl ControlStore for SqliteControl {
                 params![room, seq as i64, at_ms as i64],
             )?;
             c.reload_room(room)
+        })
+    }
+
+    fn set_cancelled(
+        &mut self,
+        room: &str,
+        seq: u64,
+        cancel: Option<&crate::backend::CancelEffect<'_>>,
+    ) -> Result<()> {
+        self.write(|c| {
+            let tx = c.conn.transaction()?;
+            let n = tx.execute(
+                "UPDATE rooms SET cancel_gen = ?2, cancelled = ?3, revision = revision + 1
+                 WHERE name = ?1 AND cancel_gen < ?2",
+                params![room, seq as i64, cancel.is_some()],
+            )?;
+            if n == 1
+                && let Some(e) = cancel
+            {
+                // queued and deferred permits die with the cancel, never to be retried
+                tx.execute(
+                    "UPDATE wakes SET state = 'dead', reason = 'room_cancelled', detail = ?2,
+                        checked_ms = ?3
+                     WHERE room = ?1 AND state = 'queued'",
+                    params![room, e.why, e.at_ms as i64],
+                )?;
+                let mut st = tx.prepare_cached(&format!(
+                    "INSERT OR IGNORE INTO holds ({HOLD_COLS})
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, NULL, NULL, NULL, NULL, NULL)"
+                ))?;
+                for h in e.held {
+                    st.execute(params![
+                        h.hold,
+                        room,
+                        h.kind,
+                        h.item,
+                        h.agent,
+                        h.task,
+                        seq as i64,
+                        e.at_ms as i64
+                    ])?;
+                }
+            }
+            tx.commit()?;
+            c.reload_room(room)
+        })
+    }
+
+    fn wakes_dead_count(&self, room: &str, reason: &str) -> Result<u64> {
+        let n: i64 = self.conn.query_row(
+            "SELECT COUNT(*) FROM wakes WHERE room = ?1 AND state = 'dead' AND reason = ?2",
+            params![room, reason],
+            |r| r.get(0),
+        )?;
+        Ok(u(n))
+    }
+
+    fn holds(&self, room: &str, limit: usize) -> Result<Vec<HoldRow>> {
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {HOLD_COLS} FROM holds WHERE room = ?1 ORDER BY created_ms, id LIMIT ?2"
+        ))?;
+        let rows = st.query_map(
+            params![room, limit.min(HOLDS_PAGE_MAX) as i64],
+            hold_from_row,
+        )?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    fn hold(&self, id: &str) -> Result<Option<HoldRow>> {
+        Ok(self
+            .conn
+            .prepare_cached(&format!("SELECT {HOLD_COLS} FROM holds WHERE id = ?1"))?
+            .query_row([id], hold_from_row)
+            .optional()?)
+    }
+
+    fn resolve_hold(&mut self, id: &str, r: &HoldResolution<'_>) -> Result<bool> {
+        self.write(|c| {
+            let n = c.conn.execute(
+                "UPDATE holds SET resolved_seq = ?2, resolved_ms = ?3, resolved_by = ?4,
+                    outcome = ?5, evidence = ?6
+                 WHERE id = ?1 AND resolved_seq IS NULL",
+                params![
+                    id,
+                    r.seq as i64,
+                    r.at_ms as i64,
+                    r.by,
+                    r.outcome,
+                    r.evidence
+                ],
+            )?;
+            Ok(n == 1)
+        })
+    }
+
+    fn break_glass(&self) -> Result<bool> {
+        Ok(self.load_meta_u64("break_glass")? == 1)
+    }
+
+    fn set_break_glass(&mut self, engaged: bool) -> Result<u64> {
+        self.write(|c| {
+            let tx = c.conn.transaction()?;
+            tx.execute(
+                "UPDATE meta SET value = ?1 WHERE key = 'break_glass'",
+                [if engaged { "1" } else { "0" }],
+            )?;
+            tx.execute(
+                "UPDATE meta SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT)
+                 WHERE key = 'control_epoch'",
+                [],
+            )?;
+            tx.commit()?;
+            c.cache.epoch = c.load_control_epoch()?;
+            Ok(c.cache.epoch)
         })
     }
 
@@ -1560,11 +1774,11 @@ impl ControlStore for SqliteControl {
                 )));
             }
             tx.execute(
-                &format!("INSERT INTO launches ({LAUNCH_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"),
+                &format!("INSERT INTO launches ({LAUNCH_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)"),
                 params![l.id, l.room, l.agent, l.source_event, l.secret_sha256, l.permit_sha256,
                     l.state, l.pid.map(i64::from), l.created_ms as i64, l.not_after_ms as i64,
                     l.ended_ms.map(|v| v as i64), l.outcome, l.proof, l.detail, l.delivery,
-                    l.started_ms.map(|v| v as i64)],
+                    l.started_ms.map(|v| v as i64), l.control_epoch as i64, l.cancel_gen as i64],
             )?;
             tx.commit()?;
             Ok(())

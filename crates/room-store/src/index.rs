@@ -1417,6 +1417,14 @@ impl RoomIndex for Index {
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
+    fn ops_unresolved(&self, limit: usize) -> Result<Vec<OpRow>> {
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {OP_COLS} FROM ops WHERE state != 'resolved' ORDER BY began_seq LIMIT ?1"
+        ))?;
+        let rows = st.query_map(params![limit as i64], op_from_row)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
     /// `resolution` for operations: unresolved past their TTL, not yet recorded in doubt.
     fn lapsed_ops(&self, now_ms: u64, limit: usize) -> Result<Vec<OpRow>> {
         let mut st = self.conn.prepare_cached(&format!(

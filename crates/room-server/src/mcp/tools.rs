@@ -3,8 +3,8 @@
 //! and HTTP reach the same engine calls under the same authorization.
 
 use crate::wire::{
-    ComposeArgs, EvidenceArgs, OpArgs, OpBeginArgs, SourceReadArgs, SyncArgs, TaskAmendArgs,
-    TaskArgs, TaskClaimArgs, TaskCreateArgs, TaskSupersedeArgs, TurnWire,
+    CancelArgs, ComposeArgs, EvidenceArgs, OpArgs, OpBeginArgs, SourceReadArgs, SyncArgs,
+    TaskAmendArgs, TaskArgs, TaskClaimArgs, TaskCreateArgs, TaskSupersedeArgs, TurnWire,
 };
 use schemars::JsonSchema;
 use schemars::generate::SchemaSettings;
@@ -382,13 +382,25 @@ Unresolved past ttl_ms it is recorded in doubt.",
             input: object(input_schema::<OpArgs>()),
         },
         ToolDef {
+            name: "room_cancel",
+            op: "room_cancel",
+            description: "Operator tier only: cancel a room. Queued wakes die, running workers stop (zero processes confirmed), \
+obligations stay open, unresolved operations are held for reconciliation.",
+            input: object(input_schema::<CancelArgs>()),
+        },
+        ToolDef {
             name: "op_resolve",
             op: "op_resolve",
             description: "Record your operation's outcome.",
             input: object(input_schema::<OpArgs>()),
         },
     ];
-    let actions: Vec<&str> = tools.iter().map(|t| t.op).collect();
+    // lifecycle control is not a verb: it has its own tool and standing, never the multiplexer
+    let actions: Vec<&str> = tools
+        .iter()
+        .map(|t| t.op)
+        .filter(|op| *op != "room_cancel")
+        .collect();
     tools.push(ToolDef {
         name: "room",
         op: "room",

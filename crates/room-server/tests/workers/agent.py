@@ -1,7 +1,8 @@
 """A worker for the dispatcher tests: a real process that reads its wake prompt on stdin and,
 by its first argument, replies through the daemon socket with its one-launch credential
-(reply), exits without replying (exit), fails (fail), never ends, with a child (hang), or exits
-leaving a grandchild that left its process group (escape)."""
+(reply), exits without replying (exit), fails (fail), never ends, with a child (hang), exits
+leaving a grandchild that left its process group (escape), or never ends, ignoring SIGTERM,
+with such a grandchild (stubborn)."""
 import json
 import os
 import socket
@@ -23,6 +24,14 @@ if mode == "escape":
     child = subprocess.Popen(["/usr/bin/setsid", "/usr/bin/sleep", "600"])
     print(json.dumps({"child": child.pid}), flush=True)
     sys.exit(0)
+if mode == "stubborn":
+    # ignores SIGTERM and leaves a grandchild in a session of its own that ignores it too
+    import signal
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    child = subprocess.Popen(["/usr/bin/setsid", "/bin/sh", "-c", "trap '' TERM; sleep 600"])
+    print(json.dumps({"child": child.pid}), flush=True)
+    while True:
+        time.sleep(1)
 if mode == "hang":
     child = subprocess.Popen(["/usr/bin/sleep", "600"])
     print(json.dumps({"child": child.pid}), flush=True)

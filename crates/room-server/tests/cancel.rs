@@ -1,0 +1,403 @@
+//! Active cancellation through a real daemon: control standing comes from the credential
+//! (never from an argument), a cancel dead-letters queued wakes and leaves obligations open,
+//! holds unresolved operations until an operator reconciles them, and stops a running worker
+//! (one that ignores SIGTERM and leaves a `setsid` grandchild) through the two-phase stop
+//! outbox, confirmed at zero processes. Break-glass stops everything the same way.
+
+mod common;
+use common::*;
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+/// alpha (coordinator), beta and gamma (members) and ops (operator) in `coord`; outsider
+/// (operator) in no room.
+fn crew(fx: &mut Fx) -> (String, String, String, String, String) {
+    let a = fx.enroll("alpha", "coordinator");
+    let b = fx.enroll("beta", "member");
+    let g = fx.enroll("gamma", "member");
+    let ops = fx.enroll("ops", "operator");
+    let out = fx.enroll("outsider", "operator");
+    fx.ok(
+        None,
+        "room_create",
+        json!({"name": "coord", "members": ["alpha", "beta", "gamma", "ops"]}),
+    );
+    (a, b, g, ops, out)
+}
+
+fn route(fx: &Fx, mode: &str) {
+    let agent = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/workers/agent.py");
+    fx.write_config(&format!(
+        "[routes.beta]\nadapter = \"command\"\ncommand = [\"/usr/bin/python3\", {:?}, {mode:?}]\ntimeout_ms = 120000\n",
+        agent.to_str().unwrap()
+    ));
+}
+
+fn send(fx: &mut Fx, a: &str, text: &str) -> String {
+    fx.sync_all(a, "coord");
+    fx.ok(
+        Some(a),
+        "send",
+        json!({"room": "coord", "to": ["beta"], "text": text}),
+    )["event"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+fn wake(fx: &mut Fx, source: &str) -> Value {
+    let all = fx.ok(None, "wakes_list", json!({}));
+    all["wakes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["source_event"] == source)
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+/// Wait (at most 60 s) until `pred` holds for the permit of `source`.
+fn wait_for(fx: &mut Fx, source: &str, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    let start = Instant::now();
+    loop {
+        let w = wake(fx, source);
+        if pred(&w) {
+            return w;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "{what}: {w}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn open_obligations(fx: &mut Fx, b: &str) -> usize {
+    fx.ok(Some(b), "sync", json!({"room": "coord"}))["open_items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["kind"] == "obligation")
+        .count()
+}
+
+fn events_of(fx: &mut Fx, kind: &str) -> Vec<Value> {
+    let log = fx.ok(None, "room_log", json!({"room": "coord", "limit": 1000}));
+    log["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == kind)
+        .cloned()
+        .collect()
+}
+
+fn gone(pid: u64) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z "))
+}
+
+#[test]
+fn control_standing_comes_from_the_credential_never_from_an_argument() {
+    let mut fx = Fx::new();
+    let (a, b, _g, ops, out) = crew(&mut fx);
+    let calls = [
+        ("room_cancel", json!({"room": "coord", "by": "operator"})),
+        ("room_resume", json!({"room": "coord"})),
+        ("room_reset", json!({"room": "coord"})),
+        ("room_admission", json!({"room": "coord", "open": false})),
+        ("room_reconcile", json!({"room": "coord"})),
+        ("break_glass", json!({"engage": true})),
+    ];
+    for (op, args) in &calls {
+        // a member and a coordinator saying they act for the operator get nothing
+        fx.refuse(Some(&b), op, args.clone(), "control_standing_required");
+        fx.refuse(Some(&a), op, args.clone(), "control_standing_required");
+        // an operator that declares a lower tier for this connection acts at that tier
+        let mut r = request(Some(&ops), op, args.clone());
+        r.tier = Some("coordinator".into());
+        fx.refuse_req(&r, "control_standing_required");
+    }
+    // an operator outside the room has no standing over it
+    fx.refuse(
+        Some(&out),
+        "room_cancel",
+        json!({"room": "coord"}),
+        "room_not_member",
+    );
+    fx.refuse(
+        Some(&ops),
+        "room_cancel",
+        json!({"room": "nowhere"}),
+        "room_not_found",
+    );
+    fx.refuse(
+        Some(&ops),
+        "room_cancel",
+        json!({"room": "coord", "by": ""}),
+        "invalid_argument",
+    );
+    // the operator's standing is real: its reset is journaled under its own name
+    fx.ok(Some(&ops), "room_reset", json!({"room": "coord"}));
+    let reset = events_of(&mut fx, "room_reset");
+    assert_eq!(reset[0]["actor"], "ops", "{reset:?}");
+    // an operator's cancel records what `by` said, and confers nothing by it
+    let c = fx.ok(
+        Some(&ops),
+        "room_cancel",
+        json!({"room": "coord", "by": "the release manager"}),
+    );
+    assert_eq!(
+        (c["actor"].as_str(), c["by"].as_str()),
+        (Some("ops"), Some("the release manager"))
+    );
+    fx.ok(Some(&ops), "room_resume", json!({"room": "coord"}));
+}
+
+#[test]
+fn a_cancel_dead_letters_queued_wakes_leaves_obligations_open_and_holds_operations() {
+    let mut fx = Fx::new();
+    let (a, b, g, _ops, _) = crew(&mut fx);
+    // an operation beta began under its claim and has not resolved
+    let task = fx.ok(
+        Some(&a),
+        "task_create",
+        json!({"room": "coord", "title": "deploy", "to": "beta", "scopes": ["api:deploy"]}),
+    )["task"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    fx.tasks.push(task.clone());
+    fx.ok(Some(&b), "task_claim", json!({"task": task}));
+    let op = fx.ok(
+        Some(&b),
+        "op_begin",
+        json!({"room": "coord", "task": task, "destination": "api:deploy"}),
+    )["op"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // beta has no route: its wake stays queued
+    let src = send(&mut fx, &a, "ship it");
+    assert_eq!(wake(&mut fx, &src)["state"], "queued");
+    assert_eq!(open_obligations(&mut fx, &b), 1);
+    fx.refuse(
+        None,
+        "room_resume",
+        json!({"room": "coord"}),
+        "invalid_argument",
+    );
+
+    fx.sync_all(&g, "coord");
+    let c = fx.ok(None, "room_cancel", json!({"room": "coord"}));
+    assert_eq!(c["dead_lettered"], 1, "{c}");
+    // the cancel moved the room's view: a reader caught up before reads it again
+    fx.refuse(
+        Some(&g),
+        "say",
+        json!({"room": "coord", "text": "still here"}),
+        "room_sync_view_changed",
+    );
+    let held = c["held"].as_array().unwrap();
+    assert_eq!(held.len(), 1, "{c}");
+    assert_eq!(
+        (held[0]["kind"].as_str(), held[0]["item"].as_str()),
+        (Some("destination_operation"), Some(op.as_str()))
+    );
+    assert_eq!(held[0]["held_until_reconciled"], true);
+    let w = wake(&mut fx, &src);
+    assert_eq!(w["state"], "dead", "{w}");
+    assert_eq!(w["dead_letter"]["code"], "room_cancelled", "{w}");
+    assert!(
+        w["dead_letter"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("retry_allowed: false")
+    );
+    assert_eq!(open_obligations(&mut fx, &b), 1, "obligations stay open");
+    // the operation is held, not rewritten: the ledger still says what beta recorded
+    let shown = fx.ok(None, "owner_task_show", json!({"task": task}));
+    assert_eq!(shown["task"]["status"], "claimed", "{shown}");
+    fx.refuse(
+        None,
+        "room_cancel",
+        json!({"room": "coord"}),
+        "invalid_argument",
+    );
+
+    // a send after the cancel is sealed, and dies at dispatch: the room dispatches nothing
+    let later = send(&mut fx, &a, "and this");
+    fx.ok(None, "wakes_check", json!({}));
+    let w = wake(&mut fx, &later);
+    assert_eq!(
+        (w["state"].as_str(), w["dead_letter"]["code"].as_str()),
+        (Some("dead"), Some("wake_admission_closed")),
+        "{w}"
+    );
+
+    // reconciliation: listed, then resolved with evidence, once
+    let holds = fx.ok(None, "room_reconcile", json!({"room": "coord"}));
+    assert_eq!(holds["unresolved"], 1, "{holds}");
+    let hold = holds["holds"][0]["hold"].as_str().unwrap().to_string();
+    for (args, code) in [
+        (
+            json!({"room": "coord", "hold": hold, "outcome": "fine", "evidence": "x"}),
+            "invalid_argument",
+        ),
+        (
+            json!({"room": "coord", "hold": hold, "outcome": "accepted", "evidence": " "}),
+            "invalid_argument",
+        ),
+        (
+            json!({"room": "coord", "hold": hold, "outcome": "accepted"}),
+            "invalid_argument",
+        ),
+        (
+            json!({"room": "coord", "hold": "hld_0000000000000000", "outcome": "accepted", "evidence": "x"}),
+            "not_found",
+        ),
+    ] {
+        fx.refuse(None, "room_reconcile", args, code);
+    }
+    let done = fx.ok(
+        None,
+        "room_reconcile",
+        json!({"room": "coord", "hold": hold, "outcome": "not_accepted",
+            "evidence": "the deploy API shows no release 42"}),
+    );
+    assert_eq!(done["hold"]["held_until_reconciled"], false, "{done}");
+    assert_eq!(done["hold"]["reconciled"]["outcome"], "not_accepted");
+    fx.refuse(
+        None,
+        "room_reconcile",
+        json!({"room": "coord", "hold": hold, "outcome": "accepted", "evidence": "x"}),
+        "invalid_argument",
+    );
+    assert_eq!(events_of(&mut fx, "reconciled").len(), 1);
+
+    // resumed, the room dispatches again; the dead letters stay dead
+    fx.ok(None, "room_resume", json!({"room": "coord"}));
+    let after = send(&mut fx, &a, "now");
+    fx.ok(None, "wakes_check", json!({}));
+    assert_eq!(wake(&mut fx, &after)["state"], "queued");
+    assert_eq!(wake(&mut fx, &src)["state"], "dead");
+}
+
+/// A running worker, once its launch is running; its stubborn grandchild's pid.
+fn running_worker(fx: &mut Fx, a: &str) -> (String, u64) {
+    route(fx, "stubborn");
+    let src = send(fx, a, "work until stopped");
+    wait_for(fx, &src, "the launch never ran", |w| {
+        w["launches"][0]["state"] == "running"
+    });
+    let start = Instant::now();
+    let child = loop {
+        let dir = fx.state.join("workers");
+        let out = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .filter_map(|d| std::fs::read_to_string(d.path().join("stdout.log")).ok())
+            .flat_map(|s| s.lines().map(String::from).collect::<Vec<_>>())
+            .filter_map(|l| serde_json::from_str::<Value>(&l).ok())
+            .find_map(|v| v["child"].as_u64());
+        if let Some(c) = out {
+            break c;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "no grandchild");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    (src, child)
+}
+
+/// The stop of the one launch: both phases written and committed, in order, phase 2 naming
+/// phase 1 exactly; the journal holds both records, phase 1 first.
+fn assert_stopped_in_two_phases(fx: &mut Fx, reason: &str) {
+    let stops = fx.ok(None, "stops_list", json!({}));
+    let s = &stops["stops"][0];
+    assert_eq!(s["reason"], reason, "{stops}");
+    assert_eq!(
+        s["committed"],
+        json!({"phase_1": true, "phase_2": true}),
+        "{s}"
+    );
+    assert_eq!(s["phase_1"]["termination_confirmed"], false);
+    assert!(
+        s["phase_1"]["pending"]
+            .as_str()
+            .is_some_and(|p| p.len() <= 256)
+    );
+    assert_eq!(s["phase_2"]["termination_confirmed"], true);
+    assert_eq!(s["phase_2"]["observed"]["confirmed_empty"], true, "{s}");
+    assert_eq!(
+        s["phase_2"]["predecessor"]["event_id"], s["phase_1"]["event_id"],
+        "{s}"
+    );
+    let recs = events_of(fx, "worker_stop");
+    assert_eq!(recs.len(), 2, "{recs:?}");
+    assert_eq!(recs[0]["id"], s["phase_1"]["event_id"]);
+    assert_eq!(recs[1]["id"], s["phase_2"]["event_id"]);
+    assert_eq!(recs[0]["event"]["phase"], 1);
+    assert_eq!(recs[1]["event"]["predecessor"]["event_id"], recs[0]["id"]);
+}
+
+#[test]
+fn a_cancel_stops_a_running_worker_that_ignores_sigterm_through_the_two_phase_outbox() {
+    let mut fx = Fx::new();
+    let (a, b, _g, ops, _) = crew(&mut fx);
+    let (src, child) = running_worker(&mut fx, &a);
+    fx.ok(Some(&ops), "room_cancel", json!({"room": "coord"}));
+    let w = wait_for(&mut fx, &src, "the worker was not stopped", |w| {
+        w["state"] == "dead"
+    });
+    let l = &w["launches"][0];
+    assert_eq!(l["outcome"], "stopped", "{w}");
+    assert_stopped_in_two_phases(&mut fx, "room_cancelled");
+    let job = &fx.ok(None, "stops_list", json!({}))["stops"][0]["phase_2"]["observed"];
+    println!("observed: {job}");
+    if job["kind"] == "cgroup" {
+        assert!(gone(child), "the setsid grandchild outlived its job");
+    } else {
+        let _ = std::process::Command::new("/bin/kill")
+            .args(["-9", &child.to_string()])
+            .status();
+    }
+    assert_eq!(
+        open_obligations(&mut fx, &b),
+        1,
+        "the obligation stays open"
+    );
+}
+
+#[test]
+fn break_glass_stops_every_worker_and_dispatches_nothing_until_released() {
+    let mut fx = Fx::new();
+    let (a, _b, _g, ops, _) = crew(&mut fx);
+    let (src, child) = running_worker(&mut fx, &a);
+    let on = fx.ok(Some(&ops), "break_glass", json!({"engage": true}));
+    let epoch = on["control_epoch"].as_u64().unwrap();
+    let w = wait_for(&mut fx, &src, "the worker was not stopped", |w| {
+        w["state"] == "dead"
+    });
+    fx.refuse(
+        None,
+        "break_glass",
+        json!({"engage": true}),
+        "invalid_argument",
+    );
+    assert_eq!(w["launches"][0]["outcome"], "stopped", "{w}");
+    assert_stopped_in_two_phases(&mut fx, "break_glass");
+    if !gone(child) {
+        let _ = std::process::Command::new("/bin/kill")
+            .args(["-9", &child.to_string()])
+            .status();
+    }
+    // nothing is dispatched while it is engaged
+    let queued = send(&mut fx, &a, "while the glass is broken");
+    fx.ok(None, "wakes_check", json!({}));
+    let w = wake(&mut fx, &queued);
+    assert_eq!(w["dead_letter"]["code"], "wake_admission_closed", "{w}");
+    let off = fx.ok(None, "break_glass", json!({"engage": false}));
+    assert_eq!(off["control_epoch"].as_u64(), Some(epoch + 1));
+    fx.refuse(
+        None,
+        "break_glass",
+        json!({"engage": false}),
+        "invalid_argument",
+    );
+}
