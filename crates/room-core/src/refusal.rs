@@ -83,6 +83,8 @@ codes! {
     RoomAdmissionClosed => "room_admission_closed",
     // lifecycle control: cancel, reset, admission, break-glass
     ControlStandingRequired => "control_standing_required",
+    // a launch's broker socket reached from outside its owned job
+    BrokerPeerRefused => "broker_peer_refused",
     // dispatch: a queued permit is a proposal, revalidated before any launch
     WakeJobBindingChanged => "wake_job_binding_changed",
     WakeRoomAuthorityChanged => "wake_room_authority_changed",

@@ -301,11 +301,28 @@ impl Engine {
                     Err(refused())
                 }
             }
+            Caller::Local(Evidence::Worker { .. }) => Err(refused()),
             Caller::Agent(a) => {
                 self.authenticate(&a.token)?;
                 Err(refused())
             }
         }
+    }
+
+    /// A launch's broker admits its own launch's credential only, and only while the launch
+    /// runs: a worker cannot act under any other identity it may have come by.
+    pub fn broker_admits(&self, launch: &str, token: &str) -> Outcome<()> {
+        let l = self.control().launch(launch).map_err(store_err)?;
+        let own = l.is_some_and(|l| {
+            l.state != "ended" && l.secret_sha256 == room_core::sha256_hex(token.as_bytes())
+        });
+        if own {
+            return Ok(());
+        }
+        Err(Refusal::new(
+            Code::CredentialInvalid,
+            "this broker admits only its own launch's credential",
+        ))
     }
 
     /// Commit every room's pending projection rows. The daemon calls this on a short timer and

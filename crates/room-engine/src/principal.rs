@@ -18,12 +18,15 @@ pub const CONVERSATION_BYTES_MAX: usize = 128;
 /// What a transport observed about the other end of a connection, as the operating system
 /// reports it. A transport hands this to the engine as it found it; only the engine turns
 /// evidence into standing (`Engine::owner`), so no route can present a ready-made owner.
-/// More kinds will follow (a broker connection, a dashboard session).
+/// More kinds will follow (a dashboard session).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Evidence {
     /// A peer of the daemon's Unix socket: its uid and pid from `SO_PEERCRED`.
     UnixPeer { uid: u32, pid: u32 },
+    /// A process inside a launched worker's owned job: on its launch's broker socket
+    /// (`launch`), or on the daemon's socket (none). Never the owner, whatever its uid.
+    Worker { launch: Option<String>, pid: u32 },
 }
 
 /// Who is calling, as the transport established it. The engine decides what that allows.

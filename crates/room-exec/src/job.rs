@@ -31,6 +31,33 @@ const POLL_MS: u64 = 5;
 /// Leaves `reap_stale` ends at one start.
 const STALE_LEAVES_MAX: usize = 4_096;
 
+/// Whether a process belongs to one job: listed in its cgroup leaf, or (process groups) in
+/// its leader's group.
+#[derive(Debug, Clone)]
+pub struct Membership {
+    leaf: Option<PathBuf>,
+    pgid: Option<u32>,
+}
+
+impl Membership {
+    pub fn contains(&self, pid: u32) -> bool {
+        if pid == 0 {
+            return false;
+        }
+        match (&self.leaf, self.pgid) {
+            (Some(leaf), _) => cgroup_members(leaf).contains(&pid),
+            (None, Some(pgid)) => {
+                let Some(p) = Pid::from_raw(pid.cast_signed()) else {
+                    return false;
+                };
+                rustix::process::getpgid(Some(p))
+                    .is_ok_and(|g| g.as_raw_nonzero().get().cast_unsigned() == pgid)
+            }
+            (None, None) => false,
+        }
+    }
+}
+
 /// Which kernel object holds a job's processes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum JobKind {
@@ -65,6 +92,9 @@ pub struct Stopped {
 pub struct Jobs {
     /// `<cgroup2 mount><own cgroup>/room-<name>`, or none (process groups only).
     base: Option<PathBuf>,
+    /// The base's path inside the cgroup2 hierarchy (`/<own>/room-<name>`), as
+    /// `/proc/<pid>/cgroup` names it.
+    base_rel: Option<String>,
     /// Why there is no cgroup base, for the log.
     why_not: Option<String>,
     /// The process groups of the jobs started and not yet seen empty: what `close` stops
@@ -84,8 +114,9 @@ impl Jobs {
     /// process groups, with the reason kept for `why_not`.
     pub fn detect(name: &str) -> Jobs {
         let jobs = match cgroup_base(name) {
-            Ok(base) => Jobs {
+            Ok((base, rel)) => Jobs {
                 base: Some(base),
+                base_rel: Some(rel),
                 why_not: None,
                 live: Live::default(),
             },
@@ -125,6 +156,7 @@ impl Jobs {
     pub fn process_groups(why: impl Into<String>) -> Jobs {
         Jobs {
             base: None,
+            base_rel: None,
             why_not: Some(why.into()),
             live: Live::default(),
         }
@@ -135,6 +167,7 @@ impl Jobs {
     pub fn existing(base: &Path) -> Option<Jobs> {
         base.join("cgroup.procs").exists().then(|| Jobs {
             base: Some(base.to_path_buf()),
+            base_rel: None,
             why_not: None,
             live: Live::default(),
         })
@@ -226,6 +259,29 @@ impl Jobs {
 }
 
 impl Jobs {
+    /// Whether `pid` runs inside any job of this daemon: its cgroup is under the base, or (process
+    /// groups) its group is a live job's. Such a process is a worker, never the owner console.
+    pub fn holds(&self, pid: u32) -> bool {
+        let Some(p) = Pid::from_raw(pid.cast_signed()) else {
+            return false;
+        };
+        if self.base.is_some() {
+            let Ok(own) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
+                return false;
+            };
+            let Some(rel) = own.lines().find_map(|l| l.strip_prefix("0::")) else {
+                return false;
+            };
+            // the base's own path in the hierarchy; a member's cgroup is below it
+            return self
+                .base_rel
+                .as_deref()
+                .is_some_and(|b| rel.trim().starts_with(&format!("{b}/")));
+        }
+        rustix::process::getpgid(Some(p))
+            .is_ok_and(|g| live_set(&self.live).contains(&g.as_raw_nonzero().get().cast_unsigned()))
+    }
+
     /// Whether the job named `id`, of a daemon before this one, is seen empty now (after
     /// `reap_stale`): its leaf gone (a leaf is removed only once seen empty) or unpopulated,
     /// or, for process groups, no process left in group `pgid`. None when nothing can be
@@ -311,6 +367,14 @@ impl Job {
     /// The started child's pid (its process group's id).
     pub fn leader(&self) -> Option<u32> {
         self.leader
+    }
+
+    /// What tells whether a process is inside this job (for the broker's peer check).
+    pub fn membership(&self) -> Membership {
+        Membership {
+            leaf: self.leaf.clone(),
+            pgid: self.leader,
+        }
     }
 
     /// Record the started child's pid (its process group's id).
@@ -436,7 +500,7 @@ fn cgroup_members(leaf: &Path) -> Vec<u32> {
 /// The directory jobs of `name` are created under: this process's own cgroup on the cgroup2
 /// mount (both read from /proc, never assumed), plus `room-<name>`, created if needed and
 /// checked usable (a leaf can be made and entered there).
-fn cgroup_base(name: &str) -> Result<PathBuf, String> {
+fn cgroup_base(name: &str) -> Result<(PathBuf, String), String> {
     if name.is_empty()
         || !name
             .bytes()
@@ -466,7 +530,12 @@ fn cgroup_base(name: &str) -> Result<PathBuf, String> {
     if !base.join("cgroup.kill").exists() && !base.join("cgroup.procs").exists() {
         return Err(format!("{} is not a cgroup v2 directory", base.display()));
     }
-    Ok(base)
+    let rel = if own.is_empty() {
+        format!("/room-{name}")
+    } else {
+        format!("/{own}/room-{name}")
+    };
+    Ok((base, rel))
 }
 
 /// The mount point of the cgroup2 file system in a mountinfo text (the first, when several).

@@ -491,6 +491,29 @@ pub async fn serve(
         }
     });
     let jobs = worker_jobs(&state);
+    let confine = {
+        let scratch = state
+            .root
+            .join(format!(".confine-probe-{}", std::process::id()));
+        match tokio::task::spawn_blocking(move || room_exec::confine::Confinement::probe(&scratch))
+            .await
+        {
+            Ok(Ok(())) => {
+                tracing::info!("workers run confined: the state directory is hidden from them");
+                true
+            }
+            Ok(Err(why)) => {
+                tracing::warn!(
+                    "workers are not confined (they can see the state directory): {why}"
+                );
+                false
+            }
+            Err(e) => {
+                tracing::warn!("the confinement probe panicked: {e}");
+                false
+            }
+        }
+    };
     let dispatcher = tokio::spawn(crate::workers::run(
         engine.clone(),
         crate::workers::WorkerEnv {
@@ -498,6 +521,9 @@ pub async fn serve(
             socket: sock.clone(),
             room_exe: cfg.room_exe.clone(),
             jobs: jobs.clone(),
+            limits,
+            confine,
+            brokers: Default::default(),
         },
     ));
     let sweeper = tokio::spawn({
@@ -548,7 +574,12 @@ pub async fn serve(
                 continue;
             };
             let (uid, pid) = (peer.uid(), peer.pid().map_or(0, |p| p.cast_unsigned()));
-            let evidence = Evidence::UnixPeer { uid, pid };
+            // a process of a worker's job is a worker here too, whatever its uid
+            let evidence = if jobs.holds(pid) {
+                Evidence::Worker { launch: None, pid }
+            } else {
+                Evidence::UnixPeer { uid, pid }
+            };
             let Some(ticket) = conns.admit(format!("pid {pid}")) else {
                 continue;
             };
@@ -584,7 +615,7 @@ pub async fn serve(
     Ok(())
 }
 
-async fn connection(
+pub(crate) async fn connection(
     stream: UnixStream,
     engine: Arc<Engine>,
     evidence: Evidence,

@@ -336,7 +336,15 @@ fn resolve_caller(
     Ok(match (token, transport) {
         (None, Transport::UnixSocket(evidence)) => Caller::Local(evidence),
         (None, Transport::Http) => return Err(Box::new(no_credential())),
-        (Some(token), _) => {
+        (Some(token), transport) => {
+            if let Transport::UnixSocket(Evidence::Worker {
+                launch: Some(launch),
+                ..
+            }) = &transport
+                && let Err(r) = engine.broker_admits(launch, &token)
+            {
+                return Err(Box::new(Response::refused(r)));
+            }
             let declared = match tier_arg("tier", req.tier.clone()) {
                 Ok(t) => t,
                 Err(r) => return Err(Box::new(Response::refused(r))),

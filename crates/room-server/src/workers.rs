@@ -67,6 +67,29 @@ pub struct WorkerEnv {
     pub room_exe: Option<PathBuf>,
     /// Where workers' owned jobs are made.
     pub jobs: Jobs,
+    /// The limits of the daemon's listeners, which each launch's broker keeps too.
+    pub limits: crate::daemon::Limits,
+    /// Workers run confined (`room_exec::confine`): the daemon's probe found it possible.
+    pub confine: bool,
+    /// The broker of each running launch.
+    pub brokers: Brokers,
+}
+
+/// Each running launch's broker task, ended with its launch.
+#[derive(Clone, Default, Debug)]
+pub struct Brokers(Arc<Mutex<HashMap<String, tokio::task::JoinHandle<()>>>>);
+
+impl Brokers {
+    fn end(&self, launch: &str) {
+        let h = self
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(launch);
+        if let Some(h) = h {
+            h.abort();
+        }
+    }
 }
 
 /// Run the dispatcher until the task is aborted.
@@ -196,9 +219,28 @@ async fn run_launch(
     engine: Arc<Engine>,
     env: WorkerEnv,
     l: Launch,
+    trip: oneshot::Receiver<Trip>,
+    running: Running,
+) {
+    run_launch_inner(&engine, &env, &l, trip, running).await;
+    // whatever became of it, its broker ends with it
+    env.brokers.end(&l.id);
+    let _ = std::fs::remove_file(
+        env.state_dir
+            .join("workers")
+            .join(&l.id)
+            .join("broker.sock"),
+    );
+}
+
+async fn run_launch_inner(
+    engine: &Arc<Engine>,
+    env: &WorkerEnv,
+    l: &Launch,
     mut trip: oneshot::Receiver<Trip>,
     running: Running,
 ) {
+    let (engine, env, l) = (engine.clone(), env.clone(), l.clone());
     let (ran, job, tripped) = if matches!(l.route.adapter.as_str(), "openai" | "anthropic") {
         tokio::select! {
             r = crate::api_worker::run(&engine, &l) => (r, None, None),
@@ -331,9 +373,16 @@ fn command(
     for (k, v) in preset.map_or(&[][..], |p| p.env_set) {
         cmd.env(k, v);
     }
+    // confined, the daemon's socket path is where the worker sees its broker; otherwise
+    // it is told the broker's own path (the daemon's socket would take it for a worker too)
+    let socket = if env.confine {
+        env.socket.clone()
+    } else {
+        dir.join("broker.sock")
+    };
     cmd.env("ROOM_TOKEN", &l.token)
         .env("ROOM_STATE_DIR", &env.state_dir)
-        .env("ROOM_SOCKET", &env.socket)
+        .env("ROOM_SOCKET", &socket)
         .env("ROOM_LAUNCH", &l.id);
     Ok(cmd)
 }
@@ -365,12 +414,29 @@ async fn start_inner(
     trip: &mut oneshot::Receiver<Trip>,
 ) -> (Ran, Option<Job>) {
     let (r, job) = start_job(env, l);
-    let (mut child, pid, mut job) = match r {
+    let (mut child, pid, mut job, broker) = match r {
         Ok(started) => started,
         Err(e) => return (Ran::Done(Err(e)), job),
     };
     job.started(pid);
     let cwd = launch_cwd(env, l);
+    match broker {
+        Some(listener) => {
+            let h = tokio::spawn(serve_broker(
+                engine.clone(),
+                listener,
+                l.id.clone(),
+                job.membership(),
+                env.limits,
+            ));
+            env.brokers
+                .0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(l.id.clone(), h);
+        }
+        None => return (Ran::Done(Err("the broker was not bound".into())), Some(job)),
+    }
     tokio::select! {
         ran = claim_and_run(engine, env, l, &mut child, pid, cwd) => (Ran::Done(ran), Some(job)),
         Ok(t) = trip => (Ran::Tripped(t), Some(job)),
@@ -385,7 +451,12 @@ fn launch_cwd(env: &WorkerEnv, l: &Launch) -> PathBuf {
         .unwrap_or_else(|| env.state_dir.join("workers").join(&l.id))
 }
 
-type Started = (tokio::process::Child, u32, Job);
+type Started = (
+    tokio::process::Child,
+    u32,
+    Job,
+    Option<tokio::net::UnixListener>,
+);
 
 /// Make the launch's directory and job and spawn its worker inside the job. The job comes
 /// back on every path where one was made, for the caller to stop.
@@ -395,6 +466,10 @@ fn start_job(env: &WorkerEnv, l: &Launch) -> (Result<Started, String>, Option<Jo
         Err(e) => return (Err(e.to_string()), None),
     };
     let cwd = launch_cwd(env, l);
+    let broker = match bind_broker(&dir) {
+        Ok(b) => b,
+        Err(e) => return (Err(e), None),
+    };
     let mut cmd = match command(env, l, &dir, &cwd) {
         Ok(c) => c,
         Err(e) => return (Err(e), None),
@@ -404,6 +479,12 @@ fn start_job(env: &WorkerEnv, l: &Launch) -> (Result<Started, String>, Option<Jo
         Err(e) => return (Err(format!("the launch's job: {e}")), None),
     };
     job.prepare(cmd.as_std_mut());
+    if env.confine {
+        match room_exec::confine::Confinement::new(&env.state_dir, &l.id, &env.socket) {
+            Ok(c) => c.prepare(cmd.as_std_mut()),
+            Err(e) => return (Err(format!("the launch's confinement: {e}")), Some(job)),
+        }
+    }
     let spawned = cmd.spawn();
     // the command holds the leaf's cgroup.procs open for the child; no longer needed
     drop(cmd);
@@ -420,7 +501,79 @@ fn start_job(env: &WorkerEnv, l: &Launch) -> (Result<Started, String>, Option<Jo
             Some(job),
         );
     };
-    (Ok((child, pid, job)), None)
+    (Ok((child, pid, job, Some(broker))), None)
+}
+
+/// The launch's broker socket, `workers/<launch>/broker.sock` (mode 0600), bound before its
+/// worker starts: the worker's only road to Room (confined, it is the `room.sock` it sees).
+fn bind_broker(dir: &Path) -> Result<tokio::net::UnixListener, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join("broker.sock");
+    let _ = std::fs::remove_file(&path);
+    let l = tokio::net::UnixListener::bind(&path).map_err(|e| format!("the broker: {e}"))?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| format!("the broker: {e}"))?;
+    Ok(l)
+}
+
+/// Serve a launch's broker: a connection is admitted only from a process inside the launch's
+/// job (`SO_PEERCRED`, then the job's own kernel object); anything else is answered
+/// `broker_peer_refused` and closed. An admitted one is served as the daemon's socket is,
+/// as a worker (never the owner), and only under the launch's own credential.
+async fn serve_broker(
+    engine: Arc<Engine>,
+    listener: tokio::net::UnixListener,
+    launch: String,
+    member: room_exec::job::Membership,
+    limits: crate::daemon::Limits,
+) {
+    let conns = crate::daemon::Conns::new("broker", &limits, None);
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            continue;
+        };
+        let pid = stream
+            .peer_cred()
+            .ok()
+            .and_then(|c| c.pid())
+            .map_or(0, |p| p.cast_unsigned());
+        let inside = {
+            let m = member.clone();
+            tokio::task::spawn_blocking(move || m.contains(pid))
+                .await
+                .unwrap_or(false)
+        };
+        if !inside {
+            tracing::warn!(launch = %launch, pid, "broker: a process outside the launch's job was refused");
+            tokio::spawn(refuse_peer(stream, launch.clone(), pid));
+            continue;
+        }
+        let Some(ticket) = conns.admit(format!("pid {pid}")) else {
+            continue;
+        };
+        let evidence = room_engine::Evidence::Worker {
+            launch: Some(launch.clone()),
+            pid,
+        };
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            let _ = crate::daemon::connection(stream, engine, evidence, ticket, limits).await;
+        });
+    }
+}
+
+async fn refuse_peer(mut stream: tokio::net::UnixStream, launch: String, pid: u32) {
+    let r = crate::wire::Response::refused(
+        room_core::Refusal::new(
+            room_core::Code::BrokerPeerRefused,
+            format!("pid {pid} is not a process of launch {launch}'s job"),
+        )
+        .detail(json!({"launch": launch, "pid": pid})),
+    );
+    let mut bytes = serde_json::to_vec(&r).expect("responses serialize");
+    bytes.push(b'\n');
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), stream.write_all(&bytes)).await;
 }
 
 /// The split-lock claim (the permit is read again before the worker's credential works), then

@@ -718,3 +718,81 @@ fn cited_evidence_is_served_to_the_recipient_at_wake_time_with_a_delivery_receip
         "about url:https://example.test/spec"
     );
 }
+
+/// Whether this machine lets a child run confined (as the daemon's own start probe finds).
+fn confinable() -> bool {
+    let tmp = tempfile::tempdir().unwrap();
+    room_exec::confine::Confinement::probe(&tmp.path().join("probe")).is_ok()
+}
+
+#[test]
+fn a_worker_reaches_neither_the_owner_socket_nor_the_state_dir_only_its_broker() {
+    let mut fx = Fx::new();
+    let (a, _, _) = fx.team("coord");
+    route(&fx, "probe", 30_000);
+    let src = send(&mut fx, &a, "look around");
+    settled(&mut fx, &src, &["queued", "dispatched"]);
+    let out = worker_out(&fx);
+    let seen = out
+        .iter()
+        .find_map(|v| v.get("probe").cloned())
+        .expect("the worker reported what it reached");
+    // without a credential it is not the owner console, whatever its uid
+    assert_eq!(seen["no_token_owner_op"], "credential_invalid", "{seen}");
+    assert_eq!(seen["no_token_enroll"], "credential_invalid", "{seen}");
+    // with its own it is its agent, never the owner
+    assert_eq!(seen["own_token_owner_op"], "owner_required", "{seen}");
+    assert_eq!(seen["own_token_whoami"], "ok", "{seen}");
+    // and no other credential passes its broker
+    assert_eq!(seen["other_token"], "credential_invalid", "{seen}");
+    let agents = fx.ok(None, "agent_list", json!({}));
+    assert!(
+        !agents.to_string().contains("intruder"),
+        "nothing was enrolled: {agents}"
+    );
+    if confinable() {
+        assert_eq!(seen["control_db"], "FileNotFoundError", "{seen}");
+        assert_eq!(
+            seen["state_dir_entries"],
+            json!(["room.sock", "workers"]),
+            "{seen}"
+        );
+    }
+}
+
+#[test]
+fn a_broker_refuses_a_process_outside_its_launch_s_job() {
+    let mut fx = Fx::new();
+    let (a, _, _) = fx.team("coord");
+    route(&fx, "hang", 30_000);
+    let src = send(&mut fx, &a, "keep running");
+    let start = Instant::now();
+    let launch = loop {
+        let all = fx.ok(None, "wakes_list", json!({}));
+        let w = all["wakes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["source_event"] == src.as_str())
+            .cloned()
+            .unwrap_or(Value::Null);
+        if w["launches"][0]["state"] == "running" {
+            break w["launches"][0]["launch"].as_str().unwrap().to_string();
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "never ran: {w}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let broker = fx.state.join("workers").join(&launch).join("broker.sock");
+    use std::io::{BufRead, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(&broker).unwrap();
+    let _ = s.write_all(b"{\"op\":\"ping\",\"args\":{}}\n");
+    let mut line = String::new();
+    std::io::BufReader::new(&s).read_line(&mut line).unwrap();
+    let r: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(r["refusal"]["code"], "broker_peer_refused", "{r}");
+    assert_eq!(r["refusal"]["detail"]["launch"], launch.as_str());
+    // the refused connection changed nothing: the worker still runs, its permit dispatched
+    let all = fx.ok(None, "wakes_list", json!({}));
+    assert_eq!(all["wakes"][0]["launches"][0]["state"], "running");
+    fx.ok(None, "room_cancel", json!({"room": "coord"}));
+}

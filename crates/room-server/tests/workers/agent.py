@@ -24,6 +24,32 @@ if mode == "escape":
     child = subprocess.Popen(["/usr/bin/setsid", "/usr/bin/sleep", "600"])
     print(json.dumps({"child": child.pid}), flush=True)
     sys.exit(0)
+if mode == "probe":
+    # what a worker can reach: the state dir's control.db, the owner's socket with no
+    # credential, an owner operation under its own credential, and its own identity
+    seen = {}
+    try:
+        open(os.path.join(os.environ["ROOM_STATE_DIR"], "control.db"), "rb").read(16)
+        seen["control_db"] = "read"
+    except OSError as e:
+        seen["control_db"] = type(e).__name__
+    def raw(req):
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(os.environ["ROOM_SOCKET"])
+        fh = s.makefile("rwb")
+        fh.write(json.dumps(req).encode() + b"\n")
+        fh.flush()
+        return json.loads(fh.readline())
+    def code(r):
+        return "ok" if r.get("ok") else r["refusal"]["code"]
+    seen["no_token_owner_op"] = code(raw({"op": "agent_list", "args": {}}))
+    seen["no_token_enroll"] = code(raw({"op": "agent_enroll", "args": {"name": "intruder", "max_tier": "operator"}}))
+    seen["own_token_owner_op"] = code(raw({"op": "agent_list", "token": token, "args": {}}))
+    seen["own_token_whoami"] = code(raw({"op": "whoami", "token": token, "args": {}}))
+    seen["other_token"] = code(raw({"op": "whoami", "token": "room_tok_" + "0" * 64, "args": {}}))
+    seen["state_dir_entries"] = sorted(os.listdir(os.environ["ROOM_STATE_DIR"]))
+    print(json.dumps({"probe": seen}), flush=True)
+    sys.exit(0)
 if mode == "stubborn":
     # ignores SIGTERM and leaves a grandchild in a session of its own that ignores it too
     import signal

@@ -1,0 +1,236 @@
+//! Worker confinement: a launched worker never sees the state directory, so it can neither
+//! reach the owner's socket nor read `control.db`, journals or other workers' files. Its only
+//! road to Room is its launch's broker socket.
+//!
+//! Between fork and exec the child enters a mount namespace of its own (with a user namespace
+//! mapping only its own uid when the daemon is not root), makes every mount private (nothing
+//! it mounts reaches the machine), and mounts an empty tmpfs over the state directory. Inside
+//! that tmpfs it binds back exactly two things: its own worker directory
+//! (`workers/<launch>/`, where its logs and its broker socket are) and, at the path of the
+//! daemon's socket (`room.sock`), its broker socket. Every client that follows
+//! `ROOM_SOCKET`/`ROOM_STATE_DIR` therefore reaches the broker, which admits only processes of
+//! the launch's job and only the launch's own credential.
+//!
+//! The limit: cgroupfs stays visible, so a worker that sets out to can move itself out of its
+//! job's cgroup (see `job`); it still cannot see the state directory.
+
+use rustix::fs::{Mode, OFlags};
+use rustix::mount::{MountFlags, MountPropagationFlags};
+use std::ffi::{CStr, CString};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+
+/// What the child needs, prepared before fork (nothing is allocated after it).
+#[derive(Debug)]
+struct Prepared {
+    root: bool,
+    uid_map: Vec<u8>,
+    gid_map: Vec<u8>,
+    state: CString,
+    workers: CString,
+    worker: CString,
+    socket: CString,
+    broker: CString,
+}
+
+/// How a worker's view of the state directory is narrowed (see the module comment).
+#[derive(Debug, Clone)]
+pub struct Confinement {
+    p: Arc<Prepared>,
+}
+
+fn cstr(p: &Path) -> std::io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, "a path with a NUL byte")
+    })
+}
+
+impl Confinement {
+    /// The view of a worker whose directory is `<state>/workers/<launch>` and whose broker
+    /// socket is `broker.sock` in it; `socket` is the daemon's socket inside `state`.
+    pub fn new(state: &Path, launch: &str, socket: &Path) -> std::io::Result<Confinement> {
+        let workers = state.join("workers");
+        let worker = workers.join(launch);
+        if !socket.starts_with(state) || launch.contains('/') || launch.is_empty() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "the socket must be inside the state directory and the launch a plain name",
+            ));
+        }
+        let uid = rustix::process::geteuid().as_raw();
+        let gid = rustix::process::getegid().as_raw();
+        Ok(Confinement {
+            p: Arc::new(Prepared {
+                root: uid == 0,
+                uid_map: format!("{uid} {uid} 1").into_bytes(),
+                gid_map: format!("{gid} {gid} 1").into_bytes(),
+                state: cstr(state)?,
+                workers: cstr(&workers)?,
+                worker: cstr(&worker)?,
+                socket: cstr(socket)?,
+                broker: cstr(&worker.join("broker.sock"))?,
+            }),
+        })
+    }
+
+    /// Narrow `cmd`'s child to this view before it runs its program (after any hook added
+    /// before, such as entering its job).
+    pub fn prepare(&self, cmd: &mut std::process::Command) {
+        use std::os::unix::process::CommandExt;
+        let p = self.p.clone();
+        // SAFETY: between fork and exec only async-signal-safe calls are allowed: this runs
+        // system calls on buffers prepared before the fork, allocates nothing and takes no lock.
+        unsafe {
+            cmd.pre_exec(move || hide(&p).map_err(std::io::Error::from));
+        }
+    }
+
+    /// Whether this machine lets a child narrow its view so: start `/bin/true` confined in a
+    /// scratch state directory.
+    pub fn probe(scratch: &Path) -> Result<(), String> {
+        let launch = "probe";
+        let worker = scratch.join("workers").join(launch);
+        std::fs::create_dir_all(&worker).map_err(|e| e.to_string())?;
+        let socket = scratch.join("room.sock");
+        std::fs::write(worker.join("broker.sock"), b"").map_err(|e| e.to_string())?;
+        let c = Confinement::new(scratch, launch, &socket).map_err(|e| e.to_string())?;
+        let mut cmd = std::process::Command::new("/bin/true");
+        cmd.stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        c.prepare(&mut cmd);
+        let ran = cmd.status().map_err(|e| e.to_string());
+        let _ = std::fs::remove_dir_all(scratch);
+        match ran? {
+            s if s.success() => Ok(()),
+            s => Err(format!("a confined /bin/true exited {s}")),
+        }
+    }
+}
+
+fn write_all(path: &CStr, bytes: &[u8]) -> rustix::io::Result<()> {
+    let fd = rustix::fs::open(path, OFlags::WRONLY | OFlags::CLOEXEC, Mode::empty())?;
+    let mut done = 0;
+    while done < bytes.len() {
+        done += rustix::io::write(&fd, &bytes[done..])?;
+    }
+    Ok(())
+}
+
+/// `/proc/self/fd/<fd>` in `buf`, NUL-terminated, without allocating.
+fn fd_path(fd: i32, buf: &mut [u8; 32]) -> &CStr {
+    let prefix = b"/proc/self/fd/";
+    buf[..prefix.len()].copy_from_slice(prefix);
+    let mut digits = [0u8; 10];
+    let (mut n, mut len) = (fd.unsigned_abs(), 0);
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    let mut at = prefix.len();
+    for d in digits[..len].iter().rev() {
+        buf[at] = *d;
+        at += 1;
+    }
+    buf[at] = 0;
+    CStr::from_bytes_with_nul(&buf[..=at]).expect("one NUL, at the end")
+}
+
+fn hide(p: &Prepared) -> rustix::io::Result<()> {
+    use rustix::thread::UnshareFlags;
+    if p.root {
+        // SAFETY: the child has one thread; no descriptor table is unshared.
+        unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWNS)? };
+    } else {
+        // SAFETY: as above.
+        unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWUSER | UnshareFlags::NEWNS)? };
+        write_all(c"/proc/self/setgroups", b"deny")?;
+        write_all(c"/proc/self/uid_map", &p.uid_map)?;
+        write_all(c"/proc/self/gid_map", &p.gid_map)?;
+    }
+    rustix::mount::mount_change(
+        c"/",
+        MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
+    )?;
+    // the worker's own directory, held before the state directory disappears under the tmpfs
+    let worker = rustix::fs::open(
+        p.worker.as_c_str(),
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    rustix::mount::mount(
+        c"tmpfs",
+        p.state.as_c_str(),
+        c"tmpfs",
+        MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+        c"mode=0700,size=64k",
+    )?;
+    let dir = Mode::from_raw_mode(0o700);
+    rustix::fs::mkdir(p.workers.as_c_str(), dir)?;
+    rustix::fs::mkdir(p.worker.as_c_str(), dir)?;
+    let mut buf = [0u8; 32];
+    let src = fd_path(rustix::fd::AsRawFd::as_raw_fd(&worker), &mut buf);
+    rustix::mount::mount_bind(src, p.worker.as_c_str())?;
+    drop(worker);
+    let sock = rustix::fs::open(
+        p.socket.as_c_str(),
+        OFlags::CREATE | OFlags::WRONLY | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    )?;
+    drop(sock);
+    rustix::mount::mount_bind(p.broker.as_c_str(), p.socket.as_c_str())?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fd_paths_are_written_without_allocating() {
+        let mut b = [0u8; 32];
+        assert_eq!(fd_path(0, &mut b).to_str().unwrap(), "/proc/self/fd/0");
+        assert_eq!(
+            fd_path(2_147_483_647, &mut b).to_str().unwrap(),
+            "/proc/self/fd/2147483647"
+        );
+    }
+
+    #[test]
+    fn a_confined_child_sees_only_its_own_directory_and_the_socket() {
+        let tmp = tempfile::tempdir().unwrap();
+        let state = tmp.path().join("state");
+        let worker = state.join("workers/lch_1");
+        std::fs::create_dir_all(&worker).unwrap();
+        std::fs::write(state.join("control.db"), b"secret").unwrap();
+        std::fs::write(worker.join("broker.sock"), b"broker").unwrap();
+        std::fs::write(worker.join("mine"), b"mine").unwrap();
+        std::fs::create_dir_all(state.join("workers/lch_2")).unwrap();
+        let socket = state.join("room.sock");
+        std::fs::write(&socket, b"owner").unwrap();
+        let c = Confinement::new(&state, "lch_1", &socket).unwrap();
+        let script = format!(
+            "cat {s}/control.db 2>/dev/null && echo LEAK; ls {s}/workers; cat {s}/room.sock; echo; cat {w}/mine",
+            s = state.display(),
+            w = worker.display()
+        );
+        let mut cmd = std::process::Command::new("/bin/sh");
+        cmd.args(["-c", &script]);
+        c.prepare(&mut cmd);
+        let out = match cmd.output() {
+            Ok(o) => o,
+            // a machine without namespaces: nothing to check here (the daemon probes first)
+            Err(e) => return eprintln!("confinement unavailable here: {e}"),
+        };
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(text, "lch_1\nbroker\nmine", "{text:?} {:?}", out.stderr);
+        // the machine's view is untouched
+        assert_eq!(std::fs::read(state.join("control.db")).unwrap(), b"secret");
+        assert_eq!(std::fs::read(&socket).unwrap(), b"owner");
+    }
+}
