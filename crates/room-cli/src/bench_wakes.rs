@@ -2,7 +2,9 @@
 //! and Room's scripted agent (`room agent-script`), for 1, 16 and 64 recipients of one send;
 //! and how long stopping a 50-process tree in an owned job takes until zero processes are
 //! observed. Each is a ratio to a baseline measured in the same run: spawning and reaping the
-//! same binary directly, and killing and reaping one process.
+//! same binary directly, and killing and reaping one process. Then `room cancel` of a room
+//! whose worker runs a tree of 1, 10 and 100 processes that ignore SIGTERM, until the stop
+//! outbox holds its committed phase 2.
 
 use crate::bench::{BenchArgs, pct};
 use room_server::client::Client;
@@ -62,7 +64,150 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<()> {
             p50.unwrap_or(0.0) / 1e6 / spawn.max(1e-9)
         );
     }
-    stops()
+    stops()?;
+    cancels(&dir, &exe)
+}
+
+/// Process trees a cancel must end, per row, and cancels per row.
+const CANCEL_TREES: [usize; 3] = [1, 10, 100];
+const CANCELS: usize = 5;
+
+/// `room cancel` of a room whose worker runs a tree of N processes that ignore SIGTERM,
+/// through a real daemon, until the stop outbox holds its committed phase 2 (zero processes
+/// observed): the observer, the two fsynced phase files and both journal records included.
+fn cancels(dir: &Path, exe: &Path) -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir_in(dir)?;
+    let root = std::fs::canonicalize(tmp.path())?;
+    let (state, boot) = (root.join("state"), root.join("boot.toml"));
+    room_store::statedir::init(&state, &boot, "bench-cancel")?;
+    let mut config = String::new();
+    for (row, n) in CANCEL_TREES.iter().enumerate() {
+        for i in 0..CANCELS {
+            config.push_str(&format!(
+                "[routes.c{row}x{i}]\nadapter = \"command\"\ncommand = [\"/bin/sh\", \"-c\", \
+                 \"trap '' TERM; for i in $(seq {kids}); do /usr/bin/sleep 600 & done; echo ready; exec /usr/bin/sleep 600\"]\n\
+                 timeout_ms = 120000\n\n",
+                kids = n - 1
+            ));
+        }
+    }
+    std::fs::write(state.join("config.toml"), config)?;
+    let daemon = Background::start_with(ServeConfig {
+        state_dir: state.clone(),
+        bootstrap: boot,
+        listen: None,
+        engine_threads: room_server::daemon::engine_threads_default(),
+        limits: Default::default(),
+        room_exe: Some(exe.to_path_buf()),
+    })?;
+    let sock = daemon.socket.clone();
+    let boss = owner(
+        &sock,
+        "agent_enroll",
+        json!({"name": "boss", "max_tier": "coordinator"}),
+    )?["token"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let mut members = vec!["boss".to_string()];
+    for row in 0..CANCEL_TREES.len() {
+        for i in 0..CANCELS {
+            owner(
+                &sock,
+                "agent_enroll",
+                json!({"name": format!("c{row}x{i}")}),
+            )?;
+            members.push(format!("c{row}x{i}"));
+        }
+    }
+    owner(
+        &sock,
+        "room_create",
+        json!({"name": "bench", "members": members}),
+    )?;
+    // the baseline: one owner call that commits one record (a reset of another room)
+    owner(
+        &sock,
+        "room_create",
+        json!({"name": "base", "members": ["boss"]}),
+    )?;
+    let mut commit = Vec::new();
+    for _ in 0..20 {
+        let start = Instant::now();
+        owner(&sock, "room_reset", json!({"room": "base"}))?;
+        commit.push(start.elapsed());
+    }
+    let commit = pct(&mut commit, 0.5).unwrap_or(0.0);
+    let mut done = 0;
+    for (row, n) in CANCEL_TREES.iter().enumerate() {
+        let mut lat = Vec::new();
+        for i in 0..CANCELS {
+            catch_up(&sock, &boss)?;
+            let to = format!("c{row}x{i}");
+            agent(
+                &sock,
+                &boss,
+                "send",
+                json!({"room": "bench", "to": [to], "text": "go"}),
+            )?;
+            wait_ready(&sock, &state, &to)?;
+            let start = Instant::now();
+            owner(&sock, "room_cancel", json!({"room": "bench"}))?;
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                let l = owner(&sock, "stops_list", json!({}))?;
+                let settled = l["stops"].as_array().map_or(0, |s| {
+                    s.iter()
+                        .filter(|s| s["committed"]["phase_2"] == true)
+                        .count()
+                });
+                if settled > done {
+                    break;
+                }
+                anyhow::ensure!(Instant::now() < deadline, "a cancel was never confirmed");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            lat.push(start.elapsed());
+            done += 1;
+            owner(&sock, "room_resume", json!({"room": "bench"}))?;
+        }
+        let (p50, p99) = (pct(&mut lat, 0.5), pct(&mut lat, 0.99));
+        println!(
+            "{:<44} {:>9.2} {:>9.2} {:>12.3}  {:.1}x",
+            format!("room cancel -> zero processes, {n}-process tree"),
+            p50.unwrap_or(0.0) / 1e3,
+            p99.unwrap_or(0.0) / 1e3,
+            commit / 1e3,
+            p50.unwrap_or(0.0) / commit.max(1e-9)
+        );
+    }
+    println!(
+        "(cancel rows: through the daemon until the stop's phase 2 is committed; baseline: one owner call committing one record)"
+    );
+    drop(daemon);
+    Ok(())
+}
+
+/// Wait until `agent`'s worker has started its whole tree (it says `ready`).
+fn wait_ready(sock: &Path, state: &Path, agent: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let w = owner(sock, "wakes_list", json!({"room": "bench"}))?;
+        // claimed (running), so that the cancel meets a running worker, not an unclaimed one
+        let launch = w["wakes"].as_array().and_then(|ws| {
+            ws.iter()
+                .filter(|w| w["agent"] == agent && w["launches"][0]["state"] == "running")
+                .find_map(|w| w["launches"][0]["launch"].as_str().map(String::from))
+        });
+        if let Some(l) = launch {
+            let out = state.join("workers").join(&l).join("stdout.log");
+            if std::fs::read_to_string(out).is_ok_and(|s| s.contains("ready")) {
+                return Ok(());
+            }
+        }
+        anyhow::ensure!(Instant::now() < deadline, "{agent}'s tree never started");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// Seconds to spawn `room agent-script --steps ''` and reap it (the median of 20).
@@ -149,17 +294,19 @@ fn send_to_claim(dir: &Path, exe: &Path) -> anyhow::Result<Vec<Vec<Duration>>> {
 }
 
 fn catch_up(sock: &Path, token: &str) -> anyhow::Result<()> {
-    let mut confirm: Option<String> = None;
+    let mut page = agent(sock, token, "sync", json!({"room": "bench"}))?;
     for _ in 0..1_000 {
-        let mut args = json!({"room": "bench"});
-        if let Some(c) = &confirm {
-            args["confirm"] = json!(c);
-        }
-        let page = agent(sock, token, "sync", args)?;
-        if page["more"] != true && confirm.is_some() {
+        // confirming answers with the next page: caught up once that one is empty
+        if page["items"].as_array().is_some_and(Vec::is_empty) {
             return Ok(());
         }
-        confirm = page["receipt"].as_str().map(String::from);
+        let receipt = page["receipt"].clone();
+        page = agent(
+            sock,
+            token,
+            "sync",
+            json!({"room": "bench", "confirm": receipt}),
+        )?;
     }
     anyhow::bail!("never caught up")
 }
