@@ -168,6 +168,11 @@ pub struct Route {
     /// The longest a worker may run (bounded by the permit's own deadline too).
     #[serde(default = "route_timeout_ms")]
     pub timeout_ms: u64,
+    /// `command`, `acp` and `script`: `none` runs the worker in a network namespace with no
+    /// interface (model access, if any, only through Room); `host` (the default) leaves it
+    /// the machine's network.
+    #[serde(default)]
+    pub network: Option<String>,
 }
 
 fn route_timeout_ms() -> u64 {
@@ -284,6 +289,16 @@ fn check_route(agent: &str, r: &Route) -> Result<(), String> {
     }
     if r.adapter != "acp" && r.spawn_policy.is_some() {
         return Err(format!("{at}: spawn_policy is for the acp adapter"));
+    }
+    if let Some(n) = r.network.as_deref() {
+        if matches!(r.adapter.as_str(), "openai" | "anthropic") {
+            return Err(format!(
+                "{at}: network is for workers that run as processes (command, acp, script)"
+            ));
+        }
+        if !["none", "host"].contains(&n) {
+            return Err(format!("{at}.network {n:?} is not none or host"));
+        }
     }
     if let Some(p) = r
         .spawn_policy

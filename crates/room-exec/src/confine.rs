@@ -25,6 +25,8 @@ use std::sync::Arc;
 #[derive(Debug)]
 struct Prepared {
     root: bool,
+    /// A network namespace of its own too: no interface but a down loopback.
+    no_network: bool,
     uid_map: Vec<u8>,
     gid_map: Vec<u8>,
     state: CString,
@@ -63,6 +65,7 @@ impl Confinement {
         Ok(Confinement {
             p: Arc::new(Prepared {
                 root: uid == 0,
+                no_network: false,
                 uid_map: format!("{uid} {uid} 1").into_bytes(),
                 gid_map: format!("{gid} {gid} 1").into_bytes(),
                 state: cstr(state)?,
@@ -72,6 +75,22 @@ impl Confinement {
                 broker: cstr(&worker.join("broker.sock"))?,
             }),
         })
+    }
+
+    /// No network either: the worker gets a network namespace with no interface.
+    pub fn without_network(self) -> Confinement {
+        let mut p = Arc::try_unwrap(self.p).unwrap_or_else(|a| Prepared {
+            uid_map: a.uid_map.clone(),
+            gid_map: a.gid_map.clone(),
+            state: a.state.clone(),
+            workers: a.workers.clone(),
+            worker: a.worker.clone(),
+            socket: a.socket.clone(),
+            broker: a.broker.clone(),
+            ..*a
+        });
+        p.no_network = true;
+        Confinement { p: Arc::new(p) }
     }
 
     /// Narrow `cmd`'s child to this view before it runs its program (after any hook added
@@ -143,12 +162,19 @@ fn fd_path(fd: i32, buf: &mut [u8; 32]) -> &CStr {
 
 fn hide(p: &Prepared) -> rustix::io::Result<()> {
     use rustix::thread::UnshareFlags;
+    let net = if p.no_network {
+        UnshareFlags::NEWNET
+    } else {
+        UnshareFlags::empty()
+    };
     if p.root {
         // SAFETY: the child has one thread; no descriptor table is unshared.
-        unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWNS)? };
+        unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWNS | net)? };
     } else {
         // SAFETY: as above.
-        unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWUSER | UnshareFlags::NEWNS)? };
+        unsafe {
+            rustix::thread::unshare_unsafe(UnshareFlags::NEWUSER | UnshareFlags::NEWNS | net)?
+        };
         write_all(c"/proc/self/setgroups", b"deny")?;
         write_all(c"/proc/self/uid_map", &p.uid_map)?;
         write_all(c"/proc/self/gid_map", &p.gid_map)?;

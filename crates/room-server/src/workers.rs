@@ -479,11 +479,19 @@ fn start_job(env: &WorkerEnv, l: &Launch) -> (Result<Started, String>, Option<Jo
         Err(e) => return (Err(format!("the launch's job: {e}")), None),
     };
     job.prepare(cmd.as_std_mut());
+    let no_network = l.route.network.as_deref() == Some("none");
     if env.confine {
         match room_exec::confine::Confinement::new(&env.state_dir, &l.id, &env.socket) {
+            Ok(c) if no_network => c.without_network().prepare(cmd.as_std_mut()),
             Ok(c) => c.prepare(cmd.as_std_mut()),
             Err(e) => return (Err(format!("the launch's confinement: {e}")), Some(job)),
         }
+    } else if no_network {
+        // the policy asks for what this machine cannot give: the worker does not start
+        return (
+            Err("network = \"none\" needs namespaces this machine does not allow".into()),
+            Some(job),
+        );
     }
     let spawned = cmd.spawn();
     // the command holds the leaf's cgroup.procs open for the child; no longer needed

@@ -506,6 +506,14 @@ fn a_route_that_does_not_fit_its_adapter_fails_the_policy_closed_and_names_the_f
             "steps are for the script adapter",
         ),
         (
+            "adapter = \"command\"\ncommand = [\"/bin/true\"]\nnetwork = \"some\"",
+            "network",
+        ),
+        (
+            "adapter = \"openai\"\nbase_url = \"http://127.0.0.1:1/v1\"\nmodel = \"m\"\nnetwork = \"none\"",
+            "network is for workers that run as processes",
+        ),
+        (
             "adapter = \"openai\"\nbase_url = \"http://10.1.2.3/v1\"\nmodel = \"m\"\napi_key_env = \"K\"",
             "only over https",
         ),
@@ -795,4 +803,36 @@ fn a_broker_refuses_a_process_outside_its_launch_s_job() {
     let all = fx.ok(None, "wakes_list", json!({}));
     assert_eq!(all["wakes"][0]["launches"][0]["state"], "running");
     fx.ok(None, "room_cancel", json!({"room": "coord"}));
+}
+
+#[test]
+fn a_route_with_network_none_runs_its_worker_without_a_network() {
+    let mut fx = Fx::new();
+    let (a, _, _) = fx.team("coord");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let agent = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/workers/agent.py");
+    let config = |network: &str| {
+        format!(
+            "[routes.beta]\nadapter = \"command\"\ncommand = [\"/usr/bin/python3\", {:?}, \"probe\", \"{port}\"]\ntimeout_ms = 30000\nnetwork = \"{network}\"\n",
+            agent.to_str().unwrap()
+        )
+    };
+    fx.write_config(&config("none"));
+    let src = send(&mut fx, &a, "reach out");
+    let w = settled(&mut fx, &src, &["queued", "dispatched"]);
+    let out = worker_out(&fx);
+    let seen = out.iter().find_map(|v| v.get("probe").cloned());
+    if !confinable() {
+        // the policy asks for what this machine cannot give: the worker never started
+        assert_eq!(w["state"], "failed", "{w}");
+        return;
+    }
+    let seen = seen.expect("the worker reported what it reached");
+    assert_ne!(seen["network"], "reached", "{seen}");
+    assert_eq!(
+        seen["own_token_whoami"], "ok",
+        "its broker still works: {seen}"
+    );
+    drop(listener);
 }

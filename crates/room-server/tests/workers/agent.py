@@ -48,6 +48,13 @@ if mode == "probe":
     seen["own_token_whoami"] = code(raw({"op": "whoami", "token": token, "args": {}}))
     seen["other_token"] = code(raw({"op": "whoami", "token": "room_tok_" + "0" * 64, "args": {}}))
     seen["state_dir_entries"] = sorted(os.listdir(os.environ["ROOM_STATE_DIR"]))
+    if len(sys.argv) > 2:
+        # a TCP listener of the test, on this machine's loopback
+        try:
+            socket.create_connection(("127.0.0.1", int(sys.argv[2])), timeout=2).close()
+            seen["network"] = "reached"
+        except OSError as e:
+            seen["network"] = type(e).__name__
     print(json.dumps({"probe": seen}), flush=True)
     sys.exit(0)
 if mode == "stubborn":
