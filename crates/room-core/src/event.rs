@@ -578,6 +578,9 @@ pub struct TaskCreated {
     /// The parent's revision at delegation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_revision: Option<u64>,
+    /// The sources its worker is staged with (`stage`): each pinned by digest.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stage: Vec<crate::stage::Selection>,
 }
 
 impl EventBody {

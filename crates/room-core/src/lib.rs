@@ -14,6 +14,7 @@ pub mod name;
 pub mod redact;
 pub mod refusal;
 pub mod scope;
+pub mod stage;
 pub mod tier;
 pub mod wake;
 

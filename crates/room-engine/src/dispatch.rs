@@ -276,6 +276,18 @@ pub struct Launch {
     /// The native session to deliver into (the agent's bound one, `spawn_policy = "never"`);
     /// none: the adapter opens a new one.
     pub resume: Option<String>,
+    /// What its worker is staged with: its task's selections and the project root they are
+    /// read from (as the grant pins it, revalidated at this launch).
+    pub stage: Option<Staging>,
+}
+
+/// A launch's staging: the task's selections, read beneath `root`.
+#[derive(Debug, Clone)]
+pub struct Staging {
+    pub root: String,
+    pub selections: Vec<room_core::stage::Selection>,
+    /// Why the project's root cannot be staged from now (the launch then fails unstarted).
+    pub refused: Option<String>,
 }
 
 /// A native session an adapter ran the launch in, as it reported it.
@@ -502,6 +514,7 @@ impl Engine {
             }
             _ => None,
         };
+        let stage = self.launch_staging(b.task.as_deref())?;
         let resume = match route.spawn_policy.as_deref() {
             Some("never") => self
                 .control()
@@ -547,7 +560,29 @@ impl Engine {
             prompt,
             deadline_ms: not_after.saturating_sub(now),
             resume,
+            stage,
         })
+    }
+
+    /// The staging of a tasked launch whose task selects sources: the project root is
+    /// revalidated now (a redirected root is refused here, not staged from).
+    fn launch_staging(&self, task: Option<&str>) -> Outcome<Option<Staging>> {
+        let Some(t) = task else { return Ok(None) };
+        let Some(t) = self.control().task(t).map_err(store_err)? else {
+            return Ok(None);
+        };
+        let (Some(pid), false) = (t.project_id.as_deref(), t.stage.is_empty()) else {
+            return Ok(None);
+        };
+        let (root, refused) = match self.revalidate_project(pid) {
+            Ok(p) => (p.canonical_root, None),
+            Err(r) => (String::new(), Some(r.to_string())),
+        };
+        Ok(Some(Staging {
+            root,
+            selections: t.stage,
+            refused,
+        }))
     }
 
     /// The session a launch ran in, as the factory keeps it. The route as it stands at the

@@ -290,6 +290,7 @@ pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result
                     governed: c.governed,
                     // a child journaled before revisions were pinned was delegated at 0
                     parent_revision: c.parent.as_ref().map(|_| c.parent_revision.unwrap_or(0)),
+                    stage: c.stage.clone(),
                 })));
             }
             if let Some(terms) = &te.terms {

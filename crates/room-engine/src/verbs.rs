@@ -54,6 +54,20 @@ pub struct TurnArgs {
     pub read_through: Option<String>,
 }
 
+/// Decode and check staging selections, naming the field of the first that is wrong.
+fn parse_stage(raw: &[Value]) -> Outcome<Vec<room_core::stage::Selection>> {
+    let list = raw
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            serde_json::from_value(v.clone())
+                .map_err(|e| Refusal::invalid(&format!("stage[{i}]"), e.to_string()))
+        })
+        .collect::<Outcome<Vec<_>>>()?;
+    room_core::stage::validate(&list)?;
+    Ok(list)
+}
+
 /// Arguments of `task_create`, already decoded from the wire.
 #[derive(Debug, Clone, Default)]
 pub struct TaskCreateArgs {
@@ -72,6 +86,8 @@ pub struct TaskCreateArgs {
     pub coordination_only: bool,
     /// Bound to its project's governing source (a subtask of a governed task always is).
     pub governed: bool,
+    /// Staging selections, undecoded (decoding names each bad field).
+    pub stage: Vec<Value>,
 }
 
 /// A turn that passed the gate and waits for its commit.
@@ -647,8 +663,15 @@ impl Engine {
         let scopes = invariants::parse_scopes(&a.scopes)?;
         room_core::acceptance::check_requirements(&a.requirements)?;
         let checks = room_core::acceptance::parse_list(&a.accept)?;
+        let stage = parse_stage(&a.stage)?;
         let (handle, binding) = self.member_handle(&p, room)?;
         self.admit_checks(&checks, binding.project().is_some(), &scopes)?;
+        if !stage.is_empty() && binding.project().is_none() {
+            return Err(Refusal::invalid(
+                "stage",
+                "staging selects project files: only a task of a project room has them",
+            ));
+        }
         if a.coordination_only && !scopes.is_empty() {
             return Err(Refusal::invalid(
                 "scopes",
@@ -724,6 +747,7 @@ impl Engine {
                 coordination_only: a.coordination_only,
                 governed,
                 parent_revision,
+                stage,
             }),
             transition: None,
             idempotency_key: a.idempotency_key.clone(),
@@ -737,7 +761,8 @@ impl Engine {
         // the title, the requirements and the checks are all text the room keeps
         let bytes = (title.len()
             + a.requirements.iter().map(String::len).sum::<usize>()
-            + a.accept.iter().map(|c| c.to_string().len()).sum::<usize>())
+            + a.accept.iter().map(|c| c.to_string().len()).sum::<usize>()
+            + a.stage.iter().map(|c| c.to_string().len()).sum::<usize>())
             as u64;
         h.check_bytes(&p.name, bytes, quotas.bytes_per_minute, now)?;
         let open = self

@@ -11,6 +11,7 @@
 
 pub mod confine;
 pub mod job;
+pub mod staging;
 pub mod stop;
 
 use room_core::{RunOutcome, RunRequest, Runner};

@@ -645,6 +645,7 @@ fn agent_op(
                     accept: a.accept,
                     coordination_only: a.coordination_only,
                     governed: a.governed,
+                    stage: a.stage,
                 },
             )
         }

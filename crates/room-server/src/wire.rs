@@ -306,6 +306,20 @@ pub struct TaskCreateArgs {
     #[serde(default)]
     #[arg(long)]
     pub governed: bool,
+    /// Project files its worker is staged with: {path, sha256, project?: {format: json|jsonl|sqlite,
+    /// table?, key, version, columns, rows?}}.
+    #[serde(default)]
+    #[arg(long = "stage", value_parser = json_object)]
+    #[schemars(schema_with = "stage_schema")]
+    pub stage: Vec<Value>,
+}
+
+fn stage_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "maxItems": room_core::stage::SELECTIONS_MAX,
+        "items": {"type": "object", "required": ["path", "sha256"]}
+    })
 }
 
 #[derive(Debug, Serialize, Deserialize, JsonSchema, clap::Args)]

@@ -240,14 +240,29 @@ async fn run_launch_inner(
     mut trip: oneshot::Receiver<Trip>,
     running: Running,
 ) {
-    let (engine, env, l) = (engine.clone(), env.clone(), l.clone());
-    let (ran, job, tripped) = if matches!(l.route.adapter.as_str(), "openai" | "anthropic") {
-        tokio::select! {
+    let (engine, env, mut l) = (engine.clone(), env.clone(), l.clone());
+    let api = matches!(l.route.adapter.as_str(), "openai" | "anthropic");
+    let staged = match l.stage.clone() {
+        Some(st) if !api => stage_launch(&env, &l, st).await.map(Some),
+        _ => Ok(None),
+    };
+    let ran = match staged {
+        Ok(manifest) => {
+            if let Some(m) = manifest {
+                l.prompt["staged"] = m;
+            }
+            None
+        }
+        // nothing of the worker starts on sources that are not exactly the pinned ones
+        Err(why) => Some((Err(why), None, None)),
+    };
+    let (ran, job, tripped) = match ran {
+        Some(r) => r,
+        None if api => tokio::select! {
             r = crate::api_worker::run(&engine, &l) => (r, None, None),
             Ok(t) = &mut trip => (Err("stopped".into()), None, Some(t)),
-        }
-    } else {
-        start_and_wait(&engine, &env, &l, &mut trip).await
+        },
+        None => start_and_wait(&engine, &env, &l, &mut trip).await,
     };
     running.map().remove(&l.id);
     if let Some(t) = tripped {
@@ -256,7 +271,9 @@ async fn run_launch_inner(
     }
     let mut exit = ran.unwrap_or_else(|why| {
         tracing::warn!(launch = %l.id, "worker did not run: {why}");
-        Exit::process(None, false)
+        let mut e = Exit::process(None, false);
+        e.detail = json!({"not_run": why});
+        e
     });
     // whatever the worker did, and on every path, nothing of its job outlives the launch
     if let Some(job) = job {
@@ -510,6 +527,24 @@ fn start_job(env: &WorkerEnv, l: &Launch) -> (Result<Started, String>, Option<Jo
         );
     };
     (Ok((child, pid, job, Some(broker))), None)
+}
+
+/// Stage the task's selections into `workers/<launch>/stage/` before the worker exists; the
+/// manifest rides in its wake prompt (`staged`).
+async fn stage_launch(
+    env: &WorkerEnv,
+    l: &Launch,
+    st: room_engine::dispatch::Staging,
+) -> Result<Value, String> {
+    if let Some(why) = st.refused {
+        return Err(format!("staging: the project root: {why}"));
+    }
+    let dir = worker_dir(&env.state_dir, &l.id).map_err(|e| e.to_string())?;
+    blocking(move || {
+        room_exec::staging::stage(Path::new(&st.root), &dir.join("stage"), &st.selections)
+            .map_err(|e| format!("staging: {e}"))
+    })
+    .await
 }
 
 /// The launch's broker socket, `workers/<launch>/broker.sock` (mode 0600), bound before its

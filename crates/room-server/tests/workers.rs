@@ -836,3 +836,156 @@ fn a_route_with_network_none_runs_its_worker_without_a_network() {
     );
     drop(listener);
 }
+
+/// A project room `build` (alpha, beta, gamma) whose project holds `notes.txt` and
+/// `data.json`; beta routed to the staging probe.
+fn staged_team(fx: &mut Fx) -> (String, std::path::PathBuf) {
+    let a = fx.enroll("alpha", "coordinator");
+    fx.enroll("beta", "member");
+    fx.enroll("gamma", "member");
+    let (dir, pid) = fx.open_project("p1");
+    std::fs::write(dir.join("notes.txt"), b"the plan").unwrap();
+    std::fs::write(
+        dir.join("data.json"),
+        br#"[{"id":1,"v":1,"name":"a","secret":"x"},{"id":2,"v":1,"name":"b","secret":"y"}]"#,
+    )
+    .unwrap();
+    fx.ok(
+        None,
+        "room_create",
+        json!({"name": "build", "project": pid, "members": ["alpha", "beta", "gamma"]}),
+    );
+    route(fx, "staged", 30_000);
+    (a, dir)
+}
+
+fn sha(path: &std::path::Path) -> String {
+    room_core::sha256_hex(&std::fs::read(path).unwrap())
+}
+
+fn staged_send(fx: &mut Fx, a: &str, stage: Value) -> String {
+    let task = fx.ok(
+        Some(a),
+        "task_create",
+        json!({"room": "build", "title": "read the plan", "to": "beta", "stage": stage}),
+    )["task"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    fx.tasks.push(task.clone());
+    fx.sync_all(a, "build");
+    fx.ok(
+        Some(a),
+        "send",
+        json!({"room": "build", "to": ["beta"], "text": "go", "task": task}),
+    )["event"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn a_worker_is_staged_with_exactly_the_verified_sources_its_task_selects() {
+    let mut fx = Fx::new();
+    let (a, dir) = staged_team(&mut fx);
+    let stage = json!([
+        {"path": "notes.txt", "sha256": sha(&dir.join("notes.txt"))},
+        {"path": "data.json", "sha256": sha(&dir.join("data.json")),
+         "project": {"format": "json", "key": "id", "version": "v", "columns": ["name"], "rows": ["2"]}},
+    ]);
+    let src = staged_send(&mut fx, &a, stage);
+    settled(&mut fx, &src, &["queued", "dispatched"]);
+    let out = worker_out(&fx);
+    let seen = out.iter().find(|v| v.get("files").is_some()).unwrap();
+    assert_eq!(seen["notes"], "the plan", "{seen}");
+    assert_eq!(
+        seen["files"],
+        json!(["data.json.projection.json", "manifest.json", "notes.txt"]),
+        "{seen}"
+    );
+    let p = &seen["staged"]["selections"][1]["projection"];
+    assert_eq!(
+        (p["rows_kept"].as_u64(), p["rows_withheld"].as_u64()),
+        (Some(1), Some(1))
+    );
+    assert_eq!(p["fields_withheld"], json!(["secret"]));
+}
+
+#[test]
+fn a_source_that_changed_since_its_task_was_created_is_never_staged() {
+    let mut fx = Fx::new();
+    let (a, dir) = staged_team(&mut fx);
+    let stage = json!([{"path": "notes.txt", "sha256": sha(&dir.join("notes.txt"))}]);
+    std::fs::write(dir.join("notes.txt"), b"another plan").unwrap();
+    let src = staged_send(&mut fx, &a, stage);
+    let w = settled(&mut fx, &src, &["queued", "dispatched"]);
+    assert_eq!(w["state"], "failed", "{w}");
+    let detail = w["launches"][0]["adapter"]["not_run"]
+        .as_str()
+        .unwrap_or("");
+    assert!(detail.contains("stage_digest_mismatch"), "{w}");
+    // the worker never ran: no stage, no output
+    assert!(worker_out_missing(&fx), "nothing ran");
+}
+
+fn worker_out_missing(fx: &Fx) -> bool {
+    std::fs::read_dir(fx.state.join("workers"))
+        .map(|d| {
+            d.flatten()
+                .all(|e| !e.path().join("stdout.log").exists() && !e.path().join("stage").exists())
+        })
+        .unwrap_or(true)
+}
+
+#[test]
+fn staging_selections_are_checked_at_task_creation_and_a_refusal_changes_nothing() {
+    let mut fx = Fx::new();
+    let (a, dir) = staged_team(&mut fx);
+    let good = sha(&dir.join("notes.txt"));
+    fx.ok(
+        None,
+        "room_create",
+        json!({"name": "talk", "members": ["alpha", "beta"]}),
+    );
+    for (room, stage, field) in [
+        (
+            "build",
+            json!([{"path": "../notes.txt", "sha256": good}]),
+            "stage[0].path",
+        ),
+        (
+            "build",
+            json!([{"path": "notes.txt", "sha256": "abc"}]),
+            "stage[0].sha256",
+        ),
+        ("build", json!([{"path": "notes.txt"}]), "stage[0]"),
+        (
+            "build",
+            json!([{"path": "notes.txt", "sha256": good, "project": {"format": "sqlite", "key": "id", "version": "v"}}]),
+            "stage[0].project.table",
+        ),
+        (
+            "talk",
+            json!([{"path": "notes.txt", "sha256": good}]),
+            "stage",
+        ),
+    ] {
+        let r = fx.refuse(
+            Some(&a),
+            "task_create",
+            json!({"room": room, "title": "t", "stage": stage}),
+            "invalid_argument",
+        );
+        assert_eq!(r.detail["field"], field, "{r}");
+    }
+    let many: Vec<Value> = (0..257)
+        .map(|i| json!({"path": format!("f{i}"), "sha256": good}))
+        .collect();
+    let r = fx.refuse(
+        Some(&a),
+        "task_create",
+        json!({"room": "build", "title": "t", "stage": many}),
+        "invalid_argument",
+    );
+    assert_eq!(r.detail["field"], "stage", "{r}");
+}

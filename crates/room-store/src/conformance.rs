@@ -149,6 +149,7 @@ fn task(id: &str, room: &str, project: Option<&str>, scopes: &[&str]) -> TaskRow
         successor: None,
         governed: false,
         parent_revision: None,
+        stage: Vec::new(),
     }
 }
 

@@ -242,6 +242,10 @@ CREATE TABLE holds (
 CREATE INDEX holds_room ON holds(room, created_ms);
 INSERT INTO meta (key, value) VALUES ('break_glass', '0');
 "#,
+    // worker staging: the sources a task's workers are staged with
+    r#"
+ALTER TABLE tasks ADD COLUMN stage TEXT NOT NULL DEFAULT '[]';
+"#,
 ];
 
 /// Holds one listing shows at most (oldest first).
@@ -637,6 +641,8 @@ pub struct TaskRow {
     /// The parent's revision when this task was delegated under it: an amendment of the
     /// parent since invalidates this task's ancestry.
     pub parent_revision: Option<u64>,
+    /// The sources its workers are staged with.
+    pub stage: Vec<room_core::stage::Selection>,
 }
 
 /// The newest acceptance evaluation of a task (by `done` or a dry-run check): an observation,
@@ -650,7 +656,7 @@ pub struct TaskCheckRow {
     pub evaluation: String,
 }
 
-const TASK_COLS: &str = "id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms, scopes, requirements, acceptance, coordination_only, lease_gen, lease_held, revision, claim_pin, override_reason, successor, governed, parent_revision";
+const TASK_COLS: &str = "id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms, scopes, requirements, acceptance, coordination_only, lease_gen, lease_held, revision, claim_pin, override_reason, successor, governed, parent_revision, stage";
 
 fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TaskRow> {
     let scopes: String = r.get(10)?;
@@ -686,6 +692,7 @@ fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TaskRow> {
         successor: r.get(19)?,
         governed: r.get(20)?,
         parent_revision: r.get::<_, Option<i64>>(21)?.map(u),
+        stage: json_col(22, &r.get::<_, String>(22)?)?,
     })
 }
 
@@ -1370,13 +1377,14 @@ impl ControlStore for SqliteControl {
     fn insert_task(&mut self, t: &TaskRow) -> Result<()> {
         self.write(|c| {
             c.conn.execute(
-                "INSERT INTO tasks (id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms, scopes, requirements, acceptance, coordination_only, governed, parent_revision)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+                "INSERT INTO tasks (id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms, scopes, requirements, acceptance, coordination_only, governed, parent_revision, stage)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
                 params![t.id, t.room, t.project_id, t.title, t.owner, t.recipient, t.parent, t.status.as_str(), t.created_ms as i64, t.updated_ms as i64,
                     serde_json::to_string(&t.scopes).expect("scopes serialize"),
                     serde_json::to_string(&t.requirements).expect("requirements serialize"),
                     serde_json::to_string(&t.acceptance).expect("checks serialize"),
-                    t.coordination_only, t.governed, t.parent_revision.map(|r| r as i64)],
+                    t.coordination_only, t.governed, t.parent_revision.map(|r| r as i64),
+                    serde_json::to_string(&t.stage).expect("selections serialize")],
             )?;
             let mut st = c.conn.prepare_cached(
                 "INSERT OR IGNORE INTO task_scopes (task, namespace, resource) VALUES (?1, ?2, ?3)",

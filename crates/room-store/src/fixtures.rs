@@ -27,7 +27,7 @@ pub fn index_back_to_schema_1(path: &Path) -> Result<()> {
 /// task requirements or acceptance, no terms, pins or scope index).
 pub fn control_back_to_schema_2(path: &Path) -> Result<()> {
     Connection::open(path)?.execute_batch(
-        "DROP INDEX holds_room; DROP TABLE holds; DELETE FROM meta WHERE key = 'break_glass';
+        "ALTER TABLE tasks DROP COLUMN stage; DROP INDEX holds_room; DROP TABLE holds; DELETE FROM meta WHERE key = 'break_glass';
          ALTER TABLE rooms DROP COLUMN cancel_gen; ALTER TABLE rooms DROP COLUMN cancelled;
          DROP TABLE sessions; DROP TABLE launches; DROP INDEX tasks_lease_gen; ALTER TABLE tasks DROP COLUMN parent_revision;
          DROP TABLE project_sources; ALTER TABLE tasks DROP COLUMN governed;

@@ -57,6 +57,13 @@ if mode == "probe":
             seen["network"] = type(e).__name__
     print(json.dumps({"probe": seen}), flush=True)
     sys.exit(0)
+if mode == "staged":
+    # what staging handed this worker: the manifest in its wake and the files beside it
+    stage = os.path.join(os.getcwd(), "stage")
+    files = sorted(os.path.relpath(os.path.join(d, f), stage) for d, _, fs in os.walk(stage) for f in fs)
+    notes = open(os.path.join(stage, "notes.txt")).read() if os.path.exists(os.path.join(stage, "notes.txt")) else None
+    print(json.dumps({"staged": prompt.get("staged"), "files": files, "notes": notes}), flush=True)
+    sys.exit(0)
 if mode == "stubborn":
     # ignores SIGTERM and leaves a grandchild in a session of its own that ignores it too
     import signal

@@ -1,0 +1,132 @@
+//! Worker staging selections: the exact project sources a task hands its worker, each pinned
+//! by SHA-256, optionally projected to explicit rows and columns. The selection is part of the
+//! task (journaled with it); staging itself (reading, verifying, projecting) is `room-exec`'s.
+
+use crate::Refusal;
+use serde::{Deserialize, Serialize};
+
+/// Selections one task may carry.
+pub const SELECTIONS_MAX: usize = 256;
+/// Bytes of all of one task's selected sources together.
+pub const STAGE_BYTES_MAX: u64 = 64 * 1024 * 1024;
+/// Columns and admitted rows one projection may name.
+pub const PROJECTION_NAMES_MAX: usize = 1_024;
+/// Longest project-relative path of a selection.
+pub const STAGE_PATH_BYTES_MAX: usize = 1_024;
+
+/// One source: a project-relative file and the digest it must have when staged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Selection {
+    pub path: String,
+    pub sha256: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<Projection>,
+}
+
+/// Which rows and columns of a structured source the worker gets. Every row must carry the
+/// `key` and an integer `version`; both are always kept.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Projection {
+    pub format: Format,
+    /// SQLite: the table read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table: Option<String>,
+    pub key: String,
+    pub version: String,
+    /// The columns kept besides key and version.
+    #[serde(default)]
+    pub columns: Vec<String>,
+    /// The keys of the rows kept (their text form); none: every row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows: Option<Vec<String>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Format {
+    Json,
+    Jsonl,
+    Sqlite,
+}
+
+/// A plain identifier (a column or table name): letters, digits and `_`, not first a digit.
+pub fn is_identifier(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && !s.starts_with(|c: char| c.is_ascii_digit())
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// A relative path without `.`, `..`, empty components or control characters.
+pub fn is_relative_path(p: &str) -> bool {
+    !p.is_empty()
+        && p.len() <= STAGE_PATH_BYTES_MAX
+        && !p.starts_with('/')
+        && !p.chars().any(char::is_control)
+        && p.split('/').all(|c| !c.is_empty() && c != "." && c != "..")
+}
+
+/// Check a task's selections, naming the field of the first that is wrong.
+pub fn validate(list: &[Selection]) -> Result<(), Refusal> {
+    if list.len() > SELECTIONS_MAX {
+        return Err(Refusal::invalid(
+            "stage",
+            format!("at most {SELECTIONS_MAX} selections"),
+        ));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, s) in list.iter().enumerate() {
+        let at = |f: &str| format!("stage[{i}].{f}");
+        if !is_relative_path(&s.path) {
+            return Err(Refusal::invalid(
+                &at("path"),
+                "a project-relative path without . or .. components",
+            ));
+        }
+        if !seen.insert(s.path.as_str()) {
+            return Err(Refusal::invalid(&at("path"), "selected twice"));
+        }
+        if s.sha256.len() != 64
+            || !s
+                .sha256
+                .bytes()
+                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        {
+            return Err(Refusal::invalid(&at("sha256"), "64 lower-case hex digits"));
+        }
+        let Some(p) = &s.project else { continue };
+        let names = p.columns.iter().chain([&p.key, &p.version]);
+        if let Some(bad) = names.into_iter().find(|c| !is_identifier(c)) {
+            return Err(Refusal::invalid(
+                &at("project"),
+                format!("{bad:?} is not a plain column name"),
+            ));
+        }
+        match (p.format, &p.table) {
+            (Format::Sqlite, Some(t)) if is_identifier(t) => {}
+            (Format::Sqlite, _) => {
+                return Err(Refusal::invalid(
+                    &at("project.table"),
+                    "a SQLite projection names its table (a plain name)",
+                ));
+            }
+            (_, Some(_)) => {
+                return Err(Refusal::invalid(
+                    &at("project.table"),
+                    "only a SQLite projection names a table",
+                ));
+            }
+            _ => {}
+        }
+        let n = p.columns.len() + p.rows.as_ref().map_or(0, Vec::len);
+        if n > PROJECTION_NAMES_MAX {
+            return Err(Refusal::invalid(
+                &at("project"),
+                format!("at most {PROJECTION_NAMES_MAX} columns and rows"),
+            ));
+        }
+    }
+    Ok(())
+}
