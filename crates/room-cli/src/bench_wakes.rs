@@ -76,11 +76,8 @@ const CANCELS: usize = 5;
 /// through a real daemon, until the stop outbox holds its committed phase 2 (zero processes
 /// observed): the observer, the two fsynced phase files and both journal records included.
 fn cancels(dir: &Path, exe: &Path) -> anyhow::Result<()> {
-    let tmp = tempfile::tempdir_in(dir)?;
-    let root = std::fs::canonicalize(tmp.path())?;
-    let (state, boot) = (root.join("state"), root.join("boot.toml"));
-    room_store::statedir::init(&state, &boot, "bench-cancel")?;
     let mut config = String::new();
+    let mut workers = Vec::new();
     for (row, n) in CANCEL_TREES.iter().enumerate() {
         for i in 0..CANCELS {
             config.push_str(&format!(
@@ -89,42 +86,11 @@ fn cancels(dir: &Path, exe: &Path) -> anyhow::Result<()> {
                  timeout_ms = 120000\n\n",
                 kids = n - 1
             ));
+            workers.push(format!("c{row}x{i}"));
         }
     }
-    std::fs::write(state.join("config.toml"), config)?;
-    let daemon = Background::start_with(ServeConfig {
-        state_dir: state.clone(),
-        bootstrap: boot,
-        listen: None,
-        engine_threads: room_server::daemon::engine_threads_default(),
-        limits: Default::default(),
-        room_exe: Some(exe.to_path_buf()),
-    })?;
-    let sock = daemon.socket.clone();
-    let boss = owner(
-        &sock,
-        "agent_enroll",
-        json!({"name": "boss", "max_tier": "coordinator"}),
-    )?["token"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let mut members = vec!["boss".to_string()];
-    for row in 0..CANCEL_TREES.len() {
-        for i in 0..CANCELS {
-            owner(
-                &sock,
-                "agent_enroll",
-                json!({"name": format!("c{row}x{i}")}),
-            )?;
-            members.push(format!("c{row}x{i}"));
-        }
-    }
-    owner(
-        &sock,
-        "room_create",
-        json!({"name": "bench", "members": members}),
-    )?;
+    let b = bench_daemon(dir, exe, "bench-cancel", &config, &workers)?;
+    let (sock, state, boss) = (b.sock.clone(), b.state.clone(), b.boss.clone());
     // the baseline: one owner call that commits one record (a reset of another room)
     owner(
         &sock,
@@ -184,7 +150,7 @@ fn cancels(dir: &Path, exe: &Path) -> anyhow::Result<()> {
     println!(
         "(cancel rows: through the daemon until the stop's phase 2 is committed; baseline: one owner call committing one record)"
     );
-    drop(daemon);
+    drop(b.daemon);
     Ok(())
 }
 
@@ -226,19 +192,28 @@ fn spawn_baseline(exe: &Path) -> anyhow::Result<f64> {
     Ok(pct(&mut t, 0.5).unwrap_or(0.0) / 1e6)
 }
 
-/// Per row, the latency from each send's answer to each of its launches' claim.
-fn send_to_claim(dir: &Path, exe: &Path) -> anyhow::Result<Vec<Vec<Duration>>> {
-    let total: usize = RECIPIENTS.iter().zip(ROUNDS).map(|(n, r)| n * r).sum();
+/// A daemon on a throw-away state dir under `dir` with `config`, the coordinator `boss`
+/// enrolled, and `workers` enrolled beside it in room `bench`: the daemon (with its directory,
+/// which goes with it), its state dir and socket, and boss's token.
+struct BenchDaemon {
+    daemon: Background,
+    state: std::path::PathBuf,
+    sock: std::path::PathBuf,
+    boss: String,
+    _tmp: tempfile::TempDir,
+}
+
+fn bench_daemon(
+    dir: &Path,
+    exe: &Path,
+    instance: &str,
+    config: &str,
+    workers: &[String],
+) -> anyhow::Result<BenchDaemon> {
     let tmp = tempfile::tempdir_in(dir)?;
     let root = std::fs::canonicalize(tmp.path())?;
     let (state, boot) = (root.join("state"), root.join("boot.toml"));
-    room_store::statedir::init(&state, &boot, "bench-wakes")?;
-    let mut config = String::from("[dispatch]\nworkers_max = 64\n\n");
-    for i in 0..total {
-        config.push_str(&format!(
-            "[routes.w{i}]\nadapter = \"script\"\nsteps = [\"read\"]\n\n"
-        ));
-    }
+    room_store::statedir::init(&state, &boot, instance)?;
     std::fs::write(state.join("config.toml"), config)?;
     let daemon = Background::start_with(ServeConfig {
         state_dir: state.clone(),
@@ -258,15 +233,36 @@ fn send_to_claim(dir: &Path, exe: &Path) -> anyhow::Result<Vec<Vec<Duration>>> {
         .unwrap_or_default()
         .to_string();
     let mut members = vec!["boss".to_string()];
-    for i in 0..total {
-        owner(&sock, "agent_enroll", json!({"name": format!("w{i}")}))?;
-        members.push(format!("w{i}"));
+    for w in workers {
+        owner(&sock, "agent_enroll", json!({"name": w}))?;
+        members.push(w.clone());
     }
     owner(
         &sock,
         "room_create",
         json!({"name": "bench", "members": members}),
     )?;
+    Ok(BenchDaemon {
+        daemon,
+        state,
+        sock,
+        boss,
+        _tmp: tmp,
+    })
+}
+
+/// Per row, the latency from each send's answer to each of its launches' claim.
+fn send_to_claim(dir: &Path, exe: &Path) -> anyhow::Result<Vec<Vec<Duration>>> {
+    let total: usize = RECIPIENTS.iter().zip(ROUNDS).map(|(n, r)| n * r).sum();
+    let mut config = String::from("[dispatch]\nworkers_max = 64\n\n");
+    for i in 0..total {
+        config.push_str(&format!(
+            "[routes.w{i}]\nadapter = \"script\"\nsteps = [\"read\"]\n\n"
+        ));
+    }
+    let workers: Vec<String> = (0..total).map(|i| format!("w{i}")).collect();
+    let b = bench_daemon(dir, exe, "bench-wakes", &config, &workers)?;
+    let (sock, boss) = (b.sock.clone(), b.boss.clone());
     let mut next = 0;
     let mut rows = Vec::new();
     for (n, rounds) in RECIPIENTS.iter().zip(ROUNDS) {
@@ -289,7 +285,7 @@ fn send_to_claim(dir: &Path, exe: &Path) -> anyhow::Result<Vec<Vec<Duration>>> {
         }
         rows.push(lat);
     }
-    drop(daemon);
+    drop(b.daemon);
     Ok(rows)
 }
 
