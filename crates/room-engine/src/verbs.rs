@@ -310,6 +310,17 @@ impl Engine {
                 )
                 .hint("let the claimers finish (done, blocked, decline or handoff), then archive"));
             }
+            // so must a running worker's stop (the observer journals it in this room)
+            let live = self.control().launches_live().map_err(store_err)?;
+            if live.iter().any(|l| l.room == room) {
+                return Err(Refusal::new(
+                    Code::RoomArchiveRefused,
+                    format!(
+                        "room {room} has workers running; it cannot be archived while they run"
+                    ),
+                )
+                .hint(format!("stop them with `room cancel {room}`, then archive")));
+            }
             h.index.flush().map_err(store_err)?;
             let changed = self
                 .control()

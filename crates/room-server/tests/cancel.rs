@@ -401,3 +401,63 @@ fn break_glass_stops_every_worker_and_dispatches_nothing_until_released() {
         "invalid_argument",
     );
 }
+
+#[test]
+fn the_observer_stops_a_worker_whose_room_closes_admission_or_whose_agent_is_revoked() {
+    for (op, args, reason) in [
+        (
+            "room_admission",
+            json!({"room": "coord", "open": false}),
+            "admission_closed",
+        ),
+        (
+            "agent_revoke",
+            json!({"name": "beta"}),
+            "worker_authority_changed",
+        ),
+    ] {
+        let mut fx = Fx::new();
+        let (a, _b, _g, _ops, _) = crew(&mut fx);
+        let (src, child) = running_worker(&mut fx, &a);
+        fx.ok(None, op, args);
+        let w = wait_for(&mut fx, &src, "the worker was not stopped", |w| {
+            w["launches"][0]["state"] != "running"
+        });
+        assert_eq!(w["launches"][0]["outcome"], "stopped", "{op}: {w}");
+        assert_stopped_in_two_phases(&mut fx, reason);
+        let job = &fx.ok(None, "stops_list", json!({}))["stops"][0]["phase_2"]["observed"];
+        if job["kind"] == "cgroup" {
+            assert!(gone(child), "{op}: the setsid grandchild outlived its job");
+        } else {
+            let _ = std::process::Command::new("/bin/kill")
+                .args(["-9", &child.to_string()])
+                .status();
+        }
+    }
+}
+
+#[test]
+fn a_room_with_a_running_worker_is_not_archived_until_its_worker_is_stopped() {
+    let mut fx = Fx::new();
+    let (a, _b, _g, ops, _) = crew(&mut fx);
+    let (src, child) = running_worker(&mut fx, &a);
+    // its stop must be recordable in the room: an archived room takes no record
+    let r = fx.refuse(
+        None,
+        "room_archive",
+        json!({"room": "coord"}),
+        "room_archive_refused",
+    );
+    assert!(r.to_string().contains("room cancel"), "{r}");
+    fx.ok(Some(&ops), "room_cancel", json!({"room": "coord"}));
+    wait_for(&mut fx, &src, "the worker was not stopped", |w| {
+        w["state"] == "dead"
+    });
+    assert_stopped_in_two_phases(&mut fx, "room_cancelled");
+    fx.ok(None, "room_archive", json!({"room": "coord"}));
+    if !gone(child) {
+        let _ = std::process::Command::new("/bin/kill")
+            .args(["-9", &child.to_string()])
+            .status();
+    }
+}
