@@ -5,8 +5,8 @@ use room_server::ServerError;
 use room_server::client::Client;
 use room_server::wire::{
     ComposeArgs, EvidenceArgs, OpArgs, OpBeginArgs, ProjectSourceArgs, Request, SourceReadArgs,
-    SyncArgs, TaskAmendArgs, TaskClaimArgs, TaskCreateArgs, TaskOverrideArgs, TaskSupersedeArgs,
-    TurnWire,
+    SyncArgs, TaskAmendArgs, TaskClaimArgs, TaskCreateArgs, TaskOverrideArgs, TaskProposeArgs,
+    TaskSupersedeArgs, TurnWire,
 };
 use room_store::StoreError;
 use room_store::statedir;
@@ -374,6 +374,8 @@ pub enum TaskCmd {
     Amend(TaskAmendArgs),
     /// Replace a task with a verified successor (its owner).
     Supersede(TaskSupersedeArgs),
+    /// Ask Room to change one row of a projected source of a task you hold (version + 1).
+    Propose(TaskProposeArgs),
     /// Let a task with requirements close without checks, on a recorded reason (owner console).
     Override(TaskOverrideArgs),
 }
@@ -513,6 +515,7 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
             }
             TaskCmd::Amend(a) => wire("task_amend", a),
             TaskCmd::Supersede(a) => wire("task_supersede", a),
+            TaskCmd::Propose(a) => wire("task_propose", a),
             TaskCmd::Override(a) => wire("owner_task_override", a),
             TaskCmd::Check { task } => {
                 if agent.is_some() {

@@ -470,6 +470,33 @@ pub struct TaskEvent {
     /// A supersession: the verified successor.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub successor: Option<String>,
+    /// A worker's proposal and what the daemon did with it (`proposal_applied`,
+    /// `proposal_not_applied`, `proposal_in_doubt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proposal: Option<Box<ProposalRecord>>,
+}
+
+/// A proposal as the daemon journals its outcome: the change asked for and, when applied, the
+/// version move and the source's digests before and after.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProposalRecord {
+    pub id: String,
+    pub change: crate::stage::Proposal,
+    /// `applied`, `not_applied` (with `code`) or `in_doubt`.
+    pub outcome: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_version: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub before_sha256: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_sha256: Option<String>,
+    /// Resolved at a start from the live source, after a crash left it unrecorded.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub recovered: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 /// A task's terms as its owner amends them: the requirements and the checks that measure them.

@@ -85,6 +85,10 @@ codes! {
     ControlStandingRequired => "control_standing_required",
     // a launch's broker socket reached from outside its owned job
     BrokerPeerRefused => "broker_peer_refused",
+    // a worker's proposal: a change to a staged projection that the daemon applies
+    ProposalWithheld => "proposal_withheld",
+    ProposalVersionConflict => "proposal_version_conflict",
+    ProposalSourceRefused => "proposal_source_refused",
     // dispatch: a queued permit is a proposal, revalidated before any launch
     WakeJobBindingChanged => "wake_job_binding_changed",
     WakeRoomAuthorityChanged => "wake_room_authority_changed",

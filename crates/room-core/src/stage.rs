@@ -130,3 +130,96 @@ pub fn validate(list: &[Selection]) -> Result<(), Refusal> {
     }
     Ok(())
 }
+
+/// Columns one proposal may set.
+pub const PROPOSAL_COLUMNS_MAX: usize = 64;
+/// Bytes of one proposal's values together (their JSON text).
+pub const PROPOSAL_VALUE_BYTES_MAX: usize = 64 * 1024;
+
+/// A worker's requested change to one row of a projected source: the row (`key`, in the
+/// text form the projection shows), the version it read, and the projected columns it sets.
+/// The daemon applies it to the live source, moving the row's version by exactly one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Proposal {
+    pub path: String,
+    pub key: String,
+    /// The row's version as the worker read it: the live row must still be at it.
+    pub version: i64,
+    pub set: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Check a proposal against the selections of its task: the path is a projected selection,
+/// every column set is one the projection gave the worker (never its key or version), the
+/// row is one it was given, and the values are scalars within bounds.
+pub fn admit_proposal<'a>(list: &'a [Selection], p: &Proposal) -> Result<&'a Selection, Refusal> {
+    use crate::Code;
+    let withheld = |m: String| Refusal::new(Code::ProposalWithheld, m);
+    if !is_relative_path(&p.path) {
+        return Err(Refusal::invalid(
+            "path",
+            "a project-relative path without . or .. components",
+        ));
+    }
+    if p.key.is_empty() || p.key.len() > STAGE_PATH_BYTES_MAX || p.key.chars().any(char::is_control)
+    {
+        return Err(Refusal::invalid(
+            "key",
+            format!("1..={STAGE_PATH_BYTES_MAX} bytes without control characters"),
+        ));
+    }
+    if p.set.is_empty() || p.set.len() > PROPOSAL_COLUMNS_MAX {
+        return Err(Refusal::invalid(
+            "set",
+            format!("1 to {PROPOSAL_COLUMNS_MAX} columns"),
+        ));
+    }
+    let bytes: usize = p.set.values().map(|v| v.to_string().len()).sum();
+    if bytes > PROPOSAL_VALUE_BYTES_MAX {
+        return Err(Refusal::new(
+            Code::PayloadTooLarge,
+            format!("set: {bytes} bytes of values, at most {PROPOSAL_VALUE_BYTES_MAX}"),
+        )
+        .detail(serde_json::json!({"field": "set"})));
+    }
+    if let Some((c, _)) = p.set.iter().find(|(_, v)| v.is_object() || v.is_array()) {
+        return Err(Refusal::invalid(
+            &format!("set.{c}"),
+            "a value is null, a boolean, a number or a string",
+        ));
+    }
+    let Some(sel) = list.iter().find(|s| s.path == p.path) else {
+        return Err(withheld(format!(
+            "{} is not among the task's selections",
+            p.path
+        )));
+    };
+    let Some(proj) = &sel.project else {
+        return Err(withheld(format!(
+            "{} is staged whole, not projected: only a projected source takes proposals",
+            p.path
+        )));
+    };
+    if let Some(c) = p
+        .set
+        .keys()
+        .find(|c| **c == proj.key || **c == proj.version)
+    {
+        return Err(withheld(format!(
+            "{c} is the row's key or version: the daemon keeps both"
+        )));
+    }
+    if let Some(c) = p.set.keys().find(|c| !proj.columns.contains(c)) {
+        return Err(withheld(format!(
+            "column {c} of {} was withheld from the worker",
+            p.path
+        )));
+    }
+    if proj.rows.as_ref().is_some_and(|r| !r.contains(&p.key)) {
+        return Err(withheld(format!(
+            "row {} of {} was withheld from the worker",
+            p.key, p.path
+        )));
+    }
+    Ok(sel)
+}

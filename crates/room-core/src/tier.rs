@@ -62,6 +62,7 @@ pub enum Verb {
     TaskCheck,
     TaskAmend,
     TaskSupersede,
+    TaskPropose,
     RoomCompose,
     SourceRead,
     OpBegin,
@@ -71,7 +72,7 @@ pub enum Verb {
 }
 
 impl Verb {
-    pub const ALL: [Verb; 24] = [
+    pub const ALL: [Verb; 25] = [
         Verb::Whoami,
         Verb::List,
         Verb::Sync,
@@ -90,6 +91,7 @@ impl Verb {
         Verb::TaskCheck,
         Verb::TaskAmend,
         Verb::TaskSupersede,
+        Verb::TaskPropose,
         Verb::RoomCompose,
         Verb::SourceRead,
         Verb::OpBegin,
@@ -118,6 +120,7 @@ impl Verb {
             Verb::TaskCheck => "task_check",
             Verb::TaskAmend => "task_amend",
             Verb::TaskSupersede => "task_supersede",
+            Verb::TaskPropose => "task_propose",
             Verb::RoomCompose => "room_compose",
             Verb::SourceRead => "source_read",
             Verb::OpBegin => "op_begin",
@@ -152,6 +155,7 @@ impl Verb {
             | Verb::TaskCheck
             | Verb::TaskAmend
             | Verb::TaskSupersede
+            | Verb::TaskPropose
             | Verb::RoomCompose
             | Verb::SourceRead
             | Verb::OpBegin

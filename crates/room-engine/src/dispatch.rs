@@ -279,6 +279,9 @@ pub struct Launch {
     /// What its worker is staged with: its task's selections and the project root they are
     /// read from (as the grant pins it, revalidated at this launch).
     pub stage: Option<Staging>,
+    /// The room's project root, revalidated at this launch (none: not a project room; an
+    /// error: the root no longer validates), for a route that shows it read-only.
+    pub project_root: Option<Result<String, String>>,
 }
 
 /// A launch's staging: the task's selections, read beneath `root`.
@@ -515,6 +518,17 @@ impl Engine {
             _ => None,
         };
         let stage = self.launch_staging(b.task.as_deref())?;
+        // the control guard must be gone before revalidation takes it again
+        let project = self
+            .control()
+            .room(&w.room)
+            .map_err(store_err)?
+            .and_then(|r| r.project_id);
+        let project_root = project.map(|pid| {
+            self.revalidate_project(&pid)
+                .map(|p| p.canonical_root)
+                .map_err(|r| r.to_string())
+        });
         let resume = match route.spawn_policy.as_deref() {
             Some("never") => self
                 .control()
@@ -561,6 +575,7 @@ impl Engine {
             deadline_ms: not_after.saturating_sub(now),
             resume,
             stage,
+            project_root,
         })
     }
 

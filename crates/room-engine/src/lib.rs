@@ -17,6 +17,7 @@ pub mod lifecycle;
 pub mod lineage;
 pub mod policy;
 pub mod principal;
+pub mod proposal;
 pub mod quota;
 pub mod room;
 pub mod rooms;

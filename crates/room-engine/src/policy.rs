@@ -173,6 +173,11 @@ pub struct Route {
     /// the machine's network.
     #[serde(default)]
     pub network: Option<String>,
+    /// `command`, `acp` and `script` in a project room: `read_only` lets the worker read the
+    /// project and write nothing in it (its changes come back as proposals, `task_propose`);
+    /// `writable` (the default) leaves it as the machine has it.
+    #[serde(default)]
+    pub project: Option<String>,
 }
 
 fn route_timeout_ms() -> u64 {
@@ -298,6 +303,16 @@ fn check_route(agent: &str, r: &Route) -> Result<(), String> {
         }
         if !["none", "host"].contains(&n) {
             return Err(format!("{at}.network {n:?} is not none or host"));
+        }
+    }
+    if let Some(p) = r.project.as_deref() {
+        if matches!(r.adapter.as_str(), "openai" | "anthropic") {
+            return Err(format!(
+                "{at}: project is for workers that run as processes (command, acp, script)"
+            ));
+        }
+        if !["read_only", "writable"].contains(&p) {
+            return Err(format!("{at}.project {p:?} is not read_only or writable"));
         }
     }
     if let Some(p) = r

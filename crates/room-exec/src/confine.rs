@@ -22,11 +22,15 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// What the child needs, prepared before fork (nothing is allocated after it).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Prepared {
     root: bool,
     /// A network namespace of its own too: no interface but a down loopback.
     no_network: bool,
+    /// Trees the worker sees read-only (a project it may only change through proposals),
+    /// each with the mount flags it already has (a user namespace may add flags, never drop
+    /// them).
+    read_only: Vec<(CString, MountFlags)>,
     uid_map: Vec<u8>,
     gid_map: Vec<u8>,
     state: CString,
@@ -66,6 +70,7 @@ impl Confinement {
             p: Arc::new(Prepared {
                 root: uid == 0,
                 no_network: false,
+                read_only: Vec::new(),
                 uid_map: format!("{uid} {uid} 1").into_bytes(),
                 gid_map: format!("{gid} {gid} 1").into_bytes(),
                 state: cstr(state)?,
@@ -79,18 +84,27 @@ impl Confinement {
 
     /// No network either: the worker gets a network namespace with no interface.
     pub fn without_network(self) -> Confinement {
-        let mut p = Arc::try_unwrap(self.p).unwrap_or_else(|a| Prepared {
-            uid_map: a.uid_map.clone(),
-            gid_map: a.gid_map.clone(),
-            state: a.state.clone(),
-            workers: a.workers.clone(),
-            worker: a.worker.clone(),
-            socket: a.socket.clone(),
-            broker: a.broker.clone(),
-            ..*a
-        });
+        let mut p = (*self.p).clone();
         p.no_network = true;
         Confinement { p: Arc::new(p) }
+    }
+
+    /// `tree` (an existing directory, such as a project root) read-only for the worker: it
+    /// can read there and write nowhere in it, so a change reaches it only as a proposal the
+    /// daemon applies.
+    pub fn read_only(self, tree: &Path) -> std::io::Result<Confinement> {
+        let kept = MountFlags::NOSUID
+            | MountFlags::NODEV
+            | MountFlags::NOEXEC
+            | MountFlags::NOATIME
+            | MountFlags::NODIRATIME
+            | MountFlags::RELATIME;
+        let st = rustix::fs::statvfs(tree)?;
+        // statvfs's ST_* flags carry the values of the MS_* ones they mirror
+        let flags = MountFlags::from_bits_truncate((st.f_flag.bits() & 0xffff_ffff) as u32) & kept;
+        let mut p = (*self.p).clone();
+        p.read_only.push((cstr(tree)?, flags));
+        Ok(Confinement { p: Arc::new(p) })
     }
 
     /// Narrow `cmd`'s child to this view before it runs its program (after any hook added
@@ -210,6 +224,14 @@ fn hide(p: &Prepared) -> rustix::io::Result<()> {
     )?;
     drop(sock);
     rustix::mount::mount_bind(p.broker.as_c_str(), p.socket.as_c_str())?;
+    for (tree, flags) in &p.read_only {
+        rustix::mount::mount_bind_recursive(tree.as_c_str(), tree.as_c_str())?;
+        rustix::mount::mount_remount(
+            tree.as_c_str(),
+            MountFlags::BIND | MountFlags::RDONLY | *flags,
+            c"",
+        )?;
+    }
     Ok(())
 }
 
@@ -225,6 +247,38 @@ mod tests {
             fd_path(2_147_483_647, &mut b).to_str().unwrap(),
             "/proc/self/fd/2147483647"
         );
+    }
+
+    #[test]
+    fn a_read_only_tree_can_be_read_and_not_written() {
+        let tmp = tempfile::tempdir().unwrap();
+        let state = tmp.path().join("state");
+        std::fs::create_dir_all(state.join("workers/lch_1")).unwrap();
+        std::fs::write(state.join("workers/lch_1/broker.sock"), b"").unwrap();
+        let project = tmp.path().join("project");
+        std::fs::create_dir_all(project.join("src")).unwrap();
+        std::fs::write(project.join("src/a.json"), b"[]").unwrap();
+        let c = Confinement::new(&state, "lch_1", &state.join("room.sock"))
+            .unwrap()
+            .read_only(&project)
+            .unwrap();
+        let script = format!(
+            "cat {p}/src/a.json; echo; echo x > {p}/src/a.json 2>/dev/null && echo WROTE; touch {p}/new 2>/dev/null && echo MADE; echo done",
+            p = project.display()
+        );
+        let mut cmd = std::process::Command::new("/bin/sh");
+        cmd.args(["-c", &script]);
+        c.prepare(&mut cmd);
+        let out = match cmd.output() {
+            Ok(o) => o,
+            Err(e) => return eprintln!("confinement unavailable here: {e}"),
+        };
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(text, "[]\ndone\n", "{text:?} {:?}", out.stderr);
+        assert_eq!(std::fs::read(project.join("src/a.json")).unwrap(), b"[]");
+        assert!(!project.join("new").exists());
+        // outside the worker, the tree is as writable as before
+        std::fs::write(project.join("src/a.json"), b"[1]").unwrap();
     }
 
     #[test]

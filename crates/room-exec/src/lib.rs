@@ -11,6 +11,7 @@
 
 pub mod confine;
 pub mod job;
+pub mod proposal;
 pub mod staging;
 pub mod stop;
 

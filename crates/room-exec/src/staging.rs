@@ -6,7 +6,7 @@
 //! `<path>.projection.json`, with what was withheld recorded. A SQLite source is projected
 //! from a private copy of its verified bytes: the live database is never opened.
 //!
-//! Not built here: a worker's requested change coming back as a proposal the daemon applies.
+//! A worker's requested change comes back as a proposal the daemon applies (`proposal`).
 
 use room_core::stage::{Format, Projection, SELECTIONS_MAX, STAGE_BYTES_MAX, Selection};
 use rustix::fs::{Mode, OFlags, ResolveFlags};
@@ -31,7 +31,7 @@ impl std::fmt::Display for StageError {
     }
 }
 
-fn err(code: &'static str, path: &str, message: impl Into<String>) -> StageError {
+pub(crate) fn err(code: &'static str, path: &str, message: impl Into<String>) -> StageError {
     StageError {
         code,
         path: path.into(),
@@ -51,12 +51,7 @@ pub fn stage(root: &Path, dest: &Path, selections: &[Selection]) -> Result<Value
     }
     room_core::stage::validate(selections)
         .map_err(|r| err("stage_selection_invalid", "", r.message))?;
-    let rootfd = rustix::fs::open(
-        root,
-        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| err("stage_unreadable", "", format!("the project root: {e}")))?;
+    let rootfd = open_root(root)?;
     let mut total = 0u64;
     let mut read = Vec::with_capacity(selections.len());
     for s in selections {
@@ -100,7 +95,7 @@ pub fn stage(root: &Path, dest: &Path, selections: &[Selection]) -> Result<Value
     Ok(manifest)
 }
 
-fn write_new(at: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_new(at: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -110,56 +105,13 @@ fn write_new(at: &Path, bytes: &[u8]) -> std::io::Result<()> {
     f.sync_all()
 }
 
-/// Read one selection beneath the root: no link followed at any component, a regular file
-/// with one link, at most `left` bytes, with the pinned digest.
+/// Read one selection beneath the root (`read_beneath`), with the pinned digest.
 fn read_pinned(
     root: &rustix::fd::OwnedFd,
     s: &Selection,
     left: u64,
 ) -> Result<Vec<u8>, StageError> {
-    let fd = rustix::fs::openat2(
-        root,
-        s.path.as_str(),
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-        Mode::empty(),
-        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-    )
-    .map_err(|e| match e {
-        rustix::io::Errno::LOOP | rustix::io::Errno::XDEV => {
-            err("stage_link_refused", &s.path, "a symlink on its path")
-        }
-        e => err("stage_unreadable", &s.path, e.to_string()),
-    })?;
-    let st = rustix::fs::fstat(&fd).map_err(|e| err("stage_unreadable", &s.path, e.to_string()))?;
-    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
-        return Err(err("stage_not_regular", &s.path, "not a regular file"));
-    }
-    if st.st_nlink != 1 {
-        return Err(err(
-            "stage_link_refused",
-            &s.path,
-            format!("hard-linked ({} links)", st.st_nlink),
-        ));
-    }
-    let size = u64::try_from(st.st_size).unwrap_or(u64::MAX);
-    let too_large = || {
-        err(
-            "stage_too_large",
-            &s.path,
-            format!("the selections exceed {STAGE_BYTES_MAX} bytes together"),
-        )
-    };
-    if size > left {
-        return Err(too_large());
-    }
-    let mut bytes = Vec::with_capacity(size as usize);
-    std::fs::File::from(fd)
-        .take(left + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| err("stage_unreadable", &s.path, e.to_string()))?;
-    if bytes.len() as u64 > left {
-        return Err(too_large());
-    }
+    let (bytes, _) = read_beneath(root, &s.path, left)?;
     let digest = room_core::sha256_hex(&bytes);
     if digest != s.sha256 {
         return Err(err(
@@ -171,8 +123,80 @@ fn read_pinned(
     Ok(bytes)
 }
 
+/// Open `path` beneath the root: no link followed at any component, a regular file with one
+/// link.
+pub(crate) fn open_beneath(
+    root: &rustix::fd::OwnedFd,
+    path: &str,
+) -> Result<(rustix::fd::OwnedFd, rustix::fs::Stat), StageError> {
+    let fd = rustix::fs::openat2(
+        root,
+        path,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )
+    .map_err(|e| match e {
+        rustix::io::Errno::LOOP | rustix::io::Errno::XDEV => {
+            err("stage_link_refused", path, "a symlink on its path")
+        }
+        e => err("stage_unreadable", path, e.to_string()),
+    })?;
+    let st = rustix::fs::fstat(&fd).map_err(|e| err("stage_unreadable", path, e.to_string()))?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+        return Err(err("stage_not_regular", path, "not a regular file"));
+    }
+    if st.st_nlink != 1 {
+        return Err(err(
+            "stage_link_refused",
+            path,
+            format!("hard-linked ({} links)", st.st_nlink),
+        ));
+    }
+    Ok((fd, st))
+}
+
+/// The whole of `path` beneath the root (`open_beneath`), at most `left` bytes.
+pub(crate) fn read_beneath(
+    root: &rustix::fd::OwnedFd,
+    path: &str,
+    left: u64,
+) -> Result<(Vec<u8>, rustix::fs::Stat), StageError> {
+    let (fd, st) = open_beneath(root, path)?;
+    let size = u64::try_from(st.st_size).unwrap_or(u64::MAX);
+    let too_large = || {
+        err(
+            "stage_too_large",
+            path,
+            format!("the selections exceed {STAGE_BYTES_MAX} bytes together"),
+        )
+    };
+    if size > left {
+        return Err(too_large());
+    }
+    let mut bytes = Vec::with_capacity(size as usize);
+    std::fs::File::from(fd)
+        .take(left + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| err("stage_unreadable", path, e.to_string()))?;
+    if bytes.len() as u64 > left {
+        return Err(too_large());
+    }
+    Ok((bytes, st))
+}
+
+/// The project root, held as a descriptor every selection is resolved beneath.
+pub(crate) fn open_root(root: &Path) -> Result<rustix::fd::OwnedFd, StageError> {
+    rustix::fs::open(
+        root,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| err("stage_unreadable", "", format!("the project root: {e}")))
+}
+
 /// The rows of a structured source, each an object.
-fn source_rows(
+pub(crate) fn source_rows(
     path: &str,
     p: &Projection,
     bytes: &[u8],
@@ -264,6 +288,15 @@ fn sqlite_rows(
     out
 }
 
+/// A row key in its text form (how projections show it and proposals name it).
+pub(crate) fn key_text(v: Option<&Value>) -> Option<String> {
+    match v {
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::Number(n)) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
 /// The projection of one source: kept rows with key, version and the named columns only, and
 /// a summary of what was withheld.
 fn project(
@@ -282,10 +315,8 @@ fn project(
     let mut withheld_rows = 0u64;
     let mut withheld_fields = std::collections::BTreeSet::new();
     for (i, r) in rows.iter().enumerate() {
-        let key = match r.get(&p.key) {
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Number(n)) => n.to_string(),
-            _ => return Err(bad(format!("row {i} has no {} key", p.key))),
+        let Some(key) = key_text(r.get(&p.key)) else {
+            return Err(bad(format!("row {i} has no {} key", p.key)));
         };
         if !r.get(&p.version).is_some_and(|v| v.is_i64() || v.is_u64()) {
             return Err(bad(format!("row {i} has no integer {} version", p.version)));

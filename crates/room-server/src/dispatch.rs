@@ -689,6 +689,16 @@ fn agent_op(
                 },
             )
         }
+        Verb::TaskPropose => {
+            let a: TaskProposeArgs = args(a)?;
+            let change = room_core::stage::Proposal {
+                path: a.path,
+                key: a.key,
+                version: a.version,
+                set: a.set,
+            };
+            crate::proposals::propose(engine, caller, &a.task, change)
+        }
         Verb::TaskSupersede => {
             let a: TaskSupersedeArgs = args(a)?;
             engine.task_supersede(caller, &a.task, &a.successor)

@@ -8,6 +8,7 @@ pub mod daemon;
 pub mod dispatch;
 pub mod error;
 pub mod mcp;
+mod proposals;
 pub mod wire;
 pub mod workers;
 

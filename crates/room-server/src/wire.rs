@@ -432,6 +432,41 @@ pub struct TaskSupersedeArgs {
     pub successor: String,
 }
 
+#[derive(Debug, Serialize, Deserialize, JsonSchema, clap::Args)]
+#[serde(deny_unknown_fields)]
+pub struct TaskProposeArgs {
+    /// A task you hold whose stage projects the source.
+    pub task: String,
+    /// The projected source (its selection's path).
+    #[arg(long)]
+    pub path: String,
+    /// The row's key, as the projection shows it.
+    #[arg(long)]
+    pub key: String,
+    /// The row's version as you read it.
+    #[arg(long)]
+    pub version: i64,
+    /// The projected columns to set: {column: value}, scalars only.
+    #[arg(long, value_parser = json_map)]
+    #[schemars(schema_with = "set_schema")]
+    pub set: serde_json::Map<String, Value>,
+}
+
+fn json_map(s: &str) -> Result<serde_json::Map<String, Value>, String> {
+    match serde_json::from_str::<Value>(s) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err("set is a JSON object of columns".into()),
+        Err(e) => Err(format!("not JSON: {e}")),
+    }
+}
+
+fn set_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "maxProperties": room_core::stage::PROPOSAL_COLUMNS_MAX
+    })
+}
+
 #[derive(Debug, Serialize, Deserialize, clap::Args)]
 #[serde(deny_unknown_fields)]
 pub struct TaskOverrideArgs {

@@ -46,7 +46,7 @@ impl Running {
 
 /// A crash injected for the stop outbox's tests (`ROOM_FAULT`): the daemon aborts at the
 /// named point, as a kill -9 would stop it there.
-fn fault(point: &str) {
+pub(crate) fn fault(point: &str) {
     if std::env::var("ROOM_FAULT").is_ok_and(|f| f == point) {
         tracing::error!("ROOM_FAULT={point}: aborting here");
         std::process::abort();
@@ -106,6 +106,14 @@ pub async fn run(engine: Arc<Engine>, env: WorkerEnv) {
         }
         // what a crash left between the phases of a stop is committed before anything else
         replay_stops(&engine, &env).await;
+        // and a proposal a crash left between its intention and its record is resolved
+        let e = engine.clone();
+        match tokio::task::spawn_blocking(move || crate::proposals::recover(&e)).await {
+            Ok(Ok(0)) => {}
+            Ok(Ok(n)) => tracing::warn!("{n} proposals a previous daemon left are resolved"),
+            Ok(Err(e)) => tracing::error!("proposal recovery failed: {e}"),
+            Err(e) => tracing::error!("proposal recovery panicked: {e}"),
+        }
         let engine = engine.clone();
         match tokio::task::spawn_blocking(move || engine.recover_launches()).await {
             Ok(Ok(0)) => {}
@@ -468,6 +476,43 @@ fn launch_cwd(env: &WorkerEnv, l: &Launch) -> PathBuf {
         .unwrap_or_else(|| env.state_dir.join("workers").join(&l.id))
 }
 
+/// Narrow the worker's view as the machine allows and its route asks: the state directory
+/// hidden, and where the route says so no network and the project read-only. A route that
+/// asks for what this machine cannot give does not start its worker.
+fn confine(env: &WorkerEnv, l: &Launch, cmd: &mut tokio::process::Command) -> Result<(), String> {
+    let no_network = l.route.network.as_deref() == Some("none");
+    let read_only = match (l.route.project.as_deref(), &l.project_root) {
+        (Some("read_only"), Some(Ok(root))) => Some(root.as_str()),
+        (Some("read_only"), Some(Err(why))) => {
+            return Err(format!("project = \"read_only\": the project root: {why}"));
+        }
+        _ => None,
+    };
+    if !env.confine {
+        return match (no_network, read_only) {
+            (false, None) => Ok(()),
+            (true, _) => {
+                Err("network = \"none\" needs namespaces this machine does not allow".into())
+            }
+            (_, Some(_)) => {
+                Err("project = \"read_only\" needs namespaces this machine does not allow".into())
+            }
+        };
+    }
+    let mut c = room_exec::confine::Confinement::new(&env.state_dir, &l.id, &env.socket)
+        .map_err(|e| format!("the launch's confinement: {e}"))?;
+    if no_network {
+        c = c.without_network();
+    }
+    if let Some(root) = read_only {
+        c = c
+            .read_only(Path::new(root))
+            .map_err(|e| format!("the launch's confinement: the project root: {e}"))?;
+    }
+    c.prepare(cmd.as_std_mut());
+    Ok(())
+}
+
 type Started = (
     tokio::process::Child,
     u32,
@@ -496,19 +541,8 @@ fn start_job(env: &WorkerEnv, l: &Launch) -> (Result<Started, String>, Option<Jo
         Err(e) => return (Err(format!("the launch's job: {e}")), None),
     };
     job.prepare(cmd.as_std_mut());
-    let no_network = l.route.network.as_deref() == Some("none");
-    if env.confine {
-        match room_exec::confine::Confinement::new(&env.state_dir, &l.id, &env.socket) {
-            Ok(c) if no_network => c.without_network().prepare(cmd.as_std_mut()),
-            Ok(c) => c.prepare(cmd.as_std_mut()),
-            Err(e) => return (Err(format!("the launch's confinement: {e}")), Some(job)),
-        }
-    } else if no_network {
-        // the policy asks for what this machine cannot give: the worker does not start
-        return (
-            Err("network = \"none\" needs namespaces this machine does not allow".into()),
-            Some(job),
-        );
+    if let Err(e) = confine(env, l, &mut cmd) {
+        return (Err(e), Some(job));
     }
     let spawned = cmd.spawn();
     // the command holds the leaf's cgroup.procs open for the child; no longer needed

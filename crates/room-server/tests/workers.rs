@@ -840,9 +840,15 @@ fn a_route_with_network_none_runs_its_worker_without_a_network() {
 /// A project room `build` (alpha, beta, gamma) whose project holds `notes.txt` and
 /// `data.json`; beta routed to the staging probe.
 fn staged_team(fx: &mut Fx) -> (String, std::path::PathBuf) {
+    let (a, _, _, dir) = staged_team_tokens(fx);
+    (a, dir)
+}
+
+/// `staged_team`, with beta's and gamma's credentials too.
+fn staged_team_tokens(fx: &mut Fx) -> (String, String, String, std::path::PathBuf) {
     let a = fx.enroll("alpha", "coordinator");
-    fx.enroll("beta", "member");
-    fx.enroll("gamma", "member");
+    let b = fx.enroll("beta", "member");
+    let g = fx.enroll("gamma", "member");
     let (dir, pid) = fx.open_project("p1");
     std::fs::write(dir.join("notes.txt"), b"the plan").unwrap();
     std::fs::write(
@@ -856,7 +862,7 @@ fn staged_team(fx: &mut Fx) -> (String, std::path::PathBuf) {
         json!({"name": "build", "project": pid, "members": ["alpha", "beta", "gamma"]}),
     );
     route(fx, "staged", 30_000);
-    (a, dir)
+    (a, b, g, dir)
 }
 
 fn sha(path: &std::path::Path) -> String {
@@ -988,4 +994,240 @@ fn staging_selections_are_checked_at_task_creation_and_a_refusal_changes_nothing
         "invalid_argument",
     );
     assert_eq!(r.detail["field"], "stage", "{r}");
+}
+
+/// A task for beta selecting `data.json` projected to its `name` column and row 2.
+fn proposal_task(fx: &mut Fx, a: &str, dir: &std::path::Path) -> String {
+    let stage = json!([
+        {"path": "notes.txt", "sha256": sha(&dir.join("notes.txt"))},
+        {"path": "data.json", "sha256": sha(&dir.join("data.json")),
+         "project": {"format": "json", "key": "id", "version": "v", "columns": ["name"], "rows": ["2"]}},
+    ]);
+    let t = fx.ok(
+        Some(a),
+        "task_create",
+        json!({"room": "build", "title": "rename b", "to": "beta", "stage": stage}),
+    )["task"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    fx.tasks.push(t.clone());
+    t
+}
+
+fn proposals_in(fx: &mut Fx, room: &str) -> Vec<Value> {
+    let log = fx.ok(None, "room_log", json!({"room": room, "limit": 1000}));
+    log["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e.to_string().contains("\"proposal_"))
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn a_proposal_is_applied_by_the_daemon_with_its_version_moved_by_one_and_every_refusal_changes_nothing()
+ {
+    let mut fx = Fx::new();
+    let (a, b, g, dir) = staged_team_tokens(&mut fx);
+    fx.write_config("");
+    let task = proposal_task(&mut fx, &a, &dir);
+    let data = dir.join("data.json");
+    let original = std::fs::read(&data).unwrap();
+    let change = |version: i64, set: Value| json!({"task": task, "path": "data.json", "key": "2", "version": version, "set": set});
+    // only the holder of a claim proposes
+    fx.refuse(
+        Some(&b),
+        "task_propose",
+        change(1, json!({"name": "z"})),
+        "task_not_held",
+    );
+    fx.ok(Some(&b), "task_claim", json!({"task": task}));
+    fx.refuse(
+        Some(&g),
+        "task_propose",
+        change(1, json!({"name": "z"})),
+        "task_not_held",
+    );
+    // within the projection the worker was given, and nothing else
+    for (args, field) in [
+        (change(1, json!({"secret": "s"})), "a withheld column"),
+        (change(1, json!({"v": 9})), "the version"),
+        (change(1, json!({"id": 9})), "the key"),
+        (
+            json!({"task": task, "path": "data.json", "key": "1", "version": 1, "set": {"name": "z"}}),
+            "a withheld row",
+        ),
+        (
+            json!({"task": task, "path": "notes.txt", "key": "1", "version": 1, "set": {"name": "z"}}),
+            "a source staged whole",
+        ),
+        (
+            json!({"task": task, "path": "other.json", "key": "1", "version": 1, "set": {"name": "z"}}),
+            "a path not selected",
+        ),
+    ] {
+        let r = fx.refuse(Some(&b), "task_propose", args, "proposal_withheld");
+        assert!(!r.message.is_empty(), "{field}");
+    }
+    for (args, field) in [
+        (change(1, json!({})), "set"),
+        (change(1, json!({"name": {"nested": 1}})), "set.name"),
+        (
+            json!({"task": task, "path": "../data.json", "key": "2", "version": 1, "set": {"name": "z"}}),
+            "path",
+        ),
+    ] {
+        let r = fx.refuse(Some(&b), "task_propose", args, "invalid_argument");
+        assert_eq!(r.detail["field"], field, "{r}");
+    }
+    let r = fx.refuse(
+        Some(&b),
+        "task_propose",
+        change(1, json!({"name": "x".repeat(70_000)})),
+        "payload_too_large",
+    );
+    assert_eq!(r.detail["field"], "set", "{r}");
+    // a version the row has left
+    fx.refuse(
+        Some(&b),
+        "task_propose",
+        change(7, json!({"name": "z"})),
+        "proposal_version_conflict",
+    );
+    assert_eq!(
+        std::fs::read(&data).unwrap(),
+        original,
+        "nothing was written"
+    );
+    // applied: the live row moves from 1 to 2, with the change and its digests journaled
+    let out = fx.ok(Some(&b), "task_propose", change(1, json!({"name": "z"})));
+    assert_eq!(
+        (
+            out["outcome"].as_str(),
+            out["from_version"].as_i64(),
+            out["to_version"].as_i64()
+        ),
+        (Some("applied"), Some(1), Some(2)),
+        "{out}"
+    );
+    let live: Value = serde_json::from_slice(&std::fs::read(&data).unwrap()).unwrap();
+    assert_eq!(
+        live,
+        json!([{"id":1,"v":1,"name":"a","secret":"x"},{"id":2,"v":2,"name":"z","secret":"y"}])
+    );
+    assert_eq!(out["before_sha256"], room_core::sha256_hex(&original));
+    assert_eq!(out["after_sha256"], sha(&data));
+    let recs = proposals_in(&mut fx, "build");
+    assert_eq!(recs.len(), 1, "{recs:?}");
+    assert_eq!(recs[0]["actor"], "beta");
+    // the same proposal again read a version that is gone
+    fx.refuse(
+        Some(&b),
+        "task_propose",
+        change(1, json!({"name": "y"})),
+        "proposal_version_conflict",
+    );
+    // a source swapped for a link is refused, and its target untouched
+    let target = dir.join("target.json");
+    std::fs::rename(&data, &target).unwrap();
+    std::os::unix::fs::symlink("target.json", &data).unwrap();
+    fx.refuse(
+        Some(&b),
+        "task_propose",
+        change(2, json!({"name": "q"})),
+        "proposal_source_refused",
+    );
+    assert_eq!(
+        std::fs::read(&target).unwrap(),
+        serde_json::to_vec(&live).unwrap()
+    );
+    assert_eq!(proposals_in(&mut fx, "build").len(), 1);
+    // a cancelled room applies nothing
+    std::fs::remove_file(&data).unwrap();
+    std::fs::rename(&target, &data).unwrap();
+    fx.ok(None, "room_cancel", json!({"room": "build"}));
+    fx.refuse(
+        Some(&b),
+        "task_propose",
+        change(2, json!({"name": "q"})),
+        "room_admission_closed",
+    );
+    assert_eq!(proposals_in(&mut fx, "build").len(), 1);
+    assert!(
+        std::fs::read_dir(fx.state.join("proposals"))
+            .unwrap()
+            .flatten()
+            .all(|e| e.file_name().to_string_lossy().starts_with('.')),
+        "no intention is left in the outbox"
+    );
+}
+
+#[test]
+fn a_worker_with_a_read_only_project_changes_it_only_through_a_proposal() {
+    let mut fx = Fx::new();
+    let (a, dir) = staged_team(&mut fx);
+    let agent = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/workers/agent.py");
+    fx.write_config(&format!(
+        "[routes.beta]\nadapter = \"command\"\ncommand = [\"/usr/bin/python3\", {:?}, \"propose\", {:?}]\ntimeout_ms = 30000\nproject = \"read_only\"\n",
+        agent.to_str().unwrap(),
+        dir.to_str().unwrap()
+    ));
+    let task = proposal_task(&mut fx, &a, &dir);
+    fx.sync_all(&a, "build");
+    let src = fx.ok(
+        Some(&a),
+        "send",
+        json!({"room": "build", "to": ["beta"], "text": "rename b", "task": task}),
+    )["event"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let w = settled(&mut fx, &src, &["queued", "dispatched"]);
+    if !confinable() {
+        // the policy asks for what this machine cannot give: the worker never started
+        assert_eq!(w["state"], "failed", "{w}");
+        return;
+    }
+    let out = worker_out(&fx);
+    let seen = out
+        .iter()
+        .find_map(|v| v.get("proposals").cloned())
+        .unwrap_or_else(|| panic!("the worker reported: {out:?} {w}"));
+    assert_eq!(
+        seen["read"],
+        json!([{"id": 2, "v": 1, "name": "b"}]),
+        "{seen}"
+    );
+    // EROFS: the project is read-only inside the worker
+    assert_eq!(seen["direct_write"], "OSError:30", "{seen}");
+    assert_eq!(seen["before_claim"], "task_not_held", "{seen}");
+    assert_eq!(seen["claim"], "ok", "{seen}");
+    assert_eq!(seen["applied"]["to_version"], 2, "{seen}");
+    assert_eq!(seen["again"], "proposal_version_conflict", "{seen}");
+    assert_eq!(seen["withheld"], "proposal_withheld", "{seen}");
+    let live: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("data.json")).unwrap()).unwrap();
+    assert_eq!(
+        live,
+        json!([{"id":1,"v":1,"name":"a","secret":"x"},{"id":2,"v":2,"name":"z","secret":"y"}])
+    );
+    assert_eq!(proposals_in(&mut fx, "build").len(), 1);
+}
+
+#[test]
+fn a_project_policy_that_is_neither_read_only_nor_writable_fails_the_policy_closed() {
+    let mut fx = Fx::new();
+    let (a, _, _) = fx.team("coord");
+    fx.write_config(
+        "[routes.beta]\nadapter = \"command\"\ncommand = [\"/bin/true\"]\nproject = \"hidden\"\n",
+    );
+    let r = fx.refuse(
+        Some(&a),
+        "sync",
+        json!({"room": "coord"}),
+        "tool_result_withheld",
+    );
+    assert!(r.to_string().contains("routes.beta.project"), "{r}");
 }

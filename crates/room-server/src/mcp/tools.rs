@@ -4,7 +4,8 @@
 
 use crate::wire::{
     CancelArgs, ComposeArgs, EvidenceArgs, OpArgs, OpBeginArgs, SourceReadArgs, SyncArgs,
-    TaskAmendArgs, TaskArgs, TaskClaimArgs, TaskCreateArgs, TaskSupersedeArgs, TurnWire,
+    TaskAmendArgs, TaskArgs, TaskClaimArgs, TaskCreateArgs, TaskProposeArgs, TaskSupersedeArgs,
+    TurnWire,
 };
 use schemars::JsonSchema;
 use schemars::generate::SchemaSettings;
@@ -356,6 +357,12 @@ the successor's done resolves the old task's obligations.",
             input: object(input_schema::<TaskSupersedeArgs>()),
         },
         ToolDef {
+            name: "task_propose",
+            op: "task_propose",
+            description: "Change one row of a source your claimed task projected (stage): its key, the version you read, the columns to set. Room applies it (version + 1) or refuses.",
+            input: object(input_schema::<TaskProposeArgs>()),
+        },
+        ToolDef {
             name: "source_read",
             op: "source_read",
             description: "Read a governed task's governing source, one chunk at a time from next_offset. done on a governed task needs every part read whole, by you, since your claim.",
@@ -405,7 +412,7 @@ obligations stay open, unresolved operations are held for reconciliation.",
         name: "room",
         op: "room",
         description: "Multiplexer for every Room action: set action to one of whoami, list, sync, room_compose, note, say, reply, send, handoff, done, blocked, decline, circle, \
-task_create, task_claim, task_show, task_check, task_amend, task_supersede, source_read, evidence_register, op_begin, op_effect, op_resolve, and pass that action's arguments (as its own tool takes them) alongside.",
+task_create, task_claim, task_show, task_check, task_amend, task_supersede, task_propose, source_read, evidence_register, op_begin, op_effect, op_resolve, and pass that action's arguments (as its own tool takes them) alongside.",
         input: multiplexer_schema(&actions),
     });
     tools

@@ -2,7 +2,8 @@
 by its first argument, replies through the daemon socket with its one-launch credential
 (reply), exits without replying (exit), fails (fail), never ends, with a child (hang), exits
 leaving a grandchild that left its process group (escape), or never ends, ignoring SIGTERM,
-with such a grandchild (stubborn)."""
+with such a grandchild (stubborn); reports what staging handed it (staged), or changes a
+read-only project only through proposals (propose)."""
 import json
 import os
 import socket
@@ -63,6 +64,37 @@ if mode == "staged":
     files = sorted(os.path.relpath(os.path.join(d, f), stage) for d, _, fs in os.walk(stage) for f in fs)
     notes = open(os.path.join(stage, "notes.txt")).read() if os.path.exists(os.path.join(stage, "notes.txt")) else None
     print(json.dumps({"staged": prompt.get("staged"), "files": files, "notes": notes}), flush=True)
+    sys.exit(0)
+if mode == "propose":
+    # a read-only project (argv[2]): a direct write fails; the change goes back as a proposal
+    stage = os.path.join(os.getcwd(), "stage")
+    rows = json.load(open(os.path.join(stage, "data.json.projection.json")))["rows"]
+    seen = {"read": rows}
+    try:
+        with open(os.path.join(sys.argv[2], "data.json"), "w") as fh:
+            fh.write("[]")
+        seen["direct_write"] = "wrote"
+    except OSError as e:
+        seen["direct_write"] = type(e).__name__ + ":" + str(e.errno)
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(os.environ["ROOM_SOCKET"])
+    fh = s.makefile("rwb")
+    def call(op, args):
+        fh.write(json.dumps({"op": op, "token": token, "args": args}).encode() + b"\n")
+        fh.flush()
+        return json.loads(fh.readline())
+    def code(r):
+        return "ok" if r.get("ok") else r["refusal"]["code"]
+    task = prompt["task"]
+    row = rows[0]
+    change = {"task": task, "path": "data.json", "key": str(row["id"]), "version": row["v"]}
+    seen["before_claim"] = code(call("task_propose", dict(change, set={"name": "z"})))
+    seen["claim"] = code(call("task_claim", {"task": task}))
+    r = call("task_propose", dict(change, set={"name": "z"}))
+    seen["applied"] = r.get("result") or r["refusal"]
+    seen["again"] = code(call("task_propose", dict(change, set={"name": "y"})))
+    seen["withheld"] = code(call("task_propose", dict(change, version=row["v"] + 1, set={"secret": "s"})))
+    print(json.dumps({"proposals": seen}), flush=True)
     sys.exit(0)
 if mode == "stubborn":
     # ignores SIGTERM and leaves a grandchild in a session of its own that ignores it too

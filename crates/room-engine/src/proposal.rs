@@ -1,0 +1,110 @@
+//! Proposals: the authority half. A worker that holds a task asks for a change to one row of
+//! a source its task projected for it (`task_propose`); this module decides whether it may
+//! (`proposal_admit`: the holder of a claimed task, in a room that is writable, admitted and
+//! not cancelled, without break-glass, the change within the projection it was given) and
+//! journals what the daemon did with it (`proposal_record`). Applying it to the live file is
+//! `room-exec`'s (`proposal`), run by the server between the two: the engine touches no
+//! project file.
+
+use crate::event::EventBody;
+use crate::principal::AgentCaller;
+use crate::{Engine, Outcome, lock_room, store_err};
+use room_core::event::{ProposalRecord, TaskEvent};
+use room_core::stage::{Proposal, Selection};
+use room_core::{Code, Refusal, TaskStatus, Verb};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// A proposal the engine admitted: what the server applies, and records afterwards. It is
+/// also the outbox's intention (serialized before anything is applied).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Admitted {
+    pub id: String,
+    pub room: String,
+    pub task: String,
+    pub actor: String,
+    /// The project root, revalidated at admission.
+    pub root: String,
+    pub selection: Selection,
+    pub proposal: Proposal,
+}
+
+impl Engine {
+    /// Whether `caller` may have `proposal` applied for `task` (see the module comment).
+    pub fn proposal_admit(
+        &self,
+        caller: &AgentCaller,
+        task: &str,
+        proposal: Proposal,
+    ) -> Outcome<Admitted> {
+        let p = self.authorize(caller, Verb::TaskPropose)?;
+        let t = self.task_row(task)?;
+        let (handle, _) = self.member_handle(&p, &t.room)?;
+        let sel = room_core::stage::admit_proposal(&t.stage, &proposal)?.clone();
+        let h = lock_room(&handle);
+        h.writable()?;
+        self.admitted(&h.name)?;
+        let room = self.control().room(&h.name).map_err(store_err)?;
+        if room.is_some_and(|r| r.cancelled) || self.control().break_glass().map_err(store_err)? {
+            return Err(Refusal::new(
+                Code::RoomAdmissionClosed,
+                format!(
+                    "room {} is cancelled or break-glass is engaged: no change is applied",
+                    h.name
+                ),
+            )
+            .detail(json!({"room": h.name})));
+        }
+        let t = self.task_row(task)?;
+        if t.status != TaskStatus::Claimed || t.recipient.as_deref() != Some(p.name.as_str()) {
+            return Err(Refusal::new(
+                Code::TaskNotHeld,
+                format!(
+                    "task {task} is {} for {:?}: only the holder of its claim proposes changes",
+                    t.status, t.recipient
+                ),
+            )
+            .hint("claim the task first (task_claim)"));
+        }
+        let pid = t
+            .project_id
+            .as_deref()
+            .expect("a task with selections belongs to a project (checked at creation)");
+        let root = self.revalidate_project(pid)?.canonical_root;
+        drop(h);
+        Ok(Admitted {
+            id: format!("prp_{}", self.env.entropy.hex(8)),
+            room: t.room,
+            task: t.id,
+            actor: p.name,
+            root,
+            selection: sel,
+            proposal,
+        })
+    }
+
+    /// Journal what became of an admitted proposal. Authority is not asked again: the outcome
+    /// happened and must be on record (a room that can no longer be written refuses, and the
+    /// outbox keeps the intention for the next start).
+    pub fn proposal_record(&self, a: &Admitted, rec: ProposalRecord) -> Outcome<Value> {
+        assert_eq!(rec.id, a.id, "a record names its own proposal");
+        let handle = self.room_handle(&a.room)?;
+        let mut h = lock_room(&handle);
+        h.writable()?;
+        let te = TaskEvent {
+            actor: a.actor.clone(),
+            action: format!("proposal_{}", rec.outcome),
+            task: a.task.clone(),
+            proposal: Some(Box::new(rec.clone())),
+            ..TaskEvent::default()
+        };
+        let out = h.commit(self, vec![EventBody::Task(Box::new(te))], None)?;
+        Ok(
+            json!({"proposal": rec.id, "task": a.task, "path": rec.change.path,
+            "key": rec.change.key, "outcome": rec.outcome, "code": rec.code,
+            "from_version": rec.change.version, "to_version": rec.to_version,
+            "before_sha256": rec.before_sha256, "after_sha256": rec.after_sha256,
+            "recovered": rec.recovered, "event": out[0].id}),
+        )
+    }
+}
