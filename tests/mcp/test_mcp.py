@@ -293,6 +293,45 @@ async def room_cancel_needs_operator_standing_and_an_operator_cancels(fx):
 
 
 @test
+async def task_propose_applies_a_change_with_its_version_moved_by_one_and_refusals_change_nothing(fx):
+    """A worker's change to a projected source, through the official SDK: applied by the daemon
+    (version 1 -> 2), then refused with proposal_version_conflict and proposal_withheld, the
+    refused calls writing nothing; the multiplexer reaches the same verb."""
+    import hashlib
+    toks = {"alpha": fx.enroll("alpha", tier="coordinator"), "beta": fx.enroll("beta")}
+    proj = os.path.join(os.path.dirname(fx.state), "project")
+    os.makedirs(proj)
+    data = os.path.join(proj, "data.json")
+    with open(data, "w") as fh:
+        fh.write('[{"id": 1, "v": 1, "name": "a", "secret": "s"}]')
+    pid = fx.run("project", "open", proj)["id"]
+    fx.run("create", "build", "--project", pid, "--member", "alpha", "--member", "beta")
+    digest = hashlib.sha256(open(data, "rb").read()).hexdigest()
+    stage = [{"path": "data.json", "sha256": digest,
+              "project": {"format": "json", "key": "id", "version": "v", "columns": ["name"]}}]
+    async with Client(stdio(fx, toks["alpha"]), mode="auto") as alpha, Client(stdio(fx, toks["beta"]), mode="auto") as beta:
+        t = await alpha.call_tool("task_create", {"room": "build", "title": "rename", "to": "beta", "stage": stage})
+        assert not t.is_error, t.structured_content
+        task = t.structured_content["task"]["id"]
+        c = await beta.call_tool("task_claim", {"task": task})
+        assert not c.is_error, c.structured_content
+        change = {"task": task, "path": "data.json", "key": "1", "version": 1, "set": {"name": "z"}}
+        r = await beta.call_tool("task_propose", change)
+        assert not r.is_error, r.structured_content
+        assert r.structured_content["to_version"] == 2, r.structured_content
+        assert json.load(open(data)) == [{"id": 1, "v": 2, "name": "z", "secret": "s"}]
+        before = fx.journal_lines()
+        ref = refusal(await beta.call_tool("task_propose", change))
+        assert ref["code"] == "proposal_version_conflict", ref
+        ref = refusal(await beta.call_tool("room", dict(change, action="task_propose", version=2, set={"secret": "x"})))
+        assert ref["code"] == "proposal_withheld", ref
+        assert fx.journal_lines() == before, "the refused proposals wrote nothing"
+        r = await beta.call_tool("room", dict(change, action="task_propose", version=2, set={"name": "y"}))
+        assert not r.is_error, r.structured_content
+        assert json.load(open(data))[0]["v"] == 3
+
+
+@test
 async def compact_mode_lists_two_tools_and_sizes_are_reported(fx):
     tok = setup_room(fx, ["alpha"])["alpha"]
     sizes = {}

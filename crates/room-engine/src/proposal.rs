@@ -1,10 +1,10 @@
 //! Proposals: the authority half. A worker that holds a task asks for a change to one row of
 //! a source its task projected for it (`task_propose`); this module decides whether it may
-//! (`proposal_admit`: the holder of a claimed task, in a room that is writable, admitted and
-//! not cancelled, without break-glass, the change within the projection it was given) and
-//! journals what the daemon did with it (`proposal_record`). Applying it to the live file is
-//! `room-exec`'s (`proposal`), run by the server between the two: the engine touches no
-//! project file.
+//! (the holder of a claimed task, in a room that is writable, admitted and not cancelled,
+//! without break-glass, the change within the projection it was given) and journals what the
+//! daemon did with it. Applying it to the live file is `room-exec`'s (`proposal`), handed in
+//! by the server as a closure the engine runs under the room's lock: the engine itself
+//! touches no project file.
 
 use crate::event::EventBody;
 use crate::principal::AgentCaller;
@@ -30,18 +30,23 @@ pub struct Admitted {
 }
 
 impl Engine {
-    /// Whether `caller` may have `proposal` applied for `task` (see the module comment).
-    pub fn proposal_admit(
+    /// Admit `proposal` for `task` (see the module comment), have `apply` carry it out, and
+    /// journal what it reports, all under the room's lock: a cancel, an admission change or a
+    /// lapse of the claim either comes before the admission (and refuses it) or after the
+    /// record, never between. `apply` returns the record of an applied change, or the
+    /// refusal of one that changed nothing (then nothing is journaled).
+    pub fn proposal_apply(
         &self,
         caller: &AgentCaller,
         task: &str,
         proposal: Proposal,
-    ) -> Outcome<Admitted> {
+        apply: impl FnOnce(&Admitted) -> Outcome<ProposalRecord>,
+    ) -> Outcome<(Admitted, Value)> {
         let p = self.authorize(caller, Verb::TaskPropose)?;
         let t = self.task_row(task)?;
         let (handle, _) = self.member_handle(&p, &t.room)?;
         let sel = room_core::stage::admit_proposal(&t.stage, &proposal)?.clone();
-        let h = lock_room(&handle);
+        let mut h = lock_room(&handle);
         h.writable()?;
         self.admitted(&h.name)?;
         let room = self.control().room(&h.name).map_err(store_err)?;
@@ -71,8 +76,7 @@ impl Engine {
             .as_deref()
             .expect("a task with selections belongs to a project (checked at creation)");
         let root = self.revalidate_project(pid)?.canonical_root;
-        drop(h);
-        Ok(Admitted {
+        let a = Admitted {
             id: format!("prp_{}", self.env.entropy.hex(8)),
             room: t.room,
             task: t.id,
@@ -80,16 +84,29 @@ impl Engine {
             root,
             selection: sel,
             proposal,
-        })
+        };
+        let rec = apply(&a)?;
+        let out = self.commit_proposal(&mut h, &a, rec)?;
+        Ok((a, out))
     }
 
-    /// Journal what became of an admitted proposal. Authority is not asked again: the outcome
-    /// happened and must be on record (a room that can no longer be written refuses, and the
-    /// outbox keeps the intention for the next start).
-    pub fn proposal_record(&self, a: &Admitted, rec: ProposalRecord) -> Outcome<Value> {
-        assert_eq!(rec.id, a.id, "a record names its own proposal");
+    /// Journal what a start found of a proposal a crash left unrecorded. Authority is not
+    /// asked again: the outcome happened and must be on record (a room that can no longer be
+    /// written refuses, and the outbox keeps the intention for the next start).
+    pub fn proposal_recovered(&self, a: &Admitted, rec: ProposalRecord) -> Outcome<Value> {
+        assert!(rec.recovered, "only a recovery records without admission");
         let handle = self.room_handle(&a.room)?;
         let mut h = lock_room(&handle);
+        self.commit_proposal(&mut h, a, rec)
+    }
+
+    fn commit_proposal(
+        &self,
+        h: &mut crate::room::RoomHandle,
+        a: &Admitted,
+        rec: ProposalRecord,
+    ) -> Outcome<Value> {
+        assert_eq!(rec.id, a.id, "a record names its own proposal");
         h.writable()?;
         let te = TaskEvent {
             actor: a.actor.clone(),

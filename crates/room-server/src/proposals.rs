@@ -1,6 +1,7 @@
 //! Applying proposals: the path of a `task_propose` through the daemon. The engine admits it
-//! (authority), the outbox takes the intention durably, `room-exec` applies it to the live
-//! source, the engine journals the outcome and only then the intention goes. A crash between
+//! (authority) and, still under the room's lock, runs this module's apply: the outbox takes
+//! the intention durably and `room-exec` applies it to the live source; the engine journals
+//! the outcome and only then the intention goes. A crash between
 //! the intention and the record is resolved at the next start (`recover`), by observing the
 //! live row. A proposal that was not applied (the row moved, the source refused) changed
 //! nothing and is refused with its code; nothing about it is journaled.
@@ -37,43 +38,49 @@ fn record(a: &Admitted, outcome: &str) -> ProposalRecord {
     }
 }
 
-/// `task_propose`: admit, take the intention, apply, record.
+/// `task_propose`: admit, take the intention, apply, record (the engine holds the room's lock
+/// from the admission to the record), then drop the intention.
 pub(crate) fn propose(
     engine: &Engine,
     caller: &AgentCaller,
     task: &str,
     proposal: Proposal,
 ) -> Result<Value, Refusal> {
-    let a = engine.proposal_admit(caller, task, proposal)?;
     let _one = APPLYING.lock().unwrap_or_else(|p| p.into_inner());
     let ob = outbox(engine);
-    let doc = serde_json::to_value(&a).expect("admitted proposals serialize");
+    let (a, out) = engine.proposal_apply(caller, task, proposal, |a| apply(&ob, a))?;
+    ob.remove(&a.id).map_err(Refusal::storage)?;
+    Ok(out)
+}
+
+/// The intention, durable; the change; its record, or the refusal of a change not made.
+fn apply(ob: &Outbox, a: &Admitted) -> Result<ProposalRecord, Refusal> {
+    let doc = serde_json::to_value(a).expect("admitted proposals serialize");
     ob.put(&a.id, &doc).map_err(Refusal::storage)?;
     crate::workers::fault("proposal_after_intent");
     let applied =
         room_exec::proposal::apply(std::path::Path::new(&a.root), &a.selection, &a.proposal);
     crate::workers::fault("proposal_after_apply");
-    let ap = match applied {
-        Ok(ap) => ap,
+    match applied {
+        Ok(ap) => {
+            let mut rec = record(a, "applied");
+            rec.to_version = Some(ap.to_version);
+            rec.before_sha256 = Some(ap.before_sha256);
+            rec.after_sha256 = Some(ap.after_sha256);
+            // a record that fails leaves the intention for the next start to resolve
+            Ok(rec)
+        }
         Err(e) => {
             ob.remove(&a.id).map_err(Refusal::storage)?;
             let code = match e.code {
                 "proposal_version_conflict" => Code::ProposalVersionConflict,
                 _ => Code::ProposalSourceRefused,
             };
-            return Err(Refusal::new(code, e.message)
+            Err(Refusal::new(code, e.message)
                 .detail(serde_json::json!({"path": a.proposal.path, "key": a.proposal.key}))
-                .hint("read the row again (a fresh launch stages it again) and propose against its version"));
+                .hint("read the row again (a fresh launch stages it again) and propose against its version"))
         }
-    };
-    let mut rec = record(&a, "applied");
-    rec.to_version = Some(ap.to_version);
-    rec.before_sha256 = Some(ap.before_sha256);
-    rec.after_sha256 = Some(ap.after_sha256);
-    // a record that fails leaves the intention for the next start to resolve
-    let out = engine.proposal_record(&a, rec)?;
-    ob.remove(&a.id).map_err(Refusal::storage)?;
-    Ok(out)
+    }
 }
 
 /// Resolve what a crash left in the outbox: each intention's live row says whether it was
@@ -116,7 +123,7 @@ pub(crate) fn recover(engine: &Engine) -> Result<usize, String> {
         rec.recovered = true;
         let outcome = rec.outcome.clone();
         engine
-            .proposal_record(&a, rec)
+            .proposal_recovered(&a, rec)
             .map_err(|r| format!("proposal {id}: {r}"))?;
         ob.remove(&id).map_err(|e| format!("proposal {id}: {e}"))?;
         tracing::warn!(proposal = %id, %outcome, "a proposal a crash left unrecorded is resolved");
