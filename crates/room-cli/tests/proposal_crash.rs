@@ -165,19 +165,24 @@ fn crash_at(fault: &str) -> (Vec<Value>, Vec<u8>, Vec<std::fs::DirEntry>) {
     drop(d);
     let _d = spawn(&state, &config_home, None);
     let start = Instant::now();
-    let recs = loop {
+    // the record is journaled before the intention is removed: wait for both, so a test
+    // that reads the outbox between the two does not see a half-finished recovery
+    let outbox = || -> Vec<_> {
+        std::fs::read_dir(state.join("proposals"))
+            .unwrap()
+            .flatten()
+            .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+            .collect()
+    };
+    let (recs, left) = loop {
         let recs = proposals(&state);
-        if !recs.is_empty() {
-            break recs;
+        let left = outbox();
+        if !recs.is_empty() && (left.is_empty() || start.elapsed() > Duration::from_secs(30)) {
+            break (recs, left);
         }
         assert!(start.elapsed() < Duration::from_secs(30), "never recovered");
         std::thread::sleep(Duration::from_millis(50));
     };
-    let left: Vec<_> = std::fs::read_dir(state.join("proposals"))
-        .unwrap()
-        .flatten()
-        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
-        .collect();
     (
         recs,
         std::fs::read(project.join("data.json")).unwrap(),
