@@ -149,6 +149,14 @@ pub(crate) enum TaskEffect {
     Override(String, String),
     /// A superseded task's verified successor.
     Successor(String, String),
+    /// A proposal the daemon applied moves the staging pin of its source, from the digest
+    /// it replaced to the one it wrote (so the task's next worker stages the file as it is).
+    StagePin {
+        task: String,
+        path: String,
+        from: String,
+        to: String,
+    },
     /// The room's admission opens or closes as of this record's seq.
     Admission {
         room: String,
@@ -300,6 +308,17 @@ pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result
             if let Some(reason) = &te.reason {
                 p.tasks
                     .push(TaskEffect::Override(te.task.clone(), reason.clone()));
+            }
+            if let Some(rec) = te.proposal.as_deref()
+                && rec.outcome == "applied"
+                && let (Some(from), Some(to)) = (&rec.before_sha256, &rec.after_sha256)
+            {
+                p.tasks.push(TaskEffect::StagePin {
+                    task: te.task.clone(),
+                    path: rec.change.path.clone(),
+                    from: from.clone(),
+                    to: to.clone(),
+                });
             }
             if let Some(tr) = &te.transition {
                 p.tasks
@@ -468,6 +487,14 @@ impl Engine {
                 TaskEffect::Pin(task, pin) => c.pin_claim(task, pin)?,
                 TaskEffect::Override(task, reason) => c.set_override(task, reason)?,
                 TaskEffect::Successor(task, next) => c.set_successor(task, next)?,
+                TaskEffect::StagePin {
+                    task,
+                    path,
+                    from,
+                    to,
+                } => {
+                    c.move_stage_pin(task, path, from, to)?;
+                }
                 TaskEffect::Admission { room, seq, open } => {
                     c.set_admission(room, *seq, *open)?;
                 }

@@ -930,7 +930,9 @@ impl Engine {
             json!({"holder": t.recipient, "scopes": t.scopes, "generation": t.lease_gen,
                 "since_ms": t.updated_ms})
         });
-        Ok(json!({"task": task_view(t),
+        let mut task = task_view(t);
+        task["stage"] = json!(t.stage);
+        Ok(json!({"task": task,
             "lineage": {"ancestors": ancestors, "children": children},
             "lease": lease,
             "last_acceptance": self.last_evaluation(&t.id)?}))

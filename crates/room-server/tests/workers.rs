@@ -1015,6 +1015,10 @@ fn proposal_task(fx: &mut Fx, a: &str, dir: &std::path::Path) -> String {
     t
 }
 
+fn sha_bytes(v: &Value) -> String {
+    room_core::sha256_hex(&serde_json::to_vec(v).unwrap())
+}
+
 fn proposals_in(fx: &mut Fx, room: &str) -> Vec<Value> {
     let log = fx.ok(None, "room_log", json!({"room": room, "limit": 1000}));
     log["events"]
@@ -1122,6 +1126,21 @@ fn a_proposal_is_applied_by_the_daemon_with_its_version_moved_by_one_and_every_r
     let recs = proposals_in(&mut fx, "build");
     assert_eq!(recs.len(), 1, "{recs:?}");
     assert_eq!(recs[0]["actor"], "beta");
+    // the daemon's own change moves the task's staging pin with it: the task's next worker
+    // stages the file as it is now
+    let pin = |fx: &mut Fx| {
+        fx.ok(Some(&b), "task_show", json!({"task": task}))["task"]["stage"][1]["sha256"].clone()
+    };
+    assert_eq!(pin(&mut fx), out["after_sha256"]);
+    // a source changed some other way first keeps its pin where it was, stale as it is
+    let mut edited = live.clone();
+    edited[0]["name"] = json!("edited");
+    std::fs::write(&data, serde_json::to_vec(&edited).unwrap()).unwrap();
+    let second = fx.ok(Some(&b), "task_propose", change(2, json!({"name": "w"})));
+    assert_eq!(second["outcome"], "applied", "{second}");
+    assert_eq!(second["before_sha256"], sha_bytes(&edited));
+    assert_eq!(pin(&mut fx), out["after_sha256"], "the stale pin stays");
+    let live: Value = serde_json::from_slice(&std::fs::read(&data).unwrap()).unwrap();
     // the same proposal again read a version that is gone
     fx.refuse(
         Some(&b),
@@ -1136,14 +1155,14 @@ fn a_proposal_is_applied_by_the_daemon_with_its_version_moved_by_one_and_every_r
     fx.refuse(
         Some(&b),
         "task_propose",
-        change(2, json!({"name": "q"})),
+        change(3, json!({"name": "q"})),
         "proposal_source_refused",
     );
     assert_eq!(
         std::fs::read(&target).unwrap(),
         serde_json::to_vec(&live).unwrap()
     );
-    assert_eq!(proposals_in(&mut fx, "build").len(), 1);
+    assert_eq!(proposals_in(&mut fx, "build").len(), 2);
     // a cancelled room applies nothing
     std::fs::remove_file(&data).unwrap();
     std::fs::rename(&target, &data).unwrap();
@@ -1151,10 +1170,10 @@ fn a_proposal_is_applied_by_the_daemon_with_its_version_moved_by_one_and_every_r
     fx.refuse(
         Some(&b),
         "task_propose",
-        change(2, json!({"name": "q"})),
+        change(3, json!({"name": "q"})),
         "room_admission_closed",
     );
-    assert_eq!(proposals_in(&mut fx, "build").len(), 1);
+    assert_eq!(proposals_in(&mut fx, "build").len(), 2);
     assert!(
         std::fs::read_dir(fx.state.join("proposals"))
             .unwrap()

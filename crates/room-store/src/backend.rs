@@ -265,6 +265,11 @@ pub trait ControlStore: Send {
     fn set_override(&mut self, id: &str, reason: &str) -> Result<()>;
     /// Record the verified successor of a superseded task.
     fn set_successor(&mut self, id: &str, successor: &str) -> Result<()>;
+    /// Move the staging pin of task `id`'s selection of `path` from digest `from` to `to`: the
+    /// daemon applied a change to that source for the task's holder. False when the pin is not
+    /// at `from` (moved already, at a replay; or the source changed some other way first, and
+    /// then the stale pin stays the signal it is).
+    fn move_stage_pin(&mut self, id: &str, path: &str, from: &str, to: &str) -> Result<bool>;
     /// A project's governing source: the project-relative paths of its parts, in order.
     fn project_source(&self, project: &str) -> Result<Option<Vec<String>>>;
     /// Set (or with `None` clear) a project's governing source.

@@ -41,6 +41,7 @@ pub const CASES: &[(&str, Case)] = &[
     ("control_tasks", control_tasks),
     ("control_task_leases_by_scope", control_task_leases_by_scope),
     ("control_task_terms", control_task_terms),
+    ("control_stage_pin_moves", control_stage_pin_moves),
     ("index_source_reads", index_source_reads),
     (
         "control_task_specs_and_checks",
@@ -624,6 +625,39 @@ pub fn control_task_leases_by_scope(h: &mut dyn Harness) {
             .unwrap()
             .is_empty(),
         "a project's leases are not a room's"
+    );
+}
+
+/// A staging pin moves only from the digest it holds, once, and survives a reopen; other
+/// selections are untouched.
+pub fn control_stage_pin_moves(h: &mut dyn Harness) {
+    use room_core::stage::Selection;
+    let store = h.fresh();
+    let mut c = store.open_control().unwrap();
+    c.insert_room(&room("chat", None), &[]).unwrap();
+    let mut t = task("tsk_a", "chat", None, &[]);
+    let sel = |path: &str, sha: &str| Selection {
+        path: path.into(),
+        sha256: sha.into(),
+        project: None,
+    };
+    t.stage = vec![sel("a.json", "aa"), sel("b.json", "bb")];
+    c.insert_task(&t).unwrap();
+    assert!(c.move_stage_pin("tsk_a", "a.json", "aa", "a2").unwrap());
+    assert!(
+        !c.move_stage_pin("tsk_a", "a.json", "aa", "a2").unwrap(),
+        "a replay moves nothing"
+    );
+    assert!(
+        !c.move_stage_pin("tsk_a", "b.json", "zz", "b2").unwrap(),
+        "a pin not at the digest replaced stays"
+    );
+    assert!(!c.move_stage_pin("tsk_nope", "a.json", "aa", "a2").unwrap());
+    drop(c);
+    let c = store.open_control().unwrap();
+    assert_eq!(
+        c.task("tsk_a").unwrap().unwrap().stage,
+        [sel("a.json", "a2"), sel("b.json", "bb")]
     );
 }
 

@@ -1495,6 +1495,35 @@ impl ControlStore for SqliteControl {
         })
     }
 
+    fn move_stage_pin(&mut self, id: &str, path: &str, from: &str, to: &str) -> Result<bool> {
+        self.write(|c| {
+            let text: Option<String> = c
+                .conn
+                .prepare_cached("SELECT stage FROM tasks WHERE id = ?1")?
+                .query_row([id], |r| r.get(0))
+                .optional()?;
+            let Some(text) = text else { return Ok(false) };
+            let mut stage: Vec<room_core::stage::Selection> = serde_json::from_str(&text)
+                .map_err(|e| StoreError::Corrupt(format!("stage of task {id}: {e}")))?;
+            let Some(sel) = stage
+                .iter_mut()
+                .find(|s| s.path == path && s.sha256 == from)
+            else {
+                return Ok(false);
+            };
+            sel.sha256 = to.to_string();
+            let n = c.conn.execute(
+                "UPDATE tasks SET stage = ?2 WHERE id = ?1 AND stage = ?3",
+                params![
+                    id,
+                    serde_json::to_string(&stage).expect("selections serialize"),
+                    text
+                ],
+            )?;
+            Ok(n == 1)
+        })
+    }
+
     fn project_source(&self, project: &str) -> Result<Option<Vec<String>>> {
         let text: Option<String> = self
             .conn
