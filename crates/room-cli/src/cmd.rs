@@ -311,6 +311,8 @@ pub enum IndexCmd {
 pub enum WakesCmd {
     /// The queue: each permit, checked against its digest, with its dispatch state.
     List { room: Option<String> },
+    /// One permit in full, by the path `list` prints (`wakes/<room>/<agent>/<event>.json`).
+    Show { wake: String },
     /// Revalidate queued permits now (the daemon does it every second): dead-letter refused ones.
     Check,
     /// A room's open obligations with their fold (`pending`, or `dead_obligation` once past
@@ -499,6 +501,7 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
         Cmd::Sessions(SessionsCmd::List { agent }) => req("sessions_list", json!({"agent": agent})),
         Cmd::Sessions(SessionsCmd::Show { id }) => req("sessions_show", json!({"id": id})),
         Cmd::Adapters(AdaptersCmd::List) => req("adapters_list", json!({})),
+        Cmd::Wakes(WakesCmd::Show { wake }) => req("wakes_show", json!({"wake": wake})),
         Cmd::Wakes(WakesCmd::Check) => req("wakes_check", json!({})),
         Cmd::Wakes(WakesCmd::Obligations { room }) => {
             req("wakes_obligations", json!({"room": room}))

@@ -154,37 +154,64 @@ impl Engine {
         self.flush_wakes();
         let rows = self.control().wakes(room).map_err(store_err)?;
         let truncated = rows.len() >= room_store::control::WAKES_PAGE_MAX;
-        let out: Vec<Value> = rows
-            .into_iter()
-            .map(|w| match serde_json::from_str::<WakePermit>(&w.permit) {
-                Ok(p) => {
-                    let intact = p.intact();
-                    let mut v = serde_json::to_value(&p).expect("permits serialize");
-                    v["intact"] = json!(intact);
-                    v["state"] = json!(w.state);
-                    v["launches"] = self.launches_view(&w);
-                    if w.state == room_store::control::WAKE_QUEUED {
-                        v["deferred"] = json!(self.deferrals.of(&wake_path(
-                            &w.room,
-                            &w.agent,
-                            &w.source_event
-                        )));
-                    }
-                    if w.state == room_store::control::WAKE_DEAD {
-                        v["dead_letter"] = json!({"code": w.reason, "reason": w.detail,
-                            "retry_allowed": false});
-                    }
-                    v
-                }
-                Err(e) => json!({
-                    "path": wake_path(&w.room, &w.agent, &w.source_event),
-                    "intact": false,
-                    "error": e.to_string(),
-                }),
-            })
-            .collect();
+        let out: Vec<Value> = rows.iter().map(|w| self.wake_view(w)).collect();
         // the oldest WAKES_PAGE_MAX permits; say so rather than hide the rest
         Ok(json!({"wakes": out, "truncated": truncated}))
+    }
+
+    /// One permit `wakes list` prints, by the path it prints (`wakes/<room>/<agent>/<event>.json`).
+    pub fn wake_show(&self, _owner: &crate::Owner, path: &str) -> Outcome<Value> {
+        let parts = path
+            .strip_prefix("wakes/")
+            .and_then(|p| p.strip_suffix(".json"))
+            .map(|p| p.split('/').collect::<Vec<_>>());
+        let Some([room, agent, event]) = parts.as_deref() else {
+            return Err(Refusal::invalid(
+                "wake",
+                "not a wake path (wakes/<room>/<agent>/<event>.json, as wakes list prints it)",
+            ));
+        };
+        room_core::name::validate("wake", room)?;
+        room_core::name::validate("wake", agent)?;
+        self.room_handle(room)?;
+        self.flush_wakes();
+        let row = self.control().wake(room, agent, event).map_err(store_err)?;
+        let w = row.ok_or_else(|| {
+            Refusal::new(Code::NotFound, format!("no wake {path}"))
+                .hint("room wakes list ROOM prints the permits there are")
+        })?;
+        Ok(json!({"wake": self.wake_view(&w)}))
+    }
+
+    /// A permit as the owner sees it: its sealed fields, whether they still match their
+    /// digest, its dispatch state, launches, deferral and dead letter.
+    fn wake_view(&self, w: &WakeRow) -> Value {
+        match serde_json::from_str::<WakePermit>(&w.permit) {
+            Ok(p) => {
+                let intact = p.intact();
+                let mut v = serde_json::to_value(&p).expect("permits serialize");
+                v["intact"] = json!(intact);
+                v["state"] = json!(w.state);
+                v["launches"] = self.launches_view(w);
+                if w.state == room_store::control::WAKE_QUEUED {
+                    v["deferred"] = json!(self.deferrals.of(&wake_path(
+                        &w.room,
+                        &w.agent,
+                        &w.source_event
+                    )));
+                }
+                if w.state == room_store::control::WAKE_DEAD {
+                    v["dead_letter"] = json!({"code": w.reason, "reason": w.detail,
+                        "retry_allowed": false});
+                }
+                v
+            }
+            Err(e) => json!({
+                "path": wake_path(&w.room, &w.agent, &w.source_event),
+                "intact": false,
+                "error": e.to_string(),
+            }),
+        }
     }
 
     /// The wakes waiting for `agent`, as it sees them itself (`whoami`): its queued permits,

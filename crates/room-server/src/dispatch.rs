@@ -42,6 +42,7 @@ const OWNER_OPS: &[&str] = &[
     "rooms",
     "index_rebuild",
     "wakes_list",
+    "wakes_show",
     "wakes_check",
     "wakes_obligations",
     "sessions_list",
@@ -376,6 +377,7 @@ const READ_OPS: &[&str] = &[
     "room_log",
     "room_audit",
     "wakes_list",
+    "wakes_show",
     "wakes_obligations",
     "sessions_list",
     "sessions_show",
@@ -533,6 +535,7 @@ fn owner_op(engine: &Engine, owner: &Owner, op: &str, a: Value) -> Result<Value,
             engine.index_rebuild(owner, &a.room, a.accept_loss)
         }
         "wakes_list" => engine.wakes_view(owner, args::<OptRoomArgs>(a)?.room.as_deref()),
+        "wakes_show" => engine.wake_show(owner, &args::<WakeShowArgs>(a)?.wake),
         "wakes_obligations" => engine.obligations_view(owner, &args::<RoomArgs>(a)?.room),
         "sessions_list" => engine.sessions_view(owner, args::<OptAgentArgs>(a)?.agent.as_deref()),
         "sessions_show" => engine.session_show(owner, &args::<IdArgs>(a)?.id),

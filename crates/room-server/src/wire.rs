@@ -228,6 +228,13 @@ pub struct OptAgentArgs {
     pub agent: Option<String>,
 }
 
+/// `wakes_show`: a permit by the path `wakes_list` prints.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WakeShowArgs {
+    pub wake: String,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct IdArgs {

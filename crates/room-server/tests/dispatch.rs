@@ -85,6 +85,48 @@ fn a_valid_permit_stays_queued_and_its_shape_is_exact() {
 }
 
 #[test]
+fn wakes_show_prints_one_permit_by_its_path_and_refuses_a_path_that_names_none() {
+    let mut fx = Fx::new();
+    let (a, _b, _) = fx.team("coord");
+    let p = sent(&mut fx, &a, json!({}));
+    let path = p["path"].as_str().unwrap().to_string();
+    assert!(path.starts_with("wakes/coord/beta/"), "{path}");
+    let shown = fx.ok(None, "wakes_show", json!({"wake": path}))["wake"].clone();
+    assert_eq!(shown, permit(&mut fx, p["source_event"].as_str().unwrap()));
+    assert_eq!(shown["intact"], true);
+    for bad in [
+        "coord/beta/x.json",
+        "wakes/coord/beta.json",
+        "wakes/coord/beta/x/y.json",
+        "wakes/../beta/x.json",
+    ] {
+        let r = fx.refuse(None, "wakes_show", json!({"wake": bad}), "invalid_argument");
+        assert_eq!(r.detail["field"], "wake", "{bad}: {r}");
+    }
+    let gone = path.replace("/beta/", "/gamma/");
+    fx.refuse(None, "wakes_show", json!({"wake": gone}), "not_found");
+    fx.refuse(
+        None,
+        "wakes_show",
+        json!({"wake": "wakes/nowhere/beta/x.json"}),
+        "room_not_found",
+    );
+    fx.refuse(
+        None,
+        "wakes_show",
+        json!({"path": path}),
+        "invalid_argument",
+    );
+    // the owner's: an agent's credential is not the owner console
+    fx.refuse(
+        Some(&a),
+        "wakes_show",
+        json!({"wake": path}),
+        "owner_required",
+    );
+}
+
+#[test]
 fn a_recipient_re_registered_after_sealing_is_dead_lettered_and_its_obligation_stays_open() {
     // the seed's Exhibit 2
     let mut fx = Fx::new();
