@@ -85,7 +85,8 @@ const DATA: &[u8] = br#"[{"id":1,"v":1,"name":"a"},{"id":2,"v":1,"name":"b"}]"#;
 
 /// Propose under a daemon that aborts at `fault`; restart; the recovered record comes back
 /// with the live file.
-fn crash_at(fault: &str) -> (Vec<Value>, Vec<u8>, Vec<std::fs::DirEntry>) {
+/// Also the task's staging pin of the source afterwards.
+fn crash_at(fault: &str) -> (Vec<Value>, Vec<u8>, Vec<std::fs::DirEntry>, Value) {
     let tmp = tempfile::tempdir().unwrap();
     let root = std::fs::canonicalize(tmp.path()).unwrap();
     let (state, config_home) = (root.join("state"), root.join("config"));
@@ -183,10 +184,14 @@ fn crash_at(fault: &str) -> (Vec<Value>, Vec<u8>, Vec<std::fs::DirEntry>) {
         assert!(start.elapsed() < Duration::from_secs(30), "never recovered");
         std::thread::sleep(Duration::from_millis(50));
     };
+    let pin =
+        ok(&state, None, "owner_task_show", json!({"task": task}))["task"]["stage"][0]["sha256"]
+            .clone();
     (
         recs,
         std::fs::read(project.join("data.json")).unwrap(),
         left,
+        pin,
     )
 }
 
@@ -196,13 +201,16 @@ fn body(rec: &Value) -> &Value {
 
 #[test]
 fn a_crash_after_the_apply_is_journaled_applied_at_the_next_start() {
-    let (recs, live, left) = crash_at("proposal_after_apply");
+    let (recs, live, left, pin) = crash_at("proposal_after_apply");
     assert_eq!(recs.len(), 1, "{recs:?}");
     let p = body(&recs[0]);
     assert_eq!(p["outcome"], "applied", "{}", recs[0]);
     assert_eq!(p["recovered"], true);
     assert_eq!(p["to_version"], 2);
     assert_eq!(p["after_sha256"], room_core::sha256_hex(&live));
+    // the intention kept the digest before, so the recovery names it and moves the pin
+    assert_eq!(p["before_sha256"], room_core::sha256_hex(DATA));
+    assert_eq!(pin, p["after_sha256"], "the task's pin follows the change");
     let v: Value = serde_json::from_slice(&live).unwrap();
     assert_eq!(
         v,
@@ -213,11 +221,16 @@ fn a_crash_after_the_apply_is_journaled_applied_at_the_next_start() {
 
 #[test]
 fn a_crash_before_the_apply_is_journaled_not_applied_and_the_file_is_untouched() {
-    let (recs, live, left) = crash_at("proposal_after_intent");
+    let (recs, live, left, pin) = crash_at("proposal_after_intent");
     assert_eq!(recs.len(), 1, "{recs:?}");
     let p = body(&recs[0]);
     assert_eq!(p["outcome"], "not_applied", "{}", recs[0]);
     assert_eq!(p["recovered"], true);
     assert_eq!(live, DATA);
+    assert_eq!(
+        pin,
+        room_core::sha256_hex(DATA),
+        "nothing applied, the pin stays"
+    );
     assert!(left.is_empty(), "the outbox is empty");
 }

@@ -61,13 +61,47 @@ fn projection(sel: &Selection) -> Result<&Projection, ProposalError> {
         .ok_or_else(|| refused(format!("{} is not projected", sel.path)))
 }
 
+/// The SHA-256 of the live source at `path` beneath `root`, read as staging reads it: what an
+/// intention records as the digest before, so that a recovery can name it too.
+pub fn digest(root: &Path, path: &str) -> Result<String, ProposalError> {
+    let rootfd = staging::open_root(root).map_err(from_stage)?;
+    let (bytes, _) = staging::read_beneath(&rootfd, path, STAGE_BYTES_MAX).map_err(from_stage)?;
+    Ok(room_core::sha256_hex(&bytes))
+}
+
 /// Apply `p` to the live source of `sel` beneath `root` (see the module comment).
 pub fn apply(root: &Path, sel: &Selection, p: &Proposal) -> Result<Applied, ProposalError> {
+    apply_inner(root, sel, p, None)
+}
+
+/// `apply`, refused (`proposal_source_refused`) unless the source is still at digest `before`,
+/// the one its intention recorded.
+pub fn apply_at(
+    root: &Path,
+    sel: &Selection,
+    p: &Proposal,
+    before: &str,
+) -> Result<Applied, ProposalError> {
+    apply_inner(root, sel, p, Some(before))
+}
+
+fn apply_inner(
+    root: &Path,
+    sel: &Selection,
+    p: &Proposal,
+    expect_before: Option<&str>,
+) -> Result<Applied, ProposalError> {
     let proj = projection(sel)?;
     let rootfd = staging::open_root(root).map_err(from_stage)?;
     let (bytes, st) =
         staging::read_beneath(&rootfd, &p.path, STAGE_BYTES_MAX).map_err(from_stage)?;
     let before_sha256 = room_core::sha256_hex(&bytes);
+    if expect_before.is_some_and(|b| b != before_sha256) {
+        return Err(refused(format!(
+            "{} changed while its proposal was taken: nothing was applied",
+            p.path
+        )));
+    }
     let (from_version, after) = match proj.format {
         Format::Json | Format::Jsonl => {
             let (out, from) = rewrite_text(proj, p, &bytes)?;
@@ -618,6 +652,24 @@ mod tests {
         // no temporary file is left beside it
         let names: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().collect();
         assert_eq!(names.len(), 1);
+    }
+
+    #[test]
+    fn a_source_no_longer_at_the_intentions_digest_is_refused_untouched() {
+        let tmp = tempfile::tempdir().unwrap();
+        let f = tmp.path().join("t.json");
+        std::fs::write(&f, r#"[{"id":1,"v":3,"name":"a"}]"#).unwrap();
+        let s = sel("t.json", Format::Json, None);
+        let before = digest(tmp.path(), "t.json").unwrap();
+        assert_eq!(before, room_core::sha256_hex(&std::fs::read(&f).unwrap()));
+        std::fs::write(&f, r#"[{"id":1,"v":3,"name":"other"}]"#).unwrap();
+        let moved = std::fs::read(&f).unwrap();
+        let e = apply_at(tmp.path(), &s, &prop("t.json", "1", 3, "z"), &before).unwrap_err();
+        assert_eq!(e.code, "proposal_source_refused", "{e}");
+        assert_eq!(std::fs::read(&f).unwrap(), moved);
+        let now = digest(tmp.path(), "t.json").unwrap();
+        let a = apply_at(tmp.path(), &s, &prop("t.json", "1", 3, "z"), &now).unwrap();
+        assert_eq!(a.before_sha256, now);
     }
 
     #[test]

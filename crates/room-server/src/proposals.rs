@@ -53,13 +53,17 @@ pub(crate) fn propose(
     Ok(out)
 }
 
-/// The intention, durable; the change; its record, or the refusal of a change not made.
+/// The intention, durable (with the source's digest before, so a recovery names it too); the
+/// change; its record, or the refusal of a change not made.
 fn apply(ob: &Outbox, a: &Admitted) -> Result<ProposalRecord, Refusal> {
-    let doc = serde_json::to_value(a).expect("admitted proposals serialize");
+    let root = std::path::Path::new(&a.root);
+    let before =
+        room_exec::proposal::digest(root, &a.proposal.path).map_err(|e| not_applied(a, e))?;
+    let mut doc = serde_json::to_value(a).expect("admitted proposals serialize");
+    doc["before_sha256"] = Value::String(before.clone());
     ob.put(&a.id, &doc).map_err(Refusal::storage)?;
     crate::workers::fault("proposal_after_intent");
-    let applied =
-        room_exec::proposal::apply(std::path::Path::new(&a.root), &a.selection, &a.proposal);
+    let applied = room_exec::proposal::apply_at(root, &a.selection, &a.proposal, &before);
     crate::workers::fault("proposal_after_apply");
     match applied {
         Ok(ap) => {
@@ -72,15 +76,20 @@ fn apply(ob: &Outbox, a: &Admitted) -> Result<ProposalRecord, Refusal> {
         }
         Err(e) => {
             ob.remove(&a.id).map_err(Refusal::storage)?;
-            let code = match e.code {
-                "proposal_version_conflict" => Code::ProposalVersionConflict,
-                _ => Code::ProposalSourceRefused,
-            };
-            Err(Refusal::new(code, e.message)
-                .detail(serde_json::json!({"path": a.proposal.path, "key": a.proposal.key}))
-                .hint("read the row again (a fresh launch stages it again) and propose against its version"))
+            Err(not_applied(a, e))
         }
     }
+}
+
+/// The refusal of a change that was not made.
+fn not_applied(a: &Admitted, e: room_exec::proposal::ProposalError) -> Refusal {
+    let code = match e.code {
+        "proposal_version_conflict" => Code::ProposalVersionConflict,
+        _ => Code::ProposalSourceRefused,
+    };
+    Refusal::new(code, e.message)
+        .detail(serde_json::json!({"path": a.proposal.path, "key": a.proposal.key}))
+        .hint("read the row again (a fresh launch stages it again) and propose against its version")
 }
 
 /// Resolve what a crash left in the outbox: each intention's live row says whether it was
@@ -95,6 +104,11 @@ pub(crate) fn recover(engine: &Engine) -> Result<usize, String> {
     let scratch = room_exec::proposal::scratch(ob.dir()).map_err(|e| e.to_string())?;
     let mut n = 0;
     for (id, doc) in pending {
+        // recorded with the intention (none in one an earlier version wrote)
+        let before = doc
+            .get("before_sha256")
+            .and_then(Value::as_str)
+            .map(String::from);
         let a: Admitted = serde_json::from_value(doc).map_err(|e| format!("proposal {id}: {e}"))?;
         let seen = room_exec::proposal::observe(
             std::path::Path::new(&a.root),
@@ -106,6 +120,7 @@ pub(crate) fn recover(engine: &Engine) -> Result<usize, String> {
             Observed::Applied { version, sha256 } => {
                 let mut r = record(&a, "applied");
                 r.to_version = Some(version);
+                r.before_sha256 = before;
                 r.after_sha256 = Some(sha256);
                 r
             }
