@@ -136,6 +136,16 @@ fn crash_at(fault: &str) -> (Vec<Value>, Vec<u8>, Vec<std::fs::DirEntry>, Value)
         .unwrap()
         .to_string();
     ok(&state, Some(&b), "task_claim", json!({"task": task}));
+    // beta has read everything before it proposes
+    let mut page = ok(&state, Some(&b), "sync", json!({"room": "build"}));
+    while page["more"] == true || page["items"].as_array().is_some_and(|a| !a.is_empty()) {
+        page = ok(
+            &state,
+            Some(&b),
+            "sync",
+            json!({"room": "build", "confirm": page["receipt"]}),
+        );
+    }
     // the daemon aborts inside this call: no answer comes back
     let answer = Client::connect(&state.join("room.sock")).unwrap().call(&req(
         Some(&b),
@@ -187,6 +197,28 @@ fn crash_at(fault: &str) -> (Vec<Value>, Vec<u8>, Vec<std::fs::DirEntry>, Value)
     let pin =
         ok(&state, None, "owner_task_show", json!({"task": task}))["task"]["stage"][0]["sha256"]
             .clone();
+    // the recovered record is the daemon's word, not beta's act: beta never saw it, and must
+    // read it before it acts again
+    assert_eq!(recs[0]["actor"], "room", "{}", recs[0]);
+    assert_eq!(body(&recs[0])["worker"], "beta", "{}", recs[0]);
+    let r = Client::connect(&state.join("room.sock"))
+        .unwrap()
+        .call(&req(
+            Some(&b),
+            "note",
+            json!({"room": "build", "text": "did my change land?"}),
+        ))
+        .unwrap();
+    assert_eq!(
+        r.refusal.as_ref().map(|r| r.code.as_str()),
+        Some("room_sync_required"),
+        "{r:?}"
+    );
+    let unread = format!("unread events from seq {}", recs[0]["seq"]);
+    assert!(
+        r.refusal.unwrap().message.contains(&unread),
+        "the record is what beta has not read"
+    );
     (
         recs,
         std::fs::read(project.join("data.json")).unwrap(),

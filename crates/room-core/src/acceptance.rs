@@ -3,13 +3,13 @@
 //! against live files and processes, never on the worker's word; this module only says what a
 //! well-formed check is and what a result looks like (the seed's Exhibits 4 and 5).
 //!
-//! Six of the seven kinds are measured today. `worker_receipt` needs worker submissions, which
-//! do not exist yet: a task naming it is refused (`acceptance_kind_unsupported`) rather than
-//! created with a check nobody can evaluate.
+//! `worker_receipt` reads the task's immutable submissions (the journaled proposal records),
+//! never a worker-authored receipt, in the seed's three profiles (`basic`, `strict`,
+//! `successor`); each profile admits exactly the fields the seed gives it.
 
-use crate::refusal::{Code, Refusal};
+use crate::refusal::Refusal;
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 /// Checks one task may declare.
 pub const CHECKS_PER_TASK_MAX: usize = 64;
@@ -64,7 +64,79 @@ pub enum Check {
     /// At least `min` (1..=16) distinct first-hand origins, after collapsing lineage, behind
     /// the evidence registered for the task's requirement `req`.
     EvidenceOrigins { req: String, min: u32 },
+    /// The task's submissions (its journaled proposal records) prove the worker's return, in
+    /// one of three profiles (see [`Receipt`]).
+    WorkerReceipt(Box<Receipt>),
 }
+
+/// A `worker_receipt` check. Which fields are present depends on the profile; `parse` admits
+/// no other combination.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Receipt {
+    pub profile: ReceiptProfile,
+    /// `task`: this task's submissions; `successor`: those of a task this one succeeds.
+    pub proposals: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<String>,
+    /// Basic: terminal submissions required (1..=`RECEIPT_MIN_MAX`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min: Option<u32>,
+    /// Strict: the row the submission changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<ReceiptTarget>,
+    /// Strict: exactly the fields the submission set.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fields: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proposal_id: Option<String>,
+    /// Successor: SHA-256 of the change asked for (canonical JSON of the record's `change`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proposal_sha256: Option<String>,
+    /// Successor: SHA-256 of the whole journaled record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record_sha256: Option<String>,
+    /// Successor: SHA-256 of what the daemon did (`ProposalRecord::outcome_view`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome_sha256: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReceiptProfile {
+    /// At least `min` terminal submissions, none pending, in doubt or unread by its worker.
+    Basic,
+    /// One applied submission of exactly this worker, row and fields, version moved by one,
+    /// whose result the same session read and answered with a Room message citing it.
+    Strict,
+    /// A fresh acknowledgment of a historical result of a superseded task, pinned by eight
+    /// values; it never stands for the original session's return.
+    Successor,
+}
+
+impl ReceiptProfile {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReceiptProfile::Basic => "basic",
+            ReceiptProfile::Strict => "strict",
+            ReceiptProfile::Successor => "successor",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReceiptTarget {
+    pub path: String,
+    pub key: String,
+}
+
+/// A basic receipt's `min`, at most.
+pub const RECEIPT_MIN_MAX: u32 = 64;
+/// The outcomes a proposal record may have.
+pub const PROPOSAL_OUTCOMES: [&str; 3] = ["applied", "not_applied", "in_doubt"];
 
 /// Bounds of an `evidence_origins` check.
 pub const EVIDENCE_ORIGINS_MIN_MAX: u32 = 16;
@@ -86,6 +158,7 @@ impl Check {
             Check::Command { .. } => "command",
             Check::Destination { .. } => "destination",
             Check::EvidenceOrigins { .. } => "evidence_origins",
+            Check::WorkerReceipt(_) => "worker_receipt",
         }
     }
 
@@ -95,9 +168,10 @@ impl Check {
             Check::Sha256 { path, .. }
             | Check::FileExists { path }
             | Check::FileAbsent { path } => Some(path),
-            Check::Command { .. } | Check::Destination { .. } | Check::EvidenceOrigins { .. } => {
-                None
-            }
+            Check::Command { .. }
+            | Check::Destination { .. }
+            | Check::EvidenceOrigins { .. }
+            | Check::WorkerReceipt(_) => None,
         }
     }
 
@@ -189,15 +263,7 @@ impl Check {
                 };
                 Check::EvidenceOrigins { req, min }
             }
-            "worker_receipt" => {
-                return Err(Refusal::new(
-                    Code::AcceptanceKindUnsupported,
-                    format!("{field}: acceptance kind {kind} is not measured yet"),
-                )
-                .detail(json!({"field": format!("{field}.kind"), "kind": kind,
-                    "measured": ["sha256", "file_exists", "file_absent", "command", "destination", "evidence_origins"]}))
-                .hint("declare another kind instead; worker_receipt needs worker submissions, which Room does not record yet"));
-            }
+            "worker_receipt" => Check::WorkerReceipt(Box::new(parse_receipt(&f)?)),
             other => {
                 return Err(Refusal::invalid(
                     &format!("{field}.kind"),
@@ -207,6 +273,240 @@ impl Check {
         };
         Ok(check)
     }
+}
+
+/// A `worker_receipt` check: its profile decides which fields it has (the seed's law).
+fn parse_receipt(f: &Fields<'_>) -> Result<Receipt, Refusal> {
+    let field = |n: &str| format!("{}.{n}", f.field);
+    let profile = match f.o.get("profile").and_then(Value::as_str) {
+        Some("basic") => ReceiptProfile::Basic,
+        Some("strict") => ReceiptProfile::Strict,
+        Some("successor") => ReceiptProfile::Successor,
+        _ => {
+            return Err(Refusal::invalid(
+                &field("profile"),
+                "must be basic, strict or successor",
+            ));
+        }
+    };
+    let want = match profile {
+        ReceiptProfile::Successor => "successor",
+        _ => "task",
+    };
+    let proposals = match f.o.get("proposals") {
+        None | Some(Value::Null) if profile != ReceiptProfile::Successor => want.to_string(),
+        Some(Value::String(s)) if s == want => want.to_string(),
+        _ => {
+            return Err(Refusal::invalid(
+                &field("proposals"),
+                format!("a {} receipt reads \"{want}\" proposals", profile.as_str()),
+            ));
+        }
+    };
+    let mut r = Receipt {
+        profile,
+        proposals,
+        worker: None,
+        min: None,
+        target: None,
+        fields: Vec::new(),
+        proposal_id: None,
+        proposal_sha256: None,
+        record_sha256: None,
+        outcome_sha256: None,
+        outcome: None,
+    };
+    if let Some(w) = f.o.get("worker").filter(|v| !v.is_null()) {
+        let w = w.as_str().unwrap_or_default();
+        crate::name::validate(&field("worker"), w)?;
+        r.worker = Some(w.to_string());
+    }
+    match profile {
+        ReceiptProfile::Basic => {
+            f.only(&["kind", "profile", "proposals", "worker", "min"])?;
+            r.min = Some(match f.o.get("min") {
+                None | Some(Value::Null) => 1,
+                Some(v) => match v.as_u64() {
+                    Some(m) if (1..=u64::from(RECEIPT_MIN_MAX)).contains(&m) => m as u32,
+                    _ => {
+                        return Err(Refusal::invalid(
+                            &field("min"),
+                            format!("must be 1..={RECEIPT_MIN_MAX}"),
+                        ));
+                    }
+                },
+            });
+        }
+        ReceiptProfile::Strict => {
+            for forbidden in ["outcome", "min"] {
+                if f.o.contains_key(forbidden) {
+                    return Err(Refusal::invalid(
+                        &field(forbidden),
+                        "a strict receipt forbids outcome and min: it proves one applied submission",
+                    ));
+                }
+            }
+            f.only(&[
+                "kind",
+                "profile",
+                "proposals",
+                "worker",
+                "target",
+                "fields",
+                "proposal_id",
+            ])?;
+            required(f, "worker", r.worker.is_some(), "strict")?;
+            r.target = Some(parse_target(f)?);
+            r.fields = parse_fields(f)?;
+            if f.o.get("proposal_id").is_some_and(|v| !v.is_null()) {
+                r.proposal_id = Some(proposal_id(f)?);
+            }
+        }
+        ReceiptProfile::Successor => {
+            let pins = [
+                "worker",
+                "proposal_id",
+                "proposal_sha256",
+                "record_sha256",
+                "outcome_sha256",
+                "outcome",
+            ];
+            f.only(&[
+                "kind",
+                "profile",
+                "proposals",
+                "worker",
+                "proposal_id",
+                "proposal_sha256",
+                "record_sha256",
+                "outcome_sha256",
+                "outcome",
+            ])?;
+            for pin in pins {
+                required(
+                    f,
+                    pin,
+                    f.o.get(pin).is_some_and(|v| !v.is_null()),
+                    "successor",
+                )?;
+            }
+            r.proposal_id = Some(proposal_id(f)?);
+            r.proposal_sha256 = Some(hex64(f, "proposal_sha256")?);
+            r.record_sha256 = Some(hex64(f, "record_sha256")?);
+            r.outcome_sha256 = Some(hex64(f, "outcome_sha256")?);
+            let outcome = f.string("outcome", 16)?;
+            if !PROPOSAL_OUTCOMES.contains(&outcome.as_str()) {
+                return Err(Refusal::invalid(
+                    &field("outcome"),
+                    format!("one of {}", PROPOSAL_OUTCOMES.join(", ")),
+                ));
+            }
+            r.outcome = Some(outcome);
+        }
+    }
+    Ok(r)
+}
+
+fn required(f: &Fields<'_>, name: &str, present: bool, profile: &str) -> Result<(), Refusal> {
+    if present {
+        return Ok(());
+    }
+    Err(Refusal::invalid(
+        &format!("{}.{name}", f.field),
+        match profile {
+            "successor" => {
+                "a successor receipt pins all eight: proposals \"successor\", worker, proposal_id, proposal_sha256, record_sha256, outcome_sha256 and outcome"
+            }
+            _ => "a strict receipt names its worker, target and fields",
+        },
+    ))
+}
+
+fn hex64(f: &Fields<'_>, name: &str) -> Result<String, Refusal> {
+    let s = f.string(name, 64)?;
+    if s.len() != 64
+        || !s
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        return Err(Refusal::invalid(
+            &format!("{}.{name}", f.field),
+            "must be 64 lower-case hex digits",
+        ));
+    }
+    Ok(s)
+}
+
+/// `prp_` and 16 lower-case hex digits: the id the daemon gave a proposal.
+pub fn is_proposal_id(s: &str) -> bool {
+    s.strip_prefix("prp_").is_some_and(|h| {
+        h.len() == 16
+            && h.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+fn proposal_id(f: &Fields<'_>) -> Result<String, Refusal> {
+    let s = f.string("proposal_id", 20)?;
+    if !is_proposal_id(&s) {
+        return Err(Refusal::invalid(
+            &format!("{}.proposal_id", f.field),
+            "a proposal id: prp_ and 16 lower-case hex digits",
+        ));
+    }
+    Ok(s)
+}
+
+fn parse_target(f: &Fields<'_>) -> Result<ReceiptTarget, Refusal> {
+    let name = format!("{}.target", f.field);
+    let o =
+        f.o.get("target")
+            .and_then(Value::as_object)
+            .ok_or_else(|| {
+                Refusal::invalid(
+                    &name,
+                    "the row a strict receipt proves: {\"path\": \"data.json\", \"key\": \"2\"}",
+                )
+            })?;
+    let t = Fields { field: &name, o };
+    t.only(&["path", "key"])?;
+    Ok(ReceiptTarget {
+        path: t.path()?,
+        key: t.string("key", crate::stage::STAGE_PATH_BYTES_MAX)?,
+    })
+}
+
+fn parse_fields(f: &Fields<'_>) -> Result<Vec<String>, Refusal> {
+    let name = format!("{}.fields", f.field);
+    let list = f.o.get("fields").and_then(Value::as_array);
+    let bad = || {
+        Refusal::invalid(
+            &name,
+            format!(
+                "the fields the submission set: 1..={} distinct column names",
+                crate::stage::PROPOSAL_COLUMNS_MAX
+            ),
+        )
+    };
+    let list = list
+        .filter(|l| !l.is_empty() && l.len() <= crate::stage::PROPOSAL_COLUMNS_MAX)
+        .ok_or_else(bad)?;
+    let mut out: Vec<String> = Vec::with_capacity(list.len());
+    for v in list {
+        match v.as_str() {
+            Some(s)
+                if !s.is_empty()
+                    && s.len() <= 256
+                    && !s.chars().any(char::is_control)
+                    && !out.iter().any(|o| o == s) =>
+            {
+                out.push(s.to_string())
+            }
+            _ => return Err(bad()),
+        }
+    }
+    out.sort();
+    Ok(out)
 }
 
 fn parse_command(f: &Fields<'_>) -> Result<Check, Refusal> {
@@ -289,9 +589,17 @@ impl Fields<'_> {
             Some(k) => Err(Refusal::invalid(
                 &format!("{}.{k}", self.field),
                 format!(
-                    "unknown field; a {} check has {}",
-                    self.o["kind"],
-                    allowed[1..].join(", ")
+                    "unknown field; {} has {}",
+                    self.o
+                        .get("kind")
+                        .and_then(Value::as_str)
+                        .map_or("a target".to_string(), |k| format!("a {k:?} check")),
+                    allowed
+                        .iter()
+                        .filter(|a| **a != "kind")
+                        .copied()
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ),
             )),
             None => Ok(()),
@@ -389,6 +697,8 @@ impl Evaluation {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::refusal::Code;
+    use serde_json::json;
 
     fn parse(v: Value) -> Result<Check, Refusal> {
         Check::parse("accept[0]", &v)
@@ -461,10 +771,110 @@ mod tests {
     }
 
     #[test]
-    fn kinds_not_measured_yet_are_refused_by_name() {
-        let r = parse(json!({"kind": "worker_receipt"})).unwrap_err();
-        assert_eq!(r.code, Code::AcceptanceKindUnsupported);
-        assert_eq!(r.detail["kind"], "worker_receipt");
+    fn each_receipt_profile_admits_exactly_its_fields() {
+        let h = "a".repeat(64);
+        let basic = parse(json!({"kind": "worker_receipt", "profile": "basic"})).unwrap();
+        assert_eq!(
+            serde_json::to_value(&basic).unwrap(),
+            json!({"kind": "worker_receipt", "profile": "basic", "proposals": "task", "min": 1})
+        );
+        let strict = json!({"kind": "worker_receipt", "profile": "strict", "worker": "beta",
+            "target": {"path": "data.json", "key": "2"}, "fields": ["name", "b"]});
+        let c = parse(strict.clone()).unwrap();
+        let v = serde_json::to_value(&c).unwrap();
+        assert_eq!(v["fields"], json!(["b", "name"]), "sorted: a set");
+        assert_eq!(serde_json::from_value::<Check>(v).unwrap(), c);
+        let successor = json!({"kind": "worker_receipt", "profile": "successor",
+            "proposals": "successor", "worker": "beta", "proposal_id": "prp_0123456789abcdef",
+            "proposal_sha256": h, "record_sha256": h, "outcome_sha256": h, "outcome": "applied"});
+        let c = parse(successor.clone()).unwrap();
+        assert_eq!(
+            serde_json::from_value::<Check>(serde_json::to_value(&c).unwrap()).unwrap(),
+            c
+        );
+        let with = |base: &Value, k: &str, v: Value| {
+            let mut b = base.clone();
+            b[k] = v;
+            b
+        };
+        let without = |base: &Value, k: &str| {
+            let mut b = base.clone();
+            b.as_object_mut().unwrap().remove(k);
+            b
+        };
+        let cases = [
+            (json!({"kind": "worker_receipt"}), "accept[0].profile"),
+            (
+                json!({"kind": "worker_receipt", "profile": "lenient"}),
+                "accept[0].profile",
+            ),
+            (
+                json!({"kind": "worker_receipt", "profile": "basic", "min": 0}),
+                "accept[0].min",
+            ),
+            (
+                json!({"kind": "worker_receipt", "profile": "basic", "min": 65}),
+                "accept[0].min",
+            ),
+            (
+                json!({"kind": "worker_receipt", "profile": "basic", "proposals": "successor"}),
+                "accept[0].proposals",
+            ),
+            (
+                json!({"kind": "worker_receipt", "profile": "basic", "target": {}}),
+                "accept[0].target",
+            ),
+            (
+                with(&strict, "outcome", json!("applied")),
+                "accept[0].outcome",
+            ),
+            (with(&strict, "min", json!(1)), "accept[0].min"),
+            (without(&strict, "worker"), "accept[0].worker"),
+            (with(&strict, "worker", json!("../x")), "accept[0].worker"),
+            (without(&strict, "target"), "accept[0].target"),
+            (
+                with(&strict, "target", json!({"path": "../a", "key": "1"})),
+                "accept[0].target.path",
+            ),
+            (
+                with(&strict, "target", json!({"path": "a", "key": "1", "x": 1})),
+                "accept[0].target.x",
+            ),
+            (without(&strict, "fields"), "accept[0].fields"),
+            (
+                with(&strict, "fields", json!(["a", "a"])),
+                "accept[0].fields",
+            ),
+            (
+                with(&strict, "proposal_id", json!("prp_xyz")),
+                "accept[0].proposal_id",
+            ),
+            (without(&successor, "proposals"), "accept[0].proposals"),
+            (
+                with(&successor, "proposals", json!("task")),
+                "accept[0].proposals",
+            ),
+            (
+                without(&successor, "record_sha256"),
+                "accept[0].record_sha256",
+            ),
+            (without(&successor, "outcome"), "accept[0].outcome"),
+            (without(&successor, "worker"), "accept[0].worker"),
+            (
+                with(&successor, "outcome", json!("done")),
+                "accept[0].outcome",
+            ),
+            (
+                with(&successor, "outcome_sha256", json!("AB")),
+                "accept[0].outcome_sha256",
+            ),
+            (with(&successor, "min", json!(1)), "accept[0].min"),
+        ];
+        for (v, field) in cases {
+            let r = parse(v.clone()).unwrap_err();
+            assert_eq!(r.code, Code::InvalidArgument, "{v}");
+            assert_eq!(r.detail["field"], field, "{v}: {r}");
+        }
     }
 
     #[test]

@@ -91,6 +91,9 @@ pub trait Fs: Send + Sync {
     fn stamp(&self, path: &std::path::Path) -> std::io::Result<FileStamp>;
     /// The whole content of the file at `path`.
     fn read(&self, path: &std::path::Path) -> std::io::Result<Vec<u8>>;
+    /// The names of at most `limit` entries of the directory at `path`, sorted (a name that
+    /// is not UTF-8 is shown lossily; an absent directory is `NotFound`).
+    fn list_dir(&self, path: &std::path::Path, limit: usize) -> std::io::Result<Vec<String>>;
     /// Write a file so that after a crash it is absent, the old version or complete, creating
     /// its directory first if needed.
     fn write_atomic(&self, path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()>;

@@ -497,6 +497,41 @@ pub struct ProposalRecord {
     pub recovered: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+    /// The agent that proposed it. A recovered record is the daemon's statement (its event's
+    /// actor is `room`), so its worker is named here; records before this field name the
+    /// worker only as their actor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<String>,
+    /// The proposing session's conversation key in the room: a return is "original" only from
+    /// this session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation_key: Option<String>,
+}
+
+impl ProposalRecord {
+    /// What the daemon did, without what was asked or by whom: the part a successor
+    /// acknowledgment pins as `outcome_sha256`.
+    pub fn outcome_view(&self) -> serde_json::Value {
+        serde_json::json!({"outcome": self.outcome, "code": self.code,
+            "to_version": self.to_version, "before_sha256": self.before_sha256,
+            "after_sha256": self.after_sha256, "recovered": self.recovered,
+            "detail": self.detail})
+    }
+
+    /// The three digests a `worker_receipt` successor check pins: of the change asked for, of
+    /// the whole record and of its outcome (canonical JSON, SHA-256).
+    pub fn digests(&self) -> (String, String, String) {
+        (
+            crate::canon::digest_of(&self.change),
+            crate::canon::digest_of(self),
+            crate::canon::digest_of(&self.outcome_view()),
+        )
+    }
+
+    /// A terminal outcome: the change is known made or known not made.
+    pub fn is_terminal(&self) -> bool {
+        self.outcome == "applied" || self.outcome == "not_applied"
+    }
 }
 
 /// A task's terms as its owner amends them: the requirements and the checks that measure them.

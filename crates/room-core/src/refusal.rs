@@ -72,7 +72,6 @@ codes! {
     TaskNotHeld => "task_not_held",
     ObligationNotFound => "obligation_not_found",
     // acceptance: completion is a measurement
-    AcceptanceKindUnsupported => "acceptance_kind_unsupported",
     AcceptanceCommandNotAllowed => "acceptance_command_not_allowed",
     TaskAcceptanceFailed => "task_acceptance_failed",
     TaskAcceptanceRequired => "task_acceptance_required",

@@ -156,6 +156,7 @@ impl Engine {
                 Check::EvidenceOrigins { req, min } => {
                     out.push((i, self.observe_origins(&t.id, req, *min, h)?));
                 }
+                Check::WorkerReceipt(r) => out.push((i, self.observe_receipt(t, r, h)?)),
                 _ => out.push((i, self.observe_file(c, place))),
             }
         }
@@ -311,7 +312,10 @@ impl Engine {
                 }
             }
             (
-                Check::Command { .. } | Check::Destination { .. } | Check::EvidenceOrigins { .. },
+                Check::Command { .. }
+                | Check::Destination { .. }
+                | Check::EvidenceOrigins { .. }
+                | Check::WorkerReceipt(_),
                 _,
             ) => {
                 unreachable!("observe_now observes files only here")

@@ -19,6 +19,7 @@ pub mod policy;
 pub mod principal;
 pub mod proposal;
 pub mod quota;
+pub mod receipt;
 pub mod room;
 pub mod rooms;
 pub mod sessions;

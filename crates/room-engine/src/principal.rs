@@ -14,6 +14,8 @@ use subtle::ConstantTimeEq;
 
 pub const TOKEN_PREFIX: &str = "room_tok_";
 pub const CONVERSATION_BYTES_MAX: usize = 128;
+/// Names no agent may be enrolled under: the daemon's (`room`) and the owner console's.
+pub const RESERVED_AGENT_NAMES: [&str; 2] = ["room", "owner"];
 
 /// What a transport observed about the other end of a connection, as the operating system
 /// reports it. A transport hands this to the engine as it found it; only the engine turns
@@ -101,6 +103,16 @@ impl Authority {
     ) -> Outcome<Enrolled> {
         name::validate("agent", agent)?;
         name::validate("host", host)?;
+        if RESERVED_AGENT_NAMES.contains(&agent) {
+            // the journal's own authors: an agent by one of these names would read as the
+            // daemon or the owner, and skip the records it must read
+            return Err(Refusal::invalid(
+                "agent",
+                format!(
+                    "{agent:?} is reserved (the journal's own authors are {RESERVED_AGENT_NAMES:?})"
+                ),
+            ));
+        }
         let (token, secret) = self.new_token();
         let reg = registration_digest(agent, &secret, 1, host);
         let mut c = self.control();

@@ -27,7 +27,15 @@ pub struct Admitted {
     pub root: String,
     pub selection: Selection,
     pub proposal: Proposal,
+    /// The proposing session's conversation key in the room (absent in intentions an
+    /// earlier version wrote).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation_key: Option<String>,
 }
+
+/// The actor of a record the daemon writes on its own account (a recovered proposal): never
+/// the worker's, so that the worker must read it before it acts again.
+pub const DAEMON_ACTOR: &str = "room";
 
 impl Engine {
     /// Admit `proposal` for `task` (see the module comment), have `apply` carry it out, and
@@ -76,6 +84,7 @@ impl Engine {
             .as_deref()
             .expect("a task with selections belongs to a project (checked at creation)");
         let root = self.revalidate_project(pid)?.canonical_root;
+        let conversation_key = self.sync_key(&p, &t.room)?.conversation_key;
         let a = Admitted {
             id: format!("prp_{}", self.env.entropy.hex(8)),
             room: t.room,
@@ -84,6 +93,7 @@ impl Engine {
             root,
             selection: sel,
             proposal,
+            conversation_key: Some(conversation_key),
         };
         let rec = apply(&a)?;
         let out = self.commit_proposal(&mut h, &a, rec)?;
@@ -104,12 +114,20 @@ impl Engine {
         &self,
         h: &mut crate::room::RoomHandle,
         a: &Admitted,
-        rec: ProposalRecord,
+        mut rec: ProposalRecord,
     ) -> Outcome<Value> {
         assert_eq!(rec.id, a.id, "a record names its own proposal");
         h.writable()?;
+        rec.worker = Some(a.actor.clone());
+        rec.conversation_key = a.conversation_key.clone();
         let te = TaskEvent {
-            actor: a.actor.clone(),
+            // a live record is the worker's act, answered in its own call; a recovered one
+            // is the daemon's word the worker has not seen
+            actor: if rec.recovered {
+                DAEMON_ACTOR.into()
+            } else {
+                a.actor.clone()
+            },
             action: format!("proposal_{}", rec.outcome),
             task: a.task.clone(),
             proposal: Some(Box::new(rec.clone())),
@@ -121,7 +139,7 @@ impl Engine {
             "key": rec.change.key, "outcome": rec.outcome, "code": rec.code,
             "from_version": rec.change.version, "to_version": rec.to_version,
             "before_sha256": rec.before_sha256, "after_sha256": rec.after_sha256,
-            "recovered": rec.recovered, "event": out[0].id}),
+            "recovered": rec.recovered, "worker": rec.worker, "event": out[0].id}),
         )
     }
 }

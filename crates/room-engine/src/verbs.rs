@@ -13,6 +13,7 @@ use crate::room::{RoomHandle, binding_of, graph_id};
 use crate::sync::{GateRetry, Standing};
 use crate::turnstile::{Admit, TurnStep, TurnWaits};
 use crate::{Engine, Outcome, invariants, lock_room, store_err};
+use room_core::acceptance::{Check, ReceiptProfile};
 use room_core::wake::{TASKED_DEADLINE_MS, UNTASKED_DEADLINE_MS};
 use room_core::{Code, GatedVerb, Refusal, Verb, id, name};
 use room_store::blobs::INLINE_BYTES_MAX;
@@ -893,18 +894,22 @@ impl Engine {
     pub fn task_show(&self, caller: &AgentCaller, task: &str) -> Outcome<Value> {
         let p = self.authorize(caller, Verb::TaskShow)?;
         let t = self.task_row(task)?;
-        self.member_handle(&p, &t.room)?;
-        self.task_full_view(&t)
+        let (handle, _) = self.member_handle(&p, &t.room)?;
+        let subs = self.submissions_view(&lock_room(&handle), &t.id)?;
+        self.task_full_view(&t, subs)
     }
 
     /// The owner's view of a task.
     pub fn task_view_owner(&self, _owner: &crate::Owner, task: &str) -> Outcome<Value> {
-        self.task_full_view(&self.task_row(task)?)
+        let t = self.task_row(task)?;
+        let handle = self.room_handle(&t.room)?;
+        let subs = self.submissions_view(&lock_room(&handle), &t.id)?;
+        self.task_full_view(&t, subs)
     }
 
     /// A task with its lineage (ancestors nearest first, children), its lease and its newest
     /// acceptance evaluation.
-    fn task_full_view(&self, t: &TaskRow) -> Outcome<Value> {
+    fn task_full_view(&self, t: &TaskRow, submissions: Value) -> Outcome<Value> {
         let mut ancestors = Vec::new();
         let mut next = t.parent.clone();
         let mut seen = BTreeSet::from([t.id.clone()]);
@@ -935,6 +940,7 @@ impl Engine {
         Ok(json!({"task": task,
             "lineage": {"ancestors": ancestors, "children": children},
             "lease": lease,
+            "submissions": submissions,
             "last_acceptance": self.last_evaluation(&t.id)?}))
     }
 
@@ -1727,11 +1733,24 @@ impl Engine {
         if !ev.acceptance_pass {
             return Err(acceptance::failed(&ev));
         }
-        let (from, carried) = self.carried_items(cx.h, &t)?;
+        let (from, mut carried) = self.carried_items(cx.h, &t)?;
+        // a successor's acknowledgment of a historical result never stands for the return the
+        // original task owed: its obligations stay open for the owner
+        let kept =
+            if t.acceptance.iter().any(
+                |c| matches!(c, Check::WorkerReceipt(r) if r.profile == ReceiptProfile::Successor),
+            ) {
+                std::mem::take(&mut carried).len()
+            } else {
+                0
+            };
         turn.resolves = self.proven_items(cx, &t, carried)?;
         turn.detail = json!({"acceptance": "passed", "acceptance_pass": true,
             "acceptance_results": ev.acceptance_results, "obligations_resolved": true,
             "verified_successor_of": from, "source_coverage": coverage});
+        if kept > 0 {
+            turn.detail["original_obligations_kept"] = json!(kept);
+        }
         Ok(())
     }
 

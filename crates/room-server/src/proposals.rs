@@ -21,7 +21,7 @@ use std::sync::Mutex;
 static APPLYING: Mutex<()> = Mutex::new(());
 
 fn outbox(engine: &Engine) -> Outbox {
-    Outbox::new(engine.state().root.join("proposals"))
+    Outbox::new(engine.proposal_outbox())
 }
 
 fn record(a: &Admitted, outcome: &str) -> ProposalRecord {
@@ -35,6 +35,8 @@ fn record(a: &Admitted, outcome: &str) -> ProposalRecord {
         after_sha256: None,
         recovered: false,
         detail: None,
+        worker: None,
+        conversation_key: None,
     }
 }
 

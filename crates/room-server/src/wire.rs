@@ -299,8 +299,8 @@ pub struct TaskCreateArgs {
     #[schemars(length(max = REQUIREMENTS_PER_TASK_MAX))]
     pub requirements: Vec<String>,
     /// Checks done measures: sha256{path,expected} file_exists{path} file_absent{path}
-    /// command{program,args,timeout_ms,exit_code} destination{destination} evidence_origins{req,min};
-    /// paths relative to the project root.
+    /// command{program,args,timeout_ms,exit_code} destination{destination} evidence_origins{req,min}
+    /// worker_receipt{profile,...}; paths relative to the project root.
     #[serde(default)]
     #[arg(long = "accept", value_parser = json_object)]
     #[schemars(schema_with = "accept_schema")]
@@ -384,7 +384,7 @@ fn accept_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         "maxItems": CHECKS_PER_TASK_MAX,
         "items": {
             "type": "object",
-            "properties": {"kind": {"type": "string", "enum": ["sha256", "file_exists", "file_absent", "command", "destination", "evidence_origins"]}},
+            "properties": {"kind": {"type": "string", "enum": room_core::acceptance::KINDS}},
             "required": ["kind"]
         }
     })

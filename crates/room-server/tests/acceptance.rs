@@ -314,18 +314,31 @@ fn acceptance_command_not_allowed() {
 }
 
 #[test]
-fn acceptance_kind_unsupported() {
+fn a_worker_receipt_of_the_wrong_shape_is_refused_by_field_and_creates_nothing() {
     let mut tm = team();
     let Team { fx, a, .. } = &mut tm;
-    let r = fx.refuse(
-        Some(a),
-        "task_create",
-        json!({"room": "build", "title": "t",
-            "accept": [{"kind": "file_exists", "path": "a"}, {"kind": "worker_receipt"}]}),
-        "acceptance_kind_unsupported",
-    );
-    assert_eq!(r.detail["field"], "accept[1].kind");
-    assert_eq!(r.detail["kind"], "worker_receipt");
+    for (check, field) in [
+        (json!({"kind": "worker_receipt"}), "accept[1].profile"),
+        (
+            json!({"kind": "worker_receipt", "profile": "strict", "worker": "beta",
+                "target": {"path": "data.json", "key": "2"}, "fields": ["name"], "min": 1}),
+            "accept[1].min",
+        ),
+        (
+            json!({"kind": "worker_receipt", "profile": "successor", "proposals": "successor",
+                "worker": "beta", "proposal_id": "prp_0123456789abcdef"}),
+            "accept[1].proposal_sha256",
+        ),
+    ] {
+        let r = fx.refuse(
+            Some(a),
+            "task_create",
+            json!({"room": "build", "title": "t",
+                "accept": [{"kind": "file_exists", "path": "a"}, check]}),
+            "invalid_argument",
+        );
+        assert_eq!(r.detail["field"], field, "{r}");
+    }
 }
 
 #[test]

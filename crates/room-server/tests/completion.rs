@@ -209,8 +209,8 @@ fn task_amend_refusals_change_nothing() {
     fx.refuse(
         Some(&a),
         "task_amend",
-        json!({"task": t, "accept": [{"kind": "worker_receipt"}]}),
-        "acceptance_kind_unsupported",
+        json!({"task": t, "accept": [{"kind": "worker_receipt", "profile": "basic", "min": 0}]}),
+        "invalid_argument",
     );
     fx.refuse(
         Some(&a),

@@ -23,9 +23,9 @@ use serde_json::{Value, json};
 /// contribution verbs and the multiplexer (issue 15: read and act in one call) to 25,119 and
 /// 3,114; room_cancel (active cancellation, for operator-tier agents) to 25,759 and 3,114;
 /// task_create's stage (worker staging selections) to 26,074 and 3,171; task_propose (a
-/// worker's change to a projected source, applied by the daemon) to these (27,057 and 3,201
-/// measured).
-const FULL_BYTES_MAX: usize = 27_060;
+/// worker's change to a projected source, applied by the daemon) to 27,057 and 3,201;
+/// `worker_receipt` among the acceptance kinds to these (27,121 and 3,201 measured).
+const FULL_BYTES_MAX: usize = 27_125;
 const COMPACT_BYTES_MAX: usize = 3_210;
 
 fn input(name: &str) -> Value {

@@ -106,6 +106,15 @@ pub trait RoomIndex: Send {
     /// The first event after `seq` not written by `actor` that holds readers at the gate.
     fn first_foreign_after(&self, seq: u64, actor: &str) -> Result<Option<u64>>;
     fn event_count(&self) -> Result<u64>;
+    /// A task's lifecycle records (kind `task`) after `after_seq`, oldest first, at most
+    /// `limit`.
+    fn task_events(&self, task: &str, after_seq: u64, limit: usize) -> Result<Vec<EventRow>>;
+    /// The events that name `parent` as a causal parent, reply target or evidence, oldest
+    /// first, at most `limit`.
+    fn citing(&self, parent: &str, limit: usize) -> Result<Vec<EventRow>>;
+    /// An actor's checkpoints in this room (one per conversation), furthest first, at most
+    /// `limit`.
+    fn checkpoints_of(&self, actor: &str, limit: usize) -> Result<Vec<CheckpointRow>>;
     /// The oldest open items of `agent`, at most `limit`, and their total.
     fn open_items_page(&self, agent: &str, limit: usize) -> Result<(Vec<ItemRow>, u64)>;
     fn open_sources(&self, agent: &str, limit: usize) -> Result<Vec<String>>;

@@ -73,6 +73,10 @@ pub const CASES: &[(&str, Case)] = &[
     ),
     ("index_invariant_state", index_invariant_state),
     (
+        "index_task_records_citations_and_readers",
+        index_task_records_citations_and_readers,
+    ),
+    (
         "index_folds_and_receipt_chains",
         index_folds_and_receipt_chains,
     ),
@@ -1409,6 +1413,65 @@ pub fn index_projection(h: &mut dyn Harness) {
         ["evt_3"],
         "bounded by depth"
     );
+}
+
+/// What a worker receipt reads: a task's lifecycle records, the events that cite one, and
+/// how far each of a reader's conversations confirmed; all survive a reopen.
+pub fn index_task_records_citations_and_readers(h: &mut dyn Harness) {
+    let store = h.fresh();
+    {
+        store.create_shard("g_wr", b"{}", b"{}", &[]).unwrap();
+        let mut idx = store.open_index("g_wr").unwrap();
+        let with_task = |seq: u64, kind: &str, task: &str| EventRow {
+            task: Some(task.into()),
+            ..event(seq, "beta", kind)
+        };
+        idx.apply(&Batch {
+            events: vec![
+                with_task(1, "task", "tsk_a"),
+                with_task(2, "turn", "tsk_a"),
+                with_task(3, "task", "tsk_b"),
+                with_task(4, "task", "tsk_a"),
+                event(5, "beta", "turn"),
+                event(6, "gamma", "turn"),
+            ],
+            edges: vec![
+                ("evt_5".into(), "evt_4".into()),
+                ("evt_6".into(), "evt_4".into()),
+                ("evt_6".into(), "evt_1".into()),
+            ],
+            ..Batch::default()
+        })
+        .unwrap();
+        for (conversation, seq) in [("c1", 2), ("c2", 5)] {
+            idx.put_checkpoint(&CheckpointRow {
+                conversation: conversation.into(),
+                ..checkpoint(seq)
+            })
+            .unwrap();
+        }
+    }
+    let store = h.reopen();
+    let idx = store.open_index("g_wr").unwrap();
+    let seqs = |rows: Vec<EventRow>| rows.iter().map(|e| e.seq).collect::<Vec<_>>();
+    assert_eq!(seqs(idx.task_events("tsk_a", 0, 8).unwrap()), [1, 4]);
+    assert_eq!(seqs(idx.task_events("tsk_a", 1, 8).unwrap()), [4]);
+    assert_eq!(
+        seqs(idx.task_events("tsk_a", 0, 1).unwrap()),
+        [1],
+        "bounded"
+    );
+    assert_eq!(seqs(idx.citing("evt_4", 8).unwrap()), [5, 6]);
+    assert_eq!(seqs(idx.citing("evt_4", 1).unwrap()), [5], "bounded");
+    assert_eq!(seqs(idx.citing("evt_2", 8).unwrap()), Vec::<u64>::new());
+    let cps: Vec<(String, u64)> = idx
+        .checkpoints_of("beta", 8)
+        .unwrap()
+        .into_iter()
+        .map(|c| (c.conversation, c.confirmed_seq))
+        .collect();
+    assert_eq!(cps, [("c2".to_string(), 5), ("c1".to_string(), 2)]);
+    assert!(idx.checkpoints_of("gamma", 8).unwrap().is_empty());
 }
 
 fn checkpoint(seq: u64) -> CheckpointRow {

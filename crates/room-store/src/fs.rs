@@ -52,6 +52,18 @@ impl Fs for RealFs {
         std::fs::read(path)
     }
 
+    fn list_dir(&self, path: &Path, limit: usize) -> std::io::Result<Vec<String>> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(path)? {
+            if out.len() >= limit {
+                break;
+            }
+            out.push(e?.file_name().to_string_lossy().into_owned());
+        }
+        out.sort();
+        Ok(out)
+    }
+
     fn append(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         append_bytes(path, bytes)
     }

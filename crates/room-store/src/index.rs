@@ -223,6 +223,10 @@ ALTER TABLE receipts ADD COLUMN base TEXT;
     r#"
 ALTER TABLE receipts ADD COLUMN page_bytes INTEGER;
 "#,
+    // A worker receipt asks which later turns cite a proposal's record.
+    r#"
+CREATE INDEX causal_edges_parent ON causal_edges(parent);
+"#,
 ];
 
 /// Reading receipts kept per reader, task and part (the oldest go first).
@@ -1503,6 +1507,41 @@ impl RoomIndex for Index {
             .query_row(params![seq as i64, actor], |r| r.get::<_, i64>(0))
             .optional()?
             .map(|v| v as u64))
+    }
+
+    fn task_events(&self, task: &str, after_seq: u64, limit: usize) -> Result<Vec<EventRow>> {
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {EVENT_COLS} FROM events WHERE task = ?1 AND kind = 'task' AND seq > ?2
+             ORDER BY seq LIMIT ?3"
+        ))?;
+        let rows = st.query_map(
+            params![task, after_seq as i64, limit as i64],
+            event_from_row,
+        )?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    fn citing(&self, parent: &str, limit: usize) -> Result<Vec<EventRow>> {
+        let cols = EVENT_COLS
+            .split(", ")
+            .map(|c| format!("e.{c}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {cols} FROM causal_edges c JOIN events e ON e.id = c.child
+             WHERE c.parent = ?1 ORDER BY e.seq LIMIT ?2"
+        ))?;
+        let rows = st.query_map(params![parent, limit as i64], event_from_row)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    fn checkpoints_of(&self, actor: &str, limit: usize) -> Result<Vec<CheckpointRow>> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT actor, conversation, conversation_key, view_gen, confirmed_seq, chunk_seq, chunk_offset, updated_ms
+             FROM checkpoints WHERE actor = ?1 ORDER BY confirmed_seq DESC LIMIT ?2",
+        )?;
+        let rows = st.query_map(params![actor, limit as i64], checkpoint_from_row)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
     fn event_count(&self) -> Result<u64> {
