@@ -65,6 +65,10 @@ pub enum Cmd {
         #[arg(long, default_value = "read,reply")]
         steps: String,
     },
+    /// The daemon API as lines, for scripts and workers: each JSON request read on stdin is
+    /// sent to the daemon (ROOM_SOCKET when set, else the state dir's socket) and its response
+    /// printed on stdout, one line each.
+    Api,
     /// Run the daemon.
     Serve {
         /// Also listen for HTTP on this loopback address (for example 127.0.0.1:7878).
@@ -569,6 +573,7 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
             req("room", v)
         }
         Cmd::Init
+        | Cmd::Api
         | Cmd::AgentScript { .. }
         | Cmd::Serve { .. }
         | Cmd::Demo
@@ -597,6 +602,13 @@ pub fn run(cli: Cli) -> i32 {
         } => return serve(&cli, *listen, *engine_threads),
         Cmd::Demo => return crate::demo::run(),
         Cmd::AgentScript { steps } => return crate::agent_script::run(steps),
+        Cmd::Api => {
+            let sock = std::env::var_os("ROOM_SOCKET").map_or_else(
+                || state_dir(&cli).join("room.sock"),
+                std::path::PathBuf::from,
+            );
+            return crate::api::run(&sock);
+        }
         Cmd::Bench(a) => return crate::bench::run(a),
         Cmd::Verify { room } => return verify(&cli, room.as_deref()),
         Cmd::Mcp { tools } => {

@@ -3,6 +3,7 @@
 //! I/O failure, 4 the state directory is invalid or already served.
 
 mod agent_script;
+mod api;
 mod bench;
 mod bench_accept;
 mod bench_mcp;

@@ -518,6 +518,108 @@ fn a_send_wakes_the_scripted_agent_which_replies() {
 }
 
 #[test]
+fn a_worker_reaches_room_through_room_api_and_bad_lines_are_refused_one_by_one() {
+    let env = Env::new();
+    assert!(env.run(&["init"], None).status.success());
+    // a shell worker: the shell may not speak to its broker itself, Room's binary may
+    let script = r#"read prompt; printf '{"op":"whoami","token":"%s","args":{}}\nnot json\n\n{"op":"whoami","token":"%s","args":{}}\n' "$ROOM_TOKEN" "$ROOM_TOKEN" | "$ROOM_BRIDGE" api"#;
+    std::fs::write(
+        env.state.join("config.toml"),
+        format!(
+            "[routes.beta]\nadapter = \"command\"\ncommand = [\"/bin/sh\", \"-c\", {script:?}]\ntimeout_ms = 30000\n"
+        ),
+    )
+    .unwrap();
+    let mut daemon = env.serve(&env.state);
+    let token = |name: &str, tier: &str| {
+        let o = env.run(
+            &["agent", "enroll", name, "--max-tier", tier, "--json"],
+            None,
+        );
+        json(&o)["token"].as_str().unwrap().to_string()
+    };
+    let (a, _b) = (token("alpha", "coordinator"), token("beta", "member"));
+    env.run(
+        &["create", "chat", "--member", "alpha", "--member", "beta"],
+        None,
+    );
+    // the owner's own lines, through the state dir's socket
+    let mut owner = env.cmd(&env.state, &["api"], None);
+    owner
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped());
+    let mut child = owner.spawn().unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin
+            .write_all(b"{\"op\":\"agent_list\",\"args\":{}}\n[1]\n")
+            .unwrap();
+        stdin.write_all(&vec![b' '; (2 << 20) + 10]).unwrap();
+        stdin
+            .write_all(b"\n{\"op\":\"ping\",\"args\":{}}\n")
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    assert_eq!(lines[0]["ok"], true, "{lines:?}");
+    assert_eq!(lines[1]["refusal"]["code"], "invalid_argument");
+    assert_eq!(lines[1]["refusal"]["detail"]["field"], "request");
+    assert_eq!(lines[2]["refusal"]["code"], "payload_too_large");
+    assert_eq!(
+        lines[3]["ok"], true,
+        "the bridge goes on after a refused line"
+    );
+    // the worker's: a wake of beta runs the shell, which asks who it is through `room api`
+    let mut confirm: Option<String> = None;
+    for _ in 0..100 {
+        let mut args = vec!["sync", "chat", "--json"];
+        if let Some(c) = &confirm {
+            args.extend(["--confirm", c.as_str()]);
+        }
+        let page = json(&env.run(&args, Some(&a)));
+        if page["more"] != true && confirm.is_some() {
+            break;
+        }
+        confirm = page["receipt"].as_str().map(String::from);
+    }
+    let sent = env.run(&["send", "chat", "who are you", "--to", "beta"], Some(&a));
+    assert!(sent.status.success(), "{}", stderr(&sent));
+    let mut launch = String::new();
+    for _ in 0..600 {
+        let w = json(&env.run(&["wakes", "list", "--json"], None));
+        let state = w["wakes"][0]["state"].as_str().unwrap_or("").to_string();
+        if !matches!(state.as_str(), "queued" | "dispatched" | "") {
+            launch = w["wakes"][0]["launches"][0]["launch"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!launch.is_empty(), "the worker never ended");
+    let log = std::fs::read_to_string(env.state.join("workers").join(&launch).join("stdout.log"))
+        .unwrap();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3, "{log}");
+    assert_eq!(lines[0]["result"]["agent"], "beta", "{log}");
+    assert_eq!(lines[1]["refusal"]["code"], "invalid_argument", "{log}");
+    assert_eq!(lines[2]["result"]["agent"], "beta", "{log}");
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+}
+
+#[test]
 fn cancel_reconcile_and_break_glass_from_the_command_line() {
     let env = Env::new();
     assert!(env.run(&["init"], None).status.success());

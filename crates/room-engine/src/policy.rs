@@ -178,7 +178,15 @@ pub struct Route {
     /// `writable` (the default) leaves it as the machine has it.
     #[serde(default)]
     pub project: Option<String>,
+    /// `command`, `acp` and `script`: absolute paths of programs, beyond Room's own binary and
+    /// the route's program, that may reach the launch's broker (a process of the job running
+    /// anything else is refused; an interpreter runs a script, so name the interpreter).
+    #[serde(default)]
+    pub broker_programs: Vec<String>,
 }
+
+/// Programs a route may add to its broker's.
+pub const BROKER_PROGRAMS_MAX: usize = 8;
 
 fn route_timeout_ms() -> u64 {
     10 * 60_000
@@ -288,6 +296,27 @@ fn check_route(agent: &str, r: &Route) -> Result<(), String> {
         return Err(format!(
             "{at}: base_url, model, api_key_env, rounds_max and max_tokens are for the openai and anthropic adapters"
         ));
+    }
+    if !r.broker_programs.is_empty() {
+        if matches!(r.adapter.as_str(), "openai" | "anthropic") {
+            return Err(format!(
+                "{at}: broker_programs is for workers that run as processes (command, acp, script)"
+            ));
+        }
+        if r.broker_programs.len() > BROKER_PROGRAMS_MAX {
+            return Err(format!(
+                "{at}.broker_programs: at most {BROKER_PROGRAMS_MAX}"
+            ));
+        }
+        if let Some(p) = r
+            .broker_programs
+            .iter()
+            .find(|p| !p.starts_with('/') || p.split('/').any(|x| x == "." || x == ".."))
+        {
+            return Err(format!(
+                "{at}.broker_programs: {p:?} is not an absolute path"
+            ));
+        }
     }
     if r.adapter != "script" && !r.steps.is_empty() {
         return Err(format!("{at}: steps are for the script adapter"));

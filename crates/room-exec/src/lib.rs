@@ -9,6 +9,7 @@
 //! exits, the whole group is killed: a check must not leave a grandchild running, and a
 //! grandchild holding the output pipes must not hang the caller.
 
+pub mod bridge;
 pub mod confine;
 pub mod job;
 pub mod proposal;

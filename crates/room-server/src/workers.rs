@@ -409,6 +409,10 @@ fn command(
         .env("ROOM_STATE_DIR", &env.state_dir)
         .env("ROOM_SOCKET", &socket)
         .env("ROOM_LAUNCH", &l.id);
+    // the bridge a worker's script reaches Room through (`$ROOM_BRIDGE api`)
+    if let Some(exe) = &env.room_exe {
+        cmd.env("ROOM_BRIDGE", exe);
+    }
     Ok(cmd)
 }
 
@@ -446,12 +450,12 @@ async fn start_inner(
     job.started(pid);
     let cwd = launch_cwd(env, l);
     match broker {
-        Some(listener) => {
+        Some((listener, pinned)) => {
             let h = tokio::spawn(serve_broker(
                 engine.clone(),
                 listener,
                 l.id.clone(),
-                job.membership(),
+                (job.membership(), pinned),
                 env.limits,
             ));
             env.brokers
@@ -517,8 +521,17 @@ type Started = (
     tokio::process::Child,
     u32,
     Job,
-    Option<tokio::net::UnixListener>,
+    Option<(tokio::net::UnixListener, room_exec::bridge::Pinned)>,
 );
+
+/// The programs the launch's broker admits: the route's program, Room's own binary (the
+/// bridge `room mcp` and `room api` run) and the route's `broker_programs`.
+fn broker_programs(env: &WorkerEnv, l: &Launch) -> Result<room_exec::bridge::Pinned, String> {
+    let mut paths = vec![program(l, env)?.0];
+    paths.extend(env.room_exe.clone());
+    paths.extend(l.route.broker_programs.iter().map(PathBuf::from));
+    room_exec::bridge::Pinned::pin(&paths)
+}
 
 /// Make the launch's directory and job and spawn its worker inside the job. The job comes
 /// back on every path where one was made, for the caller to stop.
@@ -528,8 +541,12 @@ fn start_job(env: &WorkerEnv, l: &Launch) -> (Result<Started, String>, Option<Jo
         Err(e) => return (Err(e.to_string()), None),
     };
     let cwd = launch_cwd(env, l);
+    let pinned = match broker_programs(env, l) {
+        Ok(p) => p,
+        Err(e) => return (Err(e), None),
+    };
     let broker = match bind_broker(&dir) {
-        Ok(b) => b,
+        Ok(b) => (b, pinned),
         Err(e) => return (Err(e), None),
     };
     let mut cmd = match command(env, l, &dir, &cwd) {
@@ -594,14 +611,15 @@ fn bind_broker(dir: &Path) -> Result<tokio::net::UnixListener, String> {
 }
 
 /// Serve a launch's broker: a connection is admitted only from a process inside the launch's
-/// job (`SO_PEERCRED`, then the job's own kernel object); anything else is answered
-/// `broker_peer_refused` and closed. An admitted one is served as the daemon's socket is,
-/// as a worker (never the owner), and only under the launch's own credential.
+/// job (`SO_PEERCRED`, then the job's own kernel object) that runs a program pinned for the
+/// launch (`room_exec::bridge`); anything else is answered `broker_peer_refused` and closed.
+/// An admitted one is served as the daemon's socket is, as a worker (never the owner), and
+/// only under the launch's own credential.
 async fn serve_broker(
     engine: Arc<Engine>,
     listener: tokio::net::UnixListener,
     launch: String,
-    member: room_exec::job::Membership,
+    (member, pinned): (room_exec::job::Membership, room_exec::bridge::Pinned),
     limits: crate::daemon::Limits,
 ) {
     let conns = crate::daemon::Conns::new("broker", &limits, None);
@@ -615,15 +633,23 @@ async fn serve_broker(
             .ok()
             .and_then(|c| c.pid())
             .map_or(0, |p| p.cast_unsigned());
-        let inside = {
-            let m = member.clone();
-            tokio::task::spawn_blocking(move || m.contains(pid))
-                .await
-                .unwrap_or(false)
+        let checked = {
+            let (m, p) = (member.clone(), pinned.clone());
+            tokio::task::spawn_blocking(move || {
+                if !m.contains(pid) {
+                    return Err((
+                        "outside_job",
+                        "it is not a process of the launch's job".to_string(),
+                    ));
+                }
+                p.admits(pid).map_err(|why| ("program", why))
+            })
+            .await
+            .unwrap_or_else(|e| Err(("program", e.to_string())))
         };
-        if !inside {
-            tracing::warn!(launch = %launch, pid, "broker: a process outside the launch's job was refused");
-            tokio::spawn(refuse_peer(stream, launch.clone(), pid));
+        if let Err((reason, why)) = checked {
+            tracing::warn!(launch = %launch, pid, reason, "broker: a peer was refused: {why}");
+            tokio::spawn(refuse_peer(stream, launch.clone(), pid, reason, why));
             continue;
         }
         let Some(ticket) = conns.admit(format!("pid {pid}")) else {
@@ -640,13 +666,20 @@ async fn serve_broker(
     }
 }
 
-async fn refuse_peer(mut stream: tokio::net::UnixStream, launch: String, pid: u32) {
+async fn refuse_peer(
+    mut stream: tokio::net::UnixStream,
+    launch: String,
+    pid: u32,
+    reason: &'static str,
+    why: String,
+) {
     let r = crate::wire::Response::refused(
         room_core::Refusal::new(
             room_core::Code::BrokerPeerRefused,
-            format!("pid {pid} is not a process of launch {launch}'s job"),
+            format!("pid {pid} may not reach launch {launch}'s broker: {why}"),
         )
-        .detail(json!({"launch": launch, "pid": pid})),
+        .detail(json!({"launch": launch, "pid": pid, "reason": reason}))
+        .hint("reach Room through the room binary (room mcp, room api) or name the program in the route's broker_programs"),
     );
     let mut bytes = serde_json::to_vec(&r).expect("responses serialize");
     bytes.push(b'\n');

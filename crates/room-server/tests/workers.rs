@@ -537,6 +537,14 @@ fn a_route_that_does_not_fit_its_adapter_fails_the_policy_closed_and_names_the_f
             "adapter = \"acp\"\ncommand = [\"/bin/true\"]\npermissions = \"allow_always\"",
             "permissions",
         ),
+        (
+            "adapter = \"command\"\ncommand = [\"/bin/true\"]\nbroker_programs = [\"perl\"]",
+            "broker_programs",
+        ),
+        (
+            "adapter = \"openai\"\nbase_url = \"http://127.0.0.1:1/v1\"\nmodel = \"m\"\nbroker_programs = [\"/usr/bin/perl\"]",
+            "broker_programs is for workers that run as processes",
+        ),
     ] {
         fx.write_config(&format!("[routes.beta]\n{route}\n"));
         let r = fx.refuse(
@@ -753,6 +761,10 @@ fn a_worker_reaches_neither_the_owner_socket_nor_the_state_dir_only_its_broker()
     assert_eq!(seen["own_token_whoami"], "ok", "{seen}");
     // and no other credential passes its broker
     assert_eq!(seen["other_token"], "credential_invalid", "{seen}");
+    // nor another program of its job, with its own credential: perl is not the route's
+    // program nor Room's
+    assert_eq!(seen["other_program"], "broker_peer_refused", "{seen}");
+    assert_eq!(seen["other_program_reason"], "program", "{seen}");
     let agents = fx.ok(None, "agent_list", json!({}));
     assert!(
         !agents.to_string().contains("intruder"),
@@ -766,6 +778,24 @@ fn a_worker_reaches_neither_the_owner_socket_nor_the_state_dir_only_its_broker()
             "{seen}"
         );
     }
+}
+
+#[test]
+fn a_program_a_route_names_in_broker_programs_reaches_the_broker() {
+    let mut fx = Fx::new();
+    let (a, _, _) = fx.team("coord");
+    let agent = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/workers/agent.py");
+    fx.write_config(&format!(
+        "[routes.beta]\nadapter = \"command\"\ncommand = [\"/usr/bin/python3\", {:?}, \"probe\"]\ntimeout_ms = 30000\nbroker_programs = [\"/usr/bin/perl\"]\n",
+        agent.to_str().unwrap()
+    ));
+    let src = send(&mut fx, &a, "look around");
+    settled(&mut fx, &src, &["queued", "dispatched"]);
+    let seen = worker_out(&fx)
+        .iter()
+        .find_map(|v| v.get("probe").cloned())
+        .expect("the worker reported what it reached");
+    assert_eq!(seen["other_program"], "ok", "{seen}");
 }
 
 #[test]
@@ -799,6 +829,7 @@ fn a_broker_refuses_a_process_outside_its_launch_s_job() {
     let r: Value = serde_json::from_str(&line).unwrap();
     assert_eq!(r["refusal"]["code"], "broker_peer_refused", "{r}");
     assert_eq!(r["refusal"]["detail"]["launch"], launch.as_str());
+    assert_eq!(r["refusal"]["detail"]["reason"], "outside_job", "{r}");
     // the refused connection changed nothing: the worker still runs, its permit dispatched
     let all = fx.ok(None, "wakes_list", json!({}));
     assert_eq!(all["wakes"][0]["launches"][0]["state"], "running");

@@ -48,6 +48,17 @@ if mode == "probe":
     seen["own_token_owner_op"] = code(raw({"op": "agent_list", "token": token, "args": {}}))
     seen["own_token_whoami"] = code(raw({"op": "whoami", "token": token, "args": {}}))
     seen["other_token"] = code(raw({"op": "whoami", "token": "room_tok_" + "0" * 64, "args": {}}))
+    # another program of the job (a tool the agent ran) with the worker's own credential
+    perl = ("use IO::Socket::UNIX; my $s = IO::Socket::UNIX->new(Peer => $ENV{ROOM_SOCKET}) or die $!;"
+            " print $s '{\"op\":\"whoami\",\"token\":\"' . $ENV{ROOM_TOKEN} . '\",\"args\":{}}' . \"\\n\";"
+            " print scalar <$s>;")
+    out = subprocess.run(["/usr/bin/perl", "-e", perl], capture_output=True, text=True, timeout=10)
+    try:
+        answer = json.loads(out.stdout)
+        seen["other_program"] = code(answer)
+        seen["other_program_reason"] = answer.get("refusal", {}).get("detail", {}).get("reason")
+    except ValueError:
+        seen["other_program"] = "no answer: " + out.stderr
     seen["state_dir_entries"] = sorted(os.listdir(os.environ["ROOM_STATE_DIR"]))
     if len(sys.argv) > 2:
         # a TCP listener of the test, on this machine's loopback
