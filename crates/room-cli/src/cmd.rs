@@ -180,6 +180,9 @@ pub enum Cmd {
     /// The sealed wake queue (owner).
     #[command(subcommand)]
     Wakes(WakesCmd),
+    /// Which adapter delivers an agent's wakes: config.toml's routes, edited in place (owner).
+    #[command(subcommand)]
+    Route(RouteCmd),
     /// The native sessions adapters opened or loaded for launches (owner).
     #[command(subcommand)]
     Sessions(SessionsCmd),
@@ -322,6 +325,70 @@ pub enum WakesCmd {
     /// A room's open obligations with their fold (`pending`, or `dead_obligation` once past
     /// their wake deadline unanswered) and the circular waits among them.
     Obligations { room: String },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum RouteCmd {
+    /// Route an agent's wakes (writes `[routes.AGENT]`, replacing it; the rest of config.toml
+    /// is kept as written, and a change that would not load is not written).
+    Set {
+        agent: String,
+        #[command(flatten)]
+        route: Box<RouteArgs>,
+    },
+    /// Remove an agent's route: its wakes stay queued for its own session.
+    Remove { agent: String },
+    /// The routes config.toml gives.
+    List,
+}
+
+/// A route's fields, as config.toml spells them (see the README's routes).
+#[derive(Args, Debug, serde::Serialize)]
+pub struct RouteArgs {
+    /// command, acp, script, openai or anthropic.
+    #[arg(long)]
+    adapter: String,
+    /// The program, then each argument: one per flag (command and acp).
+    #[arg(long = "command", allow_hyphen_values = true)]
+    command: Vec<String>,
+    /// script: the steps, comma-separated (read, reply, exit, fail, hang).
+    #[arg(long, value_delimiter = ',')]
+    steps: Vec<String>,
+    /// acp: claude, codex or gemini.
+    #[arg(long)]
+    preset: Option<String>,
+    /// acp: reject or allow_once.
+    #[arg(long)]
+    permissions: Option<String>,
+    /// acp: new or never.
+    #[arg(long)]
+    spawn_policy: Option<String>,
+    #[arg(long)]
+    base_url: Option<String>,
+    #[arg(long)]
+    model: Option<String>,
+    #[arg(long)]
+    api_key_env: Option<String>,
+    #[arg(long)]
+    rounds_max: Option<u32>,
+    #[arg(long)]
+    max_tokens: Option<u32>,
+    /// A daemon environment variable the worker gets: one per flag.
+    #[arg(long = "env")]
+    env: Vec<String>,
+    #[arg(long)]
+    cwd: Option<String>,
+    #[arg(long)]
+    timeout_ms: Option<u64>,
+    /// none or host.
+    #[arg(long)]
+    network: Option<String>,
+    /// read_only or writable.
+    #[arg(long)]
+    project: Option<String>,
+    /// Another program that may reach the launch's broker: one per flag.
+    #[arg(long = "broker-program")]
+    broker_programs: Vec<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -502,6 +569,13 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
             json!({"room": room, "accept_loss": accept_loss}),
         ),
         Cmd::Wakes(WakesCmd::List { room }) => req("wakes_list", json!({"room": room})),
+        Cmd::Route(RouteCmd::Set { agent, route }) => {
+            let mut r = serde_json::to_value(route).expect("route flags serialize");
+            prune(&mut r);
+            req("route_set", json!({"agent": agent, "route": r}))
+        }
+        Cmd::Route(RouteCmd::Remove { agent }) => req("route_remove", json!({"name": agent})),
+        Cmd::Route(RouteCmd::List) => req("routes_list", json!({})),
         Cmd::Sessions(SessionsCmd::List { agent }) => req("sessions_list", json!({"agent": agent})),
         Cmd::Sessions(SessionsCmd::Show { id }) => req("sessions_show", json!({"id": id})),
         Cmd::Adapters(AdaptersCmd::List) => req("adapters_list", json!({})),

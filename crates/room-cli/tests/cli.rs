@@ -448,12 +448,6 @@ fn the_swarm_bench_runs_on_both_clients() {
 fn a_send_wakes_the_scripted_agent_which_replies() {
     let env = Env::new();
     assert!(env.run(&["init"], None).status.success());
-    // the route: beta's wakes go to Room's own scripted agent, which reads and replies
-    std::fs::write(
-        env.state.join("config.toml"),
-        "[routes.beta]\nadapter = \"script\"\nsteps = [\"read\", \"reply\"]\n",
-    )
-    .unwrap();
     let mut daemon = env.serve(&env.state);
     let token = |name: &str, tier: &str| {
         let o = env.run(
@@ -464,6 +458,44 @@ fn a_send_wakes_the_scripted_agent_which_replies() {
         json(&o)["token"].as_str().unwrap().to_string()
     };
     let (a, b) = (token("alpha", "coordinator"), token("beta", "member"));
+    // the route: beta's wakes go to Room's own scripted agent, which reads and replies
+    let set = env.run(
+        &[
+            "route",
+            "set",
+            "beta",
+            "--adapter",
+            "script",
+            "--steps",
+            "read,reply",
+        ],
+        None,
+    );
+    assert!(set.status.success(), "{}", stderr(&set));
+    let listed = json(&env.run(&["route", "list", "--json"], None));
+    assert_eq!(
+        listed["routes"]["beta"],
+        serde_json::json!({"adapter": "script", "steps": ["read", "reply"]}),
+        "{listed}"
+    );
+    let bad = env.run(
+        &[
+            "route",
+            "set",
+            "beta",
+            "--adapter",
+            "script",
+            "--steps",
+            "dance",
+        ],
+        None,
+    );
+    assert_eq!(bad.status.code(), Some(1), "{}", stderr(&bad));
+    assert!(
+        stderr(&bad).contains("invalid_argument"),
+        "{}",
+        stderr(&bad)
+    );
     assert!(
         env.run(
             &["create", "chat", "--member", "alpha", "--member", "beta"],

@@ -22,6 +22,7 @@ pub mod quota;
 pub mod receipt;
 pub mod room;
 pub mod rooms;
+pub mod routes;
 pub mod sessions;
 pub mod source;
 pub mod sync;

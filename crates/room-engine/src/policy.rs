@@ -582,16 +582,21 @@ fn failed(why: String) -> Policy {
 }
 
 fn parse(bytes: &[u8]) -> Policy {
+    check_config(bytes).unwrap_or_else(failed)
+}
+
+/// The policy a config.toml makes, or why it makes none.
+pub(crate) fn check_config(bytes: &[u8]) -> Result<Policy, String> {
     let text = match std::str::from_utf8(bytes) {
         Ok(t) => t,
-        Err(_) => return failed("config.toml is not UTF-8".into()),
+        Err(_) => return Err("config.toml is not UTF-8".into()),
     };
     let cfg: ConfigFile = match toml::from_str(text) {
         Ok(c) => c,
-        Err(e) => return failed(format!("config.toml: {e}")),
+        Err(e) => return Err(format!("config.toml: {e}")),
     };
     let Some(ceiling) = Tier::parse(&cfg.fleet.ceiling) else {
-        return failed(format!(
+        return Err(format!(
             "config.toml: fleet.ceiling {:?} is not a tier",
             cfg.fleet.ceiling
         ));
@@ -599,30 +604,28 @@ fn parse(bytes: &[u8]) -> Policy {
     if let Some((i, c)) = (cfg.acceptance.commands.iter().enumerate())
         .find(|(_, c)| !c.starts_with('/') || c.split('/').any(|x| x == "." || x == ".."))
     {
-        return failed(format!(
+        return Err(format!(
             "config.toml: acceptance.commands[{i}] {c:?} is not an absolute path"
         ));
     }
     if let Some(why) = cfg.routes.iter().find_map(|(a, r)| check_route(a, r).err()) {
-        return failed(why);
+        return Err(why);
     }
     let workers_max = cfg.dispatch.workers_max;
     if !(1..=WORKERS_MAX_LIMIT).contains(&workers_max) {
-        return failed(format!(
+        return Err(format!(
             "config.toml: dispatch.workers_max {workers_max} is not within 1..={WORKERS_MAX_LIMIT}"
         ));
     }
     let fold_ms = cfg.dispatch.obligation_fold_ms;
     if fold_ms > OBLIGATION_FOLD_MS_MAX {
-        return failed(format!(
+        return Err(format!(
             "config.toml: dispatch.obligation_fold_ms {fold_ms} is more than {OBLIGATION_FOLD_MS_MAX} (30 days)"
         ));
     }
-    if let Err(why) = cfg.gate.check() {
-        return failed(why);
-    }
+    cfg.gate.check()?;
     match Redactor::new(&cfg.redaction.patterns) {
-        Ok(r) => Policy {
+        Ok(r) => Ok(Policy {
             ceiling,
             redactor: Ok(Arc::new(r)),
             conversation_meta: Arc::new(cfg.mcp.conversation_meta),
@@ -633,8 +636,8 @@ fn parse(bytes: &[u8]) -> Policy {
             workers_max: workers_max as usize,
             obligation_fold_ms: fold_ms,
             gate: cfg.gate,
-        },
-        Err(e) => failed(format!("config.toml: {e}")),
+        }),
+        Err(e) => Err(format!("config.toml: {e}")),
     }
 }
 

@@ -43,6 +43,9 @@ const OWNER_OPS: &[&str] = &[
     "index_rebuild",
     "wakes_list",
     "wakes_show",
+    "route_set",
+    "route_remove",
+    "routes_list",
     "wakes_check",
     "wakes_obligations",
     "sessions_list",
@@ -366,6 +369,7 @@ fn resolve_caller(
 
 /// Operations that never change a room's journal: they do not wake resource subscribers.
 const READ_OPS: &[&str] = &[
+    "routes_list",
     "whoami",
     "list",
     "sync",
@@ -536,6 +540,15 @@ fn owner_op(engine: &Engine, owner: &Owner, op: &str, a: Value) -> Result<Value,
         }
         "wakes_list" => engine.wakes_view(owner, args::<OptRoomArgs>(a)?.room.as_deref()),
         "wakes_show" => engine.wake_show(owner, &args::<WakeShowArgs>(a)?.wake),
+        "route_set" => {
+            let a = args::<RouteSetArgs>(a)?;
+            engine.route_set(owner, &a.agent, &a.route)
+        }
+        "route_remove" => engine.route_remove(owner, &args::<NameArgs>(a)?.name),
+        "routes_list" => {
+            args::<Empty>(a)?;
+            engine.routes_list(owner)
+        }
         "wakes_obligations" => engine.obligations_view(owner, &args::<RoomArgs>(a)?.room),
         "sessions_list" => engine.sessions_view(owner, args::<OptAgentArgs>(a)?.agent.as_deref()),
         "sessions_show" => engine.session_show(owner, &args::<IdArgs>(a)?.id),

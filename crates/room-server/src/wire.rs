@@ -228,6 +228,14 @@ pub struct OptAgentArgs {
     pub agent: Option<String>,
 }
 
+/// `route_set`: an agent's route, as the `[routes.<agent>]` table of config.toml in JSON.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteSetArgs {
+    pub agent: String,
+    pub route: Value,
+}
+
 /// `wakes_show`: a permit by the path `wakes_list` prints.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

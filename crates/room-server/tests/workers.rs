@@ -1281,3 +1281,97 @@ fn a_project_policy_that_is_neither_read_only_nor_writable_fails_the_policy_clos
     );
     assert!(r.to_string().contains("routes.beta.project"), "{r}");
 }
+
+#[test]
+fn the_owner_routes_an_agent_from_the_console_and_a_route_that_would_not_load_writes_nothing() {
+    let mut fx = Fx::new();
+    let (a, b, _) = fx.team("coord");
+    let cfg = fx.state.join("config.toml");
+    std::fs::write(
+        &cfg,
+        "# the owner's notes\n[fleet]\nceiling = \"operator\"\n",
+    )
+    .unwrap();
+    let before = std::fs::read(&cfg).unwrap();
+    let script = json!({"adapter": "script"});
+    for (args, code, field) in [
+        (
+            json!({"agent": "nobody", "route": script}),
+            "not_found",
+            None,
+        ),
+        (
+            json!({"agent": "../x", "route": script}),
+            "invalid_argument",
+            Some("agent"),
+        ),
+        (
+            json!({"agent": "beta", "route": "script"}),
+            "invalid_argument",
+            Some("route"),
+        ),
+        (
+            json!({"agent": "beta", "route": {"adapter": "script", "colour": "red"}}),
+            "invalid_argument",
+            Some("route"),
+        ),
+        (
+            json!({"agent": "beta", "route": {"adapter": "telepathy"}}),
+            "invalid_argument",
+            Some("route"),
+        ),
+        (
+            json!({"agent": "beta", "route": {"adapter": "command", "command": ["python3"]}}),
+            "invalid_argument",
+            Some("route"),
+        ),
+        (json!({"agent": "beta"}), "invalid_argument", None),
+    ] {
+        let r = fx.refuse(None, "route_set", args.clone(), code);
+        if let Some(f) = field {
+            assert_eq!(r.detail["field"], f, "{args}: {r}");
+        }
+        assert_eq!(
+            std::fs::read(&cfg).unwrap(),
+            before,
+            "{args}: nothing written"
+        );
+    }
+    fx.refuse(
+        Some(&b),
+        "route_set",
+        json!({"agent": "beta", "route": script}),
+        "owner_required",
+    );
+    fx.refuse(None, "route_remove", json!({"name": "beta"}), "not_found");
+    fx.refuse(Some(&b), "routes_list", json!({}), "owner_required");
+    assert_eq!(std::fs::read(&cfg).unwrap(), before);
+    // set: the file keeps the owner's notes and gains the table; the next send goes through it
+    let agent = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/workers/agent.py");
+    fx.ok(
+        None,
+        "route_set",
+        json!({"agent": "beta", "route": {"adapter": "command",
+            "command": ["/usr/bin/python3", agent, "reply"], "timeout_ms": 30000}}),
+    );
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    assert!(
+        text.starts_with("# the owner's notes\n[fleet]\nceiling = \"operator\"\n"),
+        "{text}"
+    );
+    assert!(text.contains("[routes.beta]"), "{text}");
+    let listed = fx.ok(None, "routes_list", json!({}));
+    assert_eq!(listed["routes"]["beta"]["timeout_ms"], 30000, "{listed}");
+    let src = send(&mut fx, &a, "hello through the new route");
+    let w = settled(&mut fx, &src, &["queued", "dispatched"]);
+    assert_eq!(w["state"], "replied", "{w}");
+    // removed: the agent's wakes stay queued for its own session
+    fx.ok(None, "route_remove", json!({"name": "beta"}));
+    let listed = fx.ok(None, "routes_list", json!({}));
+    assert!(listed["routes"].get("beta").is_none(), "{listed}");
+    assert!(
+        std::fs::read_to_string(&cfg)
+            .unwrap()
+            .contains("# the owner's notes")
+    );
+}
