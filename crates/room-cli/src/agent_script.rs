@@ -2,8 +2,10 @@
 //! `script` adapter launches for a wake. It reads the wake prompt (JSON) on stdin and acts
 //! through the daemon socket (`ROOM_SOCKET`) with its one-launch credential (`ROOM_TOKEN`),
 //! step by step: `read` (the room up to its tip, confirming every page), `reply` (answer each
-//! obligation of the wake; a gate refusal is read through and tried once more), `exit` (stop
-//! without a word), `fail` (exit 1), `hang` (never end: the launch's deadline stops it).
+//! obligation of the wake; a gate refusal is read through and tried once more), `write:PATH`
+//! (write the wake's prompt text to PATH beneath the working directory: a deterministic
+//! artifact for acceptance checks to measure), `exit` (stop without a word), `fail` (exit 1),
+//! `hang` (never end: the launch's deadline stops it).
 
 use room_server::client::Client;
 use room_server::wire::{Request, Response};
@@ -63,6 +65,16 @@ fn script(steps: &str) -> Result<i32, String> {
             "hang" => loop {
                 std::thread::sleep(std::time::Duration::from_secs(60));
             },
+            w if room_engine::policy::is_write_step(w) => {
+                let rel = &w["write:".len()..];
+                let path = std::path::Path::new(rel);
+                if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir).map_err(|e| format!("{rel}: {e}"))?;
+                }
+                let mut text = prompt["prompt"].as_str().unwrap_or("").to_string();
+                text.push('\n');
+                std::fs::write(path, text).map_err(|e| format!("{rel}: {e}"))?;
+            }
             other => return Err(format!("unknown step {other:?}")),
         }
     }

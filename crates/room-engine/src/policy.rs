@@ -156,7 +156,7 @@ pub struct Route {
     /// defaults to 4,096, `openai` sends none unless set).
     #[serde(default)]
     pub max_tokens: Option<u32>,
-    /// `script`: the steps, in order (`read`, `reply`, `exit`, `fail`, `hang`).
+    /// `script`: the steps, in order (`read`, `reply`, `write:PATH`, `exit`, `fail`, `hang`).
     #[serde(default)]
     pub steps: Vec<String>,
     /// Names of the daemon's environment variables the worker gets (nothing else passes).
@@ -261,6 +261,19 @@ pub const ACP_PERMISSIONS: [&str; 2] = ["reject", "allow_once"];
 
 /// Steps the scripted agent knows.
 pub const SCRIPT_STEPS: [&str; 5] = ["read", "reply", "exit", "fail", "hang"];
+
+/// `write:PATH`: the scripted agent writes its wake's prompt text to PATH beneath its working
+/// directory (a relative path of at most 256 bytes, no `.`, `..` or empty component, no comma:
+/// the steps travel comma-separated).
+pub fn is_write_step(step: &str) -> bool {
+    step.strip_prefix("write:").is_some_and(|p| {
+        !p.is_empty()
+            && p.len() <= 256
+            && !p.contains(',')
+            && !p.chars().any(char::is_control)
+            && p.split('/').all(|c| !c.is_empty() && c != "." && c != "..")
+    })
+}
 /// The longest route timeout.
 pub const ROUTE_TIMEOUT_MS_MAX: u64 = 60 * 60_000;
 
@@ -276,8 +289,14 @@ fn check_route(agent: &str, r: &Route) -> Result<(), String> {
             }
         },
         "script" => {
-            if let Some(s) = r.steps.iter().find(|s| !SCRIPT_STEPS.contains(&s.as_str())) {
-                return Err(format!("{at}.steps: {s:?} is not one of {SCRIPT_STEPS:?}"));
+            if let Some(s) = r
+                .steps
+                .iter()
+                .find(|s| !SCRIPT_STEPS.contains(&s.as_str()) && !is_write_step(s))
+            {
+                return Err(format!(
+                    "{at}.steps: {s:?} is not one of {SCRIPT_STEPS:?} nor write:PATH (relative, without . or .. or commas)"
+                ));
             }
         }
         "openai" | "anthropic" => check_api_route(&at, r)?,

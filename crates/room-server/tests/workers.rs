@@ -545,6 +545,11 @@ fn a_route_that_does_not_fit_its_adapter_fails_the_policy_closed_and_names_the_f
             "adapter = \"openai\"\nbase_url = \"http://127.0.0.1:1/v1\"\nmodel = \"m\"\nbroker_programs = [\"/usr/bin/perl\"]",
             "broker_programs is for workers that run as processes",
         ),
+        (
+            "adapter = \"script\"\nsteps = [\"write:a/../../x\"]",
+            "write:PATH",
+        ),
+        ("adapter = \"script\"\nsteps = [\"write:\"]", "steps"),
     ] {
         fx.write_config(&format!("[routes.beta]\n{route}\n"));
         let r = fx.refuse(
