@@ -843,6 +843,22 @@ impl Engine {
 }
 
 /// The native conversation a launch's worker acts in: its correlation key.
+/// Whether the permit a launch was claimed with still stands in the queue: present, not dead,
+/// intact (its digest matches its sealed fields) and the very one the launch pinned.
+pub(crate) fn permit_stands(
+    c: &dyn room_store::ControlStore,
+    l: &room_store::control::LaunchRow,
+) -> Outcome<bool> {
+    let w = c
+        .wake(&l.room, &l.agent, &l.source_event)
+        .map_err(store_err)?;
+    Ok(w.is_some_and(|w| {
+        w.state != "dead"
+            && serde_json::from_str::<WakePermit>(&w.permit)
+                .is_ok_and(|p| p.intact() && p.binding_sha256 == l.permit_sha256)
+    }))
+}
+
 pub fn worker_conversation(launch: &str) -> String {
     format!("wake:{launch}")
 }

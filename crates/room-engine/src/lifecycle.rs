@@ -438,6 +438,19 @@ impl Engine {
                     )
                 })
             });
+            // the request permit of a running launch: the permit it was claimed with
+            let t = match t {
+                None if l.state == "running" && !crate::dispatch::permit_stands(&**c, &l)? => {
+                    Some(trip(
+                        "permit_changed",
+                        format!(
+                            "the permit launch {} was claimed with changed or is gone",
+                            l.id
+                        ),
+                    ))
+                }
+                t => t,
+            };
             out.extend(t);
         }
         Ok(out)

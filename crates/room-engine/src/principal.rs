@@ -327,6 +327,16 @@ fn authenticate_in(c: &dyn ControlStore, token: &str) -> Outcome<AgentRow> {
         let launch = c.launch_by_secret(&digest).map_err(store_err)?;
         return match launch {
             Some(l) if l.state == "running" => match c.agent(&l.agent).map_err(store_err)? {
+                // the request permit: every call rechecks that the permit the launch was
+                // claimed with is still the queue's, intact
+                _ if !crate::dispatch::permit_stands(c, &l)? => Err(Refusal::new(
+                    Code::CredentialRevoked,
+                    format!(
+                        "the permit launch {} was claimed with changed or is gone: its credential acts no more",
+                        l.id
+                    ),
+                )
+                .detail(serde_json::json!({"launch": l.id, "reason": "permit_changed"}))),
                 Some(row) if row.revoked_ms.is_none() => Ok(row),
                 _ => Err(Refusal::new(
                     Code::CredentialRevoked,

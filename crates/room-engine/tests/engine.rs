@@ -1337,6 +1337,62 @@ fn a_stop_not_seen_empty_keeps_the_launch_live_and_its_credential_dead_until_a_s
 }
 
 #[test]
+fn a_running_worker_s_credential_stands_only_while_the_permit_it_was_claimed_with_does() {
+    let f = Fixture::new();
+    std::fs::write(
+        f.state.join("config.toml"),
+        "[routes.beta]\nadapter = \"command\"\ncommand = [\"/bin/true\"]\n",
+    )
+    .unwrap();
+    let e = f.engine(14);
+    let a = agent(&e, "alpha", Tier::Member);
+    agent(&e, "beta", Tier::Member);
+    e.room_create(&owner(&e), "r", None, &["alpha".into(), "beta".into()])
+        .unwrap();
+    catch_up(&e, &a, "r");
+    e.turn(
+        &a,
+        Verb::Send,
+        TurnArgs {
+            to: vec!["beta".into()],
+            ..say("r", "keep running")
+        },
+    )
+    .unwrap();
+    let l = e.dispatch_take().unwrap().remove(0);
+    e.launch_started(&l.id, Some(4242)).unwrap();
+    let worker = AgentCaller {
+        token: l.token.clone(),
+        conversation: "ignored".into(),
+        declared_tier: None,
+        page_bytes_max: None,
+    };
+    assert!(
+        e.whoami(&worker).is_ok(),
+        "the credential works while it runs"
+    );
+    assert!(e.launch_trips().unwrap().is_empty());
+    // the queue's permit is altered under the running launch (control.db is the daemon's
+    // alone while it runs: the store is closed to alter it)
+    e.flush_wakes();
+    drop(e);
+    room_store::fixtures::tamper_wake_permits(
+        &f.state.join("control.db"),
+        "keep running",
+        "keep walking",
+    )
+    .unwrap();
+    let e = f.engine(15);
+    let r = e.whoami(&worker).unwrap_err();
+    assert_eq!(r.code, room_core::Code::CredentialRevoked, "{r}");
+    assert_eq!(r.detail["reason"], "permit_changed", "{r}");
+    let trips = e.launch_trips().unwrap();
+    assert_eq!(trips.len(), 1, "{trips:?}");
+    assert_eq!(trips[0].reason, "permit_changed");
+    assert_eq!(trips[0].launch, l.id);
+}
+
+#[test]
 fn a_permit_that_changes_between_dispatch_and_claim_is_refused_and_its_launch_dies() {
     let f = Fixture::new();
     std::fs::write(
