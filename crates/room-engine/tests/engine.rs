@@ -1393,6 +1393,68 @@ fn a_running_worker_s_credential_stands_only_while_the_permit_it_was_claimed_wit
 }
 
 #[test]
+fn a_running_launch_trips_when_the_control_epoch_moves_and_its_room_cannot_go() {
+    let f = Fixture::new();
+    std::fs::write(
+        f.state.join("config.toml"),
+        "[routes.beta]\nadapter = \"command\"\ncommand = [\"/bin/true\"]\n",
+    )
+    .unwrap();
+    let e = f.engine(16);
+    let a = agent(&e, "alpha", Tier::Member);
+    agent(&e, "beta", Tier::Member);
+    for room in ["r1", "r2"] {
+        e.room_create(&owner(&e), room, None, &["alpha".into(), "beta".into()])
+            .unwrap();
+        catch_up(&e, &a, room);
+        e.turn(
+            &a,
+            Verb::Send,
+            TurnArgs {
+                to: vec!["beta".into()],
+                ..say(room, "keep running")
+            },
+        )
+        .unwrap();
+        let l = e.dispatch_take().unwrap().remove(0);
+        e.launch_started(&l.id, Some(4242)).unwrap();
+        // beta's next launch may start only once this one is out of the way
+        e.launch_ended(&l.id, room_engine::dispatch::Exit::process(None, false))
+            .unwrap();
+        f.clock.advance(5_000);
+    }
+    // both ended: nothing trips; run the second again and leave it running
+    assert!(e.launch_trips().unwrap().is_empty());
+    catch_up(&e, &a, "r2");
+    e.turn(
+        &a,
+        Verb::Send,
+        TurnArgs {
+            to: vec!["beta".into()],
+            ..say("r2", "and again")
+        },
+    )
+    .unwrap();
+    let l = e.dispatch_take().unwrap().remove(0);
+    e.launch_started(&l.id, Some(4242)).unwrap();
+    // a break-glass engaged and released between two observer passes leaves only the moved epoch
+    let console = room_engine::Caller::Local(room_engine::Evidence::UnixPeer {
+        uid: e.config().owner_uid,
+        pid: std::process::id(),
+    });
+    let c = e.control_actor(&console, None).unwrap();
+    e.break_glass(&c, true).unwrap();
+    e.break_glass(&c, false).unwrap();
+    let trips = e.launch_trips().unwrap();
+    assert_eq!(trips.len(), 1, "{trips:?}");
+    assert_eq!(trips[0].reason, "control_epoch_changed");
+    // a room is never gone under a running launch: archiving it is refused while one runs
+    // (the observer's room_gone trip is a defence, not a path)
+    let r = e.room_archive(&owner(&e), "r2").unwrap_err();
+    assert_eq!(r.code, room_core::Code::RoomArchiveRefused, "{r}");
+}
+
+#[test]
 fn a_permit_that_changes_between_dispatch_and_claim_is_refused_and_its_launch_dies() {
     let f = Fixture::new();
     std::fs::write(
