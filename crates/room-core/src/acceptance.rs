@@ -424,11 +424,7 @@ fn required(f: &Fields<'_>, name: &str, present: bool, profile: &str) -> Result<
 
 fn hex64(f: &Fields<'_>, name: &str) -> Result<String, Refusal> {
     let s = f.string(name, 64)?;
-    if s.len() != 64
-        || !s
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    {
+    if !crate::canon::is_sha256_hex(&s) {
         return Err(Refusal::invalid(
             &format!("{}.{name}", f.field),
             "must be 64 lower-case hex digits",
@@ -437,18 +433,9 @@ fn hex64(f: &Fields<'_>, name: &str) -> Result<String, Refusal> {
     Ok(s)
 }
 
-/// `prp_` and 16 lower-case hex digits: the id the daemon gave a proposal.
-pub fn is_proposal_id(s: &str) -> bool {
-    s.strip_prefix("prp_").is_some_and(|h| {
-        h.len() == 16
-            && h.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    })
-}
-
 fn proposal_id(f: &Fields<'_>) -> Result<String, Refusal> {
     let s = f.string("proposal_id", 20)?;
-    if !is_proposal_id(&s) {
+    if !crate::id::is_proposal_id(&s) {
         return Err(Refusal::invalid(
             &format!("{}.proposal_id", f.field),
             "a proposal id: prp_ and 16 lower-case hex digits",

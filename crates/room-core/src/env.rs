@@ -74,7 +74,7 @@ pub struct ObjectId {
 
 /// What tells one version of a file from another without reading it: identity, length and
 /// both timestamps (nanoseconds since the epoch).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FileStamp {
     pub dev: u64,
     pub ino: u64,

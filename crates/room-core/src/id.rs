@@ -77,6 +77,11 @@ pub fn is_project_id(s: &str) -> bool {
     prefixed(s, "prj_", 16)
 }
 
+/// A worker's proposal, as the daemon names it when it admits one.
+pub fn is_proposal_id(s: &str) -> bool {
+    prefixed(s, "prp_", 16)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

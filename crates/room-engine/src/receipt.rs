@@ -137,10 +137,11 @@ impl Engine {
         }
         let mut out = Vec::new();
         for name in names {
-            // a hidden name is a write not yet renamed into place: no intention yet
+            // a hidden name is a write not yet renamed into place: no intention yet (nor is
+            // anything else that is not an intention's name)
             let Some(id) = name
                 .strip_suffix(".json")
-                .filter(|_| !name.starts_with('.'))
+                .filter(|id| room_core::id::is_proposal_id(id))
             else {
                 continue;
             };

@@ -10,6 +10,7 @@
 //! program's, and a pinned program whose file changed since the launch started is never
 //! matched by digest (what it was at the launch is no longer knowable).
 
+use room_core::FileStamp as Stamp;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::io::Read;
@@ -23,24 +24,13 @@ pub const PINNED_MAX: usize = 10;
 pub const EXE_BYTES_MAX: u64 = 1 << 30;
 
 /// A file's identity: a change of content changes its size, times or inode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Stamp {
-    dev: u64,
-    ino: u64,
-    size: u64,
-    mtime_ns: i128,
-    ctime_ns: i128,
-}
-
-impl Stamp {
-    fn of(m: &std::fs::Metadata) -> Stamp {
-        Stamp {
-            dev: m.dev(),
-            ino: m.ino(),
-            size: m.size(),
-            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
-            ctime_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
-        }
+fn stamp_of(m: &std::fs::Metadata) -> Stamp {
+    Stamp {
+        dev: m.dev(),
+        ino: m.ino(),
+        len: m.size(),
+        mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+        ctime_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
     }
 }
 
@@ -68,7 +58,7 @@ fn digest(f: &mut std::fs::File, stamp: Stamp) -> std::io::Result<String> {
     {
         return Ok(d.clone());
     }
-    if stamp.size > EXE_BYTES_MAX {
+    if stamp.len > EXE_BYTES_MAX {
         return Err(std::io::Error::other(format!(
             "larger than {EXE_BYTES_MAX} bytes: not hashed"
         )));
@@ -108,7 +98,7 @@ impl Pinned {
                     p.display()
                 ));
             }
-            let stamp = Stamp::of(&m);
+            let stamp = stamp_of(&m);
             if !pins.iter().any(|x| x.stamp == stamp) {
                 pins.push(Pin {
                     path: p.clone(),
@@ -135,7 +125,7 @@ impl Pinned {
             std::fs::read_link(&exe).map_or_else(|_| "?".into(), |p| p.display().to_string());
         let mut f = std::fs::File::open(&exe)
             .map_err(|e| format!("its program cannot be observed: {e}"))?;
-        let stamp = Stamp::of(&f.metadata().map_err(|e| e.to_string())?);
+        let stamp = stamp_of(&f.metadata().map_err(|e| e.to_string())?);
         if self.pins.iter().any(|p| p.stamp == stamp) {
             return Ok(());
         }
@@ -155,7 +145,7 @@ impl Pinned {
     /// A pin's digest, only while its file is still what it was when pinned.
     fn pinned_digest(&self, p: &Pin) -> Option<String> {
         let mut f = std::fs::File::open(&p.path).ok()?;
-        let now = Stamp::of(&f.metadata().ok()?);
+        let now = stamp_of(&f.metadata().ok()?);
         (now == p.stamp).then(|| digest(&mut f, now).ok()).flatten()
     }
 }

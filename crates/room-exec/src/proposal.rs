@@ -478,14 +478,6 @@ pub struct Outbox {
     dir: PathBuf,
 }
 
-fn is_proposal_id(s: &str) -> bool {
-    s.len() == 20
-        && s.starts_with("prp_")
-        && s[4..]
-            .bytes()
-            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-}
-
 impl Outbox {
     pub fn new(dir: impl Into<PathBuf>) -> Outbox {
         Outbox { dir: dir.into() }
@@ -496,7 +488,7 @@ impl Outbox {
     }
 
     fn path(&self, id: &str) -> std::io::Result<PathBuf> {
-        if !is_proposal_id(id) {
+        if !room_core::id::is_proposal_id(id) {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
                 format!("{id:?} is not a proposal id"),
@@ -552,7 +544,7 @@ impl Outbox {
             let Some(id) = name.to_str().and_then(|n| n.strip_suffix(".json")) else {
                 continue;
             };
-            if !is_proposal_id(id) {
+            if !room_core::id::is_proposal_id(id) {
                 continue;
             }
             let bytes = std::fs::read(self.dir.join(&name))?;
