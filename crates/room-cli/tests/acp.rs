@@ -512,7 +512,7 @@ fn the_published_acp_bridges_take_room_as_their_mcp_server_and_fail_cleanly_offl
     for (name, command) in &routes {
         let command = offline(command.clone());
         config.push_str(&format!(
-            "[routes.{name}]\nadapter = \"acp\"\npreset = \"{name}\"\ncommand = {command:?}\ncwd = {cwd:?}\ntimeout_ms = 15000\n\n",
+            "[routes.{name}]\nadapter = \"acp\"\npreset = \"{name}\"\ncommand = {command:?}\ncwd = {cwd:?}\ntimeout_ms = 30000\n\n",
             cwd = work.display().to_string(),
         ));
     }
