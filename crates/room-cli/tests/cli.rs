@@ -42,6 +42,23 @@ impl Env {
         self.cmd(&self.state, args, token).output().unwrap()
     }
 
+    /// Read `room` as `tok` to its tip, confirming each page; the last page.
+    fn caught_up(&self, tok: &str, room: &str) -> serde_json::Value {
+        let mut confirm: Option<String> = None;
+        for _ in 0..100 {
+            let mut args = vec!["sync", room, "--json"];
+            if let Some(c) = &confirm {
+                args.extend(["--confirm", c.as_str()]);
+            }
+            let page = json(&self.run(&args, Some(tok)));
+            if page["more"] != true && confirm.is_some() {
+                return page;
+            }
+            confirm = page["receipt"].as_str().map(String::from);
+        }
+        panic!("never caught up");
+    }
+
     fn serve(&self, state: &Path) -> Child {
         let mut child = self.cmd(state, &["serve"], None).spawn().unwrap();
         for _ in 0..500 {
@@ -504,21 +521,7 @@ fn a_send_wakes_the_scripted_agent_which_replies() {
         .status
         .success()
     );
-    let caught_up = |tok: &str| {
-        let mut confirm: Option<String> = None;
-        for _ in 0..100 {
-            let mut args = vec!["sync", "chat", "--json"];
-            if let Some(c) = &confirm {
-                args.extend(["--confirm", c.as_str()]);
-            }
-            let page = json(&env.run(&args, Some(tok)));
-            if page["more"] != true && confirm.is_some() {
-                return page;
-            }
-            confirm = page["receipt"].as_str().map(String::from);
-        }
-        panic!("never caught up");
-    };
+    let caught_up = |tok: &str| env.caught_up(tok, "chat");
     caught_up(&a);
     let sent = env.run(
         &["send", "chat", "review the plan", "--to", "beta"],
@@ -609,18 +612,7 @@ fn a_worker_reaches_room_through_room_api_and_bad_lines_are_refused_one_by_one()
         "the bridge goes on after a refused line"
     );
     // the worker's: a wake of beta runs the shell, which asks who it is through `room api`
-    let mut confirm: Option<String> = None;
-    for _ in 0..100 {
-        let mut args = vec!["sync", "chat", "--json"];
-        if let Some(c) = &confirm {
-            args.extend(["--confirm", c.as_str()]);
-        }
-        let page = json(&env.run(&args, Some(&a)));
-        if page["more"] != true && confirm.is_some() {
-            break;
-        }
-        confirm = page["receipt"].as_str().map(String::from);
-    }
+    env.caught_up(&a, "chat");
     let sent = env.run(&["send", "chat", "who are you", "--to", "beta"], Some(&a));
     assert!(sent.status.success(), "{}", stderr(&sent));
     let mut launch = String::new();

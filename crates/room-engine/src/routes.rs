@@ -40,6 +40,12 @@ impl Engine {
         }
     }
 
+    fn config_doc(&self) -> Outcome<toml_edit::DocumentMut> {
+        self.config_text()?
+            .parse()
+            .map_err(|e| Refusal::storage(format!("config.toml does not parse: {e}")))
+    }
+
     /// Check the whole new file as the policy loader reads it, then write it durably.
     fn write_config(&self, doc: &toml_edit::DocumentMut) -> Outcome<()> {
         let text = doc.to_string();
@@ -74,10 +80,7 @@ impl Engine {
             table.insert(k, toml_item(&format!("route.{k}"), v)?);
         }
         let _one = EDITING.lock().unwrap_or_else(|p| p.into_inner());
-        let mut doc: toml_edit::DocumentMut = self
-            .config_text()?
-            .parse()
-            .map_err(|e| Refusal::storage(format!("config.toml does not parse: {e}")))?;
+        let mut doc = self.config_doc()?;
         let routes = doc
             .entry("routes")
             .or_insert_with(|| {
@@ -96,10 +99,7 @@ impl Engine {
     pub fn route_remove(&self, _owner: &crate::Owner, agent: &str) -> Outcome<Value> {
         name::validate("agent", agent)?;
         let _one = EDITING.lock().unwrap_or_else(|p| p.into_inner());
-        let mut doc: toml_edit::DocumentMut = self
-            .config_text()?
-            .parse()
-            .map_err(|e| Refusal::storage(format!("config.toml does not parse: {e}")))?;
+        let mut doc = self.config_doc()?;
         let removed = doc
             .get_mut("routes")
             .and_then(|r| r.as_table_mut())

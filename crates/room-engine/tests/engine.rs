@@ -1278,17 +1278,37 @@ fn unanswered_obligations_fold_dead_past_their_deadline_and_circular_waits_surfa
     assert!(v["circular_waits"].as_array().unwrap().is_empty());
 }
 
-#[test]
-fn a_stop_not_seen_empty_keeps_the_launch_live_and_its_credential_dead_until_a_start() {
-    let f = Fixture::new();
+/// An engine whose config routes beta's wakes (to `/bin/true`), with alpha and beta enrolled.
+fn routed(f: &Fixture, seed: u64) -> (Engine, AgentCaller) {
     std::fs::write(
         f.state.join("config.toml"),
         "[routes.beta]\nadapter = \"command\"\ncommand = [\"/bin/true\"]\n",
     )
     .unwrap();
-    let e = f.engine(13);
+    let e = f.engine(seed);
     let a = agent(&e, "alpha", Tier::Member);
     agent(&e, "beta", Tier::Member);
+    (e, a)
+}
+
+/// alpha reads `room`, then sends `text` to beta there.
+fn wake_beta(e: &Engine, a: &AgentCaller, room: &str, text: &str) {
+    catch_up(e, a, room);
+    e.turn(
+        a,
+        Verb::Send,
+        TurnArgs {
+            to: vec!["beta".into()],
+            ..say(room, text)
+        },
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_stop_not_seen_empty_keeps_the_launch_live_and_its_credential_dead_until_a_start() {
+    let f = Fixture::new();
+    let (e, a) = routed(&f, 13);
     e.room_create(&owner(&e), "r", None, &["alpha".into(), "beta".into()])
         .unwrap();
     let send = |text: &str| {
@@ -1339,26 +1359,10 @@ fn a_stop_not_seen_empty_keeps_the_launch_live_and_its_credential_dead_until_a_s
 #[test]
 fn a_running_worker_s_credential_stands_only_while_the_permit_it_was_claimed_with_does() {
     let f = Fixture::new();
-    std::fs::write(
-        f.state.join("config.toml"),
-        "[routes.beta]\nadapter = \"command\"\ncommand = [\"/bin/true\"]\n",
-    )
-    .unwrap();
-    let e = f.engine(14);
-    let a = agent(&e, "alpha", Tier::Member);
-    agent(&e, "beta", Tier::Member);
+    let (e, a) = routed(&f, 14);
     e.room_create(&owner(&e), "r", None, &["alpha".into(), "beta".into()])
         .unwrap();
-    catch_up(&e, &a, "r");
-    e.turn(
-        &a,
-        Verb::Send,
-        TurnArgs {
-            to: vec!["beta".into()],
-            ..say("r", "keep running")
-        },
-    )
-    .unwrap();
+    wake_beta(&e, &a, "r", "keep running");
     let l = e.dispatch_take().unwrap().remove(0);
     e.launch_started(&l.id, Some(4242)).unwrap();
     let worker = AgentCaller {
@@ -1395,27 +1399,11 @@ fn a_running_worker_s_credential_stands_only_while_the_permit_it_was_claimed_wit
 #[test]
 fn a_running_launch_trips_when_the_control_epoch_moves_and_its_room_cannot_go() {
     let f = Fixture::new();
-    std::fs::write(
-        f.state.join("config.toml"),
-        "[routes.beta]\nadapter = \"command\"\ncommand = [\"/bin/true\"]\n",
-    )
-    .unwrap();
-    let e = f.engine(16);
-    let a = agent(&e, "alpha", Tier::Member);
-    agent(&e, "beta", Tier::Member);
+    let (e, a) = routed(&f, 16);
     for room in ["r1", "r2"] {
         e.room_create(&owner(&e), room, None, &["alpha".into(), "beta".into()])
             .unwrap();
-        catch_up(&e, &a, room);
-        e.turn(
-            &a,
-            Verb::Send,
-            TurnArgs {
-                to: vec!["beta".into()],
-                ..say(room, "keep running")
-            },
-        )
-        .unwrap();
+        wake_beta(&e, &a, room, "keep running");
         let l = e.dispatch_take().unwrap().remove(0);
         e.launch_started(&l.id, Some(4242)).unwrap();
         // beta's next launch may start only once this one is out of the way
@@ -1425,16 +1413,7 @@ fn a_running_launch_trips_when_the_control_epoch_moves_and_its_room_cannot_go() 
     }
     // both ended: nothing trips; run the second again and leave it running
     assert!(e.launch_trips().unwrap().is_empty());
-    catch_up(&e, &a, "r2");
-    e.turn(
-        &a,
-        Verb::Send,
-        TurnArgs {
-            to: vec!["beta".into()],
-            ..say("r2", "and again")
-        },
-    )
-    .unwrap();
+    wake_beta(&e, &a, "r2", "and again");
     let l = e.dispatch_take().unwrap().remove(0);
     e.launch_started(&l.id, Some(4242)).unwrap();
     // a break-glass engaged and released between two observer passes leaves only the moved epoch
