@@ -1582,6 +1582,53 @@ fn invariant_well_formed_refuses_an_effect_outside_a_claim() {
 }
 
 #[test]
+fn a_handoff_moves_the_task_and_not_its_lease() {
+    let mut fx = Fx::new();
+    let (a, b, g) = fx.team("coord");
+    fx.sync_all(&a, "coord");
+    let t = fx.ok(
+        Some(&a),
+        "task_create",
+        json!({"room": "coord", "title": "edit", "to": "beta", "scopes": ["file:src"]}),
+    )["task"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    fx.tasks.push(t.clone());
+    let first = fx.ok(Some(&b), "task_claim", json!({"task": t}));
+    fx.sync_all(&b, "coord");
+    let h = fx.ok(
+        Some(&b),
+        "handoff",
+        json!({"room": "coord", "task": t, "to": ["gamma"]}),
+    );
+    assert_eq!(
+        (
+            h["detail"]["lease_transferred"].clone(),
+            h["detail"]["fresh_claim_required"].clone()
+        ),
+        (json!(false), json!(true)),
+        "{h}"
+    );
+    let shown = fx.ok(None, "owner_task_show", json!({"task": t}));
+    assert_eq!(
+        (
+            shown["task"]["status"].as_str(),
+            shown["task"]["recipient"].as_str()
+        ),
+        (Some("open"), Some("gamma")),
+        "{shown}"
+    );
+    assert!(shown["lease"].is_null(), "no lease moved: {shown}");
+    // the new recipient claims afresh, under a higher fencing generation
+    let second = fx.ok(Some(&g), "task_claim", json!({"task": t}));
+    assert!(
+        second["lease"]["generation"].as_u64() > first["lease"]["generation"].as_u64(),
+        "{first} {second}"
+    );
+}
+
+#[test]
 fn invariant_exclusive_refuses_an_overlapping_lease() {
     let mut fx = Fx::new();
     let (a, b, g) = fx.team("coord");
