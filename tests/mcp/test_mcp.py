@@ -30,7 +30,7 @@ ALL_TOOLS = {
     "room_whoami", "room_list", "room_sync", "room_note", "room_say", "room_reply", "room_send",
     "room_handoff", "room_done", "room_blocked", "room_decline", "room_circle", "task_create",
     "task_claim", "task_show", "task_accept_check", "task_amend", "task_supersede", "task_propose", "room_compose", "source_read",
-    "evidence_register", "op_begin", "op_effect", "op_resolve", "room_cancel", "room",
+    "evidence_register", "op_begin", "op_effect", "op_resolve", "room_cancel", "room_wake_take", "room",
 }
 
 
@@ -290,6 +290,36 @@ async def room_cancel_needs_operator_standing_and_an_operator_cancels(fx):
         assert fx.journal_lines() == before + 1
     wakes = fx.run("wakes", "list")["wakes"]
     assert [w["state"] for w in wakes] == ["dead"], wakes
+
+
+@test
+async def an_unrouted_agent_takes_its_wake_in_its_own_session_and_its_reply_proves_it(fx):
+    """Without a route, a permit waits for its agent's own session: beta's MCP session takes it
+    (the prompt and obligation come back), a second take while it is live is refused
+    wake_not_takeable (nothing written), and beta's reply from that same session ends the
+    launch replied."""
+    toks = setup_room(fx, ["alpha", "beta"])
+    async with Client(stdio(fx, toks["alpha"]), mode="auto") as alpha, Client(stdio(fx, toks["beta"]), mode="auto") as beta:
+        await catch_up(alpha, "lobby")
+        sent = await alpha.call_tool("room_send", {"room": "lobby", "text": "check the build", "to": ["beta"]})
+        assert not sent.is_error, sent.structured_content
+        r = await beta.call_tool("room_wake_take", {})
+        assert not r.is_error, r.structured_content
+        taken = r.structured_content["taken"]
+        assert taken["prompt"] == "check the build" and taken["proof"] == "delivered_to_body", taken
+        before = fx.journal_lines()
+        ref = refusal(await beta.call_tool("room_wake_take", {"room": "lobby"}))
+        assert ref["code"] == "wake_not_takeable", ref
+        assert fx.journal_lines() == before, "the refused take wrote nothing"
+        await catch_up(beta, "lobby")
+        reply = await beta.call_tool("room_reply", {"room": "lobby", "reply_to": taken["obligation_ids"][0], "text": "green"})
+        assert not reply.is_error, reply.structured_content
+
+        def replied():
+            w = fx.run("wakes", "list")["wakes"][0]
+            return w["state"] == "replied" and w["launches"][0]["outcome"] == "replied"
+
+        await wait_for(replied, "the taken wake ends replied")
 
 
 @test

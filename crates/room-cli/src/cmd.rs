@@ -6,7 +6,7 @@ use room_server::client::Client;
 use room_server::wire::{
     ComposeArgs, EvidenceArgs, OpArgs, OpBeginArgs, ProjectSourceArgs, Request, SourceReadArgs,
     SyncArgs, TaskAmendArgs, TaskClaimArgs, TaskCreateArgs, TaskOverrideArgs, TaskProposeArgs,
-    TaskSupersedeArgs, TurnWire,
+    TaskSupersedeArgs, TurnWire, WakeTakeArgs,
 };
 use room_store::StoreError;
 use room_store::statedir;
@@ -200,6 +200,9 @@ pub enum Cmd {
     Evidence(EvidenceCmd),
     /// Who the current ROOM_TOKEN acts as.
     Whoami,
+    /// Take your oldest queued wake in this conversation (an agent without a route); answer it
+    /// with reply from the same ROOM_CONVERSATION.
+    Take(WakeTakeArgs),
     /// Read the next page of a room; --confirm a receipt to advance your checkpoint.
     Sync(SyncArgs),
     /// Status telemetry; never wakes, may not @mention.
@@ -613,6 +616,7 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
             OpCmd::Resolve(a) => wire("op_resolve", a),
         },
         Cmd::Whoami => req("whoami", json!({})),
+        Cmd::Take(a) => wire("wake_take", a),
         Cmd::Sync(a) => wire("sync", a),
         Cmd::Note(t) => turn("note", t),
         Cmd::Say(t) => turn("say", t),

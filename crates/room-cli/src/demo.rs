@@ -325,7 +325,8 @@ fn scene() -> anyhow::Result<()> {
         json!({"room": "build", "to": ["beta"], "task": question, "text": "And the lexer?"}),
     );
     let source = asked["event"].as_str().unwrap_or_default().to_string();
-    sc.ok(None, "agent_rotate", json!({"name": "beta"}));
+    let rotated = sc.ok(None, "agent_rotate", json!({"name": "beta"}));
+    let b = rotated["token"].as_str().unwrap_or_default().to_string();
     // the daemon revalidates every second; the owner need not wait for it
     sc.ok(None, "wakes_check", json!({}));
     let letter = sc.wake_settled(&source)?["dead_letter"].clone();
@@ -334,6 +335,56 @@ fn scene() -> anyhow::Result<()> {
         letter["code"].as_str().unwrap_or("?"),
         letter["reason"].as_str().unwrap_or("")
     ));
+
+    sc.say("beta's own session, with its new credential, takes its next wake (room_wake_take) and answers it from that same session: the reply is the proof.");
+    sc.catch_up(&a, "build");
+    let asked = sc.ok(
+        Some(&a),
+        "send",
+        json!({"room": "build", "to": ["beta"], "task": question, "text": "And the parser's tests?"}),
+    );
+    let source = asked["event"].as_str().unwrap_or_default().to_string();
+    let taken = sc.ok(Some(&b), "wake_take", json!({}));
+    let obligation = taken["taken"]["obligation_ids"][0]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    show(format!(
+        "taken: {:?} (proof {})",
+        taken["taken"]["prompt"].as_str().unwrap_or(""),
+        taken["taken"]["proof"].as_str().unwrap_or("")
+    ));
+    sc.catch_up(&b, "build");
+    sc.ok(
+        Some(&b),
+        "reply",
+        json!({"room": "build", "reply_to": obligation, "text": "tests/parser.rs"}),
+    );
+    let woken = sc.wake_settled(&source)?;
+    show(format!(
+        "wake {} -> {}",
+        woken["path"].as_str().unwrap_or(""),
+        woken["state"].as_str().unwrap_or("")
+    ));
+
+    sc.say("The owner shortens task-bound wake deadlines to 1.5 s ([dispatch] tasked_deadline_ms). A permit that waits in the queue past its sealed deadline cannot buy fresh time from a worker that comes late (the seed's Exhibit 3).");
+    std::fs::write(s.config(), "[dispatch]\ntasked_deadline_ms = 1500\n")?;
+    sc.catch_up(&a, "build");
+    let asked = sc.ok(
+        Some(&a),
+        "send",
+        json!({"room": "build", "to": ["beta"], "task": question, "text": "Still there?"}),
+    );
+    let source = asked["event"].as_str().unwrap_or_default().to_string();
+    std::thread::sleep(std::time::Duration::from_millis(1_600));
+    sc.ok(None, "wakes_check", json!({}));
+    let letter = sc.wake_settled(&source)?["dead_letter"].clone();
+    show(format!(
+        "dead letter: {} ({})",
+        letter["code"].as_str().unwrap_or("?"),
+        letter["reason"].as_str().unwrap_or("")
+    ));
+    std::fs::write(s.config(), "")?;
 
     sc.say("The owner revokes gamma. Its very next call is refused.");
     sc.ok(None, "agent_revoke", json!({"name": "gamma"}));

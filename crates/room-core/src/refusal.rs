@@ -96,6 +96,7 @@ codes! {
     WakeAdmissionClosed => "wake_admission_closed",
     WakeJobExpired => "wake_job_expired",
     WakeJobChangedDuringValidation => "wake_job_changed_during_validation",
+    WakeNotTakeable => "wake_not_takeable",
     // governing sources: read whole, measured at done
     SourceCoverageIncomplete => "source_coverage_incomplete",
     SourcePartUnreadable => "source_part_unreadable",

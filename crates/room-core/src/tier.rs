@@ -69,10 +69,11 @@ pub enum Verb {
     OpEffect,
     OpResolve,
     EvidenceRegister,
+    WakeTake,
 }
 
 impl Verb {
-    pub const ALL: [Verb; 25] = [
+    pub const ALL: [Verb; 26] = [
         Verb::Whoami,
         Verb::List,
         Verb::Sync,
@@ -98,6 +99,7 @@ impl Verb {
         Verb::OpEffect,
         Verb::OpResolve,
         Verb::EvidenceRegister,
+        Verb::WakeTake,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -127,6 +129,7 @@ impl Verb {
             Verb::OpEffect => "op_effect",
             Verb::OpResolve => "op_resolve",
             Verb::EvidenceRegister => "evidence_register",
+            Verb::WakeTake => "wake_take",
         }
     }
 
@@ -161,7 +164,8 @@ impl Verb {
             | Verb::OpBegin
             | Verb::OpEffect
             | Verb::OpResolve
-            | Verb::EvidenceRegister => return None,
+            | Verb::EvidenceRegister
+            | Verb::WakeTake => return None,
         })
     }
 

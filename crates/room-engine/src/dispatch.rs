@@ -383,7 +383,7 @@ impl Delivery {
 }
 
 /// The outcome, the proof rung and the permit's next state of an ended launch.
-fn judge(replied: bool, exit: &Exit) -> (&'static str, &'static str, &'static str) {
+pub(crate) fn judge(replied: bool, exit: &Exit) -> (&'static str, &'static str, &'static str) {
     if replied {
         return ("replied", "replied", "replied");
     }
@@ -406,7 +406,7 @@ fn judge(replied: bool, exit: &Exit) -> (&'static str, &'static str, &'static st
     }
 }
 
-fn end(
+pub(crate) fn end(
     at_ms: u64,
     outcome: &str,
     proof: &str,
@@ -470,7 +470,7 @@ impl Engine {
                 // the next sweep dead-letters it with its reason
                 Err(_) => continue,
             };
-            out.push(self.start_launch(&w, permit, route, now)?);
+            out.extend(self.start_launch(&w, permit, route, now)?);
         }
         self.deferrals.replace(deferred);
         Ok(out)
@@ -492,7 +492,7 @@ impl Engine {
         permit: WakePermit,
         route: &crate::policy::Route,
         now: u64,
-    ) -> Outcome<Launch> {
+    ) -> Outcome<Option<Launch>> {
         let id = format!("lch_{}", self.env.entropy.hex(8));
         // the room's cancel generation it starts under: a cancel after this stops it
         let room_gen = self
@@ -504,19 +504,7 @@ impl Engine {
         let due = w.created_ms.saturating_add(permit.binding.deadline_ms);
         let not_after = due.min(now.saturating_add(route.timeout_ms));
         let b = &permit.binding;
-        // evidence is served to the recipient at wake time, with a fresh receipt
-        let evidence = match b.evidence_refs.as_deref() {
-            Some(refs) if !refs.is_empty() => {
-                let (served, withheld) = self.deliver_evidence(&b.room, refs)?;
-                Some(
-                    json!({"schema": "room.evidence.receipt/1", "tool": "wake_delivery",
-                    "id": format!("srv_{}", self.env.entropy.hex(16)), "launch": id,
-                    "recipient": b.agent, "at_ms": now, "served": served,
-                    "withheld": withheld}),
-                )
-            }
-            _ => None,
-        };
+        let evidence = self.wake_evidence(b, &id, now)?;
         let stage = self.launch_staging(b.task.as_deref())?;
         // the control guard must be gone before revalidation takes it again
         let project = self
@@ -556,8 +544,12 @@ impl Engine {
             started_ms: None,
             control_epoch: b.control_epoch,
             cancel_gen: room_gen,
+            conversation: None,
         };
-        self.control().insert_launch(&row).map_err(store_err)?;
+        if !self.control().insert_launch(&row).map_err(store_err)? {
+            // taken in its agent's own session or dead-lettered since it was revalidated
+            return Ok(None);
+        }
         let mut prompt = json!({"launch": id, "room": b.room, "agent": b.agent, "from": b.from,
             "task": b.task, "source_event": b.source_event, "prompt": b.prompt,
             "mention_ids": b.mention_ids, "obligation_ids": b.obligation_ids,
@@ -565,7 +557,7 @@ impl Engine {
         if let Some(e) = evidence {
             prompt["evidence"] = e;
         }
-        Ok(Launch {
+        Ok(Some(Launch {
             id,
             token,
             room: w.room.clone(),
@@ -576,7 +568,27 @@ impl Engine {
             resume,
             stage,
             project_root,
-        })
+        }))
+    }
+
+    /// The evidence a wake cites, served to its recipient at wake time with a fresh
+    /// `wake_delivery` receipt: admitted passages inline, withheld ones named as withheld.
+    pub(crate) fn wake_evidence(
+        &self,
+        b: &room_core::wake::WakeBinding,
+        launch: &str,
+        now: u64,
+    ) -> Outcome<Option<Value>> {
+        let Some(refs) = b.evidence_refs.as_deref().filter(|r| !r.is_empty()) else {
+            return Ok(None);
+        };
+        let (served, withheld) = self.deliver_evidence(&b.room, refs)?;
+        Ok(Some(
+            json!({"schema": "room.evidence.receipt/1", "tool": "wake_delivery",
+            "id": format!("srv_{}", self.env.entropy.hex(16)), "launch": launch,
+            "recipient": b.agent, "at_ms": now, "served": served,
+            "withheld": withheld}),
+        ))
     }
 
     /// The staging of a tasked launch whose task selects sources: the project root is
@@ -602,7 +614,7 @@ impl Engine {
 
     /// The session a launch ran in, as the factory keeps it. The route as it stands at the
     /// launch's end decides the binding (an edit bites on the next end).
-    fn session_row(
+    pub(crate) fn session_row(
         &self,
         l: &room_store::control::LaunchRow,
         s: &SessionSeen,
@@ -740,7 +752,7 @@ impl Engine {
 
     /// Whether what the launch's permit asked for is resolved by turns of the launch's own
     /// conversation (a reply from the bound worker, not from someone else).
-    fn replied_by_launch(&self, l: &room_store::control::LaunchRow) -> Outcome<bool> {
+    pub(crate) fn replied_by_launch(&self, l: &room_store::control::LaunchRow) -> Outcome<bool> {
         let Some(w) = self
             .control()
             .wake(&l.room, &l.agent, &l.source_event)
@@ -755,7 +767,7 @@ impl Engine {
         let Some(agent) = agent else { return Ok(false) };
         let key = room_core::canon::digest_of(&json!({
             "instance": self.state.instance_id, "actor": l.agent,
-            "registration": agent.registration_sha256, "conversation": worker_conversation(&l.id),
+            "registration": agent.registration_sha256, "conversation": launch_conversation(l),
             "room": l.room,
         }));
         let handle = self.room_handle(&l.room)?;
@@ -842,7 +854,6 @@ impl Engine {
     }
 }
 
-/// The native conversation a launch's worker acts in: its correlation key.
 /// Whether the permit a launch was claimed with still stands in the queue: present, not dead,
 /// intact (its digest matches its sealed fields) and the very one the launch pinned.
 pub(crate) fn permit_stands(
@@ -859,8 +870,17 @@ pub(crate) fn permit_stands(
     }))
 }
 
+/// The native conversation a launch's worker acts in: its correlation key.
 pub fn worker_conversation(launch: &str) -> String {
     format!("wake:{launch}")
+}
+
+/// The conversation whose turns answer a launch: the agent's own session for a session launch,
+/// the worker's `wake:<launch>` otherwise.
+pub(crate) fn launch_conversation(l: &room_store::control::LaunchRow) -> String {
+    l.conversation
+        .clone()
+        .unwrap_or_else(|| worker_conversation(&l.id))
 }
 
 #[cfg(test)]

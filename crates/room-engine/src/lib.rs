@@ -26,6 +26,7 @@ pub mod routes;
 pub mod sessions;
 pub mod source;
 pub mod sync;
+pub mod take;
 pub mod territory;
 pub mod turnstile;
 pub mod verbs;
@@ -138,6 +139,9 @@ pub struct Engine {
     pub(crate) rooms: Rooms,
     /// Why each queued permit the last dispatch pass looked at waits (not persisted).
     pub(crate) deferrals: dispatch::Deferrals,
+    /// Held by a session's take from its check that its agent is not busy to its launch: two
+    /// sessions of one agent never hold two launches at once.
+    pub(crate) takes: std::sync::Mutex<()>,
     /// Tickets of turns waiting in a room's turnstile, and their wake-ups.
     pub(crate) turn_waits: turnstile::TurnWaits,
     pub(crate) tickets: std::sync::atomic::AtomicU64,
@@ -164,6 +168,7 @@ impl Engine {
             authority: Authority::new(env.clone(), state.clone(), control),
             rooms: Rooms::new(store, config.rooms_open_max),
             deferrals: dispatch::Deferrals::default(),
+            takes: std::sync::Mutex::new(()),
             turn_waits: Default::default(),
             tickets: std::sync::atomic::AtomicU64::new(1),
             state,

@@ -92,7 +92,13 @@ impl GateLimits {
 struct DispatchLimits {
     workers_max: u64,
     obligation_fold_ms: u64,
+    untasked_deadline_ms: u64,
+    tasked_deadline_ms: u64,
 }
+
+/// The bounds of `[dispatch] untasked_deadline_ms` and `tasked_deadline_ms`: a permit sealed
+/// under them keeps its own deadline, whatever the config says later.
+pub const WAKE_DEADLINE_MS_RANGE: std::ops::RangeInclusive<u64> = 1_000..=24 * 3_600_000;
 
 /// How long past its wake deadline an unanswered obligation stays `pending` by default.
 pub const OBLIGATION_FOLD_MS_DEFAULT: u64 = 10 * 60_000;
@@ -109,6 +115,8 @@ impl Default for DispatchLimits {
         DispatchLimits {
             workers_max: WORKERS_MAX_DEFAULT as u64,
             obligation_fold_ms: OBLIGATION_FOLD_MS_DEFAULT,
+            untasked_deadline_ms: room_core::wake::UNTASKED_DEADLINE_MS,
+            tasked_deadline_ms: room_core::wake::TASKED_DEADLINE_MS,
         }
     }
 }
@@ -500,6 +508,10 @@ pub struct Policy {
     pub workers_max: usize,
     /// How long past its wake deadline an unanswered obligation stays `pending`.
     pub obligation_fold_ms: u64,
+    /// The deadline a wake permit is sealed with, untasked and task-bound (the seed's 60 s and
+    /// 20 minutes unless `[dispatch]` says otherwise); queue time counts against it.
+    pub untasked_deadline_ms: u64,
+    pub tasked_deadline_ms: u64,
     /// The turnstile's bounds.
     pub gate: GateLimits,
 }
@@ -596,6 +608,8 @@ fn failed(why: String) -> Policy {
         routes: Arc::new(BTreeMap::new()),
         workers_max: WORKERS_MAX_DEFAULT,
         obligation_fold_ms: OBLIGATION_FOLD_MS_DEFAULT,
+        untasked_deadline_ms: room_core::wake::UNTASKED_DEADLINE_MS,
+        tasked_deadline_ms: room_core::wake::TASKED_DEADLINE_MS,
         gate: GateLimits::default(),
     }
 }
@@ -642,6 +656,18 @@ pub(crate) fn check_config(bytes: &[u8]) -> Result<Policy, String> {
             "config.toml: dispatch.obligation_fold_ms {fold_ms} is more than {OBLIGATION_FOLD_MS_MAX} (30 days)"
         ));
     }
+    for (field, ms) in [
+        ("untasked_deadline_ms", cfg.dispatch.untasked_deadline_ms),
+        ("tasked_deadline_ms", cfg.dispatch.tasked_deadline_ms),
+    ] {
+        if !WAKE_DEADLINE_MS_RANGE.contains(&ms) {
+            return Err(format!(
+                "config.toml: dispatch.{field} {ms} is not within {}..={} (1 s to 24 h)",
+                WAKE_DEADLINE_MS_RANGE.start(),
+                WAKE_DEADLINE_MS_RANGE.end()
+            ));
+        }
+    }
     cfg.gate.check()?;
     match Redactor::new(&cfg.redaction.patterns) {
         Ok(r) => Ok(Policy {
@@ -654,6 +680,8 @@ pub(crate) fn check_config(bytes: &[u8]) -> Result<Policy, String> {
             routes: Arc::new(cfg.routes),
             workers_max: workers_max as usize,
             obligation_fold_ms: fold_ms,
+            untasked_deadline_ms: cfg.dispatch.untasked_deadline_ms,
+            tasked_deadline_ms: cfg.dispatch.tasked_deadline_ms,
             gate: cfg.gate,
         }),
         Err(e) => Err(format!("config.toml: {e}")),

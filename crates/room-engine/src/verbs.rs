@@ -14,7 +14,7 @@ use crate::sync::{GateRetry, Standing};
 use crate::turnstile::{Admit, TurnStep, TurnWaits};
 use crate::{Engine, Outcome, invariants, lock_room, store_err};
 use room_core::acceptance::{Check, ReceiptProfile};
-use room_core::wake::{TASKED_DEADLINE_MS, UNTASKED_DEADLINE_MS};
+use room_core::wake::TASKED_DEADLINE_MS;
 use room_core::{Code, GatedVerb, Refusal, Verb, id, name};
 use room_store::blobs::INLINE_BYTES_MAX;
 use room_store::control::{RoomRow, TaskRow};
@@ -116,9 +116,20 @@ struct PlanCx<'a> {
     now: u64,
     /// `done`'s command checks, run before the transition.
     pre: Option<&'a PreRun>,
+    /// The wake deadlines of the policy in force: (untasked, task-bound).
+    deadlines_ms: (u64, u64),
 }
 
 impl PlanCx<'_> {
+    /// The deadline a permit of this turn is sealed with.
+    fn deadline_ms(&self, tasked: bool) -> u64 {
+        if tasked {
+            self.deadlines_ms.1
+        } else {
+            self.deadlines_ms.0
+        }
+    }
+
     /// How a notice reaches its recipients: it wakes them in a coordination room; in a
     /// project room (where waking is `send`'s) it is an inbox entry.
     fn notice(&self) -> Deliver {
@@ -1229,6 +1240,10 @@ impl Engine {
             mentioned: &mentioned,
             now,
             pre: pre.as_ref(),
+            deadlines_ms: {
+                let policy = self.policy();
+                (policy.untasked_deadline_ms, policy.tasked_deadline_ms)
+            },
         };
         self.plan_verb(verb, &cx, &mut turn)?;
         let resolves = turn
@@ -1574,7 +1589,7 @@ impl Engine {
             turn.resolves = resolutions(&open_items_named(cx.h, me, &source)?, "resolved");
             turn.reply_to = Some(source);
         }
-        turn.plan = ItemPlan::to(&turn.to, cx.notice(), cx.now, UNTASKED_DEADLINE_MS);
+        turn.plan = ItemPlan::to(&turn.to, cx.notice(), cx.now, cx.deadline_ms(false));
         Ok(())
     }
 
@@ -1624,11 +1639,7 @@ impl Engine {
                 "send needs at least one recipient (--to or @mention)",
             ));
         }
-        let deadline = if tasked {
-            TASKED_DEADLINE_MS
-        } else {
-            UNTASKED_DEADLINE_MS
-        };
+        let deadline = cx.deadline_ms(tasked);
         turn.plan = ItemPlan::to(&turn.to, Deliver::ASSIGN, cx.now, deadline);
         Ok(())
     }
@@ -1650,7 +1661,7 @@ impl Engine {
             std::slice::from_ref(&to),
             cx.notice(),
             cx.now,
-            TASKED_DEADLINE_MS,
+            cx.deadline_ms(true),
         );
         Ok(())
     }
@@ -1829,11 +1840,7 @@ impl Engine {
             oblige: vec![],
             wake: vec![row.agent.clone()],
             not_after_ms: not_after,
-            deadline_ms: if row.task.is_some() {
-                TASKED_DEADLINE_MS
-            } else {
-                UNTASKED_DEADLINE_MS
-            },
+            deadline_ms: cx.deadline_ms(row.task.is_some()),
         };
         Ok(())
     }
@@ -1956,7 +1963,7 @@ fn tell_owner(cx: &PlanCx<'_>, t: &TaskRow, what: Deliver, turn: &mut Turn) {
             std::slice::from_ref(&t.owner),
             what,
             cx.now,
-            TASKED_DEADLINE_MS,
+            cx.deadline_ms(true),
         );
     }
 }

@@ -1489,3 +1489,66 @@ fn a_permit_that_changes_between_dispatch_and_claim_is_refused_and_its_launch_di
     };
     assert!(e.whoami(&worker).is_err(), "its credential never worked");
 }
+
+#[test]
+fn a_session_take_revalidates_like_dispatch_and_a_trip_ends_its_launch() {
+    let f = Fixture::new();
+    let e = f.engine(31);
+    let a = agent(&e, "alpha", Tier::Member);
+    let b = agent(&e, "beta", Tier::Member);
+    e.room_create(&owner(&e), "r", None, &["alpha".into(), "beta".into()])
+        .unwrap();
+    wake_beta(&e, &a, "r", "too late");
+    let queued = e.wakes_view(&owner(&e), Some("r")).unwrap();
+    let source = queued["wakes"][0]["source_event"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // queue time counts: past the sealed 60 s the permit no longer stands, named or not
+    f.clock.advance(61_000);
+    let named = room_engine::take::TakeArgs {
+        room: Some("r".into()),
+        source_event: Some(source.clone()),
+    };
+    let r = e.wake_take(&b, named.clone()).unwrap_err();
+    assert_eq!(r.code, Code::WakeJobExpired, "{r}");
+    let any = e.wake_take(&b, Default::default()).unwrap();
+    assert_eq!(any["taken"], Value::Null, "{any}");
+    assert_eq!(any["skipped"][0]["code"], "wake_job_expired", "{any}");
+    let after = e.wakes_view(&owner(&e), Some("r")).unwrap();
+    assert_eq!(
+        after["wakes"][0]["state"], "queued",
+        "a refused take changes nothing"
+    );
+    assert_eq!(after["wakes"][0]["launches"], json!([]));
+
+    // a fresh one is taken; a cancel of the room then trips its session launch
+    wake_beta(&e, &a, "r", "in time");
+    let t = e.wake_take(&b, Default::default()).unwrap();
+    assert_eq!(t["taken"]["prompt"], "in time", "{t}");
+    assert!(
+        e.settle_sessions(None).unwrap().is_empty(),
+        "nothing settled yet"
+    );
+    let console = room_engine::Caller::Local(room_engine::Evidence::UnixPeer {
+        uid: e.config().owner_uid,
+        pid: std::process::id(),
+    });
+    let c = e.control_actor(&console, Some("r")).unwrap();
+    e.room_cancel(&c, "r", None).unwrap();
+    let ended = e.settle_sessions(None).unwrap();
+    assert_eq!(ended.len(), 1, "{ended:?}");
+    assert_eq!(ended[0]["outcome"], "stopped");
+    let w = e.wakes_view(&owner(&e), Some("r")).unwrap();
+    let taken = w["wakes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["launches"].as_array().is_some_and(|l| !l.is_empty()))
+        .unwrap()
+        .clone();
+    assert_eq!(taken["state"], "dead", "{taken}");
+    let l = &taken["launches"][0];
+    assert_eq!(l["outcome"], "stopped");
+    assert_eq!(l["proof"], "delivered_to_body");
+}

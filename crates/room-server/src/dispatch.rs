@@ -749,6 +749,16 @@ fn agent_op(
                 },
             )
         }
+        Verb::WakeTake => {
+            let a: WakeTakeArgs = args(a)?;
+            engine.wake_take(
+                caller,
+                room_engine::take::TakeArgs {
+                    room: a.room,
+                    source_event: a.source_event,
+                },
+            )
+        }
         Verb::OpEffect | Verb::OpResolve => {
             let a: OpArgs = args(a)?;
             let a = room_engine::ledger::OpArgs {

@@ -275,6 +275,18 @@ pub struct SyncArgs {
     pub confirm: Option<String>,
 }
 
+#[derive(Debug, Default, Serialize, Deserialize, JsonSchema, clap::Args)]
+#[serde(deny_unknown_fields)]
+pub struct WakeTakeArgs {
+    /// Only from this room.
+    #[serde(default)]
+    pub room: Option<String>,
+    /// One wake, by its source_event (needs room).
+    #[serde(default)]
+    #[arg(long = "event")]
+    pub source_event: Option<String>,
+}
+
 #[derive(Debug, Serialize, Deserialize, JsonSchema, clap::Args)]
 #[serde(deny_unknown_fields)]
 pub struct TaskCreateArgs {

@@ -199,11 +199,19 @@ async fn observe(engine: Arc<Engine>, running: Running) {
             _ = tick.tick() => {}
             r = changes.changed() => if r.is_err() { return },
         }
-        if running.map().is_empty() {
-            continue;
-        }
+        let processes = !running.map().is_empty();
         let e = engine.clone();
-        let trips = match tokio::task::spawn_blocking(move || e.launch_trips()).await {
+        // session launches (permits taken in an agent's own session) have no process: the
+        // engine ends them itself, replied, tripped or past their deadline
+        let pass = move || {
+            e.settle_sessions(None)?;
+            if processes {
+                e.launch_trips()
+            } else {
+                Ok(Vec::new())
+            }
+        };
+        let trips = match tokio::task::spawn_blocking(pass).await {
             Ok(Ok(t)) => t,
             Ok(Err(r)) => {
                 tracing::error!("the observer could not read launches: {r}");

@@ -212,3 +212,209 @@ fn a_circle_binds_the_obligation_it_re_raises_under_its_original_deadline() {
         "the original deadline"
     );
 }
+
+// ---------- a session takes its own wake (an agent without a route) ----------
+
+fn in_conv(token: &str, conv: &str, op: &str, args: Value) -> room_server::wire::Request {
+    room_server::wire::Request {
+        conversation: Some(conv.into()),
+        ..request(Some(token), op, args)
+    }
+}
+
+#[track_caller]
+fn ok_in(fx: &mut Fx, token: &str, conv: &str, op: &str, args: Value) -> Value {
+    let r = fx.send(&in_conv(token, conv, op, args.clone()));
+    assert!(r.ok, "{op} {args} in {conv}: {:?}", r.refusal);
+    r.result.unwrap()
+}
+
+/// The Work Gate's loop in one conversation.
+fn sync_in(fx: &mut Fx, token: &str, conv: &str, room: &str) {
+    let mut page = ok_in(fx, token, conv, "sync", json!({"room": room}));
+    for _ in 0..1_000 {
+        let next = ok_in(
+            fx,
+            token,
+            conv,
+            "sync",
+            json!({"room": room, "confirm": page["receipt"]}),
+        );
+        if next["more"] == false && next["items"].as_array().is_some_and(|a| a.is_empty()) {
+            return;
+        }
+        page = next;
+    }
+    panic!("sync of {room} never caught up");
+}
+
+/// The permit of `source` once its newest launch has ended (the observer settles session
+/// launches once a second).
+fn settled(fx: &mut Fx, source: &str) -> Value {
+    for _ in 0..100 {
+        let p = permit(fx, source);
+        if p["launches"]
+            .as_array()
+            .and_then(|l| l.last())
+            .is_some_and(|l| l["state"] == "ended")
+        {
+            return p;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    panic!("the launch of {source} never ended: {}", permit(fx, source));
+}
+
+#[test]
+fn a_session_takes_its_wake_and_only_its_own_reply_proves_it() {
+    let mut fx = Fx::new();
+    let (a, b, _) = fx.team("coord");
+    let p = sent(&mut fx, &a, json!({}));
+    let source = p["source_event"].as_str().unwrap().to_string();
+    let obligation = p["obligation_ids"][0].as_str().unwrap().to_string();
+    let t = ok_in(&mut fx, &b, "s1", "wake_take", json!({}));
+    let taken = &t["taken"];
+    assert_eq!(taken["source_event"], source.as_str(), "{t}");
+    assert_eq!(taken["prompt"], "please look");
+    assert_eq!(taken["obligation_ids"], json!([obligation]));
+    assert_eq!(taken["binding_sha256"], p["binding_sha256"]);
+    assert_eq!(taken["proof"], "delivered_to_body");
+    let launch = taken["launch"].as_str().unwrap().to_string();
+    let now = permit(&mut fx, &source);
+    assert_eq!(now["state"], "dispatched");
+    assert_eq!(now["launches"][0]["launch"], launch.as_str());
+    assert_eq!(now["launches"][0]["state"], "running");
+    assert_eq!(now["launches"][0]["pid"], Value::Null, "no process");
+
+    // one launch per recipient, whichever session asks
+    let r = fx.refuse_req(
+        &in_conv(&b, "s2", "wake_take", json!({})),
+        "wake_not_takeable",
+    );
+    assert!(r.message.contains(&launch), "{r}");
+
+    // another session's reply resolves the obligation but proves nothing for this launch
+    let p2 = sent(&mut fx, &a, json!({"text": "and this"}));
+    let second = p2["obligation_ids"][0].as_str().unwrap().to_string();
+    sync_in(&mut fx, &b, "s1", "coord");
+    ok_in(
+        &mut fx,
+        &b,
+        "s1",
+        "reply",
+        json!({"room": "coord", "reply_to": obligation, "text": "looked"}),
+    );
+    let p = settled(&mut fx, &source);
+    assert_eq!(p["state"], "replied", "{p}");
+    assert_eq!(p["launches"][0]["outcome"], "replied");
+    assert_eq!(p["launches"][0]["proof"], "replied");
+    let sessions = fx.ok(None, "sessions_list", json!({"agent": "beta"}));
+    assert_eq!(
+        sessions["sessions"][0]["id"], "sf_mcp_beta.s1",
+        "{sessions}"
+    );
+
+    // the next permit, taken in s2 and answered from s1: no credit
+    let t2 = ok_in(&mut fx, &b, "s2", "wake_take", json!({"room": "coord"}));
+    assert_eq!(t2["taken"]["obligation_ids"], json!([second]), "{t2}");
+    sync_in(&mut fx, &b, "s1", "coord");
+    ok_in(
+        &mut fx,
+        &b,
+        "s1",
+        "reply",
+        json!({"room": "coord", "reply_to": second, "text": "from elsewhere"}),
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1_500));
+    let p2 = permit(&mut fx, p2["source_event"].as_str().unwrap());
+    assert_eq!(p2["launches"][0]["state"], "running", "{p2}");
+}
+
+#[test]
+fn a_taken_wake_times_out_at_its_sealed_deadline_and_its_obligation_stays_open() {
+    let mut fx = Fx::new();
+    fx.write_config("[dispatch]\nuntasked_deadline_ms = 1500\n");
+    let (a, b, _) = fx.team("coord");
+    let p = sent(&mut fx, &a, json!({}));
+    assert_eq!(p["deadline_ms"], 1500, "the configured deadline is sealed");
+    let source = p["source_event"].as_str().unwrap().to_string();
+    ok_in(&mut fx, &b, "s1", "wake_take", json!({}));
+    let p = settled(&mut fx, &source);
+    let l = &p["launches"][0];
+    assert_eq!(
+        (&l["outcome"], &l["proof"]),
+        (&json!("timed_out"), &json!("delivered_to_body")),
+        "{p}"
+    );
+    assert_eq!(p["state"], "failed");
+    assert_eq!(
+        beta_obligations(&mut fx, &b),
+        1,
+        "a timeout answers nothing"
+    );
+    // and the recipient is free again: nothing is queued, so nothing is taken
+    let none = ok_in(&mut fx, &b, "s1", "wake_take", json!({}));
+    assert_eq!(none["taken"], Value::Null, "{none}");
+}
+
+#[test]
+fn a_take_is_refused_for_an_unknown_or_dead_wake_a_bare_event_and_a_foreign_room() {
+    let mut fx = Fx::new();
+    let (a, b, _) = fx.team("coord");
+    let p = sent(&mut fx, &a, json!({}));
+    let source = p["source_event"].as_str().unwrap().to_string();
+    let r = fx.refuse(
+        Some(&b),
+        "wake_take",
+        json!({"source_event": source}),
+        "invalid_argument",
+    );
+    assert_eq!(r.detail["field"], "room", "{r}");
+    fx.refuse(
+        Some(&b),
+        "wake_take",
+        json!({"room": "coord", "source_event": "evt_00000000deadbeef"}),
+        "not_found",
+    );
+    fx.refuse(
+        Some(&b),
+        "wake_take",
+        json!({"room": "coord", "nope": 1}),
+        "invalid_argument",
+    );
+    fx.ok(
+        None,
+        "room_create",
+        json!({"name": "other", "members": ["alpha"]}),
+    );
+    fx.refuse(
+        Some(&b),
+        "wake_take",
+        json!({"room": "other"}),
+        "room_not_member",
+    );
+    // a dead-lettered permit is not taken
+    let b2 = fx.ok(None, "agent_rotate", json!({"name": "beta"}))["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    dead(&mut fx, &p, "wake_recipient_registration_changed");
+    let r = fx.refuse(
+        Some(&b2),
+        "wake_take",
+        json!({"room": "coord", "source_event": source}),
+        "wake_not_takeable",
+    );
+    assert!(r.message.contains("dead"), "{r}");
+    let none = fx.ok(Some(&b2), "wake_take", json!({}));
+    assert_eq!(none["taken"], Value::Null);
+}
+
+#[test]
+fn a_routed_agent_s_wakes_are_the_dispatcher_s_not_its_session_s() {
+    let mut fx = Fx::new();
+    let (_, b, _) = fx.team("coord");
+    fx.write_config("[routes.beta]\nadapter = \"script\"\nsteps = [\"hang\"]\n");
+    let r = fx.refuse(Some(&b), "wake_take", json!({}), "wake_not_takeable");
+    assert!(r.message.contains("has a route"), "{r}");
+}

@@ -322,9 +322,10 @@ pub trait ControlStore: Send {
     fn wake(&self, room: &str, agent: &str, source_event: &str) -> Result<Option<WakeRow>>;
     /// Queued permits of these agents, oldest first, at most `limit` in all.
     fn wakes_queued_of(&self, agents: &[String], limit: usize) -> Result<Vec<WakeRow>>;
-    /// Record a launch of a queued permit, which becomes `dispatched`, in one transaction (an
-    /// error when the permit is not queued: two launches of one permit never exist).
-    fn insert_launch(&mut self, l: &crate::control::LaunchRow) -> Result<()>;
+    /// Record a launch of a queued permit, which becomes `dispatched`, in one transaction;
+    /// false, with nothing written, when the permit is not queued any more (taken by another
+    /// launch or dead-lettered meanwhile): two launches of one permit never exist.
+    fn insert_launch(&mut self, l: &crate::control::LaunchRow) -> Result<bool>;
     fn launch(&self, id: &str) -> Result<Option<crate::control::LaunchRow>>;
     fn launch_by_secret(&self, secret_sha256: &str) -> Result<Option<crate::control::LaunchRow>>;
     /// An agent's launches, newest first, at most `limit`.

@@ -246,6 +246,11 @@ INSERT INTO meta (key, value) VALUES ('break_glass', '0');
     r#"
 ALTER TABLE tasks ADD COLUMN stage TEXT NOT NULL DEFAULT '[]';
 "#,
+    // a session launch: a permit its agent took in its own MCP session, correlated by that
+    // session's conversation (a worker launch has none: its conversation is `wake:<launch>`)
+    r#"
+ALTER TABLE launches ADD COLUMN conversation TEXT;
+"#,
 ];
 
 /// Holds one listing shows at most (oldest first).
@@ -435,6 +440,9 @@ pub struct LaunchRow {
     /// The control epoch and the room's cancel generation it was dispatched under.
     pub control_epoch: u64,
     pub cancel_gen: u64,
+    /// A session launch's conversation: the agent's own MCP session that took the permit and
+    /// whose reply answers it. None for a worker process (its conversation is `wake:<id>`).
+    pub conversation: Option<String>,
 }
 
 /// How a launch ended, as `launch_ended` records it.
@@ -450,7 +458,7 @@ pub struct LaunchEnd {
     pub session: Option<SessionRow>,
 }
 
-const LAUNCH_COLS: &str = "id, room, agent, source_event, secret_sha256, permit_sha256, state, pid, created_ms, not_after_ms, ended_ms, outcome, proof, detail, delivery, started_ms, control_epoch, cancel_gen";
+const LAUNCH_COLS: &str = "id, room, agent, source_event, secret_sha256, permit_sha256, state, pid, created_ms, not_after_ms, ended_ms, outcome, proof, detail, delivery, started_ms, control_epoch, cancel_gen, conversation";
 
 fn launch_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<LaunchRow> {
     Ok(LaunchRow {
@@ -472,6 +480,7 @@ fn launch_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<LaunchRow> {
         started_ms: r.get::<_, Option<i64>>(15)?.map(u),
         control_epoch: u(r.get(16)?),
         cancel_gen: u(r.get(17)?),
+        conversation: r.get(18)?,
     })
 }
 
@@ -1796,7 +1805,7 @@ impl ControlStore for SqliteControl {
         Ok(out)
     }
 
-    fn insert_launch(&mut self, l: &LaunchRow) -> Result<()> {
+    fn insert_launch(&mut self, l: &LaunchRow) -> Result<bool> {
         self.write(|c| {
             let tx = c.conn.transaction()?;
             let n = tx.execute(
@@ -1805,20 +1814,19 @@ impl ControlStore for SqliteControl {
                 params![l.room, l.agent, l.source_event],
             )?;
             if n != 1 {
-                return Err(StoreError::Corrupt(format!(
-                    "launch {} of a permit that is not queued",
-                    l.id
-                )));
+                // taken or dead-lettered meanwhile: nothing is written
+                return Ok(false);
             }
             tx.execute(
-                &format!("INSERT INTO launches ({LAUNCH_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)"),
+                &format!("INSERT INTO launches ({LAUNCH_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)"),
                 params![l.id, l.room, l.agent, l.source_event, l.secret_sha256, l.permit_sha256,
                     l.state, l.pid.map(i64::from), l.created_ms as i64, l.not_after_ms as i64,
                     l.ended_ms.map(|v| v as i64), l.outcome, l.proof, l.detail, l.delivery,
-                    l.started_ms.map(|v| v as i64), l.control_epoch as i64, l.cancel_gen as i64],
+                    l.started_ms.map(|v| v as i64), l.control_epoch as i64, l.cancel_gen as i64,
+                    l.conversation],
             )?;
             tx.commit()?;
-            Ok(())
+            Ok(true)
         })
     }
 

@@ -5,7 +5,7 @@
 use crate::wire::{
     CancelArgs, ComposeArgs, EvidenceArgs, OpArgs, OpBeginArgs, SourceReadArgs, SyncArgs,
     TaskAmendArgs, TaskArgs, TaskClaimArgs, TaskCreateArgs, TaskProposeArgs, TaskSupersedeArgs,
-    TurnWire,
+    TurnWire, WakeTakeArgs,
 };
 use schemars::JsonSchema;
 use schemars::generate::SchemaSettings;
@@ -126,6 +126,7 @@ fn multiplexer_schema(actions: &[&str]) -> Value {
         input_schema::<OpBeginArgs>(),
         input_schema::<OpArgs>(),
         input_schema::<EvidenceArgs>(),
+        input_schema::<WakeTakeArgs>(),
     ] {
         let Some(Value::Object(p)) = schema.get("properties") else {
             continue;
@@ -310,6 +311,13 @@ one source it answers them; with open items from several sources it is refused (
             ),
         },
         ToolDef {
+            name: "room_wake_take",
+            op: "wake_take",
+            description: "Take your oldest queued wake (work sent to you) when no worker is routed to you. \
+Answer its obligation_ids with room_reply from this session before not_after_ms: that is the proof.",
+            input: object(input_schema::<WakeTakeArgs>()),
+        },
+        ToolDef {
             name: "room_compose",
             op: "room_compose",
             description: "Read several rooms together in causal order (read only: confirms nothing, passes no gate). \
@@ -411,7 +419,7 @@ obligations stay open, unresolved operations are held for reconciliation.",
     tools.push(ToolDef {
         name: "room",
         op: "room",
-        description: "Multiplexer for every Room action: set action to one of whoami, list, sync, room_compose, note, say, reply, send, handoff, done, blocked, decline, circle, \
+        description: "Multiplexer for every Room action: set action to one of whoami, list, sync, room_compose, note, say, reply, send, handoff, done, blocked, decline, circle, wake_take, \
 task_create, task_claim, task_show, task_check, task_amend, task_supersede, task_propose, source_read, evidence_register, op_begin, op_effect, op_resolve, and pass that action's arguments (as its own tool takes them) alongside.",
         input: multiplexer_schema(&actions),
     });
