@@ -752,6 +752,27 @@ mod tests {
     }
 
     #[test]
+    fn wake_deadlines_default_to_the_seed_s_and_load_only_within_their_bounds() {
+        let p = check_config(b"").unwrap();
+        assert_eq!(
+            (p.untasked_deadline_ms, p.tasked_deadline_ms),
+            (60_000, 1_200_000)
+        );
+        let p = check_config(b"[dispatch]\ntasked_deadline_ms = 1500\n").unwrap();
+        assert_eq!(
+            (p.untasked_deadline_ms, p.tasked_deadline_ms),
+            (60_000, 1_500)
+        );
+        for bad in [
+            "[dispatch]\nuntasked_deadline_ms = 999\n",
+            "[dispatch]\ntasked_deadline_ms = 86400001\n",
+        ] {
+            let why = check_config(bad.as_bytes()).err().expect(bad);
+            assert!(why.contains("deadline_ms"), "{why}");
+        }
+    }
+
+    #[test]
     fn an_edit_of_the_same_size_within_one_timestamp_tick_is_seen() {
         let t = tempfile::tempdir().unwrap();
         let path = t.path().join("config.toml");

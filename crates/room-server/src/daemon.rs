@@ -585,7 +585,7 @@ pub async fn serve(
             };
             let engine = engine.clone();
             tokio::spawn(async move {
-                if let Err(e) = connection(stream, engine, evidence, ticket, limits).await {
+                if let Err(e) = connection(stream, engine, evidence, ticket, limits, None).await {
                     limited!(debug, "socket_conn_ended", "connection ended: {e}");
                 }
             });
@@ -615,12 +615,19 @@ pub async fn serve(
     Ok(())
 }
 
+/// A broker connection's peer, checked again before each of its requests: still a process of
+/// the launch's job running a pinned program (a process admitted at connect that then `exec`s
+/// another program, or hands the socket to one and exits, is refused from then on). `Err` is
+/// the refusal it is answered with before the connection closes.
+pub(crate) type PeerCheck = Arc<dyn Fn() -> Result<(), Box<Response>> + Send + Sync>;
+
 pub(crate) async fn connection(
     stream: UnixStream,
     engine: Arc<Engine>,
     evidence: Evidence,
     ticket: Ticket,
     limits: Limits,
+    peer: Option<PeerCheck>,
 ) -> std::io::Result<()> {
     let transport = Transport::UnixSocket(evidence);
     let (read, mut write) = stream.into_split();
@@ -665,6 +672,20 @@ pub(crate) async fn connection(
             return Ok(());
         }
         let _busy = ticket.busy();
+        if let Some(check) = &peer {
+            let check = check.clone();
+            let held = tokio::task::spawn_blocking(move || check()).await;
+            let refused = match held {
+                Ok(Ok(())) => None,
+                Ok(Err(r)) => Some(*r),
+                Err(e) => Some(Response::refused(Refusal::storage(e))),
+            };
+            if let Some(r) = refused {
+                let _ =
+                    tokio::time::timeout(limits.body_read, write_response(&mut write, &r)).await;
+                return Ok(());
+            }
+        }
         let resp = if line.len() > REQUEST_BYTES_MAX {
             let r = Response::refused(
                 Refusal::new(

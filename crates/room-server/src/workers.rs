@@ -621,6 +621,7 @@ fn bind_broker(dir: &Path) -> Result<tokio::net::UnixListener, String> {
 /// Serve a launch's broker: a connection is admitted only from a process inside the launch's
 /// job (`SO_PEERCRED`, then the job's own kernel object) that runs a program pinned for the
 /// launch (`room_exec::bridge`); anything else is answered `broker_peer_refused` and closed.
+/// The same check runs again before each request of an admitted connection.
 /// An admitted one is served as the daemon's socket is, as a worker (never the owner), and
 /// only under the launch's own credential.
 async fn serve_broker(
@@ -641,24 +642,21 @@ async fn serve_broker(
             .ok()
             .and_then(|c| c.pid())
             .map_or(0, |p| p.cast_unsigned());
+        let check = peer_check(&launch, pid, &member, &pinned);
         let checked = {
-            let (m, p) = (member.clone(), pinned.clone());
-            tokio::task::spawn_blocking(move || {
-                if !m.contains(pid) {
-                    return Err((
-                        "outside_job",
-                        "it is not a process of the launch's job".to_string(),
-                    ));
-                }
-                p.admits(pid).map_err(|why| ("program", why))
-            })
-            .await
-            .unwrap_or_else(|e| Err(("program", e.to_string())))
+            let check = check.clone();
+            tokio::task::spawn_blocking(move || check()).await
         };
-        if let Err((reason, why)) = checked {
-            tracing::warn!(launch = %launch, pid, reason, "broker: a peer was refused: {why}");
-            tokio::spawn(refuse_peer(stream, launch.clone(), pid, reason, why));
-            continue;
+        match checked {
+            Ok(Ok(())) => {}
+            Ok(Err(r)) => {
+                tokio::spawn(refuse_peer(stream, *r));
+                continue;
+            }
+            Err(e) => {
+                tracing::error!(launch = %launch, "broker: the peer check panicked: {e}");
+                continue;
+            }
         }
         let Some(ticket) = conns.admit(format!("pid {pid}")) else {
             continue;
@@ -669,26 +667,47 @@ async fn serve_broker(
         };
         let engine = engine.clone();
         tokio::spawn(async move {
-            let _ = crate::daemon::connection(stream, engine, evidence, ticket, limits).await;
+            let _ =
+                crate::daemon::connection(stream, engine, evidence, ticket, limits, Some(check))
+                    .await;
         });
     }
 }
 
-async fn refuse_peer(
-    mut stream: tokio::net::UnixStream,
-    launch: String,
+/// The check a broker peer passes at connect and again before each request: a process of
+/// the launch's job (`Membership`) that runs a program pinned for the launch.
+fn peer_check(
+    launch: &str,
     pid: u32,
-    reason: &'static str,
-    why: String,
-) {
-    let r = crate::wire::Response::refused(
-        room_core::Refusal::new(
-            room_core::Code::BrokerPeerRefused,
-            format!("pid {pid} may not reach launch {launch}'s broker: {why}"),
-        )
-        .detail(json!({"launch": launch, "pid": pid, "reason": reason}))
-        .hint("reach Room through the room binary (room mcp, room api) or name the program in the route's broker_programs"),
-    );
+    member: &room_exec::job::Membership,
+    pinned: &room_exec::bridge::Pinned,
+) -> crate::daemon::PeerCheck {
+    let (launch, m, p) = (launch.to_string(), member.clone(), pinned.clone());
+    std::sync::Arc::new(move || {
+        let (reason, why) = if !m.contains(pid) {
+            (
+                "outside_job",
+                "it is not a process of the launch's job".to_string(),
+            )
+        } else {
+            match p.admits(pid) {
+                Ok(()) => return Ok(()),
+                Err(why) => ("program", why),
+            }
+        };
+        tracing::warn!(launch = %launch, pid, reason, "broker: a peer was refused: {why}");
+        Err(Box::new(crate::wire::Response::refused(
+            room_core::Refusal::new(
+                room_core::Code::BrokerPeerRefused,
+                format!("pid {pid} may not reach launch {launch}'s broker: {why}"),
+            )
+            .detail(json!({"launch": launch, "pid": pid, "reason": reason}))
+            .hint("reach Room through the room binary (room mcp, room api) or name the program in the route's broker_programs"),
+        )))
+    })
+}
+
+async fn refuse_peer(mut stream: tokio::net::UnixStream, r: crate::wire::Response) {
     let mut bytes = serde_json::to_vec(&r).expect("responses serialize");
     bytes.push(b'\n');
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), stream.write_all(&bytes)).await;

@@ -770,6 +770,10 @@ fn a_worker_reaches_neither_the_owner_socket_nor_the_state_dir_only_its_broker()
     // program nor Room's
     assert_eq!(seen["other_program"], "broker_peer_refused", "{seen}");
     assert_eq!(seen["other_program_reason"], "program", "{seen}");
+    // admitted at connect, refused once it runs another program on the same connection
+    assert_eq!(seen["before_exec"], "ok", "{seen}");
+    assert_eq!(seen["after_exec"], "broker_peer_refused", "{seen}");
+    assert_eq!(seen["after_exec_reason"], "program", "{seen}");
     let agents = fx.ok(None, "agent_list", json!({}));
     assert!(
         !agents.to_string().contains("intruder"),

@@ -59,6 +59,35 @@ if mode == "probe":
         seen["other_program_reason"] = answer.get("refusal", {}).get("detail", {}).get("reason")
     except ValueError:
         seen["other_program"] = "no answer: " + out.stderr
+    # a process admitted at connect (a fork of this worker, the route's program) that then
+    # execs another program with the connection open is refused from its next request
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(os.environ["ROOM_SOCKET"])
+            fh = s.makefile("rwb")
+            fh.write(json.dumps({"op": "whoami", "token": token, "args": {}}).encode() + b"\n")
+            fh.flush()
+            first = code(json.loads(fh.readline()))
+            fd = s.detach()
+            os.set_inheritable(fd, True)
+            os.dup2(w, 1)
+            again = ("open(my $s, '+<&=', %d) or die $!; select((select($s), $| = 1)[0]);"
+                     " print $s '{\"op\":\"whoami\",\"token\":\"' . $ENV{ROOM_TOKEN} . '\",\"args\":{}}' . \"\\n\";"
+                     " my $l = <$s>; print STDOUT '%s ' . (defined $l ? $l : '{}');") % (fd, first)
+            os.execv("/usr/bin/perl", ["perl", "-e", again])
+        finally:
+            os._exit(1)
+    os.close(w)
+    with os.fdopen(r) as out:
+        before, _, after = out.read().partition(" ")
+    os.waitpid(child, 0)
+    seen["before_exec"] = before
+    after = json.loads(after) if after.strip() else {}
+    seen["after_exec"] = code(after) if after else "closed"
+    seen["after_exec_reason"] = after.get("refusal", {}).get("detail", {}).get("reason")
     seen["state_dir_entries"] = sorted(os.listdir(os.environ["ROOM_STATE_DIR"]))
     if len(sys.argv) > 2:
         # a TCP listener of the test, on this machine's loopback
