@@ -545,6 +545,7 @@ impl Engine {
             control_epoch: b.control_epoch,
             cancel_gen: room_gen,
             conversation: None,
+            severed: None,
         };
         if !self.control().insert_launch(&row).map_err(store_err)? {
             // taken in its agent's own session or dead-lettered since it was revalidated
@@ -827,6 +828,40 @@ impl Engine {
             ));
         }
         Ok(Some(l))
+    }
+
+    /// Whether launch `id` still acts for its agent: running, the agent not revoked, the permit
+    /// it was claimed with still the queue's. Its broker asks between the chunks of a response.
+    pub fn launch_stands(&self, id: &str) -> Outcome<()> {
+        let c = self.control();
+        let l = c
+            .launch(id)
+            .map_err(store_err)?
+            .ok_or_else(|| refuse(Code::NotFound, format!("no launch {id}")))?;
+        let revoked = |why: String| refuse(Code::CredentialRevoked, why);
+        if l.state != RUNNING || self.now_ms() > l.not_after_ms {
+            return Err(revoked(format!("launch {id} is {}", l.state)));
+        }
+        if !permit_stands(&**c, &l)? {
+            return Err(revoked(format!(
+                "the permit launch {id} was claimed with changed"
+            )));
+        }
+        match c.agent(&l.agent).map_err(store_err)? {
+            Some(a) if a.revoked_ms.is_none() => Ok(()),
+            _ => Err(revoked(format!("{} is revoked", l.agent))),
+        }
+    }
+
+    /// A broker response cut off mid-write because launch `id` stopped standing: recorded on
+    /// the launch (the first one), never followed by another frame.
+    pub fn launch_severed(&self, id: &str, detail: Value) -> Outcome<bool> {
+        let mut detail = detail;
+        detail["code"] = json!("severed_mid_response");
+        detail["at_ms"] = json!(self.now_ms());
+        self.control()
+            .launch_severed(id, &detail.to_string())
+            .map_err(store_err)
     }
 
     /// A launch whose job was stopped but not seen empty: `unconfirmed`. Its credential stops

@@ -156,6 +156,7 @@ impl Engine {
             control_epoch: b.control_epoch,
             cancel_gen,
             conversation: Some(conversation.to_string()),
+            severed: None,
         };
         if !self.control().insert_launch(&row).map_err(store_err)? {
             return Err(not_takeable(format!(

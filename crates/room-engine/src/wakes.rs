@@ -284,6 +284,10 @@ impl Engine {
                 "proof": l.proof.as_deref().unwrap_or("dispatched"),
                 "adapter": detail["adapter"], "job": detail["job"],
                 "delivery": l.delivery.as_deref().and_then(|d| serde_json::from_str::<Value>(d).ok())}));
+            if let Some(cut) = l.severed.as_deref() {
+                let last = out.last_mut().expect("just pushed");
+                last["severed_mid_response"] = serde_json::from_str(cut).unwrap_or(json!(cut));
+            }
         }
         json!(out)
     }

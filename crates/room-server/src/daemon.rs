@@ -699,11 +699,96 @@ pub(crate) async fn connection(
         } else {
             decode_and_handle(&engine, transport.clone(), &line, None).await
         };
+        if let (
+            Some(_),
+            Transport::UnixSocket(Evidence::Worker {
+                launch: Some(l), ..
+            }),
+        ) = (&peer, &transport)
+        {
+            if !write_severable(&mut write, &resp, &engine, l, &limits).await? {
+                return Ok(());
+            }
+            continue;
+        }
         // a peer that does not read its answers does not hold the connection either
         match tokio::time::timeout(limits.body_read, write_response(&mut write, &resp)).await {
             Ok(r) => r?,
             Err(_) => return Ok(()),
         }
+    }
+}
+
+/// A broker response leaves in chunks of this size, the launch's authority checked again
+/// before each one after the first.
+pub(crate) const BROKER_CHUNK_BYTES: usize = 4096;
+/// How often a chunk the worker is slow to take waits before the launch's authority is
+/// checked again.
+const BROKER_RECHECK_MS: u64 = 200;
+
+/// Write a broker response while launch `launch` stands: a revocation while it is partly
+/// written cuts it there (`severed_mid_response`, recorded on the launch) and closes the
+/// connection, never a second frame that would contradict the first part. False when the
+/// connection is to close.
+async fn write_severable(
+    w: &mut tokio::net::unix::OwnedWriteHalf,
+    r: &Response,
+    engine: &Arc<Engine>,
+    launch: &str,
+    limits: &Limits,
+) -> std::io::Result<bool> {
+    let mut bytes = serde_json::to_vec(r)?;
+    bytes.push(b'\n');
+    let total = bytes.len();
+    let started = std::time::Instant::now();
+    let mut sent = 0;
+    for chunk in bytes.chunks(BROKER_CHUNK_BYTES) {
+        let mut write = std::pin::pin!(w.write_all(chunk));
+        loop {
+            let stands = sent == 0 || launch_stands(engine, launch).await;
+            let cut = if !stands {
+                Some("revoked between chunks")
+            } else {
+                tokio::select! {
+                    done = &mut write => match done {
+                        Ok(()) => break,
+                        // the peer went away: a cut by a revocation only if its authority went
+                        Err(_) if sent > 0 && !launch_stands(engine, launch).await => Some("revoked while the worker was stopped"),
+                        Err(e) => return Err(e),
+                    },
+                    _ = tokio::time::sleep(std::time::Duration::from_millis(BROKER_RECHECK_MS)) => {
+                        if started.elapsed() > limits.body_read {
+                            return Ok(false); // a peer that does not read its answers
+                        }
+                        None
+                    }
+                }
+            };
+            if let Some(how) = cut {
+                severed(engine, launch, sent, total, how).await;
+                return Ok(false);
+            }
+        }
+        sent += chunk.len();
+    }
+    Ok(true)
+}
+
+async fn launch_stands(engine: &Arc<Engine>, launch: &str) -> bool {
+    let (e, id) = (engine.clone(), launch.to_string());
+    tokio::task::spawn_blocking(move || e.launch_stands(&id).is_ok())
+        .await
+        .unwrap_or(false)
+}
+
+async fn severed(engine: &Arc<Engine>, launch: &str, sent: usize, total: usize, how: &str) {
+    tracing::warn!(launch, sent, total, "a broker response was severed: {how}");
+    let (e, id) = (engine.clone(), launch.to_string());
+    let detail = serde_json::json!({"bytes_sent": sent, "bytes_total": total, "how": how});
+    match tokio::task::spawn_blocking(move || e.launch_severed(&id, detail)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(r)) => tracing::error!(launch, "a severed response was not recorded: {r}"),
+        Err(e) => tracing::error!(launch, "recording a severed response panicked: {e}"),
     }
 }
 

@@ -29,6 +29,9 @@ use std::sync::{Arc, Mutex};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::oneshot;
 
+/// A broker connection's send buffer (the kernel doubles it): a few chunks of a response.
+const BROKER_SNDBUF_BYTES: usize = 2 * crate::daemon::BROKER_CHUNK_BYTES;
+
 /// How often the observer looks at every running launch's authority (and at once on any
 /// change a call announces).
 const OBSERVE_MS: u64 = 1_000;
@@ -642,6 +645,13 @@ async fn serve_broker(
             .ok()
             .and_then(|c| c.pid())
             .map_or(0, |p| p.cast_unsigned());
+        // a response leaves only as fast as the worker takes it, so that a revocation while it
+        // is partly written still cuts it (`daemon::write_severable`)
+        if let Err(e) =
+            rustix::net::sockopt::set_socket_send_buffer_size(&stream, BROKER_SNDBUF_BYTES)
+        {
+            tracing::warn!(launch = %launch, "broker: the send buffer keeps its size: {e}");
+        }
         let check = peer_check(&launch, pid, &member, &pinned);
         let checked = {
             let check = check.clone();

@@ -249,14 +249,15 @@ fn sync_in(fx: &mut Fx, token: &str, conv: &str, room: &str) {
 }
 
 /// The permit of `source` once its newest launch has ended (the observer settles session
-/// launches once a second).
+/// launches once a second). The list reads the permit, then its launches: both must show it.
 fn settled(fx: &mut Fx, source: &str) -> Value {
     for _ in 0..100 {
         let p = permit(fx, source);
-        if p["launches"]
-            .as_array()
-            .and_then(|l| l.last())
-            .is_some_and(|l| l["state"] == "ended")
+        if p["state"] != "dispatched"
+            && p["launches"]
+                .as_array()
+                .and_then(|l| l.last())
+                .is_some_and(|l| l["state"] == "ended")
         {
             return p;
         }

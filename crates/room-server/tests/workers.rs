@@ -790,6 +790,61 @@ fn a_worker_reaches_neither_the_owner_socket_nor_the_state_dir_only_its_broker()
 }
 
 #[test]
+fn a_revocation_while_a_broker_response_is_partly_written_severs_it_and_is_recorded() {
+    let mut fx = Fx::new();
+    let (a, _, _) = fx.team("coord");
+    // a room long enough that beta's first page is many chunks
+    fx.sync_all(&a, "coord");
+    for i in 0..40 {
+        let text = format!("{i} {}", "x".repeat(900));
+        fx.ok(Some(&a), "note", json!({"room": "coord", "text": text}));
+    }
+    route(&fx, "sever", 30_000);
+    let src = send(&mut fx, &a, "read it all");
+    let start = Instant::now();
+    let read_some = |fx: &Fx| {
+        let Some(Ok(d)) = std::fs::read_dir(fx.state.join("workers"))
+            .ok()
+            .and_then(|mut d| d.next())
+        else {
+            return false;
+        };
+        std::fs::read_to_string(d.path().join("stdout.log"))
+            .is_ok_and(|out| out.contains("\"partial\""))
+    };
+    while !read_some(&fx) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the worker never read"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    fx.ok(None, "agent_revoke", json!({"name": "beta"}));
+    let w = settled(&mut fx, &src, &["queued", "dispatched"]);
+    let start = Instant::now();
+    let l = loop {
+        let all = fx.ok(None, "wakes_list", json!({}));
+        let l = all["wakes"][0]["launches"][0].clone();
+        if l.get("severed_mid_response").is_some() {
+            break l;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "nothing recorded: {w}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let cut = &l["severed_mid_response"];
+    assert_eq!(cut["code"], "severed_mid_response", "{l}");
+    let (sent, total) = (
+        cut["bytes_sent"].as_u64().unwrap(),
+        cut["bytes_total"].as_u64().unwrap(),
+    );
+    assert!(sent > 0 && sent < total, "cut part-way: {cut}");
+    assert_eq!(sent % 4096, 0, "at a chunk's edge: {cut}");
+}
+
+#[test]
 fn a_program_a_route_names_in_broker_programs_reaches_the_broker() {
     let mut fx = Fx::new();
     let (a, _, _) = fx.team("coord");

@@ -341,6 +341,9 @@ pub trait ControlStore: Send {
     fn launches_live(&self) -> Result<Vec<crate::control::LaunchRow>>;
     /// A starting launch's process was claimed with `pid`; false when it was not starting.
     fn launch_running(&mut self, id: &str, pid: Option<u32>, at_ms: u64) -> Result<bool>;
+    /// Record that a broker response of the launch was cut off mid-write by a revocation
+    /// (`detail`, JSON); the first is kept: false when one was already recorded.
+    fn launch_severed(&mut self, id: &str, detail: &str) -> Result<bool>;
     /// A launch whose job was not seen empty when stopped: its credential stops working, it
     /// still counts as live (busy, capacity) until a stop sees it empty; false when it was not
     /// starting or running.

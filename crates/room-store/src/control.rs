@@ -250,6 +250,8 @@ ALTER TABLE tasks ADD COLUMN stage TEXT NOT NULL DEFAULT '[]';
     // session's conversation (a worker launch has none: its conversation is `wake:<launch>`)
     r#"
 ALTER TABLE launches ADD COLUMN conversation TEXT;
+-- a broker response cut off by a revocation while it was partly written: what was recorded
+ALTER TABLE launches ADD COLUMN severed TEXT;
 "#,
 ];
 
@@ -443,6 +445,9 @@ pub struct LaunchRow {
     /// A session launch's conversation: the agent's own MCP session that took the permit and
     /// whose reply answers it. None for a worker process (its conversation is `wake:<id>`).
     pub conversation: Option<String>,
+    /// A broker response a revocation cut off while it was partly written
+    /// (`severed_mid_response`), as JSON: the first such, kept.
+    pub severed: Option<String>,
 }
 
 /// How a launch ended, as `launch_ended` records it.
@@ -458,7 +463,7 @@ pub struct LaunchEnd {
     pub session: Option<SessionRow>,
 }
 
-const LAUNCH_COLS: &str = "id, room, agent, source_event, secret_sha256, permit_sha256, state, pid, created_ms, not_after_ms, ended_ms, outcome, proof, detail, delivery, started_ms, control_epoch, cancel_gen, conversation";
+const LAUNCH_COLS: &str = "id, room, agent, source_event, secret_sha256, permit_sha256, state, pid, created_ms, not_after_ms, ended_ms, outcome, proof, detail, delivery, started_ms, control_epoch, cancel_gen, conversation, severed";
 
 fn launch_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<LaunchRow> {
     Ok(LaunchRow {
@@ -481,6 +486,7 @@ fn launch_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<LaunchRow> {
         control_epoch: u(r.get(16)?),
         cancel_gen: u(r.get(17)?),
         conversation: r.get(18)?,
+        severed: r.get(19)?,
     })
 }
 
@@ -1818,12 +1824,12 @@ impl ControlStore for SqliteControl {
                 return Ok(false);
             }
             tx.execute(
-                &format!("INSERT INTO launches ({LAUNCH_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)"),
+                &format!("INSERT INTO launches ({LAUNCH_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)"),
                 params![l.id, l.room, l.agent, l.source_event, l.secret_sha256, l.permit_sha256,
                     l.state, l.pid.map(i64::from), l.created_ms as i64, l.not_after_ms as i64,
                     l.ended_ms.map(|v| v as i64), l.outcome, l.proof, l.detail, l.delivery,
                     l.started_ms.map(|v| v as i64), l.control_epoch as i64, l.cancel_gen as i64,
-                    l.conversation],
+                    l.conversation, l.severed],
             )?;
             tx.commit()?;
             Ok(true)
@@ -1884,6 +1890,16 @@ impl ControlStore for SqliteControl {
                 "UPDATE launches SET state = 'running', pid = ?2, started_ms = ?3
                  WHERE id = ?1 AND state = 'starting'",
                 params![id, pid.map(i64::from), at_ms as i64],
+            )?;
+            Ok(n == 1)
+        })
+    }
+
+    fn launch_severed(&mut self, id: &str, detail: &str) -> Result<bool> {
+        self.write(|c| {
+            let n = c.conn.execute(
+                "UPDATE launches SET severed = ?2 WHERE id = ?1 AND severed IS NULL",
+                params![id, detail],
             )?;
             Ok(n == 1)
         })

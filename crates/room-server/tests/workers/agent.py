@@ -2,7 +2,7 @@
 by its first argument, replies through the daemon socket with its one-launch credential
 (reply), exits without replying (exit), fails (fail), never ends, with a child (hang), exits
 leaving a grandchild that left its process group (escape), or never ends, ignoring SIGTERM,
-with such a grandchild (stubborn); reports what staging handed it (staged), or changes a
+with such a grandchild (stubborn); takes only the start of a page and waits (sever); reports what staging handed it (staged), or changes a
 read-only project only through proposals (propose)."""
 import json
 import os
@@ -24,6 +24,15 @@ if mode == "escape":
     # a grandchild in a session of its own (out of the worker's process group) outlives this exit
     child = subprocess.Popen(["/usr/bin/setsid", "/usr/bin/sleep", "600"])
     print(json.dumps({"child": child.pid}), flush=True)
+    sys.exit(0)
+if mode == "sever":
+    # asks for a page, takes only its first bytes, says so, and waits: the test revokes it then
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(os.environ["ROOM_SOCKET"])
+    s.sendall(json.dumps({"op": "sync", "token": token, "args": {"room": prompt["room"]}}).encode() + b"\n")
+    got = s.recv(256)
+    print(json.dumps({"partial": len(got)}), flush=True)
+    time.sleep(60)
     sys.exit(0)
 if mode == "probe":
     # what a worker can reach: the state dir's control.db, the owner's socket with no
