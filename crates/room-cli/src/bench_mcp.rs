@@ -480,21 +480,41 @@ async fn swarm_agent(
                 json!({"room": a.room, "to": [mate], "text": format!("{} to {mate}: {}", a.name, "a".repeat((next() % 400) as usize))}),
             )
         };
-        let (ok, mut v) = call(&mut client, &mut t, tool, args.clone()).await?;
+        let (mut ok, mut v) = call(&mut client, &mut t, tool, args.clone()).await?;
+        // a turn the gate sent back with the unread page: read it and try once more with its
+        // receipt as read_through (one call confirms and acts), as the tools tell a model to
+        let mut retried = false;
+        loop {
+            let refused_gated = !ok && gated(&v);
+            if let Some(page) = v
+                .refusal
+                .as_mut()
+                .and_then(|r| r.detail.take())
+                .and_then(|d| d.next_page)
+            {
+                assigned.extend(tasks_for(&page.items.unwrap_or_default(), &a.name));
+                handed = page.receipt;
+            }
+            let retry = match (&handed, retried || !refused_gated || tool == "task_create") {
+                (Some(r), false) => Some(r.clone()),
+                _ => None,
+            };
+            let Some(receipt) = retry else { break };
+            t.record(tool, ok, v, &done);
+            let mut again = args.clone();
+            again["read_through"] = json!(receipt);
+            (ok, v) = call(&mut client, &mut t, tool, again).await?;
+            retried = true;
+            if ok {
+                // the receipt was confirmed by the turn itself
+                handed = None;
+            }
+        }
         if tool == "room_done" && !ok && gated(&v) {
             // the gate sent it back to read first: finish it next time
             if let Some(task) = args["task"].as_str() {
                 claimed.push_front(task.to_string());
             }
-        }
-        if let Some(page) = v
-            .refusal
-            .as_mut()
-            .and_then(|r| r.detail.take())
-            .and_then(|d| d.next_page)
-        {
-            assigned.extend(tasks_for(&page.items.unwrap_or_default(), &a.name));
-            handed = page.receipt;
         }
         t.record(tool, ok, v, &done);
     }
