@@ -392,6 +392,9 @@ pub struct RouteArgs {
     /// Another program that may reach the launch's broker: one per flag.
     #[arg(long = "broker-program")]
     broker_programs: Vec<String>,
+    /// A label its sessions carry: one per flag.
+    #[arg(long = "tag")]
+    tags: Vec<String>,
 }
 
 #[derive(Subcommand, Debug)]

@@ -305,7 +305,7 @@ fn with_spawn_policy_never_a_wake_is_delivered_into_the_bound_session_or_not_at_
     env.ok(&["init"], None);
     let sessions_file = env.root.join("keeper-sessions.json");
     let config = format!(
-        "[routes.keeper]\nadapter = \"acp\"\ncommand = [{py:?}, {agent:?}, \"reply\", {file:?}]\nspawn_policy = \"never\"\n\n\
+        "[routes.keeper]\nadapter = \"acp\"\ncommand = [{py:?}, {agent:?}, \"reply\", {file:?}]\nspawn_policy = \"never\"\ntags = [\"team:parser\", \"keeper\"]\n\n\
          [routes.noload]\nadapter = \"acp\"\ncommand = [{py:?}, {agent:?}, \"reply\"]\nspawn_policy = \"never\"\n",
         py = py.display().to_string(),
         agent = agent_py.display().to_string(),
@@ -380,6 +380,14 @@ fn with_spawn_policy_never_a_wake_is_delivered_into_the_bound_session_or_not_at_
     );
     assert_eq!(s["lease"]["launch"], k[1]["launch"]);
     assert_eq!(s["transport"], "acp_stdio");
+    // the profile Room ran it under and the route's tags; no fork, so no parent
+    assert_eq!(
+        s["model_profile"],
+        json!({"adapter": "acp", "preset": null, "model": null}),
+        "{s}"
+    );
+    assert_eq!(s["tags"], json!(["team:parser", "keeper"]));
+    assert_eq!(s["parent"], Value::Null);
     let shown = env.ok(
         &["sessions", "show", s["id"].as_str().unwrap(), "--json"],
         None,

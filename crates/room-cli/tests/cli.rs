@@ -485,6 +485,8 @@ fn a_send_wakes_the_scripted_agent_which_replies() {
             "script",
             "--steps",
             "read,reply",
+            "--tag",
+            "reviewer",
         ],
         None,
     );
@@ -492,7 +494,7 @@ fn a_send_wakes_the_scripted_agent_which_replies() {
     let listed = json(&env.run(&["route", "list", "--json"], None));
     assert_eq!(
         listed["routes"]["beta"],
-        serde_json::json!({"adapter": "script", "steps": ["read", "reply"]}),
+        serde_json::json!({"adapter": "script", "steps": ["read", "reply"], "tags": ["reviewer"]}),
         "{listed}"
     );
     let bad = env.run(

@@ -622,12 +622,13 @@ impl Engine {
         proof: &str,
         now: u64,
     ) -> room_store::control::SessionRow {
-        let never = self
-            .policy()
-            .routes
-            .get(&l.agent)
-            .and_then(|r| r.spawn_policy.as_deref())
-            == Some("never");
+        let policy = self.policy();
+        let route = policy.routes.get(&l.agent);
+        let never = route.and_then(|r| r.spawn_policy.as_deref()) == Some("never");
+        // the profile Room ran it under: what the route asked for, never what a model claimed
+        let model = route.map(|r| {
+            json!({"adapter": r.adapter, "preset": r.preset, "model": r.model}).to_string()
+        });
         room_store::control::SessionRow {
             id: session_id(&s.host, &s.native),
             agent: l.agent.clone(),
@@ -635,7 +636,11 @@ impl Engine {
             native: s.native.clone(),
             cwd: s.cwd.clone(),
             transport: s.transport.clone(),
-            model: None,
+            model: if l.conversation.is_some() {
+                None
+            } else {
+                model
+            },
             proof: proof.into(),
             parent: None,
             launch: l.id.clone(),
@@ -644,6 +649,7 @@ impl Engine {
             bound: never,
             created_ms: now,
             updated_ms: now,
+            tags: route.map(|r| r.tags.clone()).unwrap_or_default(),
         }
     }
 

@@ -191,6 +191,10 @@ pub struct Route {
     /// anything else is refused; an interpreter runs a script, so name the interpreter).
     #[serde(default)]
     pub broker_programs: Vec<String>,
+    /// Labels its sessions carry in the session factory (at most 16, each 1–64 bytes of
+    /// letters, digits, `.`, `_`, `-`, `:`).
+    #[serde(default)]
+    pub tags: Vec<String>,
 }
 
 /// Programs a route may add to its broker's.
@@ -283,6 +287,8 @@ pub fn is_write_step(step: &str) -> bool {
     })
 }
 /// The longest route timeout.
+/// Tags one route may give its sessions.
+pub const ROUTE_TAGS_MAX: usize = 16;
 pub const ROUTE_TIMEOUT_MS_MAX: u64 = 60 * 60_000;
 
 fn check_route(agent: &str, r: &Route) -> Result<(), String> {
@@ -344,6 +350,20 @@ fn check_route(agent: &str, r: &Route) -> Result<(), String> {
                 "{at}.broker_programs: {p:?} is not an absolute path"
             ));
         }
+    }
+    if r.tags.len() > ROUTE_TAGS_MAX {
+        return Err(format!("{at}.tags: at most {ROUTE_TAGS_MAX}"));
+    }
+    if let Some(t) = r.tags.iter().find(|t| {
+        t.is_empty()
+            || t.len() > 64
+            || !t
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-:".contains(&b))
+    }) {
+        return Err(format!(
+            "{at}.tags: {t:?} is not 1-64 bytes of letters, digits, '.', '_', '-', ':'"
+        ));
     }
     if r.adapter != "script" && !r.steps.is_empty() {
         return Err(format!("{at}: steps are for the script adapter"));

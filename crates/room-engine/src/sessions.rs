@@ -10,11 +10,17 @@ use room_core::{Code, Refusal};
 use room_store::control::{SESSIONS_PAGE_MAX, SessionRow};
 use serde_json::{Value, json};
 
+/// A session as the owner reads it. `parent` is set only by a fork, which no adapter offers
+/// (`room adapters list`): it is null, never inferred from an earlier session.
 fn view(s: &SessionRow) -> Value {
+    let model = s
+        .model
+        .as_deref()
+        .map(|m| serde_json::from_str::<Value>(m).unwrap_or_else(|_| json!(m)));
     json!({"id": s.id, "agent": s.agent, "host": s.host, "native": s.native, "cwd": s.cwd,
-        "transport": s.transport, "model": s.model, "proof": s.proof, "parent": s.parent,
+        "transport": s.transport, "model_profile": model, "proof": s.proof, "parent": s.parent,
         "lease": {"launch": s.launch}, "launches": s.launches, "loadable": s.loadable,
-        "bound": s.bound, "created_ms": s.created_ms, "updated_ms": s.updated_ms})
+        "bound": s.bound, "tags": s.tags, "created_ms": s.created_ms, "updated_ms": s.updated_ms})
 }
 
 impl Engine {

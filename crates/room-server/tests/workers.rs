@@ -550,6 +550,10 @@ fn a_route_that_does_not_fit_its_adapter_fails_the_policy_closed_and_names_the_f
             "write:PATH",
         ),
         ("adapter = \"script\"\nsteps = [\"write:\"]", "steps"),
+        (
+            "adapter = \"script\"\nsteps = [\"read\"]\ntags = [\"a b\"]",
+            "tags",
+        ),
     ] {
         fx.write_config(&format!("[routes.beta]\n{route}\n"));
         let r = fx.refuse(

@@ -252,6 +252,8 @@ ALTER TABLE tasks ADD COLUMN stage TEXT NOT NULL DEFAULT '[]';
 ALTER TABLE launches ADD COLUMN conversation TEXT;
 -- a broker response cut off by a revocation while it was partly written: what was recorded
 ALTER TABLE launches ADD COLUMN severed TEXT;
+-- a session's tags, as its route gave them at its newest launch (a JSON list)
+ALTER TABLE sessions ADD COLUMN tags TEXT NOT NULL DEFAULT '[]';
 "#,
 ];
 
@@ -322,6 +324,8 @@ pub struct SessionRow {
     pub native: String,
     pub cwd: String,
     pub transport: String,
+    /// The model profile its newest launch ran under, as JSON (`{adapter, preset, model}` of
+    /// its route); none for a session that is the agent's own.
     pub model: Option<String>,
     /// The proof cursor: the rung its newest launch reached.
     pub proof: String,
@@ -335,9 +339,11 @@ pub struct SessionRow {
     pub bound: bool,
     pub created_ms: u64,
     pub updated_ms: u64,
+    /// The tags its route gave it at its newest launch.
+    pub tags: Vec<String>,
 }
 
-const SESSION_COLS: &str = "id, agent, host, native, cwd, transport, model, proof, parent, launch, launches, loadable, bound, created_ms, updated_ms";
+const SESSION_COLS: &str = "id, agent, host, native, cwd, transport, model, proof, parent, launch, launches, loadable, bound, created_ms, updated_ms, tags";
 
 fn session_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
     Ok(SessionRow {
@@ -356,6 +362,12 @@ fn session_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
         bound: r.get::<_, i64>(12)? != 0,
         created_ms: u(r.get(13)?),
         updated_ms: u(r.get(14)?),
+        tags: {
+            let text: String = r.get(15)?;
+            serde_json::from_str(&text).map_err(|e| {
+                rusqlite::Error::FromSqlConversionFailure(15, rusqlite::types::Type::Text, e.into())
+            })?
+        },
     })
 }
 
@@ -385,13 +397,15 @@ fn record_session(tx: &rusqlite::Transaction<'_>, s: &SessionRow) -> Result<()> 
     }
     tx.execute(
         &format!(
-            "INSERT INTO sessions ({SESSION_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 1, ?11, ?12, ?13, ?13)
+            "INSERT INTO sessions ({SESSION_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 1, ?11, ?12, ?13, ?13, ?14)
              ON CONFLICT(id) DO UPDATE SET proof = excluded.proof, launch = excluded.launch,
                launches = launches + 1, loadable = excluded.loadable,
-               bound = max(bound, excluded.bound), updated_ms = excluded.updated_ms"
+               bound = max(bound, excluded.bound), updated_ms = excluded.updated_ms,
+               model = excluded.model, tags = excluded.tags"
         ),
         params![s.id, s.agent, s.host, s.native, s.cwd, s.transport, s.model, s.proof, s.parent,
-            s.launch, i64::from(s.loadable), i64::from(s.bound), s.updated_ms as i64],
+            s.launch, i64::from(s.loadable), i64::from(s.bound), s.updated_ms as i64,
+            serde_json::to_string(&s.tags).expect("tags serialize")],
     )?;
     Ok(())
 }
