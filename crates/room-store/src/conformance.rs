@@ -48,6 +48,7 @@ pub const CASES: &[(&str, Case)] = &[
         control_task_specs_and_checks,
     ),
     ("control_wakes", control_wakes),
+    ("control_launches", control_launches),
     ("control_cancel_and_holds", control_cancel_and_holds),
     ("control_change_stamp", control_change_stamp),
     (
@@ -906,6 +907,78 @@ pub fn control_wakes(h: &mut dyn Harness) {
         dead,
         [("p1".to_string(), Some("wake_job_expired".to_string()))]
     );
+}
+
+/// A launch moves its queued permit to `dispatched` in the same transaction, and a second
+/// launch of that permit writes nothing (false); a session launch keeps its conversation; a
+/// severed response is recorded once; the end moves the permit; all of it survives reopening.
+pub fn control_launches(h: &mut dyn Harness) {
+    let store = h.fresh();
+    let launch = |id: &str, conversation: Option<&str>| crate::control::LaunchRow {
+        id: id.into(),
+        room: "a".into(),
+        agent: "x".into(),
+        source_event: "e1".into(),
+        secret_sha256: format!("secret-of-{id}"),
+        permit_sha256: "p".into(),
+        state: "running".into(),
+        pid: None,
+        created_ms: 10,
+        not_after_ms: 1_000,
+        ended_ms: None,
+        outcome: None,
+        proof: Some("delivered_to_body".into()),
+        detail: None,
+        delivery: None,
+        started_ms: Some(10),
+        control_epoch: 1,
+        cancel_gen: 0,
+        conversation: conversation.map(String::from),
+        severed: None,
+    };
+    {
+        let mut c = store.open_control().unwrap();
+        c.insert_room(&room("a", None), &[]).unwrap();
+        c.insert_wakes(&[WakeRow {
+            room: "a".into(),
+            agent: "x".into(),
+            source_event: "e1".into(),
+            created_ms: 5,
+            permit: "permit".into(),
+            state: crate::control::WAKE_QUEUED.into(),
+            reason: None,
+            detail: None,
+        }])
+        .unwrap();
+        assert!(c.insert_launch(&launch("l1", Some("s1"))).unwrap());
+        assert!(
+            !c.insert_launch(&launch("l2", None)).unwrap(),
+            "a permit no longer queued gets no second launch"
+        );
+        assert!(c.launch("l2").unwrap().is_none(), "and nothing was written");
+        let cut = r#"{"code":"severed_mid_response","bytes_sent":4096}"#;
+        assert!(c.launch_severed("l1", cut).unwrap());
+        assert!(!c.launch_severed("l1", "{}").unwrap(), "the first is kept");
+    }
+    let store = h.reopen();
+    let mut c = store.open_control().unwrap();
+    assert_eq!(c.wake("a", "x", "e1").unwrap().unwrap().state, "dispatched");
+    let l = c.launch("l1").unwrap().unwrap();
+    assert_eq!(l.conversation.as_deref(), Some("s1"));
+    assert!(l.severed.as_deref().unwrap().contains("4096"));
+    assert_eq!(c.launches_live().unwrap().len(), 1);
+    let end = crate::control::LaunchEnd {
+        at_ms: 20,
+        outcome: "replied".into(),
+        proof: "replied".into(),
+        detail: None,
+        wake_state: "replied".into(),
+        session: None,
+    };
+    assert!(c.launch_ended("l1", &end).unwrap());
+    assert!(!c.launch_ended("l1", &end).unwrap(), "ended once");
+    assert_eq!(c.wake("a", "x", "e1").unwrap().unwrap().state, "replied");
+    assert!(c.launches_live().unwrap().is_empty());
 }
 
 /// A read leaves the change stamp as it was; a write moves it.
