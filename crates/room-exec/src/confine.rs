@@ -11,8 +11,10 @@
 //! `ROOM_SOCKET`/`ROOM_STATE_DIR` therefore reaches the broker, which admits only processes of
 //! the launch's job and only the launch's own credential.
 //!
-//! The limit: cgroupfs stays visible, so a worker that sets out to can move itself out of its
-//! job's cgroup (see `job`); it still cannot see the state directory.
+//! The child also enters a cgroup namespace rooted at its job's leaf (it has entered the leaf
+//! by then), and every cgroup2 mount is hidden under an empty tmpfs: it can name no cgroup
+//! outside its job, so it cannot move itself out of it. A worker that is root (the daemon is)
+//! keeps the capabilities to undo a mount; one that is not loses them at its exec.
 
 use rustix::fs::{Mode, OFlags};
 use rustix::mount::{MountFlags, MountPropagationFlags};
@@ -38,6 +40,8 @@ struct Prepared {
     worker: CString,
     socket: CString,
     broker: CString,
+    /// The cgroup2 mounts to hide (read from mountinfo before the fork).
+    cgroup_mounts: Vec<CString>,
 }
 
 /// How a worker's view of the state directory is narrowed (see the module comment).
@@ -66,6 +70,11 @@ impl Confinement {
         }
         let uid = rustix::process::geteuid().as_raw();
         let gid = rustix::process::getegid().as_raw();
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
+        let cgroup_mounts = crate::job::cgroup2_mounts(&mountinfo)
+            .iter()
+            .map(|m| cstr(m))
+            .collect::<std::io::Result<Vec<_>>>()?;
         Ok(Confinement {
             p: Arc::new(Prepared {
                 root: uid == 0,
@@ -78,6 +87,7 @@ impl Confinement {
                 worker: cstr(&worker)?,
                 socket: cstr(socket)?,
                 broker: cstr(&worker.join("broker.sock"))?,
+                cgroup_mounts,
             }),
         })
     }
@@ -176,11 +186,13 @@ fn fd_path(fd: i32, buf: &mut [u8; 32]) -> &CStr {
 
 fn hide(p: &Prepared) -> rustix::io::Result<()> {
     use rustix::thread::UnshareFlags;
-    let net = if p.no_network {
-        UnshareFlags::NEWNET
-    } else {
-        UnshareFlags::empty()
-    };
+    // the cgroup namespace is rooted where the child is now: its job's leaf
+    let net = UnshareFlags::NEWCGROUP
+        | if p.no_network {
+            UnshareFlags::NEWNET
+        } else {
+            UnshareFlags::empty()
+        };
     if p.root {
         // SAFETY: the child has one thread; no descriptor table is unshared.
         unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWNS | net)? };
@@ -224,6 +236,15 @@ fn hide(p: &Prepared) -> rustix::io::Result<()> {
     )?;
     drop(sock);
     rustix::mount::mount_bind(p.broker.as_c_str(), p.socket.as_c_str())?;
+    for m in &p.cgroup_mounts {
+        rustix::mount::mount(
+            c"tmpfs",
+            m.as_c_str(),
+            c"tmpfs",
+            MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC | MountFlags::RDONLY,
+            c"mode=0555,size=4k",
+        )?;
+    }
     for (tree, flags) in &p.read_only {
         rustix::mount::mount_bind_recursive(tree.as_c_str(), tree.as_c_str())?;
         rustix::mount::mount_remount(

@@ -15,9 +15,11 @@
 //! ends what is left in them (`Jobs::reap_stale`).
 //!
 //! The limit: a worker runs as the daemon's uid, and the child must be able to write its
-//! leaf's `cgroup.procs`, so a worker that sets out to can move itself into another cgroup the
-//! uid may write (the daemon's own) and leave its job unseen. Closing that takes a cgroup
-//! namespace or another uid for workers (the broker work of active cancellation).
+//! leaf's `cgroup.procs`, so an unconfined worker that sets out to can move itself into
+//! another cgroup the uid may write (the daemon's own) and leave its job unseen. A confined
+//! worker (`confine`) is in a cgroup namespace rooted at its leaf, with every cgroup2 mount
+//! hidden under an empty tmpfs: it can name no cgroup outside its job (a worker that is root,
+//! because the daemon is, can undo a mount and is not held by this).
 
 use rustix::process::{Pid, Signal, kill_process};
 use std::io::Write;
@@ -547,6 +549,12 @@ fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
         let mount_point = left.split_whitespace().nth(4)?;
         (fstype == "cgroup2").then(|| PathBuf::from(unescape_mountinfo(mount_point)))
     })
+}
+
+/// Every mount point of the cgroup2 file system in a mountinfo text (what a confined worker
+/// must not see).
+pub(crate) fn cgroup2_mounts(mountinfo: &str) -> Vec<PathBuf> {
+    mountinfo.lines().filter_map(cgroup2_mount).collect()
 }
 
 /// mountinfo escapes space, tab, newline and backslash as octal (`\040`).

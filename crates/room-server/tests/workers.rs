@@ -784,6 +784,14 @@ fn a_worker_reaches_neither_the_owner_socket_nor_the_state_dir_only_its_broker()
         "nothing was enrolled: {agents}"
     );
     if confinable() {
+        // no cgroup outside its job can be named: the mounts are hidden, its namespace's root
+        // is its leaf
+        let escapes = seen["cgroup_escape"].as_array().unwrap();
+        assert!(
+            !escapes.is_empty() && escapes.iter().all(|e| e == "EROFS" || e == "ENOENT"),
+            "{seen}"
+        );
+        assert_eq!(seen["own_cgroup"], "0::/", "{seen}");
         assert_eq!(seen["control_db"], "FileNotFoundError", "{seen}");
         assert_eq!(
             seen["state_dir_entries"],

@@ -97,6 +97,20 @@ if mode == "probe":
     after = json.loads(after) if after.strip() else {}
     seen["after_exec"] = code(after) if after else "closed"
     seen["after_exec_reason"] = after.get("refusal", {}).get("detail", {}).get("reason")
+    # leaving its job: writing itself into a cgroup outside it, through every cgroup2 mount
+    escapes = []
+    for line in open("/proc/self/mountinfo"):
+        left, _, right = line.partition(" - ")
+        if right.split()[:1] == ["cgroup2"]:
+            try:
+                with open(os.path.join(left.split()[4], "cgroup.procs"), "w") as f:
+                    f.write(str(os.getpid()))
+                escapes.append("escaped")
+            except OSError as e:
+                import errno
+                escapes.append(errno.errorcode.get(e.errno, str(e.errno)))
+    seen["cgroup_escape"] = escapes
+    seen["own_cgroup"] = open("/proc/self/cgroup").read().strip().splitlines()[-1]
     seen["state_dir_entries"] = sorted(os.listdir(os.environ["ROOM_STATE_DIR"]))
     if len(sys.argv) > 2:
         # a TCP listener of the test, on this machine's loopback
