@@ -1552,3 +1552,33 @@ fn a_session_take_revalidates_like_dispatch_and_a_trip_ends_its_launch() {
     assert_eq!(l["outcome"], "stopped");
     assert_eq!(l["proof"], "delivered_to_body");
 }
+
+#[test]
+fn a_cancel_dead_letters_a_permit_dispatched_but_not_yet_claimed_and_keeps_its_reason() {
+    let f = Fixture::new();
+    let (e, a) = routed(&f, 32);
+    e.room_create(&owner(&e), "r", None, &["alpha".into(), "beta".into()])
+        .unwrap();
+    wake_beta(&e, &a, "r", "start soon");
+    let l = e.dispatch_take().unwrap().remove(0);
+    let console = room_engine::Caller::Local(room_engine::Evidence::UnixPeer {
+        uid: e.config().owner_uid,
+        pid: std::process::id(),
+    });
+    let c = e.control_actor(&console, Some("r")).unwrap();
+    let cancelled = e.room_cancel(&c, "r", None).unwrap();
+    assert_eq!(cancelled["dead_lettered"], 1, "{cancelled}");
+    let dead = |e: &Engine| e.wakes_view(&owner(e), Some("r")).unwrap()["wakes"][0].clone();
+    let w = dead(&e);
+    assert_eq!(w["state"], "dead", "{w}");
+    assert_eq!(w["dead_letter"]["code"], "room_cancelled", "{w}");
+    // the worker's claim comes too late: refused, and the dead letter keeps its reason
+    let r = e.launch_started(&l.id, Some(4242)).unwrap_err();
+    assert_eq!(r.code, Code::WakeJobChangedDuringValidation, "{r}");
+    let w = dead(&e);
+    assert_eq!(w["dead_letter"]["code"], "room_cancelled", "{w}");
+    assert_eq!(
+        w["launches"][0]["outcome"], "wake_job_changed_during_validation",
+        "{w}"
+    );
+}

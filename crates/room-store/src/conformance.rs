@@ -979,6 +979,50 @@ pub fn control_launches(h: &mut dyn Harness) {
     assert!(!c.launch_ended("l1", &end).unwrap(), "ended once");
     assert_eq!(c.wake("a", "x", "e1").unwrap().unwrap().state, "replied");
     assert!(c.launches_live().unwrap().is_empty());
+    // a cancel dead-letters a permit whose launch is still starting (unclaimed), and that
+    // launch's end keeps the dead letter's reason; a claimed one is the observer's to stop
+    let permit = |src: &str| WakeRow {
+        room: "a".into(),
+        agent: "x".into(),
+        source_event: src.into(),
+        created_ms: 30,
+        permit: format!("permit-{src}"),
+        state: crate::control::WAKE_QUEUED.into(),
+        reason: None,
+        detail: None,
+    };
+    c.insert_wakes(&[permit("e2"), permit("e3")]).unwrap();
+    let of = |id: &str, src: &str, state: &str| crate::control::LaunchRow {
+        source_event: src.into(),
+        state: state.into(),
+        ..launch(id, None)
+    };
+    assert!(c.insert_launch(&of("l3", "e2", "starting")).unwrap());
+    assert!(c.insert_launch(&of("l4", "e3", "running")).unwrap());
+    let e = crate::backend::CancelEffect {
+        at_ms: 40,
+        why: "cancelled",
+        held: &[],
+    };
+    c.set_cancelled("a", 9, Some(&e)).unwrap();
+    let w2 = c.wake("a", "x", "e2").unwrap().unwrap();
+    assert_eq!(
+        (w2.state.as_str(), w2.reason.as_deref()),
+        ("dead", Some("room_cancelled"))
+    );
+    assert_eq!(c.wake("a", "x", "e3").unwrap().unwrap().state, "dispatched");
+    let refused = crate::control::LaunchEnd {
+        outcome: "wake_job_changed_during_validation".into(),
+        wake_state: "dead".into(),
+        ..end
+    };
+    assert!(c.launch_ended("l3", &refused).unwrap());
+    let w2 = c.wake("a", "x", "e2").unwrap().unwrap();
+    assert_eq!(
+        w2.reason.as_deref(),
+        Some("room_cancelled"),
+        "its reason is kept"
+    );
 }
 
 /// A read leaves the change stamp as it was; a write moves it.

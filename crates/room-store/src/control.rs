@@ -1265,11 +1265,15 @@ impl ControlStore for SqliteControl {
             if n == 1
                 && let Some(e) = cancel
             {
-                // queued and deferred permits die with the cancel, never to be retried
+                // queued, deferred and unclaimed permits (dispatched to a launch whose worker
+                // has not claimed it) die with the cancel, never to be retried
                 tx.execute(
                     "UPDATE wakes SET state = 'dead', reason = 'room_cancelled', detail = ?2,
                         checked_ms = ?3
-                     WHERE room = ?1 AND state = 'queued'",
+                     WHERE room = ?1 AND (state = 'queued' OR (state = 'dispatched' AND EXISTS (
+                        SELECT 1 FROM launches l WHERE l.room = wakes.room
+                          AND l.agent = wakes.agent AND l.source_event = wakes.source_event
+                          AND l.state = 'starting')))",
                     params![room, e.why, e.at_ms as i64],
                 )?;
                 let mut st = tx.prepare_cached(&format!(
@@ -1939,9 +1943,11 @@ impl ControlStore for SqliteControl {
                 params![id, end.at_ms as i64, end.outcome, end.proof, end.detail],
             )?;
             if n == 1 {
+                // a dead letter keeps the reason it died of (a cancel's, say)
                 tx.execute(
                     "UPDATE wakes SET state = ?2, reason = ?3 WHERE (room, agent, source_event) =
-                       (SELECT room, agent, source_event FROM launches WHERE id = ?1)",
+                       (SELECT room, agent, source_event FROM launches WHERE id = ?1)
+                       AND state != 'dead'",
                     params![id, end.wake_state, end.outcome],
                 )?;
                 if let Some(s) = &end.session {
