@@ -68,6 +68,17 @@ impl Scene {
         anyhow::bail!("the wake of {source} was not settled within 30 s")
     }
 
+    /// `from` catches up in `build` and sends `text` to beta under `task`; the send's event.
+    fn ask(&mut self, from: &str, task: &str, text: &str) -> String {
+        self.catch_up(from, "build");
+        let asked = self.ok(
+            Some(from),
+            "send",
+            json!({"room": "build", "to": ["beta"], "task": task, "text": text}),
+        );
+        asked["event"].as_str().unwrap_or_default().to_string()
+    }
+
     fn say(&mut self, text: &str) {
         self.step += 1;
         println!("\n{:>2}. {text}", self.step);
@@ -301,13 +312,11 @@ fn scene() -> anyhow::Result<()> {
         .as_str()
         .unwrap_or_default()
         .to_string();
-    sc.catch_up(&a, "build");
-    let asked = sc.ok(
-        Some(&a),
-        "send",
-        json!({"room": "build", "to": ["beta"], "task": question, "text": "Which parser file should gamma start with next?"}),
+    let source = sc.ask(
+        &a,
+        &question,
+        "Which parser file should gamma start with next?",
     );
-    let source = asked["event"].as_str().unwrap_or_default().to_string();
     let woken = sc.wake_settled(&source)?;
     show(format!(
         "wake {} -> {} (the worker's own reply resolved {})",
@@ -318,13 +327,7 @@ fn scene() -> anyhow::Result<()> {
 
     sc.say("Without a route, a permit waits for beta's own session. The owner rotates beta's credential; the permit sealed before is refused at dispatch (the seed's Exhibit 2), and its obligation stays open.");
     std::fs::write(s.config(), "")?;
-    sc.catch_up(&a, "build");
-    let asked = sc.ok(
-        Some(&a),
-        "send",
-        json!({"room": "build", "to": ["beta"], "task": question, "text": "And the lexer?"}),
-    );
-    let source = asked["event"].as_str().unwrap_or_default().to_string();
+    let source = sc.ask(&a, &question, "And the lexer?");
     let rotated = sc.ok(None, "agent_rotate", json!({"name": "beta"}));
     let b = rotated["token"].as_str().unwrap_or_default().to_string();
     // the daemon revalidates every second; the owner need not wait for it
@@ -337,13 +340,7 @@ fn scene() -> anyhow::Result<()> {
     ));
 
     sc.say("beta's own session, with its new credential, takes its next wake (room_wake_take) and answers it from that same session: the reply is the proof.");
-    sc.catch_up(&a, "build");
-    let asked = sc.ok(
-        Some(&a),
-        "send",
-        json!({"room": "build", "to": ["beta"], "task": question, "text": "And the parser's tests?"}),
-    );
-    let source = asked["event"].as_str().unwrap_or_default().to_string();
+    let source = sc.ask(&a, &question, "And the parser's tests?");
     let taken = sc.ok(Some(&b), "wake_take", json!({}));
     let obligation = taken["taken"]["obligation_ids"][0]
         .as_str()
@@ -369,13 +366,7 @@ fn scene() -> anyhow::Result<()> {
 
     sc.say("The owner shortens task-bound wake deadlines to 1.5 s ([dispatch] tasked_deadline_ms). A permit that waits in the queue past its sealed deadline cannot buy fresh time from a worker that comes late (the seed's Exhibit 3).");
     std::fs::write(s.config(), "[dispatch]\ntasked_deadline_ms = 1500\n")?;
-    sc.catch_up(&a, "build");
-    let asked = sc.ok(
-        Some(&a),
-        "send",
-        json!({"room": "build", "to": ["beta"], "task": question, "text": "Still there?"}),
-    );
-    let source = asked["event"].as_str().unwrap_or_default().to_string();
+    let source = sc.ask(&a, &question, "Still there?");
     std::thread::sleep(std::time::Duration::from_millis(1_600));
     sc.ok(None, "wakes_check", json!({}));
     let letter = sc.wake_settled(&source)?["dead_letter"].clone();

@@ -1291,6 +1291,15 @@ fn routed(f: &Fixture, seed: u64) -> (Engine, AgentCaller) {
     (e, a)
 }
 
+/// Control standing from the owner console (the daemon's own uid on its socket).
+fn console_control(e: &Engine, room: Option<&str>) -> room_engine::lifecycle::Control {
+    let console = room_engine::Caller::Local(room_engine::Evidence::UnixPeer {
+        uid: e.config().owner_uid,
+        pid: std::process::id(),
+    });
+    e.control_actor(&console, room).unwrap()
+}
+
 /// alpha reads `room`, then sends `text` to beta there.
 fn wake_beta(e: &Engine, a: &AgentCaller, room: &str, text: &str) {
     catch_up(e, a, room);
@@ -1417,11 +1426,7 @@ fn a_running_launch_trips_when_the_control_epoch_moves_and_its_room_cannot_go() 
     let l = e.dispatch_take().unwrap().remove(0);
     e.launch_started(&l.id, Some(4242)).unwrap();
     // a break-glass engaged and released between two observer passes leaves only the moved epoch
-    let console = room_engine::Caller::Local(room_engine::Evidence::UnixPeer {
-        uid: e.config().owner_uid,
-        pid: std::process::id(),
-    });
-    let c = e.control_actor(&console, None).unwrap();
+    let c = console_control(&e, None);
     e.break_glass(&c, true).unwrap();
     e.break_glass(&c, false).unwrap();
     let trips = e.launch_trips().unwrap();
@@ -1530,11 +1535,7 @@ fn a_session_take_revalidates_like_dispatch_and_a_trip_ends_its_launch() {
         e.settle_sessions(None).unwrap().is_empty(),
         "nothing settled yet"
     );
-    let console = room_engine::Caller::Local(room_engine::Evidence::UnixPeer {
-        uid: e.config().owner_uid,
-        pid: std::process::id(),
-    });
-    let c = e.control_actor(&console, Some("r")).unwrap();
+    let c = console_control(&e, Some("r"));
     e.room_cancel(&c, "r", None).unwrap();
     let ended = e.settle_sessions(None).unwrap();
     assert_eq!(ended.len(), 1, "{ended:?}");
@@ -1561,11 +1562,7 @@ fn a_cancel_dead_letters_a_permit_dispatched_but_not_yet_claimed_and_keeps_its_r
         .unwrap();
     wake_beta(&e, &a, "r", "start soon");
     let l = e.dispatch_take().unwrap().remove(0);
-    let console = room_engine::Caller::Local(room_engine::Evidence::UnixPeer {
-        uid: e.config().owner_uid,
-        pid: std::process::id(),
-    });
-    let c = e.control_actor(&console, Some("r")).unwrap();
+    let c = console_control(&e, Some("r"));
     let cancelled = e.room_cancel(&c, "r", None).unwrap();
     assert_eq!(cancelled["dead_lettered"], 1, "{cancelled}");
     let dead = |e: &Engine| e.wakes_view(&owner(e), Some("r")).unwrap()["wakes"][0].clone();
