@@ -444,7 +444,16 @@ impl Engine {
             .control()
             .wakes_queued_of(&agents, DISPATCH_BATCH_MAX)
             .map_err(store_err)?;
-        let running = self.control().launches_live().map_err(store_err)?.len();
+        // one dispatch pass and one session's take at a time: one launch per recipient
+        let _one = self.takes.lock().unwrap_or_else(|e| e.into_inner());
+        // workers are processes: a session launch runs none and takes no worker's place
+        let running = self
+            .control()
+            .launches_live()
+            .map_err(store_err)?
+            .iter()
+            .filter(|l| l.conversation.is_none())
+            .count();
         let mut out: Vec<Launch> = Vec::new();
         let mut deferred = std::collections::BTreeMap::new();
         for w in rows {

@@ -286,9 +286,9 @@ pub fn is_write_step(step: &str) -> bool {
             && p.split('/').all(|c| !c.is_empty() && c != "." && c != "..")
     })
 }
-/// The longest route timeout.
 /// Tags one route may give its sessions.
 pub const ROUTE_TAGS_MAX: usize = 16;
+/// The longest route timeout.
 pub const ROUTE_TIMEOUT_MS_MAX: u64 = 60 * 60_000;
 
 fn check_route(agent: &str, r: &Route) -> Result<(), String> {

@@ -191,40 +191,64 @@ impl Engine {
         let trips = self.launch_trips()?;
         let now = self.now_ms();
         let mut out = Vec::new();
+        // one launch that cannot be settled (its room unusable, say) holds up no other
         for l in sessions {
-            let (outcome, proof, wake_state, detail) = if self.replied_by_launch(&l)? {
-                ("replied", "replied", "replied", None)
-            } else if let Some(t) = trips.iter().find(|t| t.launch == l.id) {
-                let d = json!({"stopped": {"reason": t.reason, "detail": t.detail,
-                    "stop": "session_released"}, "job": {"kind": "session", "processes": null}});
-                ("stopped", TAKEN_PROOF, "dead", Some(d.to_string()))
-            } else if now > l.not_after_ms {
-                let exit = Exit {
-                    delivery: Delivery::DeliveredToBody,
-                    ..Exit::process(None, true)
-                };
-                let (o, p, w) = judge(false, &exit);
-                (o, p, w, None)
-            } else {
-                continue;
-            };
-            let mut e = end(now, outcome, proof, detail, wake_state);
-            e.session = l.conversation.as_ref().map(|c| {
-                // the agent's name keeps two agents' conversations of one name apart
-                let seen = SessionSeen {
-                    host: "mcp".into(),
-                    native: format!("{}.{c}", l.agent),
-                    cwd: String::new(),
-                    transport: "mcp".into(),
-                    loadable: false,
-                };
-                self.session_row(&l, &seen, proof, now)
-            });
-            if self.control().launch_ended(&l.id, &e).map_err(store_err)? {
-                out.push(json!({"launch": l.id, "agent": l.agent, "outcome": outcome}));
+            match self.settle_session(&l, &trips, now) {
+                Ok(Some(v)) => out.push(v),
+                Ok(None) => {}
+                Err(r) => tracing::error!(launch = %l.id, "a session launch was not settled: {r}"),
             }
         }
         Ok(out)
+    }
+}
+
+impl Engine {
+    /// End one session launch if it is settled; what ended.
+    fn settle_session(
+        &self,
+        l: &LaunchRow,
+        trips: &[crate::lifecycle::Trip],
+        now: u64,
+    ) -> Outcome<Option<Value>> {
+        // a reply that cannot be read is no reply: the trips and the deadline still bite
+        let replied = self.replied_by_launch(l).unwrap_or_else(|r| {
+            tracing::warn!(launch = %l.id, "the reply of a session launch could not be read: {r}");
+            false
+        });
+        let (outcome, proof, wake_state, detail) = if replied {
+            ("replied", "replied", "replied", None)
+        } else if let Some(t) = trips.iter().find(|t| t.launch == l.id) {
+            let d = json!({"stopped": {"reason": t.reason, "detail": t.detail,
+                "stop": "session_released"}, "job": {"kind": "session", "processes": null}});
+            ("stopped", TAKEN_PROOF, "dead", Some(d.to_string()))
+        } else if now > l.not_after_ms {
+            let exit = Exit {
+                delivery: Delivery::DeliveredToBody,
+                ..Exit::process(None, true)
+            };
+            let (o, p, w) = judge(false, &exit);
+            (o, p, w, None)
+        } else {
+            return Ok(None);
+        };
+        let mut e = end(now, outcome, proof, detail, wake_state);
+        e.session = l.conversation.as_ref().map(|c| {
+            let seen = SessionSeen {
+                host: "mcp".into(),
+                native: c.clone(),
+                cwd: String::new(),
+                transport: "mcp".into(),
+                loadable: false,
+            };
+            let mut row = self.session_row(l, &seen, proof, now);
+            // one id per agent and conversation: agent names never hold a newline, so the
+            // pair hashes unambiguously (conversations of two agents may share a name)
+            row.id = crate::dispatch::session_id("mcp", &format!("{}\n{c}", l.agent));
+            row
+        });
+        let ended = self.control().launch_ended(&l.id, &e).map_err(store_err)?;
+        Ok(ended.then(|| json!({"launch": l.id, "agent": l.agent, "outcome": outcome})))
     }
 }
 

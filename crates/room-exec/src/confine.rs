@@ -71,7 +71,16 @@ impl Confinement {
         let uid = rustix::process::geteuid().as_raw();
         let gid = rustix::process::getegid().as_raw();
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
-        let cgroup_mounts = crate::job::cgroup2_mounts(&mountinfo)
+        let mut mounts = crate::job::cgroup2_mounts(&mountinfo);
+        mounts.sort();
+        mounts.dedup();
+        // one beneath another is hidden with it (and its mount point is gone under the tmpfs)
+        let outer: Vec<std::path::PathBuf> = mounts
+            .iter()
+            .filter(|m| !mounts.iter().any(|o| o != *m && m.starts_with(o)))
+            .cloned()
+            .collect();
+        let cgroup_mounts = outer
             .iter()
             .map(|m| cstr(m))
             .collect::<std::io::Result<Vec<_>>>()?;

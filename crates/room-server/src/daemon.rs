@@ -742,19 +742,27 @@ async fn write_severable(
     let total = bytes.len();
     let started = std::time::Instant::now();
     let mut sent = 0;
+    // the request was authorized just now: only its very first write goes unchecked
+    let mut checked_before = true;
     for chunk in bytes.chunks(BROKER_CHUNK_BYTES) {
         let mut write = std::pin::pin!(w.write_all(chunk));
         loop {
-            let stands = sent == 0 || launch_stands(engine, launch).await;
-            let cut = if !stands {
-                Some("revoked between chunks")
+            let stands = if checked_before {
+                checked_before = false;
+                Ok(())
             } else {
-                tokio::select! {
+                launch_stands(engine, launch).await
+            };
+            let cut = match stands {
+                Err(why) => Some(why),
+                Ok(()) => tokio::select! {
                     done = &mut write => match done {
                         Ok(()) => break,
-                        // the peer went away: a cut by a revocation only if its authority went
-                        Err(_) if sent > 0 && !launch_stands(engine, launch).await => Some("revoked while the worker was stopped"),
-                        Err(e) => return Err(e),
+                        // the peer went away: a cut only if the launch's authority went with it
+                        Err(e) => match launch_stands(engine, launch).await {
+                            Err(why) if sent > 0 => Some(format!("{why} (the worker went away)")),
+                            _ => return Err(e),
+                        },
                     },
                     _ = tokio::time::sleep(std::time::Duration::from_millis(BROKER_RECHECK_MS)) => {
                         if started.elapsed() > limits.body_read {
@@ -762,10 +770,10 @@ async fn write_severable(
                         }
                         None
                     }
-                }
+                },
             };
             if let Some(how) = cut {
-                severed(engine, launch, sent, total, how).await;
+                severed(engine, launch, sent, total, &how).await;
                 return Ok(false);
             }
         }
@@ -774,17 +782,19 @@ async fn write_severable(
     Ok(true)
 }
 
-async fn launch_stands(engine: &Arc<Engine>, launch: &str) -> bool {
+/// Whether the launch still stands, and why not when it does not.
+async fn launch_stands(engine: &Arc<Engine>, launch: &str) -> Result<(), String> {
     let (e, id) = (engine.clone(), launch.to_string());
-    tokio::task::spawn_blocking(move || e.launch_stands(&id).is_ok())
+    tokio::task::spawn_blocking(move || e.launch_stands(&id).map_err(|r| r.message))
         .await
-        .unwrap_or(false)
+        .unwrap_or_else(|e| Err(e.to_string()))
 }
 
 async fn severed(engine: &Arc<Engine>, launch: &str, sent: usize, total: usize, how: &str) {
     tracing::warn!(launch, sent, total, "a broker response was severed: {how}");
     let (e, id) = (engine.clone(), launch.to_string());
-    let detail = serde_json::json!({"bytes_sent": sent, "bytes_total": total, "how": how});
+    // whole chunks written: at least this much reached the worker
+    let detail = serde_json::json!({"bytes_sent": sent, "bytes_total": total, "why": how});
     match tokio::task::spawn_blocking(move || e.launch_severed(&id, detail)).await {
         Ok(Ok(_)) => {}
         Ok(Err(r)) => tracing::error!(launch, "a severed response was not recorded: {r}"),

@@ -310,8 +310,15 @@ fn a_session_takes_its_wake_and_only_its_own_reply_proves_it() {
     assert_eq!(p["launches"][0]["outcome"], "replied");
     assert_eq!(p["launches"][0]["proof"], "replied");
     let sessions = fx.ok(None, "sessions_list", json!({"agent": "beta"}));
+    let s = &sessions["sessions"][0];
     assert_eq!(
-        sessions["sessions"][0]["id"], "sf_mcp_beta.s1",
+        (&s["host"], &s["native"]),
+        (&json!("mcp"), &json!("s1")),
+        "{sessions}"
+    );
+    // one id per agent and conversation, by their digest
+    assert!(
+        s["id"].as_str().unwrap().starts_with("sf_mcp_h"),
         "{sessions}"
     );
 
