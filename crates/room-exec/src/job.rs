@@ -6,9 +6,11 @@
 //! writes `cgroup.kill`, and the job is quiescent only once `cgroup.events` says
 //! `populated 0`. A process that leaves its process group (`setsid`) stays in its cgroup.
 //!
-//! Otherwise a job is the worker's process group: a stop kills the group and walks `/proc`
-//! until no member is left. A process that calls `setsid` escapes that; the job says which
-//! kind it is, so that no report claims more than the kernel object proves.
+//! Otherwise a job is a subreaper shim (`shim`): a process of Room's own between the daemon
+//! and the worker, a child subreaper, so that everything the worker starts stays below it
+//! whatever session or group it moves to. A stop asks the shim to end its tree; the job is
+//! quiescent only once the shim reports that it has no child left. A shim killed from inside
+//! its job reports nothing, and the stop stays unconfirmed.
 //!
 //! Leaves live under `<the daemon's own cgroup>/room-<name>/`, `name` fixed per state
 //! directory, so that a daemon started after a crash finds the leaves of the one before and
@@ -38,7 +40,7 @@ const STALE_LEAVES_MAX: usize = 4_096;
 #[derive(Debug, Clone)]
 pub struct Membership {
     leaf: Option<PathBuf>,
-    pgid: Option<u32>,
+    shim: Option<Arc<Shim>>,
 }
 
 impl Membership {
@@ -46,15 +48,10 @@ impl Membership {
         if pid == 0 {
             return false;
         }
-        match (&self.leaf, self.pgid) {
+        match (&self.leaf, &self.shim) {
             (Some(leaf), _) => cgroup_members(leaf).contains(&pid),
-            (None, Some(pgid)) => {
-                let Some(p) = Pid::from_raw(pid.cast_signed()) else {
-                    return false;
-                };
-                rustix::process::getpgid(Some(p))
-                    .is_ok_and(|g| g.as_raw_nonzero().get().cast_unsigned() == pgid)
-            }
+            // a shim that has reported is gone: its pid may name another process now
+            (None, Some(shim)) => shim.outcome().is_none() && ancestors(pid).contains(&shim.pid),
             (None, None) => false,
         }
     }
@@ -65,15 +62,16 @@ impl Membership {
 pub enum JobKind {
     /// A cgroup v2 leaf: everything the worker forks, whatever its session or group.
     Cgroup,
-    /// The worker's process group: what leaves it (`setsid`) is not seen.
-    ProcessGroup,
+    /// The tree below a subreaper shim: everything the worker forks, whatever its session or
+    /// group, unless it kills the shim (then the stop is unconfirmed).
+    Subreaper,
 }
 
 impl JobKind {
     pub fn as_str(self) -> &'static str {
         match self {
             JobKind::Cgroup => "cgroup",
-            JobKind::ProcessGroup => "process_group",
+            JobKind::Subreaper => "subreaper",
         }
     }
 }
@@ -99,14 +97,14 @@ pub struct Jobs {
     base_rel: Option<String>,
     /// Why there is no cgroup base, for the log.
     why_not: Option<String>,
-    /// The process groups of the jobs started and not yet seen empty: what `close` stops
-    /// when there is no cgroup base to walk.
+    /// The shims of the jobs started and not yet seen empty, by pid: what `close` stops when
+    /// there is no cgroup base to walk.
     live: Live,
 }
 
-type Live = Arc<std::sync::Mutex<std::collections::BTreeSet<u32>>>;
+type Live = Arc<std::sync::Mutex<std::collections::BTreeMap<u32, Arc<Shim>>>>;
 
-fn live_set(live: &Live) -> std::sync::MutexGuard<'_, std::collections::BTreeSet<u32>> {
+fn live_set(live: &Live) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<u32, Arc<Shim>>> {
     // a panic while holding it leaves a set that is still a set
     live.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -122,11 +120,11 @@ impl Jobs {
                 why_not: None,
                 live: Live::default(),
             },
-            Err(why) => return Jobs::process_groups(why),
+            Err(why) => return Jobs::subreapers(why),
         };
         match jobs.probe() {
             Ok(()) => jobs,
-            Err(e) => Jobs::process_groups(format!("a process cannot enter a job there: {e}")),
+            Err(e) => Jobs::subreapers(format!("a process cannot enter a job there: {e}")),
         }
     }
 
@@ -154,8 +152,8 @@ impl Jobs {
         Ok(())
     }
 
-    /// Jobs that are process groups only.
-    pub fn process_groups(why: impl Into<String>) -> Jobs {
+    /// Jobs that are subreaper shims only.
+    pub fn subreapers(why: impl Into<String>) -> Jobs {
         Jobs {
             base: None,
             base_rel: None,
@@ -179,11 +177,11 @@ impl Jobs {
         if self.base.is_some() {
             JobKind::Cgroup
         } else {
-            JobKind::ProcessGroup
+            JobKind::Subreaper
         }
     }
 
-    /// Why jobs are process groups, when they are.
+    /// Why jobs are subreaper shims, when they are.
     pub fn why_not_cgroup(&self) -> Option<&str> {
         self.why_not.as_deref()
     }
@@ -206,10 +204,31 @@ impl Jobs {
             ));
         }
         let Some(base) = &self.base else {
+            let mut fds = [0 as libc::c_int; 2];
+            // SAFETY: pipe2 fills two descriptors this process then owns
+            if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // SAFETY: both are fresh descriptors owned by nothing else; the write end moves
+            // above stdio (a daemon started with 0, 1 or 2 closed would hand one out, and the
+            // child's stdio would replace it)
+            let (r, w) = unsafe {
+                use std::os::fd::FromRawFd;
+                let high = libc::fcntl(fds[1], libc::F_DUPFD_CLOEXEC, 3);
+                let err = std::io::Error::last_os_error();
+                libc::close(fds[1]);
+                let r = OwnedFd::from_raw_fd(fds[0]);
+                if high < 0 {
+                    return Err(err);
+                }
+                (r, OwnedFd::from_raw_fd(high))
+            };
             return Ok(Job {
-                kind: JobKind::ProcessGroup,
+                kind: JobKind::Subreaper,
                 leaf: None,
                 procs: None,
+                report: Some((r, Arc::new(w))),
+                shim: None,
                 leader: None,
                 live: self.live.clone(),
             });
@@ -225,6 +244,8 @@ impl Jobs {
                 kind: JobKind::Cgroup,
                 leaf: Some(leaf),
                 procs: Some(fd),
+                report: None,
+                shim: None,
                 leader: None,
                 live: self.live.clone(),
             }),
@@ -261,12 +282,13 @@ impl Jobs {
 }
 
 impl Jobs {
-    /// Whether `pid` runs inside any job of this daemon: its cgroup is under the base, or (process
-    /// groups) its group is a live job's. Such a process is a worker, never the owner console.
+    /// Whether `pid` runs inside any job of this daemon: its cgroup is under the base, or
+    /// (subreapers) a live shim is among its ancestors. Such a process is a worker, never the
+    /// owner console.
     pub fn holds(&self, pid: u32) -> bool {
-        let Some(p) = Pid::from_raw(pid.cast_signed()) else {
+        if pid == 0 {
             return false;
-        };
+        }
         if self.base.is_some() {
             let Ok(own) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
                 return false;
@@ -280,15 +302,20 @@ impl Jobs {
                 .as_deref()
                 .is_some_and(|b| rel.trim().starts_with(&format!("{b}/")));
         }
-        rustix::process::getpgid(Some(p))
-            .is_ok_and(|g| live_set(&self.live).contains(&g.as_raw_nonzero().get().cast_unsigned()))
+        let up = ancestors(pid);
+        let mut live = live_set(&self.live);
+        // a shim that has reported is gone, and its pid may name another process now
+        live.retain(|_, s| s.outcome().is_none());
+        up.iter().any(|a| live.contains_key(a))
     }
 
     /// Whether the job named `id`, of a daemon before this one, is seen empty now (after
     /// `reap_stale`): its leaf gone (a leaf is removed only once seen empty) or unpopulated,
-    /// or, for process groups, no process left in group `pgid`. None when nothing can be
-    /// observed (a process group whose leader was never recorded).
-    pub fn observe_empty(&self, id: &str, pgid: Option<u32>) -> Option<Stopped> {
+    /// None when nothing can be observed: a job of another `kind` than this daemon makes, and
+    /// any subreaper job (its report pipe died with the daemon before, and a shim gone may
+    /// have been killed from inside its job, its tree still running), whose stop then stays
+    /// unconfirmed for an operator to reconcile.
+    pub fn observe_empty(&self, id: &str, kind: &str, pgid: Option<u32>) -> Option<Stopped> {
         let start = Instant::now();
         let seen = |kind, confirmed_empty: bool, remaining: Vec<u32>| Stopped {
             kind,
@@ -296,6 +323,10 @@ impl Jobs {
             remaining,
             waited_ms: u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX),
         };
+        if kind != self.kind().as_str() {
+            // made by a daemon with other means: this one cannot look at it
+            return None;
+        }
         if let Some(base) = &self.base {
             let leaf = base.join(id);
             if !leaf.exists() || cgroup_empty(&leaf).unwrap_or(false) {
@@ -303,21 +334,23 @@ impl Jobs {
             }
             return Some(seen(JobKind::Cgroup, false, cgroup_members(&leaf)));
         }
-        let members = crate::group_members(pgid?);
-        Some(seen(JobKind::ProcessGroup, members.is_empty(), members))
+        // the report pipe died with the daemon before: a shim gone may have been killed with its
+        // tree still running, so nothing here confirms; a shim still running is left to run
+        let _ = pgid?;
+        None
     }
 
     /// At a daemon's shutdown: end every job still running and remove the base, so that
     /// nothing a worker started outlives its daemon. Returns how many jobs held processes.
     pub fn close(&self, wait_ms: u64) -> std::io::Result<usize> {
-        let groups: Vec<u32> = live_set(&self.live).iter().copied().collect();
+        let shims: Vec<Arc<Shim>> = live_set(&self.live).values().cloned().collect();
         let mut held = 0;
-        for pgid in groups {
-            if !crate::group_members(pgid).is_empty() {
+        for shim in shims {
+            if shim.outcome().is_none() {
                 held += 1;
             }
-            if crate::stop_group(pgid, wait_ms) {
-                live_set(&self.live).remove(&pgid);
+            if shim.stop(wait_ms).confirmed_empty {
+                live_set(&self.live).remove(&shim.pid);
             }
         }
         // what is left in the leaves (a setsid descendant) goes with them
@@ -338,7 +371,12 @@ pub struct Job {
     /// `cgroup.procs` of the leaf, open for the child to enter between fork and exec (shared
     /// with the command it was prepared for, which keeps it open until it is dropped).
     procs: Option<Arc<OwnedFd>>,
-    /// The process group leader, once started.
+    /// A subreaper job's report pipe before its start: the read end, and the write end the
+    /// shim inherits (shared with the command it was prepared for).
+    report: Option<(OwnedFd, Arc<OwnedFd>)>,
+    /// A subreaper job's shim, once started.
+    shim: Option<Arc<Shim>>,
+    /// The started child's pid (a cgroup job's worker, a subreaper job's shim).
     leader: Option<u32>,
     live: Live,
 }
@@ -349,10 +387,20 @@ impl Job {
     }
 
     /// Make `cmd`'s child start in its own process group and, for a cgroup job, inside the
-    /// leaf before it runs a single instruction of its program.
+    /// leaf before it runs a single instruction of its program; for a subreaper job, below a
+    /// shim (the child `spawn` returns is the shim; the worker is its child).
     pub fn prepare(&self, cmd: &mut std::process::Command) {
+        use std::os::fd::AsRawFd;
         use std::os::unix::process::CommandExt;
         cmd.process_group(0);
+        if let Some((_, w)) = &self.report {
+            let w = w.clone();
+            // SAFETY: `shim::split` makes system calls only, on a descriptor the closure keeps
+            // open; it returns in the worker and never in the shim
+            unsafe {
+                cmd.pre_exec(move || crate::shim::split(w.as_raw_fd()));
+            }
+        }
         if let Some(fd) = self.procs.clone() {
             // SAFETY: between fork and exec only async-signal-safe calls are allowed; this
             // is one write(2), on a descriptor the closure itself keeps open (no allocation,
@@ -366,7 +414,8 @@ impl Job {
         }
     }
 
-    /// The started child's pid (its process group's id).
+    /// The started child's pid: the worker in a cgroup job, its shim in a subreaper job (the
+    /// leader of a process group of its own either way).
     pub fn leader(&self) -> Option<u32> {
         self.leader
     }
@@ -375,42 +424,55 @@ impl Job {
     pub fn membership(&self) -> Membership {
         Membership {
             leaf: self.leaf.clone(),
-            pgid: self.leader,
+            shim: self.shim.clone(),
         }
     }
 
     /// Record the started child's pid (its process group's id).
     pub fn started(&mut self, pid: u32) {
         self.leader = Some(pid);
-        live_set(&self.live).insert(pid);
         // the child has entered the leaf (or failed to start); the parent needs it no more
         self.procs = None;
+        if let Some((report, _write)) = self.report.take() {
+            // the write end goes with `_write` (the shim has its own): the pipe's end of file
+            // then says that the shim is gone
+            let pidfd = Pid::from_raw(pid.cast_signed()).and_then(|p| {
+                rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()
+            });
+            let shim = Arc::new(Shim {
+                pid,
+                pidfd,
+                report,
+                seen: std::sync::Mutex::new(None),
+            });
+            live_set(&self.live).insert(pid, shim.clone());
+            self.shim = Some(shim);
+        }
     }
 
     /// The job's live processes (zombies excluded).
     pub fn members(&self) -> Vec<u32> {
-        match (&self.leaf, self.leader) {
+        match (&self.leaf, &self.shim) {
             (Some(leaf), _) => cgroup_members(leaf),
-            (None, Some(pgid)) => crate::group_members(pgid),
-            (None, None) => Vec::new(),
+            (None, Some(shim)) if shim.outcome().is_none() => descendants(shim.pid),
+            (None, _) => Vec::new(),
         }
     }
 
     /// Kill every process of the job and wait (at most `wait_ms`) until none is observed.
     /// A cgroup leaf seen empty is removed.
     pub fn stop(&mut self, wait_ms: u64) -> Stopped {
-        let leader = self.leader;
         let s = self.stop_once(wait_ms);
         if s.confirmed_empty
-            && let Some(pgid) = leader
+            && let Some(shim) = &self.shim
         {
-            live_set(&self.live).remove(&pgid);
+            live_set(&self.live).remove(&shim.pid);
         }
         s
     }
 
     fn stop_once(&mut self, wait_ms: u64) -> Stopped {
-        match (&self.leaf, self.leader) {
+        match (&self.leaf, &self.shim) {
             (Some(leaf), _) => {
                 let s = stop_cgroup(leaf, wait_ms);
                 if s.confirmed_empty && std::fs::remove_dir(leaf).is_ok() {
@@ -420,20 +482,7 @@ impl Job {
                 }
                 s
             }
-            (None, Some(pgid)) => {
-                let start = Instant::now();
-                let confirmed_empty = crate::stop_group(pgid, wait_ms);
-                Stopped {
-                    kind: JobKind::ProcessGroup,
-                    confirmed_empty,
-                    remaining: if confirmed_empty {
-                        Vec::new()
-                    } else {
-                        crate::group_members(pgid)
-                    },
-                    waited_ms: elapsed_ms(start),
-                }
-            }
+            (None, Some(shim)) => shim.stop(wait_ms),
             (None, None) => Stopped {
                 kind: self.kind,
                 confirmed_empty: true,
@@ -442,6 +491,137 @@ impl Job {
             },
         }
     }
+}
+
+/// Ancestors `ancestors` climbs at most (a tree deeper than this is not followed up).
+const ANCESTRY_MAX: usize = 4_096;
+
+/// A subreaper job's shim, as the daemon sees it: its pid (held by `pidfd` while the daemon
+/// has not reaped it) and the read end of its report pipe.
+#[derive(Debug)]
+struct Shim {
+    pid: u32,
+    pidfd: Option<OwnedFd>,
+    report: OwnedFd,
+    /// What the report said, once it said anything: true for the shim's `EMPTY` byte, false
+    /// for an end of file without it (the shim was killed).
+    seen: std::sync::Mutex<Option<bool>>,
+}
+
+impl Shim {
+    /// Whether the shim has reported: Some(true) when it saw no child left, Some(false) when
+    /// it is gone without saying so, None while it runs.
+    fn outcome(&self) -> Option<bool> {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.is_none() {
+            let mut b = [0u8; 1];
+            *seen = match rustix::io::read(&self.report, &mut b) {
+                Ok(1) => Some(b[0] == crate::shim::EMPTY),
+                Ok(_) => Some(false),
+                Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => None,
+                Err(_) => Some(false),
+            };
+        }
+        *seen
+    }
+
+    /// Ask the shim to end its tree (SIGTERM) and wait, at most `wait_ms`, for its report.
+    fn stop(&self, wait_ms: u64) -> Stopped {
+        let start = Instant::now();
+        if self.outcome().is_none() {
+            // the pidfd names this shim even if its pid were reaped and reused meanwhile
+            match &self.pidfd {
+                Some(fd) => {
+                    let _ = rustix::process::pidfd_send_signal(fd, Signal::TERM);
+                }
+                None => {
+                    if let Some(p) = Pid::from_raw(self.pid.cast_signed()) {
+                        let _ = kill_process(p, Signal::TERM);
+                    }
+                }
+            }
+        }
+        loop {
+            let out = self.outcome();
+            if out.is_some() || start.elapsed() > Duration::from_millis(wait_ms) {
+                let confirmed_empty = out == Some(true);
+                return Stopped {
+                    kind: JobKind::Subreaper,
+                    confirmed_empty,
+                    remaining: if out.is_none() {
+                        descendants(self.pid)
+                    } else {
+                        Vec::new()
+                    },
+                    waited_ms: elapsed_ms(start),
+                };
+            }
+            std::thread::sleep(Duration::from_millis(POLL_MS));
+        }
+    }
+}
+
+/// Each process's parent and whether it is a zombie, from one walk of `/proc`.
+fn process_table() -> Vec<(u32, u32, bool)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        if let Some((ppid, zombie)) = parent_of(pid) {
+            out.push((pid, ppid, zombie));
+        }
+    }
+    out
+}
+
+/// A process's parent and whether it is a zombie, from its stat.
+fn parent_of(pid: u32) -> Option<(u32, bool)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // fields after the parenthesised command: state, ppid, …
+    let rest = stat.rsplit_once(')')?.1;
+    let mut f = rest.split_whitespace();
+    let state = f.next()?;
+    let ppid = f.next()?.parse().ok()?;
+    Some((ppid, state == "Z"))
+}
+
+/// The live (not zombie) processes below `root`.
+fn descendants(root: u32) -> Vec<u32> {
+    let table = process_table();
+    let mut found = vec![root];
+    let mut i = 0;
+    while i < found.len() {
+        let p = found[i];
+        for t in table.iter().filter(|t| t.1 == p) {
+            // a pid reused during the walk could close a loop
+            if !found.contains(&t.0) {
+                found.push(t.0);
+            }
+        }
+        i += 1;
+    }
+    found.retain(|p| *p != root && table.iter().any(|t| t.0 == *p && !t.2));
+    found
+}
+
+/// The parents of `pid` up to init, nearest first (at most `ANCESTRY_MAX`).
+fn ancestors(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut p = pid;
+    while out.len() < ANCESTRY_MAX {
+        match parent_of(p) {
+            Some((pp, _)) if pp > 1 => {
+                out.push(pp);
+                p = pp;
+            }
+            _ => break,
+        }
+    }
+    out
 }
 
 fn elapsed_ms(start: Instant) -> u64 {
@@ -606,7 +786,7 @@ mod tests {
 
     #[test]
     fn bad_job_ids_are_refused() {
-        let jobs = Jobs::process_groups("test");
+        let jobs = Jobs::subreapers("test");
         for id in ["", "../x", "a/b", "a b"] {
             assert!(jobs.create(id).is_err(), "{id:?}");
         }
@@ -700,37 +880,147 @@ mod tests {
     }
 
     #[test]
-    fn closing_process_group_jobs_stops_the_groups_still_running() {
-        let jobs = Jobs::process_groups("forced for the test");
+    fn closing_subreaper_jobs_stops_the_jobs_still_running() {
+        let jobs = Jobs::subreapers("forced for the test");
         let mut job = jobs.create("job-c").unwrap();
         let mut cmd = Command::new("/usr/bin/sleep");
         cmd.arg("600");
         job.prepare(&mut cmd);
         let mut child = cmd.spawn().unwrap();
         job.started(child.id());
+        let worker = wait_members(&job, 1)[0];
         // the daemon shuts down with the worker running: its job is never stopped by its launch
         assert_eq!(jobs.close(5_000).unwrap(), 1);
         let _ = child.wait();
-        assert!(!alive(child.id()));
+        assert!(!alive(worker));
         assert_eq!(jobs.close(5_000).unwrap(), 0, "nothing is left to stop");
     }
 
+    /// The job's members once there are at least `n`.
+    fn wait_members(job: &Job, n: usize) -> Vec<u32> {
+        let start = Instant::now();
+        loop {
+            let m = job.members();
+            if m.len() >= n {
+                return m;
+            }
+            assert!(start.elapsed() < Duration::from_secs(10), "members: {m:?}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     #[test]
-    fn a_process_group_job_ends_its_group_and_says_what_it_cannot_see() {
-        let jobs = Jobs::process_groups("forced for the test");
+    fn a_subreaper_job_ends_a_grandchild_that_left_its_process_group() {
+        let jobs = Jobs::subreapers("forced for the test");
         let mut job = jobs.create("job-b").unwrap();
-        assert_eq!(job.kind(), JobKind::ProcessGroup);
+        assert_eq!(job.kind(), JobKind::Subreaper);
         let dir = tempfile::tempdir().unwrap();
         let (mut child, escaped) = escaping(&mut job, dir.path());
-        let s = job.stop(5_000);
-        let _ = child.wait();
-        assert_eq!(s.kind, JobKind::ProcessGroup);
-        assert!(s.confirmed_empty, "{s:?}");
-        // the group is empty, but the grandchild that left it was never in view
+        let members = job.members();
+        assert!(members.contains(&escaped), "{members:?}");
         assert!(
-            alive(escaped),
-            "a process group job cannot see a setsid grandchild"
+            !members.contains(&child.id()),
+            "the shim is Room's, not the worker's"
         );
-        let _ = kill_process(Pid::from_raw(escaped as i32).unwrap(), Signal::KILL);
+        assert!(job.membership().contains(escaped));
+        assert!(jobs.holds(escaped));
+        assert!(!job.membership().contains(std::process::id()));
+        assert!(!jobs.holds(std::process::id()));
+        let s = job.stop(5_000);
+        assert_eq!(s.kind, JobKind::Subreaper);
+        assert!(s.confirmed_empty, "{s:?}");
+        let status = child.wait().unwrap();
+        assert!(!alive(escaped), "the setsid grandchild survived its job");
+        assert!(job.members().is_empty());
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            status.signal(),
+            Some(9),
+            "the worker was killed: {status:?}"
+        );
+    }
+
+    #[test]
+    fn a_subreaper_job_ends_with_its_worker_and_keeps_its_exit_status() {
+        let jobs = Jobs::subreapers("forced for the test");
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("left.pid");
+        let mut job = jobs.create("job-d").unwrap();
+        let mut cmd = Command::new("/bin/sh");
+        cmd.arg("-c").arg(format!(
+            "/usr/bin/setsid /bin/sh -c 'echo $$ > {p}; exec /usr/bin/sleep 600' & \
+             while [ ! -s {p} ]; do sleep 0.01; done; exit 7",
+            p = pidfile.display()
+        ));
+        job.prepare(&mut cmd);
+        let mut child = cmd.spawn().unwrap();
+        job.started(child.id());
+        // the shim leaves only when nothing of its tree is left: the worker's exit ends the rest
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(7));
+        let left: u32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(!alive(left), "what the worker left behind outlived it");
+        let s = job.stop(5_000);
+        assert!(s.confirmed_empty && s.remaining.is_empty(), "{s:?}");
+
+        let mut job = jobs.create("job-e").unwrap();
+        let mut cmd = Command::new("/bin/sh");
+        cmd.arg("-c").arg("kill -9 $$");
+        job.prepare(&mut cmd);
+        let mut child = cmd.spawn().unwrap();
+        job.started(child.id());
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(child.wait().unwrap().signal(), Some(9));
+        assert!(job.stop(5_000).confirmed_empty);
+
+        let job = jobs.create("job-f").unwrap();
+        let mut cmd = Command::new("/nonexistent/program");
+        job.prepare(&mut cmd);
+        assert!(cmd.spawn().is_err(), "an exec failure still reaches spawn");
+    }
+
+    #[test]
+    fn a_killed_shim_leaves_its_job_unconfirmed() {
+        let jobs = Jobs::subreapers("forced for the test");
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("w.pid");
+        let mut job = jobs.create("job-g").unwrap();
+        let mut cmd = Command::new("/bin/sh");
+        // the worker kills the shim above it, then stays
+        cmd.arg("-c").arg(format!(
+            "echo $$ > {p}; kill -9 $PPID; exec /usr/bin/sleep 600",
+            p = pidfile.display()
+        ));
+        job.prepare(&mut cmd);
+        let mut child = cmd.spawn().unwrap();
+        job.started(child.id());
+        // the command holds the write end too: gone, the shim's death is an end of file
+        drop(cmd);
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            child.wait().unwrap().signal(),
+            Some(9),
+            "the shim was killed"
+        );
+        let s = job.stop(10_000);
+        assert!(
+            s.waited_ms < 10_000,
+            "the end of file was seen, not a deadline: {s:?}"
+        );
+        assert_eq!(s.kind, JobKind::Subreaper);
+        assert!(
+            !s.confirmed_empty,
+            "a shim gone without its report proves nothing: {s:?}"
+        );
+        let worker: u32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let _ = kill_process(Pid::from_raw(worker as i32).unwrap(), Signal::KILL);
     }
 }

@@ -13,6 +13,7 @@ pub mod bridge;
 pub mod confine;
 pub mod job;
 pub mod proposal;
+mod shim;
 pub mod staging;
 pub mod stop;
 

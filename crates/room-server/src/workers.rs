@@ -2,10 +2,10 @@
 //! second), it asks the engine for launches (`Engine::dispatch_take`: revalidation, routes,
 //! busy recipients, the cooldown) and runs each one's worker process. The engine decides;
 //! this module only starts processes, reports their pids (the split-lock claim) and exits,
-//! and stops their process groups.
+//! and stops their jobs.
 //!
 //! A worker runs in an owned job (`room_exec::job`: a cgroup v2 leaf of its own where the
-//! daemon can make one, else its process group) with an empty environment except the names its
+//! daemon can make one, else the tree below a subreaper shim) with an empty environment except the names its
 //! route lists and `ROOM_TOKEN` (its one-launch credential), `ROOM_STATE_DIR`, `ROOM_SOCKET`
 //! and `ROOM_LAUNCH`; the wake prompt (JSON) is its stdin; its stdout and stderr go to
 //! `<state>/workers/<launch>/`. When its leader exits, and at its deadline, the whole job is
@@ -1050,7 +1050,8 @@ async fn replay_stop(
     let pid = doc1["job"]["pid"]
         .as_u64()
         .and_then(|p| u32::try_from(p).ok());
-    let seen = blocking(move || Ok(jobs.observe_empty(&launch, pid))).await?;
+    let kind = doc1["job"]["kind"].as_str().unwrap_or("none").to_string();
+    let seen = blocking(move || Ok(jobs.observe_empty(&launch, &kind, pid))).await?;
     match seen {
         Some(o) if o.confirmed_empty => {
             let observed = json!({"kind": o.kind.as_str(), "confirmed_empty": true,
