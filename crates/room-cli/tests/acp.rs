@@ -140,6 +140,20 @@ fn settled(env: &Env) -> std::collections::BTreeMap<String, Value> {
     );
 }
 
+/// The machine's pids of the live processes whose command line holds `marker`.
+fn marked(marker: &str) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == marker.as_bytes()))
+        })
+        .collect()
+}
+
 fn alive(pid: u32) -> bool {
     // a zombie is dead: only its exit status is left for a parent to collect
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -255,10 +269,11 @@ fn a_wake_reaches_a_real_acp_agent_and_each_proof_is_what_was_seen() {
         .filter_map(|x| serde_json::from_str::<Value>(x).ok())
         .find(|x| x["step"] == "child")
         .unwrap_or_else(|| panic!("the agent logged its child: {log}"));
-    let pid = child["pid"].as_u64().unwrap() as u32;
-    assert!(
-        !alive(pid),
-        "the agent's grandchild {pid} outlived its launch"
+    let marker = child["marker"].as_str().unwrap();
+    assert_eq!(
+        marked(marker),
+        Vec::<u32>::new(),
+        "the agent's grandchild {marker} outlived its launch"
     );
     assert_eq!(
         l["job"]["confirmed_empty"], true,

@@ -96,8 +96,19 @@ fn worker_stops(state: &Path) -> Vec<Value> {
         .collect()
 }
 
-fn gone(pid: u64) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z "))
+/// The machine's pids of the live processes whose command line holds `marker` (the worker
+/// runs in a PID namespace of its own: the pids it reports are not the machine's).
+fn marked(marker: &str) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == marker.as_bytes()))
+        })
+        .collect()
 }
 
 /// Start a daemon that aborts at `fault`, get a stubborn worker running, cancel its room and
@@ -166,10 +177,12 @@ fn crash_at(fault: &str) -> (Vec<Value>, Value) {
             .filter_map(|d| std::fs::read_to_string(d.path().join("stdout.log")).ok())
             .flat_map(|s| s.lines().map(String::from).collect::<Vec<_>>())
             .filter_map(|l| serde_json::from_str::<Value>(&l).ok())
-            .find_map(|v| v["child"].as_u64().map(Value::from))
+            .find_map(|v| v["marker"].as_str().map(Value::from))
     })
-    .as_u64()
-    .unwrap();
+    .as_str()
+    .unwrap()
+    .to_string();
+    assert!(!marked(&child).is_empty(), "no process marked {child}");
     ok(&state, None, "room_cancel", json!({"room": "coord"}));
     let start = Instant::now();
     let status = loop {
@@ -216,11 +229,16 @@ fn crash_at(fault: &str) -> (Vec<Value>, Value) {
     let observed = &s["phase_2"]["observed"];
     assert_eq!(observed["confirmed_empty"], true, "{s}");
     if observed["kind"] == "cgroup" {
-        assert!(gone(child), "the grandchild outlived the restart's reap");
+        assert!(
+            marked(&child).is_empty(),
+            "the grandchild outlived the restart's reap"
+        );
     } else {
-        let _ = Command::new("/bin/kill")
-            .args(["-9", &child.to_string()])
-            .status();
+        for pid in marked(&child) {
+            let _ = Command::new("/bin/kill")
+                .args(["-9", &pid.to_string()])
+                .status();
+        }
     }
     (before.iter().map(|b| json!(b)).collect(), observed.clone())
 }

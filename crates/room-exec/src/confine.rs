@@ -42,6 +42,16 @@ struct Prepared {
     broker: CString,
     /// The cgroup2 mounts to hide (read from mountinfo before the fork).
     cgroup_mounts: Vec<CString>,
+    /// A PID namespace of its own, with its own `/proc` (see `enter_pid_namespace`).
+    pid_namespace: bool,
+}
+
+/// What the machine lets a confined worker have (`Confinement::probe`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Support {
+    /// Why a worker cannot have a PID namespace of its own here, when it cannot (it is then
+    /// confined without one, and sees the machine's processes in `/proc`).
+    pub no_pid_namespace: Option<String>,
 }
 
 /// How a worker's view of the state directory is narrowed (see the module comment).
@@ -97,8 +107,17 @@ impl Confinement {
                 socket: cstr(socket)?,
                 broker: cstr(&worker.join("broker.sock"))?,
                 cgroup_mounts,
+                pid_namespace: true,
             }),
         })
+    }
+
+    /// No PID namespace: the worker sees the machine's `/proc` (a machine that allows mount
+    /// namespaces but not a PID namespace with its own `/proc`).
+    pub fn without_pid_namespace(self) -> Confinement {
+        let mut p = (*self.p).clone();
+        p.pid_namespace = false;
+        Confinement { p: Arc::new(p) }
     }
 
     /// No network either: the worker gets a network namespace with no interface.
@@ -139,21 +158,38 @@ impl Confinement {
     }
 
     /// Whether this machine lets a child narrow its view so: start `/bin/true` confined in a
-    /// scratch state directory.
-    pub fn probe(scratch: &Path) -> Result<(), String> {
+    /// scratch state directory, with a PID namespace and without one.
+    pub fn probe(scratch: &Path) -> Result<Support, String> {
+        let with = Confinement::probe_one(scratch, true);
+        let _ = std::fs::remove_dir_all(scratch);
+        let Err(why) = with else {
+            return Ok(Support {
+                no_pid_namespace: None,
+            });
+        };
+        let without = Confinement::probe_one(scratch, false);
+        let _ = std::fs::remove_dir_all(scratch);
+        without.map(|()| Support {
+            no_pid_namespace: Some(why),
+        })
+    }
+
+    fn probe_one(scratch: &Path, pid_namespace: bool) -> Result<(), String> {
         let launch = "probe";
         let worker = scratch.join("workers").join(launch);
         std::fs::create_dir_all(&worker).map_err(|e| e.to_string())?;
         let socket = scratch.join("room.sock");
         std::fs::write(worker.join("broker.sock"), b"").map_err(|e| e.to_string())?;
-        let c = Confinement::new(scratch, launch, &socket).map_err(|e| e.to_string())?;
+        let mut c = Confinement::new(scratch, launch, &socket).map_err(|e| e.to_string())?;
+        if !pid_namespace {
+            c = c.without_pid_namespace();
+        }
         let mut cmd = std::process::Command::new("/bin/true");
         cmd.stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null());
         c.prepare(&mut cmd);
         let ran = cmd.status().map_err(|e| e.to_string());
-        let _ = std::fs::remove_dir_all(scratch);
         match ran? {
             s if s.success() => Ok(()),
             s => Err(format!("a confined /bin/true exited {s}")),
@@ -174,21 +210,7 @@ fn write_all(path: &CStr, bytes: &[u8]) -> rustix::io::Result<()> {
 fn fd_path(fd: i32, buf: &mut [u8; 32]) -> &CStr {
     let prefix = b"/proc/self/fd/";
     buf[..prefix.len()].copy_from_slice(prefix);
-    let mut digits = [0u8; 10];
-    let (mut n, mut len) = (fd.unsigned_abs(), 0);
-    loop {
-        digits[len] = b'0' + (n % 10) as u8;
-        len += 1;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    let mut at = prefix.len();
-    for d in digits[..len].iter().rev() {
-        buf[at] = *d;
-        at += 1;
-    }
+    let at = prefix.len() + write_decimal(fd, &mut buf[prefix.len()..]);
     buf[at] = 0;
     CStr::from_bytes_with_nul(&buf[..=at]).expect("one NUL, at the end")
 }
@@ -196,12 +218,13 @@ fn fd_path(fd: i32, buf: &mut [u8; 32]) -> &CStr {
 fn hide(p: &Prepared) -> rustix::io::Result<()> {
     use rustix::thread::UnshareFlags;
     // the cgroup namespace is rooted where the child is now: its job's leaf
-    let net = UnshareFlags::NEWCGROUP
-        | if p.no_network {
-            UnshareFlags::NEWNET
-        } else {
-            UnshareFlags::empty()
-        };
+    let mut net = UnshareFlags::NEWCGROUP;
+    if p.no_network {
+        net |= UnshareFlags::NEWNET;
+    }
+    if p.pid_namespace {
+        net |= UnshareFlags::NEWPID;
+    }
     if p.root {
         // SAFETY: the child has one thread; no descriptor table is unshared.
         unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWNS | net)? };
@@ -262,7 +285,146 @@ fn hide(p: &Prepared) -> rustix::io::Result<()> {
             c"",
         )?;
     }
+    if p.pid_namespace {
+        enter_pid_namespace(p.root)?;
+    }
     Ok(())
+}
+
+/// Go on as the worker in a PID namespace of its own (returns there; never returns in the
+/// door it leaves behind, see `shim::door`).
+///
+/// The first process cloned after `unshare(CLONE_NEWPID)` is the namespace's init: it mounts
+/// a `/proc` of the namespace (so `/proc/<pid>/root` names only the job's own processes, never
+/// the daemon's or an owner's shell's view of the state directory), becomes undumpable (the
+/// worker, of its uid, cannot ptrace it to use what it holds) and splits off the worker as a
+/// shim does, ending the whole namespace when the worker ends. Its parent, still outside, is
+/// the door: the process `spawn` returned, which leaves as the init does.
+///
+/// Under a root daemon the init then enters a user namespace of its own (and a mount
+/// namespace owned by it), mapped by the door to every uid, so the worker is root in name
+/// and in file access but holds no capability outside that namespace: every mount it
+/// inherited is locked (it cannot take the hiding away) and no device, module or file handle
+/// of the machine is its to use.
+fn enter_pid_namespace(root: bool) -> rustix::io::Result<()> {
+    use rustix::pipe::{PipeFlags, pipe_with};
+    use rustix::thread::UnshareFlags;
+    let (ready_r, ready_w) = pipe_with(PipeFlags::CLOEXEC)?;
+    let (go_r, go_w) = pipe_with(PipeFlags::CLOEXEC)?;
+    // SAFETY: a raw clone in a single-threaded child, as `shim::split` does
+    let init = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            libc::SIGCHLD as libc::c_long,
+            0 as libc::c_long,
+            0 as libc::c_long,
+            0 as libc::c_long,
+            0 as libc::c_long,
+        )
+    };
+    if init < 0 {
+        return Err(rustix::io::Errno::from_raw_os_error(errno()));
+    }
+    if init > 0 {
+        drop((ready_w, go_r));
+        if root {
+            let mut b = [0u8; 1];
+            if matches!(rustix::io::read(&ready_r, &mut b), Ok(1)) && map_all(init as i32).is_ok() {
+                let _ = rustix::io::write(&go_w, b"m");
+            }
+        }
+        drop((ready_r, go_w));
+        // SAFETY: the parent of `init`, between fork and exec
+        unsafe { crate::shim::door(init as libc::pid_t) }
+    }
+    drop((ready_r, go_w));
+    // SAFETY: plain system calls
+    unsafe {
+        if libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        ) != 0
+        {
+            return Err(rustix::io::Errno::from_raw_os_error(errno()));
+        }
+        // a mount namespace of the init's own: the door keeps the machine's /proc, where it
+        // finds the init to map
+        rustix::thread::unshare_unsafe(UnshareFlags::NEWNS)?;
+    }
+    rustix::mount::mount(
+        c"proc",
+        c"/proc",
+        c"proc",
+        MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+        c"",
+    )?;
+    if root {
+        // SAFETY: as above
+        unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWUSER | UnshareFlags::NEWNS)? };
+        rustix::io::write(&ready_w, b"u")?;
+        let mut b = [0u8; 1];
+        if !matches!(rustix::io::read(&go_r, &mut b), Ok(1)) {
+            return Err(rustix::io::Errno::PERM);
+        }
+    }
+    drop((ready_w, go_r));
+    // SAFETY: plain system calls
+    unsafe {
+        if libc::prctl(libc::PR_SET_DUMPABLE, 0 as libc::c_ulong, 0, 0, 0) != 0 {
+            return Err(rustix::io::Errno::from_raw_os_error(errno()));
+        }
+        crate::shim::split_init().map_err(|e| {
+            rustix::io::Errno::from_raw_os_error(e.raw_os_error().unwrap_or(libc::EPERM))
+        })
+    }
+}
+
+fn errno() -> i32 {
+    // SAFETY: reading this thread's errno
+    unsafe { *libc::__errno_location() }
+}
+
+/// Map every uid and gid into the user namespace `pid` has just entered (a root daemon's
+/// door, which holds CAP_SETUID and CAP_SETGID where the namespace's parent is).
+fn map_all(pid: i32) -> rustix::io::Result<()> {
+    const ALL: &[u8] = b"0 0 4294967295\n";
+    for file in [&b"/uid_map"[..], &b"/gid_map"[..]] {
+        let mut buf = [0u8; 48];
+        write_all(proc_path(pid, file, &mut buf), ALL)?;
+    }
+    Ok(())
+}
+
+/// `/proc/<pid><file>` in `buf`, NUL-terminated, without allocating.
+fn proc_path<'b>(pid: i32, file: &[u8], buf: &'b mut [u8; 48]) -> &'b CStr {
+    let prefix = b"/proc/";
+    buf[..prefix.len()].copy_from_slice(prefix);
+    let mut at = prefix.len() + write_decimal(pid, &mut buf[prefix.len()..]);
+    buf[at..at + file.len()].copy_from_slice(file);
+    at += file.len();
+    buf[at] = 0;
+    CStr::from_bytes_with_nul(&buf[..=at]).expect("one NUL, at the end")
+}
+
+/// `n` in decimal at the start of `out`; its length.
+fn write_decimal(n: i32, out: &mut [u8]) -> usize {
+    let mut digits = [0u8; 10];
+    let (mut n, mut len) = (n.unsigned_abs(), 0);
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for (i, d) in digits[..len].iter().rev().enumerate() {
+        out[i] = *d;
+    }
+    len
 }
 
 #[cfg(test)]
@@ -277,6 +439,44 @@ mod tests {
             fd_path(2_147_483_647, &mut b).to_str().unwrap(),
             "/proc/self/fd/2147483647"
         );
+    }
+
+    #[test]
+    fn a_confined_child_sees_only_its_own_processes_and_holds_no_machine_capability() {
+        let tmp = tempfile::tempdir().unwrap();
+        let state = tmp.path().join("state");
+        std::fs::create_dir_all(state.join("workers/lch_1")).unwrap();
+        std::fs::write(state.join("workers/lch_1/broker.sock"), b"").unwrap();
+        let c = Confinement::new(&state, "lch_1", &state.join("room.sock")).unwrap();
+        // its pid, how many processes /proc shows, whether it can see the daemon (this test)
+        let script = format!(
+            "echo $$; ls /proc | grep -c '^[0-9]'; test -e /proc/{me} && echo SEEN; \
+             cat /proc/self/uid_map | tr -s ' ' | sed 's/^ //'; exit 4",
+            me = std::process::id()
+        );
+        let mut cmd = std::process::Command::new("/bin/sh");
+        cmd.args(["-c", &script]);
+        c.prepare(&mut cmd);
+        let out = match cmd.output() {
+            Ok(o) => o,
+            Err(e) => return eprintln!("confinement unavailable here: {e}"),
+        };
+        // the worker's exit status comes back through the init and the door
+        assert_eq!(out.status.code(), Some(4), "{out:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = text.lines().collect();
+        // the init is 1, the worker 2, and the shell's ls and grep at most two more
+        assert_eq!(lines[0], "2", "{text:?} {:?}", out.stderr);
+        assert!(lines[1].parse::<u32>().unwrap() <= 4, "{text:?}");
+        assert!(!text.contains("SEEN"), "{text:?}");
+        let uid = rustix::process::geteuid().as_raw();
+        // a root daemon's worker is root in a namespace of its own, mapped to every uid
+        let map = if uid == 0 {
+            "0 0 4294967295".to_string()
+        } else {
+            format!("{uid} {uid} 1")
+        };
+        assert_eq!(lines[2], map, "{text:?}");
     }
 
     #[test]

@@ -77,6 +77,47 @@ pub(crate) unsafe fn split(report: RawFd) -> io::Result<()> {
     }
 }
 
+/// Split the child as `split` does, as the init of a PID namespace (the first process the
+/// caller cloned after `unshare(CLONE_NEWPID)`): it never returns in the init, which ends
+/// every process of its namespace with the worker or on a signal, and reports nothing (its
+/// namespace ends with it: the kernel kills every process left in it).
+///
+/// # Safety
+/// As `split`.
+pub(crate) unsafe fn split_init() -> io::Result<()> {
+    // SAFETY: as `split`, with no report pipe
+    unsafe { split(-1) }
+}
+
+/// The door of a PID namespace: the process outside it whose only child is the namespace's
+/// init. It holds nothing (every descriptor closed, so the worker's pipes and std's exec-error
+/// pipe see their ends), dies of the signals a worker would (the init then gets SIGKILL, its
+/// parent-death signal, and the namespace ends), and leaves as the init left.
+///
+/// # Safety
+/// Call only between fork and exec, in the parent of `init`.
+pub(crate) unsafe fn door(init: libc::pid_t) -> ! {
+    // SAFETY: system calls on stack memory only
+    unsafe {
+        close_all_but(-1);
+        // handlers inherited from the daemon must not run here
+        for s in WATCHED {
+            libc::signal(s, libc::SIG_DFL);
+        }
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        loop {
+            let mut st: libc::c_int = 0;
+            let r = libc::waitpid(init, &mut st, 0);
+            if r == init {
+                exit_as(Some(st));
+            }
+            if r < 0 && *libc::__errno_location() != libc::EINTR {
+                exit_as(None);
+            }
+        }
+    }
+}
+
 /// The shim's life: watch until the worker is reaped or a stop is asked, end every child,
 /// report, and leave with the worker's status.
 unsafe fn run(worker: libc::pid_t, report: RawFd, set: &libc::sigset_t) -> ! {
@@ -111,7 +152,9 @@ unsafe fn run(worker: libc::pid_t, report: RawFd, set: &libc::sigset_t) -> ! {
                 break;
             }
         }
-        libc::write(report, [EMPTY].as_ptr().cast(), 1);
+        if report >= 0 {
+            libc::write(report, [EMPTY].as_ptr().cast(), 1);
+        }
         exit_as(status)
     }
 }
@@ -186,9 +229,24 @@ unsafe fn kill_children() {
     }
 }
 
-/// Close every descriptor but `keep`: the shim must hold no pipe of the worker's (nor std's
-/// exec-error pipe, which would keep `spawn` waiting).
+/// Close every descriptor but `keep` (none when it is negative): the shim must hold no pipe
+/// of the worker's (nor std's exec-error pipe, which would keep `spawn` waiting).
 unsafe fn close_all_but(keep: RawFd) {
+    if keep < 0 {
+        // SAFETY: closing descriptors this process owns
+        unsafe {
+            if libc::syscall(
+                libc::SYS_close_range,
+                0 as libc::c_uint,
+                libc::c_uint::MAX,
+                0 as libc::c_uint,
+            ) == 0
+            {
+                return;
+            }
+        }
+    }
+    let keep_none = keep < 0;
     let keep = keep.max(0) as libc::c_uint;
     // SAFETY: closing descriptors this process owns
     unsafe {
@@ -219,7 +277,7 @@ unsafe fn close_all_but(keep: RawFd) {
             4_096
         };
         for fd in 0..max {
-            if fd as libc::c_uint != keep {
+            if fd as libc::c_uint != keep || keep_none {
                 libc::close(fd);
             }
         }

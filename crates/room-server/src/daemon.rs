@@ -498,19 +498,28 @@ pub async fn serve(
         match tokio::task::spawn_blocking(move || room_exec::confine::Confinement::probe(&scratch))
             .await
         {
-            Ok(Ok(())) => {
-                tracing::info!("workers run confined: the state directory is hidden from them");
-                true
+            Ok(Ok(support)) => {
+                match &support.no_pid_namespace {
+                    None => tracing::info!(
+                        "workers run confined: the state directory is hidden from them, and \
+                         each sees only its own processes"
+                    ),
+                    Some(why) => tracing::warn!(
+                        "workers run confined without a PID namespace (through /proc they \
+                         see the machine's processes and what those see): {why}"
+                    ),
+                }
+                Some(support)
             }
             Ok(Err(why)) => {
                 tracing::warn!(
                     "workers are not confined (they can see the state directory): {why}"
                 );
-                false
+                None
             }
             Err(e) => {
                 tracing::warn!("the confinement probe panicked: {e}");
-                false
+                None
             }
         }
     };

@@ -72,8 +72,9 @@ pub struct WorkerEnv {
     pub jobs: Jobs,
     /// The limits of the daemon's listeners, which each launch's broker keeps too.
     pub limits: crate::daemon::Limits,
-    /// Workers run confined (`room_exec::confine`): the daemon's probe found it possible.
-    pub confine: bool,
+    /// Workers run confined (`room_exec::confine`) when the daemon's probe found it
+    /// possible, with what it found.
+    pub confine: Option<room_exec::confine::Support>,
     /// The broker of each running launch.
     pub brokers: Brokers,
 }
@@ -414,7 +415,7 @@ fn command(
     }
     // confined, the daemon's socket path is where the worker sees its broker; otherwise
     // it is told the broker's own path (the daemon's socket would take it for a worker too)
-    let socket = if env.confine {
+    let socket = if env.confine.is_some() {
         env.socket.clone()
     } else {
         dir.join("broker.sock")
@@ -506,7 +507,7 @@ fn confine(env: &WorkerEnv, l: &Launch, cmd: &mut tokio::process::Command) -> Re
         }
         _ => None,
     };
-    if !env.confine {
+    let Some(support) = &env.confine else {
         return match (no_network, read_only) {
             (false, None) => Ok(()),
             (true, _) => {
@@ -516,9 +517,12 @@ fn confine(env: &WorkerEnv, l: &Launch, cmd: &mut tokio::process::Command) -> Re
                 Err("project = \"read_only\" needs namespaces this machine does not allow".into())
             }
         };
-    }
+    };
     let mut c = room_exec::confine::Confinement::new(&env.state_dir, &l.id, &env.socket)
         .map_err(|e| format!("the launch's confinement: {e}"))?;
+    if support.no_pid_namespace.is_some() {
+        c = c.without_pid_namespace();
+    }
     if no_network {
         c = c.without_network();
     }

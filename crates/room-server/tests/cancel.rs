@@ -89,8 +89,17 @@ fn events_of(fx: &mut Fx, kind: &str) -> Vec<Value> {
         .collect()
 }
 
-fn gone(pid: u64) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z "))
+fn gone(marker: &str) -> bool {
+    common::marked(marker).is_empty()
+}
+
+/// End what a failed test left behind (by its marker: the worker's pids are its namespace's).
+fn end_marked(marker: &str) {
+    for pid in common::marked(marker) {
+        let _ = std::process::Command::new("/bin/kill")
+            .args(["-9", &pid.to_string()])
+            .status();
+    }
 }
 
 #[test]
@@ -279,8 +288,8 @@ fn a_cancel_dead_letters_queued_wakes_leaves_obligations_open_and_holds_operatio
     assert_eq!(wake(&mut fx, &src)["state"], "dead");
 }
 
-/// A running worker, once its launch is running; its stubborn grandchild's pid.
-fn running_worker(fx: &mut Fx, a: &str) -> (String, u64) {
+/// A running worker, once its launch is running; the marker of its stubborn grandchild.
+fn running_worker(fx: &mut Fx, a: &str) -> (String, String) {
     route(fx, "stubborn");
     let src = send(fx, a, "work until stopped");
     wait_for(fx, &src, "the launch never ran", |w| {
@@ -295,8 +304,10 @@ fn running_worker(fx: &mut Fx, a: &str) -> (String, u64) {
             .filter_map(|d| std::fs::read_to_string(d.path().join("stdout.log")).ok())
             .flat_map(|s| s.lines().map(String::from).collect::<Vec<_>>())
             .filter_map(|l| serde_json::from_str::<Value>(&l).ok())
-            .find_map(|v| v["child"].as_u64());
+            .find_map(|v| v["marker"].as_str().map(String::from));
         if let Some(c) = out {
+            // found by its marker while it runs: the checks that it is gone can fail
+            assert!(!common::marked(&c).is_empty(), "no process marked {c}");
             break c;
         }
         assert!(start.elapsed() < Duration::from_secs(30), "no grandchild");
@@ -351,7 +362,7 @@ fn a_cancel_stops_a_running_worker_that_ignores_sigterm_through_the_two_phase_ou
     let job = &fx.ok(None, "stops_list", json!({}))["stops"][0]["phase_2"]["observed"];
     println!("observed: {job}");
     if job["kind"] == "cgroup" {
-        assert!(gone(child), "the setsid grandchild outlived its job");
+        assert!(gone(&child), "the setsid grandchild outlived its job");
     } else {
         let _ = std::process::Command::new("/bin/kill")
             .args(["-9", &child.to_string()])
@@ -382,11 +393,7 @@ fn break_glass_stops_every_worker_and_dispatches_nothing_until_released() {
     );
     assert_eq!(w["launches"][0]["outcome"], "stopped", "{w}");
     assert_stopped_in_two_phases(&mut fx, "break_glass");
-    if !gone(child) {
-        let _ = std::process::Command::new("/bin/kill")
-            .args(["-9", &child.to_string()])
-            .status();
-    }
+    end_marked(&child);
     // nothing is dispatched while it is engaged
     let queued = send(&mut fx, &a, "while the glass is broken");
     fx.ok(None, "wakes_check", json!({}));
@@ -427,7 +434,7 @@ fn the_observer_stops_a_worker_whose_room_closes_admission_or_whose_agent_is_rev
         assert_stopped_in_two_phases(&mut fx, reason);
         let job = &fx.ok(None, "stops_list", json!({}))["stops"][0]["phase_2"]["observed"];
         if job["kind"] == "cgroup" {
-            assert!(gone(child), "{op}: the setsid grandchild outlived its job");
+            assert!(gone(&child), "{op}: the setsid grandchild outlived its job");
         } else {
             let _ = std::process::Command::new("/bin/kill")
                 .args(["-9", &child.to_string()])
@@ -455,9 +462,5 @@ fn a_room_with_a_running_worker_is_not_archived_until_its_worker_is_stopped() {
     });
     assert_stopped_in_two_phases(&mut fx, "room_cancelled");
     fx.ok(None, "room_archive", json!({"room": "coord"}));
-    if !gone(child) {
-        let _ = std::process::Command::new("/bin/kill")
-            .args(["-9", &child.to_string()])
-            .status();
-    }
+    end_marked(&child);
 }

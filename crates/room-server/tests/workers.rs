@@ -140,12 +140,10 @@ fn a_worker_past_its_deadline_is_stopped_with_its_whole_group() {
     let w = settled(&mut fx, &src, &["queued", "dispatched"]);
     assert_eq!(w["state"], "failed", "{w}");
     let out = worker_out(&fx);
-    let child = out[1]["child"].as_u64().unwrap();
-    assert!(
-        !std::path::Path::new(&format!("/proc/{child}")).exists()
-            || std::fs::read_to_string(format!("/proc/{child}/stat"))
-                .unwrap_or_default()
-                .contains(") Z "),
+    let child = out[1]["marker"].as_str().unwrap();
+    assert_eq!(
+        common::marked(child),
+        Vec::<u32>::new(),
         "the worker's child outlived its launch"
     );
 }
@@ -234,10 +232,6 @@ fn a_capacity_outside_its_bounds_fails_the_policy_closed() {
     assert!(r.to_string().contains("dispatch.workers_max"), "{r}");
 }
 
-fn gone(pid: u64) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z "))
-}
-
 #[test]
 fn a_worker_s_grandchild_that_left_its_process_group_ends_with_its_job() {
     let mut fx = Fx::new();
@@ -249,7 +243,7 @@ fn a_worker_s_grandchild_that_left_its_process_group_ends_with_its_job() {
     let job = &w["launches"][0]["job"];
     assert_eq!(job["confirmed_empty"], true, "zero processes observed: {w}");
     let out = worker_out(&fx);
-    let child = out[1]["child"].as_u64().unwrap();
+    let child = out[1]["marker"].as_str().unwrap();
     // the daemon makes cgroup jobs wherever this process could
     let here = room_exec::job::Jobs::detect(&format!("probe{}", std::process::id()));
     let forced = std::env::var("ROOM_JOB_KIND").as_deref() == Ok("subreaper");
@@ -260,7 +254,11 @@ fn a_worker_s_grandchild_that_left_its_process_group_ends_with_its_job() {
     }
     // a cgroup leaf and a subreaper shim both hold what left the worker's group
     assert!(job["kind"] == "cgroup" || job["kind"] == "subreaper", "{w}");
-    assert!(gone(child), "the setsid grandchild outlived its job: {w}");
+    assert_eq!(
+        common::marked(child),
+        Vec::<u32>::new(),
+        "the setsid grandchild outlived its job: {w}"
+    );
 }
 
 #[test]
@@ -742,8 +740,13 @@ fn cited_evidence_is_served_to_the_recipient_at_wake_time_with_a_delivery_receip
 
 /// Whether this machine lets a child run confined (as the daemon's own start probe finds).
 fn confinable() -> bool {
+    confinement().is_some()
+}
+
+/// What the daemon's start probe finds on this machine.
+fn confinement() -> Option<room_exec::confine::Support> {
     let tmp = tempfile::tempdir().unwrap();
-    room_exec::confine::Confinement::probe(&tmp.path().join("probe")).is_ok()
+    room_exec::confine::Confinement::probe(&tmp.path().join("probe")).ok()
 }
 
 #[test]
@@ -779,7 +782,7 @@ fn a_worker_reaches_neither_the_owner_socket_nor_the_state_dir_only_its_broker()
         !agents.to_string().contains("intruder"),
         "nothing was enrolled: {agents}"
     );
-    if confinable() {
+    if let Some(support) = confinement() {
         // no cgroup outside its job can be named: the mounts are hidden, its namespace's root
         // is its leaf
         let escapes = seen["cgroup_escape"].as_array().unwrap();
@@ -791,6 +794,19 @@ fn a_worker_reaches_neither_the_owner_socket_nor_the_state_dir_only_its_broker()
         assert_eq!(seen["control_db"], "FileNotFoundError", "{seen}");
         assert_eq!(
             seen["state_dir_entries"],
+            json!(["room.sock", "workers"]),
+            "{seen}"
+        );
+        if let Some(why) = support.no_pid_namespace {
+            return eprintln!("no PID namespace here ({why}): /proc is the machine's");
+        }
+        // nor through another process's root: the worker sees only its own job's processes
+        assert_eq!(seen["proc_root_leaks"], json!([]), "{seen}");
+        assert!(seen["proc_pids"].as_u64().unwrap() < 8, "{seen}");
+        // and cannot take the hiding away, even as the root of a root daemon
+        assert_ne!(seen["umount_state_dir"], "unmounted", "{seen}");
+        assert_eq!(
+            seen["state_dir_after_umount"],
             json!(["room.sock", "workers"]),
             "{seen}"
         );

@@ -101,8 +101,11 @@ class TestAgent(Agent):
             await self.cancelled.wait()
             return PromptResponse(stop_reason="cancelled")
         if MODE == "ignore_cancel":
-            child = subprocess.Popen(["/usr/bin/sleep", "600"])
-            log(step="child", pid=child.pid)
+            # the agent runs in a PID namespace of its own: the test finds this child by the
+            # marker in its command line, not by a pid of this namespace
+            marker = "room-test-child-" + uuid.uuid4().hex
+            child = subprocess.Popen(["/bin/sh", "-c", "sleep 600; exit", marker])
+            log(step="child", pid=child.pid, marker=marker)
             await asyncio.Event().wait()
         if MODE == "reply":
             wake = next(json.loads(t) for t in texts if t.startswith("{"))

@@ -312,3 +312,23 @@ impl Fx {
 pub fn bytecount(b: &[u8]) -> usize {
     b.iter().filter(|&&c| c == b'\n').count()
 }
+
+/// The machine's pids of the live processes whose command line holds `marker` (a confined
+/// worker runs in a PID namespace of its own, so the pids it reports are not the machine's;
+/// the test workers mark what they leave behind).
+pub fn marked(marker: &str) -> Vec<u32> {
+    assert!(
+        marker.len() > 16,
+        "a marker that names its launch: {marker:?}"
+    );
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == marker.as_bytes()))
+        })
+        .collect()
+}

@@ -16,14 +16,18 @@ mode = sys.argv[1] if len(sys.argv) > 1 else "reply"
 token = os.environ["ROOM_TOKEN"]
 print(json.dumps({"token": token, "launch": os.environ.get("ROOM_LAUNCH"), "env": sorted(os.environ),
                   "evidence": prompt.get("evidence")}), flush=True)
+def marker(what):
+    # the worker runs in a PID namespace of its own, so the pids it sees are not the
+    # machine's: the test finds its processes by this word in their command line
+    return "room-test-%s-%s" % (what, os.environ.get("ROOM_LAUNCH"))
 if mode == "exit":
     sys.exit(0)
 if mode == "fail":
     sys.exit(3)
 if mode == "escape":
     # a grandchild in a session of its own (out of the worker's process group) outlives this exit
-    child = subprocess.Popen(["/usr/bin/setsid", "/usr/bin/sleep", "600"])
-    print(json.dumps({"child": child.pid}), flush=True)
+    child = subprocess.Popen(["/usr/bin/setsid", "/bin/sh", "-c", "sleep 600; exit", marker("escape")])
+    print(json.dumps({"child": child.pid, "marker": marker("escape")}), flush=True)
     sys.exit(0)
 if mode == "sever":
     # asks for a page, takes only its first bytes, says so, and waits: the test revokes it then
@@ -112,6 +116,46 @@ if mode == "probe":
     seen["cgroup_escape"] = escapes
     seen["own_cgroup"] = open("/proc/self/cgroup").read().strip().splitlines()[-1]
     seen["state_dir_entries"] = sorted(os.listdir(os.environ["ROOM_STATE_DIR"]))
+    # another process's view of the machine through /proc/<pid>/root (the daemon's, a shell's):
+    # the state directory and the owner socket must not be reachable that way either
+    state = os.environ["ROOM_STATE_DIR"]
+    pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    seen["proc_pids"] = len(pids)
+    leaks = []
+    for p in pids:
+        root = "/proc/%s/root" % p
+        try:
+            if "control.db" in os.listdir(root + state):
+                leaks.append("state_dir")
+        except OSError:
+            pass
+        try:
+            s = socket.socket(socket.AF_UNIX)
+            s.settimeout(2)
+            # relative to the socket's directory: sun_path is 108 bytes at most
+            here = os.getcwd()
+            os.chdir(root + os.path.dirname(os.environ["ROOM_SOCKET"]))
+            try:
+                s.connect(os.path.basename(os.environ["ROOM_SOCKET"]))
+            finally:
+                os.chdir(here)
+            fh = s.makefile("rwb")
+            fh.write(json.dumps({"op": "agent_list", "args": {}}).encode() + b"\n")
+            fh.flush()
+            if json.loads(fh.readline()).get("ok"):
+                leaks.append("owner_socket")
+        except (OSError, ValueError):
+            pass
+    seen["proc_root_leaks"] = sorted(set(leaks))
+    # undoing the mount that hides the state directory (a worker of a root daemon is root)
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.umount2(state.encode(), 2) == 0:
+        seen["umount_state_dir"] = "unmounted"
+    else:
+        import errno
+        seen["umount_state_dir"] = errno.errorcode.get(ctypes.get_errno(), "?")
+    seen["state_dir_after_umount"] = sorted(os.listdir(state))
     if len(sys.argv) > 2:
         # a TCP listener of the test, on this machine's loopback
         try:
@@ -163,13 +207,13 @@ if mode == "stubborn":
     # ignores SIGTERM and leaves a grandchild in a session of its own that ignores it too
     import signal
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    child = subprocess.Popen(["/usr/bin/setsid", "/bin/sh", "-c", "trap '' TERM; sleep 600"])
-    print(json.dumps({"child": child.pid}), flush=True)
+    child = subprocess.Popen(["/usr/bin/setsid", "/bin/sh", "-c", "trap '' TERM; sleep 600; exit", marker("stubborn")])
+    print(json.dumps({"child": child.pid, "marker": marker("stubborn")}), flush=True)
     while True:
         time.sleep(1)
 if mode == "hang":
-    child = subprocess.Popen(["/usr/bin/sleep", "600"])
-    print(json.dumps({"child": child.pid}), flush=True)
+    child = subprocess.Popen(["/bin/sh", "-c", "sleep 600; exit", marker("hang")])
+    print(json.dumps({"child": child.pid, "marker": marker("hang")}), flush=True)
     while True:
         time.sleep(1)
 
