@@ -382,78 +382,22 @@ impl Engine {
             .into_iter()
             .filter(|l| l.state == "starting" || l.state == "running")
         {
-            let room = c.room(&l.room).map_err(store_err)?;
-            let agent = c.agent(&l.agent).map_err(store_err)?;
-            let member = c.is_member(&l.room, &l.agent).map_err(store_err)?;
-            let sealed = c
-                .wake(&l.room, &l.agent, &l.source_event)
-                .map_err(store_err)?
-                .and_then(|w| serde_json::from_str::<room_core::wake::WakePermit>(&w.permit).ok())
-                .map(|p| p.binding.registration_sha256);
-            let trip = |reason: &'static str, detail: String| Trip {
-                launch: l.id.clone(),
-                room: l.room.clone(),
-                agent: l.agent.clone(),
-                reason,
-                detail,
-            };
-            let t = if glass {
-                Some(trip("break_glass", "break-glass is engaged".into()))
-            } else if epoch != l.control_epoch {
-                Some(trip(
-                    "control_epoch_changed",
-                    format!("control epoch {epoch}, launched under {}", l.control_epoch),
-                ))
-            } else if let Some(r) = room.as_ref().filter(|r| r.archived_ms.is_none()) {
-                if r.cancel_gen != l.cancel_gen {
-                    Some(trip(
-                        "room_cancelled",
-                        format!(
-                            "room {} moved to cancel generation {} (launched under {})",
-                            r.name, r.cancel_gen, l.cancel_gen
-                        ),
-                    ))
-                } else if !r.admission_open {
-                    Some(trip(
-                        "admission_closed",
-                        format!("room {} admission closed", r.name),
-                    ))
-                } else {
-                    None
-                }
-            } else {
-                Some(trip(
-                    "room_gone",
-                    format!("room {} is gone or archived", l.room),
-                ))
-            };
-            let t = t.or_else(|| {
-                let ok = agent.as_ref().is_some_and(|a| {
-                    a.revoked_ms.is_none() && sealed.as_deref() == Some(&a.registration_sha256)
-                }) && member;
-                (!ok).then(|| {
-                    trip(
-                        "worker_authority_changed",
-                        format!("{} was revoked, re-registered or removed", l.agent),
-                    )
-                })
-            });
-            // the request permit of a running launch: the permit it was claimed with
-            let t = match t {
-                None if l.state == "running" && !crate::dispatch::permit_stands(&**c, &l)? => {
-                    Some(trip(
-                        "permit_changed",
-                        format!(
-                            "the permit launch {} was claimed with changed or is gone",
-                            l.id
-                        ),
-                    ))
-                }
-                t => t,
-            };
-            out.extend(t);
+            out.extend(trip_of(&**c, &l, epoch, glass)?);
         }
         Ok(out)
+    }
+
+    /// The trip of one launch whatever its state: why its authority no longer stands, or
+    /// none. A launch whose claim was refused because a cancel (or another trip) came first
+    /// is stopped as the observer would have stopped it, through the stop outbox.
+    pub fn launch_trip(&self, id: &str) -> Outcome<Option<Trip>> {
+        let c = self.control();
+        let Some(l) = c.launch(id).map_err(store_err)? else {
+            return Ok(None);
+        };
+        let epoch = c.control_epoch().map_err(store_err)?;
+        let glass = c.break_glass().map_err(store_err)?;
+        trip_of(&**c, &l, epoch, glass)
     }
 
     /// Phase 1 of a stop: the record committed before the job is killed. Writes nothing.
@@ -564,4 +508,81 @@ fn hold_view(h: &room_store::control::HoldRow) -> Value {
         "held_until_reconciled": h.resolved_seq.is_none(),
         "reconciled": h.resolved_seq.map(|seq| json!({"seq": seq, "at_ms": h.resolved_ms,
             "by": h.resolved_by, "outcome": h.outcome, "evidence": h.evidence}))})
+}
+
+/// Why `l`'s authority no longer stands (the first reason found), or none.
+fn trip_of(
+    c: &dyn room_store::ControlStore,
+    l: &room_store::control::LaunchRow,
+    epoch: u64,
+    glass: bool,
+) -> Outcome<Option<Trip>> {
+    let room = c.room(&l.room).map_err(store_err)?;
+    let agent = c.agent(&l.agent).map_err(store_err)?;
+    let member = c.is_member(&l.room, &l.agent).map_err(store_err)?;
+    let sealed = c
+        .wake(&l.room, &l.agent, &l.source_event)
+        .map_err(store_err)?
+        .and_then(|w| serde_json::from_str::<room_core::wake::WakePermit>(&w.permit).ok())
+        .map(|p| p.binding.registration_sha256);
+    let trip = |reason: &'static str, detail: String| Trip {
+        launch: l.id.clone(),
+        room: l.room.clone(),
+        agent: l.agent.clone(),
+        reason,
+        detail,
+    };
+    let t = if glass {
+        Some(trip("break_glass", "break-glass is engaged".into()))
+    } else if epoch != l.control_epoch {
+        Some(trip(
+            "control_epoch_changed",
+            format!("control epoch {epoch}, launched under {}", l.control_epoch),
+        ))
+    } else if let Some(r) = room.as_ref().filter(|r| r.archived_ms.is_none()) {
+        if r.cancel_gen != l.cancel_gen {
+            Some(trip(
+                "room_cancelled",
+                format!(
+                    "room {} moved to cancel generation {} (launched under {})",
+                    r.name, r.cancel_gen, l.cancel_gen
+                ),
+            ))
+        } else if !r.admission_open {
+            Some(trip(
+                "admission_closed",
+                format!("room {} admission closed", r.name),
+            ))
+        } else {
+            None
+        }
+    } else {
+        Some(trip(
+            "room_gone",
+            format!("room {} is gone or archived", l.room),
+        ))
+    };
+    let t = t.or_else(|| {
+        let ok = agent.as_ref().is_some_and(|a| {
+            a.revoked_ms.is_none() && sealed.as_deref() == Some(&a.registration_sha256)
+        }) && member;
+        (!ok).then(|| {
+            trip(
+                "worker_authority_changed",
+                format!("{} was revoked, re-registered or removed", l.agent),
+            )
+        })
+    });
+    // the request permit of a running launch: the permit it was claimed with
+    let t = match t {
+        None if l.state == "running" && !crate::dispatch::permit_stands(c, l)? => Some(trip(
+            "permit_changed",
+            format!(
+                "the permit launch {} was claimed with changed or is gone",
+                l.id
+            ),
+        )),
+        t => t,
+    };
+    Ok(t)
 }

@@ -1578,4 +1578,13 @@ fn a_cancel_dead_letters_a_permit_dispatched_but_not_yet_claimed_and_keeps_its_r
         w["launches"][0]["outcome"], "wake_job_changed_during_validation",
         "{w}"
     );
+    // the launch is not live any more, so the observer does not see it; its trip still says
+    // why it was stopped, for the stop outbox
+    assert!(e.launch_trips().unwrap().is_empty());
+    let t = e.launch_trip(&l.id).unwrap().expect("a trip");
+    assert_eq!(
+        (t.reason, t.launch.as_str()),
+        ("room_cancelled", l.id.as_str())
+    );
+    assert!(e.launch_trip("lch_none").unwrap().is_none());
 }

@@ -44,6 +44,26 @@ struct Prepared {
     cgroup_mounts: Vec<CString>,
     /// A PID namespace of its own, with its own `/proc` (see `enter_pid_namespace`).
     pid_namespace: bool,
+    /// A root daemon's maps of its worker's user namespace: every uid and gid range the
+    /// daemon's own namespace maps, each to itself.
+    uid_map_all: Vec<u8>,
+    gid_map_all: Vec<u8>,
+    /// Where the worker starts, entered again once the mounts are made (std enters it
+    /// before them, on the machine's tree beneath).
+    cwd: Option<CString>,
+}
+
+/// Each range of a `uid_map`/`gid_map` text (inside, outside, count) mapped to itself, as a
+/// map to write for a child namespace.
+fn identity_map(own: &str) -> Vec<u8> {
+    let mut out = String::new();
+    for l in own.lines() {
+        let mut f = l.split_whitespace();
+        if let (Some(inside), Some(_), Some(count)) = (f.next(), f.next(), f.next()) {
+            out.push_str(&format!("{inside} {inside} {count}\n"));
+        }
+    }
+    out.into_bytes()
 }
 
 /// What the machine lets a confined worker have (`Confinement::probe`).
@@ -108,8 +128,19 @@ impl Confinement {
                 broker: cstr(&worker.join("broker.sock"))?,
                 cgroup_mounts,
                 pid_namespace: true,
+                uid_map_all: identity_map(&std::fs::read_to_string("/proc/self/uid_map")?),
+                gid_map_all: identity_map(&std::fs::read_to_string("/proc/self/gid_map")?),
+                cwd: None,
             }),
         })
+    }
+
+    /// The worker starts in `dir` (its command's current directory), entered again inside
+    /// its view: a directory under the hidden state directory other than its own is not there.
+    pub fn cwd(self, dir: &Path) -> std::io::Result<Confinement> {
+        let mut p = (*self.p).clone();
+        p.cwd = Some(cstr(dir)?);
+        Ok(Confinement { p: Arc::new(p) })
     }
 
     /// No PID namespace: the worker sees the machine's `/proc` (a machine that allows mount
@@ -285,8 +316,11 @@ fn hide(p: &Prepared) -> rustix::io::Result<()> {
             c"",
         )?;
     }
+    if let Some(cwd) = &p.cwd {
+        rustix::process::chdir(cwd.as_c_str())?;
+    }
     if p.pid_namespace {
-        enter_pid_namespace(p.root)?;
+        enter_pid_namespace(p)?;
     }
     Ok(())
 }
@@ -299,18 +333,18 @@ fn hide(p: &Prepared) -> rustix::io::Result<()> {
 /// the daemon's or an owner's shell's view of the state directory), becomes undumpable (the
 /// worker, of its uid, cannot ptrace it to use what it holds) and splits off the worker as a
 /// shim does, ending the whole namespace when the worker ends. Its parent, still outside, is
-/// the door: the process `spawn` returned, which leaves as the init does.
+/// the door: the process `spawn` returned, which leaves as the worker did (the init writes
+/// it the worker's status: a PID 1 cannot raise the worker's signal on itself).
 ///
 /// Under a root daemon the init then enters a user namespace of its own (and a mount
-/// namespace owned by it), mapped by the door to every uid, so the worker is root in name
-/// and in file access but holds no capability outside that namespace: every mount it
-/// inherited is locked (it cannot take the hiding away) and no device, module or file handle
-/// of the machine is its to use.
-fn enter_pid_namespace(root: bool) -> rustix::io::Result<()> {
+/// namespace owned by it), mapped by the door to the daemon's own uids, so the worker is root
+/// for files but holds no capability outside that namespace: every mount it inherited is
+/// locked (it cannot take the hiding away), and the kernel's settings are read-only.
+fn enter_pid_namespace(p: &Prepared) -> rustix::io::Result<()> {
     use rustix::pipe::{PipeFlags, pipe_with};
-    use rustix::thread::UnshareFlags;
-    let (ready_r, ready_w) = pipe_with(PipeFlags::CLOEXEC)?;
-    let (go_r, go_w) = pipe_with(PipeFlags::CLOEXEC)?;
+    let ready = pipe_with(PipeFlags::CLOEXEC)?;
+    let go = pipe_with(PipeFlags::CLOEXEC)?;
+    let status = pipe_with(PipeFlags::CLOEXEC)?;
     // SAFETY: a raw clone in a single-threaded child, as `shim::split` does
     let init = unsafe {
         libc::syscall(
@@ -326,19 +360,44 @@ fn enter_pid_namespace(root: bool) -> rustix::io::Result<()> {
         return Err(rustix::io::Errno::from_raw_os_error(errno()));
     }
     if init > 0 {
-        drop((ready_w, go_r));
-        if root {
+        drop((ready.1, go.0, status.1));
+        if p.root {
             let mut b = [0u8; 1];
-            if matches!(rustix::io::read(&ready_r, &mut b), Ok(1)) && map_all(init as i32).is_ok() {
-                let _ = rustix::io::write(&go_w, b"m");
+            if matches!(rustix::io::read(&ready.0, &mut b), Ok(1))
+                && map_all(init as i32, p).is_ok()
+            {
+                let _ = rustix::io::write(&go.1, b"m");
             }
         }
-        drop((ready_r, go_w));
+        drop((ready.0, go.1));
+        let status = rustix::fd::AsRawFd::as_raw_fd(&status.0);
         // SAFETY: the parent of `init`, between fork and exec
-        unsafe { crate::shim::door(init as libc::pid_t) }
+        unsafe { crate::shim::door(init as libc::pid_t, status) }
     }
-    drop((ready_r, go_w));
-    // SAFETY: plain system calls
+    drop((ready.0, go.1, status.0));
+    be_init(p, &ready.1, &go.0)?;
+    drop((ready.1, go.0));
+    // SAFETY: plain system calls, then the split in a single-threaded child
+    unsafe {
+        if libc::prctl(libc::PR_SET_DUMPABLE, 0 as libc::c_ulong, 0, 0, 0) != 0 {
+            return Err(rustix::io::Errno::from_raw_os_error(errno()));
+        }
+        crate::shim::split_init(rustix::fd::AsRawFd::as_raw_fd(&status.1)).map_err(|e| {
+            rustix::io::Errno::from_raw_os_error(e.raw_os_error().unwrap_or(libc::EPERM))
+        })
+    }
+}
+
+/// The init's own setup: its parent's death is its end, a `/proc` of its namespace with the
+/// kernel's settings read-only, and (a root daemon) a user namespace the door maps (`ready`
+/// says it is entered, `go` that the maps are written).
+fn be_init(
+    p: &Prepared,
+    ready: &rustix::fd::OwnedFd,
+    go: &rustix::fd::OwnedFd,
+) -> rustix::io::Result<()> {
+    use rustix::thread::UnshareFlags;
+    // SAFETY: plain system calls in a single-threaded child
     unsafe {
         if libc::prctl(
             libc::PR_SET_PDEATHSIG,
@@ -354,32 +413,24 @@ fn enter_pid_namespace(root: bool) -> rustix::io::Result<()> {
         // finds the init to map
         rustix::thread::unshare_unsafe(UnshareFlags::NEWNS)?;
     }
-    rustix::mount::mount(
-        c"proc",
-        c"/proc",
-        c"proc",
-        MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
-        c"",
-    )?;
-    if root {
+    let fs = MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
+    rustix::mount::mount(c"proc", c"/proc", c"proc", fs, c"")?;
+    for knob in [c"/proc/sys", c"/proc/sysrq-trigger"] {
+        rustix::mount::mount_bind(knob, knob)?;
+        rustix::mount::mount_remount(knob, MountFlags::BIND | MountFlags::RDONLY | fs, c"")?;
+    }
+    if p.root {
         // SAFETY: as above
         unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWUSER | UnshareFlags::NEWNS)? };
-        rustix::io::write(&ready_w, b"u")?;
+        rustix::io::write(ready, b"u")?;
         let mut b = [0u8; 1];
-        if !matches!(rustix::io::read(&go_r, &mut b), Ok(1)) {
+        if !matches!(rustix::io::read(go, &mut b), Ok(1)) {
+            // the door could not write the maps (a namespace that maps fewer uids than it
+            // says, say): no worker starts unmapped
             return Err(rustix::io::Errno::PERM);
         }
     }
-    drop((ready_w, go_r));
-    // SAFETY: plain system calls
-    unsafe {
-        if libc::prctl(libc::PR_SET_DUMPABLE, 0 as libc::c_ulong, 0, 0, 0) != 0 {
-            return Err(rustix::io::Errno::from_raw_os_error(errno()));
-        }
-        crate::shim::split_init().map_err(|e| {
-            rustix::io::Errno::from_raw_os_error(e.raw_os_error().unwrap_or(libc::EPERM))
-        })
-    }
+    Ok(())
 }
 
 fn errno() -> i32 {
@@ -387,13 +438,16 @@ fn errno() -> i32 {
     unsafe { *libc::__errno_location() }
 }
 
-/// Map every uid and gid into the user namespace `pid` has just entered (a root daemon's
-/// door, which holds CAP_SETUID and CAP_SETGID where the namespace's parent is).
-fn map_all(pid: i32) -> rustix::io::Result<()> {
-    const ALL: &[u8] = b"0 0 4294967295\n";
-    for file in [&b"/uid_map"[..], &b"/gid_map"[..]] {
+/// Map into the user namespace `pid` has just entered every uid and gid the daemon's own
+/// namespace maps, each to itself (a root daemon's door, which holds CAP_SETUID and
+/// CAP_SETGID where the namespace's parent is).
+fn map_all(pid: i32, p: &Prepared) -> rustix::io::Result<()> {
+    for (file, map) in [
+        (&b"/uid_map"[..], &p.uid_map_all),
+        (&b"/gid_map"[..], &p.gid_map_all),
+    ] {
         let mut buf = [0u8; 48];
-        write_all(proc_path(pid, file, &mut buf), ALL)?;
+        write_all(proc_path(pid, file, &mut buf), map)?;
     }
     Ok(())
 }
@@ -432,6 +486,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_root_daemon_s_worker_maps_each_range_of_its_own_to_itself() {
+        assert_eq!(
+            identity_map("         0          0 4294967295\n"),
+            b"0 0 4294967295\n"
+        );
+        // a daemon in a container's namespace maps what it has, no more
+        assert_eq!(
+            identity_map("0 100000 65536\n65536 1000 1\n"),
+            b"0 0 65536\n65536 65536 1\n"
+        );
+        assert_eq!(identity_map(""), b"");
+    }
+
+    #[test]
     fn fd_paths_are_written_without_allocating() {
         let mut b = [0u8; 32];
         assert_eq!(fd_path(0, &mut b).to_str().unwrap(), "/proc/self/fd/0");
@@ -451,7 +519,8 @@ mod tests {
         // its pid, how many processes /proc shows, whether it can see the daemon (this test)
         let script = format!(
             "echo $$; ls /proc | grep -c '^[0-9]'; test -e /proc/{me} && echo SEEN; \
-             cat /proc/self/uid_map | tr -s ' ' | sed 's/^ //'; exit 4",
+             cat /proc/self/uid_map | tr -s ' ' | sed 's/^ //'; \
+             awk '$5 == \"/proc/sys\" {{ print substr($6, 1, 2) }}' /proc/self/mountinfo; exit 4",
             me = std::process::id()
         );
         let mut cmd = std::process::Command::new("/bin/sh");
@@ -463,6 +532,16 @@ mod tests {
         };
         // the worker's exit status comes back through the init and the door
         assert_eq!(out.status.code(), Some(4), "{out:?}");
+        // and so does its signal (a PID 1 cannot raise one on itself; the door does)
+        let mut cmd = std::process::Command::new("/bin/sh");
+        cmd.args(["-c", "kill -9 $$"]);
+        c.prepare(&mut cmd);
+        let killed = cmd.status().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&killed),
+            Some(9),
+            "{killed:?}"
+        );
         let text = String::from_utf8_lossy(&out.stdout);
         let lines: Vec<&str> = text.lines().collect();
         // the init is 1, the worker 2, and the shell's ls and grep at most two more
@@ -470,13 +549,18 @@ mod tests {
         assert!(lines[1].parse::<u32>().unwrap() <= 4, "{text:?}");
         assert!(!text.contains("SEEN"), "{text:?}");
         let uid = rustix::process::geteuid().as_raw();
-        // a root daemon's worker is root in a namespace of its own, mapped to every uid
+        // a root daemon's worker is root in a namespace of its own, mapped to the uids of the
+        // daemon's own
         let map = if uid == 0 {
-            "0 0 4294967295".to_string()
+            let own = std::fs::read_to_string("/proc/self/uid_map").unwrap();
+            let f: Vec<&str> = own.split_whitespace().collect();
+            format!("{} {} {}", f[0], f[0], f[2])
         } else {
             format!("{uid} {uid} 1")
         };
         assert_eq!(lines[2], map, "{text:?}");
+        // the kernel's settings are read-only in its view
+        assert_eq!(lines.get(3), Some(&"ro"), "{text:?}");
     }
 
     #[test]
@@ -492,12 +576,15 @@ mod tests {
             .unwrap()
             .read_only(&project)
             .unwrap();
+        // relative paths too: the worker starts in the project (std enters it before the
+        // mounts; the confinement enters it again inside them)
         let script = format!(
-            "cat {p}/src/a.json; echo; echo x > {p}/src/a.json 2>/dev/null && echo WROTE; touch {p}/new 2>/dev/null && echo MADE; echo done",
+            "cat {p}/src/a.json; echo; echo x > {p}/src/a.json 2>/dev/null && echo WROTE; touch {p}/new 2>/dev/null && echo MADE; touch rel 2>/dev/null && echo REL; echo done",
             p = project.display()
         );
+        let c = c.cwd(&project).unwrap();
         let mut cmd = std::process::Command::new("/bin/sh");
-        cmd.args(["-c", &script]);
+        cmd.args(["-c", &script]).current_dir(&project);
         c.prepare(&mut cmd);
         let out = match cmd.output() {
             Ok(o) => o,
@@ -507,6 +594,7 @@ mod tests {
         assert_eq!(text, "[]\ndone\n", "{text:?} {:?}", out.stderr);
         assert_eq!(std::fs::read(project.join("src/a.json")).unwrap(), b"[]");
         assert!(!project.join("new").exists());
+        assert!(!project.join("rel").exists());
         // outside the worker, the tree is as writable as before
         std::fs::write(project.join("src/a.json"), b"[1]").unwrap();
     }

@@ -398,7 +398,7 @@ impl Job {
             // SAFETY: `shim::split` makes system calls only, on a descriptor the closure keeps
             // open; it returns in the worker and never in the shim
             unsafe {
-                cmd.pre_exec(move || crate::shim::split(w.as_raw_fd()));
+                cmd.pre_exec(move || crate::shim::split(crate::shim::Report::Empty(w.as_raw_fd())));
             }
         }
         if let Some(fd) = self.procs.clone() {

@@ -33,13 +33,32 @@ const WATCHED: [libc::c_int; 5] = [
     libc::SIGQUIT,
 ];
 
+/// What the process that splits off the worker reports when its tree is gone, on the write
+/// end of a pipe it keeps.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Report {
+    /// A shim's: the byte `EMPTY`, once it has no child left (the daemon's observation).
+    Empty(RawFd),
+    /// A PID namespace init's: the worker's wait status (4 bytes, native order) for the door,
+    /// which leaves as the worker did (a PID 1 cannot raise a signal on itself).
+    Status(RawFd),
+}
+
+impl Report {
+    fn fd(self) -> RawFd {
+        match self {
+            Report::Empty(fd) | Report::Status(fd) => fd,
+        }
+    }
+}
+
 /// Split the child: returns `Ok` in the worker (which goes on to exec); never returns in the
 /// shim.
 ///
 /// # Safety
-/// Call only between fork and exec (a `pre_exec` closure), with `report` the write end of the
-/// job's report pipe.
-pub(crate) unsafe fn split(report: RawFd) -> io::Result<()> {
+/// Call only between fork and exec (a `pre_exec` closure), with `report` holding the write
+/// end of the job's report pipe.
+pub(crate) unsafe fn split(report: Report) -> io::Result<()> {
     // SAFETY: plain system calls; the caller runs them in a single-threaded child
     unsafe {
         if libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong, 0, 0, 0) != 0 {
@@ -79,14 +98,15 @@ pub(crate) unsafe fn split(report: RawFd) -> io::Result<()> {
 
 /// Split the child as `split` does, as the init of a PID namespace (the first process the
 /// caller cloned after `unshare(CLONE_NEWPID)`): it never returns in the init, which ends
-/// every process of its namespace with the worker or on a signal, and reports nothing (its
-/// namespace ends with it: the kernel kills every process left in it).
+/// every process of its namespace with the worker or on a signal and writes the worker's
+/// wait status on `status` (its namespace ends with it: the kernel kills every process left
+/// in it).
 ///
 /// # Safety
-/// As `split`.
-pub(crate) unsafe fn split_init() -> io::Result<()> {
-    // SAFETY: as `split`, with no report pipe
-    unsafe { split(-1) }
+/// As `split`, with `status` the write end of the door's status pipe.
+pub(crate) unsafe fn split_init(status: RawFd) -> io::Result<()> {
+    // SAFETY: as `split`
+    unsafe { split(Report::Status(status)) }
 }
 
 /// The door of a PID namespace: the process outside it whose only child is the namespace's
@@ -95,11 +115,12 @@ pub(crate) unsafe fn split_init() -> io::Result<()> {
 /// parent-death signal, and the namespace ends), and leaves as the init left.
 ///
 /// # Safety
-/// Call only between fork and exec, in the parent of `init`.
-pub(crate) unsafe fn door(init: libc::pid_t) -> ! {
+/// Call only between fork and exec, in the parent of `init`, with `status` the read end of the
+/// pipe the init writes the worker's wait status on.
+pub(crate) unsafe fn door(init: libc::pid_t, status: RawFd) -> ! {
     // SAFETY: system calls on stack memory only
     unsafe {
-        close_all_but(-1);
+        close_all_but(status);
         // handlers inherited from the daemon must not run here
         for s in WATCHED {
             libc::signal(s, libc::SIG_DFL);
@@ -109,6 +130,11 @@ pub(crate) unsafe fn door(init: libc::pid_t) -> ! {
             let mut st: libc::c_int = 0;
             let r = libc::waitpid(init, &mut st, 0);
             if r == init {
+                // the init has exited, so its end is closed: the worker's status or nothing
+                let mut b = [0u8; 4];
+                if libc::read(status, b.as_mut_ptr().cast(), 4) == 4 {
+                    exit_as(Some(libc::c_int::from_ne_bytes(b)));
+                }
                 exit_as(Some(st));
             }
             if r < 0 && *libc::__errno_location() != libc::EINTR {
@@ -120,10 +146,10 @@ pub(crate) unsafe fn door(init: libc::pid_t) -> ! {
 
 /// The shim's life: watch until the worker is reaped or a stop is asked, end every child,
 /// report, and leave with the worker's status.
-unsafe fn run(worker: libc::pid_t, report: RawFd, set: &libc::sigset_t) -> ! {
+unsafe fn run(worker: libc::pid_t, report: Report, set: &libc::sigset_t) -> ! {
     // SAFETY: system calls on stack memory only
     unsafe {
-        close_all_but(report);
+        close_all_but(report.fd());
         for s in WATCHED {
             libc::signal(s, libc::SIG_DFL);
         }
@@ -152,8 +178,14 @@ unsafe fn run(worker: libc::pid_t, report: RawFd, set: &libc::sigset_t) -> ! {
                 break;
             }
         }
-        if report >= 0 {
-            libc::write(report, [EMPTY].as_ptr().cast(), 1);
+        match (report, status) {
+            (Report::Empty(fd), _) => {
+                libc::write(fd, [EMPTY].as_ptr().cast(), 1);
+            }
+            (Report::Status(fd), Some(st)) => {
+                libc::write(fd, st.to_ne_bytes().as_ptr().cast(), 4);
+            }
+            (Report::Status(_), None) => {}
         }
         exit_as(status)
     }
@@ -229,24 +261,9 @@ unsafe fn kill_children() {
     }
 }
 
-/// Close every descriptor but `keep` (none when it is negative): the shim must hold no pipe
-/// of the worker's (nor std's exec-error pipe, which would keep `spawn` waiting).
+/// Close every descriptor but `keep`: the shim must hold no pipe of the worker's (nor std's
+/// exec-error pipe, which would keep `spawn` waiting).
 unsafe fn close_all_but(keep: RawFd) {
-    if keep < 0 {
-        // SAFETY: closing descriptors this process owns
-        unsafe {
-            if libc::syscall(
-                libc::SYS_close_range,
-                0 as libc::c_uint,
-                libc::c_uint::MAX,
-                0 as libc::c_uint,
-            ) == 0
-            {
-                return;
-            }
-        }
-    }
-    let keep_none = keep < 0;
     let keep = keep.max(0) as libc::c_uint;
     // SAFETY: closing descriptors this process owns
     unsafe {
@@ -277,7 +294,7 @@ unsafe fn close_all_but(keep: RawFd) {
             4_096
         };
         for fd in 0..max {
-            if fd as libc::c_uint != keep || keep_none {
+            if fd as libc::c_uint != keep {
                 libc::close(fd);
             }
         }

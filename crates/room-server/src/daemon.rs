@@ -505,8 +505,9 @@ pub async fn serve(
                          each sees only its own processes"
                     ),
                     Some(why) => tracing::warn!(
-                        "workers run confined without a PID namespace (through /proc they \
-                         see the machine's processes and what those see): {why}"
+                        "workers run confined without a PID namespace: through /proc they \
+                         see the machine's processes and what those see, and a root \
+                         daemon's workers keep the capabilities to undo the hiding: {why}"
                     ),
                 }
                 Some(support)

@@ -482,10 +482,38 @@ async fn start_inner(
         None => return (Ran::Done(Err("the broker was not bound".into())), Some(job)),
     }
     tokio::select! {
-        ran = claim_and_run(engine, env, l, &mut child, pid, cwd) => (Ran::Done(ran), Some(job)),
+        ran = claim_and_run(engine, env, l, &mut child, pid, cwd) => match ran {
+            Ok(ran) => (Ran::Done(ran), Some(job)),
+            // a claim refused because the launch's authority tripped first (a cancel that
+            // dead-lettered its permit before the observer saw the launch) is a stop like
+            // the observer's, through the stop outbox
+            Err(Unclaimed(why)) => match tripped(engine, &l.id).await {
+                Some(t) => (Ran::Tripped(t), Some(job)),
+                None => (Ran::Done(Err(why)), Some(job)),
+            },
+        },
         Ok(t) = trip => (Ran::Tripped(t), Some(job)),
     }
 }
+
+/// The launch's trip, if its authority no longer stands (`Engine::launch_trip`).
+async fn tripped(engine: &Arc<Engine>, id: &str) -> Option<Trip> {
+    let (engine, id) = (engine.clone(), id.to_string());
+    match tokio::task::spawn_blocking(move || engine.launch_trip(&id)).await {
+        Ok(Ok(t)) => t,
+        Ok(Err(r)) => {
+            tracing::error!("a refused claim's trip could not be read: {r}");
+            None
+        }
+        Err(e) => {
+            tracing::error!("a refused claim's trip panicked: {e}");
+            None
+        }
+    }
+}
+
+/// The launch's claim was refused (or could not be made): its worker never ran.
+struct Unclaimed(String);
 
 fn launch_cwd(env: &WorkerEnv, l: &Launch) -> PathBuf {
     l.route
@@ -523,6 +551,9 @@ fn confine(env: &WorkerEnv, l: &Launch, cmd: &mut tokio::process::Command) -> Re
     if support.no_pid_namespace.is_some() {
         c = c.without_pid_namespace();
     }
+    c = c
+        .cwd(&launch_cwd(env, l))
+        .map_err(|e| format!("the launch's confinement: its cwd: {e}"))?;
     if no_network {
         c = c.without_network();
     }
@@ -739,20 +770,20 @@ async fn claim_and_run(
     child: &mut tokio::process::Child,
     pid: u32,
     cwd: PathBuf,
-) -> Result<Exit, String> {
+) -> Result<Result<Exit, String>, Unclaimed> {
     let claimed = {
         let engine = engine.clone();
         let id = l.id.clone();
         tokio::task::spawn_blocking(move || engine.launch_started(&id, Some(pid)))
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(|e| Unclaimed(e.to_string()))?
     };
-    claimed.map_err(|r| r.to_string())?;
-    if l.route.adapter == "acp" {
+    claimed.map_err(|r| Unclaimed(r.to_string()))?;
+    Ok(if l.route.adapter == "acp" {
         Ok(acp_turn(env, l, child, cwd).await)
     } else {
         one_shot(l, child).await
-    }
+    })
 }
 
 /// A one-shot worker: the wake on stdin, then its exit or its deadline.

@@ -797,6 +797,11 @@ fn a_worker_reaches_neither_the_owner_socket_nor_the_state_dir_only_its_broker()
             json!(["room.sock", "workers"]),
             "{seen}"
         );
+        assert_eq!(
+            seen["cwd_parent_entries"].as_array().unwrap().len(),
+            1,
+            "{seen}"
+        );
         if let Some(why) = support.no_pid_namespace {
             return eprintln!("no PID namespace here ({why}): /proc is the machine's");
         }

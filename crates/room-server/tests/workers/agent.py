@@ -116,6 +116,8 @@ if mode == "probe":
     seen["cgroup_escape"] = escapes
     seen["own_cgroup"] = open("/proc/self/cgroup").read().strip().splitlines()[-1]
     seen["state_dir_entries"] = sorted(os.listdir(os.environ["ROOM_STATE_DIR"]))
+    # where it starts (its own launch directory) is inside its view too: above it, only itself
+    seen["cwd_parent_entries"] = sorted(os.listdir(".."))
     # another process's view of the machine through /proc/<pid>/root (the daemon's, a shell's):
     # the state directory and the owner socket must not be reachable that way either
     state = os.environ["ROOM_STATE_DIR"]
