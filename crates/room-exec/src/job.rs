@@ -734,7 +734,20 @@ fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
 /// Every mount point of the cgroup2 file system in a mountinfo text (what a confined worker
 /// must not see).
 pub(crate) fn cgroup2_mounts(mountinfo: &str) -> Vec<PathBuf> {
-    mountinfo.lines().filter_map(cgroup2_mount).collect()
+    mounts_of(mountinfo, "cgroup2")
+}
+
+/// Every mount point of file systems of type `fstype` in a mountinfo text.
+pub(crate) fn mounts_of(mountinfo: &str, fstype: &str) -> Vec<PathBuf> {
+    mountinfo
+        .lines()
+        .filter_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            let mount_point = left.split_whitespace().nth(4)?;
+            (right.split_whitespace().next()? == fstype)
+                .then(|| PathBuf::from(unescape_mountinfo(mount_point)))
+        })
+        .collect()
 }
 
 /// mountinfo escapes space, tab, newline and backslash as octal (`\040`).
@@ -782,6 +795,12 @@ mod tests {
         assert_eq!(cgroup2_mount(pure), Some(PathBuf::from("/sys/fs/cgroup")));
         assert_eq!(cgroup2_mount("1 0 0:1 / / rw - ext4 /dev/sda rw\n"), None);
         assert_eq!(unescape_mountinfo("/a\\040b"), "/a b");
+        let procs = "22 27 0:21 / /proc rw,relatime - proc proc rw\n\
+                     90 27 0:21 / /run/ct\\040x/proc rw - proc proc rw\n";
+        assert_eq!(
+            mounts_of(procs, "proc"),
+            [PathBuf::from("/proc"), PathBuf::from("/run/ct x/proc")]
+        );
     }
 
     #[test]

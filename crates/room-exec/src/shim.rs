@@ -33,6 +33,24 @@ const WATCHED: [libc::c_int; 5] = [
     libc::SIGQUIT,
 ];
 
+/// A plain fork by the raw `clone` system call (glibc's `fork` runs handlers that take
+/// malloc's locks): the child's 0, the parent's child pid, or -1 with errno set.
+///
+/// # Safety
+/// Call only between fork and exec, in a single-threaded child.
+pub(crate) unsafe fn fork_raw() -> libc::c_long {
+    let (zero, flags) = (0 as libc::c_long, libc::SIGCHLD as libc::c_long);
+    // SAFETY: clone with no shared memory and no new stack is a fork
+    unsafe {
+        // s390x takes the new stack first and the flags second; the others flags first
+        if cfg!(target_arch = "s390x") {
+            libc::syscall(libc::SYS_clone, zero, flags, zero, zero, zero)
+        } else {
+            libc::syscall(libc::SYS_clone, flags, zero, zero, zero, zero)
+        }
+    }
+}
+
 /// What the process that splits off the worker reports when its tree is gone, on the write
 /// end of a pipe it keeps.
 #[derive(Debug, Clone, Copy)]
@@ -72,14 +90,7 @@ pub(crate) unsafe fn split(report: Report) -> io::Result<()> {
             libc::sigaddset(&mut set, s);
         }
         libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        let pid = libc::syscall(
-            libc::SYS_clone,
-            libc::SIGCHLD as libc::c_long,
-            0 as libc::c_long,
-            0 as libc::c_long,
-            0 as libc::c_long,
-            0 as libc::c_long,
-        );
+        let pid = fork_raw();
         if pid < 0 {
             return Err(io::Error::last_os_error());
         }

@@ -755,11 +755,32 @@ fn peer_check(
     })
 }
 
+/// Answer a refused peer and close. The refusal comes at connect, before the peer has sent
+/// anything, so the read side stays open a moment (at most `REFUSED_DRAIN_BYTES`, one
+/// second in all) for the request it sends meanwhile: a peer that writes first then reads
+/// its refusal instead of dying of a broken pipe.
 async fn refuse_peer(mut stream: tokio::net::UnixStream, r: crate::wire::Response) {
+    use tokio::io::AsyncReadExt;
     let mut bytes = serde_json::to_vec(&r).expect("responses serialize");
     bytes.push(b'\n');
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), stream.write_all(&bytes)).await;
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), async {
+        stream.write_all(&bytes).await?;
+        stream.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        let mut drained = 0usize;
+        while drained < REFUSED_DRAIN_BYTES {
+            match stream.read(&mut sink).await? {
+                0 => break,
+                n => drained += n,
+            }
+        }
+        std::io::Result::Ok(())
+    })
+    .await;
 }
+
+/// What a refused broker peer may still send before its connection closes.
+const REFUSED_DRAIN_BYTES: usize = 64 * 1024;
 
 /// The split-lock claim (the permit is read again before the worker's credential works), then
 /// the adapter.
