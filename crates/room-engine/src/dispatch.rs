@@ -762,8 +762,13 @@ impl Engine {
         let proof = if replied { "replied" } else { "dispatched" };
         let detail = json!({"stopped": {"reason": reason, "stop": stop}, "job": job});
         let e = end(now, outcome, proof, Some(detail.to_string()), wake_state);
-        self.control().launch_ended(id, &e).map_err(store_err)?;
-        Ok(json!({"launch": id, "outcome": outcome, "reason": reason, "stop": stop, "job": job}))
+        // a launch its refused claim ended keeps that end; its stop is in the outbox and the
+        // journal (`worker_stop`), not on the row
+        let recorded = self.control().launch_ended(id, &e).map_err(store_err)?;
+        Ok(
+            json!({"launch": id, "outcome": outcome, "reason": reason, "stop": stop, "job": job,
+            "recorded_on_launch": recorded}),
+        )
     }
 
     /// Whether what the launch's permit asked for is resolved by turns of the launch's own

@@ -146,6 +146,13 @@ impl Confinement {
     /// The worker starts in `dir` (its command's current directory), entered again inside
     /// its view: a directory under the hidden state directory other than its own is not there.
     pub fn cwd(self, dir: &Path) -> std::io::Result<Confinement> {
+        if !dir.is_absolute() {
+            // std has entered it already: a relative one would be entered from there again
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "a worker's cwd must be absolute",
+            ));
+        }
         let mut p = (*self.p).clone();
         p.cwd = Some(cstr(dir)?);
         Ok(Confinement { p: Arc::new(p) })
@@ -560,7 +567,8 @@ mod tests {
         let script = format!(
             "echo $$; ls /proc | grep -c '^[0-9]'; test -e /proc/{me} && echo SEEN; \
              cat /proc/self/uid_map | tr -s ' ' | sed 's/^ //'; \
-             awk '$5 == \"/proc/sys\" {{ print substr($6, 1, 2) }}' /proc/self/mountinfo; exit 4",
+             awk '$5 == \"/proc/sys\" {{ print \"sys \" substr($6, 1, 2) }}' /proc/self/mountinfo | tail -1; \
+             echo 1 > /proc/sys/kernel/ns_last_pid 2>/dev/null && echo SYSWROTE; exit 4",
             me = std::process::id()
         );
         let mut cmd = std::process::Command::new("/bin/sh");
@@ -599,8 +607,10 @@ mod tests {
             format!("{uid} {uid} 1")
         };
         assert_eq!(lines[2], map, "{text:?}");
-        // the kernel's settings are read-only in its view
-        assert_eq!(lines.get(3), Some(&"ro"), "{text:?}");
+        // the kernel's settings are read-only in its view: the last mount on /proc/sys (the
+        // one it sees) is, and a write there fails
+        assert!(lines.contains(&"sys ro"), "{text:?}");
+        assert!(!text.contains("SYSWROTE"), "{text:?}");
     }
 
     #[test]

@@ -665,10 +665,15 @@ fn stop_cgroup(leaf: &Path, wait_ms: u64) -> Stopped {
     }
 }
 
-/// `populated 0` in the leaf's `cgroup.events`: no process in it or below it.
+/// `populated 0` in the leaf's `cgroup.events`: no process in it or below it. A leaf that is
+/// gone is empty too: the kernel removes only an unpopulated cgroup, and nothing enters a
+/// removed one (another daemon's start reaps and removes stale leaves, for one).
 fn cgroup_empty(leaf: &Path) -> std::io::Result<bool> {
-    let events = std::fs::read_to_string(leaf.join("cgroup.events"))?;
-    Ok(events.lines().any(|l| l.trim() == "populated 0"))
+    match std::fs::read_to_string(leaf.join("cgroup.events")) {
+        Ok(events) => Ok(events.lines().any(|l| l.trim() == "populated 0")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !leaf.exists() => Ok(true),
+        Err(e) => Err(e),
+    }
 }
 
 fn cgroup_members(leaf: &Path) -> Vec<u32> {
@@ -801,6 +806,20 @@ mod tests {
             mounts_of(procs, "proc"),
             [PathBuf::from("/proc"), PathBuf::from("/run/ct x/proc")]
         );
+    }
+
+    #[test]
+    fn a_cgroup_leaf_removed_by_someone_else_is_seen_empty_at_once() {
+        let jobs = Jobs::detect(&format!("gone-{}", std::process::id()));
+        let Some(base) = jobs.base().map(Path::to_path_buf) else {
+            return eprintln!("no cgroup v2 base here; skipped");
+        };
+        let mut job = jobs.create("job-gone").unwrap();
+        // a stale-leaf reap of another daemon's start removed it (only an empty one can go)
+        std::fs::remove_dir(job.leaf.as_ref().unwrap()).unwrap();
+        let s = job.stop(5_000);
+        assert!(s.confirmed_empty && s.waited_ms < 1_000, "{s:?}");
+        let _ = std::fs::remove_dir(base);
     }
 
     #[test]

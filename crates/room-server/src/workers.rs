@@ -673,6 +673,7 @@ async fn serve_broker(
     limits: crate::daemon::Limits,
 ) {
     let conns = crate::daemon::Conns::new("broker", &limits, None);
+    let draining = Arc::new(tokio::sync::Semaphore::new(REFUSED_DRAINING_MAX));
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -698,7 +699,10 @@ async fn serve_broker(
         match checked {
             Ok(Ok(())) => {}
             Ok(Err(r)) => {
-                tokio::spawn(refuse_peer(stream, *r));
+                // a refused peer's read side stays open a moment, for a few at a time: past
+                // them, one refusal closes at once (no peer holds descriptors by connecting)
+                let drain = draining.clone().try_acquire_owned().ok();
+                tokio::spawn(refuse_peer(stream, *r, drain));
                 continue;
             }
             Err(e) => {
@@ -759,12 +763,19 @@ fn peer_check(
 /// anything, so the read side stays open a moment (at most `REFUSED_DRAIN_BYTES`, one
 /// second in all) for the request it sends meanwhile: a peer that writes first then reads
 /// its refusal instead of dying of a broken pipe.
-async fn refuse_peer(mut stream: tokio::net::UnixStream, r: crate::wire::Response) {
+async fn refuse_peer(
+    mut stream: tokio::net::UnixStream,
+    r: crate::wire::Response,
+    drain: Option<tokio::sync::OwnedSemaphorePermit>,
+) {
     use tokio::io::AsyncReadExt;
     let mut bytes = serde_json::to_vec(&r).expect("responses serialize");
     bytes.push(b'\n');
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), async {
         stream.write_all(&bytes).await?;
+        if drain.is_none() {
+            return Ok(());
+        }
         stream.shutdown().await?;
         let mut sink = [0u8; 4096];
         let mut drained = 0usize;
@@ -781,6 +792,8 @@ async fn refuse_peer(mut stream: tokio::net::UnixStream, r: crate::wire::Respons
 
 /// What a refused broker peer may still send before its connection closes.
 const REFUSED_DRAIN_BYTES: usize = 64 * 1024;
+/// Refused peers of one broker whose connections are kept readable at once.
+const REFUSED_DRAINING_MAX: usize = 8;
 
 /// The split-lock claim (the permit is read again before the worker's credential works), then
 /// the adapter.

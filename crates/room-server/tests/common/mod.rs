@@ -315,7 +315,7 @@ pub fn bytecount(b: &[u8]) -> usize {
 
 /// The machine's pids of the live processes whose command line holds `marker` (a confined
 /// worker runs in a PID namespace of its own, so the pids it reports are not the machine's;
-/// the test workers mark what they leave behind).
+/// the test workers mark what they leave behind, in its command line and its environment).
 pub fn marked(marker: &str) -> Vec<u32> {
     assert!(
         marker.len() > 16,
@@ -327,8 +327,12 @@ pub fn marked(marker: &str) -> Vec<u32> {
     dir.flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
         .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == marker.as_bytes()))
+            let env = format!("ROOM_TEST_MARK={marker}");
+            let holds = |file: &str, word: &[u8]| {
+                std::fs::read(format!("/proc/{pid}/{file}"))
+                    .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == word))
+            };
+            holds("cmdline", marker.as_bytes()) || holds("environ", env.as_bytes())
         })
         .collect()
 }

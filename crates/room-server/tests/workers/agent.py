@@ -20,13 +20,16 @@ def marker(what):
     # the worker runs in a PID namespace of its own, so the pids it sees are not the
     # machine's: the test finds its processes by this word in their command line
     return "room-test-%s-%s" % (what, os.environ.get("ROOM_LAUNCH"))
+def marked_env(what):
+    # every process below inherits it, the sleep as well as the marked sh
+    return dict(os.environ, ROOM_TEST_MARK=marker(what))
 if mode == "exit":
     sys.exit(0)
 if mode == "fail":
     sys.exit(3)
 if mode == "escape":
     # a grandchild in a session of its own (out of the worker's process group) outlives this exit
-    child = subprocess.Popen(["/usr/bin/setsid", "/bin/sh", "-c", "sleep 600; exit", marker("escape")])
+    child = subprocess.Popen(["/usr/bin/setsid", "/bin/sh", "-c", "sleep 600; exit", marker("escape")], env=marked_env("escape"))
     print(json.dumps({"child": child.pid, "marker": marker("escape")}), flush=True)
     sys.exit(0)
 if mode == "sever":
@@ -209,12 +212,12 @@ if mode == "stubborn":
     # ignores SIGTERM and leaves a grandchild in a session of its own that ignores it too
     import signal
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    child = subprocess.Popen(["/usr/bin/setsid", "/bin/sh", "-c", "trap '' TERM; sleep 600; exit", marker("stubborn")])
+    child = subprocess.Popen(["/usr/bin/setsid", "/bin/sh", "-c", "trap '' TERM; sleep 600; exit", marker("stubborn")], env=marked_env("stubborn"))
     print(json.dumps({"child": child.pid, "marker": marker("stubborn")}), flush=True)
     while True:
         time.sleep(1)
 if mode == "hang":
-    child = subprocess.Popen(["/bin/sh", "-c", "sleep 600; exit", marker("hang")])
+    child = subprocess.Popen(["/bin/sh", "-c", "sleep 600; exit", marker("hang")], env=marked_env("hang"))
     print(json.dumps({"child": child.pid, "marker": marker("hang")}), flush=True)
     while True:
         time.sleep(1)
