@@ -54,15 +54,16 @@ fn settled(fx: &mut Fx, source: &str, passing: &[&str]) -> Value {
     }
 }
 
-/// The worker's first stdout line for the one launch in the state dir.
+/// The worker's stdout lines for the one launch in the state dir (the one directory there
+/// with a log: a test may add a decoy).
 fn worker_out(fx: &Fx) -> Vec<Value> {
     let dir = fx.state.join("workers");
     let launch = std::fs::read_dir(&dir)
         .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+        .flatten()
+        .map(|d| d.path())
+        .find(|p| p.join("stdout.log").exists())
+        .expect("a launch with a log");
     std::fs::read_to_string(launch.join("stdout.log"))
         .unwrap()
         .lines()
