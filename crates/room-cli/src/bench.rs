@@ -52,6 +52,10 @@ pub struct BenchArgs {
     /// After each swarm size, each tool's calls and latency (on stderr).
     #[arg(long)]
     pub by_tool: bool,
+    /// `core` only: run just the rows whose name contains this text (the raw baseline and the
+    /// one-writer row always run, since the ratios are to them).
+    #[arg(long)]
+    pub only: Option<String>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -469,9 +473,11 @@ fn bench(a: &BenchArgs) -> anyhow::Result<()> {
     let raw = raw_sqlite(tmp.path(), secs)?;
     let base = raw.per_s;
     let mut rows = vec![raw];
+    let wanted = |name: &str| a.only.as_deref().is_none_or(|o| name.contains(o));
     for writers in [1usize, 8, 64, 256]
         .into_iter()
         .filter(|w| *w <= a.writers_max)
+        .filter(|w| *w == 1 || wanted(&format!("gated turns, {w} writer(s)")))
     {
         eprintln!("  {writers} writer(s), own rooms …");
         let (per_s, mut lat) = own_rooms(&dir, writers, secs)?;
@@ -492,14 +498,20 @@ fn bench(a: &BenchArgs) -> anyhow::Result<()> {
             (Loop::ConfirmThenAct, "confirm, then act"),
             (Loop::ReadThrough, "read_through"),
         ] {
+            if !wanted(&format!("{writers} agents in one room, {label}")) {
+                continue;
+            }
             eprintln!("  {writers} agents in one room ({label}) …");
             let sh = shared_room(&dir, writers, secs, how)?;
             rows.push(shared_row(writers, label, sh, single, base));
         }
     }
-    eprintln!("  gate cost at 10 k and {} events …", a.history);
-    let small = gate_cost(&dir, 10_000)?;
-    let large = gate_cost(&dir, a.history)?;
+    let gate = if wanted("gate check") {
+        eprintln!("  gate cost at 10 k and {} events …", a.history);
+        Some((gate_cost(&dir, 10_000)?, gate_cost(&dir, a.history)?))
+    } else {
+        None
+    };
     println!(
         "{:<58} {:>12} {:>10} {:>10}  note",
         "row", "per second", "p50 µs", "p99 µs"
@@ -515,17 +527,19 @@ fn bench(a: &BenchArgs) -> anyhow::Result<()> {
             r.note
         );
     }
-    println!(
-        "{:<58} {:>12} {:>10.1} {:>10}  µs per check",
-        "gate check, 10 k events of history", "-", small, "-"
-    );
-    println!(
-        "{:<58} {:>12} {:>10.1} {:>10}  {:.2}x the 10 k cost",
-        format!("gate check, {} events of history", a.history),
-        "-",
-        large,
-        "-",
-        large / small
-    );
+    if let Some((small, large)) = gate {
+        println!(
+            "{:<58} {:>12} {:>10.1} {:>10}  µs per check",
+            "gate check, 10 k events of history", "-", small, "-"
+        );
+        println!(
+            "{:<58} {:>12} {:>10.1} {:>10}  {:.2}x the 10 k cost",
+            format!("gate check, {} events of history", a.history),
+            "-",
+            large,
+            "-",
+            large / small
+        );
+    }
     Ok(())
 }
