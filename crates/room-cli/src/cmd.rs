@@ -395,6 +395,10 @@ pub struct RouteArgs {
     /// A label its sessions carry: one per flag.
     #[arg(long = "tag")]
     tags: Vec<String>,
+    /// The model route its workers draw on (a name of [dispatch.model_routes], whose bound
+    /// every route naming it shares).
+    #[arg(long)]
+    model_route: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]

@@ -242,22 +242,30 @@ const RUNNING: &str = "running";
 
 /// Why queued permits wait, as the last dispatch pass found them: `recipient_busy` (another
 /// launch of the recipient runs, or its cooldown has not passed) or `worker_route_capacity`
-/// (the daemon runs `[dispatch] workers_max` workers already). A deferral never drops a
-/// permit; it is kept in memory only, for the wakes view.
+/// (the daemon runs `[dispatch] workers_max` workers already, or the permit's route draws on
+/// a model route whose `[dispatch.model_routes]` bound is reached: then it is named). A
+/// deferral never drops a permit; it is kept in memory only, for the wakes view.
 #[derive(Debug, Default)]
-pub(crate) struct Deferrals(std::sync::Mutex<std::collections::BTreeMap<String, &'static str>>);
+pub(crate) struct Deferrals(std::sync::Mutex<std::collections::BTreeMap<String, Deferral>>);
+
+/// One permit's deferral: its code and, for a model route's bound, the route's name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Deferral {
+    pub code: &'static str,
+    pub model_route: Option<String>,
+}
 
 impl Deferrals {
-    fn replace(&self, next: std::collections::BTreeMap<String, &'static str>) {
+    fn replace(&self, next: std::collections::BTreeMap<String, Deferral>) {
         *self.0.lock().unwrap_or_else(|e| e.into_inner()) = next;
     }
 
-    pub(crate) fn of(&self, path: &str) -> Option<&'static str> {
+    pub(crate) fn of(&self, path: &str) -> Option<Deferral> {
         self.0
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(path)
-            .copied()
+            .cloned()
     }
 }
 
@@ -423,12 +431,41 @@ pub(crate) fn end(
     }
 }
 
+/// Workers live now: in all, and per model route (by the route their agent has now).
+#[derive(Debug, Default)]
+struct RouteLoad {
+    total: usize,
+    per_model_route: std::collections::BTreeMap<String, usize>,
+}
+
+impl RouteLoad {
+    fn add(&mut self, route: Option<&crate::policy::Route>) {
+        self.total += 1;
+        if let Some(m) = route.and_then(|r| r.model_route.as_ref()) {
+            *self.per_model_route.entry(m.clone()).or_default() += 1;
+        }
+    }
+
+    /// The model route `route` draws on, when its bound is reached.
+    fn full<'r>(
+        &self,
+        route: &'r crate::policy::Route,
+        bounds: &std::collections::BTreeMap<String, usize>,
+    ) -> Option<&'r str> {
+        let m = route.model_route.as_deref()?;
+        // the loader refuses a route naming no declared model route
+        let bound = bounds.get(m).copied().unwrap_or(0);
+        (self.per_model_route.get(m).copied().unwrap_or(0) >= bound).then_some(m)
+    }
+}
+
 impl Engine {
     /// One dispatch pass over the permits of routed agents, oldest first: start a launch for each
     /// that revalidates, whose recipient is not busy with another launch and is past its
     /// cooldown (`recipient_busy` defers, never drops), while fewer than `[dispatch]
-    /// workers_max` workers run (`worker_route_capacity` defers). One that fails revalidation
-    /// is left to the sweep, which dead-letters it with its reason.
+    /// workers_max` workers run and fewer than its model route's bound run on that model route
+    /// (`worker_route_capacity` defers). One that fails revalidation is left to the sweep,
+    /// which dead-letters it with its reason.
     pub fn dispatch_take(&self) -> Outcome<Vec<Launch>> {
         // without routes nothing launches: a call that queued a permit costs nothing more
         let policy = self.policy();
@@ -446,14 +483,13 @@ impl Engine {
             .map_err(store_err)?;
         // one dispatch pass and one session's take at a time: one launch per recipient
         let _one = self.takes.lock().unwrap_or_else(|e| e.into_inner());
-        // workers are processes: a session launch runs none and takes no worker's place
-        let running = self
-            .control()
-            .launches_live()
-            .map_err(store_err)?
-            .iter()
-            .filter(|l| l.conversation.is_none())
-            .count();
+        // workers (processes and API loops): a session launch runs none and takes no
+        // worker's place
+        let live = self.control().launches_live().map_err(store_err)?;
+        let mut load = RouteLoad::default();
+        for l in live.iter().filter(|l| l.conversation.is_none()) {
+            load.add(routes.get(&l.agent));
+        }
         let mut out: Vec<Launch> = Vec::new();
         let mut deferred = std::collections::BTreeMap::new();
         for w in rows {
@@ -462,13 +498,20 @@ impl Engine {
             };
             let why =
                 if out.iter().any(|l| l.agent == w.agent) || self.recipient_busy(&w.agent, now)? {
-                    Some("recipient_busy")
-                } else if running + out.len() >= policy.workers_max
-                    || out.len() >= LAUNCHES_PER_PASS_MAX
-                {
-                    Some("worker_route_capacity")
+                    Some(Deferral {
+                        code: "recipient_busy",
+                        model_route: None,
+                    })
+                } else if load.total >= policy.workers_max || out.len() >= LAUNCHES_PER_PASS_MAX {
+                    Some(Deferral {
+                        code: "worker_route_capacity",
+                        model_route: None,
+                    })
                 } else {
-                    None
+                    load.full(route, &policy.model_routes).map(|m| Deferral {
+                        code: "worker_route_capacity",
+                        model_route: Some(m.to_string()),
+                    })
                 };
             if let Some(why) = why {
                 deferred.insert(wake_path(&w.room, &w.agent, &w.source_event), why);
@@ -479,7 +522,11 @@ impl Engine {
                 // the next sweep dead-letters it with its reason
                 Err(_) => continue,
             };
-            out.extend(self.start_launch(&w, permit, route, now)?);
+            let started = self.start_launch(&w, permit, route, now)?;
+            if started.is_some() {
+                load.add(Some(route));
+            }
+            out.extend(started);
         }
         self.deferrals.replace(deferred);
         Ok(out)

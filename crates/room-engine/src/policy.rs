@@ -94,6 +94,10 @@ struct DispatchLimits {
     obligation_fold_ms: u64,
     untasked_deadline_ms: u64,
     tasked_deadline_ms: u64,
+    /// Per model route (a name routes give as `model_route`), the workers of every route
+    /// naming it that may run at once: a model or backend that several agents share is
+    /// loaded no more than its owner allows.
+    model_routes: BTreeMap<String, u64>,
 }
 
 /// The bounds of `[dispatch] untasked_deadline_ms` and `tasked_deadline_ms`: a permit sealed
@@ -117,8 +121,20 @@ impl Default for DispatchLimits {
             obligation_fold_ms: OBLIGATION_FOLD_MS_DEFAULT,
             untasked_deadline_ms: room_core::wake::UNTASKED_DEADLINE_MS,
             tasked_deadline_ms: room_core::wake::TASKED_DEADLINE_MS,
+            model_routes: BTreeMap::new(),
         }
     }
+}
+
+/// Model routes `[dispatch.model_routes]` may name.
+pub const MODEL_ROUTES_MAX: usize = 64;
+
+/// A model route's name: 1-64 bytes of letters, digits, `.`, `_`, `-`, `:` (the tags' alphabet).
+fn is_label(t: &str) -> bool {
+    !t.is_empty()
+        && t.len() <= 64
+        && t.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-:".contains(&b))
 }
 
 /// How the dispatcher delivers an agent's wakes: an adapter and what it runs.
@@ -195,6 +211,10 @@ pub struct Route {
     /// letters, digits, `.`, `_`, `-`, `:`).
     #[serde(default)]
     pub tags: Vec<String>,
+    /// The model route its workers draw on: a name of `[dispatch.model_routes]`, whose bound
+    /// every route naming it shares (a permit past it waits, `worker_route_capacity`).
+    #[serde(default)]
+    pub model_route: Option<String>,
 }
 
 /// Programs a route may add to its broker's.
@@ -354,13 +374,7 @@ fn check_route(agent: &str, r: &Route) -> Result<(), String> {
     if r.tags.len() > ROUTE_TAGS_MAX {
         return Err(format!("{at}.tags: at most {ROUTE_TAGS_MAX}"));
     }
-    if let Some(t) = r.tags.iter().find(|t| {
-        t.is_empty()
-            || t.len() > 64
-            || !t
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"._-:".contains(&b))
-    }) {
+    if let Some(t) = r.tags.iter().find(|t| !is_label(t)) {
         return Err(format!(
             "{at}.tags: {t:?} is not 1-64 bytes of letters, digits, '.', '_', '-', ':'"
         ));
@@ -526,6 +540,8 @@ pub struct Policy {
     pub routes: Arc<BTreeMap<String, Route>>,
     /// Workers running at once, across every route (a permit beyond it waits, queued).
     pub workers_max: usize,
+    /// Per model route, workers running at once across the routes that name it.
+    pub model_routes: Arc<BTreeMap<String, usize>>,
     /// How long past its wake deadline an unanswered obligation stays `pending`.
     pub obligation_fold_ms: u64,
     /// The deadline a wake permit is sealed with, untasked and task-bound (the seed's 60 s and
@@ -627,6 +643,7 @@ fn failed(why: String) -> Policy {
         evidence_origins_min: 1,
         routes: Arc::new(BTreeMap::new()),
         workers_max: WORKERS_MAX_DEFAULT,
+        model_routes: Arc::new(BTreeMap::new()),
         obligation_fold_ms: OBLIGATION_FOLD_MS_DEFAULT,
         untasked_deadline_ms: room_core::wake::UNTASKED_DEADLINE_MS,
         tasked_deadline_ms: room_core::wake::TASKED_DEADLINE_MS,
@@ -670,6 +687,7 @@ pub(crate) fn check_config(bytes: &[u8]) -> Result<Policy, String> {
             "config.toml: dispatch.workers_max {workers_max} is not within 1..={WORKERS_MAX_LIMIT}"
         ));
     }
+    let model_routes = check_model_routes(&cfg)?;
     let fold_ms = cfg.dispatch.obligation_fold_ms;
     if fold_ms > OBLIGATION_FOLD_MS_MAX {
         return Err(format!(
@@ -699,6 +717,7 @@ pub(crate) fn check_config(bytes: &[u8]) -> Result<Policy, String> {
             evidence_origins_min: cfg.acceptance.evidence_origins_min.clamp(1, 16),
             routes: Arc::new(cfg.routes),
             workers_max: workers_max as usize,
+            model_routes: Arc::new(model_routes),
             obligation_fold_ms: fold_ms,
             untasked_deadline_ms: cfg.dispatch.untasked_deadline_ms,
             tasked_deadline_ms: cfg.dispatch.tasked_deadline_ms,
@@ -706,6 +725,42 @@ pub(crate) fn check_config(bytes: &[u8]) -> Result<Policy, String> {
         }),
         Err(e) => Err(format!("config.toml: {e}")),
     }
+}
+
+/// `[dispatch.model_routes]`: at most `MODEL_ROUTES_MAX` names, each bound within
+/// 1..=`WORKERS_MAX_LIMIT`; every route's `model_route` must name one of them.
+fn check_model_routes(cfg: &ConfigFile) -> Result<BTreeMap<String, usize>, String> {
+    let declared = &cfg.dispatch.model_routes;
+    if declared.len() > MODEL_ROUTES_MAX {
+        return Err(format!(
+            "config.toml: dispatch.model_routes: at most {MODEL_ROUTES_MAX}"
+        ));
+    }
+    for (name, n) in declared {
+        if !is_label(name) {
+            return Err(format!(
+                "config.toml: dispatch.model_routes: {name:?} is not 1-64 bytes of letters, digits, '.', '_', '-', ':'"
+            ));
+        }
+        if !(1..=WORKERS_MAX_LIMIT).contains(n) {
+            return Err(format!(
+                "config.toml: dispatch.model_routes.{name} {n} is not within 1..={WORKERS_MAX_LIMIT}"
+            ));
+        }
+    }
+    for (agent, r) in &cfg.routes {
+        if let Some(m) = r.model_route.as_deref()
+            && !declared.contains_key(m)
+        {
+            return Err(format!(
+                "config.toml: routes.{agent}.model_route {m:?} is not a name of [dispatch.model_routes]"
+            ));
+        }
+    }
+    Ok(declared
+        .iter()
+        .map(|(k, v)| (k.clone(), *v as usize))
+        .collect())
 }
 
 thread_local! {

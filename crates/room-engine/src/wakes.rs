@@ -194,11 +194,13 @@ impl Engine {
                 v["state"] = json!(w.state);
                 v["launches"] = self.launches_view(w);
                 if w.state == room_store::control::WAKE_QUEUED {
-                    v["deferred"] = json!(self.deferrals.of(&wake_path(
-                        &w.room,
-                        &w.agent,
-                        &w.source_event
-                    )));
+                    let d = self
+                        .deferrals
+                        .of(&wake_path(&w.room, &w.agent, &w.source_event));
+                    v["deferred"] = json!(d.as_ref().map(|d| d.code));
+                    if let Some(m) = d.and_then(|d| d.model_route) {
+                        v["deferred_model_route"] = json!(m);
+                    }
                 }
                 if w.state == room_store::control::WAKE_DEAD {
                     v["dead_letter"] = json!({"code": w.reason, "reason": w.detail,

@@ -219,6 +219,112 @@ fn workers_beyond_the_daemon_s_capacity_wait_queued_and_say_why() {
 }
 
 #[test]
+fn workers_of_one_model_route_wait_for_its_bound_while_other_routes_run() {
+    let mut fx = Fx::new();
+    let a = fx.enroll("alpha", "coordinator");
+    for who in ["beta", "gamma", "delta"] {
+        fx.enroll(who, "member");
+    }
+    fx.ok(
+        None,
+        "room_create",
+        json!({"name": "coord", "members": ["alpha", "beta", "gamma", "delta"]}),
+    );
+    let agent = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/workers/agent.py");
+    // beta and gamma share model route "m" (one at a time); delta names none
+    let mut config = String::from("[dispatch.model_routes]\nm = 1\n\n");
+    for (who, model_route) in [
+        ("beta", "model_route = \"m\"\n"),
+        ("gamma", "model_route = \"m\"\n"),
+        ("delta", ""),
+    ] {
+        config.push_str(&format!(
+            "[routes.{who}]\nadapter = \"command\"\ncommand = [\"/usr/bin/python3\", {:?}, \"hang\"]\ntimeout_ms = 3000\n{model_route}\n",
+            agent.to_str().unwrap()
+        ));
+    }
+    fx.write_config(&config);
+    let mut sent = Vec::new();
+    for who in ["beta", "gamma", "delta"] {
+        fx.sync_all(&a, "coord");
+        let e = fx.ok(
+            Some(&a),
+            "send",
+            json!({"room": "coord", "to": [who], "text": format!("to {who}")}),
+        )["event"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        sent.push(e);
+    }
+    // one of beta and gamma waits, naming the model route, while delta's worker runs
+    let start = Instant::now();
+    let waiting = loop {
+        let all = fx.ok(None, "wakes_list", json!({}));
+        let wakes = all["wakes"].as_array().unwrap();
+        let queued = wakes
+            .iter()
+            .find(|w| w["state"] == "queued" && w["deferred"] == "worker_route_capacity")
+            .cloned();
+        let delta_ran = wakes
+            .iter()
+            .any(|w| w["agent"] == "delta" && w["state"] != "queued");
+        if let Some(w) = queued.filter(|_| delta_ran) {
+            break w;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no permit waited for its model route: {all}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(waiting["deferred_model_route"], "m", "{waiting}");
+    assert_eq!(waiting["dead_letter"], Value::Null);
+    assert!(["beta", "gamma"].contains(&waiting["agent"].as_str().unwrap()));
+    let b = settled(&mut fx, &sent[0], &["queued", "dispatched"]);
+    let g = settled(&mut fx, &sent[1], &["queued", "dispatched"]);
+    let (lb, lg) = (&b["launches"][0], &g["launches"][0]);
+    let (first, second) = if lb["created_ms"].as_u64() < lg["created_ms"].as_u64() {
+        (lb, lg)
+    } else {
+        (lg, lb)
+    };
+    assert!(
+        second["created_ms"].as_u64().unwrap() >= first["ended_ms"].as_u64().unwrap(),
+        "two workers of model route m ran at once: {first} {second}"
+    );
+}
+
+#[test]
+fn a_model_route_that_is_not_declared_or_out_of_bounds_fails_the_policy_closed() {
+    let mut fx = Fx::new();
+    let (a, _, _) = fx.team("coord");
+    for (config, names) in [
+        (
+            "[routes.beta]\nadapter = \"script\"\nmodel_route = \"nowhere\"\n",
+            "routes.beta.model_route",
+        ),
+        (
+            "[dispatch.model_routes]\nm = 0\n",
+            "dispatch.model_routes.m",
+        ),
+        (
+            "[dispatch.model_routes]\n\"a b\" = 1\n",
+            "dispatch.model_routes",
+        ),
+    ] {
+        fx.write_config(config);
+        let r = fx.refuse(
+            Some(&a),
+            "sync",
+            json!({"room": "coord"}),
+            "tool_result_withheld",
+        );
+        assert!(r.to_string().contains(names), "{config}: {r}");
+    }
+}
+
+#[test]
 fn a_capacity_outside_its_bounds_fails_the_policy_closed() {
     let mut fx = Fx::new();
     let (a, _, _) = fx.team("coord");
