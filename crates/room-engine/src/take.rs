@@ -22,6 +22,28 @@ pub struct TakeArgs {
     pub source_event: Option<String>,
 }
 
+/// What a take's result tells the session to do.
+const TAKE_ANSWER: &str =
+    "room_reply to each obligation_ids entry (or mention) from this session before not_after_ms";
+
+/// Fit a take's result within `budget` bytes: served passages that do not fit, the last
+/// first, are withheld from this delivery (`page_budget`), so the delivery receipt records
+/// only what the session was handed inline.
+fn fit_evidence(taken: &mut Value, budget: usize) {
+    while taken.to_string().len() > budget {
+        let Some(ev) = taken["evidence"]["served"]
+            .as_array_mut()
+            .and_then(|s| s.pop())
+        else {
+            return;
+        };
+        let withheld = json!({"evidence": ev["evidence"], "reason": "page_budget"});
+        if let Some(w) = taken["evidence"]["withheld"].as_array_mut() {
+            w.push(withheld);
+        }
+    }
+}
+
 /// The proof a take records: the bound session itself asked for the permit and was handed it.
 const TAKEN_PROOF: &str = "delivered_to_body";
 
@@ -71,9 +93,14 @@ impl Engine {
             Pick::One(one, skipped) => (one.0, one.1, skipped),
             Pick::None(skipped) => return Ok(json!({"taken": null, "skipped": skipped})),
         };
-        let taken = self.open_session_launch(&w, &permit, &p.conversation, now)?;
-        Ok(json!({"taken": taken, "skipped": skipped,
-            "answer": "room_reply to each obligation_ids entry (or mention) from this session before not_after_ms"}))
+        // the take's result is a page the session reads: within the transport's ceiling
+        let page_bytes = p.page_bytes_max.map_or(self.config.page_bytes_max, |b| {
+            b.clamp(crate::sync::PAGE_BYTES_MIN, self.config.page_bytes_max)
+        });
+        let around = json!({"taken": null, "skipped": skipped, "answer": TAKE_ANSWER});
+        let budget = page_bytes.saturating_sub(around.to_string().len());
+        let taken = self.open_session_launch(&w, &permit, &p.conversation, now, budget)?;
+        Ok(json!({"taken": taken, "skipped": skipped, "answer": TAKE_ANSWER}))
     }
 
     /// The permit a take hands over: the named one (refused with its revalidation code when it
@@ -124,6 +151,7 @@ impl Engine {
         permit: &WakePermit,
         conversation: &str,
         now: u64,
+        budget: usize,
     ) -> Outcome<Value> {
         let id = format!("lch_{}", self.env.entropy.hex(8));
         let cancel_gen = self
@@ -133,7 +161,15 @@ impl Engine {
             .map_or(0, |r| r.cancel_gen);
         let b = &permit.binding;
         let not_after = w.created_ms.saturating_add(b.deadline_ms);
-        let evidence = self.wake_evidence(b, &id, now)?;
+        let mut taken = json!({"launch": id, "room": b.room, "from": b.from, "task": b.task,
+            "source_event": b.source_event, "prompt": b.prompt, "mention_ids": b.mention_ids,
+            "obligation_ids": b.obligation_ids, "not_after_ms": not_after,
+            "binding_sha256": permit.binding_sha256, "proof": TAKEN_PROOF});
+        if let Some(e) = self.wake_evidence(b, &id, now)? {
+            taken["evidence"] = e;
+            fit_evidence(&mut taken, budget);
+        }
+        let evidence = taken.get("evidence").cloned();
         // no credential is issued: the session acts with its agent's own; the column is unique
         let secret = format!("session:{id}:{}", self.env.entropy.hex(16));
         let row = LaunchRow {
@@ -165,13 +201,6 @@ impl Engine {
             )));
         }
         tracing::info!(launch = %id, agent = %w.agent, source = %w.source_event, "a session took its wake");
-        let mut taken = json!({"launch": id, "room": b.room, "from": b.from, "task": b.task,
-            "source_event": b.source_event, "prompt": b.prompt, "mention_ids": b.mention_ids,
-            "obligation_ids": b.obligation_ids, "not_after_ms": not_after,
-            "binding_sha256": permit.binding_sha256, "proof": TAKEN_PROOF});
-        if let Some(e) = evidence {
-            taken["evidence"] = e;
-        }
         Ok(taken)
     }
 

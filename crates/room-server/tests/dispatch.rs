@@ -426,3 +426,58 @@ fn a_routed_agent_s_wakes_are_the_dispatcher_s_not_its_session_s() {
     let r = fx.refuse(Some(&b), "wake_take", json!({}), "wake_not_takeable");
     assert!(r.message.contains("has a route"), "{r}");
 }
+
+#[test]
+fn a_take_fits_its_page_ceiling_and_withholds_the_evidence_that_does_not_fit() {
+    let mut fx = Fx::new();
+    let (a, b, _) = fx.team("coord");
+    let t = fx.ok(
+        Some(&a),
+        "task_create",
+        json!({"room": "coord", "title": "review", "to": "beta"}),
+    )["task"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // sixteen passages of about 1 KiB each: more than a 4 KiB page holds
+    let evidence: Vec<String> = (0..16)
+        .map(|i| {
+            fx.ok(
+                Some(&a),
+                "evidence_register",
+                json!({"room": "coord", "task": t, "origin": format!("url:https://example.test/{i}"),
+                "summary": format!("{i} {}", "x".repeat(1_000))}),
+            )["evidence"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let p = sent(&mut fx, &a, json!({"task": t, "evidence": evidence}));
+    let source = p["source_event"].as_str().unwrap().to_string();
+    let req = room_server::wire::Request {
+        page_bytes_max: Some(4_096),
+        ..in_conv(&b, "s1", "wake_take", json!({}))
+    };
+    let r = fx.send(&req);
+    assert!(r.ok, "{:?}", r.refusal);
+    let result = r.result.unwrap();
+    assert!(
+        result.to_string().len() <= 4_096,
+        "{} bytes",
+        result.to_string().len()
+    );
+    let e = &result["taken"]["evidence"];
+    let (served, withheld) = (
+        e["served"].as_array().unwrap(),
+        e["withheld"].as_array().unwrap(),
+    );
+    assert_eq!(served.len() + withheld.len(), 16, "{e}");
+    assert!(!served.is_empty() && !withheld.is_empty(), "{e}");
+    assert!(withheld.iter().all(|w| w["reason"] == "page_budget"), "{e}");
+    // the passages served come first, in the order cited
+    assert_eq!(served[0]["evidence"], evidence[0].as_str());
+    // the delivery receipt records what the session was handed, no more
+    let now = permit(&mut fx, &source);
+    assert_eq!(&now["launches"][0]["delivery"], e, "{now}");
+}
