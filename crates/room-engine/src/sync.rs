@@ -99,6 +99,8 @@ pub(crate) fn view_roster(members: &[MemberStanding<'_>]) -> (Vec<String>, Vec<S
 
 impl Engine {
     pub(crate) fn sync_key(&self, p: &Principal, room: &str) -> Outcome<SyncKey> {
+        // its own statement: a control guard must be gone before the next is taken
+        let epoch = self.control().control_epoch().map_err(store_err)?;
         let view_gen = self
             .control()
             .view_gen(room, &|row, members| {
@@ -111,6 +113,11 @@ impl Engine {
                 // views of rooms never cancelled keep their digest across the upgrade)
                 if row.cancel_gen > 0 {
                     view["cancel"] = json!([row.cancel_gen, row.cancelled]);
+                }
+                // a break-glass (engaged or released) moves every view: what was read under
+                // another control epoch is read again (absent at the first epoch, as above)
+                if epoch > 1 {
+                    view["control_epoch"] = json!(epoch);
                 }
                 digest_of(&view)
             })

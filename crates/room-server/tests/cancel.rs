@@ -464,3 +464,42 @@ fn a_room_with_a_running_worker_is_not_archived_until_its_worker_is_stopped() {
     fx.ok(None, "room_archive", json!({"room": "coord"}));
     end_marked(&child);
 }
+
+#[test]
+fn a_break_glass_moves_every_view_so_what_was_read_before_it_is_read_again() {
+    let mut fx = Fx::new();
+    let (a, _b, g, ops, _) = crew(&mut fx);
+    fx.sync_all(&g, "coord");
+    fx.sync_all(&a, "coord");
+    // a page read under the first epoch, not yet confirmed
+    let page = fx.ok(Some(&g), "sync", json!({"room": "coord"}));
+    fx.ok(Some(&ops), "break_glass", json!({"engage": true}));
+    // a reader caught up before the break-glass reads again, with a turn or a confirmation
+    fx.refuse(
+        Some(&a),
+        "note",
+        json!({"room": "coord", "text": "still here"}),
+        "room_sync_view_changed",
+    );
+    fx.refuse(
+        Some(&g),
+        "sync",
+        json!({"room": "coord", "confirm": page["receipt"]}),
+        "room_sync_view_changed",
+    );
+    // released, the epoch moves again: read under the engaged one, read again once more
+    fx.sync_all(&a, "coord");
+    fx.ok(None, "break_glass", json!({"engage": false}));
+    fx.refuse(
+        Some(&a),
+        "note",
+        json!({"room": "coord", "text": "and now"}),
+        "room_sync_view_changed",
+    );
+    fx.sync_all(&a, "coord");
+    fx.ok(
+        Some(&a),
+        "note",
+        json!({"room": "coord", "text": "read again"}),
+    );
+}

@@ -186,7 +186,8 @@ pub trait ControlStore: Send {
     fn project(&self, id: &str) -> Result<Option<ProjectRow>>;
     fn rooms(&self) -> Result<Vec<RoomRow>>;
     fn room(&self, name: &str) -> Result<Option<RoomRow>>;
-    /// The room's view generation, computed by `digest` once per change of its row or roster.
+    /// The room's view generation, computed by `digest` once per change of its row or roster,
+    /// or of the control epoch (which the engine's views carry).
     fn view_gen(
         &mut self,
         room: &str,

@@ -1363,6 +1363,8 @@ impl ControlStore for SqliteControl {
             )?;
             tx.commit()?;
             c.cache.epoch = c.load_control_epoch()?;
+            // the engine's views carry the control epoch
+            c.cache.view_gens.clear();
             Ok(c.cache.epoch)
         })
     }
