@@ -559,7 +559,7 @@ fn a_worker_reaches_room_through_room_api_and_bad_lines_are_refused_one_by_one()
     let env = Env::new();
     assert!(env.run(&["init"], None).status.success());
     // a shell worker: the shell may not speak to its broker itself, Room's binary may
-    let script = r#"read prompt; printf '{"op":"whoami","token":"%s","args":{}}\nnot json\n\n{"op":"whoami","token":"%s","args":{}}\n' "$ROOM_TOKEN" "$ROOM_TOKEN" | "$ROOM_BRIDGE" api"#;
+    let script = r#"read prompt; printf '{"bridge":"%s","sha256":"%s"}\n' "$ROOM_BRIDGE" "$(sha256sum < "$ROOM_BRIDGE" | cut -d' ' -f1)"; printf '{"op":"whoami","token":"%s","args":{}}\nnot json\n\n{"op":"whoami","token":"%s","args":{}}\n' "$ROOM_TOKEN" "$ROOM_TOKEN" | "$ROOM_BRIDGE" api"#;
     std::fs::write(
         env.state.join("config.toml"),
         format!(
@@ -637,10 +637,27 @@ fn a_worker_reaches_room_through_room_api_and_bad_lines_are_refused_one_by_one()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(lines.len(), 3, "{log}");
-    assert_eq!(lines[0]["result"]["agent"], "beta", "{log}");
-    assert_eq!(lines[1]["refusal"]["code"], "invalid_argument", "{log}");
-    assert_eq!(lines[2]["result"]["agent"], "beta", "{log}");
+    assert_eq!(lines.len(), 4, "{log}");
+    // the bridge it ran is Room's binary staged by its digest, not the daemon's own path
+    let digest = Command::new("sha256sum")
+        .arg(env!("CARGO_BIN_EXE_room"))
+        .output()
+        .unwrap();
+    let digest = String::from_utf8(digest.stdout).unwrap();
+    let digest = digest.split(' ').next().unwrap();
+    assert_eq!(lines[0]["sha256"], digest, "{log}");
+    assert_eq!(
+        lines[0]["bridge"],
+        env.state
+            .join("bridge")
+            .join(format!("room-{digest}"))
+            .to_str()
+            .unwrap(),
+        "{log}"
+    );
+    assert_eq!(lines[1]["result"]["agent"], "beta", "{log}");
+    assert_eq!(lines[2]["refusal"]["code"], "invalid_argument", "{log}");
+    assert_eq!(lines[3]["result"]["agent"], "beta", "{log}");
     let _ = daemon.kill();
     let _ = daemon.wait();
 }

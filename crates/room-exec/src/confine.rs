@@ -52,6 +52,9 @@ struct Prepared {
     /// Where the worker starts, entered again once the mounts are made (std enters it
     /// before them, on the machine's tree beneath).
     cwd: Option<CString>,
+    /// The staged bridge (a file inside the state directory, in a directory of its own
+    /// there), bound read-only at its own path, with the mount flags it already has.
+    bridge: Option<(CString, CString, MountFlags)>,
 }
 
 /// Each range of a `uid_map`/`gid_map` text (inside, outside, count) mapped to itself, as a
@@ -139,6 +142,7 @@ impl Confinement {
                 uid_map_all: identity_map(&std::fs::read_to_string("/proc/self/uid_map")?),
                 gid_map_all: identity_map(&std::fs::read_to_string("/proc/self/gid_map")?),
                 cwd: None,
+                bridge: None,
             }),
         })
     }
@@ -177,17 +181,28 @@ impl Confinement {
     /// can read there and write nowhere in it, so a change reaches it only as a proposal the
     /// daemon applies.
     pub fn read_only(self, tree: &Path) -> std::io::Result<Confinement> {
-        let kept = MountFlags::NOSUID
-            | MountFlags::NODEV
-            | MountFlags::NOEXEC
-            | MountFlags::NOATIME
-            | MountFlags::NODIRATIME
-            | MountFlags::RELATIME;
-        let st = rustix::fs::statvfs(tree)?;
-        // statvfs's ST_* flags carry the values of the MS_* ones they mirror
-        let flags = MountFlags::from_bits_truncate((st.f_flag.bits() & 0xffff_ffff) as u32) & kept;
+        let flags = kept_flags(tree)?;
         let mut p = (*self.p).clone();
         p.read_only.push((cstr(tree)?, flags));
+        Ok(Confinement { p: Arc::new(p) })
+    }
+
+    /// The staged bridge `file` (in a directory of its own directly inside the state
+    /// directory) stays at its path for the worker, read-only: the one program of the state
+    /// directory it may run.
+    pub fn bridge(self, file: &Path) -> std::io::Result<Confinement> {
+        let state = Path::new(std::ffi::OsStr::from_bytes(self.p.state.as_bytes()));
+        let dir = file
+            .parent()
+            .filter(|d| d.parent() == Some(state) && *d != state);
+        let Some(dir) = dir else {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "the bridge must be in a directory of its own inside the state directory",
+            ));
+        };
+        let mut p = (*self.p).clone();
+        p.bridge = Some((cstr(file)?, cstr(dir)?, kept_flags(file)?));
         Ok(Confinement { p: Arc::new(p) })
     }
 
@@ -243,6 +258,20 @@ impl Confinement {
     }
 }
 
+/// The flags of the mount `path` is on that a read-only remount of a bind of it must keep (a
+/// user namespace may add flags, never drop them).
+fn kept_flags(path: &Path) -> std::io::Result<MountFlags> {
+    let kept = MountFlags::NOSUID
+        | MountFlags::NODEV
+        | MountFlags::NOEXEC
+        | MountFlags::NOATIME
+        | MountFlags::NODIRATIME
+        | MountFlags::RELATIME;
+    let st = rustix::fs::statvfs(path)?;
+    // statvfs's ST_* flags carry the values of the MS_* ones they mirror
+    Ok(MountFlags::from_bits_truncate((st.f_flag.bits() & 0xffff_ffff) as u32) & kept)
+}
+
 fn write_all(path: &CStr, bytes: &[u8]) -> rustix::io::Result<()> {
     let fd = rustix::fs::open(path, OFlags::WRONLY | OFlags::CLOEXEC, Mode::empty())?;
     let mut done = 0;
@@ -293,6 +322,14 @@ fn hide(p: &Prepared) -> rustix::io::Result<()> {
         OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )?;
+    let bridge = match &p.bridge {
+        Some((file, _, _)) => Some(rustix::fs::open(
+            file.as_c_str(),
+            OFlags::PATH | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?),
+        None => None,
+    };
     rustix::mount::mount(
         c"tmpfs",
         p.state.as_c_str(),
@@ -314,6 +351,22 @@ fn hide(p: &Prepared) -> rustix::io::Result<()> {
     )?;
     drop(sock);
     rustix::mount::mount_bind(p.broker.as_c_str(), p.socket.as_c_str())?;
+    if let (Some((file, bdir, flags)), Some(held)) = (&p.bridge, bridge) {
+        rustix::fs::mkdir(bdir.as_c_str(), dir)?;
+        drop(rustix::fs::open(
+            file.as_c_str(),
+            OFlags::CREATE | OFlags::WRONLY | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o500),
+        )?);
+        let src = fd_path(rustix::fd::AsRawFd::as_raw_fd(&held), &mut buf);
+        rustix::mount::mount_bind(src, file.as_c_str())?;
+        drop(held);
+        rustix::mount::mount_remount(
+            file.as_c_str(),
+            MountFlags::BIND | MountFlags::RDONLY | *flags,
+            c"",
+        )?;
+    }
     for m in &p.hidden_mounts {
         rustix::mount::mount(
             c"tmpfs",

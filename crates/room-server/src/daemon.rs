@@ -529,7 +529,12 @@ pub async fn serve(
         crate::workers::WorkerEnv {
             state_dir: state.root.clone(),
             socket: sock.clone(),
-            room_exe: cfg.room_exe.clone(),
+            bridge: cfg.room_exe.clone().map(|exe| {
+                Arc::new(room_exec::bridge::Bridge::new(
+                    exe,
+                    state.root.join("bridge"),
+                ))
+            }),
             jobs: jobs.clone(),
             limits,
             confine,

@@ -66,8 +66,10 @@ const STOP_RETRIES: u32 = 60;
 pub struct WorkerEnv {
     pub state_dir: PathBuf,
     pub socket: PathBuf,
-    /// The `room` binary, which the `script` adapter runs as `room agent-script`.
-    pub room_exe: Option<PathBuf>,
+    /// Room's binary staged for workers by its digest (`room_exec::bridge`): what the `script`
+    /// adapter runs as `room agent-script`, an ACP agent as `room mcp`, a script as
+    /// `$ROOM_BRIDGE api` (none: those are refused at launch).
+    pub bridge: Option<Arc<room_exec::bridge::Bridge>>,
     /// Where workers' owned jobs are made.
     pub jobs: Jobs,
     /// The limits of the daemon's listeners, which each launch's broker keeps too.
@@ -77,6 +79,26 @@ pub struct WorkerEnv {
     pub confine: Option<room_exec::confine::Support>,
     /// The broker of each running launch.
     pub brokers: Brokers,
+}
+
+impl WorkerEnv {
+    /// The staged bridge's path, as staged for this launch (`stage_bridge` runs before its
+    /// process starts).
+    fn bridge_path(&self) -> Option<PathBuf> {
+        Some(self.bridge.as_ref()?.current()?.path)
+    }
+}
+
+/// Stage the bridge for a launch (once per daemon, again if its copy changed): reading Room's
+/// binary is file work, off the runtime.
+async fn stage_bridge(env: &WorkerEnv) -> Result<Option<room_exec::bridge::Staged>, String> {
+    let Some(b) = env.bridge.clone() else {
+        return Ok(None);
+    };
+    match tokio::task::spawn_blocking(move || b.staged()).await {
+        Ok(r) => r.map(Some),
+        Err(e) => Err(format!("staging the bridge panicked: {e}")),
+    }
 }
 
 /// Each running launch's broker task, ended with its launch.
@@ -170,14 +192,14 @@ pub async fn run(engine: Arc<Engine>, env: WorkerEnv) {
 fn program(l: &Launch, env: &WorkerEnv) -> Result<(PathBuf, Vec<String>), String> {
     match l.route.adapter.as_str() {
         "command" | "acp" => {
-            if l.route.adapter == "acp" && env.room_exe.is_none() {
+            if l.route.adapter == "acp" && env.bridge_path().is_none() {
                 return Err("the acp adapter gives the agent Room's MCP server, the room binary, which this daemon does not know".into());
             }
             let (p, args) = l.route.command.split_first().ok_or("an empty command")?;
             Ok((PathBuf::from(p), args.to_vec()))
         }
         "script" => {
-            let exe = env.room_exe.clone().ok_or(
+            let exe = env.bridge_path().ok_or(
                 "the script adapter needs the room binary, which this daemon does not know",
             )?;
             Ok((
@@ -285,7 +307,11 @@ async fn run_launch_inner(
             r = crate::api_worker::run(&engine, &l) => (r, None, None),
             Ok(t) = &mut trip => (Err("stopped".into()), None, Some(t)),
         },
-        None => start_and_wait(&engine, &env, &l, &mut trip).await,
+        None => match stage_bridge(&env).await {
+            Ok(_) => start_and_wait(&engine, &env, &l, &mut trip).await,
+            // the worker would reach Room only through a binary that is not what was staged
+            Err(why) => (Err(why), None, None),
+        },
     };
     running.map().remove(&l.id);
     if let Some(t) = tripped {
@@ -425,7 +451,7 @@ fn command(
         .env("ROOM_SOCKET", &socket)
         .env("ROOM_LAUNCH", &l.id);
     // the bridge a worker's script reaches Room through (`$ROOM_BRIDGE api`)
-    if let Some(exe) = &env.room_exe {
+    if let Some(exe) = env.bridge_path() {
         cmd.env("ROOM_BRIDGE", exe);
     }
     Ok(cmd)
@@ -554,6 +580,11 @@ fn confine(env: &WorkerEnv, l: &Launch, cmd: &mut tokio::process::Command) -> Re
     c = c
         .cwd(&launch_cwd(env, l))
         .map_err(|e| format!("the launch's confinement: its cwd: {e}"))?;
+    if let Some(bridge) = env.bridge_path() {
+        c = c
+            .bridge(&bridge)
+            .map_err(|e| format!("the launch's confinement: the bridge: {e}"))?;
+    }
     if no_network {
         c = c.without_network();
     }
@@ -573,13 +604,16 @@ type Started = (
     Option<(tokio::net::UnixListener, room_exec::bridge::Pinned)>,
 );
 
-/// The programs the launch's broker admits: the route's program, Room's own binary (the
-/// bridge `room mcp` and `room api` run) and the route's `broker_programs`.
+/// The programs the launch's broker admits: the route's program, the staged bridge (Room's
+/// binary, which `room mcp` and `room api` run) and the route's `broker_programs`.
 fn broker_programs(env: &WorkerEnv, l: &Launch) -> Result<room_exec::bridge::Pinned, String> {
     let mut paths = vec![program(l, env)?.0];
-    paths.extend(env.room_exe.clone());
     paths.extend(l.route.broker_programs.iter().map(PathBuf::from));
-    room_exec::bridge::Pinned::pin(&paths)
+    let pinned = room_exec::bridge::Pinned::pin(&paths)?;
+    match env.bridge.as_ref().and_then(|b| b.current()) {
+        Some(staged) => pinned.with_bridge(&staged),
+        None => Ok(pinned),
+    }
 }
 
 /// Make the launch's directory and job and spawn its worker inside the job. The job comes
@@ -852,9 +886,8 @@ async fn acp_turn(
         return Exit::process(None, false);
     };
     let room_exe = env
-        .room_exe
-        .clone()
-        .expect("program() refuses the acp adapter without the room binary");
+        .bridge_path()
+        .expect("program() refuses the acp adapter without the staged bridge");
     let preset = l.route.preset.as_deref().and_then(acp::preset);
     let left = time_left_ms(l);
     let grace = acp::CANCEL_GRACE_MS.min(left / 2);
