@@ -158,6 +158,11 @@ pub(crate) fn owner(e: &Engine) -> room_engine::Owner {
     .expect("the bench is the owner")
 }
 
+/// The name of the row of `writers` writers, each in its own room.
+fn own_row(writers: usize) -> String {
+    format!("gated turns, {writers} writer(s) each in its own room")
+}
+
 fn caller(e: &Engine, name: &str) -> anyhow::Result<AgentCaller> {
     let t = e
         .enroll(&owner(e), name, Tier::Member, "bench")
@@ -477,12 +482,12 @@ fn bench(a: &BenchArgs) -> anyhow::Result<()> {
     for writers in [1usize, 8, 64, 256]
         .into_iter()
         .filter(|w| *w <= a.writers_max)
-        .filter(|w| *w == 1 || wanted(&format!("gated turns, {w} writer(s)")))
+        .filter(|w| *w == 1 || wanted(&own_row(*w)))
     {
         eprintln!("  {writers} writer(s), own rooms …");
         let (per_s, mut lat) = own_rooms(&dir, writers, secs)?;
         rows.push(Row {
-            name: format!("gated turns, {writers} writer(s) each in its own room"),
+            name: own_row(writers),
             per_s,
             p50_us: pct(&mut lat, 0.5),
             p99_us: pct(&mut lat, 0.99),

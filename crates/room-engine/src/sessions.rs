@@ -17,7 +17,7 @@ fn view(s: &SessionRow) -> Value {
         .model
         .as_deref()
         .map(|m| serde_json::from_str::<Value>(m).unwrap_or_else(|_| json!(m)));
-    json!({"id": s.id, "agent": s.agent, "host": s.host, "native": s.native, "cwd": s.cwd,
+    json!({"id": s.id, "agent": s.agent, "lane": s.agent, "host": s.host, "native": s.native, "cwd": s.cwd,
         "transport": s.transport, "model_profile": model, "proof": s.proof, "parent": s.parent,
         "lease": {"launch": s.launch}, "launches": s.launches, "loadable": s.loadable,
         "bound": s.bound, "tags": s.tags, "created_ms": s.created_ms, "updated_ms": s.updated_ms})

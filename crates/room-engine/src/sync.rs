@@ -99,10 +99,11 @@ pub(crate) fn view_roster(members: &[MemberStanding<'_>]) -> (Vec<String>, Vec<S
 
 impl Engine {
     pub(crate) fn sync_key(&self, p: &Principal, room: &str) -> Outcome<SyncKey> {
-        // its own statement: a control guard must be gone before the next is taken
-        let epoch = self.control().control_epoch().map_err(store_err)?;
-        let view_gen = self
-            .control()
+        // one guard for both: a break-glass between them would leave a view of the old epoch
+        // cached as the new one's (the closure takes no guard of its own)
+        let mut control = self.control();
+        let epoch = control.control_epoch().map_err(store_err)?;
+        let view_gen = control
             .view_gen(room, &|row, members| {
                 let (readers, participants) = view_roster(members);
                 let mut view = json!({
@@ -121,7 +122,9 @@ impl Engine {
                 }
                 digest_of(&view)
             })
-            .ok_or_else(|| Refusal::new(Code::RoomNotFound, "room vanished"))?;
+            .ok_or_else(|| Refusal::new(Code::RoomNotFound, "room vanished"));
+        drop(control);
+        let view_gen = view_gen?;
         let conversation_key = digest_of(&json!({
             "instance": self.state.instance_id, "actor": p.name, "registration": p.registration_sha256,
             "conversation": p.conversation, "room": room,

@@ -27,21 +27,47 @@ const TAKE_ANSWER: &str =
     "room_reply to each obligation_ids entry (or mention) from this session before not_after_ms";
 
 /// Fit a take's result within `budget` bytes: served passages that do not fit, the last
-/// first, are withheld from this delivery (`page_budget`), so the delivery receipt records
-/// only what the session was handed inline.
+/// first, are withheld from this delivery (`page_budget`, in the order they were cited), so
+/// the delivery receipt records only what the session was handed inline; then, if it is still
+/// over, the prompt is cut at a character boundary (`prompt_cut: true`; the whole text is the
+/// source event's, in the room).
 fn fit_evidence(taken: &mut Value, budget: usize) {
+    let base = taken["evidence"]["withheld"].as_array().map_or(0, Vec::len);
     while taken.to_string().len() > budget {
         let Some(ev) = taken["evidence"]["served"]
             .as_array_mut()
             .and_then(|s| s.pop())
         else {
-            return;
+            break;
         };
         let withheld = json!({"evidence": ev["evidence"], "reason": "page_budget"});
+        // each before the ones moved after it: in the order they were cited
         if let Some(w) = taken["evidence"]["withheld"].as_array_mut() {
-            w.push(withheld);
+            w.insert(base, withheld);
         }
     }
+    let over = taken.to_string().len().saturating_sub(budget);
+    if over == 0 {
+        return;
+    }
+    let Some(prompt) = taken["prompt"].as_str().map(String::from) else {
+        return;
+    };
+    // the longest start of the prompt whose escaped form is `over` bytes shorter (and the
+    // flag's own bytes) than the whole prompt's
+    let escaped = |t: &str| Value::String(t.to_string()).to_string().len() - 2;
+    let target = escaped(&prompt).saturating_sub(over + r#","prompt_cut":true"#.len());
+    let (mut keep, mut used) = (0, 0);
+    for c in prompt.chars() {
+        let cost = escaped(c.encode_utf8(&mut [0u8; 4]));
+        if used + cost > target {
+            break;
+        }
+        used += cost;
+        keep += c.len_utf8();
+    }
+    taken["prompt"] = json!(prompt[..keep]);
+    taken["prompt_cut"] = json!(true);
 }
 
 /// The proof a take records: the bound session itself asked for the permit and was handed it.
@@ -167,8 +193,8 @@ impl Engine {
             "binding_sha256": permit.binding_sha256, "proof": TAKEN_PROOF});
         if let Some(e) = self.wake_evidence(b, &id, now)? {
             taken["evidence"] = e;
-            fit_evidence(&mut taken, budget);
         }
+        fit_evidence(&mut taken, budget);
         let evidence = taken.get("evidence").cloned();
         // no credential is issued: the session acts with its agent's own; the column is unique
         let secret = format!("session:{id}:{}", self.env.entropy.hex(16));

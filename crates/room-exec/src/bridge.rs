@@ -195,6 +195,13 @@ pub struct Staged {
     stamp: Stamp,
 }
 
+impl Staged {
+    /// The staged file's device and inode, for a confined child to check what it binds.
+    pub fn identity(&self) -> (u64, u64) {
+        (self.stamp.dev, self.stamp.ino)
+    }
+}
+
 impl Bridge {
     /// The bridge of Room's binary at `source`, to be staged in `dir` (`<state>/bridge`).
     pub fn new(source: PathBuf, dir: PathBuf) -> Bridge {
@@ -250,11 +257,20 @@ fn stage(source: &Path, dir: &Path) -> std::io::Result<Staged> {
             "not a regular file of at most {EXE_BYTES_MAX} bytes"
         )));
     }
+    // a program on a file system mounted noexec cannot run: say so before any worker tries
+    let fs = rustix::fs::statvfs(dir)?;
+    if fs.f_flag.contains(rustix::fs::StatVfsMountFlags::NOEXEC) {
+        return Err(std::io::Error::other(format!(
+            "{} is on a file system mounted noexec: no program can run from it",
+            dir.display()
+        )));
+    }
     let tmp = dir.join(format!(".staging-{}", std::process::id()));
+    // an earlier attempt's copy (read-only by then) is not written over but replaced
+    let _ = std::fs::remove_file(&tmp);
     let mut out = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o700)
         .open(&tmp)?;
     let mut h = Sha256::new();

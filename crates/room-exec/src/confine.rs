@@ -5,9 +5,11 @@
 //! Between fork and exec the child enters a mount namespace of its own (with a user namespace
 //! mapping only its own uid when the daemon is not root), makes every mount private (nothing
 //! it mounts reaches the machine), and mounts an empty tmpfs over the state directory. Inside
-//! that tmpfs it binds back exactly two things: its own worker directory
+//! that tmpfs it binds back its own worker directory
 //! (`workers/<launch>/`, where its logs and its broker socket are) and, at the path of the
-//! daemon's socket (`room.sock`), its broker socket. Every client that follows
+//! daemon's socket (`room.sock`), its broker socket; and, where the launch has one, the staged
+//! bridge (`bridge/room-<sha256>`, Room's binary) bound read-only at its path, checked to be
+//! the very file that was staged. Every client that follows
 //! `ROOM_SOCKET`/`ROOM_STATE_DIR` therefore reaches the broker, which admits only processes of
 //! the launch's job and only the launch's own credential.
 //!
@@ -53,8 +55,9 @@ struct Prepared {
     /// before them, on the machine's tree beneath).
     cwd: Option<CString>,
     /// The staged bridge (a file inside the state directory, in a directory of its own
-    /// there), bound read-only at its own path, with the mount flags it already has.
-    bridge: Option<(CString, CString, MountFlags)>,
+    /// there), bound read-only at its own path, with the mount flags it already has, and the
+    /// device and inode it must still have when the child opens it.
+    bridge: Option<(CString, CString, MountFlags, (u64, u64))>,
 }
 
 /// Each range of a `uid_map`/`gid_map` text (inside, outside, count) mapped to itself, as a
@@ -190,7 +193,7 @@ impl Confinement {
     /// The staged bridge `file` (in a directory of its own directly inside the state
     /// directory) stays at its path for the worker, read-only: the one program of the state
     /// directory it may run.
-    pub fn bridge(self, file: &Path) -> std::io::Result<Confinement> {
+    pub fn bridge(self, file: &Path, identity: (u64, u64)) -> std::io::Result<Confinement> {
         let state = Path::new(std::ffi::OsStr::from_bytes(self.p.state.as_bytes()));
         let dir = file
             .parent()
@@ -202,7 +205,7 @@ impl Confinement {
             ));
         };
         let mut p = (*self.p).clone();
-        p.bridge = Some((cstr(file)?, cstr(dir)?, kept_flags(file)?));
+        p.bridge = Some((cstr(file)?, cstr(dir)?, kept_flags(file)?, identity));
         Ok(Confinement { p: Arc::new(p) })
     }
 
@@ -323,11 +326,19 @@ fn hide(p: &Prepared) -> rustix::io::Result<()> {
         Mode::empty(),
     )?;
     let bridge = match &p.bridge {
-        Some((file, _, _)) => Some(rustix::fs::open(
-            file.as_c_str(),
-            OFlags::PATH | OFlags::CLOEXEC,
-            Mode::empty(),
-        )?),
+        Some((file, _, _, (dev, ino))) => {
+            let held = rustix::fs::open(
+                file.as_c_str(),
+                OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )?;
+            // the very file that was staged and read back, not whatever is at its path now
+            let st = rustix::fs::fstat(&held)?;
+            if st.st_dev != *dev || st.st_ino != *ino {
+                return Err(rustix::io::Errno::STALE);
+            }
+            Some(held)
+        }
         None => None,
     };
     rustix::mount::mount(
@@ -351,7 +362,7 @@ fn hide(p: &Prepared) -> rustix::io::Result<()> {
     )?;
     drop(sock);
     rustix::mount::mount_bind(p.broker.as_c_str(), p.socket.as_c_str())?;
-    if let (Some((file, bdir, flags)), Some(held)) = (&p.bridge, bridge) {
+    if let (Some((file, bdir, flags, _)), Some(held)) = (&p.bridge, bridge) {
         rustix::fs::mkdir(bdir.as_c_str(), dir)?;
         drop(rustix::fs::open(
             file.as_c_str(),

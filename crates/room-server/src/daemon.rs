@@ -530,11 +530,20 @@ pub async fn serve(
             state_dir: state.root.clone(),
             socket: sock.clone(),
             bridge: cfg.room_exe.clone().map(|exe| {
+                // the daemon's own binary is staged from the file it runs, which a rebuild
+                // or an upgrade of its path does not replace
+                let running = std::env::current_exe().is_ok_and(|me| me == exe);
+                let source = if running {
+                    PathBuf::from("/proc/self/exe")
+                } else {
+                    exe
+                };
                 Arc::new(room_exec::bridge::Bridge::new(
-                    exe,
+                    source,
                     state.root.join("bridge"),
                 ))
             }),
+            staged: None,
             jobs: jobs.clone(),
             limits,
             confine,

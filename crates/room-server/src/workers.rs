@@ -70,6 +70,9 @@ pub struct WorkerEnv {
     /// adapter runs as `room agent-script`, an ACP agent as `room mcp`, a script as
     /// `$ROOM_BRIDGE api` (none: those are refused at launch).
     pub bridge: Option<Arc<room_exec::bridge::Bridge>>,
+    /// The bridge as staged for one launch (set on the launch's own copy of this env, so
+    /// every step of one launch names the same staged file).
+    pub staged: Option<room_exec::bridge::Staged>,
     /// Where workers' owned jobs are made.
     pub jobs: Jobs,
     /// The limits of the daemon's listeners, which each launch's broker keeps too.
@@ -85,7 +88,7 @@ impl WorkerEnv {
     /// The staged bridge's path, as staged for this launch (`stage_bridge` runs before its
     /// process starts).
     fn bridge_path(&self) -> Option<PathBuf> {
-        Some(self.bridge.as_ref()?.current()?.path)
+        self.staged.as_ref().map(|s| s.path.clone())
     }
 }
 
@@ -285,7 +288,7 @@ async fn run_launch_inner(
     mut trip: oneshot::Receiver<Trip>,
     running: Running,
 ) {
-    let (engine, env, mut l) = (engine.clone(), env.clone(), l.clone());
+    let (engine, mut env, mut l) = (engine.clone(), env.clone(), l.clone());
     let api = matches!(l.route.adapter.as_str(), "openai" | "anthropic");
     let staged = match l.stage.clone() {
         Some(st) if !api => stage_launch(&env, &l, st).await.map(Some),
@@ -308,8 +311,16 @@ async fn run_launch_inner(
             Ok(t) = &mut trip => (Err("stopped".into()), None, Some(t)),
         },
         None => match stage_bridge(&env).await {
-            Ok(_) => start_and_wait(&engine, &env, &l, &mut trip).await,
-            // the worker would reach Room only through a binary that is not what was staged
+            Ok(staged) => {
+                env.staged = staged;
+                start_and_wait(&engine, &env, &l, &mut trip).await
+            }
+            // a command runs its own program: it goes on without Room's binary to call
+            Err(why) if l.route.adapter == "command" => {
+                tracing::warn!(launch = %l.id, "the worker gets no bridge: {why}");
+                start_and_wait(&engine, &env, &l, &mut trip).await
+            }
+            // the script and ACP adapters run Room's binary: none that was not staged
             Err(why) => (Err(why), None, None),
         },
     };
@@ -580,9 +591,9 @@ fn confine(env: &WorkerEnv, l: &Launch, cmd: &mut tokio::process::Command) -> Re
     c = c
         .cwd(&launch_cwd(env, l))
         .map_err(|e| format!("the launch's confinement: its cwd: {e}"))?;
-    if let Some(bridge) = env.bridge_path() {
+    if let Some(bridge) = &env.staged {
         c = c
-            .bridge(&bridge)
+            .bridge(&bridge.path, bridge.identity())
             .map_err(|e| format!("the launch's confinement: the bridge: {e}"))?;
     }
     if no_network {
@@ -610,8 +621,8 @@ fn broker_programs(env: &WorkerEnv, l: &Launch) -> Result<room_exec::bridge::Pin
     let mut paths = vec![program(l, env)?.0];
     paths.extend(l.route.broker_programs.iter().map(PathBuf::from));
     let pinned = room_exec::bridge::Pinned::pin(&paths)?;
-    match env.bridge.as_ref().and_then(|b| b.current()) {
-        Some(staged) => pinned.with_bridge(&staged),
+    match &env.staged {
+        Some(staged) => pinned.with_bridge(staged),
         None => Ok(pinned),
     }
 }

@@ -312,8 +312,8 @@ fn a_session_takes_its_wake_and_only_its_own_reply_proves_it() {
     let sessions = fx.ok(None, "sessions_list", json!({"agent": "beta"}));
     let s = &sessions["sessions"][0];
     assert_eq!(
-        (&s["host"], &s["native"]),
-        (&json!("mcp"), &json!("s1")),
+        (&s["host"], &s["native"], &s["lane"]),
+        (&json!("mcp"), &json!("s1"), &json!("beta")),
         "{sessions}"
     );
     // one id per agent and conversation, by their digest
@@ -480,4 +480,28 @@ fn a_take_fits_its_page_ceiling_and_withholds_the_evidence_that_does_not_fit() {
     // the delivery receipt records what the session was handed, no more
     let now = permit(&mut fx, &source);
     assert_eq!(&now["launches"][0]["delivery"], e, "{now}");
+}
+
+#[test]
+fn a_take_whose_prompt_alone_passes_the_page_ceiling_cuts_the_prompt_and_says_so() {
+    let mut fx = Fx::new();
+    let (a, b, _) = fx.team("coord");
+    let text = "\"quoted\" ".repeat(450);
+    sent(&mut fx, &a, json!({"text": text}));
+    let req = room_server::wire::Request {
+        page_bytes_max: Some(4_096),
+        ..in_conv(&b, "s1", "wake_take", json!({}))
+    };
+    let r = fx.send(&req);
+    assert!(r.ok, "{:?}", r.refusal);
+    let result = r.result.unwrap();
+    let len = result.to_string().len();
+    assert!(len <= 4_096, "{len} bytes");
+    let taken = &result["taken"];
+    assert_eq!(taken["prompt_cut"], true, "{taken}");
+    let prompt = taken["prompt"].as_str().unwrap();
+    assert!(!prompt.is_empty() && text.starts_with(prompt), "{prompt}");
+    // the socket's own ceiling holds the whole prompt
+    let p = permit(&mut fx, taken["source_event"].as_str().unwrap());
+    assert!(p["prompt"].as_str().unwrap().len() > prompt.len(), "{p}");
 }
