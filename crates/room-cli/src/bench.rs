@@ -56,6 +56,10 @@ pub struct BenchArgs {
     /// one-writer row always run, since the ratios are to them).
     #[arg(long)]
     pub only: Option<String>,
+    /// `core` only: a config.toml for the engines of the shared-room rows (to compare, say,
+    /// `[gate]` settings in one run).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -132,9 +136,18 @@ struct World {
 }
 
 fn world(dir: &Path) -> anyhow::Result<World> {
+    world_with(dir, None)
+}
+
+/// A world whose state directory holds `config` as its config.toml.
+fn world_with(dir: &Path, config: Option<&Path>) -> anyhow::Result<World> {
     let tmp = tempfile::tempdir_in(dir)?;
     let root = std::fs::canonicalize(tmp.path())?;
     let state = room_store::statedir::init(&root.join("state"), &root.join("boot.toml"), "bench")?;
+    if let Some(c) = config {
+        std::fs::copy(c, state.root.join("config.toml"))
+            .map_err(|e| anyhow::anyhow!("--config {}: {e}", c.display()))?;
+    }
     let store = room_server::daemon::embedded_store(&state);
     let engine = Engine::open(
         state,
@@ -265,8 +278,14 @@ struct Shared {
 /// `writers` agents in one room, each looping: read its inbox (`sync`), then act on it; a
 /// refusal hands back the next page, read before the next try. Every turn goes through the
 /// room's turnstile, as the daemon's calls do.
-fn shared_room(dir: &Path, writers: usize, secs: f64, how: Loop) -> anyhow::Result<Shared> {
-    let w = world(dir)?;
+fn shared_room(
+    dir: &Path,
+    config: Option<&Path>,
+    writers: usize,
+    secs: f64,
+    how: Loop,
+) -> anyhow::Result<Shared> {
+    let w = world_with(dir, config)?;
     let names: Vec<String> = (0..writers).map(|i| format!("w{i}")).collect();
     let mut callers = vec![];
     for n in &names {
@@ -507,7 +526,7 @@ fn bench(a: &BenchArgs) -> anyhow::Result<()> {
                 continue;
             }
             eprintln!("  {writers} agents in one room ({label}) …");
-            let sh = shared_room(&dir, writers, secs, how)?;
+            let sh = shared_room(&dir, a.config.as_deref(), writers, secs, how)?;
             rows.push(shared_row(writers, label, sh, single, base));
         }
     }

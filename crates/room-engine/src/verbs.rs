@@ -622,7 +622,14 @@ impl Engine {
         if !self.control().is_member(room, &p.name).map_err(store_err)? {
             return Err(member_refusal(&p.name, room));
         }
-        let binding = lock_room(&handle).binding.clone();
+        // the binding is immutable and the control store's row says it (checked against the
+        // shard's own when the room opened), so no call waits on the room's lock for it
+        let binding = self
+            .control()
+            .room(room)
+            .map_err(store_err)?
+            .map(|r| binding_of(&r))
+            .ok_or_else(|| crate::rooms::Rooms::not_found(room))?;
         if let Some(project) = binding.project() {
             self.revalidate_project(project)?;
         }

@@ -283,6 +283,16 @@ pub fn control_rooms_and_members(h: &mut dyn Harness) {
             "3:7:9:alpha,beta!,gamma"
         );
         assert_eq!(c.view_gen("nowhere", &digest), None);
+        // the control epoch is part of every view (the engine's digest reads it): moving it
+        // computes each view again, never serving one cached under the old epoch
+        for engaged in [true, false] {
+            let before = calls.get();
+            c.set_break_glass(engaged).unwrap();
+            c.view_gen("build", &digest).unwrap();
+            assert_eq!(calls.get(), before + 1, "an epoch move computes the view again");
+            c.view_gen("build", &digest).unwrap();
+            assert_eq!(calls.get(), before + 1, "and caches it under the new epoch");
+        }
     }
     let store = h.reopen();
     let c = store.open_control().unwrap();
