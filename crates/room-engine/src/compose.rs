@@ -187,7 +187,7 @@ impl Engine {
                     e.hlc_c.into(),
                     s.room.clone(),
                     e.seq,
-                    text.to_string(),
+                    text.text.clone(),
                 ));
             }
         }

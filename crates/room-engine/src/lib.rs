@@ -228,12 +228,17 @@ impl Engine {
 
     /// The handle of `name`, opened (and caught up from its log) if it is not open now.
     pub(crate) fn room_handle(&self, name: &str) -> Outcome<rooms::Handle> {
-        if let Some(h) = self.rooms.cached(name) {
-            return Ok(h);
+        self.room_handle_bound(name).map(|(h, _)| h)
+    }
+
+    /// [`Engine::room_handle`], with the room's (immutable) binding.
+    pub(crate) fn room_handle_bound(&self, name: &str) -> Outcome<(rooms::Handle, event::Binding)> {
+        if let Some(hb) = self.rooms.cached_bound(name) {
+            return Ok(hb);
         }
         let _one_opening = self.rooms.opening_lock();
-        if let Some(h) = self.rooms.cached(name) {
-            return Ok(h);
+        if let Some(hb) = self.rooms.cached_bound(name) {
+            return Ok(hb);
         }
         if let Some(why) = self.rooms.unusable(name) {
             return Err(rooms::unusable_refusal(name, &why));
@@ -246,7 +251,8 @@ impl Engine {
         // a failure here may pass (descriptors run out, a disk hiccups): the next use tries again
         let room = RoomHandle::open(self, &row)
             .map_err(|e| rooms::unusable_refusal(name, &e.to_string()))?;
-        Ok(self.keep_open(name, room))
+        let binding = room.binding.clone();
+        Ok((self.keep_open(name, room), binding))
     }
 
     /// Keep a room open, closing the least recently used beyond the bound.

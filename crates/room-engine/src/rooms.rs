@@ -5,6 +5,7 @@
 //! that are closed once nobody holds them), so that a state dir's rooms are not bounded by the
 //! process's descriptor limit; a room is opened again, and caught up, on its next use.
 
+use crate::event::Binding;
 use crate::room::RoomHandle;
 use room_core::{Code, Refusal};
 use room_store::Backend;
@@ -15,6 +16,9 @@ pub type Handle = Arc<Mutex<RoomHandle>>;
 
 struct Open {
     handle: Handle,
+    /// The room's binding, immutable: kept here so that a call learns it without waiting on
+    /// the room's lock.
+    binding: Binding,
     /// When it was last handed out, in `tick`s: the least recent is closed first.
     used: u64,
 }
@@ -69,14 +73,14 @@ impl Rooms {
             .expect("rooms map lock is never poisoned: no panics while held")
     }
 
-    /// The open handle of `name`, if it is open (and marked as just used).
-    pub(crate) fn cached(&self, name: &str) -> Option<Handle> {
+    /// The open handle of `name` and its binding, if it is open (and marked as just used).
+    pub(crate) fn cached_bound(&self, name: &str) -> Option<(Handle, Binding)> {
         let mut m = self.map();
         m.tick += 1;
         let tick = m.tick;
         m.open.get_mut(name).map(|o| {
             o.used = tick;
-            o.handle.clone()
+            (o.handle.clone(), o.binding.clone())
         })
     }
 
@@ -97,6 +101,7 @@ impl Rooms {
     /// Keep a newly opened room; its handle, and the handles now over the bound that nobody
     /// holds (the caller closes them). A room already open under that name is a bug.
     pub(crate) fn insert(&self, name: &str, room: RoomHandle) -> (Handle, Vec<Handle>) {
+        let binding = room.binding.clone();
         let h = Arc::new(Mutex::new(room));
         let mut m = self.map();
         m.tick += 1;
@@ -105,6 +110,7 @@ impl Rooms {
             name.to_string(),
             Open {
                 handle: h.clone(),
+                binding,
                 used,
             },
         );

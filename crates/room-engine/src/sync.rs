@@ -12,7 +12,7 @@ use room_core::canon::{canonical_string, digest_of};
 use room_core::redact::Redactor;
 use room_core::{Code, Refusal, Tier, id};
 use room_store::control::MemberStanding;
-use room_store::index::{CheckpointRow, EventRow, ReceiptRow};
+use room_store::index::{CheckpointRow, EventHead, EventRow, ReceiptRow};
 use serde_json::{Value, json};
 use std::sync::Arc;
 
@@ -169,25 +169,52 @@ impl Engine {
 
     /// The item as an agent sees it: the event with blob text inlined, redacted. Every reader of
     /// a room gets the same rendering (and each page is rendered again at its confirmation), so
-    /// recent renderings are kept per room, keyed by the record's hash and the policy's digest.
+    /// recent renderings are kept per room, keyed by the record's hash and the policy's digest,
+    /// both as text (what a page's digest covers) and parsed (what the page carries).
     pub(crate) fn render(
         &self,
         h: &RoomHandle,
         e: &EventRow,
         redactor: &Redactor,
-    ) -> Outcome<Arc<str>> {
-        if let Some(t) = h
+    ) -> Outcome<Arc<Rendered>> {
+        if let Some(r) = h
             .rendered
             .borrow()
             .get(e.seq, &e.hash, redactor.policy_sha256())
         {
-            return Ok(t);
+            return Ok(r);
         }
-        let text: Arc<str> = self.render_uncached(h, e, redactor)?.into();
+        let r = Arc::new(Rendered {
+            text: self.render_uncached(h, e, redactor)?,
+            item: std::sync::OnceLock::new(),
+        });
         h.rendered
             .borrow_mut()
-            .put(e.seq, &e.hash, redactor.policy_sha256(), text.clone());
-        Ok(text)
+            .put(e.seq, &e.hash, redactor.policy_sha256(), r.clone());
+        Ok(r)
+    }
+
+    /// [`Engine::render`] of the event `head` names, reading its row only when no rendering of
+    /// it is kept.
+    fn render_head(
+        &self,
+        h: &RoomHandle,
+        head: &EventHead,
+        redactor: &Redactor,
+    ) -> Outcome<Arc<Rendered>> {
+        if let Some(r) = h
+            .rendered
+            .borrow()
+            .get(head.seq, &head.hash, redactor.policy_sha256())
+        {
+            return Ok(r);
+        }
+        let e = h
+            .index
+            .event_by_seq(head.seq)
+            .map_err(store_err)?
+            .ok_or_else(|| Refusal::storage(format!("event {} left the index", head.seq)))?;
+        self.render(h, &e, redactor)
     }
 
     fn render_uncached(
@@ -254,16 +281,20 @@ impl Engine {
         let mut end = start;
         let mut next = start.seq + 1;
         'outer: loop {
-            let rows = h.index.events_from(next, FETCH_ROWS).map_err(store_err)?;
-            if rows.is_empty() {
+            let heads = h
+                .index
+                .event_heads_from(next, FETCH_ROWS)
+                .map_err(store_err)?;
+            if heads.is_empty() {
                 break;
             }
-            for e in rows {
+            for e in heads {
                 if until.is_some_and(|u| end >= u) {
                     break 'outer;
                 }
                 next = e.seq + 1;
-                let text = self.render(h, &e, redactor)?;
+                let rendered = self.render_head(h, &e, redactor)?;
+                let text = &rendered.text;
                 let offset = if e.seq == start.seq + 1 {
                     start.offset as usize
                 } else {
@@ -275,8 +306,8 @@ impl Engine {
                         break 'outer;
                     }
                     used += text.len() + 1;
-                    items.push(serde_json::from_str(&text).expect("rendered items are JSON"));
-                    digest.push(&text);
+                    items.push(rendered.item().clone());
+                    digest.push(text);
                     end = Pos {
                         seq: e.seq,
                         offset: 0,
@@ -393,8 +424,9 @@ impl Engine {
             "tip_seq": tip.seq,
             "more": more,
             "view_changed": st.view_changed,
-            "items": page.items,
         });
+        // moved in, not through `json!` (which would copy every item by serializing it)
+        v["items"] = Value::Array(page.items);
         if let Some(b) = base {
             v["continues"] = json!(b);
         }
@@ -661,7 +693,10 @@ impl Engine {
             "read detail.next_page, then call again with read_through: its receipt (or sync with --confirm <receipt>)"
         };
         Refusal::new(code, msg)
-            .detail(json!({"next_page": page}))
+            .detail(Value::Object(serde_json::Map::from_iter([(
+                "next_page".to_string(),
+                page,
+            )])))
             .hint(hint)
     }
 }
@@ -690,7 +725,7 @@ fn receipt_end(r: &ReceiptRow) -> Pos {
 /// policy change can serve a stale rendering.
 #[derive(Default)]
 pub(crate) struct RenderCache {
-    entries: std::collections::BTreeMap<u64, (String, String, Arc<str>)>,
+    entries: std::collections::BTreeMap<u64, (String, String, Arc<Rendered>)>,
     bytes: usize,
     /// The newest pages served, as (receipt, policy digest, delivered digest).
     served: std::collections::VecDeque<(String, String, String)>,
@@ -699,9 +734,26 @@ pub(crate) struct RenderCache {
 /// Served pages remembered per room (a `read_through` chain checks each of its receipts).
 const SERVED_KEPT_MAX: usize = 1024;
 
-/// Rendered bytes kept per room; larger renderings are not kept at all.
+/// Rendered bytes kept per room (an entry counts `RENDERED_FOOTPRINT` times its text: the
+/// parsed item is kept beside it); larger renderings are not kept at all.
 const RENDER_CACHE_BYTES_MAX: usize = 512 * 1024;
 const RENDER_CACHE_ENTRY_BYTES_MAX: usize = 16 * 1024;
+const RENDERED_FOOTPRINT: usize = 3;
+
+/// One event as a page carries it: its canonical text (what the page's digest covers) and that
+/// text parsed (what goes on the wire) once a page carries it whole, so that a page of kept
+/// renderings parses nothing (an event sent in fragments is never parsed).
+pub(crate) struct Rendered {
+    pub text: String,
+    item: std::sync::OnceLock<Value>,
+}
+
+impl Rendered {
+    fn item(&self) -> &Value {
+        self.item
+            .get_or_init(|| serde_json::from_str(&self.text).expect("rendered items are JSON"))
+    }
+}
 
 impl RenderCache {
     fn served(&mut self, receipt: &str, policy: &str, delivered: &str) {
@@ -719,25 +771,26 @@ impl RenderCache {
             .any(|(r, p, d)| r == receipt && p == policy && d == delivered)
     }
 
-    fn get(&self, seq: u64, hash: &str, policy: &str) -> Option<Arc<str>> {
+    fn get(&self, seq: u64, hash: &str, policy: &str) -> Option<Arc<Rendered>> {
         self.entries
             .get(&seq)
             .filter(|(h, p, _)| h == hash && p == policy)
-            .map(|(_, _, t)| t.clone())
+            .map(|(_, _, r)| r.clone())
     }
 
-    fn put(&mut self, seq: u64, hash: &str, policy: &str, text: Arc<str>) {
-        if text.len() > RENDER_CACHE_ENTRY_BYTES_MAX {
+    fn put(&mut self, seq: u64, hash: &str, policy: &str, r: Arc<Rendered>) {
+        let cost = |r: &Rendered| r.text.len() * RENDERED_FOOTPRINT;
+        if r.text.len() > RENDER_CACHE_ENTRY_BYTES_MAX {
             return;
         }
-        self.bytes += text.len();
-        if let Some((_, _, old)) = self.entries.insert(seq, (hash.into(), policy.into(), text)) {
-            self.bytes -= old.len();
+        self.bytes += cost(&r);
+        if let Some((_, _, old)) = self.entries.insert(seq, (hash.into(), policy.into(), r)) {
+            self.bytes -= cost(&old);
         }
         // readers follow the tip: the oldest renderings go first
         while self.bytes > RENDER_CACHE_BYTES_MAX {
             match self.entries.pop_first() {
-                Some((_, (_, _, t))) => self.bytes -= t.len(),
+                Some((_, (_, _, old))) => self.bytes -= cost(&old),
                 None => break,
             }
         }

@@ -618,18 +618,12 @@ impl Engine {
         room: &str,
     ) -> Outcome<(Arc<Mutex<RoomHandle>>, Binding)> {
         name::validate("room", room)?;
-        let handle = self.room_handle(room)?;
+        // the binding is immutable: kept beside the handle, so no call waits on the room's
+        // lock (a busy room's fdatasync) to learn it
+        let (handle, binding) = self.room_handle_bound(room)?;
         if !self.control().is_member(room, &p.name).map_err(store_err)? {
             return Err(member_refusal(&p.name, room));
         }
-        // the binding is immutable and the control store's row says it (checked against the
-        // shard's own when the room opened), so no call waits on the room's lock for it
-        let binding = self
-            .control()
-            .room(room)
-            .map_err(store_err)?
-            .map(|r| binding_of(&r))
-            .ok_or_else(|| crate::rooms::Rooms::not_found(room))?;
         if let Some(project) = binding.project() {
             self.revalidate_project(project)?;
         }
@@ -1024,8 +1018,11 @@ impl Engine {
         if limits.turn_queue_max == 0 || !verb.is_gated() {
             return self.turn(caller, verb, args).map(TurnStep::Done);
         }
+        let gated = verb
+            .gated()
+            .expect("only a gated verb goes through the turnstile");
         let p = self.authorize(caller, verb)?;
-        let (handle, _) = self.member_handle(&p, &args.room)?;
+        let (handle, binding) = self.member_handle(&p, &args.room)?;
         let key = format!("{}\0{}", p.name, p.conversation);
         let admit =
             lock_room(&handle)
@@ -1039,7 +1036,12 @@ impl Engine {
             Admit::Go { waited_ms } => waited_ms,
         };
         let read_forward = args.read_through.is_some();
-        let out = self.turn(caller, verb, args);
+        // authorized and found a member above, for this call: the turn goes on from there
+        let out = self
+            .check_actor(&p, args.actor.as_deref(), "actor")
+            .and_then(|()| invariants::check_key(args.idempotency_key.as_deref()))
+            .and_then(|()| self.prepare_as(gated, p, handle.clone(), binding, args))
+            .and_then(|prep| self.commit_turn(prep));
         let sent_back = out.as_ref().is_err_and(|r| {
             matches!(
                 r.code,
@@ -1121,6 +1123,19 @@ impl Engine {
         self.check_actor(&p, args.actor.as_deref(), "actor")?;
         invariants::check_key(args.idempotency_key.as_deref())?;
         let (handle, binding) = self.member_handle(&p, &args.room)?;
+        self.prepare_as(verb, p, handle, binding, args)
+    }
+
+    /// [`Engine::prepare_turn`] for a caller already authorized as `p` and found a member of
+    /// the room `handle` holds (a turn through the turnstile did both before its wait).
+    fn prepare_as(
+        &self,
+        verb: GatedVerb,
+        p: Principal,
+        handle: Arc<Mutex<RoomHandle>>,
+        binding: Binding,
+        args: TurnArgs,
+    ) -> Outcome<Prepared> {
         let text = self.checked_text(verb, &args)?;
         // before the text can spill into a blob: a refused turn writes nothing (the commit
         // checks again under the writer lock, where it counts)

@@ -9,8 +9,8 @@ use crate::control::{
     AgentRow, ProjectRow, RoomRow, RoomWitnesses, TaskCheckRow, TaskRow, WakeRow,
 };
 use crate::index::{
-    Batch, CheckpointRow, EventRow, EvidenceRow, IndexWitnesses, ItemKind, ItemRow, LifecycleRow,
-    LogTrust, OpRow, ReceiptRow, SqliteConfig,
+    Batch, CheckpointRow, EventHead, EventRow, EvidenceRow, IndexWitnesses, ItemKind, ItemRow,
+    LifecycleRow, LogTrust, OpRow, ReceiptRow, SqliteConfig,
 };
 use crate::journal::{ChainPos, Faults, JournalMark, Scanned};
 use crate::shard::Shard;
@@ -103,6 +103,8 @@ pub trait RoomIndex: Send {
     fn event_by_seq(&self, seq: u64) -> Result<Option<EventRow>>;
     fn event_by_id(&self, id: &str) -> Result<Option<EventRow>>;
     fn events_from(&self, from: u64, limit: usize) -> Result<Vec<EventRow>>;
+    /// As `events_from`, only each event's seq, id and record hash.
+    fn event_heads_from(&self, from: u64, limit: usize) -> Result<Vec<EventHead>>;
     /// The first event after `seq` not written by `actor` that holds readers at the gate.
     fn first_foreign_after(&self, seq: u64, actor: &str) -> Result<Option<u64>>;
     fn event_count(&self) -> Result<u64>;

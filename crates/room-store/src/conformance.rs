@@ -289,7 +289,11 @@ pub fn control_rooms_and_members(h: &mut dyn Harness) {
             let before = calls.get();
             c.set_break_glass(engaged).unwrap();
             c.view_gen("build", &digest).unwrap();
-            assert_eq!(calls.get(), before + 1, "an epoch move computes the view again");
+            assert_eq!(
+                calls.get(),
+                before + 1,
+                "an epoch move computes the view again"
+            );
             c.view_gen("build", &digest).unwrap();
             assert_eq!(calls.get(), before + 1, "and caches it under the new epoch");
         }
@@ -1510,6 +1514,21 @@ pub fn index_projection(h: &mut dyn Harness) {
         .map(|e| e.seq)
         .collect();
     assert_eq!(seqs, [2, 3]);
+    let heads: Vec<(u64, String, String)> = idx
+        .event_heads_from(2, 3)
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.seq, e.id, e.hash))
+        .collect();
+    let full: Vec<(u64, String, String)> = idx
+        .events_from(2, 3)
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.seq, e.id, e.hash))
+        .collect();
+    assert_eq!(heads, full, "heads name the same events as the rows");
+    assert_eq!(heads.len(), 3);
+    assert!(idx.event_heads_from(5, 8).unwrap().is_empty());
     assert_eq!(
         idx.first_foreign_after(1, "alpha").unwrap(),
         Some(4),

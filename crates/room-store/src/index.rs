@@ -277,6 +277,15 @@ pub struct EventRow {
     pub body: String,
 }
 
+/// What names one event's rendering: its place, id and record hash (a page whose items are
+/// already rendered reads only these, not the bodies).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventHead {
+    pub seq: u64,
+    pub id: String,
+    pub hash: String,
+}
+
 /// The item kinds are the journal's (`room_core::event::ItemKind`); each has its own table.
 pub use room_core::event::ItemKind;
 
@@ -1089,11 +1098,14 @@ impl Index {
             }
             Self::apply_invariant_rows(tx, b)?;
             if let Some(m) = &b.mark {
-                tx.execute(
+                // every batch moves the mark: prepared once per connection
+                tx.prepare_cached(
                     "INSERT INTO meta (key, value) VALUES ('journal_mark', ?1)
                      ON CONFLICT(key) DO UPDATE SET value = ?1",
-                    params![serde_json::to_string(m).map_err(std::io::Error::other)?],
-                )?;
+                )?
+                .execute(params![
+                    serde_json::to_string(m).map_err(std::io::Error::other)?
+                ])?;
             }
         }
         Ok(())
@@ -1239,11 +1251,13 @@ impl RoomIndex for Index {
     /// Record that every permit up to `seq` is durable, and commit (with anything pending).
     fn set_wakes_mark(&mut self, seq: u64) -> Result<()> {
         self.begin()?;
-        let set = self.conn.execute(
-            "INSERT INTO meta (key, value) VALUES ('wakes_mark', ?1)
-             ON CONFLICT(key) DO UPDATE SET value = ?1",
-            [seq.to_string()],
-        );
+        let set = self
+            .conn
+            .prepare_cached(
+                "INSERT INTO meta (key, value) VALUES ('wakes_mark', ?1)
+                 ON CONFLICT(key) DO UPDATE SET value = ?1",
+            )
+            .and_then(|mut st| st.execute([seq.to_string()]));
         if let Err(e) = set {
             self.abort();
             return Err(e.into());
@@ -1491,6 +1505,20 @@ impl RoomIndex for Index {
             "SELECT {EVENT_COLS} FROM events WHERE seq >= ?1 ORDER BY seq LIMIT ?2"
         ))?;
         let rows = st.query_map(params![from as i64, limit as i64], event_from_row)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    fn event_heads_from(&self, from: u64, limit: usize) -> Result<Vec<EventHead>> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT seq, id, hash FROM events WHERE seq >= ?1 ORDER BY seq LIMIT ?2",
+        )?;
+        let rows = st.query_map(params![from as i64, limit as i64], |r| {
+            Ok(EventHead {
+                seq: r.get::<_, i64>(0)? as u64,
+                id: r.get(1)?,
+                hash: r.get(2)?,
+            })
+        })?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
