@@ -195,11 +195,13 @@ impl Engine {
     }
 
     /// [`Engine::render`] of the event `head` names, reading its row only when no rendering of
-    /// it is kept.
+    /// it is kept. `rows` holds rows read ahead: a miss reads the rest of the batch at once (a
+    /// reader far behind misses every event, and one query per event would cost it more).
     fn render_head(
         &self,
         h: &RoomHandle,
         head: &EventHead,
+        rows: &mut std::collections::VecDeque<EventRow>,
         redactor: &Redactor,
     ) -> Outcome<Arc<Rendered>> {
         if let Some(r) = h
@@ -209,11 +211,20 @@ impl Engine {
         {
             return Ok(r);
         }
-        let e = h
-            .index
-            .event_by_seq(head.seq)
-            .map_err(store_err)?
-            .ok_or_else(|| Refusal::storage(format!("event {} left the index", head.seq)))?;
+        while rows.front().is_some_and(|r| r.seq < head.seq) {
+            rows.pop_front();
+        }
+        if rows.front().is_none_or(|r| r.seq != head.seq) {
+            *rows = h
+                .index
+                .events_from(head.seq, FETCH_ROWS)
+                .map_err(store_err)?
+                .into();
+        }
+        let e = rows
+            .pop_front()
+            .filter(|r| r.seq == head.seq && r.hash == head.hash)
+            .ok_or_else(|| Refusal::storage(format!("event {} changed under a page", head.seq)))?;
         self.render(h, &e, redactor)
     }
 
@@ -280,6 +291,7 @@ impl Engine {
         let mut digest = room_core::canon::ArrayDigest::default();
         let mut end = start;
         let mut next = start.seq + 1;
+        let mut rows = std::collections::VecDeque::new();
         'outer: loop {
             let heads = h
                 .index
@@ -293,7 +305,7 @@ impl Engine {
                     break 'outer;
                 }
                 next = e.seq + 1;
-                let rendered = self.render_head(h, &e, redactor)?;
+                let rendered = self.render_head(h, &e, &mut rows, redactor)?;
                 let text = &rendered.text;
                 let offset = if e.seq == start.seq + 1 {
                     start.offset as usize

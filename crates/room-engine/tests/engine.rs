@@ -1588,3 +1588,64 @@ fn a_cancel_dead_letters_a_permit_dispatched_but_not_yet_claimed_and_keeps_its_r
     );
     assert!(e.launch_trip("lch_none").unwrap().is_none());
 }
+
+/// A reader far behind reads more than the room keeps rendered: every event arrives once, in
+/// order, with the same rendering as a reader served from what is kept.
+#[test]
+fn a_reader_past_the_kept_renderings_reads_every_event_once_in_order() {
+    let f = Fixture::new();
+    let e = f.engine(7);
+    let a = agent(&e, "alpha", Tier::Member);
+    let b = agent(&e, "beta", Tier::Member);
+    let c = agent(&e, "gamma", Tier::Member);
+    e.room_create(
+        &owner(&e),
+        "r",
+        None,
+        &["alpha".into(), "beta".into(), "gamma".into()],
+    )
+    .unwrap();
+    catch_up(&e, &a, "r");
+    // about 1.2 MB of renderings, past what one room keeps (512 KiB of footprint)
+    for i in 0..1_000 {
+        let text = format!("note {i}: {}", "y".repeat(1_000));
+        e.turn(&a, Verb::Note, say("r", &text)).unwrap();
+    }
+    let items = |pages: Vec<Value>| -> Vec<Value> {
+        pages
+            .into_iter()
+            .flat_map(|p| p["items"].as_array().unwrap().clone())
+            .collect()
+    };
+    // beta reads cold; gamma reads after it, partly from what beta's pages left kept
+    let cold = items(catch_up(&e, &b, "r"));
+    let warm = items(catch_up(&e, &c, "r"));
+    let seqs: Vec<u64> = cold.iter().map(|i| i["seq"].as_u64().unwrap()).collect();
+    let first = seqs[0];
+    assert_eq!(
+        seqs,
+        (first..first + seqs.len() as u64).collect::<Vec<_>>(),
+        "contiguous, none twice"
+    );
+    assert_eq!(*seqs.last().unwrap(), tip(&e, "r"));
+    let notes: Vec<&str> = cold
+        .iter()
+        .filter_map(|i| i["event"]["text"].as_str())
+        .filter(|t| t.starts_with("note "))
+        .collect();
+    assert_eq!(notes.len(), 1_000);
+    assert!(notes[999].starts_with("note 999: "));
+    assert_eq!(cold, warm, "kept and fresh renderings are the same items");
+    // a page item carries the record as a reader acts on it: not the Fold Rule's bookkeeping
+    let note = cold
+        .iter()
+        .find(|i| i["event"]["text"].is_string())
+        .unwrap();
+    assert_eq!(note["actor"], "alpha");
+    for gone in ["conversation_key", "view_gen", "actor", "kind"] {
+        assert!(
+            note["event"].get(gone).is_none(),
+            "{gone} is left out: {note}"
+        );
+    }
+}
