@@ -227,6 +227,13 @@ ALTER TABLE receipts ADD COLUMN page_bytes INTEGER;
     r#"
 CREATE INDEX causal_edges_parent ON causal_edges(parent);
 "#,
+    // Page items no longer carry what their envelope repeats nor the Fold Rule's bookkeeping,
+    // so an event now renders shorter than the rendering a reader may have stopped inside:
+    // such a reader takes that event again from its first byte, never the old rendering's
+    // start joined to the new one's end (its checkpoint's seq, which the gate reads, stays).
+    r#"
+UPDATE checkpoints SET chunk_seq = NULL, chunk_offset = 0 WHERE chunk_offset > 0;
+"#,
 ];
 
 /// Reading receipts kept per reader, task and part (the oldest go first).
@@ -1858,6 +1865,39 @@ mod tests {
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
         assert_eq!(v as usize, MIGRATIONS.len());
+    }
+
+    #[test]
+    fn a_reader_stopped_inside_an_event_takes_it_again_after_the_rendering_changed() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("sync_index.db");
+        let cp = |seq: u64, chunk: Option<u64>, offset: u64| CheckpointRow {
+            actor: "a".into(),
+            conversation: format!("c{seq}"),
+            conversation_key: "k".into(),
+            view_gen: "v".into(),
+            confirmed_seq: seq,
+            chunk_seq: chunk,
+            chunk_offset: offset,
+            updated_ms: 1,
+        };
+        {
+            let mut idx = Index::open(&p).unwrap();
+            idx.put_checkpoint(&cp(3, Some(4), 1_000)).unwrap();
+            idx.put_checkpoint(&cp(7, None, 0)).unwrap();
+        }
+        // as an index the build before the rendering change left it
+        Connection::open(&p)
+            .unwrap()
+            .pragma_update(None, "user_version", (MIGRATIONS.len() - 1) as i64)
+            .unwrap();
+        let idx = Index::open(&p).unwrap();
+        assert_eq!(
+            idx.checkpoint("a", "c3").unwrap().unwrap(),
+            cp(3, None, 0),
+            "back to the event's first byte, at the same seq"
+        );
+        assert_eq!(idx.checkpoint("a", "c7").unwrap().unwrap(), cp(7, None, 0));
     }
 
     #[test]
