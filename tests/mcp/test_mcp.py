@@ -462,6 +462,7 @@ async def every_refusal_over_mcp_changes_nothing(fx):
                 (alpha, "room_say", {"room": "lobby", "text": "x", "task": task}, "say_task_refused"),
                 (alpha, "room_send", {"room": "build", "text": "x", "to": ["beta"]}, "send_task_required"),
                 (alpha, "room_send", {"room": "lobby", "text": "x", "to": ["beta"], "evidence": [other_ev]}, "cross_room_evidence_refused"),
+                (alpha, "room_send", {"room": "lobby", "text": "x", "to": ["beta"], "audience": ["alpha"]}, "audience_excludes_recipient"),
                 (alpha, "room_reply", {"room": "lobby", "text": "x", "reply_to": sent2.structured_content["event"]}, "reply_target_not_addressed"),
                 (beta, "room_say", {"room": "lobby", "text": "which one?"}, "say_reply_target_ambiguous"),
                 (alpha, "room_done", {"room": "build"}, "task_required"),
@@ -493,6 +494,11 @@ async def every_refusal_over_mcp_changes_nothing(fx):
             assert not r.is_error
             page = (await beta.call_tool("room_sync", {"room": "lobby"})).structured_content
             assert secret not in json.dumps(page) and "[redacted]" in json.dumps(page)
+            # a note for an audience: beta never reads it, and is not held up by it
+            r = await alpha.call_tool("room_note", {"room": "lobby", "text": "alpha alone", "audience": ["alpha"]})
+            assert not r.is_error and r.structured_content["audience"] == ["alpha"], r.structured_content
+            page = (await beta.call_tool("room_sync", {"room": "lobby"})).structured_content
+            assert "alpha alone" not in json.dumps(page) and page["to_seq"] == page["tip_seq"], page
             for c in (alpha, beta):
                 await catch_up(c, "lobby")
         # clear beta's open items for the next transport round

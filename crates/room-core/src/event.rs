@@ -201,6 +201,9 @@ pub struct Violation {
     pub event: Option<String>,
     #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
     pub detail: serde_json::Value,
+    /// The audience of the turn a flag stands beside (empty: every reader).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub audience: Vec<String>,
 }
 
 /// Text that spilled into a blob.
@@ -410,6 +413,11 @@ pub struct Turn {
     /// them off, the next start writes them from here (as it completes a flush 2).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub flags: Vec<Violation>,
+    /// The members who read this turn (its author always among them), or empty for every
+    /// reader of the room: what was asked, narrowed by the audience of every causal parent
+    /// (the withholding closure, `room_engine::visibility`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub audience: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -429,6 +437,9 @@ pub struct Items {
     pub mentions: Vec<ItemSpec>,
     pub obligations: Vec<ItemSpec>,
     pub wakes: Vec<String>,
+    /// Its turn's audience: a derived record is withheld wherever its source is.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub audience: Vec<String>,
 }
 
 /// A compare-and-set on a task row: applied only if the task is still in `from`.
@@ -645,6 +656,11 @@ pub struct TaskCreated {
     pub stage: Vec<crate::stage::Selection>,
 }
 
+/// Whether a record with `audience` is for `reader` (an empty audience is every reader's).
+pub fn visible_to(audience: &[String], reader: &str) -> bool {
+    audience.is_empty() || audience.iter().any(|a| a == reader)
+}
+
 impl EventBody {
     pub fn actor(&self) -> &str {
         match self {
@@ -699,6 +715,16 @@ impl EventBody {
 }
 
 impl EventBody {
+    /// Who reads this record: empty for every reader of the room.
+    pub fn audience(&self) -> &[String] {
+        match self {
+            EventBody::Turn(t) => &t.audience,
+            EventBody::Items(i) => &i.audience,
+            EventBody::InvariantViolation(v) => &v.audience,
+            _ => &[],
+        }
+    }
+
     /// The idempotency key a record registers, if any.
     pub fn idempotency_key(&self) -> Option<&str> {
         match self {
@@ -769,6 +795,7 @@ mod tests {
             detail: serde_json::Value::Null,
             idempotency_key: None,
             flags: vec![],
+            audience: vec![],
         }));
         assert_eq!(
             crate::canon::canonical_string(&serde_json::to_value(&turn).unwrap()),

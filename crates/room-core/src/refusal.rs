@@ -103,6 +103,8 @@ codes! {
     // composition: intersection, never a partial union
     IncompleteSourceSet => "incomplete_source_set",
     GraphPageSnapshotChanged => "graph_page_snapshot_changed",
+    // visibility: a turn reaches only its audience
+    AudienceExcludesRecipient => "audience_excludes_recipient",
     // lineage: delegation cannot outlive or widen its ancestry
     TaskAncestryInvalid => "task_ancestry_invalid",
     TaskScopeWidened => "task_scope_widened",

@@ -79,7 +79,7 @@ impl Engine {
             b.saturating_sub(COMPOSE_ENVELOPE_BYTES)
                 .clamp(COMPOSE_ITEM_BYTES_MAX, COMPOSE_PAGE_BYTES_MAX)
         });
-        let (items, after) = self.compose_page(&snapshot, after, limit, page_bytes)?;
+        let (items, after) = self.compose_page(&p.name, &snapshot, after, limit, page_bytes)?;
         let more = snapshot
             .iter()
             .any(|s| after.get(&s.room).copied().unwrap_or(0) < s.tip_seq);
@@ -154,9 +154,11 @@ impl Engine {
     }
 
     /// The next `limit` events across the sources in HLC order, each at most up to its
-    /// snapshot's tip, as the reader would see them (redacted), and the new positions.
+    /// snapshot's tip, as the reader would see them (redacted, and without those withheld from
+    /// it, which only move its position on), and the new positions.
     fn compose_page(
         &self,
+        reader: &str,
         snapshot: &[Source],
         mut after: BTreeMap<String, u64>,
         limit: usize,
@@ -164,7 +166,8 @@ impl Engine {
     ) -> Outcome<(Vec<Value>, BTreeMap<String, u64>)> {
         let policy = self.policy();
         let redactor = policy.redactor()?;
-        let mut candidates: Vec<(u64, u64, String, u64, String)> = Vec::new();
+        // (hlc, room, seq, rendering; none when withheld from the reader)
+        let mut candidates: Vec<(u64, u64, String, u64, Option<String>)> = Vec::new();
         for s in snapshot {
             let from = after.get(&s.room).copied().unwrap_or(0);
             if from >= s.tip_seq {
@@ -181,14 +184,12 @@ impl Engine {
                 .filter(|e| e.seq <= s.tip_seq)
                 .collect();
             for e in rows {
-                let text = self.render(&h, &e, redactor)?;
-                candidates.push((
-                    e.hlc_ms,
-                    e.hlc_c.into(),
-                    s.room.clone(),
-                    e.seq,
-                    text.text.clone(),
-                ));
+                let text = if crate::visibility::reads(&e, reader)? {
+                    Some(self.render(&h, &e, redactor)?.text.clone())
+                } else {
+                    None
+                };
+                candidates.push((e.hlc_ms, e.hlc_c.into(), s.room.clone(), e.seq, text));
             }
         }
         candidates.sort();
@@ -198,6 +199,10 @@ impl Engine {
             if items.len() >= limit {
                 break;
             }
+            let Some(text) = text else {
+                after.insert(room, seq);
+                continue;
+            };
             let mut item: Value = serde_json::from_str(&text).map_err(Refusal::storage)?;
             if text.len() > COMPOSE_ITEM_BYTES_MAX {
                 item = json!({"seq": seq, "id": item["id"], "kind": item["kind"],

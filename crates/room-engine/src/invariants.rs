@@ -97,6 +97,7 @@ fn violation(
         task: task.map(String::from),
         event: None,
         detail,
+        audience: Vec::new(),
     })
 }
 
@@ -433,6 +434,7 @@ impl Engine {
                 "window_ms": VIOLATION_WINDOW_MS,
                 "why": format!("{} rejections past {VIOLATION_RECORDS_PER_WINDOW_MAX} per {} s were refused without records of their own",
                     s.count, VIOLATION_WINDOW_MS / 1000)}),
+            audience: Vec::new(),
         };
         h.commit(self, vec![EventBody::InvariantViolation(v)], None)?;
         Ok(())
@@ -529,6 +531,7 @@ impl Engine {
                 task: Some(l.task.clone()),
                 event: claim,
                 detail,
+                audience: Vec::new(),
             };
             h.commit(self, vec![EventBody::InvariantViolation(v)], None)?;
             recorded += 1;

@@ -78,6 +78,7 @@ fn ill(actor: &str, act: &str, task: Option<&str>, why: &str, detail: Value) -> 
         task: task.map(String::from),
         event: None,
         detail: d,
+        audience: Vec::new(),
     }
 }
 
@@ -170,6 +171,7 @@ impl Engine {
                     task: Some(t.id.clone()),
                     event: None,
                     detail: json!({"parent": parent, "parent_status": row.status()}),
+                    audience: Vec::new(),
                 });
             }
         }
@@ -371,6 +373,7 @@ impl Engine {
                 detail: json!({"op": o.id, "destination": o.destination, "state": o.state,
                     "began_ms": o.began_ms, "ttl_ms": o.ttl_ms,
                     "elapsed_ms": now.saturating_sub(o.began_ms), "observation": "unresolved"}),
+                audience: Vec::new(),
             };
             h.commit(self, vec![EventBody::InvariantViolation(v)], None)?;
             n += 1;

@@ -30,6 +30,7 @@ pub mod take;
 pub mod territory;
 pub mod turnstile;
 pub mod verbs;
+pub mod visibility;
 pub mod wakes;
 
 use authority::Authority;

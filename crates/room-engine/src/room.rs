@@ -1051,6 +1051,8 @@ impl RoomHandle {
             let flags = t.flags.iter().map(|f| {
                 let mut f = f.clone();
                 f.event = Some(last.id.clone());
+                // as `commit_inner` wrote them: withheld wherever their act is
+                f.audience = t.audience.clone();
                 EventBody::InvariantViolation(f)
             });
             self.commit(engine, flags.collect(), None)
@@ -1189,8 +1191,11 @@ impl RoomHandle {
         let first_hlc = tip.hlc.tick(engine.now_ms());
         let first_id =
             first_id.unwrap_or_else(|| id::event_id(first_hlc, engine.env.entropy.as_ref()));
+        let audience = bodies[0].audience().to_vec();
         bodies.extend(flags.into_iter().map(|mut f| {
             f.event = Some(first_id.clone());
+            // a flag says what its act was: it is withheld wherever the act is
+            f.audience = audience.clone();
             EventBody::InvariantViolation(f)
         }));
         for (n, body) in bodies.iter().enumerate() {
@@ -1296,6 +1301,7 @@ impl RoomHandle {
                 .map(|a| spec(crate::event::OBLIGATION_PREFIX, a))
                 .collect(),
             wakes: t.plan.wake.clone(),
+            audience: t.audience.clone(),
         };
         self.commit(engine, vec![EventBody::Items(items.clone())], fold)?;
         engine.queue_wakes(self, &source, t, &items)?;

@@ -9,6 +9,7 @@ use crate::principal::Principal;
 use crate::room::RoomHandle;
 use crate::{Engine, Outcome, store_err};
 use room_core::canon::{canonical_string, digest_of};
+use room_core::event::visible_to;
 use room_core::redact::Redactor;
 use room_core::{Code, Refusal, Tier, id};
 use room_store::control::MemberStanding;
@@ -20,6 +21,9 @@ use std::sync::Arc;
 const ENVELOPE_BYTES_RESERVE: usize = 2048;
 /// Events fetched from the index per round while a page fills.
 const FETCH_ROWS: usize = 64;
+/// Events withheld from its reader one page passes over (it ends there, perhaps empty, and the
+/// next page goes on): a page's cost stays bounded however much is withheld.
+const PASSED_OVER_MAX: usize = 4096;
 
 /// A read position: every event up to `seq` is confirmed, and `offset` bytes of event `seq+1`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
@@ -269,12 +273,14 @@ impl Engine {
         Ok(canonical_string(&item))
     }
 
-    /// Build the page that starts at `start` within `page_bytes` (envelope included), or
+    /// Build `reader`'s page that starts at `start` within `page_bytes` (envelope included), or
     /// re-render exactly up to `until` (a confirmation, under the ceiling its page was served
-    /// with: that decides which events arrived whole).
+    /// with: that decides which events arrived whole). An event withheld from `reader` is
+    /// passed over: the page's end moves past it, no item stands for it.
     pub(crate) fn build_page(
         &self,
         h: &RoomHandle,
+        reader: &str,
         start: Pos,
         until: Option<Pos>,
         page_bytes: usize,
@@ -292,6 +298,7 @@ impl Engine {
         let mut end = start;
         let mut next = start.seq + 1;
         let mut rows = std::collections::VecDeque::new();
+        let mut passed = 0usize;
         'outer: loop {
             let heads = h
                 .index
@@ -305,6 +312,19 @@ impl Engine {
                     break 'outer;
                 }
                 next = e.seq + 1;
+                if !visible_to(&e.audience, reader) {
+                    // never one a reader is inside (it read fragments of it, so it reads it)
+                    debug_assert!(end.offset == 0, "a withheld event is passed over whole");
+                    if end.offset != 0 || passed == PASSED_OVER_MAX {
+                        break 'outer;
+                    }
+                    passed += 1;
+                    end = Pos {
+                        seq: e.seq,
+                        offset: 0,
+                    };
+                    continue;
+                }
                 let rendered = self.render_head(h, &e, &mut rows, redactor)?;
                 let text = &rendered.text;
                 let offset = if e.seq == start.seq + 1 {
@@ -398,7 +418,7 @@ impl Engine {
     ) -> Outcome<Value> {
         let policy = self.policy();
         let redactor = policy.redactor()?;
-        let page = self.build_page(h, st.pos, None, st.key.page_bytes, redactor)?;
+        let page = self.build_page(h, &st.key.actor, st.pos, None, st.key.page_bytes, redactor)?;
         let tip = h.tip();
         let receipt = ReceiptRow {
             id: id::receipt_id(self.env.entropy.as_ref()),
@@ -549,7 +569,14 @@ impl Engine {
         let page_bytes = r.page_bytes.map_or(self.config.page_bytes_max, |b| {
             (b as usize).clamp(PAGE_BYTES_MIN, self.config.page_bytes_max)
         });
-        let page = self.build_page(h, start, Some(receipt_end(r)), page_bytes, redactor)?;
+        let page = self.build_page(
+            h,
+            &st.key.actor,
+            start,
+            Some(receipt_end(r)),
+            page_bytes,
+            redactor,
+        )?;
         if page.items_sha256 != r.delivered_sha256 {
             return Err(Refusal::new(
                 Code::RoomSyncDeliveryPolicyChanged,
@@ -663,7 +690,12 @@ impl Engine {
             ));
         }
         for p in parents {
-            let e = h.index.event_by_id(p).map_err(store_err)?;
+            // one withheld from the caller is refused as one that does not exist: its
+            // existence is not the caller's to learn
+            let e = match h.index.event_by_id(p).map_err(store_err)? {
+                Some(e) if !crate::visibility::reads(&e, &st.key.actor)? => None,
+                e => e,
+            };
             match e {
                 Some(e) if e.seq <= st.pos.seq || e.actor == st.key.actor => {}
                 Some(e) => {

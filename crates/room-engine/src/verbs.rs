@@ -53,6 +53,9 @@ pub struct TurnArgs {
     /// The receipt of the page the caller has just read: confirmed in the turn's own commit
     /// (the gate runs on the position it establishes), so reading and acting take one call.
     pub read_through: Option<String>,
+    /// Members who read the turn (its author always): empty for every reader. Narrowed by
+    /// the audience of every parent (`visibility`).
+    pub audience: Vec<String>,
 }
 
 /// Decode and check staging selections, naming the field of the first that is wrong.
@@ -1180,6 +1183,7 @@ impl Engine {
                 ),
             ));
         }
+        let asked = crate::visibility::asked(&args.audience, &p.name, &members, &args.room)?;
         let evidence_events = self.prevalidate_evidence(&args.room, &args.evidence)?;
         let key = self.sync_key(&p, &args.room)?;
         let (text, text_blob) = self.spill_text(&handle, text)?;
@@ -1240,6 +1244,7 @@ impl Engine {
             detail: Value::Null,
             idempotency_key: args.idempotency_key.clone(),
             flags: Vec::new(),
+            audience: Vec::new(),
         };
         // Identifiers the verb does not interpret itself must still name real things of this
         // room: they are stored with the turn and travel in wake permits.
@@ -1268,6 +1273,9 @@ impl Engine {
             },
         };
         self.plan_verb(verb, &cx, &mut turn)?;
+        // once the verb has settled what the turn answers and resolves: those narrow it too
+        turn.audience = crate::visibility::close(&h, &p.name, asked, &parents, &turn)?;
+        crate::visibility::check_recipients(&turn.audience, &turn.to, &turn.plan)?;
         let resolves = turn
             .resolves
             .iter()
@@ -1441,6 +1449,8 @@ impl Engine {
             "task": turn.task,
             "detail": turn.detail,
             "flags": flag_views,
+            // who reads it: empty for every reader (what was asked, narrowed by its parents')
+            "audience": turn.audience,
         }))
     }
 

@@ -592,6 +592,7 @@ fn turn_args(w: TurnWire) -> TurnArgs {
         actor: w.actor,
         idempotency_key: w.idempotency_key,
         read_through: w.read_through,
+        audience: w.audience,
     }
 }
 

@@ -654,6 +654,11 @@ pub struct TurnWire {
     #[serde(default)]
     #[arg(long)]
     pub read_through: Option<String>,
+    /// Only these members (and you) read it, and what answers it.
+    #[serde(default)]
+    #[arg(long)]
+    #[schemars(length(max = room_engine::visibility::AUDIENCE_MAX))]
+    pub audience: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]

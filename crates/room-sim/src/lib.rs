@@ -320,6 +320,8 @@ pub struct Sim {
     swept_at: Option<u64>,
     /// Answers the simulated tasks' acceptance commands (kept across restarts of the engine).
     runner: Arc<SimRunner>,
+    /// Turns written for an audience, by event id: no page may carry one to anyone else.
+    withheld: BTreeMap<String, BTreeSet<String>>,
 }
 
 fn scratch_dir() -> PathBuf {
@@ -388,7 +390,27 @@ impl Sim {
             oracles: Vec::new(),
             swept_at: None,
             runner: Arc::new(SimRunner::new(seed)),
+            withheld: BTreeMap::new(),
         }
+    }
+
+    /// No item of `page` is of a record withheld from `reader`: neither a turn written for an
+    /// audience without it, nor any record (a reply, its items) whose own audience leaves it out.
+    fn check_served(&self, reader: &str, room: &str, page: &Value) -> Result<(), Failure> {
+        for item in page["items"].as_array().into_iter().flatten() {
+            let id = item["id"].as_str().unwrap_or_default();
+            let known = self.withheld.get(id).is_some_and(|a| !a.contains(reader));
+            let own = item["event"]["audience"]
+                .as_array()
+                .is_some_and(|a| !a.is_empty() && !a.iter().any(|n| n == reader));
+            if known || own {
+                return Err(self.fail(format!(
+                    "{room}: {reader} was served {id} (seq {}), which is withheld from it",
+                    item["seq"]
+                )));
+            }
+        }
+        Ok(())
     }
 
     fn open_engine(&mut self) -> Result<(), String> {
@@ -811,6 +833,7 @@ impl Sim {
                     return Ok(());
                 }
             };
+            self.check_served(&self.agents[i].name, &room, &page)?;
             if let Some((_, to)) = confirm {
                 let m = self.agents[i].confirmed.entry(room.clone()).or_default();
                 *m = (*m).max(to);
@@ -861,6 +884,7 @@ impl Sim {
             e.sync(&c, room, None)
         })?;
         let Ok(page) = out else { return Ok(None) };
+        self.check_served(&name, room, &page)?;
         if page["view_changed"] == true {
             self.agents[i].confirmed.insert(room.to_string(), 0);
             self.agents[i].confirmed_durably.remove(room);
@@ -969,6 +993,22 @@ impl Sim {
         };
         let mut args = args;
         args.idempotency_key = self.maybe_key();
+        // sometimes for an audience of some mates: a send mostly includes its recipient (else
+        // it is refused, audience_excludes_recipient, and must change nothing)
+        if verb != Verb::Reply && !mates.is_empty() && self.rng.chance(20) {
+            let mut audience: Vec<String> = mates
+                .iter()
+                .filter(|_| self.rng.chance(40))
+                .cloned()
+                .collect();
+            if verb == Verb::Send && self.rng.chance(90) {
+                audience.extend(args.to.iter().cloned());
+            }
+            if audience.is_empty() {
+                audience.push(mates[0].clone());
+            }
+            args.audience = audience;
+        }
         let c = self.caller(i);
         let name = self.agents[i].name.clone();
         let mut out = Ok(Value::Null);
@@ -981,6 +1021,7 @@ impl Sim {
             match (&out, &read) {
                 (Err(r), Some(old)) if r.code == Code::RoomSyncRequired => {
                     let next = &r.detail["next_page"];
+                    self.check_served(&name, &room, next)?;
                     let Some(receipt) = next["receipt"].as_str() else {
                         break;
                     };
@@ -1011,6 +1052,15 @@ impl Sim {
             }
         }
         let Ok(v) = out else { return Ok(()) };
+        if let (Some(ev), Some(a)) = (v["event"].as_str(), v["audience"].as_array())
+            && !a.is_empty()
+        {
+            let a = a
+                .iter()
+                .filter_map(|n| n.as_str().map(String::from))
+                .collect();
+            self.withheld.insert(ev.to_string(), a);
+        }
         if verb == Verb::Reply {
             self.agents[i]
                 .open
@@ -1042,7 +1092,11 @@ impl Sim {
             .map_err(|r| self.fail(r.to_string()))?;
         Ok(log["events"].as_array().and_then(|es| {
             es.iter()
-                .find(|e| e["actor"].as_str() != Some(name) && e["kind"] != "invariant_violation")
+                .find(|e| {
+                    e["actor"].as_str() != Some(name)
+                        && e["kind"] != "invariant_violation"
+                        && reads(e, name)
+                })
                 .cloned()
         }))
     }
@@ -1079,8 +1133,11 @@ impl Sim {
                 .map_err(|r| self.fail(r.to_string()))?;
             if let Some(foreign) = log["events"].as_array().and_then(|es| {
                 // invariant verdicts are evidence, not acts: they hold no one at the gate
+                // nor does one withheld from the agent: it is never owed
                 es.iter().find(|e| {
-                    e["actor"].as_str() != Some(name.as_str()) && e["kind"] != "invariant_violation"
+                    e["actor"].as_str() != Some(name.as_str())
+                        && e["kind"] != "invariant_violation"
+                        && reads(e, &name)
                 })
             }) {
                 return Err(self.fail(format!(
@@ -1930,6 +1987,13 @@ impl Sim {
         }
         Ok(())
     }
+}
+
+/// Whether `reader` reads the logged record `e` (an audience, when it names one, includes it).
+fn reads(e: &Value, reader: &str) -> bool {
+    e["event"]["audience"]
+        .as_array()
+        .is_none_or(|a| a.is_empty() || a.iter().any(|n| n == reader))
 }
 
 /// One room shard on disk.

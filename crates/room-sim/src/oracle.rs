@@ -456,6 +456,110 @@ pub fn check_room(room: &str, records: &[Record], sweep: Option<&Sweep>) -> Resu
             "room {room}: causal: done {eid} on {task} over unresolved children is the last record and has no flag"
         ));
     }
+    check_withholding(records).map_err(|e| format!("room {room}: withholding: {e}"))
+}
+
+fn names(v: &Value) -> Option<std::collections::BTreeSet<String>> {
+    let set: std::collections::BTreeSet<String> = v
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|n| n.as_str().map(String::from))
+        .collect();
+    (!set.is_empty()).then_some(set)
+}
+
+/// The withholding closure, from the raw records: a turn's audience holds its author and lies
+/// within the audience of every causal parent it names (directly, or through the mention or
+/// obligation it answers), everyone it addresses is inside it, and the records derived from it
+/// (its items, its flags) carry exactly its audience.
+fn check_withholding(records: &[Record]) -> Result<(), String> {
+    type Audience = Option<std::collections::BTreeSet<String>>;
+    let mut of: BTreeMap<String, Audience> = BTreeMap::new();
+    let mut item_source: BTreeMap<String, String> = BTreeMap::new();
+    for r in records {
+        let ev = &r.event;
+        let at = format!("seq {} ({})", r.seq, r.id);
+        let audience = names(&ev["audience"]);
+        match ev["kind"].as_str().unwrap_or_default() {
+            "turn" => {
+                let actor = ev["actor"].as_str().unwrap_or_default();
+                if let Some(a) = &audience
+                    && !a.contains(actor)
+                {
+                    return Err(format!("{at}: its author {actor} is outside its audience"));
+                }
+                let mut parents: Vec<String> = ev["parents"]
+                    .as_array()
+                    .into_iter()
+                    .chain(ev["evidence"].as_array())
+                    .flatten()
+                    .filter_map(s)
+                    .collect();
+                if let Some(t) = s(&ev["reply_to"]) {
+                    parents.push(item_source.get(&t).cloned().unwrap_or(t));
+                }
+                // what it resolves answers that item's source
+                for res in ev["resolves"].as_array().into_iter().flatten() {
+                    if let Some(src) = s(&res["id"]).and_then(|i| item_source.get(&i).cloned()) {
+                        parents.push(src);
+                    }
+                }
+                for p in &parents {
+                    let Some(Some(pa)) = of.get(p) else { continue };
+                    if !audience.as_ref().is_some_and(|a| a.is_subset(pa)) {
+                        return Err(format!(
+                            "{at}: audience {audience:?} is wider than its parent {p}'s {pa:?}"
+                        ));
+                    }
+                }
+                if let Some(a) = &audience {
+                    let plan = &ev["plan"];
+                    for list in [&ev["to"], &plan["mention"], &plan["oblige"], &plan["wake"]] {
+                        for n in list.as_array().into_iter().flatten() {
+                            let n = n.as_str().unwrap_or_default();
+                            if !a.contains(n) {
+                                return Err(format!(
+                                    "{at}: addresses {n}, outside its audience {a:?}"
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+            "items" => {
+                let source = s(&ev["source"]).unwrap_or_default();
+                if of.get(&source) != Some(&audience) {
+                    return Err(format!(
+                        "{at}: items of {source} carry audience {audience:?}, not their turn's"
+                    ));
+                }
+                for list in [&ev["mentions"], &ev["obligations"]] {
+                    for i in list.as_array().into_iter().flatten() {
+                        if let Some(id) = s(&i["id"]) {
+                            item_source.insert(id, source.clone());
+                        }
+                    }
+                }
+            }
+            "invariant_violation" if ev["severity"] == "flag" => {
+                if let Some(e) = s(&ev["event"])
+                    && let Some(turn) = of.get(&e)
+                    && *turn != audience
+                {
+                    return Err(format!(
+                        "{at}: a flag on {e} carries another audience than its act"
+                    ));
+                }
+            }
+            _ => {
+                if audience.is_some() {
+                    return Err(format!("{at}: a {} record with an audience", ev["kind"]));
+                }
+            }
+        }
+        of.insert(r.id.clone(), audience);
+    }
     Ok(())
 }
 

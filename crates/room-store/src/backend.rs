@@ -103,9 +103,10 @@ pub trait RoomIndex: Send {
     fn event_by_seq(&self, seq: u64) -> Result<Option<EventRow>>;
     fn event_by_id(&self, id: &str) -> Result<Option<EventRow>>;
     fn events_from(&self, from: u64, limit: usize) -> Result<Vec<EventRow>>;
-    /// As `events_from`, only each event's seq, id and record hash.
+    /// As `events_from`, only each event's seq, id, record hash and audience.
     fn event_heads_from(&self, from: u64, limit: usize) -> Result<Vec<EventHead>>;
-    /// The first event after `seq` not written by `actor` that holds readers at the gate.
+    /// The first event after `seq` not written by `actor` that holds readers at the gate: one
+    /// whose `audience` leaves `actor` out is never owed by it.
     fn first_foreign_after(&self, seq: u64, actor: &str) -> Result<Option<u64>>;
     fn event_count(&self) -> Result<u64>;
     /// A task's lifecycle records (kind `task`) after `after_seq`, oldest first, at most

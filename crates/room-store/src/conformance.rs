@@ -68,6 +68,7 @@ pub const CASES: &[(&str, Case)] = &[
     ),
     ("control_room_witnesses", control_room_witnesses),
     ("index_projection", index_projection),
+    ("index_audience", index_audience),
     (
         "index_sync_state_survives_reopen_and_rebuild",
         index_sync_state_survives_reopen_and_rebuild,
@@ -1459,6 +1460,63 @@ fn item(kind: ItemKind, id: &str, source_seq: u64, agent: &str) -> ItemRow {
         resolved_by: None,
         not_after_ms: Some(1_000),
     }
+}
+
+/// Records with an audience: heads carry it, and the gate's foreign-event query passes over
+/// a record withheld from its reader (never over one it reads), after a reopen too.
+pub fn index_audience(h: &mut dyn Harness) {
+    let store = h.fresh();
+    let with = |seq: u64, actor: &str, audience: &[&str]| {
+        let mut e = event(seq, actor, "turn");
+        e.body =
+            serde_json::json!({"kind": "turn", "actor": actor, "audience": audience}).to_string();
+        e
+    };
+    {
+        store.create_shard("g_au", b"{}", b"{}", &[]).unwrap();
+        let mut idx = store.open_index("g_au").unwrap();
+        idx.apply(&Batch {
+            events: vec![
+                event(1, "alpha", "turn"),
+                with(2, "beta", &["beta", "gamma"]),
+                with(3, "gamma", &["alpha", "gamma"]),
+                with(4, "beta", &[]),
+            ],
+            ..Batch::default()
+        })
+        .unwrap();
+        idx.flush().unwrap();
+    }
+    let store = h.reopen();
+    let idx = store.open_index("g_au").unwrap();
+    let heads: Vec<(u64, Vec<String>)> = idx
+        .event_heads_from(1, 8)
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.seq, e.audience))
+        .collect();
+    let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        heads,
+        [
+            (1, vec![]),
+            (2, names(&["beta", "gamma"])),
+            (3, names(&["alpha", "gamma"])),
+            (4, vec![]),
+        ]
+    );
+    assert_eq!(
+        idx.first_foreign_after(1, "alpha").unwrap(),
+        Some(3),
+        "2 is withheld from alpha: never owed"
+    );
+    assert_eq!(idx.first_foreign_after(1, "gamma").unwrap(), Some(2));
+    assert_eq!(
+        idx.first_foreign_after(1, "delta").unwrap(),
+        Some(4),
+        "an empty audience is every reader's"
+    );
+    assert_eq!(idx.first_foreign_after(3, "alpha").unwrap(), Some(4));
 }
 
 /// The projection: events by seq and id, the gate's foreign-event query, items and their

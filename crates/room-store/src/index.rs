@@ -291,6 +291,9 @@ pub struct EventHead {
     pub seq: u64,
     pub id: String,
     pub hash: String,
+    /// The record's `audience` (empty: every reader of the room), so that a page can pass over
+    /// what is withheld from its reader without reading the body.
+    pub audience: Vec<String>,
 }
 
 /// The item kinds are the journal's (`room_core::event::ItemKind`); each has its own table.
@@ -1517,26 +1520,47 @@ impl RoomIndex for Index {
 
     fn event_heads_from(&self, from: u64, limit: usize) -> Result<Vec<EventHead>> {
         let mut st = self.conn.prepare_cached(
-            "SELECT seq, id, hash FROM events WHERE seq >= ?1 ORDER BY seq LIMIT ?2",
+            "SELECT seq, id, hash, json_extract(body, '$.audience') FROM events
+             WHERE seq >= ?1 ORDER BY seq LIMIT ?2",
         )?;
         let rows = st.query_map(params![from as i64, limit as i64], |r| {
-            Ok(EventHead {
-                seq: r.get::<_, i64>(0)? as u64,
-                id: r.get(1)?,
-                hash: r.get(2)?,
-            })
+            Ok((
+                EventHead {
+                    seq: r.get::<_, i64>(0)? as u64,
+                    id: r.get(1)?,
+                    hash: r.get(2)?,
+                    audience: Vec::new(),
+                },
+                r.get::<_, Option<String>>(3)?,
+            ))
         })?;
-        Ok(rows.collect::<rusqlite::Result<_>>()?)
+        let mut heads = Vec::new();
+        for row in rows {
+            let (mut head, audience) = row?;
+            if let Some(a) = audience {
+                head.audience = serde_json::from_str(&a).map_err(|e| {
+                    StoreError::Corrupt(format!(
+                        "event {}: audience is not a list of names: {e}",
+                        head.seq
+                    ))
+                })?;
+            }
+            heads.push(head);
+        }
+        Ok(heads)
     }
 
-    /// The first event after `seq` whose actor is not `actor`. Invariant verdicts are evidence
-    /// about acts, not acts: they do not hold anyone at the gate (else one agent repeating a
-    /// refused call would stall every room-mate).
+    /// The first event after `seq` whose actor is not `actor` and that `actor` reads (one
+    /// withheld from it is never owed). Invariant verdicts are evidence about acts, not acts:
+    /// they do not hold anyone at the gate (else one agent repeating a refused call would stall
+    /// every room-mate).
     fn first_foreign_after(&self, seq: u64, actor: &str) -> Result<Option<u64>> {
         Ok(self
             .conn
             .prepare_cached(
                 "SELECT seq FROM events WHERE seq > ?1 AND actor != ?2 AND kind != 'invariant_violation'
+                 AND (COALESCE(json_array_length(body, '$.audience'), 0) = 0
+                      OR EXISTS (SELECT 1 FROM json_each(body, '$.audience') WHERE value = ?2))
                  ORDER BY seq LIMIT 1",
             )?
             .query_row(params![seq as i64, actor], |r| r.get::<_, i64>(0))

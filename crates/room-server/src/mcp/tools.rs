@@ -230,7 +230,11 @@ other room_* action in that room. Oversized events arrive in item_chunk fragment
             op: "note",
             description: "Post status telemetry (progress, what you are doing). Wakes no one; @mentions are refused. Use room_say or room_send to address someone. \
 With a task addressed to you, claim it first (task_claim).",
-            input: turn_schema(Some("The status text."), &["text", "task"], &["text"]),
+            input: turn_schema(
+                Some("The status text."),
+                &["text", "task", "audience"],
+                &["text"],
+            ),
         },
         ToolDef {
             name: "room_say",
@@ -239,7 +243,7 @@ With a task addressed to you, claim it first (task_claim).",
 one source it answers them; with open items from several sources it is refused (say_reply_target_ambiguous): name reply_to. Never carries a task.",
             input: turn_schema(
                 Some("What you say."),
-                &["text", "to", "reply_to"],
+                &["text", "to", "reply_to", "audience"],
                 &["text"],
             ),
         },
@@ -259,7 +263,7 @@ one source it answers them; with open items from several sources it is refused (
             description: "Assign work: one obligation and one sealed wake permit per recipient. In a project room a task is required (send_task_required).",
             input: turn_schema(
                 Some("The assignment."),
-                &["text", "to", "task", "evidence"],
+                &["text", "to", "task", "evidence", "audience"],
                 &["text", "to"],
             ),
         },

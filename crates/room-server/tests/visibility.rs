@@ -1,0 +1,253 @@
+//! Visibility inside a room through a real daemon: a turn for an audience is withheld from every
+//! other reader, and so is everything that descends from it (replies, citations, the items and
+//! wakes it implies); a withheld event never holds anyone at the Work Gate, cannot be named by
+//! a reader it is withheld from (refused exactly as an id that does not exist), and cannot be
+//! addressed to anyone outside its audience (`audience_excludes_recipient`). Pages, composition
+//! and an index rebuild all keep it withheld.
+
+mod common;
+use common::*;
+use serde_json::{Value, json};
+
+/// Every item `token` reads in `room` from its checkpoint on, confirming each page.
+fn read(fx: &mut Fx, token: &str, room: &str) -> Vec<Value> {
+    let mut items = Vec::new();
+    let mut page = fx.ok(Some(token), "sync", json!({"room": room}));
+    for _ in 0..1_000 {
+        items.extend(page["items"].as_array().unwrap().iter().cloned());
+        let done = page["more"] == false;
+        let next = fx.ok(
+            Some(token),
+            "sync",
+            json!({"room": room, "confirm": page["receipt"]}),
+        );
+        if done {
+            items.extend(next["items"].as_array().unwrap().iter().cloned());
+            if next["more"] == false {
+                return items;
+            }
+        }
+        page = next;
+    }
+    panic!("{room} never caught up");
+}
+
+fn ids(items: &[Value]) -> Vec<String> {
+    items
+        .iter()
+        .map(|i| i["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn names(v: &Value) -> Vec<&str> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect()
+}
+
+/// alpha, beta and gamma caught up in `r`; alpha says something for beta only.
+fn secret() -> (Fx, [String; 3], String) {
+    let mut fx = Fx::new();
+    let (a, b, g) = fx.team("r");
+    for t in [&a, &b, &g] {
+        fx.sync_all(t, "r");
+    }
+    let said = fx.ok(
+        Some(&a),
+        "say",
+        json!({"room": "r", "text": "only for beta", "audience": ["beta"]}),
+    );
+    assert_eq!(names(&said["audience"]), ["alpha", "beta"], "{said}");
+    let id = said["event"].as_str().unwrap().to_string();
+    (fx, [a, b, g], id)
+}
+
+#[test]
+fn a_turn_for_an_audience_is_withheld_from_every_other_reader_and_so_is_every_descendant() {
+    let (mut fx, [a, b, g], secret) = secret();
+    // never owed: gamma acts without reading it
+    let g_note = fx.ok(Some(&g), "note", json!({"room": "r", "text": "working"}));
+    assert!(names(&g_note["audience"]).is_empty(), "{g_note}");
+    // beta reads it, with who else does
+    let seen = read(&mut fx, &b, "r");
+    let item = seen.iter().find(|i| i["id"] == secret.as_str()).unwrap();
+    assert_eq!(item["event"]["text"], "only for beta");
+    assert_eq!(names(&item["event"]["audience"]), ["alpha", "beta"]);
+    // a reply asks for nothing and is withheld as its parent is
+    let reply = fx.ok(
+        Some(&b),
+        "say",
+        json!({"room": "r", "text": "ack", "reply_to": secret}),
+    );
+    assert_eq!(names(&reply["audience"]), ["alpha", "beta"], "{reply}");
+    let reply = reply["event"].as_str().unwrap().to_string();
+    // a citation of the reply asks for gamma too, and is narrowed to its parent's audience
+    read(&mut fx, &a, "r");
+    let cite = fx.ok(
+        Some(&a),
+        "note",
+        json!({"room": "r", "text": "noted", "parents": [reply], "audience": ["beta", "gamma"]}),
+    );
+    assert_eq!(names(&cite["audience"]), ["alpha", "beta"], "{cite}");
+    let cite = cite["event"].as_str().unwrap().to_string();
+    let open = fx.ok(Some(&a), "note", json!({"room": "r", "text": "for all"}));
+    let open = open["event"].as_str().unwrap().to_string();
+
+    // gamma's pages pass over all three, and still reach the tip
+    let got = read(&mut fx, &g, "r");
+    let got_ids = ids(&got);
+    for hidden in [&secret, &reply, &cite] {
+        assert!(!got_ids.contains(hidden), "{hidden} reached gamma: {got:?}");
+    }
+    assert!(got_ids.contains(&open), "the open note reaches gamma");
+    let text = serde_json::to_string(&got).unwrap();
+    for word in ["only for beta", "ack", "noted"] {
+        assert!(!text.contains(word), "{word:?} leaked to gamma");
+    }
+    let page = fx.ok(Some(&g), "sync", json!({"room": "r"}));
+    assert_eq!(page["to_seq"], fx.tip("r"), "gamma is caught up: {page}");
+    // beta reads every one of them
+    let b_ids = ids(&read(&mut fx, &b, "r"));
+    assert!(b_ids.contains(&cite) && b_ids.contains(&open), "{b_ids:?}");
+
+    // a composition reads as the reader does
+    let c = fx.ok(
+        Some(&g),
+        "room_compose",
+        json!({"rooms": ["r"], "limit": 200}),
+    );
+    assert_eq!(c["more"], false, "{c}");
+    let c_ids = ids(c["items"].as_array().unwrap());
+    assert!(c_ids.contains(&open));
+    for hidden in [&secret, &reply, &cite] {
+        assert!(!c_ids.contains(hidden), "{hidden} composed for gamma");
+    }
+    let c = fx.ok(
+        Some(&b),
+        "room_compose",
+        json!({"rooms": ["r"], "limit": 200}),
+    );
+    assert!(ids(c["items"].as_array().unwrap()).contains(&secret));
+
+    // the withholding is the journal's: a rebuilt index keeps it
+    fx.ok(None, "index_rebuild", json!({"room": "r"}));
+    fx.ok(
+        Some(&a),
+        "note",
+        json!({"room": "r", "text": "after", "audience": ["beta"]}),
+    );
+    let fresh = fx.ok(Some(&g), "sync", json!({"room": "r"}));
+    assert!(
+        fresh["items"].as_array().unwrap().is_empty(),
+        "after the rebuild, gamma still reads none of it: {fresh}"
+    );
+}
+
+#[test]
+fn a_reader_cannot_name_what_is_withheld_from_it_and_learns_nothing_from_trying() {
+    let (mut fx, [_a, _b, g], secret) = secret();
+    read(&mut fx, &g, "r");
+    // an id that never existed, of the same shape
+    let last = secret.chars().last().unwrap();
+    let ghost = format!(
+        "{}{}",
+        &secret[..secret.len() - 1],
+        if last == '0' { '1' } else { '0' }
+    );
+    for (field, value) in [("reply_to", json!(secret)), ("parents", json!([secret]))] {
+        let mut args = json!({"room": "r", "text": "me too"});
+        args[field] = value;
+        let hidden = fx.refuse(Some(&g), "say", args.clone(), "invalid_argument");
+        args[field] = if field == "parents" {
+            json!([ghost])
+        } else {
+            json!(ghost)
+        };
+        let missing = fx.refuse(Some(&g), "say", args, "invalid_argument");
+        assert_eq!(
+            hidden.message.replace(&secret, "ID"),
+            missing.message.replace(&ghost, "ID"),
+            "a withheld event is refused as one that does not exist"
+        );
+        assert_eq!(hidden.detail, missing.detail);
+    }
+}
+
+#[test]
+fn a_turn_cannot_address_anyone_outside_its_audience() {
+    let (mut fx, [a, b, g], secret) = secret();
+    // named, mentioned, or reached through a withheld parent: refused, nothing written
+    let r = fx.refuse(
+        Some(&a),
+        "send",
+        json!({"room": "r", "text": "do it", "to": ["gamma"], "audience": ["beta"]}),
+        "audience_excludes_recipient",
+    );
+    assert_eq!(names(&r.detail["outside"]), ["gamma"]);
+    assert_eq!(names(&r.detail["audience"]), ["alpha", "beta"]);
+    fx.refuse(
+        Some(&a),
+        "say",
+        json!({"room": "r", "text": "@gamma look", "audience": ["beta"]}),
+        "audience_excludes_recipient",
+    );
+    read(&mut fx, &b, "r");
+    fx.refuse(
+        Some(&b),
+        "say",
+        json!({"room": "r", "text": "gamma should see", "reply_to": secret, "to": ["gamma"]}),
+        "audience_excludes_recipient",
+    );
+    // an audience names members, within a bound
+    let r = fx.refuse(
+        Some(&a),
+        "say",
+        json!({"room": "r", "text": "x", "audience": ["delta"]}),
+        "invalid_argument",
+    );
+    assert_eq!(r.detail["field"], "audience", "{r}");
+    let many: Vec<String> = (0..65).map(|i| format!("m{i}")).collect();
+    let r = fx.refuse(
+        Some(&a),
+        "say",
+        json!({"room": "r", "text": "x", "audience": many}),
+        "invalid_argument",
+    );
+    assert_eq!(r.detail["field"], "audience", "{r}");
+
+    // an assignment inside the audience: beta is obliged and woken, gamma sees none of it
+    read(&mut fx, &a, "r");
+    let sent = fx.ok(
+        Some(&a),
+        "send",
+        json!({"room": "r", "text": "review this quietly", "to": ["beta"], "audience": ["beta"]}),
+    );
+    let sent_id = sent["event"].as_str().unwrap().to_string();
+    assert_eq!(sent["obligations"].as_array().unwrap().len(), 1, "{sent}");
+    let wakes = fx.ok(None, "wakes_list", json!({"room": "r"}));
+    assert_eq!(wakes["wakes"].as_array().unwrap().len(), 1, "{wakes}");
+    let log = fx.ok(None, "room_log", json!({"room": "r", "limit": 1000}));
+    let items_rec = log["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "items" && e["event"]["source"] == sent_id.as_str())
+        .expect("the send's items record")["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let g_ids = ids(&read(&mut fx, &g, "r"));
+    assert!(!g_ids.contains(&sent_id) && !g_ids.contains(&items_rec));
+    let b_page = fx.ok(Some(&b), "sync", json!({"room": "r"}));
+    let b_ids = ids(b_page["items"].as_array().unwrap());
+    assert!(
+        b_ids.contains(&sent_id) && b_ids.contains(&items_rec),
+        "{b_page}"
+    );
+    assert_eq!(
+        b_page["open_items_total"], 2,
+        "a mention and an obligation: {b_page}"
+    );
+}
