@@ -623,6 +623,10 @@ pub struct EvidenceEvent {
     /// not be read): a later mismatch quarantines the evidence (`content_mismatch`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
+    /// Who reads it (its registrant always among them), narrowed by its lineage's; empty for
+    /// every reader. A turn citing it is narrowed to it in turn.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub audience: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -721,6 +725,7 @@ impl EventBody {
             EventBody::Turn(t) => &t.audience,
             EventBody::Items(i) => &i.audience,
             EventBody::InvariantViolation(v) => &v.audience,
+            EventBody::Evidence(e) => &e.audience,
             _ => &[],
         }
     }

@@ -195,10 +195,9 @@ impl Engine {
         candidates.sort();
         let mut items = Vec::new();
         let mut used = 0usize;
-        for (_, _, room, seq, text) in candidates {
-            if items.len() >= limit {
-                break;
-            }
+        // a withheld event counts toward the limit as a served one does: each room fetched
+        // `limit` rows, and going past them could serve a later event before an earlier one
+        for (_, _, room, seq, text) in candidates.into_iter().take(limit) {
             let Some(text) = text else {
                 after.insert(room, seq);
                 continue;

@@ -33,6 +33,8 @@ pub struct EvidenceArgs {
     pub origin: Option<String>,
     pub lineage: Vec<String>,
     pub summary: Option<String>,
+    /// Members who read it (the registrant always): empty for every reader.
+    pub audience: Vec<String>,
 }
 
 impl Engine {
@@ -75,10 +77,13 @@ impl Engine {
                 format!("at most {SUMMARY_BYTES_MAX} bytes without control characters"),
             ));
         }
+        let mut lineage_events = Vec::with_capacity(a.lineage.len());
         for h in &a.lineage {
-            self.evidence_here(&a.room, h, "lineage")?;
+            lineage_events.push(self.evidence_here(&a.room, h, "lineage", &p.name)?);
         }
         let (handle, binding) = self.member_handle(&p, &a.room)?;
+        let members = self.control().members(&a.room).map_err(store_err)?;
+        let asked = crate::visibility::asked(&a.audience, &p.name, &members, &a.room)?;
         // a file of the project is measured now, outside the room lock: the evidence is
         // pinned to that content
         let sha256 = match (
@@ -107,18 +112,32 @@ impl Engine {
             lineage: a.lineage.clone(),
             summary: a.summary.clone(),
             sha256: sha256.clone(),
+            audience: Vec::new(),
         };
         let mut h = lock_room(&handle);
         h.writable()?;
         self.admitted(&h.name)?;
+        let mut body = body;
+        body.audience = crate::visibility::close_over(&h, &p.name, asked, &lineage_events)?;
+        // a task's evidence is part of its acceptance, which every reader of the room sees
+        if a.task.is_some() && !body.audience.is_empty() {
+            return Err(Refusal::invalid(
+                "audience",
+                "evidence for a task is read by every reader of its room (its acceptance is); register it without an audience, from evidence without one",
+            ));
+        }
         let bytes = (a.summary.as_ref().map_or(0, String::len)
             + a.origin.as_ref().map_or(0, String::len)) as u64;
         let now = self.now_ms();
         h.check_bytes(&p.name, bytes, self.policy().quotas.bytes_per_minute, now)?;
+        let audience = body.audience.clone();
         let rec = h.commit(self, vec![EventBody::Evidence(Box::new(body))], None)?;
         h.record_bytes(&p.name, bytes, now);
         let origins = collapse(&h, &ev)?;
-        Ok(json!({"evidence": ev, "event": rec[0].id, "origins": origins, "sha256": sha256}))
+        Ok(
+            json!({"evidence": ev, "event": rec[0].id, "origins": origins, "sha256": sha256,
+            "audience": audience}),
+        )
     }
 
     /// The live SHA-256 of a project file, or `None` when it cannot be read as one.
@@ -245,16 +264,32 @@ impl Engine {
 
     /// The registration event of evidence handle `ev`, which must be of `room`: one of another
     /// room is `cross_room_evidence_refused`, an unknown one names `field`.
-    pub(crate) fn evidence_here(&self, room: &str, ev: &str, field: &str) -> Outcome<String> {
+    /// The event that registered evidence `ev` in `room`, as `reader` may name it: evidence
+    /// withheld from it is refused exactly as evidence that does not exist.
+    pub(crate) fn evidence_here(
+        &self,
+        room: &str,
+        ev: &str,
+        field: &str,
+        reader: &str,
+    ) -> Outcome<String> {
         if !id::is_evidence_id(ev) {
             return Err(Refusal::invalid(
                 field,
                 format!("{ev:?} is not an evidence handle (ev_ and 32 hex)"),
             ));
         }
+        let unknown = || Refusal::invalid(field, format!("{ev} is not evidence of room {room}"));
         let here = self.room_handle(room)?;
-        if let Some(row) = lock_room(&here).index.evidence(ev).map_err(store_err)? {
-            return Ok(row.event);
+        {
+            let h = lock_room(&here);
+            if let Some(row) = h.index.evidence(ev).map_err(store_err)? {
+                let e = h.index.event_by_id(&row.event).map_err(store_err)?;
+                return match e {
+                    Some(e) if crate::visibility::reads(&e, reader)? => Ok(row.event),
+                    _ => Err(unknown()),
+                };
+            }
         }
         for (name, h) in self.rooms.named() {
             if name != room
@@ -273,10 +308,7 @@ impl Engine {
                 .detail(json!({"evidence": ev, "field": field})));
             }
         }
-        Err(Refusal::invalid(
-            field,
-            format!("{ev} is not evidence of room {room}"),
-        ))
+        Err(unknown())
     }
 
     /// `evidence_origins`: distinct first-hand origins behind the task's evidence for `req`.

@@ -144,14 +144,23 @@ impl Engine {
         let found = h.index.idempotent(actor, key).map_err(failed)?;
         match found {
             None => Ok(()),
-            Some((event, seq, original_task)) => Err(Check::Reject(violation(
-                actor,
-                Invariant::ExactlyOnce,
-                Severity::Reject,
-                act,
-                task,
-                json!({"key": key, "original_event": event, "original_seq": seq, "original_task": original_task}),
-            ))),
+            Some((event, seq, original_task)) => {
+                // the record names the first call's event: withheld wherever that event is
+                let audience = match h.index.event_by_id(&event).map_err(failed)? {
+                    Some(e) => crate::visibility::audience_of(&e).map_err(Check::Failed)?,
+                    None => Vec::new(),
+                };
+                let mut v = violation(
+                    actor,
+                    Invariant::ExactlyOnce,
+                    Severity::Reject,
+                    act,
+                    task,
+                    json!({"key": key, "original_event": event, "original_seq": seq, "original_task": original_task}),
+                );
+                v.audience = audience;
+                Err(Check::Reject(v))
+            }
         }
     }
 

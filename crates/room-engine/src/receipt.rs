@@ -188,6 +188,11 @@ impl Engine {
                 continue;
             }
             if let Ok(EventBody::Turn(t)) = serde_json::from_str::<EventBody>(&row.body) {
+                // acceptance results are every reader's: a return some of them may not read
+                // neither counts nor is named
+                if !t.audience.is_empty() {
+                    continue;
+                }
                 out.push(Return {
                     event: row.id,
                     conversation_key: t.conversation_key,

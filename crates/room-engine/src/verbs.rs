@@ -1184,7 +1184,7 @@ impl Engine {
             ));
         }
         let asked = crate::visibility::asked(&args.audience, &p.name, &members, &args.room)?;
-        let evidence_events = self.prevalidate_evidence(&args.room, &args.evidence)?;
+        let evidence_events = self.prevalidate_evidence(&args.room, &args.evidence, &p.name)?;
         let key = self.sync_key(&p, &args.room)?;
         let (text, text_blob) = self.spill_text(&handle, text)?;
         // long acceptance commands run here, before the transition and outside every lock
@@ -1251,7 +1251,7 @@ impl Engine {
         if let Some(r) = &args.reply_to
             && !matches!(verb, GatedVerb::Say | GatedVerb::Reply)
         {
-            self.known_target(&h, r)?;
+            self.known_target(&h, r, &p.name)?;
         }
         if args.task.is_some()
             && matches!(verb, GatedVerb::Note | GatedVerb::Reply | GatedVerb::Circle)
@@ -1275,6 +1275,7 @@ impl Engine {
         self.plan_verb(verb, &cx, &mut turn)?;
         // once the verb has settled what the turn answers and resolves: those narrow it too
         turn.audience = crate::visibility::close(&h, &p.name, asked, &parents, &turn)?;
+        crate::visibility::check_task_turn(&turn)?;
         crate::visibility::check_recipients(&turn.audience, &turn.to, &turn.plan)?;
         let resolves = turn
             .resolves
@@ -1386,7 +1387,15 @@ impl Engine {
         let mut turn = turn;
         let flags = match self.check_turn(&h, &turn) {
             Ok(flags) => flags,
-            Err(v) => return Err(self.refuse_check(&mut h, v)),
+            Err(mut v) => {
+                // the record of a refused act says what it was: withheld wherever it would be
+                if let crate::invariants::Check::Reject(r) = &mut v
+                    && r.audience.is_empty()
+                {
+                    r.audience = turn.audience.clone();
+                }
+                return Err(self.refuse_check(&mut h, v));
+            }
         };
         // A flag follows its act in the same batch, and completion after a crash looks at the
         // last record: a turn with a second flush carries none, and a turn carries one at most.
@@ -1509,11 +1518,19 @@ impl Engine {
     /// Every evidence handle must be an event of this room; one of another room is refused.
     /// Each cited piece of evidence is an event or an evidence handle of this room; returns
     /// the events they are (a handle's registration), which the turn takes as causal parents.
-    fn prevalidate_evidence(&self, room: &str, evidence: &[String]) -> Outcome<Vec<String>> {
+    /// The events `evidence` names for `reader` (a handle names the event that registered it):
+    /// each of this room and read by `reader`; one withheld from it is refused exactly as one
+    /// that does not exist.
+    fn prevalidate_evidence(
+        &self,
+        room: &str,
+        evidence: &[String],
+        reader: &str,
+    ) -> Outcome<Vec<String>> {
         let mut events = Vec::with_capacity(evidence.len());
         for ev in evidence {
             if id::is_evidence_id(ev) {
-                events.push(self.evidence_here(room, ev, "evidence")?);
+                events.push(self.evidence_here(room, ev, "evidence", reader)?);
                 continue;
             }
             if !id::is_event_id(ev) {
@@ -1524,13 +1541,17 @@ impl Engine {
             }
             events.push(ev.clone());
             let here = self.room_handle(room)?;
-            if lock_room(&here)
-                .index
-                .event_by_id(ev)
-                .map_err(store_err)?
-                .is_some()
-            {
-                continue;
+            let found = lock_room(&here).index.event_by_id(ev).map_err(store_err)?;
+            match found {
+                Some(e) if crate::visibility::reads(&e, reader)? => continue,
+                // withheld: as if it did not exist (it is in no other room either)
+                Some(_) => {
+                    return Err(Refusal::invalid(
+                        "evidence",
+                        format!("{ev} is not an event of room {room}"),
+                    ));
+                }
+                None => {}
             }
             let others = self.rooms.named();
             for (name, h) in others {
@@ -1613,7 +1634,7 @@ impl Engine {
         }
         let me = cx.p.name.as_str();
         if let Some(r) = &cx.args.reply_to {
-            self.known_target(cx.h, r)?;
+            self.known_target(cx.h, r, &cx.p.name)?;
             turn.resolves = resolutions(&open_items_named(cx.h, me, r)?, "resolved");
         } else if turn.to.is_empty()
             && let Some(source) = only_open_source(cx.h, me)?
@@ -1631,7 +1652,7 @@ impl Engine {
         let target = cx.args.reply_to.as_deref().ok_or_else(|| {
             Refusal::invalid("reply_to", "reply needs reply_to (an event or item id)")
         })?;
-        self.known_target(cx.h, target)?;
+        self.known_target(cx.h, target, &cx.p.name)?;
         let hits = open_items_named(cx.h, &cx.p.name, target)?;
         if hits.is_empty() {
             return Err(Refusal::new(
@@ -1905,19 +1926,28 @@ impl Engine {
     }
 
     /// A reply target must be an event or item of this room.
-    fn known_target(&self, h: &RoomHandle, target: &str) -> Outcome<()> {
+    /// `target` names an event of this room, or a mention or obligation of it, that `reader`
+    /// reads (one withheld from it, or raised by an event withheld from it, is refused exactly
+    /// as one that does not exist).
+    fn known_target(&self, h: &RoomHandle, target: &str, reader: &str) -> Outcome<()> {
+        let readable = |event: &str| -> Outcome<bool> {
+            match h.index.event_by_id(event).map_err(store_err)? {
+                Some(e) => crate::visibility::reads(&e, reader),
+                None => Ok(false),
+            }
+        };
+        let item = |kind: ItemKind| -> Outcome<bool> {
+            match h.index.item(kind, target).map_err(store_err)? {
+                Some(i) => readable(&i.source),
+                None => Ok(false),
+            }
+        };
         let known = if id::is_event_id(target) {
-            h.index.event_by_id(target).map_err(store_err)?.is_some()
+            readable(target)?
         } else if id::is_mention_id(target) {
-            h.index
-                .item(ItemKind::Mention, target)
-                .map_err(store_err)?
-                .is_some()
+            item(ItemKind::Mention)?
         } else if id::is_obligation_id(target) {
-            h.index
-                .item(ItemKind::Obligation, target)
-                .map_err(store_err)?
-                .is_some()
+            item(ItemKind::Obligation)?
         } else {
             return Err(Refusal::invalid(
                 "reply_to",

@@ -94,11 +94,16 @@ pub(crate) fn close(
     turn: &Turn,
 ) -> Outcome<Vec<String>> {
     let mut sources: Vec<String> = parents.to_vec();
-    let mut items: Vec<(ItemKind, &str)> = turn
-        .resolves
-        .iter()
-        .map(|r| (r.item, r.id.as_str()))
-        .collect();
+    // a turn that moves a task belongs to the task, whose state every reader sees: what it
+    // resolves along the way does not narrow it (what it cites does, and is refused)
+    let mut items: Vec<(ItemKind, &str)> = if turn.task_transition.is_some() {
+        Vec::new()
+    } else {
+        turn.resolves
+            .iter()
+            .map(|r| (r.item, r.id.as_str()))
+            .collect()
+    };
     match turn.reply_to.as_deref() {
         Some(r) if id::is_event_id(r) => sources.push(r.to_string()),
         Some(r) if id::is_mention_id(r) => items.push((ItemKind::Mention, r)),
@@ -110,8 +115,19 @@ pub(crate) fn close(
             sources.push(row.source);
         }
     }
+    close_over(h, author, asked, &sources)
+}
+
+/// `asked` narrowed by the audience of each of the events `sources` (ids the caller has been
+/// found to read; one missing narrows nothing: the caller's checks refused it already).
+pub(crate) fn close_over(
+    h: &RoomHandle,
+    author: &str,
+    asked: Option<BTreeSet<String>>,
+    sources: &[String],
+) -> Outcome<Vec<String>> {
     let mut audience = asked;
-    for p in &sources {
+    for p in sources {
         let Some(e) = h.index.event_by_id(p).map_err(store_err)? else {
             continue;
         };
@@ -128,11 +144,28 @@ pub(crate) fn close(
     let audience: Vec<String> = audience
         .map(|a| a.into_iter().collect())
         .unwrap_or_default();
-    assert!(
-        visible_to(&audience, author),
-        "an author reads its own turn: it names only parents it reads and answers only items addressed to it"
-    );
+    // The callers' checks admit only parents and items the author reads, so this holds; were
+    // one to slip through, the turn is refused rather than written unreadable to its author.
+    if !visible_to(&audience, author) {
+        return Err(Refusal::invalid(
+            "reply_to",
+            "this turn answers or cites something you do not read",
+        ));
+    }
     Ok(audience)
+}
+
+/// A turn that moves a task (done, blocked, decline, handoff) is read by every reader of the
+/// room, as the task's state is: it may neither name an audience nor cite what some of them do
+/// not read.
+pub(crate) fn check_task_turn(turn: &Turn) -> Outcome<()> {
+    if turn.task_transition.is_none() || turn.audience.is_empty() {
+        return Ok(());
+    }
+    Err(Refusal::invalid(
+        "audience",
+        "a turn that moves a task is read by every reader of its room, as the task is: name no audience and cite nothing withheld from any of them",
+    ))
 }
 
 /// Refuse a turn that would address someone outside its audience: a mention, obligation or

@@ -747,6 +747,7 @@ fn agent_op(
                     origin: a.origin,
                     lineage: a.lineage,
                     summary: a.summary,
+                    audience: a.audience,
                 },
             )
         }

@@ -580,6 +580,11 @@ pub struct EvidenceArgs {
     #[serde(default)]
     #[arg(long)]
     pub summary: Option<String>,
+    /// Only these members (and you) read it, and what cites it.
+    #[serde(default)]
+    #[arg(long)]
+    #[schemars(length(max = room_engine::visibility::AUDIENCE_MAX))]
+    pub audience: Vec<String>,
 }
 
 /// `op_effect` and `op_resolve`.

@@ -149,13 +149,7 @@ fn a_turn_for_an_audience_is_withheld_from_every_other_reader_and_so_is_every_de
 fn a_reader_cannot_name_what_is_withheld_from_it_and_learns_nothing_from_trying() {
     let (mut fx, [_a, _b, g], secret) = secret();
     read(&mut fx, &g, "r");
-    // an id that never existed, of the same shape
-    let last = secret.chars().last().unwrap();
-    let ghost = format!(
-        "{}{}",
-        &secret[..secret.len() - 1],
-        if last == '0' { '1' } else { '0' }
-    );
+    let ghost = ghost_of(&secret);
     for (field, value) in [("reply_to", json!(secret)), ("parents", json!([secret]))] {
         let mut args = json!({"room": "r", "text": "me too"});
         args[field] = value;
@@ -250,4 +244,162 @@ fn a_turn_cannot_address_anyone_outside_its_audience() {
         b_page["open_items_total"], 2,
         "a mention and an obligation: {b_page}"
     );
+}
+
+/// The same id with its last hex digit changed: one that never existed, of the same shape.
+fn ghost_of(id: &str) -> String {
+    let last = id.chars().last().unwrap();
+    format!(
+        "{}{}",
+        &id[..id.len() - 1],
+        if last == '0' { '1' } else { '0' }
+    )
+}
+
+#[test]
+fn evidence_for_an_audience_is_withheld_and_narrows_whatever_cites_it() {
+    let mut fx = Fx::new();
+    let (a, b, g) = fx.team("r");
+    for t in [&a, &b, &g] {
+        fx.sync_all(t, "r");
+    }
+    let ev = fx.ok(
+        Some(&a),
+        "evidence_register",
+        json!({"room": "r", "origin": "url:https://example.com/finding",
+            "summary": "a confidential finding", "audience": ["beta"]}),
+    );
+    assert_eq!(names(&ev["audience"]), ["alpha", "beta"], "{ev}");
+    let handle = ev["evidence"].as_str().unwrap().to_string();
+    let event = ev["event"].as_str().unwrap().to_string();
+    let got = read(&mut fx, &g, "r");
+    assert!(
+        !ids(&got).contains(&event),
+        "the registration reached gamma"
+    );
+    assert!(
+        !serde_json::to_string(&got)
+            .unwrap()
+            .contains("confidential")
+    );
+
+    // gamma names it (by handle, by event, as lineage): refused as what does not exist
+    for (op, field, named) in [
+        ("say", "evidence", handle.clone()),
+        ("say", "evidence", event.clone()),
+        ("evidence_register", "lineage", handle.clone()),
+    ] {
+        let args = |id: &str| {
+            let mut v = json!({"room": "r"});
+            if op == "say" {
+                v["text"] = json!("see this");
+            }
+            v[field] = json!([id]);
+            v
+        };
+        let hidden = fx.refuse(Some(&g), op, args(&named), "invalid_argument");
+        let ghost = ghost_of(&named);
+        let missing = fx.refuse(Some(&g), op, args(&ghost), "invalid_argument");
+        assert_eq!(
+            (hidden.message.replace(&named, "ID"), &hidden.detail),
+            (missing.message.replace(&ghost, "ID"), &missing.detail),
+            "{op} {field}: withheld evidence is refused as evidence that does not exist"
+        );
+    }
+
+    // beta cites it: the turn is narrowed to it, and so is evidence derived from it
+    read(&mut fx, &b, "r");
+    let said = fx.ok(
+        Some(&b),
+        "say",
+        json!({"room": "r", "text": "per the finding", "evidence": [handle]}),
+    );
+    assert_eq!(names(&said["audience"]), ["alpha", "beta"], "{said}");
+    let derived = fx.ok(
+        Some(&b),
+        "evidence_register",
+        json!({"room": "r", "lineage": [handle], "summary": "my reading of it"}),
+    );
+    assert_eq!(names(&derived["audience"]), ["alpha", "beta"], "{derived}");
+    let got = ids(&read(&mut fx, &g, "r"));
+    assert!(!got.contains(&said["event"].as_str().unwrap().to_string()));
+    assert!(!got.contains(&derived["event"].as_str().unwrap().to_string()));
+
+    // a task's evidence is part of its acceptance, which every reader sees: it has no audience
+    let task = fx.task(&a, "r", Some("beta"));
+    for args in [
+        json!({"room": "r", "task": task, "origin": "url:https://example.com/t",
+            "audience": ["beta"]}),
+        json!({"room": "r", "task": task, "lineage": [handle]}),
+    ] {
+        let r = fx.refuse(Some(&b), "evidence_register", args, "invalid_argument");
+        assert_eq!(r.detail["field"], "audience", "{r}");
+    }
+}
+
+#[test]
+fn what_a_task_or_a_refusal_shows_every_reader_never_carries_a_withheld_turn() {
+    let (mut fx, [a, b, g], _) = secret();
+    let task = fx.task(&a, "r", Some("gamma"));
+    // a turn that moves a task is the task's: it names no audience
+    read(&mut fx, &g, "r");
+    let r = fx.refuse(
+        Some(&g),
+        "decline",
+        json!({"room": "r", "task": task, "text": "no", "audience": ["alpha"]}),
+        "invalid_argument",
+    );
+    assert_eq!(r.detail["field"], "audience", "{r}");
+    // beta assigns gamma alpha's task quietly; gamma's decline resolves that obligation, stays
+    // every reader's, and tells the owner (whom the quiet send left out)
+    read(&mut fx, &b, "r");
+    let sent = fx.ok(
+        Some(&b),
+        "send",
+        json!({"room": "r", "text": "take this one", "to": ["gamma"], "task": task,
+            "audience": ["gamma"]}),
+    );
+    assert_eq!(names(&sent["audience"]), ["beta", "gamma"], "{sent}");
+    let obligation = sent["obligations"][0]["id"].as_str().unwrap().to_string();
+    // alpha cannot answer an item raised by what it does not read: as if it did not exist
+    read(&mut fx, &a, "r");
+    let ghost = ghost_of(&obligation);
+    let hidden = fx.refuse(
+        Some(&a),
+        "say",
+        json!({"room": "r", "text": "re", "reply_to": obligation}),
+        "invalid_argument",
+    );
+    let missing = fx.refuse(
+        Some(&a),
+        "say",
+        json!({"room": "r", "text": "re", "reply_to": ghost}),
+        "invalid_argument",
+    );
+    assert_eq!(
+        hidden.message.replace(&obligation, "ID"),
+        missing.message.replace(&ghost, "ID")
+    );
+    read(&mut fx, &g, "r");
+    let declined = fx.ok(
+        Some(&g),
+        "decline",
+        json!({"room": "r", "task": task, "text": "not mine"}),
+    );
+    assert!(names(&declined["audience"]).is_empty(), "{declined}");
+    assert_eq!(
+        declined["resolved"].as_array().unwrap().len(),
+        2,
+        "{declined}"
+    );
+    assert_eq!(fx.task_status(&task), "declined");
+
+    // a repeated key's refusal names the first call: it is withheld wherever that call is
+    read(&mut fx, &a, "r");
+    let args = json!({"room": "r", "text": "once", "audience": ["beta"], "idempotency_key": "k-1"});
+    fx.ok(Some(&a), "say", args.clone());
+    let r = fx.refuse_violation(&a, "say", args, "r", "exactly_once");
+    let record = r.detail["violation_event"].as_str().unwrap().to_string();
+    assert!(!ids(&read(&mut fx, &g, "r")).contains(&record));
+    assert!(ids(&read(&mut fx, &b, "r")).contains(&record));
 }

@@ -471,12 +471,15 @@ fn names(v: &Value) -> Option<std::collections::BTreeSet<String>> {
 
 /// The withholding closure, from the raw records: a turn's audience holds its author and lies
 /// within the audience of every causal parent it names (directly, or through the mention or
-/// obligation it answers), everyone it addresses is inside it, and the records derived from it
-/// (its items, its flags) carry exactly its audience.
+/// obligation it answers, or of evidence it cites), everyone it addresses is inside it, and the
+/// records derived from it (its items, its flags) carry exactly its audience. Evidence lies within
+/// its lineage's audience, and a task's evidence has none.
 fn check_withholding(records: &[Record]) -> Result<(), String> {
     type Audience = Option<std::collections::BTreeSet<String>>;
     let mut of: BTreeMap<String, Audience> = BTreeMap::new();
     let mut item_source: BTreeMap<String, String> = BTreeMap::new();
+    // evidence handles (ev_…) by the record that registered them
+    let mut handle: BTreeMap<String, String> = BTreeMap::new();
     for r in records {
         let ev = &r.event;
         let at = format!("seq {} ({})", r.seq, r.id);
@@ -495,12 +498,18 @@ fn check_withholding(records: &[Record]) -> Result<(), String> {
                     .chain(ev["evidence"].as_array())
                     .flatten()
                     .filter_map(s)
+                    .map(|p| handle.get(&p).cloned().unwrap_or(p))
                     .collect();
                 if let Some(t) = s(&ev["reply_to"]) {
                     parents.push(item_source.get(&t).cloned().unwrap_or(t));
                 }
-                // what it resolves answers that item's source
-                for res in ev["resolves"].as_array().into_iter().flatten() {
+                // what it resolves answers that item's source (a task's turn is the task's)
+                let resolves = if ev["task_transition"].is_null() {
+                    ev["resolves"].as_array()
+                } else {
+                    None
+                };
+                for res in resolves.into_iter().flatten() {
                     if let Some(src) = s(&res["id"]).and_then(|i| item_source.get(&i).cloned()) {
                         parents.push(src);
                     }
@@ -512,6 +521,9 @@ fn check_withholding(records: &[Record]) -> Result<(), String> {
                             "{at}: audience {audience:?} is wider than its parent {p}'s {pa:?}"
                         ));
                     }
+                }
+                if audience.is_some() && !ev["task_transition"].is_null() {
+                    return Err(format!("{at}: a turn that moves a task has an audience"));
                 }
                 if let Some(a) = &audience {
                     let plan = &ev["plan"];
@@ -542,6 +554,34 @@ fn check_withholding(records: &[Record]) -> Result<(), String> {
                     }
                 }
             }
+            "evidence" => {
+                let actor = ev["actor"].as_str().unwrap_or_default();
+                if let Some(a) = &audience {
+                    if !a.contains(actor) {
+                        return Err(format!(
+                            "{at}: its registrant {actor} is outside its audience"
+                        ));
+                    }
+                    if !ev["task"].is_null() {
+                        return Err(format!("{at}: a task's evidence with an audience"));
+                    }
+                }
+                for l in ev["lineage"].as_array().into_iter().flatten() {
+                    let Some(src) = s(l).and_then(|l| handle.get(&l).cloned()) else {
+                        continue;
+                    };
+                    if let Some(Some(pa)) = of.get(&src)
+                        && !audience.as_ref().is_some_and(|a| a.is_subset(pa))
+                    {
+                        return Err(format!(
+                            "{at}: audience {audience:?} is wider than its lineage {src}'s {pa:?}"
+                        ));
+                    }
+                }
+                if let Some(h) = s(&ev["evidence"]) {
+                    handle.insert(h, r.id.clone());
+                }
+            }
             "invariant_violation" if ev["severity"] == "flag" => {
                 if let Some(e) = s(&ev["event"])
                     && let Some(turn) = of.get(&e)
@@ -549,6 +589,25 @@ fn check_withholding(records: &[Record]) -> Result<(), String> {
                 {
                     return Err(format!(
                         "{at}: a flag on {e} carries another audience than its act"
+                    ));
+                }
+            }
+            "invariant_violation" => {
+                // a reject is withheld as the act it refused (or the first call it repeats) was
+                let actor = ev["actor"].as_str().unwrap_or_default();
+                if let Some(a) = &audience
+                    && !a.contains(actor)
+                {
+                    return Err(format!(
+                        "{at}: a reject withheld from its own actor {actor}"
+                    ));
+                }
+                if let Some(orig) = s(&ev["detail"]["original_event"])
+                    && let Some(Some(oa)) = of.get(&orig)
+                    && audience.as_ref() != Some(oa)
+                {
+                    return Err(format!(
+                        "{at}: an exactly_once reject names {orig} to readers outside its audience"
                     ));
                 }
             }
