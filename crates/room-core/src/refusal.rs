@@ -110,6 +110,8 @@ codes! {
     TaskScopeWidened => "task_scope_widened",
     // runtime invariants (detail.invariant names which one)
     InvariantViolation => "invariant_violation",
+    // `exclusive`'s reject: a claim met a live lease (detail.conflicts names each holder)
+    LeaseConflict => "lease_conflict",
     // egress
     ToolResultWithheld => "tool_result_withheld",
     // generic

@@ -322,10 +322,16 @@ impl Engine {
                 v.actor,
                 v.detail["why"].as_str().unwrap_or_default()
             ),
-            Invariant::Exclusive => format!(
-                "{} would conflict with a live lease on an overlapping scope",
-                v.act
-            ),
+            Invariant::Exclusive => {
+                let c = &v.detail["conflicts"][0];
+                format!(
+                    "{} would conflict with {}'s live lease on {} (scope {})",
+                    v.act,
+                    c["holder"].as_str().unwrap_or("another holder"),
+                    c["held_scope"].as_str().unwrap_or("an overlapping scope"),
+                    c["scope"].as_str().unwrap_or("?"),
+                )
+            }
             Invariant::Causal | Invariant::Resolution | Invariant::ChildrenOpen => {
                 format!("{} violates {}", v.act, v.invariant.as_str())
             }
@@ -342,6 +348,12 @@ impl Engine {
                 "see the invariant_violation record in the room"
             }
         };
+        // a claim that meets a live holder is the `exclusive` invariant's reject, recorded as
+        // every reject is, and answered with the code a caller acts on
+        let code = match v.invariant {
+            Invariant::Exclusive => Code::LeaseConflict,
+            _ => Code::InvariantViolation,
+        };
         let mut detail = json!({"invariant": v.invariant.as_str(), "severity": "reject"});
         if let (Some(d), Some(extra)) = (detail.as_object_mut(), v.detail.as_object()) {
             d.extend(extra.clone());
@@ -352,7 +364,7 @@ impl Engine {
             // record per window (written by the sweep once the window has passed)
             self.suppress(h, &v);
             detail["violation_recorded"] = json!("rate_limited");
-            return Refusal::new(Code::InvariantViolation, message)
+            return Refusal::new(code, message)
                 .detail(detail)
                 .hint(format!(
                     "{hint}; {VIOLATION_RECORDS_PER_WINDOW_MAX} rejections of yours were recorded in this room within {} s, so this one was not",
@@ -371,9 +383,7 @@ impl Engine {
                 };
             }
         }
-        Refusal::new(Code::InvariantViolation, message)
-            .detail(detail)
-            .hint(hint)
+        Refusal::new(code, message).detail(detail).hint(hint)
     }
 
     /// Whether a rejection of `actor`'s may be recorded now: at most

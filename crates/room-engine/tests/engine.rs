@@ -859,8 +859,9 @@ fn a_lapsed_lease_is_released_by_generation_and_its_holder_must_claim_afresh() {
     assert_eq!(claimed["lease"]["scopes"][0], "file:src/parser");
     // gamma's claim on the same scope conflicts while beta's lease is live
     let r = e.task_claim(&g, &tg, None).unwrap_err();
-    assert_eq!(r.code, Code::InvariantViolation);
+    assert_eq!(r.code, Code::LeaseConflict);
     assert_eq!(r.detail["invariant"], "exclusive");
+    assert!(r.message.contains("beta"), "the holder is named: {r}");
     // the TTL runs out: the sweep records the lapse and releases the lease by its generation
     f.clock.advance(5_000);
     assert_eq!(e.sweep_invariants().unwrap(), 1);

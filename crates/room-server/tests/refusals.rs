@@ -1657,6 +1657,7 @@ fn invariant_exclusive_refuses_an_overlapping_lease() {
         ),
         (Some("file:src/lib.rs"), Some("file:src"), Some("beta"))
     );
+    assert!(r.message.contains("beta's live lease on file:src"), "{r}");
     assert_eq!(fx.task_status(&t2), "open");
     // disjoint scopes are no conflict
     fx.ok(Some(&g), "task_claim", json!({"task": t3}));
@@ -1774,6 +1775,7 @@ fn invariant_exclusive_spans_the_rooms_of_a_project_without_describing_them() {
     let c = &r.detail["conflicts"][0];
     assert_eq!(c["elsewhere"], "another room of this project", "{r}");
     assert!(c["task"].is_null() && c["holder"].is_null(), "{r}");
+    assert!(!r.message.contains("beta"), "nor does the message: {r}");
 }
 
 #[test]

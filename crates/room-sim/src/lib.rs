@@ -736,7 +736,7 @@ impl Sim {
                 // a refusal that says its records are durable (or may be) is honest about it
                 let durable_anyway =
                     r.detail["journal_committed"] == true || r.detail["in_doubt"] == true;
-                if r.code == Code::InvariantViolation {
+                if matches!(r.code, Code::InvariantViolation | Code::LeaseConflict) {
                     self.only_the_violation_was_written(&what, &before, &after)?;
                 } else if after != before && !durable_anyway {
                     return Err(self.fail(format!(

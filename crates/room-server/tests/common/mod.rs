@@ -121,8 +121,9 @@ impl Fx {
         refusal
     }
 
-    /// Expect `invariant_violation` for `invariant`: the act's envelope was not committed and
-    /// the only change anywhere is its one `invariant_violation` record in `room`.
+    /// Expect `invariant_violation` (`lease_conflict` for `exclusive`) for `invariant`: the act's
+    /// envelope was not committed and the only change anywhere is its one `invariant_violation`
+    /// record in `room`.
     #[track_caller]
     pub fn refuse_violation(
         &mut self,
@@ -135,7 +136,13 @@ impl Fx {
         let before = self.snapshot();
         let r = self.call(Some(token), op, args.clone());
         let what = format!("{op} {args}");
-        let refusal = expect_code(r, "invariant_violation", &what);
+        // `exclusive`'s reject answers with the code a caller acts on
+        let code = if invariant == "exclusive" {
+            "lease_conflict"
+        } else {
+            "invariant_violation"
+        };
+        let refusal = expect_code(r, code, &what);
         assert_eq!(refusal.detail["invariant"], invariant, "{what}: {refusal}");
         assert_eq!(refusal.detail["severity"], "reject");
         let mut after = self.snapshot();
