@@ -29,7 +29,7 @@ logging.basicConfig(level=logging.ERROR)
 ALL_TOOLS = {
     "room_whoami", "room_list", "room_sync", "room_note", "room_say", "room_reply", "room_send",
     "room_handoff", "room_done", "room_blocked", "room_decline", "room_circle", "task_create",
-    "task_claim", "task_show", "task_accept_check", "task_amend", "task_supersede", "task_propose", "room_compose", "source_read",
+    "task_claim", "task_show", "task_accept_check", "task_amend", "task_supersede", "task_cancel", "task_delegate", "task_propose", "room_compose", "source_read",
     "evidence_register", "op_begin", "op_effect", "op_resolve", "room_cancel", "room_wake_take", "room",
 }
 
@@ -290,6 +290,33 @@ async def room_cancel_needs_operator_standing_and_an_operator_cancels(fx):
         assert fx.journal_lines() == before + 1
     wakes = fx.run("wakes", "list")["wakes"]
     assert [w["state"] for w in wakes] == ["dead"], wakes
+
+
+@test
+async def delegation_and_cancellation_have_their_own_tools_and_refusals_change_nothing(fx):
+    """task_delegate is task_create under a parent, with its lineage checks; task_cancel settles
+    a task its owner withdraws, once, and a refused call writes nothing."""
+    toks = {"alpha": fx.enroll("alpha", tier="coordinator"), "beta": fx.enroll("beta")}
+    fx.run("create", "lobby", "--member", "alpha", "--member", "beta")
+    async with Client(stdio(fx, toks["alpha"]), mode="auto") as alpha, Client(stdio(fx, toks["beta"]), mode="auto") as beta:
+        made = await alpha.call_tool("task_create", {"room": "lobby", "title": "p", "to": "beta", "scopes": ["file:src"]})
+        parent = made.structured_content["task"]["id"]
+        child = await alpha.call_tool("task_delegate", {"room": "lobby", "title": "c", "parent": parent, "scopes": ["file:src/a.rs"]})
+        assert not child.is_error and child.structured_content["task"]["parent"] == parent, child.structured_content
+        for client, tool, args, code in [
+            (alpha, "task_delegate", {"room": "lobby", "title": "w", "parent": parent, "scopes": ["file:docs"]}, "task_scope_widened"),
+            (beta, "task_cancel", {"task": parent}, "tier_insufficient"),
+            (alpha, "task_cancel", {"task": parent, "reason": ""}, "invalid_argument"),
+        ]:
+            before = fx.journal_lines()
+            got = refusal(await client.call_tool(tool, args))["code"]
+            assert got == code, f"{tool} {args}: {got} != {code}"
+            assert fx.journal_lines() == before, f"{tool}: refused call changed the journal"
+        r = await alpha.call_tool("task_cancel", {"task": parent, "reason": "moot"})
+        assert not r.is_error and r.structured_content["status"] == "cancelled", r.structured_content
+        before = fx.journal_lines()
+        assert refusal(await alpha.call_tool("task_cancel", {"task": parent}))["code"] == "task_state_invalid"
+        assert fx.journal_lines() == before
 
 
 @test

@@ -5,8 +5,8 @@ use room_server::ServerError;
 use room_server::client::Client;
 use room_server::wire::{
     ComposeArgs, EvidenceArgs, OpArgs, OpBeginArgs, ProjectSourceArgs, Request, SourceReadArgs,
-    SyncArgs, TaskAmendArgs, TaskClaimArgs, TaskCreateArgs, TaskOverrideArgs, TaskProposeArgs,
-    TaskSupersedeArgs, TurnWire, WakeTakeArgs,
+    SyncArgs, TaskAmendArgs, TaskCancelArgs, TaskClaimArgs, TaskCreateArgs, TaskOverrideArgs,
+    TaskProposeArgs, TaskSupersedeArgs, TurnWire, WakeTakeArgs,
 };
 use room_store::StoreError;
 use room_store::statedir;
@@ -457,6 +457,8 @@ pub enum TaskCmd {
     Amend(TaskAmendArgs),
     /// Replace a task with a verified successor (its owner).
     Supersede(TaskSupersedeArgs),
+    /// Withdraw a live task (its owner): lease released, open obligations resolved as cancelled.
+    Cancel(TaskCancelArgs),
     /// Ask Room to change one row of a projected source of a task you hold (version + 1).
     Propose(TaskProposeArgs),
     /// Let a task with requirements close without checks, on a recorded reason (owner console).
@@ -606,6 +608,7 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
             }
             TaskCmd::Amend(a) => wire("task_amend", a),
             TaskCmd::Supersede(a) => wire("task_supersede", a),
+            TaskCmd::Cancel(a) => wire("task_cancel", a),
             TaskCmd::Propose(a) => wire("task_propose", a),
             TaskCmd::Override(a) => wire("owner_task_override", a),
             TaskCmd::Check { task } => {

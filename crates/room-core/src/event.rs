@@ -270,16 +270,19 @@ pub enum TaskStatus {
     Declined,
     /// Replaced by a verified successor, which carries its obligations to completion.
     Superseded,
+    /// Withdrawn by its owner: its lease is released and its open items resolve as cancelled.
+    Cancelled,
 }
 
 impl TaskStatus {
-    pub const ALL: [TaskStatus; 6] = [
+    pub const ALL: [TaskStatus; 7] = [
         TaskStatus::Open,
         TaskStatus::Claimed,
         TaskStatus::Blocked,
         TaskStatus::Done,
         TaskStatus::Declined,
         TaskStatus::Superseded,
+        TaskStatus::Cancelled,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -290,6 +293,7 @@ impl TaskStatus {
             TaskStatus::Done => "done",
             TaskStatus::Declined => "declined",
             TaskStatus::Superseded => "superseded",
+            TaskStatus::Cancelled => "cancelled",
         }
     }
 
@@ -297,11 +301,14 @@ impl TaskStatus {
         TaskStatus::ALL.into_iter().find(|t| t.as_str() == s)
     }
 
-    /// Done, declined or superseded: no verb moves the task any more.
+    /// Done, declined, superseded or cancelled: no verb moves the task any more.
     pub fn is_settled(self) -> bool {
         matches!(
             self,
-            TaskStatus::Done | TaskStatus::Declined | TaskStatus::Superseded
+            TaskStatus::Done
+                | TaskStatus::Declined
+                | TaskStatus::Superseded
+                | TaskStatus::Cancelled
         )
     }
 }
@@ -485,6 +492,11 @@ pub struct TaskEvent {
     /// `proposal_not_applied`, `proposal_in_doubt`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proposal: Option<Box<ProposalRecord>>,
+    /// A cancellation: the owner's reason, and the task's open items it resolves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancel_reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resolves: Vec<Resolution>,
 }
 
 /// A proposal as the daemon journals its outcome: the change asked for and, when applied, the

@@ -62,6 +62,7 @@ pub enum Verb {
     TaskCheck,
     TaskAmend,
     TaskSupersede,
+    TaskCancel,
     TaskPropose,
     RoomCompose,
     SourceRead,
@@ -73,7 +74,7 @@ pub enum Verb {
 }
 
 impl Verb {
-    pub const ALL: [Verb; 26] = [
+    pub const ALL: [Verb; 27] = [
         Verb::Whoami,
         Verb::List,
         Verb::Sync,
@@ -92,6 +93,7 @@ impl Verb {
         Verb::TaskCheck,
         Verb::TaskAmend,
         Verb::TaskSupersede,
+        Verb::TaskCancel,
         Verb::TaskPropose,
         Verb::RoomCompose,
         Verb::SourceRead,
@@ -122,6 +124,7 @@ impl Verb {
             Verb::TaskCheck => "task_check",
             Verb::TaskAmend => "task_amend",
             Verb::TaskSupersede => "task_supersede",
+            Verb::TaskCancel => "task_cancel",
             Verb::TaskPropose => "task_propose",
             Verb::RoomCompose => "room_compose",
             Verb::SourceRead => "source_read",
@@ -158,6 +161,7 @@ impl Verb {
             | Verb::TaskCheck
             | Verb::TaskAmend
             | Verb::TaskSupersede
+            | Verb::TaskCancel
             | Verb::TaskPropose
             | Verb::RoomCompose
             | Verb::SourceRead
@@ -183,7 +187,9 @@ impl Verb {
             | Verb::TaskShow
             | Verb::RoomCompose
             | Verb::SourceRead => Tier::Observer,
-            Verb::TaskCreate | Verb::TaskAmend | Verb::TaskSupersede => Tier::Coordinator,
+            Verb::TaskCreate | Verb::TaskAmend | Verb::TaskSupersede | Verb::TaskCancel => {
+                Tier::Coordinator
+            }
             _ => Tier::Member,
         }
     }

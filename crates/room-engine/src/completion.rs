@@ -9,7 +9,7 @@ use crate::principal::AgentCaller;
 use crate::{Engine, Outcome, lock_room, store_err};
 use room_core::acceptance::Check;
 use room_core::canon::digest_of;
-use room_core::event::{EventBody, TaskEvent, TaskTerms, TaskTransition};
+use room_core::event::{EventBody, Resolution, TaskEvent, TaskTerms, TaskTransition};
 use room_core::scope::Scope;
 use room_core::{Code, Refusal, TaskStatus, Verb};
 use room_store::control::TaskRow;
@@ -38,6 +38,10 @@ pub const AUTHORITY_KEYS: [&str; 14] = [
 pub const OVERRIDE_REASON_BYTES_MAX: usize = 1024;
 /// Superseded tasks whose obligations one `done` may carry.
 pub const SUPERSEDED_PER_TASK_MAX: usize = 64;
+/// A cancellation's reason, in bytes.
+pub const REASON_BYTES_MAX: usize = 1024;
+/// Open items one cancellation resolves (more stay open until they lapse).
+pub const CANCEL_ITEMS_MAX: usize = 1024;
 /// Obligations one superseded task hands to its successor's `done`.
 const CARRIED_ITEMS_MAX: usize = 256;
 
@@ -346,6 +350,68 @@ impl Engine {
         Ok(
             json!({"task": old.id, "status": "superseded", "successor": new.id,
             "event": rec[0].id}),
+        )
+    }
+
+    /// `task_cancel`: the owner withdraws a live task. It settles as cancelled, its lease is
+    /// released and its holder's claim ends, its open mentions and obligations resolve as
+    /// cancelled (their queued wakes then fail revalidation and are dead-lettered), and its
+    /// subtasks can no longer close (their ancestry is no longer live).
+    pub fn task_cancel(
+        &self,
+        caller: &AgentCaller,
+        task: &str,
+        reason: Option<&str>,
+    ) -> Outcome<Value> {
+        let p = self.authorize(caller, Verb::TaskCancel)?;
+        if let Some(r) = reason
+            && (r.trim().is_empty()
+                || r.len() > REASON_BYTES_MAX
+                || r.chars().any(char::is_control))
+        {
+            return Err(Refusal::invalid(
+                "reason",
+                format!("1..={REASON_BYTES_MAX} bytes without control characters"),
+            ));
+        }
+        let t = self.task_row(task)?;
+        let (handle, _) = self.member_handle(&p, &t.room)?;
+        owned_by(&t, &p.name, "cancel")?;
+        let mut h = lock_room(&handle);
+        h.writable()?;
+        self.admitted(&h.name)?;
+        let t = self.task_row(task)?;
+        live(&t, "cancelled")?;
+        let open = h
+            .index
+            .open_items_of_task(&t.id, CANCEL_ITEMS_MAX)
+            .map_err(store_err)?;
+        let resolves: Vec<Resolution> = open
+            .iter()
+            .map(|i| Resolution {
+                id: i.id.clone(),
+                item: i.kind,
+                status: "cancelled".into(),
+            })
+            .collect();
+        let te = TaskEvent {
+            actor: p.name.clone(),
+            action: "cancelled".into(),
+            task: t.id.clone(),
+            transition: Some(TaskTransition {
+                task: t.id.clone(),
+                from: t.status,
+                to: TaskStatus::Cancelled,
+                recipient: t.recipient.clone(),
+            }),
+            cancel_reason: reason.map(String::from),
+            resolves: resolves.clone(),
+            ..TaskEvent::default()
+        };
+        let rec = h.commit(self, vec![EventBody::Task(Box::new(te))], None)?;
+        Ok(
+            json!({"task": t.id, "status": "cancelled", "from": t.status,
+            "resolved": resolves, "lease_released": t.lease_held, "event": rec[0].id}),
         )
     }
 

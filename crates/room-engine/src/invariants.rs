@@ -8,8 +8,8 @@
 //! |---|---|---|
 //! | `exactly_once` | per-room FIFO registry of (actor, idempotency key), newest 10,000 | reject |
 //! | `well_formed` | lifecycle per (agent, task): claim (begin) → note/send (effect) → done (resolve) | reject |
-//! | `exclusive` | live leases: claimed tasks' typed scopes in one project (or room) | reject |
-//! | `causal` | (operations, with the destination ledger: not yet) | flag |
+//! | `exclusive` | live leases: claimed tasks' typed scopes in one project (or room) | reject (`lease_conflict`) |
+//! | `causal` | the destination ledger: an operation begun on a parent not yet resolved | flag |
 //! | `resolution` | begun lifecycles past their TTL without resolution | in doubt |
 //!
 //! Beside them, `children_open` flags a task closed over unsettled subtasks (journals written

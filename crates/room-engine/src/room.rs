@@ -320,6 +320,14 @@ pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result
                     to: to.clone(),
                 });
             }
+            for res in &te.resolves {
+                p.batch.resolutions.push((
+                    res.item,
+                    res.id.clone(),
+                    res.status.clone(),
+                    r.id.clone(),
+                ));
+            }
             if let Some(tr) = &te.transition {
                 p.tasks
                     .push(TaskEffect::Transition(tr.clone(), te.lease_gen));
@@ -329,6 +337,12 @@ pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result
                 if let Some(next) = &te.successor {
                     p.tasks
                         .push(TaskEffect::Successor(te.task.clone(), next.clone()));
+                }
+                if tr.to == TaskStatus::Cancelled {
+                    // the holder's claim ends with the task: never recorded in doubt after it
+                    p.batch.lifecycles.push(LifecycleChange::Resolve {
+                        task: te.task.clone(),
+                    });
                 }
                 if tr.to == TaskStatus::Claimed {
                     p.batch.lifecycles.push(LifecycleChange::Begin {

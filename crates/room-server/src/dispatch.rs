@@ -720,6 +720,10 @@ fn agent_op(
             let a: TaskSupersedeArgs = args(a)?;
             engine.task_supersede(caller, &a.task, &a.successor)
         }
+        Verb::TaskCancel => {
+            let a: TaskCancelArgs = args(a)?;
+            engine.task_cancel(caller, &a.task, a.reason.as_deref())
+        }
         Verb::OpBegin => {
             let a: OpBeginArgs = args(a)?;
             engine.op_begin(

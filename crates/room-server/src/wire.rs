@@ -461,6 +461,17 @@ pub struct TaskSupersedeArgs {
 
 #[derive(Debug, Serialize, Deserialize, JsonSchema, clap::Args)]
 #[serde(deny_unknown_fields)]
+pub struct TaskCancelArgs {
+    pub task: String,
+    /// Why it is withdrawn.
+    #[serde(default)]
+    #[arg(long)]
+    #[schemars(length(max = room_engine::completion::REASON_BYTES_MAX))]
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, JsonSchema, clap::Args)]
+#[serde(deny_unknown_fields)]
 pub struct TaskProposeArgs {
     /// A task you hold whose stage projects the source.
     pub task: String,

@@ -219,3 +219,119 @@ fn no_scope_may_cover_the_binary_that_runs_room() {
         json!({"room": "build", "title": "x", "scopes": [format!("file:{name}.notes")]}),
     );
 }
+
+#[test]
+fn an_owner_cancels_a_live_task_and_its_lease_items_and_subtasks_follow() {
+    let mut fx = Fx::new();
+    let (a, b, g) = fx.team("coord");
+    let task = create(
+        &mut fx,
+        &a,
+        json!({"room": "coord", "title": "edit", "to": "beta", "scopes": ["file:src"]}),
+    );
+    let child = create(
+        &mut fx,
+        &a,
+        json!({"room": "coord", "title": "part", "to": "gamma", "parent": task,
+            "scopes": ["file:src/a.rs"]}),
+    );
+    let rival = create(
+        &mut fx,
+        &a,
+        json!({"room": "coord", "title": "rival", "to": "gamma", "scopes": ["file:src"]}),
+    );
+    fx.sync_all(&a, "coord");
+    fx.ok(
+        Some(&a),
+        "send",
+        json!({"room": "coord", "text": "please", "to": ["beta"], "task": task}),
+    );
+    fx.ok(Some(&b), "task_claim", json!({"task": task}));
+    fx.refuse_violation(
+        &g,
+        "task_claim",
+        json!({"task": rival}),
+        "coord",
+        "exclusive",
+    );
+
+    // only a coordinator that owns it may cancel it, with a sensible reason
+    fx.refuse(
+        Some(&b),
+        "task_cancel",
+        json!({"task": task}),
+        "tier_insufficient",
+    );
+    let d = fx.enroll("delta", "coordinator");
+    fx.ok(
+        None,
+        "room_members_add",
+        json!({"room": "coord", "agent": "delta"}),
+    );
+    fx.refuse(
+        Some(&d),
+        "task_cancel",
+        json!({"task": task}),
+        "task_not_held",
+    );
+    for reason in ["", "a\nb"] {
+        let r = fx.refuse(
+            Some(&a),
+            "task_cancel",
+            json!({"task": task, "reason": reason}),
+            "invalid_argument",
+        );
+        assert_eq!(r.detail["field"], "reason", "{r}");
+    }
+    fx.refuse(
+        Some(&a),
+        "task_cancel",
+        json!({"task": "tsk_0000000000000000"}),
+        "task_not_found",
+    );
+
+    let c = fx.ok(
+        Some(&a),
+        "task_cancel",
+        json!({"task": task, "reason": "plans changed"}),
+    );
+    assert_eq!(
+        (c["status"].as_str(), c["from"].as_str()),
+        (Some("cancelled"), Some("claimed")),
+        "{c}"
+    );
+    assert_eq!(c["lease_released"], true);
+    assert_eq!(
+        c["resolved"].as_array().unwrap().len(),
+        2,
+        "beta's mention and obligation: {c}"
+    );
+    assert_eq!(fx.task_status(&task), "cancelled");
+    let shown = fx.ok(None, "owner_task_show", json!({"task": task}));
+    assert!(shown["lease"].is_null(), "{shown}");
+    // beta owes nothing any more, and cannot close what was withdrawn
+    let page = fx.ok(Some(&b), "sync", json!({"room": "coord"}));
+    assert_eq!(page["open_items_total"], 0, "{page}");
+    fx.sync_all(&b, "coord");
+    fx.refuse(
+        Some(&b),
+        "done",
+        json!({"room": "coord", "task": task}),
+        "task_state_invalid",
+    );
+    // settled is settled
+    fx.refuse(
+        Some(&a),
+        "task_cancel",
+        json!({"task": task}),
+        "task_state_invalid",
+    );
+    // the lease is free, and the subtask lost its live ancestor
+    fx.ok(Some(&g), "task_claim", json!({"task": rival}));
+    fx.refuse(
+        Some(&g),
+        "task_claim",
+        json!({"task": child}),
+        "task_ancestry_invalid",
+    );
+}

@@ -4,8 +4,8 @@
 
 use crate::wire::{
     CancelArgs, ComposeArgs, EvidenceArgs, OpArgs, OpBeginArgs, SourceReadArgs, SyncArgs,
-    TaskAmendArgs, TaskArgs, TaskClaimArgs, TaskCreateArgs, TaskProposeArgs, TaskSupersedeArgs,
-    TurnWire, WakeTakeArgs,
+    TaskAmendArgs, TaskArgs, TaskCancelArgs, TaskClaimArgs, TaskCreateArgs, TaskProposeArgs,
+    TaskSupersedeArgs, TurnWire, WakeTakeArgs,
 };
 use schemars::JsonSchema;
 use schemars::generate::SchemaSettings;
@@ -109,6 +109,35 @@ fn turn_schema(text: Option<&str>, fields: &[&str], required: &[&str]) -> Value 
     let mut req = vec![json!("room")];
     req.extend(required.iter().map(|r| json!(r)));
     schema.insert("required".into(), Value::Array(req));
+    Value::Object(schema)
+}
+
+/// `task_delegate`'s schema: task_create's fields a subtask needs, `parent` required.
+fn delegate_schema() -> Value {
+    let mut schema = input_schema::<TaskCreateArgs>();
+    if let Some(Value::Object(props)) = schema.get_mut("properties") {
+        props.retain(|k, _| {
+            matches!(
+                k.as_str(),
+                "room"
+                    | "parent"
+                    | "title"
+                    | "to"
+                    | "scopes"
+                    | "requirements"
+                    | "accept"
+                    | "coordination_only"
+                    | "idempotency_key"
+            )
+        });
+        // task_create's tool describes them; a host pays for these bytes in every session
+        for (k, v) in props.iter_mut() {
+            if let (false, Value::Object(m)) = (k == "parent", v) {
+                m.remove("description");
+            }
+        }
+    }
+    schema.insert("required".into(), json!(["room", "title", "parent"]));
     Value::Object(schema)
 }
 
@@ -337,10 +366,16 @@ and with acceptance checks that done measures.",
             input: object(input_schema::<TaskCreateArgs>()),
         },
         ToolDef {
+            name: "task_delegate",
+            op: "task_create",
+            description: "Delegate part of a task: a subtask under parent (task_create with parent). Refused if an ancestor is settled, changed or a cycle (task_ancestry_invalid), or if its scopes are wider than the parent's (task_scope_widened).",
+            input: delegate_schema(),
+        },
+        ToolDef {
             name: "task_claim",
             op: "task_claim",
             description: "Claim an open task addressed to you (or to no one) before working on it. The claim leases the task's scopes \
-(a conflicting live lease is refused with invariant_violation, exclusive); unresolved after ttl_ms (default 20 minutes) it is recorded in doubt.",
+(a conflicting live lease is refused with lease_conflict, naming its holder); unresolved after ttl_ms (default 20 minutes) it is recorded in doubt.",
             input: object(input_schema::<TaskClaimArgs>()),
         },
         ToolDef {
@@ -367,6 +402,12 @@ and with acceptance checks that done measures.",
             description: "Replace a task you own with a verified successor (same owner, project and requirements, with checks, no wider scope); \
 the successor's done resolves the old task's obligations.",
             input: object(input_schema::<TaskSupersedeArgs>()),
+        },
+        ToolDef {
+            name: "task_cancel",
+            op: "task_cancel",
+            description: "Withdraw a live task you own: it settles as cancelled, its lease is released, its open obligations resolve as cancelled and its subtasks can no longer close.",
+            input: object(input_schema::<TaskCancelArgs>()),
         },
         ToolDef {
             name: "task_propose",
@@ -415,16 +456,18 @@ obligations stay open, unresolved operations are held for reconciliation.",
         },
     ];
     // lifecycle control is not a verb: it has its own tool and standing, never the multiplexer
-    let actions: Vec<&str> = tools
-        .iter()
-        .map(|t| t.op)
-        .filter(|op| *op != "room_cancel")
-        .collect();
+    // each operation once (task_delegate is task_create under its own name)
+    let mut actions: Vec<&str> = Vec::new();
+    for op in tools.iter().map(|t| t.op) {
+        if op != "room_cancel" && !actions.contains(&op) {
+            actions.push(op);
+        }
+    }
     tools.push(ToolDef {
         name: "room",
         op: "room",
         description: "Multiplexer for every Room action: set action to one of whoami, list, sync, room_compose, note, say, reply, send, handoff, done, blocked, decline, circle, wake_take, \
-task_create, task_claim, task_show, task_check, task_amend, task_supersede, task_propose, source_read, evidence_register, op_begin, op_effect, op_resolve, and pass that action's arguments (as its own tool takes them) alongside.",
+task_create, task_claim, task_show, task_check, task_amend, task_supersede, task_cancel, task_propose, source_read, evidence_register, op_begin, op_effect, op_resolve, and pass that action's arguments (as its own tool takes them) alongside.",
         input: multiplexer_schema(&actions),
     });
     tools
