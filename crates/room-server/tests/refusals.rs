@@ -1820,3 +1820,53 @@ fn invariant_resolution_records_a_claim_past_its_ttl_in_doubt() {
     fx.sync_all(&b, "coord");
     fx.ok(Some(&b), "done", json!({"room": "coord", "task": t}));
 }
+
+#[test]
+fn a_lapsed_scoped_claim_releases_its_lease_and_its_holder_must_claim_afresh() {
+    let mut fx = Fx::new();
+    let (a, b, g) = fx.team("coord");
+    let create = |fx: &mut Fx, to: &str| {
+        fx.sync_all(&a, "coord");
+        let t = fx.ok(
+            Some(&a),
+            "task_create",
+            json!({"room": "coord", "title": "edit", "to": to, "scopes": ["file:src"]}),
+        );
+        let id = t["task"]["id"].as_str().unwrap().to_string();
+        fx.tasks.push(id.clone());
+        id
+    };
+    let (tb, tg) = (create(&mut fx, "beta"), create(&mut fx, "gamma"));
+    let claim = fx.ok(Some(&b), "task_claim", json!({"task": tb, "ttl_ms": 1000}));
+    let first = claim["lease"]["generation"].as_u64().unwrap();
+    // the daemon's sweep (every second) records the lapse and releases the lease by generation
+    let mut released = false;
+    for _ in 0..300 {
+        if fx.ok(None, "owner_task_show", json!({"task": tb}))["lease"].is_null() {
+            released = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(
+        released,
+        "a lapsed claim's lease is released within the sweep period"
+    );
+    assert_eq!(fx.task_status(&tb), "claimed", "in doubt, not failed");
+    // the scope is free for a rival, whose lease is a later generation
+    let rival = fx.ok(Some(&g), "task_claim", json!({"task": tg}));
+    assert!(
+        rival["lease"]["generation"].as_u64().unwrap() > first,
+        "{rival}"
+    );
+    // the lapsed holder cannot close on the lease it lost; its fresh claim meets the rival
+    fx.sync_all(&b, "coord");
+    let r = fx.refuse(
+        Some(&b),
+        "done",
+        json!({"room": "coord", "task": tb}),
+        "task_state_invalid",
+    );
+    assert_eq!(r.detail["fresh_claim_required"], true, "{r}");
+    fx.refuse_violation(&b, "task_claim", json!({"task": tb}), "coord", "exclusive");
+}

@@ -69,6 +69,7 @@ pub const CASES: &[(&str, Case)] = &[
     ("control_room_witnesses", control_room_witnesses),
     ("index_projection", index_projection),
     ("index_audience", index_audience),
+    ("index_idempotency_fifo", index_idempotency_fifo),
     (
         "index_sync_state_survives_reopen_and_rebuild",
         index_sync_state_survives_reopen_and_rebuild,
@@ -585,6 +586,19 @@ pub fn control_tasks(h: &mut dyn Harness) {
         c.leased(Some("prj_1"), "build").unwrap().is_empty(),
         "done releases"
     );
+    assert_eq!(c.lease_gen_max().unwrap(), 4);
+    // a rebuild forgets the room's tasks, never the generations issued to them: fencing
+    // numbers only go up, across a reopen too
+    assert!(c.clear_room_tasks("build").unwrap() > 0);
+    assert_eq!(c.lease_gen_max().unwrap(), 4);
+    assert_eq!(c.clear_room_tasks("build").unwrap(), 0);
+    assert_eq!(
+        c.lease_gen_max().unwrap(),
+        4,
+        "an empty rebuild keeps the floor"
+    );
+    drop(c);
+    let c = h.reopen().open_control().unwrap();
     assert_eq!(c.lease_gen_max().unwrap(), 4);
 }
 
@@ -1460,6 +1474,55 @@ fn item(kind: ItemKind, id: &str, source_seq: u64, agent: &str) -> ItemRow {
         resolved_by: None,
         not_after_ms: Some(1_000),
     }
+}
+
+/// `exactly_once`'s registry keeps the newest `IDEMPOTENCY_KEYS_MAX` keys of a room: one more
+/// evicts the oldest (a repeat of it is no longer recognised), never a newer one, across batches
+/// and a reopen.
+pub fn index_idempotency_fifo(h: &mut dyn Harness) {
+    use crate::index::IDEMPOTENCY_KEYS_MAX;
+    let store = h.fresh();
+    let key = |n: u64| format!("k{n}");
+    {
+        store.create_shard("g_fifo", b"{}", b"{}", &[]).unwrap();
+        let mut idx = store.open_index("g_fifo").unwrap();
+        // in batches, as turns arrive: the last batch takes the registry one past its bound
+        let total = IDEMPOTENCY_KEYS_MAX + 1;
+        let mut n = 1;
+        while n <= total {
+            let end = (n + 999).min(total);
+            let batch = Batch {
+                idempotency: (n..=end)
+                    .map(|i| ("alpha".to_string(), key(i), format!("evt_{i}"), i, None))
+                    .collect(),
+                ..Batch::default()
+            };
+            idx.apply(&batch).unwrap();
+            n = end + 1;
+        }
+        idx.flush().unwrap();
+    }
+    let store = h.reopen();
+    let idx = store.open_index("g_fifo").unwrap();
+    assert_eq!(idx.idempotency_keys().unwrap(), IDEMPOTENCY_KEYS_MAX);
+    assert_eq!(
+        idx.idempotent("alpha", &key(1)).unwrap(),
+        None,
+        "the oldest went first"
+    );
+    assert_eq!(
+        idx.idempotent("alpha", &key(2))
+            .unwrap()
+            .map(|(e, s, _)| (e, s)),
+        Some(("evt_2".to_string(), 2))
+    );
+    let newest = IDEMPOTENCY_KEYS_MAX + 1;
+    assert!(idx.idempotent("alpha", &key(newest)).unwrap().is_some());
+    assert_eq!(
+        idx.idempotent("beta", &key(newest)).unwrap(),
+        None,
+        "keys are per actor"
+    );
 }
 
 /// Records with an audience: heads carry it, and the gate's foreign-event query passes over

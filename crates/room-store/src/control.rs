@@ -1643,12 +1643,15 @@ impl ControlStore for SqliteControl {
     }
 
     fn lease_gen_max(&self) -> Result<u64> {
-        let g: Option<i64> = self.conn.query_row(
-            "SELECT max(lease_gen) FROM tasks WHERE lease_gen IS NOT NULL",
+        // the rows' and the floor a rebuild left: generations issued before it stay issued
+        let g: i64 = self.conn.query_row(
+            "SELECT max(
+                COALESCE((SELECT max(lease_gen) FROM tasks WHERE lease_gen IS NOT NULL), 0),
+                COALESCE((SELECT CAST(value AS INTEGER) FROM meta WHERE key = 'lease_gen_floor'), 0))",
             [],
             |r| r.get(0),
         )?;
-        Ok(g.map_or(0, u))
+        Ok(u(g))
     }
 
     fn clear_room_tasks(&mut self, room: &str) -> Result<u64> {
@@ -1660,6 +1663,16 @@ impl ControlStore for SqliteControl {
             )?;
             tx.execute(
                 "DELETE FROM task_scopes WHERE task IN (SELECT id FROM tasks WHERE room = ?1)",
+                [room],
+            )?;
+            // the fencing numbers these rows carried were handed out: the next is higher still,
+            // whatever the rebuild restores (a restart forgets the engine's own high-water mark)
+            tx.execute(
+                "INSERT INTO meta (key, value)
+                 SELECT 'lease_gen_floor', CAST(max(lease_gen) AS TEXT) FROM tasks
+                 WHERE room = ?1 AND lease_gen IS NOT NULL HAVING max(lease_gen) IS NOT NULL
+                 ON CONFLICT (key) DO UPDATE SET value =
+                    CAST(max(CAST(value AS INTEGER), CAST(excluded.value AS INTEGER)) AS TEXT)",
                 [room],
             )?;
             let n = tx.execute("DELETE FROM tasks WHERE room = ?1", [room])?;
