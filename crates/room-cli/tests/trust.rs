@@ -368,3 +368,81 @@ fn a_replaced_journal_that_verifies_is_a_rotation_refused_until_rebuilt() {
     assert!(said.status.success(), "{}", stderr(&said));
     stop(daemon, true);
 }
+
+/// `room index rebuild` onto a shorter journal reconciles the task rows and leases with what
+/// the journal still holds, and the fencing number never goes back: a claim after the rebuild
+/// and a restart gets a generation above every one handed out before (the lost claim's too).
+#[test]
+fn a_rebuild_onto_a_shorter_journal_reconciles_tasks_and_never_reissues_a_fencing_number() {
+    let env = Env::new();
+    assert!(env.run(&["init"], None).status.success());
+    let daemon = env.serve();
+    let enrolled = env.run(
+        &[
+            "agent",
+            "enroll",
+            "alpha",
+            "--max-tier",
+            "coordinator",
+            "--json",
+        ],
+        None,
+    );
+    let token = json(&enrolled)["token"].as_str().unwrap().to_string();
+    assert!(
+        env.run(&["create", "r", "--member", "alpha"], None)
+            .status
+            .success()
+    );
+    let task = |title: &str| -> String {
+        let made = env.run(
+            &[
+                "task",
+                "create",
+                "r",
+                title,
+                "--to",
+                "alpha",
+                "--scope",
+                &format!("file:{title}"),
+                "--json",
+            ],
+            Some(&token),
+        );
+        assert!(made.status.success(), "{}", stderr(&made));
+        json(&made)["task"]["id"].as_str().unwrap().to_string()
+    };
+    let claim = |id: &str| -> u64 {
+        let c = env.run(&["task", "claim", id, "--json"], Some(&token));
+        assert!(c.status.success(), "{}", stderr(&c));
+        json(&c)["lease"]["generation"].as_u64().unwrap()
+    };
+    let kept = task("kept");
+    assert_eq!(claim(&kept), 1);
+    let journal = env.journal();
+    let cut = records_end(&journal);
+    let lost = task("lost");
+    assert_eq!(claim(&lost), 2);
+    stop(daemon, true);
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&journal)
+        .unwrap();
+    f.set_len(cut).unwrap();
+    drop(f);
+
+    let daemon = env.serve();
+    let accepted = env.run(&["index", "rebuild", "r", "--accept-loss", "--json"], None);
+    assert!(accepted.status.success(), "{}", stderr(&accepted));
+    let shown = env.run(&["task", "show", &kept, "--json"], Some(&token));
+    let shown = json(&shown);
+    assert_eq!(shown["task"]["status"], "claimed", "{shown}");
+    assert_eq!(shown["lease"]["generation"], 1, "{shown}");
+    let gone = env.run(&["task", "show", &lost, "--json"], Some(&token));
+    assert_eq!(refused_code(&gone), "task_not_found");
+    // a restart forgets the daemon's own high-water mark; the store's floor remains
+    stop(daemon, true);
+    let _daemon = env.serve();
+    let next = task("next");
+    assert_eq!(claim(&next), 3, "generation 2 was handed out once already");
+}
