@@ -320,6 +320,36 @@ async def delegation_and_cancellation_have_their_own_tools_and_refusals_change_n
 
 
 @test
+async def evidence_the_ledger_and_a_dry_run_of_acceptance_through_their_tools(fx):
+    """evidence_register, task_accept_check and op_begin/op_effect/op_resolve as a host calls
+    them; a second claim on the held scope is lease_conflict and writes only its record."""
+    toks = {"alpha": fx.enroll("alpha", tier="coordinator"), "beta": fx.enroll("beta"), "gamma": fx.enroll("gamma")}
+    fx.run("create", "lobby", "--member", "alpha", "--member", "beta", "--member", "gamma")
+    async with Client(stdio(fx, toks["alpha"]), mode="auto") as alpha, Client(stdio(fx, toks["beta"]), mode="auto") as beta, \
+            Client(stdio(fx, toks["gamma"]), mode="auto") as gamma:
+        def made(r):
+            assert not r.is_error, r.structured_content
+            return r.structured_content
+        accept = [{"kind": "evidence_origins", "req": "R1", "min": 1}]
+        task = made(await alpha.call_tool("task_create", {"room": "lobby", "title": "pay", "to": "beta", "scopes": ["api:stripe"], "accept": accept}))["task"]["id"]
+        rival = made(await alpha.call_tool("task_create", {"room": "lobby", "title": "also pay", "to": "gamma", "scopes": ["api:stripe"]}))["task"]["id"]
+        made(await beta.call_tool("task_claim", {"task": task}))
+        before = fx.journal_lines()
+        ref = refusal(await gamma.call_tool("task_claim", {"task": rival}))
+        assert ref["code"] == "lease_conflict" and ref["detail"]["conflicts"][0]["holder"] == "beta", ref
+        assert fx.journal_lines() == before + 1, "only the exclusive record"
+        first = made(await beta.call_tool("task_accept_check", {"task": task}))["acceptance_results"][0]
+        assert first["pass"] is False, first
+        made(await beta.call_tool("evidence_register", {"room": "lobby", "task": task, "req": "R1", "origin": "url:https://example.com/pricing"}))
+        second = made(await beta.call_tool("task_accept_check", {"task": task}))["acceptance_results"][0]
+        assert second["pass"] is True, second
+        op = made(await beta.call_tool("op_begin", {"room": "lobby", "task": task, "destination": "api:stripe"}))["op"]
+        made(await beta.call_tool("op_effect", {"room": "lobby", "op": op}))
+        resolved = made(await beta.call_tool("op_resolve", {"room": "lobby", "op": op, "outcome": "succeeded"}))
+        assert resolved["op"] == op, resolved
+
+
+@test
 async def an_unrouted_agent_takes_its_wake_in_its_own_session_and_its_reply_proves_it(fx):
     """Without a route, a permit waits for its agent's own session: beta's MCP session takes it
     (the prompt and obligation come back), a second take while it is live is refused
