@@ -305,6 +305,7 @@ async def delegation_and_cancellation_have_their_own_tools_and_refusals_change_n
         assert not child.is_error and child.structured_content["task"]["parent"] == parent, child.structured_content
         for client, tool, args, code in [
             (alpha, "task_delegate", {"room": "lobby", "title": "w", "parent": parent, "scopes": ["file:docs"]}, "task_scope_widened"),
+            (alpha, "task_delegate", {"room": "lobby", "title": "orphan"}, "invalid_argument"),
             (beta, "task_cancel", {"task": parent}, "tier_insufficient"),
             (alpha, "task_cancel", {"task": parent, "reason": ""}, "invalid_argument"),
         ]:

@@ -382,10 +382,18 @@ impl Engine {
         self.admitted(&h.name)?;
         let t = self.task_row(task)?;
         live(&t, "cancelled")?;
-        let open = h
+        let mut open = h
             .index
             .open_items_of_task(&t.id, CANCEL_ITEMS_MAX)
             .map_err(store_err)?;
+        // a successor's cancellation also settles what it carried for the tasks it superseded
+        // (their own done can never come: they are settled)
+        let (_, carried) = self.carried_items(&h, &t)?;
+        for c in carried {
+            if open.len() < CANCEL_ITEMS_MAX && !open.iter().any(|o| o.id == c.id) {
+                open.push(c);
+            }
+        }
         let resolves: Vec<Resolution> = open
             .iter()
             .map(|i| Resolution {

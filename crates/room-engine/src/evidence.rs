@@ -292,13 +292,21 @@ impl Engine {
             }
         }
         for (name, h) in self.rooms.named() {
-            if name != room
-                && lock_room(&h)
-                    .index
-                    .evidence(ev)
-                    .map_err(store_err)?
-                    .is_some()
-            {
+            if name == room {
+                continue;
+            }
+            // found there only if the reader reads it there: a withheld one does not exist
+            let there = {
+                let h = lock_room(&h);
+                match h.index.evidence(ev).map_err(store_err)? {
+                    Some(row) => match h.index.event_by_id(&row.event).map_err(store_err)? {
+                        Some(e) => crate::visibility::reads(&e, reader)?,
+                        None => false,
+                    },
+                    None => false,
+                }
+            };
+            if there {
                 return Err(Refusal::new(
                     Code::CrossRoomEvidenceRefused,
                     format!(

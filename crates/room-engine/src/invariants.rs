@@ -281,14 +281,14 @@ impl Engine {
                 .filter_map(|s| Scope::parse("scopes", s).ok())
             {
                 if let Some(m) = mine.iter().find(|m| m.conflicts(&theirs)) {
-                    // a lease in another room of the project is named, not described: the
-                    // caller may not be a member there
+                    // a lease in another room of the project is named, not described (not its
+                    // holder, task or scope, which may be a path more specific than the caller's):
+                    // the caller may not be a member there
                     conflicts.push(if other.room == h.name {
                         json!({"scope": m.to_string(), "held_scope": theirs.to_string(),
                             "task": other.id, "holder": other.recipient})
                     } else {
-                        json!({"scope": m.to_string(), "held_scope": theirs.to_string(),
-                            "elsewhere": "another room of this project"})
+                        json!({"scope": m.to_string(), "elsewhere": "another room of this project"})
                     });
                 }
             }

@@ -1555,13 +1555,15 @@ impl Engine {
             }
             let others = self.rooms.named();
             for (name, h) in others {
-                if name != room
-                    && lock_room(&h)
-                        .index
-                        .event_by_id(ev)
-                        .map_err(store_err)?
-                        .is_some()
-                {
+                if name == room {
+                    continue;
+                }
+                // found there only if the reader reads it there: a withheld one does not exist
+                let there = match lock_room(&h).index.event_by_id(ev).map_err(store_err)? {
+                    Some(e) => crate::visibility::reads(&e, reader)?,
+                    None => false,
+                };
+                if there {
                     return Err(Refusal::new(
                         Code::CrossRoomEvidenceRefused,
                         format!("evidence {ev} belongs to another room; evidence must come from room {room}"),

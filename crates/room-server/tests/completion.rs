@@ -444,3 +444,36 @@ fn evidence_whose_file_changed_is_quarantined_until_registered_again() {
     reg(&mut tm);
     tm.done_ok(&t);
 }
+
+#[test]
+fn cancelling_a_successor_settles_what_it_carried_for_the_task_it_superseded() {
+    let mut tm = team();
+    let old = tm.assigned(json!({"requirements": ["R1 out"], "scopes": ["file:src"],
+        "accept": [exists("src/old.txt")]}));
+    let next = tm.created(
+        json!({"requirements": ["R1 out"], "scopes": ["file:src/new"],
+        "accept": [exists("src/new/out.txt")]}),
+    );
+    let a = tm.a.clone();
+    tm.fx.ok(
+        Some(&a),
+        "task_supersede",
+        json!({"task": old, "successor": next}),
+    );
+    tm.send_and_claim(&next);
+    assert_eq!(
+        tm.open_obligations(),
+        2,
+        "the old task's and the successor's"
+    );
+    let c = tm.fx.ok(
+        Some(&a),
+        "task_cancel",
+        json!({"task": next, "reason": "no longer needed"}),
+    );
+    assert_eq!(tm.fx.task_status(&next), "cancelled");
+    // the superseded task can never be done now: its obligation is settled with its successor
+    assert_eq!(tm.open_obligations(), 0, "{c}");
+    let resolved = c["resolved"].as_array().unwrap();
+    assert!(resolved.iter().all(|r| r["status"] == "cancelled"), "{c}");
+}

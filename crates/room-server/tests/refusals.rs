@@ -1774,7 +1774,10 @@ fn invariant_exclusive_spans_the_rooms_of_a_project_without_describing_them() {
     let r = fx.refuse_violation(&g, "task_claim", json!({"task": t2}), "p2", "exclusive");
     let c = &r.detail["conflicts"][0];
     assert_eq!(c["elsewhere"], "another room of this project", "{r}");
-    assert!(c["task"].is_null() && c["holder"].is_null(), "{r}");
+    assert!(
+        c["task"].is_null() && c["holder"].is_null() && c["held_scope"].is_null(),
+        "{r}"
+    );
     assert!(!r.message.contains("beta"), "nor does the message: {r}");
 }
 

@@ -132,9 +132,12 @@ impl Replay {
                 .is_some_and(|a| !a.is_empty());
             t.amended_seq = r.seq;
         }
-        if ev["transition"]["to"] == "superseded" {
+        let settled_by_owner = ev["transition"]["to"]
+            .as_str()
+            .filter(|s| matches!(*s, "superseded" | "cancelled"));
+        if let Some(to) = settled_by_owner {
             if let Some(t) = self.tasks.get_mut(&id) {
-                t.status = "superseded".into();
+                t.status = to.into();
                 t.leased = false;
             }
             for ((_, lt), l) in self.lives.iter_mut() {
@@ -235,7 +238,10 @@ impl Replay {
             }
             let open_children = self.tasks.values().any(|t| {
                 t.parent.as_deref() == Some(task.as_str())
-                    && !matches!(t.status.as_str(), "done" | "declined" | "superseded")
+                    && !matches!(
+                        t.status.as_str(),
+                        "done" | "declined" | "superseded" | "cancelled"
+                    )
             });
             if open_children {
                 self.expect_flag = Some((r.id.clone(), task.clone()));

@@ -1488,7 +1488,7 @@ impl ControlStore for SqliteControl {
         self.write(|c| {
             let n = c.conn.execute(
                 "UPDATE tasks SET requirements = ?2, acceptance = ?3, revision = ?4, override_reason = NULL
-                 WHERE id = ?1 AND revision < ?4 AND status NOT IN ('done', 'declined', 'superseded')",
+                 WHERE id = ?1 AND revision < ?4 AND status NOT IN ('done', 'declined', 'superseded', 'cancelled')",
                 params![
                     id,
                     serde_json::to_string(&terms.requirements).expect("requirements serialize"),

@@ -22,6 +22,7 @@ use rmcp::model::{
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use room_core::Refusal;
 use room_engine::Engine;
 use serde_json::{Value, json};
 use std::path::PathBuf;
@@ -497,8 +498,18 @@ impl ServerHandler for RoomMcp {
             "room" => tools::multiplexer_args(request.arguments.unwrap_or_default()),
             _ => request.arguments.unwrap_or_default(),
         });
-        let (req, bearer) = self.request(def.op, args, &context);
-        let resp = self.run(req, bearer).await?;
+        let (req, bearer) = self.request(def.op, args.clone(), &context);
+        // task_delegate is task_create under a parent: without one it would make a top-level
+        // task the caller did not ask for
+        let resp =
+            if def.name == "task_delegate" && !args.get("parent").is_some_and(Value::is_string) {
+                Response::refused(Refusal::invalid(
+                    "parent",
+                    "task_delegate names the task it delegates from (or use task_create)",
+                ))
+            } else {
+                self.run(req, bearer).await?
+            };
         if let Some(r) = &resp.refusal {
             self.session
                 .lock()

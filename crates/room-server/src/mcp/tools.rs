@@ -152,6 +152,8 @@ fn multiplexer_schema(actions: &[&str]) -> Value {
         input_schema::<TaskCreateArgs>(),
         input_schema::<TaskClaimArgs>(),
         input_schema::<TaskArgs>(),
+        input_schema::<TaskSupersedeArgs>(),
+        input_schema::<TaskCancelArgs>(),
         input_schema::<OpBeginArgs>(),
         input_schema::<OpArgs>(),
         input_schema::<EvidenceArgs>(),
