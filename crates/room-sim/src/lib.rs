@@ -1422,10 +1422,15 @@ impl Sim {
                 accept: Some(accept),
             };
             self.checked(format!("{name} task_amend {t}"), |e| e.task_amend(&c, a))?
-        } else {
+        } else if self.rng.chance(70) {
             let next = known[self.rng.below(known.len() as u64) as usize].clone();
             self.checked(format!("{name} task_supersede {t} by {next}"), |e| {
                 e.task_supersede(&c, &t, &next)
+            })?
+        } else {
+            // or withdraws it: its lease and its holder's claim end with it
+            self.checked(format!("{name} task_cancel {t}"), |e| {
+                e.task_cancel(&c, &t, Some("withdrawn"))
             })?
         };
         if let Ok(v) = out {
