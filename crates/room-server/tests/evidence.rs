@@ -188,3 +188,32 @@ fn malformed_evidence_names_its_field_and_registers_nothing() {
         assert_eq!(r.detail["field"], field);
     }
 }
+
+#[test]
+fn an_owner_wide_minimum_raised_under_a_claim_moves_its_evidence_manifest() {
+    let mut tm = team(json!([{"kind": "evidence_origins", "req": "R1"}]));
+    tm.register(json!({"origin": "url:https://a.example"}));
+    assert_eq!(tm.check()["pass"], true);
+    // the claim pinned the evidence manifest (the task's origin checks and the owner's minimum)
+    tm.fx
+        .write_config("[acceptance]\nevidence_origins_min = 2\n");
+    std::thread::sleep(std::time::Duration::from_millis(2_100));
+    let b = tm.b.clone();
+    tm.fx.sync_all(&b, "coord");
+    let r = tm.fx.refuse(
+        Some(&b),
+        "done",
+        json!({"room": "coord", "task": tm.task}),
+        "task_acceptance_changed_before_completion",
+    );
+    assert_eq!(r.detail["changed"], json!(["evidence_manifest"]), "{r}");
+    // a fresh claim takes the new terms, and they are measured: one origin is not enough
+    let task = tm.task.clone();
+    tm.fx.ok(Some(&b), "task_claim", json!({"task": task}));
+    let r = tm.check();
+    assert_eq!(
+        (r["pass"].as_bool(), r["detail"]["min"].as_u64()),
+        (Some(false), Some(2)),
+        "{r}"
+    );
+}
