@@ -7,8 +7,8 @@ use room_core::{Code, Tier, Verb};
 use room_engine::principal::AgentCaller;
 use room_engine::verbs::TurnArgs;
 use room_engine::{Engine, EngineConfig};
-use room_store::RoomIndex;
 use room_store::index::{Batch, CheckpointRow, EventRow, Index};
+use room_store::{JournalSync, RoomIndex};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -135,12 +135,12 @@ struct World {
     engine: Arc<Engine>,
 }
 
-fn world(dir: &Path) -> anyhow::Result<World> {
-    world_with(dir, None)
+fn world(dir: &Path, sync: JournalSync) -> anyhow::Result<World> {
+    world_with(dir, None, sync)
 }
 
 /// A world whose state directory holds `config` as its config.toml.
-fn world_with(dir: &Path, config: Option<&Path>) -> anyhow::Result<World> {
+fn world_with(dir: &Path, config: Option<&Path>, sync: JournalSync) -> anyhow::Result<World> {
     let tmp = tempfile::tempdir_in(dir)?;
     let root = std::fs::canonicalize(tmp.path())?;
     let state = room_store::statedir::init(&root.join("state"), &root.join("boot.toml"), "bench")?;
@@ -148,7 +148,14 @@ fn world_with(dir: &Path, config: Option<&Path>) -> anyhow::Result<World> {
         std::fs::copy(c, state.root.join("config.toml"))
             .map_err(|e| anyhow::anyhow!("--config {}: {e}", c.display()))?;
     }
-    let store = room_server::daemon::embedded_store(&state);
+    settle(&state.root.join("config.toml"))?;
+    let store: Arc<dyn room_store::Backend> = Arc::new(room_store::SqliteBackend::new(
+        &state,
+        room_store::SqliteBackendConfig {
+            journal_sync: sync,
+            ..Default::default()
+        },
+    ));
     let engine = Engine::open(
         state,
         room_server::daemon::real_env(),
@@ -159,6 +166,23 @@ fn world_with(dir: &Path, config: Option<&Path>) -> anyhow::Result<World> {
         _tmp: tmp,
         engine: Arc::new(engine),
     })
+}
+
+/// Wait until `config` is old enough that the engine trusts its stamp: a daemon's config.toml
+/// is, and a fresh one is re-read at every call for its first two seconds.
+fn settle(config: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(config)?;
+    let changed = std::time::UNIX_EPOCH
+        + Duration::new(
+            m.ctime().max(0) as u64,
+            m.ctime_nsec().clamp(0, 999_999_999) as u32,
+        );
+    let settled = changed + Duration::from_millis(2_100);
+    if let Ok(wait) = settled.duration_since(std::time::SystemTime::now()) {
+        std::thread::sleep(wait);
+    }
+    Ok(())
 }
 
 pub(crate) fn owner(e: &Engine) -> room_engine::Owner {
@@ -172,8 +196,13 @@ pub(crate) fn owner(e: &Engine) -> room_engine::Owner {
 }
 
 /// The name of the row of `writers` writers, each in its own room.
-fn own_row(writers: usize) -> String {
-    format!("gated turns, {writers} writer(s) each in its own room")
+fn own_row(writers: usize, sync: JournalSync) -> String {
+    match sync {
+        JournalSync::Pipeline => format!("gated turns, {writers} writer(s) each in its own room"),
+        JournalSync::PerAppend => {
+            format!("gated turns, {writers} writer(s) each in its own room, fsync per turn")
+        }
+    }
 }
 
 fn caller(e: &Engine, name: &str) -> anyhow::Result<AgentCaller> {
@@ -212,8 +241,9 @@ pub(crate) fn own_rooms(
     dir: &Path,
     writers: usize,
     secs: f64,
+    sync: JournalSync,
 ) -> anyhow::Result<(f64, Vec<Duration>)> {
-    let w = world(dir)?;
+    let w = world(dir, sync)?;
     let mut callers = vec![];
     for i in 0..writers {
         let a = caller(&w.engine, &format!("w{i}"))?;
@@ -235,6 +265,8 @@ pub(crate) fn own_rooms(
                 while start.elapsed().as_secs_f64() < secs {
                     i += 1;
                     let t = Instant::now();
+                    // one call's scope, as the daemon opens for each request
+                    let _call = e.one_call();
                     e.turn(&a, Verb::Note, note(&room, i))
                         .expect("a writer alone in its room is never refused");
                     lat.push(t.elapsed());
@@ -285,7 +317,7 @@ fn shared_room(
     secs: f64,
     how: Loop,
 ) -> anyhow::Result<Shared> {
-    let w = world_with(dir, config)?;
+    let w = world_with(dir, config, JournalSync::Pipeline)?;
     let names: Vec<String> = (0..writers).map(|i| format!("w{i}")).collect();
     let mut callers = vec![];
     for n in &names {
@@ -498,15 +530,19 @@ fn bench(a: &BenchArgs) -> anyhow::Result<()> {
     let base = raw.per_s;
     let mut rows = vec![raw];
     let wanted = |name: &str| a.only.as_deref().is_none_or(|o| name.contains(o));
-    for writers in [1usize, 8, 64, 256]
+    // the pipeline's rows, then (for comparison) each turn syncing its own journal
+    let sizes = [1usize, 8, 64, 256].map(|w| (w, JournalSync::Pipeline));
+    let per_append = [1usize, 64].map(|w| (w, JournalSync::PerAppend));
+    for (writers, sync) in sizes
         .into_iter()
-        .filter(|w| *w <= a.writers_max)
-        .filter(|w| *w == 1 || wanted(&own_row(*w)))
+        .chain(per_append)
+        .filter(|(w, _)| *w <= a.writers_max)
+        .filter(|(w, s)| (*w == 1 && *s == JournalSync::Pipeline) || wanted(&own_row(*w, *s)))
     {
-        eprintln!("  {writers} writer(s), own rooms …");
-        let (per_s, mut lat) = own_rooms(&dir, writers, secs)?;
+        eprintln!("  {}", own_row(writers, sync));
+        let (per_s, mut lat) = own_rooms(&dir, writers, secs, sync)?;
         rows.push(Row {
-            name: own_row(writers),
+            name: own_row(writers, sync),
             per_s,
             p50_us: pct(&mut lat, 0.5),
             p99_us: pct(&mut lat, 0.99),

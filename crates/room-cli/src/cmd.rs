@@ -856,6 +856,7 @@ pub fn verify(cli: &Cli, only: Option<&str>) -> i32 {
 }
 
 pub fn verify_dir(dir: &std::path::Path, only: Option<&str>) -> Result<Vec<Value>, String> {
+    replay_unclean_stop(dir)?;
     let rooms = dir.join("rooms");
     let shards =
         room_store::shard::on_disk(&rooms).map_err(|e| format!("{}: {e}", rooms.display()))?;
@@ -874,6 +875,39 @@ pub fn verify_dir(dir: &std::path::Path, only: Option<&str>) -> Result<Vec<Value
     }
     out.sort_by(|a, b| a["room"].as_str().cmp(&b["room"].as_str()));
     Ok(out)
+}
+
+/// After an unclean stop the commit log holds acknowledged appends that the journals may
+/// lack: put them back first, as the daemon's start does, so that verification reads what the
+/// daemon will. Only while no daemon runs (one that runs holds them in its journals already).
+fn replay_unclean_stop(dir: &std::path::Path) -> Result<(), String> {
+    let commit = dir.join("commit");
+    if !room_store::pipeline::holds_segments(&commit) {
+        return Ok(());
+    }
+    let state = room_store::statedir::StateDir {
+        root: dir.to_path_buf(),
+        instance_id: String::new(),
+    };
+    let Ok(_lock) = room_store::statedir::lock(&state) else {
+        return Ok(());
+    };
+    let (log, replayed) = room_store::pipeline::CommitLog::open(
+        &commit,
+        &dir.join("rooms"),
+        room_store::pipeline::PipelineConfig::default(),
+        None,
+    )
+    .map_err(|e| format!("replaying the commit log of an unclean stop: {e}"))?;
+    log.checkpoint_now()
+        .map_err(|e| format!("checkpointing the commit log: {e}"))?;
+    if replayed.restored > 0 {
+        eprintln!(
+            "note: the commit log of an unclean stop put back {} acknowledged append(s) the journals lacked",
+            replayed.restored
+        );
+    }
+    Ok(())
 }
 
 /// Verify one room's chain, then compare it with every durable witness of what was

@@ -403,11 +403,22 @@ impl Engine {
             room.index.discard_pending();
             if let Some(j) = &room.journal {
                 out.journals
-                    .push((j.location(), j.synced_len(), j.len_now()));
+                    .push((j.location(), j.file_synced_len(), j.len_now()));
             }
         }
+        // the commit log, and journals whose acknowledged bytes only it holds (closed rooms
+        // among them): one entry per file, keeping the least synced and the most written
+        let mut files = std::collections::BTreeMap::new();
+        for (path, synced, len) in out
+            .journals
+            .drain(..)
+            .chain(self.rooms.store.unsynced_files())
+        {
+            let e = files.entry(path).or_insert((synced, len));
+            *e = (e.0.min(synced), e.1.max(len));
+        }
         // a stable order, so that a simulator's draws replay exactly
-        out.journals.sort();
+        out.journals = files.into_iter().map(|(p, (s, l))| (p, s, l)).collect();
         out
     }
 

@@ -49,6 +49,25 @@ impl Fixture {
         let store = Arc::new(SqliteBackend::new(&s, SqliteBackendConfig::default()));
         Engine::open(s, env, store, EngineConfig::default()).unwrap()
     }
+
+    /// An engine whose appends each sync their own journal: what it writes is never in a
+    /// commit log, so damage a test does to the journal after an unclean stop stays damage
+    /// (a replay would put back the log's copy of what it damaged).
+    fn engine_syncing_each_append(&self, seed: u64) -> Engine {
+        let s = statedir::validate(&self.state, &self.boot).unwrap();
+        let env = Env {
+            clock: self.clock.clone(),
+            entropy: Arc::new(SeededEntropy::new(seed)),
+            fs: Arc::new(RealFs),
+            runner: std::sync::Arc::new(room_core::env::NoRunner),
+        };
+        let config = SqliteBackendConfig {
+            journal_sync: room_store::JournalSync::PerAppend,
+            ..SqliteBackendConfig::default()
+        };
+        let store = Arc::new(SqliteBackend::new(&s, config));
+        Engine::open(s, env, store, EngineConfig::default()).unwrap()
+    }
 }
 
 /// The shard of the fixture's one room.
@@ -419,7 +438,7 @@ fn room_engine_item_id(prefix: &str, source: &str, agent: &str) -> String {
 #[test]
 fn a_damaged_journal_is_quarantined_at_open_and_a_rebuild_refuses_to_write_over_it() {
     let f = Fixture::new();
-    let e = f.engine(12);
+    let e = f.engine_syncing_each_append(12);
     let a = agent(&e, "alpha", Tier::Member);
     e.room_create(&owner(&e), "r", None, &["alpha".into()])
         .unwrap();
@@ -1082,7 +1101,7 @@ fn an_operation_unresolved_past_its_ttl_is_in_doubt() {
 #[test]
 fn a_rebuild_onto_a_shorter_journal_reconciles_tasks_and_leases() {
     let f = Fixture::new();
-    let e = f.engine(21);
+    let e = f.engine_syncing_each_append(21);
     let a = agent(&e, "alpha", Tier::Coordinator);
     e.room_create(&owner(&e), "r", None, &["alpha".into()])
         .unwrap();

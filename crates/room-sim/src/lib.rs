@@ -34,6 +34,8 @@ use std::sync::{Arc, Mutex};
 pub enum Broken {
     /// Acknowledge appends without fsync.
     AckBeforeFsync,
+    /// The commit pipeline acknowledges a batch without syncing its frame.
+    CommitLogSkipsSync,
     /// Do not check the five runtime invariants.
     SkipInvariants,
     /// The disk under SQLite answers fsync without writing anything (control.db and the sync
@@ -170,6 +172,8 @@ impl Rng {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Target {
     Journal,
+    /// The commit pipeline's batch: its frame's write and sync.
+    CommitLog,
     Blob,
     Index,
     Control,
@@ -183,6 +187,8 @@ struct SimFaults {
     next: Mutex<Option<(Target, Fault, u32)>>,
     fired: std::sync::atomic::AtomicBool,
     always: Option<Fault>,
+    /// What every commit log batch meets (a planted bug).
+    log_always: Option<Fault>,
 }
 
 impl SimFaults {
@@ -219,6 +225,10 @@ impl Faults for SimFaults {
 
     fn on_blob_write(&self, _path: &Path, _bytes: usize) -> Option<Fault> {
         self.take(Target::Blob)
+    }
+
+    fn on_log_write(&self, _path: &Path, _bytes: usize) -> Option<Fault> {
+        self.take(Target::CommitLog).or(self.log_always)
     }
 }
 
@@ -359,6 +369,7 @@ impl Sim {
             next: Mutex::new(None),
             fired: std::sync::atomic::AtomicBool::new(false),
             always,
+            log_always: (cfg.broken == Some(Broken::CommitLogSkipsSync)).then_some(Fault::SkipSync),
         });
         Sim {
             disk: disk::Mount::new(
@@ -432,6 +443,11 @@ impl Sim {
                 // evict receipts often, so that confirmations meet evicted ones
                 receipts_kept_max: 64,
             },
+            // small segments, so that checkpoints happen and crashes land around them
+            pipeline: room_store::pipeline::PipelineConfig {
+                segment_bytes_max: 16 * 1024,
+            },
+            ..Default::default()
         };
         let store = Arc::new(room_store::SqliteBackend::new(&s, store));
         let config = EngineConfig {
@@ -638,7 +654,8 @@ impl Sim {
                     _ => Fault::CrashAfterWrite,
                 };
                 let target = match self.rng.below(10) {
-                    0..=4 => Target::Journal,
+                    0..=2 => Target::Journal,
+                    3..=4 => Target::CommitLog,
                     5..=6 => Target::Blob,
                     7..=8 => Target::Index,
                     _ => Target::Control,
@@ -646,7 +663,7 @@ impl Sim {
                 // SQLite writes many pages and syncs per commit: strike any one of them
                 let pass = match target {
                     Target::Index | Target::Control => self.rng.below(12) as u32,
-                    Target::Journal | Target::Blob => 0,
+                    Target::Journal | Target::CommitLog | Target::Blob => 0,
                 };
                 *self.faults.next.lock().expect("fault lock") = Some((target, f, pass));
                 self.report.faults += 1;

@@ -1,7 +1,7 @@
 //! `room-sim`: run the deterministic simulator over a range of seeds, or replay one.
 //! `room-sim --seeds 0..50 --steps 400 [--agents N --rooms N]`, `room-sim --seed 17`,
 //! `room-sim --soak` (2,000 seeds of 2,000 steps with 200 agents in 40 rooms),
-//! `room-sim --broken ack-before-fsync|skip-invariants|sqlite-fsync-lies|skip-authority-pins` (planted bugs the
+//! `room-sim --broken ack-before-fsync|commit-log-skips-sync|skip-invariants|sqlite-fsync-lies|skip-authority-pins` (planted bugs the
 //! simulator must find).
 
 use room_sim::{Broken, SimConfig, run};
@@ -21,12 +21,13 @@ fn main() {
     let broken = match arg(&args, "--broken").as_deref() {
         None => None,
         Some("ack-before-fsync") => Some(Broken::AckBeforeFsync),
+        Some("commit-log-skips-sync") => Some(Broken::CommitLogSkipsSync),
         Some("skip-invariants") => Some(Broken::SkipInvariants),
         Some("sqlite-fsync-lies") => Some(Broken::SqliteFsyncLies),
         Some("skip-authority-pins") => Some(Broken::SkipAuthorityPins),
         Some(other) => {
             eprintln!(
-                "error: --broken {other:?}: the planted bugs are ack-before-fsync, skip-invariants, sqlite-fsync-lies and skip-authority-pins"
+                "error: --broken {other:?}: the planted bugs are ack-before-fsync, commit-log-skips-sync, skip-invariants, sqlite-fsync-lies and skip-authority-pins"
             );
             std::process::exit(2);
         }

@@ -199,6 +199,7 @@ pub fn control_agents(h: &mut dyn Harness) {
         c.set_verb_denied("alpha", "note", false).unwrap();
         assert_eq!(c.agent("nobody").unwrap(), None);
     }
+    drop(store);
     let store = h.reopen();
     let c = store.open_control().unwrap();
     let a = c.agent("alpha").unwrap().unwrap();
@@ -300,6 +301,7 @@ pub fn control_rooms_and_members(h: &mut dyn Harness) {
             assert_eq!(calls.get(), before + 1, "and caches it under the new epoch");
         }
     }
+    drop(store);
     let store = h.reopen();
     let c = store.open_control().unwrap();
     let r = c.room("build").unwrap().unwrap();
@@ -344,6 +346,7 @@ pub fn control_failed_write_leaves_nothing(h: &mut dyn Harness) {
             "attempts count as writes"
         );
     }
+    drop(store);
     let store = h.reopen();
     let c = store.open_control().unwrap();
     assert!(c.rooms().unwrap().is_empty());
@@ -410,6 +413,7 @@ pub fn control_room_lifecycle(h: &mut dyn Harness) {
         assert!(!c.archive_room("idle", 10).unwrap(), "archived once");
         assert!(!c.archive_room("nowhere", 10).unwrap());
     }
+    drop(store);
     let store = h.reopen();
     let c = store.open_control().unwrap();
     assert_eq!(c.room("idle").unwrap().unwrap().archived_ms, Some(9));
@@ -465,6 +469,7 @@ pub fn control_task_specs_and_checks(h: &mut dyn Harness) {
             "an evaluation belongs to a task that exists"
         );
     }
+    drop(store);
     let store = h.reopen();
     let c = store.open_control().unwrap();
     let t = c.task("tsk_a").unwrap().unwrap();
@@ -532,6 +537,7 @@ pub fn control_tasks(h: &mut dyn Harness) {
                 .unwrap()
         );
     }
+    drop(store);
     let store = h.reopen();
     let c = store.open_control().unwrap();
     let a = c.task("tsk_a").unwrap().unwrap();
@@ -791,6 +797,7 @@ pub fn index_source_reads(h: &mut dyn Harness) {
         idx.put_source_read(&read("c1", "s2", 20, 30, 200)).unwrap();
         idx.flush().unwrap();
     }
+    drop(store);
     let store = h.reopen();
     let mut idx = store.open_index("g_src").unwrap();
     let got = |idx: &dyn crate::RoomIndex, since: u64| {
@@ -859,6 +866,7 @@ pub fn control_wakes(h: &mut dyn Harness) {
             "a permit of an unknown room"
         );
     }
+    drop(store);
     let store = h.reopen();
     let c = store.open_control().unwrap();
     assert!(!c.wakes_requeue_pending().unwrap());
@@ -923,6 +931,7 @@ pub fn control_wakes(h: &mut dyn Harness) {
         "queued permits of these agents, oldest first"
     );
     drop(c);
+    drop(store);
     let store = h.reopen();
     let c = store.open_control().unwrap();
     let dead: Vec<(String, Option<String>)> = c
@@ -989,6 +998,7 @@ pub fn control_launches(h: &mut dyn Harness) {
         assert!(c.launch_severed("l1", cut).unwrap());
         assert!(!c.launch_severed("l1", "{}").unwrap(), "the first is kept");
     }
+    drop(store);
     let store = h.reopen();
     let mut c = store.open_control().unwrap();
     assert_eq!(c.wake("a", "x", "e1").unwrap().unwrap().state, "dispatched");
@@ -1114,6 +1124,7 @@ pub fn control_cancel_and_holds(h: &mut dyn Harness) {
         assert!(!c.resolve_hold("hld_1", &res).unwrap(), "once");
         assert!(!c.resolve_hold("hld_unknown", &res).unwrap());
     }
+    drop(store);
     let store = h.reopen();
     let mut c = store.open_control().unwrap();
     let state = |c: &dyn crate::backend::ControlStore, room: &str, src: &str| {
@@ -1172,6 +1183,7 @@ pub fn shard_creation_is_whole_or_nothing(h: &mut dyn Harness) {
         ShardCreated::Exists,
         "an existing shard is never touched"
     );
+    drop(store);
     let store = h.reopen();
     assert_eq!(store.read_binding("g_1").unwrap(), b1);
     let mut seen = Vec::new();
@@ -1246,6 +1258,7 @@ pub fn log_append_scan_and_reopen(h: &mut dyn Harness) {
         assert_eq!(log.mark().tip_seq, 5);
         log.mark().clone()
     };
+    drop(store);
     let store = h.reopen();
     let mut seen = Vec::new();
     let log = store
@@ -1289,6 +1302,7 @@ pub fn log_refuses_a_broken_chain(h: &mut dyn Harness) {
         assert!(log.append(&stale).is_err(), "a record for an old tip");
         log.append(&chain("g_bad", &log.tip(), 1)).unwrap();
     }
+    drop(store);
     let store = h.reopen();
     assert_eq!(store.verify_log("g_bad").unwrap().records, 3);
 }
@@ -1306,6 +1320,7 @@ pub fn log_verifies_ranges_and_cuts_keeping_the_rest(h: &mut dyn Harness) {
         log.append(&chain("g_rng", &log.tip(), 2)).unwrap();
         (three, log.mark().clone())
     };
+    drop(store);
     let store = h.reopen();
     let all = store.verify_log_from("g_rng", None, None).unwrap();
     assert_eq!((all.records, all.bytes, all.damage), (5, five.len, None));
@@ -1338,6 +1353,7 @@ pub fn log_verifies_ranges_and_cuts_keeping_the_rest(h: &mut dyn Harness) {
     let kept = store.cut_log("g_rng", three.len).unwrap();
     assert!(!kept.is_empty());
     assert_eq!(store.verify_log("g_rng").unwrap().records, 3);
+    drop(store);
     let store = h.reopen();
     let mut log = store.open_log("g_rng", None, &mut |_| Ok(())).unwrap();
     assert_eq!(log.tip().seq, 3);
@@ -1376,6 +1392,7 @@ pub fn index_trust_and_witnesses_survive_reopen(h: &mut dyn Harness) {
         idx.set_wakes_mark(1).unwrap();
         idx.set_trust(&trust).unwrap();
     }
+    drop(store);
     let store = h.reopen();
     let mut idx = store.open_index("g_tr").unwrap();
     assert_eq!(idx.trust().unwrap(), trust);
@@ -1408,6 +1425,7 @@ pub fn index_trust_and_witnesses_survive_reopen(h: &mut dyn Harness) {
     );
     idx.set_trust(&LogTrust::default()).unwrap();
     drop(idx);
+    drop(store);
     let store = h.reopen();
     assert_eq!(
         store.open_index("g_tr").unwrap().trust().unwrap(),
@@ -1439,6 +1457,7 @@ pub fn control_room_witnesses(h: &mut dyn Harness) {
         c.insert_wakes(&[w("a", "e1", 10), w("a", "e2", 20), w("b", "e9", 30)])
             .unwrap();
     }
+    drop(store);
     let store = h.reopen();
     let c = store.open_control().unwrap();
     let a = c.room_witnesses("a").unwrap();
@@ -1502,6 +1521,7 @@ pub fn index_idempotency_fifo(h: &mut dyn Harness) {
         }
         idx.flush().unwrap();
     }
+    drop(store);
     let store = h.reopen();
     let idx = store.open_index("g_fifo").unwrap();
     assert_eq!(idx.idempotency_keys().unwrap(), IDEMPOTENCY_KEYS_MAX);
@@ -1550,6 +1570,7 @@ pub fn index_audience(h: &mut dyn Harness) {
         .unwrap();
         idx.flush().unwrap();
     }
+    drop(store);
     let store = h.reopen();
     let idx = store.open_index("g_au").unwrap();
     let heads: Vec<(u64, Vec<String>)> = idx
@@ -1621,6 +1642,7 @@ pub fn index_projection(h: &mut dyn Harness) {
         .unwrap();
         idx.flush().unwrap();
     }
+    drop(store);
     let store = h.reopen();
     let idx = store.open_index("g_ix").unwrap();
     assert!(idx.broken().is_none());
@@ -1718,6 +1740,7 @@ pub fn index_task_records_citations_and_readers(h: &mut dyn Harness) {
             .unwrap();
         }
     }
+    drop(store);
     let store = h.reopen();
     let idx = store.open_index("g_wr").unwrap();
     let seqs = |rows: Vec<EventRow>| rows.iter().map(|e| e.seq).collect::<Vec<_>>();
@@ -1795,6 +1818,7 @@ pub fn index_sync_state_survives_reopen_and_rebuild(h: &mut dyn Harness) {
         .unwrap();
         idx.set_wakes_mark(2).unwrap();
     }
+    drop(store);
     let store = h.reopen();
     let mut idx = store.open_index("g_sync").unwrap();
     assert_eq!(
@@ -1877,6 +1901,7 @@ pub fn index_folds_and_receipt_chains(h: &mut dyn Harness) {
     idx.put_receipt(&receipt("rcpt_b", Some("rcpt_a"))).unwrap();
     idx.flush().unwrap();
     drop(idx);
+    drop(store);
     let store = h.reopen();
     let idx = store.open_index("g_fold").unwrap();
     assert_eq!(idx.receipt("rcpt_a").unwrap().unwrap().base, None);
@@ -1914,6 +1939,7 @@ pub fn index_invariant_state(h: &mut dyn Harness) {
         })
         .unwrap();
     }
+    drop(store);
     let store = h.reopen();
     let mut idx = store.open_index("g_inv").unwrap();
     assert_eq!(
@@ -1977,6 +2003,7 @@ pub fn blobs(h: &mut dyn Harness) {
         assert_eq!(blobs.sweep_temps().unwrap(), 0);
         sha
     };
+    drop(store);
     let store = h.reopen();
     assert_eq!(
         store

@@ -1,11 +1,13 @@
 //! A room's authoritative journal, `EVENTS.jsonl`: one canonical JSON record per line, hash
-//! chained. An append is acknowledged only after `fdatasync`. At open the journal is reconciled
-//! with the mark the index recorded: same (device, inode), at least as long, and the same
-//! trailing anchor (the last ≤ 4,096 bytes and their SHA-256). A replaced or rotated file is
+//! chained. An append is acknowledged only once durable: after the commit pipeline synced it
+//! in the daemon's commit log (`pipeline`), or after this file's own `fdatasync`. At open the
+//! journal is reconciled with the mark the index recorded: same (device, inode), at least as
+//! long, and the same trailing anchor (the last ≤ 4,096 bytes and their SHA-256). A replaced or rotated file is
 //! refused rather than silently re-read. A torn final line (a crash mid-append, never
 //! acknowledged) is cut back to the last whole record and logged.
 
 use crate::backend::RoomLog;
+use crate::pipeline::{CommitLog, FileSync};
 use crate::{Result, StoreError};
 use room_core::chain::ChainTip;
 use room_core::{Hlc, Record, sha256_hex};
@@ -306,7 +308,7 @@ fn anchor_of(file: &File, len: u64) -> Result<String> {
 }
 
 pub struct Journal {
-    file: File,
+    file: Arc<File>,
     path: PathBuf,
     mark: JournalMark,
     /// Set when a failed write or sync leaves the file's state unknown; no further appends.
@@ -318,6 +320,8 @@ pub struct Journal {
     /// The file's physical size: the records, then zero-filled free space.
     allocated: u64,
     faults: Option<Arc<dyn Faults>>,
+    /// With a commit pipeline, appends are made durable by its log, not by this file's sync.
+    pipeline: Option<(Arc<CommitLog>, Arc<FileSync>)>,
 }
 
 /// A fault the simulator injects into one append.
@@ -341,6 +345,10 @@ pub trait Faults: Send + Sync + std::fmt::Debug {
     fn on_append(&self, path: &Path, bytes: usize) -> Option<Fault>;
     /// A blob write (temp file, fsync, rename, directory fsync).
     fn on_blob_write(&self, _path: &Path, _bytes: usize) -> Option<Fault> {
+        None
+    }
+    /// A commit log batch: its frame's write and sync (`pipeline`).
+    fn on_log_write(&self, _path: &Path, _bytes: usize) -> Option<Fault> {
         None
     }
 }
@@ -452,7 +460,7 @@ impl Journal {
             crate::fs::sync_dir(dir)?;
         }
         Ok(Journal {
-            file,
+            file: Arc::new(file),
             path: path.to_path_buf(),
             mark,
             poisoned: None,
@@ -460,6 +468,7 @@ impl Journal {
             tail,
             allocated,
             faults: None,
+            pipeline: None,
         })
     }
 
@@ -491,6 +500,14 @@ impl Journal {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// Make appends durable through `log` (shared by every room) instead of this file's own
+    /// fdatasync.
+    pub fn with_pipeline(mut self, log: &Arc<CommitLog>) -> Result<Self> {
+        let sync = log.register(self.file.clone(), &self.path, self.synced_len)?;
+        self.pipeline = Some((log.clone(), sync));
+        Ok(self)
+    }
 }
 
 impl RoomLog for Journal {
@@ -505,6 +522,13 @@ impl RoomLog for Journal {
     /// Bytes known to be durable; anything past it would not survive a power cut.
     fn synced_len(&self) -> u64 {
         self.synced_len
+    }
+
+    fn file_synced_len(&self) -> u64 {
+        match &self.pipeline {
+            Some((_, sync)) => sync.file_synced(),
+            None => self.synced_len,
+        }
     }
 
     fn mark(&self) -> &JournalMark {
@@ -530,11 +554,12 @@ impl RoomLog for Journal {
         let mut buf = Vec::new();
         let mut ranges = Vec::with_capacity(records.len());
         for r in records {
-            tip = r
-                .verify_after(&tip)
+            let (line, next) = r
+                .line_after(&tip)
                 .map_err(|e| StoreError::Corrupt(format!("refusing to append: {e}")))?;
+            tip = next;
             let start = self.mark.len + buf.len() as u64;
-            buf.extend_from_slice(&r.to_line());
+            buf.extend_from_slice(&line);
             buf.push(b'\n');
             let len = self.mark.len + buf.len() as u64 - start;
             if len as usize > RECORD_BYTES_MAX {
@@ -603,6 +628,18 @@ impl RoomLog for Journal {
             Ok(())
         } else if fault == Some(Fault::SyncError) {
             Err(std::io::Error::other("injected fsync failure"))
+        } else if let Some((log, s)) = &self.pipeline {
+            s.wrote_to(end);
+            match log.commit(s, old_len, buf.clone()) {
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    // the bytes may be in the log's last frame: a restart's replay decides,
+                    // so the file is left as it is
+                    let why = e.to_string();
+                    self.poisoned = Some(why.clone());
+                    return Err(StoreError::InDoubt(why));
+                }
+            }
         } else {
             self.file.sync_data()
         };

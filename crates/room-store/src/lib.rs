@@ -1,4 +1,5 @@
-//! Room's durable storage. The journal append (fdatasync'ed) is the commit point of every event;
+//! Room's durable storage. The journal append (made durable by the commit pipeline's shared
+//! fdatasync, or its own) is the commit point of every event;
 //! the SQLite sync index is a projection of the journal plus the receipts and checkpoints that
 //! only it holds; `control` holds the machine-wide tables. The engine reaches all of it through
 //! the traits in `backend`. This crate knows bytes, files and tables; what they mean is the
@@ -14,12 +15,13 @@ pub mod fixtures;
 pub mod fs;
 pub mod index;
 pub mod journal;
+pub mod pipeline;
 pub mod shard;
 pub mod statedir;
 
 pub use backend::{
-    Backend, BlobStore, ChangeStamp, ControlStore, RoomIndex, RoomLog, ShardCreated, SqliteBackend,
-    SqliteBackendConfig, WriterGuard,
+    Backend, BlobStore, ChangeStamp, ControlStore, JournalSync, RoomIndex, RoomLog, ShardCreated,
+    SqliteBackend, SqliteBackendConfig, WriterGuard,
 };
 
 #[derive(Debug, thiserror::Error)]

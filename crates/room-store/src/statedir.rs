@@ -59,6 +59,10 @@ impl StateDir {
     pub fn debris(&self) -> PathBuf {
         self.root.join("debris")
     }
+    /// The commit pipeline's log segments (`pipeline`).
+    pub fn commit_log(&self) -> PathBuf {
+        self.root.join("commit")
+    }
     /// The shard of one room.
     pub fn shard(&self, graph_id: &str) -> crate::shard::Shard {
         crate::shard::Shard::at(&self.rooms(), graph_id)
