@@ -504,7 +504,7 @@ impl Journal {
     /// Make appends durable through `log` (shared by every room) instead of this file's own
     /// fdatasync.
     pub fn with_pipeline(mut self, log: &Arc<CommitLog>) -> Result<Self> {
-        let sync = log.register(self.file.clone(), &self.path, self.synced_len)?;
+        let sync = log.register(&self.path, self.synced_len)?;
         self.pipeline = Some((log.clone(), sync));
         Ok(self)
     }

@@ -54,11 +54,12 @@ impl Default for PipelineConfig {
     }
 }
 
-/// What a journal shares with the pipeline: its file, so that a checkpoint can sync it, and
-/// how far its bytes reached the file (`written`) and the disk (`synced`).
+/// What a journal shares with the pipeline: where it is, so that a checkpoint can sync it, and
+/// how far its bytes reached the file (`written`) and the disk (`synced`). It holds no
+/// descriptor: a closed room's journal waiting for a checkpoint must not keep one open (the
+/// daemon bounds its open rooms by its descriptors).
 #[derive(Debug)]
 pub struct FileSync {
-    file: Arc<File>,
     /// The journal's path relative to the rooms directory, as frames name it.
     rel: String,
     written: AtomicU64,
@@ -66,9 +67,8 @@ pub struct FileSync {
 }
 
 impl FileSync {
-    pub(crate) fn new(file: Arc<File>, rel: String, synced: u64) -> FileSync {
+    pub(crate) fn new(rel: String, synced: u64) -> FileSync {
         FileSync {
-            file,
             rel,
             written: AtomicU64::new(synced),
             synced: AtomicU64::new(synced),
@@ -256,9 +256,10 @@ impl CommitLog {
         Ok((log, replayed))
     }
 
-    /// Share `file` (a journal under the rooms directory at `path`, durable up to `synced`)
-    /// with the pipeline.
-    pub fn register(&self, file: Arc<File>, path: &Path, synced: u64) -> Result<Arc<FileSync>> {
+    /// Share the journal at `path` (under the rooms directory, durable up to `synced`) with the
+    /// pipeline. A journal reopened while a segment still holds its entries gets the same
+    /// sync state back.
+    pub fn register(&self, path: &Path, synced: u64) -> Result<Arc<FileSync>> {
         let rel = path
             .strip_prefix(&self.rooms)
             .ok()
@@ -273,12 +274,10 @@ impl CommitLog {
             })?;
         let mut files = poisoned(self.files.lock());
         files.retain(|_, w| w.strong_count() > 0);
-        if let Some(known) = files.get(rel).and_then(std::sync::Weak::upgrade)
-            && same_file(&known.file, &file)
-        {
+        if let Some(known) = files.get(rel).and_then(std::sync::Weak::upgrade) {
             return Ok(known);
         }
-        let fresh = Arc::new(FileSync::new(file, rel.to_string(), synced));
+        let fresh = Arc::new(FileSync::new(rel.to_string(), synced));
         files.insert(rel.to_string(), Arc::downgrade(&fresh));
         Ok(fresh)
     }
@@ -517,9 +516,19 @@ impl CommitLog {
         let _one = poisoned(self.checkpoint.lock());
         for j in &r.dirty {
             let reached = j.written.load(Ordering::SeqCst);
-            j.file
-                .sync_data()
-                .map_err(|e| format!("checkpoint fdatasync of {}: {e}", j.rel))?;
+            // any descriptor of the file syncs its data (Linux syncs the inode's pages)
+            match File::open(self.rooms.join(&j.rel)) {
+                Ok(f) => f
+                    .sync_data()
+                    .map_err(|e| format!("checkpoint fdatasync of {}: {e}", j.rel))?,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    tracing::warn!(
+                        journal = j.rel,
+                        "a journal with entries in the commit log is gone"
+                    );
+                }
+                Err(e) => return Err(format!("checkpoint open of {}: {e}", j.rel)),
+            }
             j.synced.fetch_max(reached, Ordering::SeqCst);
         }
         std::fs::remove_file(&r.path)
@@ -543,14 +552,6 @@ impl CommitLog {
             self.moved.notify_all();
             StoreError::Corrupt(e)
         })
-    }
-}
-
-fn same_file(a: &File, b: &File) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    match (a.metadata(), b.metadata()) {
-        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
-        _ => false,
     }
 }
 

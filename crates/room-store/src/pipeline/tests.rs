@@ -38,12 +38,17 @@ fn journal(d: &Dirs, log: &CommitLog, name: &str) -> Arc<FileSync> {
         .truncate(false)
         .open(&path)
         .unwrap();
-    log.register(Arc::new(f), &path, 0).unwrap()
+    drop(f);
+    log.register(&path, 0).unwrap()
 }
 
 /// Write `bytes` at `offset` of the journal, as a journal append does, then commit them.
 fn append(log: &CommitLog, j: &Arc<FileSync>, offset: u64, bytes: &[u8]) -> Result<()> {
-    j.file.write_all_at(bytes, offset).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(log.rooms.join(&j.rel))
+        .unwrap();
+    f.write_all_at(bytes, offset).unwrap();
     j.wrote_to(offset + bytes.len() as u64);
     log.commit(j, offset, bytes.to_vec())
 }
@@ -163,19 +168,15 @@ fn a_path_that_leaves_the_rooms_directory_is_refused_at_register_and_at_replay()
     let d = dirs();
     let (log, _) = open(&d, PipelineConfig::default(), None).unwrap();
     let outside = d.commit.join("x");
-    let f = Arc::new(File::create(&outside).unwrap());
-    assert!(log.register(f.clone(), &outside, 0).is_err());
-    assert!(log.register(f, &d.rooms.join("../x"), 0).is_err());
+    File::create(&outside).unwrap();
+    assert!(log.register(&outside, 0).is_err());
+    assert!(log.register(&d.rooms.join("../x"), 0).is_err());
     let (seg, _, _) = log.unsynced()[0].clone();
     drop(log);
     // a frame naming ../x, checksummed as if it were real
     let bad = Queued {
         ticket: 1,
-        sync: Arc::new(FileSync::new(
-            Arc::new(File::open(&outside).unwrap()),
-            "../x".into(),
-            0,
-        )),
+        sync: Arc::new(FileSync::new("../x".into(), 0)),
         offset: 0,
         bytes: b"evil".to_vec(),
         slot: Arc::new(Slot {
@@ -298,4 +299,26 @@ fn a_batch_whose_sync_failed_acknowledges_none_of_its_entries_nor_any_later_one(
     assert_eq!(log.stats().batches, 1, "one batch acknowledged, one failed");
     let later = append(&log, &a, 6, b"later\n");
     assert!(matches!(later, Err(StoreError::InDoubt(_))), "{later:?}");
+}
+
+#[test]
+fn a_journal_waiting_for_a_checkpoint_holds_no_descriptor() {
+    let d = dirs();
+    let (log, _) = open(&d, PipelineConfig::default(), None).unwrap();
+    let a = journal(&d, &log, "a");
+    append(&log, &a, 0, b"one\n").unwrap();
+    let path = std::fs::canonicalize(d.rooms.join("a/EVENTS.jsonl")).unwrap();
+    let held = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.unwrap().path()).ok())
+        .filter(|l| *l == path)
+        .count();
+    assert_eq!(held, 0, "the pipeline keeps no descriptor of a journal");
+    assert_eq!(
+        log.unsynced().len(),
+        2,
+        "yet it knows the journal is unsynced"
+    );
+    log.checkpoint_now().unwrap();
+    assert_eq!(a.file_synced(), 4);
 }
