@@ -133,6 +133,7 @@ fn raw_sqlite(dir: &Path, secs: f64) -> anyhow::Result<Row> {
 struct World {
     _tmp: tempfile::TempDir,
     engine: Arc<Engine>,
+    store: Arc<dyn room_store::Backend>,
 }
 
 fn world(dir: &Path, sync: JournalSync) -> anyhow::Result<World> {
@@ -159,12 +160,13 @@ fn world_with(dir: &Path, config: Option<&Path>, sync: JournalSync) -> anyhow::R
     let engine = Engine::open(
         state,
         room_server::daemon::real_env(),
-        store,
+        store.clone(),
         EngineConfig::default(),
     )?;
     Ok(World {
         _tmp: tmp,
         engine: Arc::new(engine),
+        store,
     })
 }
 
@@ -236,13 +238,21 @@ fn note(room: &str, i: u64) -> TurnArgs {
     }
 }
 
+/// What a run of writers in their own rooms measured.
+pub(crate) struct Own {
+    pub per_s: f64,
+    pub lat: Vec<Duration>,
+    /// Journal appends per fdatasync of the commit log in the window (pipeline only).
+    pub appends_per_sync: Option<f64>,
+}
+
 /// `writers` agents, each alone in its own room, writing notes for `secs`.
 pub(crate) fn own_rooms(
     dir: &Path,
     writers: usize,
     secs: f64,
     sync: JournalSync,
-) -> anyhow::Result<(f64, Vec<Duration>)> {
+) -> anyhow::Result<Own> {
     let w = world(dir, sync)?;
     let mut callers = vec![];
     for i in 0..writers {
@@ -254,6 +264,7 @@ pub(crate) fn own_rooms(
         catch_up(&w.engine, &a, &room).map_err(anyhow::Error::msg)?;
         callers.push((a, room));
     }
+    let before = w.store.commit_stats();
     let start = Instant::now();
     let threads: Vec<_> = callers
         .into_iter()
@@ -279,7 +290,16 @@ pub(crate) fn own_rooms(
     for t in threads {
         all.extend(t.join().map_err(|_| anyhow::anyhow!("writer panicked"))?);
     }
-    Ok((all.len() as f64 / start.elapsed().as_secs_f64(), all))
+    let per_s = all.len() as f64 / start.elapsed().as_secs_f64();
+    let appends_per_sync = before.zip(w.store.commit_stats()).and_then(|(b, a)| {
+        let batches = a.batches.saturating_sub(b.batches);
+        (batches > 0).then(|| a.entries.saturating_sub(b.entries) as f64 / batches as f64)
+    });
+    Ok(Own {
+        per_s,
+        lat: all,
+        appends_per_sync,
+    })
 }
 
 /// How agents sharing one room read and act.
@@ -540,13 +560,20 @@ fn bench(a: &BenchArgs) -> anyhow::Result<()> {
         .filter(|(w, s)| (*w == 1 && *s == JournalSync::Pipeline) || wanted(&own_row(*w, *s)))
     {
         eprintln!("  {}", own_row(writers, sync));
-        let (per_s, mut lat) = own_rooms(&dir, writers, secs, sync)?;
+        let Own {
+            per_s,
+            mut lat,
+            appends_per_sync,
+        } = own_rooms(&dir, writers, secs, sync)?;
+        let batching = appends_per_sync
+            .map(|n| format!("; {n:.1} appends per fdatasync"))
+            .unwrap_or_default();
         rows.push(Row {
             name: own_row(writers, sync),
             per_s,
             p50_us: pct(&mut lat, 0.5),
             p99_us: pct(&mut lat, 0.99),
-            note: format!("{:.2}x raw", per_s / base),
+            note: format!("{:.2}x raw{batching}", per_s / base),
         });
     }
     let single = rows

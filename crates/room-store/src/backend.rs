@@ -449,6 +449,10 @@ pub trait Backend: Send + Sync {
     fn close_clean(&self) -> Result<()> {
         Ok(())
     }
+    /// The commit pipeline's counters (batches synced, appends in them), where there is one.
+    fn commit_stats(&self) -> Option<crate::pipeline::PipelineStats> {
+        None
+    }
     /// Files besides the rooms' logs whose unsynced bytes a power cut may take, as (path,
     /// synced, written): the simulator's crash model.
     fn unsynced_files(&self) -> Vec<(PathBuf, u64, u64)> {
@@ -708,6 +712,11 @@ impl Backend for SqliteBackend {
     fn close_clean(&self) -> Result<()> {
         let p = self.pipeline.lock().map(|p| p.clone()).ok().flatten();
         p.map_or(Ok(()), |log| log.checkpoint_now())
+    }
+
+    fn commit_stats(&self) -> Option<crate::pipeline::PipelineStats> {
+        let p = self.pipeline.lock().map(|p| p.clone()).ok().flatten();
+        p.map(|log| log.stats())
     }
 
     fn unsynced_files(&self) -> Vec<(PathBuf, u64, u64)> {
