@@ -632,12 +632,25 @@ impl RoomLog for Journal {
             s.wrote_to(end);
             match log.commit(s, old_len, buf.clone()) {
                 Ok(()) => Ok(()),
-                Err(e) => {
+                Err(StoreError::InDoubt(why)) => {
                     // the bytes may be in the log's last frame: a restart's replay decides,
                     // so the file is left as it is
-                    let why = e.to_string();
                     self.poisoned = Some(why.clone());
                     return Err(StoreError::InDoubt(why));
+                }
+                Err(e) => {
+                    // nothing of the batch reached the log: cut back as a failed write is
+                    s.cut_back(old_len);
+                    self.allocated = old_len;
+                    if let Err(e2) = self
+                        .file
+                        .set_len(old_len)
+                        .and_then(|()| self.file.sync_all())
+                    {
+                        self.poisoned =
+                            Some(format!("commit failed ({e}) and cut-back failed ({e2})"));
+                    }
+                    return Err(e);
                 }
             }
         } else {

@@ -80,6 +80,11 @@ impl FileSync {
         self.written.fetch_max(end, Ordering::SeqCst);
     }
 
+    /// The journal was cut back to `len` (its append failed with nothing written).
+    pub(crate) fn cut_back(&self, len: u64) {
+        self.written.fetch_min(len, Ordering::SeqCst);
+    }
+
     /// Bytes of the file itself on stable storage (a checkpoint's sync); acknowledged bytes
     /// past it are durable in the commit log.
     pub fn file_synced(&self) -> u64 {
@@ -98,6 +103,8 @@ struct Queued {
 const WAITING: u8 = 0;
 const DURABLE: u8 = 1;
 const FAILED: u8 = 2;
+/// The batch failed before any of it could be on the disk; the log goes on.
+const NOT_WRITTEN: u8 = 4;
 /// The oldest waiting entry's submitter writes the next batch.
 const LEAD: u8 = 3;
 
@@ -129,6 +136,8 @@ struct Shared {
     /// Submitters waiting for queued bytes to drain.
     held_back: u32,
     failed: Option<String>,
+    /// The latest batch that failed cleanly, why.
+    not_written: Option<String>,
     batches: u64,
     entries: u64,
 }
@@ -143,6 +152,23 @@ struct Segment {
     allocated: u64,
     /// Journals with entries in this segment: what its checkpoint syncs.
     dirty: HashMap<usize, Arc<FileSync>>,
+}
+
+/// Why a batch failed, and whether anything of it can be on the disk.
+struct BatchError {
+    why: String,
+    /// Nothing of the batch landed (or what did was zeroed again): its appends fail with
+    /// nothing written and the log goes on.
+    clean: bool,
+}
+
+impl BatchError {
+    fn clean(why: String) -> BatchError {
+        BatchError { why, clean: true }
+    }
+    fn in_doubt(why: String) -> BatchError {
+        BatchError { why, clean: false }
+    }
 }
 
 /// A segment taken out of service: sync its journals, then remove it.
@@ -244,6 +270,7 @@ impl CommitLog {
                 leading: false,
                 held_back: 0,
                 failed: None,
+                not_written: None,
                 batches: 0,
                 entries: 0,
             }),
@@ -349,11 +376,21 @@ impl CommitLog {
                     WAITING => std::thread::park(),
                     DURABLE => return Ok(()),
                     FAILED => return Err(self.failure()),
+                    NOT_WRITTEN => return Err(self.not_written()),
                     _ => break,
                 }
             }
         }
         self.lead(&slot)
+    }
+
+    /// Why an entry's batch was not written (the latest such failure; nothing of it landed).
+    fn not_written(&self) -> StoreError {
+        let s = poisoned(self.shared.lock());
+        StoreError::Io(std::io::Error::other(format!(
+            "the commit log's batch was not written: {}",
+            s.not_written.as_deref().unwrap_or("unknown")
+        )))
     }
 
     /// Why an entry failed: the log's failure.
@@ -403,9 +440,20 @@ impl CommitLog {
                 s.entries += batch.len() as u64;
                 (retired, DURABLE)
             }
+            Err(e) if e.clean => {
+                tracing::warn!(
+                    "a commit log batch failed, nothing of it was written: {}",
+                    e.why
+                );
+                s.not_written = Some(e.why);
+                (None, NOT_WRITTEN)
+            }
             Err(e) => {
-                tracing::error!("commit log failed, every append from here is in doubt: {e}");
-                s.failed.get_or_insert(e);
+                tracing::error!(
+                    "commit log failed, every append from here is in doubt: {}",
+                    e.why
+                );
+                s.failed.get_or_insert(e.why);
                 (None, FAILED)
             }
         };
@@ -436,13 +484,14 @@ impl CommitLog {
         }
         match outcome {
             DURABLE => Ok(()),
+            NOT_WRITTEN => Err(self.not_written()),
             _ => Err(self.failure()),
         }
     }
 
     /// Write `batch` as one frame at the segment's end and sync it; retire the segment when it
     /// is full and no checkpoint runs.
-    fn write_batch(&self, batch: &[Queued]) -> std::result::Result<Option<Retired>, String> {
+    fn write_batch(&self, batch: &[Queued]) -> std::result::Result<Option<Retired>, BatchError> {
         let mut seg = poisoned(self.segment.lock());
         let frame = encode_frame(seg.epoch, batch);
         let fault = self
@@ -450,11 +499,10 @@ impl CommitLog {
             .as_ref()
             .and_then(|f| f.on_log_write(&seg.path, frame.len()));
         let at = seg.len;
+        // nothing of the frame is written yet: a failure here fails the batch cleanly
         seg.grow_to(at + frame.len() as u64)
-            .map_err(|e| format!("growing {}: {e}", seg.path.display()))?;
-        let mut sync = true;
-        let wrote = match fault {
-            None => seg.file.write_all_at(&frame, at),
+            .map_err(|e| BatchError::clean(format!("growing {}: {e}", seg.path.display())))?;
+        let written = match fault {
             Some(Fault::WriteError(kind)) => {
                 Err(std::io::Error::new(kind, "injected write failure"))
             }
@@ -462,27 +510,32 @@ impl CommitLog {
                 .file
                 .write_all_at(&frame[..n.min(frame.len())], at)
                 .and_then(|()| Err(std::io::Error::other("injected short write"))),
-            Some(Fault::SyncError) => seg
-                .file
-                .write_all_at(&frame, at)
-                .and_then(|()| Err(std::io::Error::other("injected fsync failure"))),
-            Some(Fault::CrashAfterWrite) => seg
-                .file
-                .write_all_at(&frame, at)
-                .and_then(|()| Err(std::io::Error::other("injected crash before fsync"))),
-            Some(Fault::SkipSync) => {
-                sync = false;
-                seg.file.write_all_at(&frame, at)
-            }
+            _ => seg.file.write_all_at(&frame, at),
         };
-        // the bytes may be anywhere between absent and whole: the length covers them all, so
-        // a crash model sees them as unsynced
+        if let Err(e) = written {
+            // nothing of this batch was synced: zeros over whatever landed make the place free
+            // space again, and the log goes on; if even that fails its state is unknown
+            let why = format!("writing {}: {e}", seg.path.display());
+            if seg.file.write_all_at(&vec![0u8; frame.len()], at).is_ok() {
+                return Err(BatchError::clean(why));
+            }
+            seg.len = at + frame.len() as u64;
+            return Err(BatchError::in_doubt(why));
+        }
+        // from here the bytes may be anywhere between absent and whole: the length covers
+        // them all, so a crash model sees them as unsynced
         seg.len = at + frame.len() as u64;
-        wrote.map_err(|e| format!("writing {}: {e}", seg.path.display()))?;
-        if sync {
-            seg.file
-                .sync_data()
-                .map_err(|e| format!("fdatasync {}: {e}", seg.path.display()))?;
+        let synced = match fault {
+            Some(Fault::SyncError) => Err(std::io::Error::other("injected fsync failure")),
+            Some(Fault::CrashAfterWrite) => {
+                Err(std::io::Error::other("injected crash before fsync"))
+            }
+            Some(Fault::SkipSync) => Ok(()),
+            _ => seg.file.sync_data(),
+        };
+        synced
+            .map_err(|e| BatchError::in_doubt(format!("fdatasync {}: {e}", seg.path.display())))?;
+        if fault != Some(Fault::SkipSync) {
             seg.synced = seg.len;
         }
         for q in batch {
@@ -497,7 +550,9 @@ impl CommitLog {
         let Ok(_running) = self.checkpoint.try_lock() else {
             return Ok(None);
         };
-        self.retire(&mut seg).map(Some)
+        self.retire(&mut seg)
+            .map(Some)
+            .map_err(BatchError::in_doubt)
     }
 
     /// Replace the segment with a fresh one; the old one is the caller's to checkpoint.

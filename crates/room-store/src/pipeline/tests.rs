@@ -322,3 +322,59 @@ fn a_journal_waiting_for_a_checkpoint_holds_no_descriptor() {
     log.checkpoint_now().unwrap();
     assert_eq!(a.file_synced(), 4);
 }
+
+/// Fails the first batch's write (after `landed` bytes of it), then lets every batch through.
+#[derive(Debug)]
+struct FailFirstWrite {
+    landed: Option<usize>,
+    writes: AtomicU64,
+}
+
+impl Faults for FailFirstWrite {
+    fn on_append(&self, _: &Path, _: usize) -> Option<Fault> {
+        None
+    }
+    fn on_log_write(&self, _: &Path, _: usize) -> Option<Fault> {
+        (self.writes.fetch_add(1, Ordering::SeqCst) == 0).then(|| match self.landed {
+            Some(n) => Fault::ShortWrite(n),
+            None => Fault::WriteError(std::io::ErrorKind::StorageFull),
+        })
+    }
+}
+
+#[test]
+fn a_batch_whose_write_failed_is_not_written_and_the_log_goes_on() {
+    for landed in [None, Some(30)] {
+        let d = dirs();
+        let faults = Arc::new(FailFirstWrite {
+            landed,
+            writes: AtomicU64::new(0),
+        });
+        let (log, _) = open(&d, PipelineConfig::default(), Some(faults)).unwrap();
+        let a = journal(&d, &log, "a");
+        let refused = append(&log, &a, 0, b"lost\n");
+        assert!(
+            matches!(refused, Err(StoreError::Io(_))),
+            "nothing written, not in doubt: {refused:?}"
+        );
+        // the journal cuts itself back; the next append goes where the failed one would have
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(d.rooms.join("a/EVENTS.jsonl"))
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        a.cut_back(0);
+        append(&log, &a, 0, b"kept\n").unwrap();
+        drop((a, log));
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(d.rooms.join("a/EVENTS.jsonl"))
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        let (_, r) = open(&d, PipelineConfig::default(), None).unwrap();
+        assert_eq!((r.frames, r.entries), (1, 1), "{landed:?}");
+        assert_eq!(read(&d, "a"), b"kept\n");
+    }
+}
