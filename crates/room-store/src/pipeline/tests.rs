@@ -335,10 +335,11 @@ impl Faults for FailFirstWrite {
         None
     }
     fn on_log_write(&self, _: &Path, _: usize) -> Option<Fault> {
-        (self.writes.fetch_add(1, Ordering::SeqCst) == 0).then(|| match self.landed {
+        let fault = match self.landed {
             Some(n) => Fault::ShortWrite(n),
             None => Fault::WriteError(std::io::ErrorKind::StorageFull),
-        })
+        };
+        (self.writes.fetch_add(1, Ordering::SeqCst) == 0).then_some(fault)
     }
 }
 
