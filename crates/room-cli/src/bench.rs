@@ -9,7 +9,7 @@ use room_engine::verbs::TurnArgs;
 use room_engine::{Engine, EngineConfig};
 use room_store::index::{Batch, CheckpointRow, EventRow, Index};
 use room_store::{JournalSync, RoomIndex};
-use serde_json::json;
+use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -406,6 +406,9 @@ fn shared_agent(
         };
         let mut receipt = page["receipt"].as_str().map(String::from);
         let mut refused = 0u64;
+        // measured once the turn has landed: the count is the bench's, not the loop's, and
+        // must not hold the room's slot
+        let mut reread = Vec::new();
         loop {
             i += 1;
             let mut args = note("shared", i);
@@ -424,7 +427,7 @@ fn shared_agent(
             };
             match out {
                 Ok(_) => break,
-                Err(r)
+                Err(mut r)
                     if matches!(
                         r.code,
                         Code::RoomSyncRequired
@@ -433,9 +436,9 @@ fn shared_agent(
                     ) =>
                 {
                     refused += 1;
-                    let next = &r.detail["next_page"];
-                    me.reread_bytes += next.to_string().len() as u64;
+                    let next = r.detail["next_page"].take();
                     receipt = next["receipt"].as_str().map(String::from);
+                    reread.push(next);
                 }
                 Err(r) if r.code == Code::RoomTurnQueueExceeded => {
                     me.queue_refused += 1;
@@ -446,6 +449,7 @@ fn shared_agent(
             // past the window the agent still retries (a refused author holds the room's
             // slot until it does), but stops after its next turn
         }
+        me.reread_bytes += reread.iter().map(json_bytes).sum::<u64>();
         // only turns that landed inside the window count
         if start.elapsed().as_secs_f64() < secs {
             me.accepted += 1;
@@ -453,6 +457,23 @@ fn shared_agent(
         }
     }
     Ok(me)
+}
+
+/// The length of `v`'s compact JSON, counted as it is written.
+fn json_bytes(v: &Value) -> u64 {
+    struct Count(u64);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len() as u64;
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    serde_json::to_writer(&mut c, v).expect("a JSON value serializes into a counter");
+    c.0
 }
 
 /// The gate's queries (checkpoint lookup + first foreign event after it + one parent) over an
