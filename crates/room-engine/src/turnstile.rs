@@ -7,7 +7,10 @@
 //! the head goes, and if the gate sends it back to read, the slot stays its own for
 //! `turn_slot_ms` so that its retry (with `read_through`) lands. The engine knows no threads:
 //! a waiting turn is an answer (`TurnStep::Wait` with a ticket), and the caller waits for the
-//! ticket to be woken (`TurnWaits`) or for the slot's deadline, then calls again.
+//! ticket to be woken (`TurnWaits`) or for the slot's deadline, then calls again. A turn that
+//! passed every check passes its slot on as its write begins (`pass_on`), so that the next
+//! turn's call overlaps the write's sync; the gate still runs under the room's lock, after
+//! the write.
 
 use crate::policy::GateLimits;
 use room_core::{Code, Refusal};
@@ -164,6 +167,15 @@ impl Turnstile {
             Some(_) => None,
             None => self.queue.front().map(|w| w.ticket),
         }
+    }
+
+    /// The turn of `key` is being written and nothing can send it back: its slot is free, so
+    /// that the next waiting turn starts while this one is made durable. Returns the ticket to
+    /// wake, if one waits. `finish` after this keeps nothing for `key` (it may wake the same
+    /// head again: a waiter that already went only looks once more).
+    pub(crate) fn pass_on(&mut self, key: &str) -> Option<u64> {
+        self.holder.take_if(|h| h.key == key)?;
+        self.queue.front().map(|w| w.ticket)
     }
 
     /// Drop an expired slot and waiters that stopped calling.
@@ -359,6 +371,42 @@ mod tests {
             Ok(Admit::Go { waited_ms: 39 })
         );
         assert_eq!(t.waiting(), 0);
+    }
+
+    #[test]
+    fn a_turn_past_its_checks_passes_the_slot_on_before_it_finishes() {
+        let l = limits();
+        let mut t = Turnstile::default();
+        let mut n = 0;
+        let mut next = || {
+            n += 1;
+            n
+        };
+        assert_eq!(
+            t.admit("a", None, 0, &l, &mut next),
+            Ok(Admit::Go { waited_ms: 0 })
+        );
+        let Ok(Admit::Wait { ticket: tb, .. }) = t.admit("b", None, 1, &l, &mut next) else {
+            panic!("b waits while a holds the room")
+        };
+        assert_eq!(t.pass_on("b"), None, "only the holder passes its slot on");
+        assert_eq!(t.pass_on("a"), Some(tb), "a is being written: b is woken");
+        // a newcomer still goes behind the head, which goes while a is still being written
+        let Ok(Admit::Wait { ticket: tc, .. }) = t.admit("c", None, 2, &l, &mut next) else {
+            panic!("c waits behind the head")
+        };
+        assert_eq!(
+            t.admit("b", Some(tb), 3, &l, &mut next),
+            Ok(Admit::Go { waited_ms: 2 })
+        );
+        // a finishes after b went: b keeps the slot, nobody else is woken
+        assert_eq!(t.finish("a", false, false, 4, &l), None);
+        assert!(matches!(
+            t.admit("c", Some(tc), 5, &l, &mut next),
+            Ok(Admit::Wait { .. })
+        ));
+        assert_eq!(t.pass_on("a"), None, "a holds nothing any more");
+        assert_eq!(t.finish("b", false, false, 6, &l), Some(tc));
     }
 
     #[test]

@@ -106,6 +106,9 @@ pub struct Prepared {
     /// length: what a refusal at commit serves the next page from.
     durable: Standing,
     read_through: Option<(String, usize)>,
+    /// The turnstile key of a turn that holds its room's slot: once nothing can send the turn
+    /// back, the slot passes on (see [`Engine::commit_turn`]).
+    slot: Option<String>,
 }
 
 /// What every verb's plan reads: the room (under its writer lock), the caller, the turn's
@@ -1044,7 +1047,12 @@ impl Engine {
             .check_actor(&p, args.actor.as_deref(), "actor")
             .and_then(|()| invariants::check_key(args.idempotency_key.as_deref()))
             .and_then(|()| self.prepare_as(gated, p, handle.clone(), binding, args))
-            .and_then(|prep| self.commit_turn(prep));
+            .and_then(|prep| {
+                self.commit_turn(Prepared {
+                    slot: Some(key.clone()),
+                    ..prep
+                })
+            });
         let sent_back = out.as_ref().is_err_and(|r| {
             matches!(
                 r.code,
@@ -1293,6 +1301,7 @@ impl Engine {
             resolves,
             durable,
             read_through,
+            slot: None,
         })
     }
 
@@ -1308,6 +1317,7 @@ impl Engine {
             resolves,
             durable,
             read_through,
+            slot,
         } = prep;
         let mut h = lock_room(&handle);
         h.writable()?;
@@ -1408,6 +1418,12 @@ impl Engine {
             .iter()
             .map(|f| json!({"invariant": f.invariant.as_str(), "severity": "flag", "detail": f.detail}))
             .collect();
+        // Nothing can send this turn back now. The room's slot passes to the next waiting
+        // turn, whose call (authorization, its own checks) overlaps this write: its gate runs
+        // under this room's lock, so after this turn is in the index, and sees it.
+        if let Some(t) = slot.and_then(|key| h.turnstile.pass_on(&key)) {
+            self.turn_waits.wake(t);
+        }
         let rec = h.commit_flagged(
             self,
             vec![EventBody::Turn(Box::new(turn.clone()))],
