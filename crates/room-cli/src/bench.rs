@@ -157,11 +157,18 @@ fn world_with(dir: &Path, config: Option<&Path>, sync: JournalSync) -> anyhow::R
             ..Default::default()
         },
     ));
+    // as many rooms open at once as a daemon would keep under this process's descriptor
+    // limit (raised as `room serve` raises it): the multi-writer rows measure turns, not rooms
+    // evicted and opened again for want of descriptors
+    let nofile = room_server::daemon::raise_nofile_limit().unwrap_or(u64::from(u32::MAX));
     let engine = Engine::open(
         state,
         room_server::daemon::real_env(),
         store.clone(),
-        EngineConfig::default(),
+        EngineConfig {
+            rooms_open_max: room_engine::rooms::open_max_for(nofile),
+            ..EngineConfig::default()
+        },
     )?;
     Ok(World {
         _tmp: tmp,
