@@ -411,6 +411,55 @@ fn the_wakes_bench_reaches_every_worker_and_stops_every_tree() {
     }
 }
 
+/// `room bench` (the core rows) at its shortest, on one shared-room row: the raw baseline and
+/// the one-writer row run, and the shared row lands turns, compares them with one writer
+/// measured right before it and reports refusals, re-read bytes and the spread per agent.
+#[test]
+fn the_core_bench_runs_a_shared_room_row_against_one_writer() {
+    let env = Env::new();
+    let root = env.root.to_str().unwrap();
+    let out = env.run(
+        &[
+            "bench",
+            "--seconds",
+            "1",
+            "--only",
+            "10 agents in one room, read_through",
+            "--dir",
+            root,
+        ],
+        None,
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", stderr(&out));
+    for row in [
+        "raw SQLite single-row commits",
+        "gated turns, 1 writer(s) each in its own room",
+    ] {
+        assert!(stdout.contains(row), "no row {row:?}: {stdout}");
+    }
+    let shared = stdout
+        .lines()
+        .find(|l| l.starts_with("10 agents in one room, read_through"))
+        .unwrap_or_else(|| panic!("no shared-room row: {stdout}"));
+    assert!(
+        shared.contains("x one writer (") && shared.contains("/s, measured right before)"),
+        "{shared}"
+    );
+    assert!(shared.contains("B re-read per turn") && shared.contains("per agent min"));
+    let per_s: f64 = shared
+        .trim_start_matches("10 agents in one room, read_through")
+        .split_whitespace()
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no rate: {shared}"));
+    assert!(per_s > 0.0, "the shared room landed turns: {shared}");
+    assert!(
+        !stdout.contains("100 agents"),
+        "--only keeps the other rows out: {stdout}"
+    );
+}
+
 #[test]
 fn the_swarm_bench_runs_on_both_clients() {
     let env = Env::new();
