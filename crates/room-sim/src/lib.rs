@@ -17,9 +17,10 @@
 pub mod disk;
 pub mod oracle;
 
-use room_core::env::{ManualClock, SeededEntropy};
+use room_core::env::{Clock, ManualClock, SeededEntropy};
 use room_core::{Code, Tier, Verb};
 use room_engine::principal::AgentCaller;
+use room_engine::turnstile::TurnStep;
 use room_engine::verbs::TurnArgs;
 use room_engine::{Engine, EngineConfig, Env};
 use room_store::fs::RealFs;
@@ -148,6 +149,10 @@ pub struct Report {
     /// where a sector after a lost one was kept (written out of order).
     pub journals_sectored: u64,
     pub journals_out_of_order: u64,
+    /// Turns the turnstile told to wait (each called again later, or given up), and those
+    /// that landed when called again.
+    pub turn_waits: u64,
+    pub turns_after_wait: u64,
 }
 
 struct Rng(u64);
@@ -271,6 +276,21 @@ struct Read {
     to: u64,
 }
 
+/// A turn the room's turnstile told to wait: called again with its ticket on a later step of
+/// its agent, or given up (a caller that went away, whose place lapses).
+#[derive(Debug, Clone)]
+struct Pending {
+    room: String,
+    verb: Verb,
+    args: TurnArgs,
+    read: Option<Read>,
+    ticket: u64,
+    /// The clock when this ticket was drawn, and how many times the clock had stepped back
+    /// by then (a wait measured across a step back is not checked against its bound).
+    since_ms: u64,
+    backs: u64,
+}
+
 struct Agent {
     name: String,
     token: String,
@@ -292,6 +312,8 @@ struct Agent {
     claimed: Vec<(String, String)>,
     /// Obligations this agent raised with send: (room, obligation id), for circle.
     raised: Vec<(String, String)>,
+    /// Its turn waiting in a room's turnstile, if any.
+    pending: Option<Pending>,
 }
 
 pub struct Sim {
@@ -332,6 +354,8 @@ pub struct Sim {
     runner: Arc<SimRunner>,
     /// Turns written for an audience, by event id: no page may carry one to anyone else.
     withheld: BTreeMap<String, BTreeSet<String>>,
+    /// Times the clock stepped back so far.
+    clock_backs: u64,
 }
 
 fn scratch_dir() -> PathBuf {
@@ -402,6 +426,7 @@ impl Sim {
             swept_at: None,
             runner: Arc::new(SimRunner::new(seed)),
             withheld: BTreeMap::new(),
+            clock_backs: 0,
         }
     }
 
@@ -543,6 +568,7 @@ impl Sim {
                 tasks: vec![],
                 claimed: vec![],
                 raised: vec![],
+                pending: None,
             });
         }
         for r in 0..self.cfg.rooms {
@@ -638,6 +664,7 @@ impl Sim {
                             .load(std::sync::atomic::Ordering::SeqCst)
                             .saturating_sub(jump),
                     );
+                    self.clock_backs += 1;
                     self.note(format!("clock steps back {jump} ms"));
                 } else {
                     self.clock.advance(jump);
@@ -915,6 +942,16 @@ impl Sim {
 
     fn agent_turn(&mut self) -> Result<(), Failure> {
         let i = self.pick_agent();
+        // a turn the turnstile told to wait is called again with its ticket, mostly
+        if let Some(p) = self.agents[i].pending.take() {
+            let live = self.agents[i].rooms.contains(&p.room) && !self.archived.contains(&p.room);
+            if live && self.rng.chance(85) {
+                let waiting = Some((p.ticket, p.since_ms, p.backs));
+                return self.attempt_turn(i, &p.room, p.verb, p.args, p.read, waiting);
+            }
+            let name = self.agents[i].name.clone();
+            self.note(format!("{name} gives up its waiting turn in {}", p.room));
+        }
         if self.agents[i].rooms.is_empty() {
             return Ok(());
         }
@@ -1026,15 +1063,45 @@ impl Sim {
             }
             args.audience = audience;
         }
+        self.attempt_turn(i, &room, verb, args, read, None)
+    }
+
+    /// Act in `room`, presenting `read` (with one more try on the delta page a refusal hands
+    /// over), through the room's turnstile as the daemon does or, now and then, straight to
+    /// `Engine::turn`. `waiting`: the ticket the turnstile gave this turn before (with the
+    /// clock then and its step-backs by then). A turn told to wait is kept for a later step.
+    fn attempt_turn(
+        &mut self,
+        i: usize,
+        room: &str,
+        verb: Verb,
+        mut args: TurnArgs,
+        mut read: Option<Read>,
+        waiting: Option<(u64, u64, u64)>,
+    ) -> Result<(), Failure> {
+        let room = room.to_string();
         let c = self.caller(i);
         let name = self.agents[i].name.clone();
+        let via_turnstile = waiting.is_some() || self.rng.chance(70);
+        let mut ticket = waiting.map(|(t, _, _)| t);
         let mut out = Ok(Value::Null);
         // with read_through: one try, and one more with the delta page a refusal hands over
         for _ in 0..2 {
             args.read_through = read.as_ref().map(|r: &Read| r.receipt.clone());
-            out = self.checked(format!("{name} {verb} {room} read_through={read:?}"), |e| {
-                e.turn(&c, verb, args.clone())
-            })?;
+            let what = format!("{name} {verb} {room} read_through={read:?} ticket={ticket:?}");
+            let step = if via_turnstile {
+                let t = ticket.take();
+                self.checked(what, |e| e.turn_step(&c, verb, args.clone(), t))?
+            } else {
+                self.checked(what, |e| e.turn(&c, verb, args.clone()).map(TurnStep::Done))?
+            };
+            out = match step {
+                Ok(TurnStep::Done(v)) => Ok(v),
+                Ok(TurnStep::Wait { ticket, until_ms }) => {
+                    return self.turn_waits(i, &room, verb, args, read, waiting, ticket, until_ms);
+                }
+                Err(r) => Err(r),
+            };
             match (&out, &read) {
                 (Err(r), Some(old)) if r.code == Code::RoomSyncRequired => {
                     let next = &r.detail["next_page"];
@@ -1069,6 +1136,9 @@ impl Sim {
             }
         }
         let Ok(v) = out else { return Ok(()) };
+        if waiting.is_some() {
+            self.report.turns_after_wait += 1;
+        }
         if let (Some(ev), Some(a)) = (v["event"].as_str(), v["audience"].as_array())
             && !a.is_empty()
         {
@@ -1078,10 +1148,11 @@ impl Sim {
                 .collect();
             self.withheld.insert(ev.to_string(), a);
         }
-        if verb == Verb::Reply {
-            self.agents[i]
-                .open
-                .insert(room.clone(), open.into_iter().skip(1).collect());
+        if verb == Verb::Reply
+            && let Some(answered) = &args.reply_to
+            && let Some(open) = self.agents[i].open.get_mut(&room)
+        {
+            open.retain(|o| o != answered);
         }
         if verb == Verb::Send
             && let Some(ob) = v["obligations"][0]["id"].as_str()
@@ -1089,6 +1160,48 @@ impl Sim {
             self.agents[i].raised.push((room.clone(), ob.to_string()));
         }
         self.record_turn(i, &room, &v, Some((verb, args)))
+    }
+
+    /// The turnstile told this turn to wait: the answer names when to call again, within the
+    /// room's bound (a wait is never a silent hang), and the agent keeps the turn for a later
+    /// step. `waiting` is what it held before this call, if it was waiting already.
+    #[allow(clippy::too_many_arguments)]
+    fn turn_waits(
+        &mut self,
+        i: usize,
+        room: &str,
+        verb: Verb,
+        args: TurnArgs,
+        read: Option<Read>,
+        waiting: Option<(u64, u64, u64)>,
+        ticket: u64,
+        until_ms: u64,
+    ) -> Result<(), Failure> {
+        let now = self.clock.now_ms();
+        // the same ticket is the same place in the queue; a new one starts a new wait
+        let (since_ms, backs) = match waiting {
+            Some((t, since, backs)) if t == ticket => (since, backs),
+            _ => (now, self.clock_backs),
+        };
+        let wait_max = self.e().policy().gate.turn_wait_ms_max;
+        if backs == self.clock_backs
+            && (now.saturating_sub(since_ms) > wait_max || until_ms > since_ms + wait_max + 1)
+        {
+            return Err(self.fail(format!(
+                "a turn in {room} waiting since {since_ms} was told at {now} to wait until {until_ms}, past the {wait_max} ms bound"
+            )));
+        }
+        self.report.turn_waits += 1;
+        self.agents[i].pending = Some(Pending {
+            room: room.into(),
+            verb,
+            args,
+            read,
+            ticket,
+            since_ms,
+            backs,
+        });
+        Ok(())
     }
 
     /// The first event in `from..=to` of `room` that is not `name`'s own (invariant verdicts

@@ -67,6 +67,8 @@ fn main() {
                 totals.journals_cut += r.journals_cut;
                 totals.journals_sectored += r.journals_sectored;
                 totals.journals_out_of_order += r.journals_out_of_order;
+                totals.turn_waits += r.turn_waits;
+                totals.turns_after_wait += r.turns_after_wait;
                 for (k, v) in r.refusals {
                     *totals.refusals.entry(k).or_default() += v;
                 }
@@ -98,6 +100,10 @@ fn main() {
     eprintln!(
         "journals with unsynced bytes at crashes: {} cut to a prefix, {} kept some sectors ({} out of order)",
         totals.journals_cut, totals.journals_sectored, totals.journals_out_of_order
+    );
+    eprintln!(
+        "turns told to wait by a room's turnstile: {} ({} landed when called again)",
+        totals.turn_waits, totals.turns_after_wait
     );
     eprintln!("refusals by code: {:?}", totals.refusals);
     eprintln!("invariant verdicts: {:?}", totals.invariants);
