@@ -1,6 +1,6 @@
 //! `read_through`: confirming the page just read and acting in one call, the delta pages its
-//! refusals carry, and the turnstile that orders a busy room's turns, through the engine's
-//! public API.
+//! refusals carry, the turnstile that orders a busy room's turns, and the view a checkpoint is
+//! stamped with, through the engine's public API.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)] // tests make real state dirs and config files
 
 use room_core::env::{ManualClock, SeededEntropy};
@@ -427,4 +427,63 @@ fn a_lower_page_ceiling_holds_for_every_page_and_its_receipts_confirm() {
             }
         }
     }
+}
+
+fn catch_up(e: &Engine, a: &AgentCaller) -> u64 {
+    let mut confirm: Option<String> = None;
+    loop {
+        let page = e.sync(a, "r", confirm.as_deref()).unwrap();
+        if page["items"].as_array().unwrap().is_empty() {
+            return page["confirmed_seq"].as_u64().unwrap();
+        }
+        confirm = Some(receipt(&page));
+    }
+}
+
+#[test]
+fn a_checkpoint_holds_again_when_its_view_comes_back_but_never_across_a_reset() {
+    let f = Fixture::new();
+    let e = f.engine(1);
+    let agents = room(&e, &["alpha", "beta", "gamma"]);
+    let (a, b) = (&agents[0], &agents[1]);
+    catch_up(&e, b);
+    e.turn(b, Verb::Say, say("one", None)).unwrap();
+    let read = catch_up(&e, a);
+    assert_eq!(read, tip(&e), "alpha read everything");
+
+    // a reader leaves: the room's view moves, and alpha's checkpoint is not honoured under it
+    e.revoke(&owner(&e), "gamma").unwrap();
+    let page = e.sync(a, "r", None).unwrap();
+    assert_eq!(page["view_changed"], true);
+    assert_eq!(
+        page["from_seq"], 1,
+        "under a new view alpha reads from the start"
+    );
+    let before = tip(&e);
+    let r = e.turn(a, Verb::Say, say("too soon", None)).unwrap_err();
+    assert_eq!(r.code, Code::RoomSyncViewChanged);
+    assert_eq!(tip(&e), before, "the refused turn wrote nothing");
+
+    // the same reader comes back: the view is the one alpha read under, and so is its reading
+    e.rotate(&owner(&e), "gamma").unwrap();
+    let page = e.sync(a, "r", None).unwrap();
+    assert_eq!(page["view_changed"], false);
+    assert_eq!(
+        page["confirmed_seq"], read,
+        "alpha's checkpoint holds again"
+    );
+    e.turn(a, Verb::Say, say("two", Some(&receipt(&page))))
+        .expect("what alpha read under this view still counts");
+
+    // a reset never comes back: after it, alpha reads again before it acts
+    catch_up(&e, a);
+    e.room_reset(&owner(&e).control(), "r").unwrap();
+    let before = tip(&e);
+    let r = e
+        .turn(a, Verb::Say, say("after the reset", None))
+        .unwrap_err();
+    assert_eq!(r.code, Code::RoomSyncViewChanged);
+    assert_eq!(tip(&e), before, "the refused turn wrote nothing");
+    let page = e.sync(a, "r", None).unwrap();
+    assert_eq!(page["view_changed"], true);
 }

@@ -314,6 +314,11 @@ struct Agent {
     raised: Vec<(String, String)>,
     /// Its turn waiting in a room's turnstile, if any.
     pending: Option<Pending>,
+    /// Per room: what it had confirmed when the room's view last changed under it, while it
+    /// has confirmed nothing since. The engine keeps that checkpoint, stamped with the old
+    /// view, and honours it again if the view comes back (a member revoked, then restored):
+    /// what was read under a view is still read under the same view.
+    revivable: BTreeMap<String, u64>,
 }
 
 pub struct Sim {
@@ -569,6 +574,7 @@ impl Sim {
                 claimed: vec![],
                 raised: vec![],
                 pending: None,
+                revivable: BTreeMap::new(),
             });
         }
         for r in 0..self.cfg.rooms {
@@ -881,13 +887,13 @@ impl Sim {
             if let Some((_, to)) = confirm {
                 let m = self.agents[i].confirmed.entry(room.clone()).or_default();
                 *m = (*m).max(to);
+                self.agents[i].revivable.remove(&room);
             }
             if let Some(seq) = page["confirmed"]["confirmed_seq"].as_u64() {
                 self.agents[i].confirmed_durably.insert(room.clone(), seq);
             }
             if page["view_changed"] == true {
-                self.agents[i].confirmed.insert(room.clone(), 0);
-                self.agents[i].confirmed_durably.remove(&room);
+                self.view_changed(i, &room);
             }
             let to = page["to_seq"].as_u64().unwrap_or(0);
             let receipt = page["receipt"].as_str().unwrap_or_default().to_string();
@@ -920,6 +926,16 @@ impl Sim {
         Ok(())
     }
 
+    /// A page told `i` that `room`'s view changed under its checkpoint: nothing is confirmed
+    /// for the new view, and the checkpoint it had is kept aside (see `Agent::revivable`).
+    fn view_changed(&mut self, i: usize, room: &str) {
+        let a = &mut self.agents[i];
+        if let Some(c) = a.confirmed.insert(room.to_string(), 0).filter(|c| *c > 0) {
+            a.revivable.insert(room.to_string(), c);
+        }
+        a.confirmed_durably.remove(room);
+    }
+
     /// Read one page of `room` without confirming it: what a `read_through` turn presents.
     fn read_page(&mut self, i: usize, room: &str) -> Result<Option<Read>, Failure> {
         let c = self.caller(i);
@@ -930,8 +946,7 @@ impl Sim {
         let Ok(page) = out else { return Ok(None) };
         self.check_served(&name, room, &page)?;
         if page["view_changed"] == true {
-            self.agents[i].confirmed.insert(room.to_string(), 0);
-            self.agents[i].confirmed_durably.remove(room);
+            self.view_changed(i, room);
         }
         Ok(page["receipt"].as_str().map(|r| Read {
             receipt: r.into(),
@@ -1133,6 +1148,7 @@ impl Sim {
             // own events only (a turn whose answer a crash swallowed, which the gate excepts)
             if r.after <= m || self.foreign_in(&room, &name, m + 1, r.after)?.is_none() {
                 self.agents[i].confirmed.insert(room.clone(), m.max(r.to));
+                self.agents[i].revivable.remove(&room);
             }
         }
         let Ok(v) = out else { return Ok(()) };
@@ -1270,10 +1286,20 @@ impl Sim {
                         && reads(e, &name)
                 })
             }) {
-                return Err(self.fail(format!(
-                    "{name} acted at seq {seq} in {room} past unconfirmed foreign event {} (confirmed up to {confirmed})",
-                    foreign["seq"]
-                )));
+                let foreign = foreign["seq"].clone();
+                // unless the view its checkpoint was stamped with came back, and that covers it
+                let revived = match self.agents[i].revivable.get(&room).copied() {
+                    Some(c) => self.foreign_in(&room, &name, c + 1, seq - 1)?.is_none(),
+                    None => false,
+                };
+                if !revived {
+                    return Err(self.fail(format!(
+                        "{name} acted at seq {seq} in {room} past unconfirmed foreign event {foreign} (confirmed up to {confirmed})"
+                    )));
+                }
+                self.note(format!(
+                    "{name}'s checkpoint in {room} from a view that came back covers seq {seq}"
+                ));
             }
         }
         let last = if v["obligations"].as_array().is_some_and(|o| !o.is_empty())
@@ -1284,6 +1310,7 @@ impl Sim {
             seq
         };
         self.agents[i].confirmed.insert(room.clone(), last);
+        self.agents[i].revivable.remove(&room);
         // Sometimes the process dies after the durable write but before the answer reaches the
         // agent: the event may exist, but it was never acknowledged.
         if self.cfg.faults && self.rng.chance(2) {
@@ -1741,6 +1768,7 @@ impl Sim {
             // a new registration is a new conversation key: nothing is confirmed for it
             self.agents[i].confirmed.clear();
             self.agents[i].confirmed_durably.clear();
+            self.agents[i].revivable.clear();
             self.agents[i].receipt.clear();
         }
         Ok(())
@@ -1779,6 +1807,8 @@ impl Sim {
             for a in &mut self.agents {
                 a.confirmed.remove(&room);
                 a.confirmed_durably.remove(&room);
+                // a reset never comes back: no checkpoint of an earlier view is honoured again
+                a.revivable.remove(&room);
                 a.receipt.remove(&room);
             }
         }
