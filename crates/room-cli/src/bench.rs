@@ -9,7 +9,7 @@ use room_engine::verbs::TurnArgs;
 use room_engine::{Engine, EngineConfig};
 use room_store::index::{Batch, CheckpointRow, EventRow, Index};
 use room_store::{JournalSync, RoomIndex};
-use serde_json::{Value, json};
+use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -434,7 +434,7 @@ fn shared_agent(
             };
             match out {
                 Ok(_) => break,
-                Err(mut r)
+                Err(r)
                     if matches!(
                         r.code,
                         Code::RoomSyncRequired
@@ -443,9 +443,8 @@ fn shared_agent(
                     ) =>
                 {
                     refused += 1;
-                    let next = r.detail["next_page"].take();
-                    receipt = next["receipt"].as_str().map(String::from);
-                    reread.push(next);
+                    receipt = r.detail["next_page"]["receipt"].as_str().map(String::from);
+                    reread.push(r);
                 }
                 Err(r) if r.code == Code::RoomTurnQueueExceeded => {
                     me.queue_refused += 1;
@@ -456,7 +455,11 @@ fn shared_agent(
             // past the window the agent still retries (a refused author holds the room's
             // slot until it does), but stops after its next turn
         }
-        me.reread_bytes += reread.iter().map(json_bytes).sum::<u64>();
+        me.reread_bytes += reread
+            .iter()
+            .filter_map(room_core::Refusal::next_page_view)
+            .map(|p| json_bytes(&p))
+            .sum::<u64>();
         // only turns that landed inside the window count
         if start.elapsed().as_secs_f64() < secs {
             me.accepted += 1;
@@ -467,7 +470,7 @@ fn shared_agent(
 }
 
 /// The length of `v`'s compact JSON, counted as it is written.
-fn json_bytes(v: &Value) -> u64 {
+fn json_bytes(v: &impl serde::Serialize) -> u64 {
     struct Count(u64);
     impl std::io::Write for Count {
         fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
@@ -479,7 +482,7 @@ fn json_bytes(v: &Value) -> u64 {
         }
     }
     let mut c = Count(0);
-    serde_json::to_writer(&mut c, v).expect("a JSON value serializes into a counter");
+    serde_json::to_writer(&mut c, v).expect("a page serializes into a counter");
     c.0
 }
 

@@ -2,8 +2,11 @@
 //! clients match on it), a short lower-case message, an optional hint the user can act on, and
 //! structured detail. Adding a code is fine; renaming one is a breaking change.
 
-use serde::{Deserialize, Serialize};
+use serde::ser::{SerializeMap, SerializeStruct};
+use serde::{Deserialize, Serialize, Serializer};
 use serde_json::Value;
+use serde_json::value::RawValue;
+use std::sync::Arc;
 
 macro_rules! codes {
     ($($variant:ident => $text:literal,)*) => {
@@ -128,26 +131,176 @@ impl std::fmt::Display for Code {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// The items of a refusal's `detail.next_page`, kept as the JSON texts the engine rendered
+/// (shared with its render cache): a busy room hands each author about a hundred of them per
+/// turn, and a copy of each as a `Value` tree cost more than the rest of the page. They are
+/// written out verbatim where the refusal is serialized, as `detail.next_page.items`;
+/// [`Refusal::materialize`] puts them into `detail` for a caller that reads it in process.
+/// `policy_sha256` names the redaction policy they were rendered under: an edge that redacts
+/// what leaves for an agent passes them as they are under that policy, and materializes and
+/// redacts them under any other.
+#[derive(Debug, Clone, Default)]
+pub struct PageItems {
+    pub items: Vec<Arc<RawValue>>,
+    pub policy_sha256: String,
+}
+
+impl PartialEq for PageItems {
+    fn eq(&self, other: &Self) -> bool {
+        self.policy_sha256 == other.policy_sha256
+            && self.items.len() == other.items.len()
+            && self
+                .items
+                .iter()
+                .zip(&other.items)
+                .all(|(a, b)| a.get() == b.get())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct Refusal {
     pub code: Code,
-    pub message: String,
+    /// Boxed, as `hint` is, to keep a `Refusal` under clippy's large-error bound.
+    pub message: Box<str>,
     /// Boxed to keep a `Refusal` under clippy's large-error bound: the ACP crate turns on
     /// serde_json's `preserve_order`, which makes every `Value` an `IndexMap`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub hint: Option<Box<str>>,
-    #[serde(default, skip_serializing_if = "Value::is_null")]
+    #[serde(default)]
     pub detail: Value,
+    /// `detail.next_page`'s items, when they are kept as text (see [`PageItems`]); `detail`
+    /// then holds the page without them. A deserialized refusal has them in `detail`.
+    #[serde(skip)]
+    pub page_items: Option<Box<PageItems>>,
+}
+
+/// Field order and omissions as they always were (`code`, `message`, then `hint` and `detail`
+/// when present); kept page items go out as `detail.next_page.items`, after the page's other
+/// fields, exactly where a page in `detail` carries them.
+impl Serialize for Refusal {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let len = 2 + usize::from(self.hint.is_some()) + usize::from(!self.detail.is_null());
+        let mut m = s.serialize_struct("Refusal", len)?;
+        m.serialize_field("code", &self.code)?;
+        m.serialize_field("message", &self.message)?;
+        if let Some(h) = &self.hint {
+            m.serialize_field("hint", h)?;
+        }
+        if !self.detail.is_null() {
+            m.serialize_field("detail", &self.detail_view())?;
+        }
+        m.end()
+    }
+}
+
+/// `detail` with kept page items in their place (see [`Refusal::detail_view`]).
+pub struct DetailView<'a> {
+    detail: &'a Value,
+    items: Option<&'a PageItems>,
+}
+
+impl Serialize for DetailView<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let (Some(items), Value::Object(d)) = (self.items, self.detail) else {
+            return self.detail.serialize(s);
+        };
+        let mut m = s.serialize_map(Some(d.len()))?;
+        for (k, v) in d {
+            match v {
+                Value::Object(page) if k == "next_page" => {
+                    m.serialize_entry(k, &PageView { page, items })?
+                }
+                _ => m.serialize_entry(k, v)?,
+            }
+        }
+        m.end()
+    }
+}
+
+enum Either<'a> {
+    Kept(PageView<'a>),
+    InDetail(&'a Value),
+}
+
+impl Serialize for Either<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Either::Kept(p) => p.serialize(s),
+            Either::InDetail(v) => v.serialize(s),
+        }
+    }
+}
+
+struct PageView<'a> {
+    page: &'a serde_json::Map<String, Value>,
+    items: &'a PageItems,
+}
+
+impl Serialize for PageView<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(self.page.len() + 1))?;
+        for (k, v) in self.page.iter().filter(|(k, _)| *k != "items") {
+            m.serialize_entry(k, v)?;
+        }
+        m.serialize_entry("items", self.items)?;
+        m.end()
+    }
+}
+
+impl Serialize for PageItems {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.items.iter().map(|i| &**i))
+    }
 }
 
 impl Refusal {
     pub fn new(code: Code, message: impl Into<String>) -> Self {
         Refusal {
             code,
-            message: message.into(),
+            message: message.into().into_boxed_str(),
             hint: None,
             detail: Value::Null,
+            page_items: None,
         }
+    }
+
+    /// `detail` as it is serialized: with kept page items in `next_page.items`.
+    pub fn detail_view(&self) -> DetailView<'_> {
+        DetailView {
+            detail: &self.detail,
+            items: self.page_items.as_deref(),
+        }
+    }
+
+    /// `detail.next_page` as it is serialized (kept items included), if the refusal has one.
+    pub fn next_page_view(&self) -> Option<impl Serialize + '_> {
+        let page = self.detail.get("next_page")?;
+        Some(match (page, self.page_items.as_deref()) {
+            (Value::Object(page), Some(items)) => Either::Kept(PageView { page, items }),
+            _ => Either::InDetail(page),
+        })
+    }
+
+    /// Put kept page items into `detail.next_page.items` (parsed), for a caller in process that
+    /// reads `detail`; a refusal without kept items is left as it is.
+    pub fn materialize(&mut self) {
+        let Some(items) = self.page_items.take() else {
+            return;
+        };
+        let parsed: Vec<Value> = items
+            .items
+            .iter()
+            .map(|i| serde_json::from_str(i.get()).expect("kept page items are JSON"))
+            .collect();
+        if let Some(Value::Object(page)) = self.detail.get_mut("next_page") {
+            page.insert("items".into(), Value::Array(parsed));
+        }
+    }
+
+    /// [`Refusal::materialize`], by value.
+    pub fn materialized(mut self) -> Self {
+        self.materialize();
+        self
     }
 
     pub fn hint(mut self, hint: impl Into<String>) -> Self {
@@ -186,6 +339,75 @@ impl std::error::Error for Refusal {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn kept(texts: &[&str]) -> Refusal {
+        Refusal {
+            page_items: Some(Box::new(PageItems {
+                items: texts
+                    .iter()
+                    .map(|t| Arc::from(RawValue::from_string(t.to_string()).unwrap()))
+                    .collect(),
+                policy_sha256: "p".into(),
+            })),
+            ..Refusal::new(Code::RoomSyncRequired, "unread events")
+                .hint("read detail.next_page")
+                .detail(serde_json::json!({
+                    "next_page": {"room": "r", "receipt": "rcpt_1", "more": false},
+                    "waited_ms": 3,
+                }))
+        }
+    }
+
+    #[test]
+    fn kept_page_items_serialize_exactly_as_items_in_the_detail_do() {
+        let items = [
+            r#"{"seq":4,"event":{"text":"é \" \u0001"}}"#,
+            r#"{"seq":5}"#,
+        ];
+        let lean = kept(&items);
+        let full = lean.clone().materialized();
+        assert!(full.page_items.is_none());
+        assert_eq!(full.detail["next_page"]["items"][0]["seq"], 4);
+        let (a, b) = (
+            serde_json::to_string(&lean).unwrap(),
+            serde_json::to_string(&full).unwrap(),
+        );
+        let parsed = |t: &str| serde_json::from_str::<Value>(t).unwrap();
+        assert_eq!(
+            parsed(&a),
+            parsed(&b),
+            "the wire cannot tell a kept page from one in the detail"
+        );
+        // with `preserve_order` (on in every build of the daemon, through the ACP crate) a page's
+        // items are its last key either way, so the bytes are the same too
+        let ordered = serde_json::json!({"b": 1, "a": 2})
+            .as_object()
+            .unwrap()
+            .keys()
+            .next()
+            == Some(&"b".to_string());
+        if ordered {
+            assert_eq!(a, b);
+        }
+        assert!(a.contains(r#","items":[{"seq":4,"event":{"#), "{a}");
+        assert_eq!(
+            serde_json::to_value(&lean).unwrap(),
+            serde_json::to_value(&full).unwrap()
+        );
+        let back: Refusal = serde_json::from_str(&a).unwrap();
+        assert_eq!(back, full, "read back, the items are in the detail");
+        // nothing kept, nothing changes
+        let plain = Refusal::new(Code::NotFound, "gone");
+        assert_eq!(
+            serde_json::to_string(&plain).unwrap(),
+            r#"{"code":"not_found","message":"gone"}"#
+        );
+        assert_eq!(plain.clone().materialized(), plain);
+        assert!(plain.next_page_view().is_none());
+        let page = |r: &Refusal| serde_json::to_string(&r.next_page_view().unwrap()).unwrap();
+        assert_eq!(parsed(&page(&lean)), parsed(&page(&full)));
+        assert_eq!(parsed(&page(&lean)), full.detail["next_page"]);
+    }
 
     #[test]
     fn codes_round_trip_through_text_and_serde() {

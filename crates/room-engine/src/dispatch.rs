@@ -62,7 +62,7 @@ impl Engine {
                 let dead = self
                     .revalidate(&w, now)
                     .err()
-                    .map(|r| (r.code.as_str().to_string(), r.message));
+                    .map(|r| (r.code.as_str().to_string(), r.message.into()));
                 room_store::control::WakeVerdict { wake: w, dead }
             })
             .collect();

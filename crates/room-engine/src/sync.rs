@@ -11,9 +11,11 @@ use crate::{Engine, Outcome, store_err};
 use room_core::canon::{canonical_string, digest_of};
 use room_core::event::visible_to;
 use room_core::redact::Redactor;
+use room_core::refusal::PageItems;
 use room_core::{Code, Refusal, Tier, id};
 use room_store::control::MemberStanding;
 use room_store::index::{CheckpointRow, EventHead, EventRow, ReceiptRow};
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use std::sync::Arc;
 
@@ -72,10 +74,36 @@ pub struct Standing {
     pub view_changed: bool,
 }
 
+/// One item of a page: a kept rendering of a whole event (shared, never copied until a caller
+/// in process asks for a `Value`), or a fragment of one.
+#[derive(Clone)]
+pub(crate) enum PageItem {
+    Whole(Arc<Rendered>),
+    Fragment(Value),
+}
+
+impl PageItem {
+    fn value(&self) -> Value {
+        match self {
+            PageItem::Whole(r) => r.item().clone(),
+            PageItem::Fragment(v) => v.clone(),
+        }
+    }
+
+    fn raw(&self) -> Arc<RawValue> {
+        match self {
+            PageItem::Whole(r) => r.raw(),
+            PageItem::Fragment(v) => {
+                Arc::from(serde_json::value::to_raw_value(v).expect("a fragment serializes"))
+            }
+        }
+    }
+}
+
 /// One rendered page.
-#[derive(Debug, Clone)]
-pub struct Page {
-    pub items: Vec<Value>,
+#[derive(Clone)]
+pub(crate) struct Page {
+    pub items: Vec<PageItem>,
     /// Digest of the canonical form of `items`, taken from the texts they were parsed from.
     pub items_sha256: String,
     pub start: Pos,
@@ -191,6 +219,7 @@ impl Engine {
         let r = Arc::new(Rendered {
             text: self.render_uncached(h, e, redactor)?,
             item: std::sync::OnceLock::new(),
+            raw: std::sync::OnceLock::new(),
         });
         h.rendered
             .borrow_mut()
@@ -338,7 +367,7 @@ impl Engine {
                         break 'outer;
                     }
                     used += text.len() + 1;
-                    items.push(rendered.item().clone());
+                    items.push(PageItem::Whole(rendered.clone()));
                     digest.push(text);
                     end = Pos {
                         seq: e.seq,
@@ -380,7 +409,7 @@ impl Engine {
                         break 'outer;
                     }
                     used += size;
-                    items.push(frag);
+                    items.push(PageItem::Fragment(frag));
                     digest.push(&canon);
                     end = if fin {
                         Pos {
@@ -416,6 +445,18 @@ impl Engine {
         st: &Standing,
         base: Option<&str>,
     ) -> Outcome<Value> {
+        let (mut v, items) = self.serve_page_kept(h, st, base)?;
+        v["items"] = items.iter().map(PageItem::value).collect();
+        Ok(v)
+    }
+
+    /// [`Engine::serve_page`], its items kept apart: the page's other fields, and its items.
+    fn serve_page_kept(
+        &self,
+        h: &mut RoomHandle,
+        st: &Standing,
+        base: Option<&str>,
+    ) -> Outcome<(Value, Vec<PageItem>)> {
         let policy = self.policy();
         let redactor = policy.redactor()?;
         let page = self.build_page(h, &st.key.actor, st.pos, None, st.key.page_bytes, redactor)?;
@@ -457,12 +498,10 @@ impl Engine {
             "more": more,
             "view_changed": st.view_changed,
         });
-        // moved in, not through `json!` (which would copy every item by serializing it)
-        v["items"] = Value::Array(page.items);
         if let Some(b) = base {
             v["continues"] = json!(b);
         }
-        Ok(v)
+        Ok((v, page.items))
     }
 
     /// A receipt and the receipts it continues, oldest first, each checked as a confirmation
@@ -726,22 +765,36 @@ impl Engine {
         code: Code,
         msg: String,
     ) -> Refusal {
-        let page = match retry.base {
-            Some((base, chain)) if chain < RECEIPT_CHAIN_MAX => self.serve_page(h, st, Some(base)),
-            _ => self.serve_page(h, retry.durable, None),
+        // its items kept as text: the refusal writes them out where it is serialized, and a
+        // caller in process reads them through `Refusal::materialize`
+        let (page, items) = match retry.base {
+            Some((base, chain)) if chain < RECEIPT_CHAIN_MAX => {
+                self.serve_page_kept(h, st, Some(base))
+            }
+            _ => self.serve_page_kept(h, retry.durable, None),
         }
-        .unwrap_or_else(|r| json!({"error": r}));
+        .and_then(|(page, items)| {
+            let kept = PageItems {
+                items: items.iter().map(PageItem::raw).collect(),
+                policy_sha256: self.policy().redactor()?.policy_sha256().to_string(),
+            };
+            Ok((page, Some(Box::new(kept))))
+        })
+        .unwrap_or_else(|r| (json!({"error": r}), None));
         let hint = if page.get("continues").is_some() {
             "read detail.next_page, then call again with read_through: its receipt"
         } else {
             "read detail.next_page, then call again with read_through: its receipt (or sync with --confirm <receipt>)"
         };
-        Refusal::new(code, msg)
-            .detail(Value::Object(serde_json::Map::from_iter([(
-                "next_page".to_string(),
-                page,
-            )])))
-            .hint(hint)
+        Refusal {
+            page_items: items,
+            ..Refusal::new(code, msg)
+                .detail(Value::Object(serde_json::Map::from_iter([(
+                    "next_page".to_string(),
+                    page,
+                )])))
+                .hint(hint)
+        }
     }
 }
 
@@ -790,9 +843,21 @@ const RENDERED_FOOTPRINT: usize = 3;
 pub(crate) struct Rendered {
     pub text: String,
     item: std::sync::OnceLock<Value>,
+    /// The text as a refusal keeps it (see `room_core::refusal::PageItems`).
+    raw: std::sync::OnceLock<Arc<RawValue>>,
 }
 
 impl Rendered {
+    fn raw(&self) -> Arc<RawValue> {
+        self.raw
+            .get_or_init(|| {
+                Arc::from(
+                    RawValue::from_string(self.text.clone()).expect("rendered items are JSON"),
+                )
+            })
+            .clone()
+    }
+
     fn item(&self) -> &Value {
         self.item
             .get_or_init(|| serde_json::from_str(&self.text).expect("rendered items are JSON"))

@@ -754,7 +754,7 @@ fn only_a_gated_verb_reaches_a_turn() {
         let err = e.turn(&a, verb, say("r", "hello")).unwrap_err();
         assert_eq!(err.code, Code::InvalidArgument);
         assert_eq!(
-            err.message,
+            &*err.message,
             format!("verb: {verb} is not a contribution verb")
         );
     }

@@ -137,7 +137,8 @@ fn a_read_through_turn_lands_in_one_call_and_a_refusal_carries_only_the_delta() 
     let before = tip(&e);
     let err = e
         .turn(a, Verb::Say, say("reply", Some(&receipt(&read))))
-        .unwrap_err();
+        .unwrap_err()
+        .materialized();
     assert_eq!(err.code, Code::RoomSyncRequired);
     assert_eq!(tip(&e), before, "a refused turn writes nothing");
     let delta = &err.detail["next_page"];
@@ -270,7 +271,10 @@ fn delta_pages_never_skip_an_event() {
         let bp = e.sync(b, "r", None).unwrap();
         e.turn(b, Verb::Say, say(&format!("b{n}"), Some(&receipt(&bp))))
             .unwrap();
-        let err = e.turn(a, Verb::Say, say("a", Some(&r))).unwrap_err();
+        let err = e
+            .turn(a, Verb::Say, say("a", Some(&r)))
+            .unwrap_err()
+            .materialized();
         assert_eq!(err.code, Code::RoomSyncRequired);
         let page = &err.detail["next_page"];
         if page.get("continues").is_none() {
@@ -414,7 +418,8 @@ fn a_lower_page_ceiling_holds_for_every_page_and_its_receipts_confirm() {
     e.turn(b, Verb::Say, say(&"ü".repeat(7_000), None)).unwrap();
     let err = e
         .turn(&a, Verb::Say, say("a", Some(&receipt(&page))))
-        .unwrap_err();
+        .unwrap_err()
+        .materialized();
     assert_eq!(err.code, Code::RoomSyncRequired);
     let mut delta = err.detail["next_page"].clone();
     loop {
@@ -423,7 +428,7 @@ fn a_lower_page_ceiling_holds_for_every_page_and_its_receipts_confirm() {
             Ok(_) => break,
             Err(r) => {
                 assert_eq!(r.code, Code::RoomSyncRequired);
-                delta = r.detail["next_page"].clone();
+                delta = r.materialized().detail["next_page"].clone();
             }
         }
     }

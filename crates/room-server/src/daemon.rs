@@ -809,7 +809,7 @@ async fn write_severable(
 /// Whether the launch still stands, and why not when it does not.
 async fn launch_stands(engine: &Arc<Engine>, launch: &str) -> Result<(), String> {
     let (e, id) = (engine.clone(), launch.to_string());
-    tokio::task::spawn_blocking(move || e.launch_stands(&id).map_err(|r| r.message))
+    tokio::task::spawn_blocking(move || e.launch_stands(&id).map_err(|r| r.message.into()))
         .await
         .unwrap_or_else(|e| Err(e.to_string()))
 }

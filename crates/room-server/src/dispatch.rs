@@ -465,7 +465,15 @@ fn egress(engine: &Engine, out: Result<Value, Refusal>) -> Response {
             Response::ok(v)
         }
         Err(mut r) => {
-            r.message = redactor.redact(&r.message).into_owned();
+            // kept page items were rendered through this very policy's redactor; under any
+            // other they are redacted again here, as a page in the detail is
+            if r.page_items
+                .as_ref()
+                .is_some_and(|p| p.policy_sha256 != redactor.policy_sha256())
+            {
+                r.materialize();
+            }
+            r.message = redactor.redact(&r.message).into_owned().into();
             r.hint = r.hint.map(|h| redactor.redact(&h).into_owned().into());
             redactor.redact_in_place(&mut r.detail);
             Response::refused(r)

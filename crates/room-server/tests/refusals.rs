@@ -662,11 +662,18 @@ fn room_sync_delivery_policy_changed() {
         "room_sync_delivery_policy_changed",
     );
     // The checkpoint did not move: the gate is still closed.
-    fx.refuse(
+    let r = fx.refuse(
         Some(&b),
         "say",
         json!({"room": "coord", "text": "hm"}),
         "room_sync_required",
+    );
+    // the page the refusal hands over (its items kept as text until they are written out) is
+    // rendered under the new policy: redacted, like every page
+    let items = r.detail["next_page"]["items"].to_string();
+    assert!(
+        items.contains("the code is") && !items.contains("secret-123"),
+        "{items}"
     );
     // A fresh page is redacted and confirms.
     let page = fx.ok(Some(&b), "sync", json!({"room": "coord"}));

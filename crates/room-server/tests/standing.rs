@@ -50,7 +50,7 @@ fn owner_uid_is_the_console_and_another_uid_is_agents_only() {
         None,
     );
     assert_eq!(code(&r), "credential_invalid");
-    assert_eq!(r.refusal.unwrap().message, "no credential presented");
+    assert_eq!(&*r.refusal.unwrap().message, "no credential presented");
     let r = dispatch::handle(&e, socket(0), Request::new("ping", json!({})), None);
     assert_eq!(code(&r), "credential_invalid");
 

@@ -1115,7 +1115,8 @@ impl Sim {
                 Ok(TurnStep::Wait { ticket, until_ms }) => {
                     return self.turn_waits(i, &room, verb, args, read, waiting, ticket, until_ms);
                 }
-                Err(r) => Err(r),
+                // the delta page's items, kept as text in the refusal, read as a caller does
+                Err(r) => Err(r.materialized()),
             };
             match (&out, &read) {
                 (Err(r), Some(old)) if r.code == Code::RoomSyncRequired => {

@@ -182,7 +182,9 @@ pub(crate) fn render(resp: &Response) -> String {
                 s.push_str(&format!("\nhint: {h}"));
             }
             if !r.detail.is_null() {
-                s.push_str(&format!("\ndetail: {}", r.detail));
+                let detail =
+                    serde_json::to_string(&r.detail_view()).expect("a refusal's detail serializes");
+                s.push_str(&format!("\ndetail: {detail}"));
             }
             s
         }
