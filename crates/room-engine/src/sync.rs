@@ -445,18 +445,19 @@ impl Engine {
         st: &Standing,
         base: Option<&str>,
     ) -> Outcome<Value> {
-        let (mut v, items) = self.serve_page_kept(h, st, base)?;
+        let (mut v, items, _) = self.serve_page_kept(h, st, base)?;
         v["items"] = items.iter().map(PageItem::value).collect();
         Ok(v)
     }
 
-    /// [`Engine::serve_page`], its items kept apart: the page's other fields, and its items.
+    /// [`Engine::serve_page`], its items kept apart: the page's other fields, its items, and
+    /// the digest of the redaction policy they were rendered under.
     fn serve_page_kept(
         &self,
         h: &mut RoomHandle,
         st: &Standing,
         base: Option<&str>,
-    ) -> Outcome<(Value, Vec<PageItem>)> {
+    ) -> Outcome<(Value, Vec<PageItem>, String)> {
         let policy = self.policy();
         let redactor = policy.redactor()?;
         let page = self.build_page(h, &st.key.actor, st.pos, None, st.key.page_bytes, redactor)?;
@@ -501,7 +502,7 @@ impl Engine {
         if let Some(b) = base {
             v["continues"] = json!(b);
         }
-        Ok((v, page.items))
+        Ok((v, page.items, redactor.policy_sha256().to_string()))
     }
 
     /// A receipt and the receipts it continues, oldest first, each checked as a confirmation
@@ -773,12 +774,12 @@ impl Engine {
             }
             _ => self.serve_page_kept(h, retry.durable, None),
         }
-        .and_then(|(page, items)| {
+        .map(|(page, items, policy_sha256)| {
             let kept = PageItems {
                 items: items.iter().map(PageItem::raw).collect(),
-                policy_sha256: self.policy().redactor()?.policy_sha256().to_string(),
+                policy_sha256,
             };
-            Ok((page, Some(Box::new(kept))))
+            (page, Some(Box::new(kept)))
         })
         .unwrap_or_else(|r| (json!({"error": r}), None));
         let hint = if page.get("continues").is_some() {
