@@ -794,3 +794,61 @@ fn agent_op(
     };
     out.map(TurnStep::Done)
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::disallowed_methods)] // a real state dir
+    use super::*;
+    use room_core::refusal::PageItems;
+    use serde_json::value::RawValue;
+
+    fn refused_with(items: &str, policy_sha256: &str) -> Refusal {
+        Refusal {
+            page_items: Some(Box::new(PageItems {
+                items: vec![Arc::from(RawValue::from_string(items.into()).unwrap())],
+                policy_sha256: policy_sha256.into(),
+            })),
+            ..Refusal::new(Code::RoomSyncRequired, "unread events")
+                .detail(json!({"next_page": {"receipt": "rcpt_1"}}))
+        }
+    }
+
+    /// Kept page items pass egress as they are only under the policy they were rendered with.
+    #[test]
+    fn kept_page_items_are_redacted_again_under_another_policy() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(tmp.path()).unwrap();
+        let state =
+            room_store::statedir::init(&root.join("state"), &root.join("boot.toml"), "i").unwrap();
+        std::fs::write(
+            state.root.join("config.toml"),
+            "[redaction]\npatterns = [\"secret-[0-9]+\"]\n",
+        )
+        .unwrap();
+        let engine = Engine::open(
+            state.clone(),
+            crate::daemon::real_env(),
+            crate::daemon::embedded_store(&state),
+            room_engine::EngineConfig::default(),
+        )
+        .unwrap();
+        let current = engine
+            .policy()
+            .redactor()
+            .unwrap()
+            .policy_sha256()
+            .to_string();
+        let item = r#"{"seq":1,"event":{"text":"the code is secret-123"}}"#;
+        let out = |policy: &str| {
+            let r = egress(&engine, Err(refused_with(item, policy)));
+            serde_json::to_string(&r).unwrap()
+        };
+        let stale = out("an earlier policy");
+        assert!(
+            stale.contains("the code is") && !stale.contains("secret-123"),
+            "{stale}"
+        );
+        // under its own policy the rendering already passed this redactor: it goes as it is
+        assert!(out(&current).contains("secret-123"));
+    }
+}
