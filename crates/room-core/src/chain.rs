@@ -68,16 +68,7 @@ impl ChainTip {
 impl Record {
     /// Seal a new record after `tip`.
     pub fn seal(tip: &ChainTip, id: String, hlc: Hlc, event: Value) -> Record {
-        let mut r = Record {
-            seq: tip.seq + 1,
-            id,
-            hlc,
-            prev: tip.hash.clone(),
-            hash: String::new(),
-            event,
-        };
-        r.hash = r.compute_hash();
-        r
+        Sealed::seal(tip, id, hlc, event).into_record()
     }
 
     /// SHA-256 over the canonical record with `hash` left out.
@@ -104,63 +95,11 @@ impl Record {
         canonical_bytes(self)
     }
 
-    /// Check this record against the tip it claims to follow, as `verify_after` does, and
-    /// return its journal line (without the newline) with the new tip. The record is made
-    /// canonical once: the line with its `hash` member taken out is exactly the canonical
-    /// text the hash covers (JCS sorts members, and `event` < `hash` < `hlc` < `id` < `prev` <
-    /// `seq`, so `hash` follows the event and the tail after it is fixed by the other fields).
-    pub fn line_after(&self, tip: &ChainTip) -> Result<(Vec<u8>, ChainTip), ChainError> {
-        if self.seq != tip.seq + 1 {
-            return Err(ChainError::SeqGap {
-                seq: self.seq,
-                expected: tip.seq + 1,
-            });
-        }
-        if self.prev != tip.hash {
-            return Err(ChainError::PrevMismatch { seq: self.seq });
-        }
-        let line = self.to_line();
-        let Some((event_end, rest)) = self.unsealed_split(&line) else {
-            // not the shape JCS gives a record: let the full check decide
-            return self.verify_after(tip).map(|t| (line, t));
-        };
-        let mut hasher = <sha2::Sha256 as sha2::Digest>::new();
-        sha2::Digest::update(&mut hasher, &line[..event_end]);
-        sha2::Digest::update(&mut hasher, &rest);
-        if hex::encode(sha2::Digest::finalize(hasher)) != self.hash {
-            return Err(ChainError::HashMismatch { seq: self.seq });
-        }
-        if self.seq > 1 && self.hlc <= tip.hlc {
-            return Err(ChainError::HlcNotMonotonic {
-                seq: self.seq,
-                hlc: self.hlc,
-                prev_hlc: tip.hlc,
-            });
-        }
-        Ok((
-            line,
-            ChainTip {
-                seq: self.seq,
-                hash: self.hash.clone(),
-                hlc: self.hlc,
-            },
-        ))
-    }
-
     /// Where the event ends in the record's canonical `line`, and the canonical text of the
     /// members after `hash`; `None` if the line does not end as a record's must.
     fn unsealed_split(&self, line: &[u8]) -> Option<(usize, Vec<u8>)> {
-        let mut rest = b",\"hlc\":".to_vec();
-        rest.extend_from_slice(&canonical_bytes(&self.hlc));
-        rest.extend_from_slice(b",\"id\":");
-        rest.extend_from_slice(&canonical_bytes(&self.id));
-        rest.extend_from_slice(b",\"prev\":");
-        rest.extend_from_slice(&canonical_bytes(&self.prev));
-        rest.extend_from_slice(b",\"seq\":");
-        rest.extend_from_slice(self.seq.to_string().as_bytes());
-        rest.push(b'}');
-        let mut hash_member = b",\"hash\":".to_vec();
-        hash_member.extend_from_slice(&canonical_bytes(&self.hash));
+        let rest = members_after_hash(self.hlc, &self.id, &self.prev, self.seq);
+        let hash_member = hash_member(&self.hash);
         let event_end = line.len().checked_sub(hash_member.len() + rest.len())?;
         let (member, tail) = line[event_end..].split_at(hash_member.len());
         (member == hash_member && tail == rest).then_some((event_end, rest))
@@ -191,6 +130,157 @@ impl Record {
             seq: self.seq,
             hash: self.hash.clone(),
             hlc: self.hlc,
+        })
+    }
+}
+
+/// The canonical text of the members a record's line has after `hash` (JCS sorts them `hlc`,
+/// `id`, `prev`, `seq`), with the closing brace: the same for the line and for the text its
+/// hash covers.
+fn members_after_hash(hlc: Hlc, id: &str, prev: &str, seq: u64) -> Vec<u8> {
+    let mut rest = Vec::with_capacity(64 + id.len() + prev.len());
+    rest.extend_from_slice(b",\"hlc\":");
+    rest.extend_from_slice(&canonical_bytes(&hlc));
+    rest.extend_from_slice(b",\"id\":");
+    rest.extend_from_slice(&canonical_bytes(&id));
+    rest.extend_from_slice(b",\"prev\":");
+    rest.extend_from_slice(&canonical_bytes(&prev));
+    rest.extend_from_slice(b",\"seq\":");
+    rest.extend_from_slice(seq.to_string().as_bytes());
+    rest.push(b'}');
+    rest
+}
+
+/// `,"hash":"…"` as it stands in a record's line.
+fn hash_member(hash: &str) -> Vec<u8> {
+    let mut member = b",\"hash\":".to_vec();
+    member.extend_from_slice(&canonical_bytes(&hash));
+    member
+}
+
+/// How every record's line begins: JCS puts `event` first.
+const EVENT_OPEN: &[u8] = b"{\"event\":";
+
+/// A record together with its journal line, made canonical once. A line is the record's
+/// canonical JSON, and with its `hash` member taken out it is exactly the text the hash covers
+/// (`event` < `hash` < `hlc` < `id` < `prev` < `seq`): sealing canonicalizes the event once
+/// and splices the line around it, where checking a `Record` costs two serializations. The
+/// fields are private so that a line always belongs to its record.
+#[derive(Debug, Clone)]
+pub struct Sealed {
+    record: Record,
+    /// The journal line, without the trailing newline.
+    line: Vec<u8>,
+    /// Where the event's text ends in `line` and where the `hash` member after it ends; `None`
+    /// for a record whose line does not split as a record's must (it is checked in full).
+    split: Option<(usize, usize)>,
+}
+
+impl Sealed {
+    /// Seal a new record after `tip`.
+    pub fn seal(tip: &ChainTip, id: String, hlc: Hlc, event: Value) -> Sealed {
+        let seq = tip.seq + 1;
+        let rest = members_after_hash(hlc, &id, &tip.hash, seq);
+        let mut line = Vec::with_capacity(256 + rest.len());
+        line.extend_from_slice(EVENT_OPEN);
+        serde_json_canonicalizer::to_writer(&event, &mut line)
+            .expect("room values are always representable as JSON");
+        let event_end = line.len();
+        let mut hasher = <sha2::Sha256 as sha2::Digest>::new();
+        sha2::Digest::update(&mut hasher, &line);
+        sha2::Digest::update(&mut hasher, &rest);
+        let hash = hex::encode(sha2::Digest::finalize(hasher));
+        line.extend_from_slice(&hash_member(&hash));
+        let hash_end = line.len();
+        line.extend_from_slice(&rest);
+        let record = Record {
+            seq,
+            id,
+            hlc,
+            prev: tip.hash.clone(),
+            hash,
+            event,
+        };
+        debug_assert!(
+            line == record.to_line(),
+            "a spliced line is the record's line"
+        );
+        Sealed {
+            record,
+            line,
+            split: Some((event_end, hash_end)),
+        }
+    }
+
+    /// A record as it stands (sealed or not, tampered or not), made canonical: `check_after`
+    /// judges it as `Record::verify_after` would.
+    pub fn of(record: Record) -> Sealed {
+        let line = record.to_line();
+        let split = record
+            .unsealed_split(&line)
+            .map(|(event_end, _)| (event_end, event_end + hash_member(&record.hash).len()));
+        Sealed {
+            record,
+            line,
+            split,
+        }
+    }
+
+    pub fn record(&self) -> &Record {
+        &self.record
+    }
+
+    pub fn into_record(self) -> Record {
+        self.record
+    }
+
+    /// The journal line, without the trailing newline.
+    pub fn line(&self) -> &[u8] {
+        &self.line
+    }
+
+    /// The canonical JSON of the record's event (a slice of its line).
+    pub fn event_text(&self) -> Option<&str> {
+        let (event_end, _) = self.split?;
+        Some(
+            std::str::from_utf8(&self.line[EVENT_OPEN.len()..event_end])
+                .expect("canonical JSON is UTF-8"),
+        )
+    }
+
+    /// Check this record against the tip it claims to follow, as `Record::verify_after` does,
+    /// hashing its line instead of serializing it again; return the new tip.
+    pub fn check_after(&self, tip: &ChainTip) -> Result<ChainTip, ChainError> {
+        let r = &self.record;
+        let Some((event_end, hash_end)) = self.split else {
+            return r.verify_after(tip);
+        };
+        if r.seq != tip.seq + 1 {
+            return Err(ChainError::SeqGap {
+                seq: r.seq,
+                expected: tip.seq + 1,
+            });
+        }
+        if r.prev != tip.hash {
+            return Err(ChainError::PrevMismatch { seq: r.seq });
+        }
+        let mut hasher = <sha2::Sha256 as sha2::Digest>::new();
+        sha2::Digest::update(&mut hasher, &self.line[..event_end]);
+        sha2::Digest::update(&mut hasher, &self.line[hash_end..]);
+        if hex::encode(sha2::Digest::finalize(hasher)) != r.hash {
+            return Err(ChainError::HashMismatch { seq: r.seq });
+        }
+        if r.seq > 1 && r.hlc <= tip.hlc {
+            return Err(ChainError::HlcNotMonotonic {
+                seq: r.seq,
+                hlc: r.hlc,
+                prev_hlc: tip.hlc,
+            });
+        }
+        Ok(ChainTip {
+            seq: r.seq,
+            hash: r.hash.clone(),
+            hlc: r.hlc,
         })
     }
 }
@@ -235,7 +325,7 @@ mod tests {
         /// The one-serialization check agrees with the full one on every record, sealed or
         /// tampered, and its line is the record's line.
         #[test]
-        fn line_after_agrees_with_verify_after(event in any_event(), id in "[ -~\\u{e9}]{0,10}", tamper in 0u8..4, ms in 0u64..u64::MAX / 2) {
+        fn sealed_check_agrees_with_verify_after(event in any_event(), id in "[ -~\\u{e9}]{0,10}", tamper in 0u8..4, ms in 0u64..u64::MAX / 2) {
             let tip = ChainTip::genesis("g1");
             let mut r = Record::seal(&tip, id, tip.hlc.tick(ms), event);
             match tamper {
@@ -246,12 +336,24 @@ mod tests {
             }
             prop_assert!(r.unsealed_split(&r.to_line()).is_some(), "every record splits");
             let full = r.verify_after(&tip);
-            let spliced = r.line_after(&tip);
-            prop_assert_eq!(full.clone().err(), spliced.clone().err());
-            if let Ok((line, t)) = spliced {
-                prop_assert_eq!(line, r.to_line());
-                prop_assert_eq!(Some(t), full.ok());
-            }
+            let sealed = Sealed::of(r.clone());
+            prop_assert_eq!(sealed.line(), &r.to_line()[..]);
+            prop_assert_eq!(full, sealed.check_after(&tip));
+            prop_assert_eq!(
+                sealed.event_text().map(String::from),
+                Some(crate::canon::canonical_string(&r.event))
+            );
+        }
+
+        /// A sealed line is the record's canonical JSON, and its event text the event's.
+        #[test]
+        fn sealing_splices_the_canonical_line(event in any_event(), id in "[ -~\\u{e9}]{0,10}", ms in 0u64..u64::MAX / 2) {
+            let tip = ChainTip::genesis("g1");
+            let s = Sealed::seal(&tip, id, tip.hlc.tick(ms), event);
+            prop_assert_eq!(s.line(), &s.record().to_line()[..]);
+            prop_assert_eq!(&s.record().hash, &s.record().compute_hash());
+            prop_assert_eq!(s.event_text().map(String::from), Some(crate::canon::canonical_string(&s.record().event)));
+            prop_assert!(s.check_after(&tip).is_ok());
         }
     }
 

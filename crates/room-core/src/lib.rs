@@ -19,7 +19,7 @@ pub mod tier;
 pub mod wake;
 
 pub use canon::{canonical_bytes, sha256_hex};
-pub use chain::{ChainError, Record};
+pub use chain::{ChainError, Record, Sealed};
 pub use env::{Clock, Entropy, FileStamp, Fs, ObjectId, RunOutcome, RunRequest, Runner};
 pub use event::TaskStatus;
 pub use hlc::Hlc;

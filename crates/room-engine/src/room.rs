@@ -10,7 +10,7 @@ use crate::{Engine, Outcome, store_err};
 use room_core::chain::ChainTip;
 use room_core::event::{OpPhase, SeqWitness};
 use room_core::wake::TASKED_DEADLINE_MS;
-use room_core::{Code, Record, Refusal, canon, id};
+use room_core::{Code, Record, Refusal, Sealed, canon, id};
 use room_store::control::{RoomRow, TaskRow, WakeRow};
 use room_store::index::{
     Batch, CheckpointRow, EventRow, EvidenceRow, FoldAdvance, ItemKind, ItemRow, LifecycleChange,
@@ -190,9 +190,22 @@ pub(crate) enum TaskEffect {
     },
 }
 
-pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result<(), StoreError> {
+/// Project a record read back from the journal (a replay): its body parsed from the record.
+pub(crate) fn project_record(p: &mut Projection, room: &str, r: &Record) -> Result<(), StoreError> {
     let body: EventBody = serde_json::from_value(r.event.clone())
         .map_err(|e| StoreError::Corrupt(format!("record {}: not a room event: {e}", r.seq)))?;
+    project_into(p, room, r, &body, canon::canonical_string(&r.event))
+}
+
+/// Project a record whose `body` is its event, with `body_text` the event's canonical JSON
+/// (a commit has both at hand: the body it sealed, the text its journal line holds).
+pub(crate) fn project_into(
+    p: &mut Projection,
+    room: &str,
+    r: &Record,
+    body: &EventBody,
+    body_text: String,
+) -> Result<(), StoreError> {
     p.batch.events.push(EventRow {
         seq: r.seq,
         id: r.id.clone(),
@@ -202,7 +215,7 @@ pub(crate) fn project_into(p: &mut Projection, room: &str, r: &Record) -> Result
         hlc_c: r.hlc.c,
         hash: r.hash.clone(),
         task: body.task().map(String::from),
-        body: canon::canonical_string(&r.event),
+        body: body_text,
     });
     if let Some(key) = body.idempotency_key() {
         p.batch.idempotency.push((
@@ -564,7 +577,7 @@ impl RoomHandle {
         let genesis = ChainTip::genesis(&row.graph_id);
         let hlc = genesis.hlc.tick(engine.now_ms());
         let event = serde_json::to_value(&first).expect("event bodies serialize");
-        let record = Record::seal(
+        let record = Sealed::seal(
             &genesis,
             id::event_id(hlc, engine.env.entropy.as_ref()),
             hlc,
@@ -1014,7 +1027,7 @@ impl RoomHandle {
                 .rooms
                 .store
                 .open_log(&self.graph_id, known, &mut |s| {
-                    project_into(&mut pending, &room, &s.record)?;
+                    project_record(&mut pending, &room, &s.record)?;
                     if pending.batch.events.len() >= CATCH_UP_SLICE {
                         let p = std::mem::replace(
                             &mut pending,
@@ -1201,7 +1214,7 @@ impl RoomHandle {
         };
         assert!(!bodies.is_empty(), "a commit writes at least one record");
         let mut tip = journal.tip();
-        let mut records = Vec::with_capacity(bodies.len() + flags.len());
+        let mut sealed = Vec::with_capacity(bodies.len() + flags.len());
         let first_hlc = tip.hlc.tick(engine.now_ms());
         let first_id =
             first_id.unwrap_or_else(|| id::event_id(first_hlc, engine.env.entropy.as_ref()));
@@ -1221,21 +1234,21 @@ impl RoomHandle {
                 (hlc, id::event_id(hlc, engine.env.entropy.as_ref()))
             };
             let event = serde_json::to_value(body).expect("event bodies serialize");
-            let r = Record::seal(&tip, rid, hlc, event);
+            let s = Sealed::seal(&tip, rid, hlc, event);
             tip = ChainTip {
-                seq: r.seq,
-                hash: r.hash.clone(),
+                seq: s.record().seq,
+                hash: s.record().hash.clone(),
                 hlc,
             };
-            records.push(r);
+            sealed.push(s);
         }
-        match journal.append(&records) {
+        match journal.append(&sealed) {
             Ok(_) => {}
             Err(StoreError::InDoubt(why)) => {
-                let id = records[0].id.clone();
+                let id = sealed[0].record().id.clone();
                 self.halt(format!("append of {id} is in doubt: {why}"));
                 return Err(Refusal::storage(format!("the append of {id} is in doubt ({why}); it may or may not survive"))
-                    .detail(json!({"in_doubt": true, "events": records.iter().map(|r| &r.id).collect::<Vec<_>>()}))
+                    .detail(json!({"in_doubt": true, "events": sealed.iter().map(|s| &s.record().id).collect::<Vec<_>>()}))
                     .hint("restart the daemon: it reconciles the journal and the room shows what survived"));
             }
             Err(e) => {
@@ -1248,8 +1261,14 @@ impl RoomHandle {
             batch: Batch::default(),
             tasks: Vec::new(),
         };
-        for r in &records {
-            project_into(&mut p, &self.name, r).map_err(store_err)?;
+        let mut records = Vec::with_capacity(sealed.len());
+        for (s, body) in sealed.into_iter().zip(&bodies) {
+            let text = s
+                .event_text()
+                .map_or_else(|| canon::canonical_string(&s.record().event), String::from);
+            let r = s.into_record();
+            project_into(&mut p, &self.name, &r, body, text).map_err(store_err)?;
+            records.push(r);
         }
         // The Fold Rule's checkpoint lands on the last record written, never past it.
         p.batch.checkpoints.extend(fold.map(|mut c| {

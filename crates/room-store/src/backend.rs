@@ -17,7 +17,7 @@ use crate::pipeline::{CommitLog, PipelineConfig};
 use crate::shard::Shard;
 use crate::statedir::StateDir;
 use crate::{Result, StoreError};
-use room_core::Record;
+use room_core::Sealed;
 use room_core::chain::ChainTip;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -37,7 +37,7 @@ pub trait RoomLog: Send {
     /// Append sealed records and make them durable; each record's (offset, len). A failure
     /// leaves nothing appended, or poisons the log when even that is unknown
     /// (`StoreError::InDoubt`: the bytes may or may not survive).
-    fn append(&mut self, records: &[Record]) -> Result<Vec<(u64, u64)>>;
+    fn append(&mut self, records: &[Sealed]) -> Result<Vec<(u64, u64)>>;
     /// The last durable record's position.
     fn tip(&self) -> ChainTip;
     /// Where the log stands, as the index records it for reconciliation at the next open.
@@ -406,7 +406,7 @@ pub trait Backend: Send + Sync {
         graph_id: &str,
         binding: &[u8],
         manifest: &[u8],
-        first: &[Record],
+        first: &[Sealed],
     ) -> Result<ShardCreated>;
     /// Move a shard no room owns out of the way (kept aside, never read as a room): what a
     /// failed or interrupted creation left. Returns where it went.
@@ -602,7 +602,7 @@ impl Backend for SqliteBackend {
         graph_id: &str,
         binding: &[u8],
         manifest: &[u8],
-        first: &[Record],
+        first: &[Sealed],
     ) -> Result<ShardCreated> {
         self.shard(graph_id).create(
             graph_id,

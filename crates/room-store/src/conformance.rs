@@ -14,7 +14,7 @@ use crate::index::{
 use crate::journal::ChainPos;
 use room_core::chain::ChainTip;
 use room_core::event::SeqWitness;
-use room_core::{Hlc, Record, TaskStatus};
+use room_core::{Hlc, Record, Sealed, TaskStatus};
 use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -1197,7 +1197,7 @@ pub fn shard_creation_is_whole_or_nothing(h: &mut dyn Harness) {
     );
     assert_eq!(
         seen,
-        [first[0].id.clone()],
+        [first[0].record().id.clone()],
         "the first record came with the shard"
     );
     store.set_aside("g_1", 7).unwrap();
@@ -1217,7 +1217,7 @@ pub fn shard_creation_is_whole_or_nothing(h: &mut dyn Harness) {
     assert!(store.read_binding("g_none").is_err());
 }
 
-fn chain(graph: &str, from: &ChainTip, n: u64) -> Vec<Record> {
+fn chain(graph: &str, from: &ChainTip, n: u64) -> Vec<Sealed> {
     let mut tip = from.clone();
     let mut out = Vec::new();
     for i in 0..n {
@@ -1225,20 +1225,25 @@ fn chain(graph: &str, from: &ChainTip, n: u64) -> Vec<Record> {
             ms: 1_000 + tip.seq + 1,
             c: 0,
         };
-        let r = Record::seal(
+        let s = Sealed::seal(
             &tip,
             format!("evt_{graph}_{}_{i}", tip.seq + 1),
             hlc,
             json!({"kind": "note", "n": tip.seq + 1}),
         );
-        tip = ChainTip {
-            seq: r.seq,
-            hash: r.hash.clone(),
-            hlc,
-        };
-        out.push(r);
+        tip = s
+            .check_after(&tip)
+            .expect("a sealed record follows its tip");
+        out.push(s);
     }
     out
+}
+
+/// `records` as they stand after `tamper`, made canonical again (the log must judge them).
+fn tampered(records: Vec<Sealed>, tamper: impl FnOnce(&mut [Record])) -> Vec<Sealed> {
+    let mut plain: Vec<Record> = records.into_iter().map(Sealed::into_record).collect();
+    tamper(&mut plain);
+    plain.into_iter().map(Sealed::of).collect()
 }
 
 /// Appends are durable and chained; a reopen scans every record after the known mark (all of
@@ -1290,14 +1295,30 @@ pub fn log_refuses_a_broken_chain(h: &mut dyn Harness) {
     {
         let mut log = store.open_log("g_bad", None, &mut |_| Ok(())).unwrap();
         log.append(&chain("g_bad", &log.tip(), 2)).unwrap();
-        let mut batch = chain("g_bad", &log.tip(), 2);
-        batch[1].prev = "0".repeat(64);
+        let batch = tampered(chain("g_bad", &log.tip(), 2), |b| {
+            b[1].prev = "0".repeat(64)
+        });
         assert!(log.append(&batch).is_err());
         assert_eq!(
             log.tip().seq,
             2,
             "the valid first record of the batch did not land"
         );
+        let changed = tampered(chain("g_bad", &log.tip(), 2), |b| {
+            b[1].event = json!({"kind": "note", "n": "changed after sealing"})
+        });
+        assert!(
+            log.append(&changed).is_err(),
+            "an event its hash does not cover"
+        );
+        let unsealed = tampered(chain("g_bad", &log.tip(), 1), |b| {
+            b[0].hash = "0".repeat(64)
+        });
+        assert!(
+            log.append(&unsealed).is_err(),
+            "a hash of nothing in the record"
+        );
+        assert_eq!(log.tip().seq, 2);
         let stale = chain("g_bad", &ChainTip::genesis("g_bad"), 1);
         assert!(log.append(&stale).is_err(), "a record for an old tip");
         log.append(&chain("g_bad", &log.tip(), 1)).unwrap();

@@ -10,7 +10,7 @@ use crate::backend::RoomLog;
 use crate::pipeline::{CommitLog, FileSync};
 use crate::{Result, StoreError};
 use room_core::chain::ChainTip;
-use room_core::{Hlc, Record, sha256_hex};
+use room_core::{Hlc, Record, Sealed, sha256_hex};
 use serde::{Deserialize, Serialize};
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
@@ -546,26 +546,25 @@ impl RoomLog for Journal {
     /// Append sealed records and make them durable. Returns each record's (offset, len).
     /// On failure the journal is cut back to its previous length; if even that fails it is
     /// poisoned and refuses further appends until reopened.
-    fn append(&mut self, records: &[Record]) -> Result<Vec<(u64, u64)>> {
+    fn append(&mut self, records: &[Sealed]) -> Result<Vec<(u64, u64)>> {
         if let Some(why) = &self.poisoned {
             return Err(StoreError::Corrupt(format!("journal is poisoned: {why}")));
         }
         let mut tip = self.tip();
         let mut buf = Vec::new();
         let mut ranges = Vec::with_capacity(records.len());
-        for r in records {
-            let (line, next) = r
-                .line_after(&tip)
+        for s in records {
+            tip = s
+                .check_after(&tip)
                 .map_err(|e| StoreError::Corrupt(format!("refusing to append: {e}")))?;
-            tip = next;
             let start = self.mark.len + buf.len() as u64;
-            buf.extend_from_slice(&line);
+            buf.extend_from_slice(s.line());
             buf.push(b'\n');
             let len = self.mark.len + buf.len() as u64 - start;
             if len as usize > RECORD_BYTES_MAX {
                 return Err(StoreError::Corrupt(format!(
                     "record {} exceeds {RECORD_BYTES_MAX} bytes",
-                    r.seq
+                    s.record().seq
                 )));
             }
             ranges.push((start, len));
@@ -857,17 +856,17 @@ mod tests {
         (t, p, j, end)
     }
 
-    fn records(tip: &ChainTip, n: usize) -> Vec<Record> {
+    fn records(tip: &ChainTip, n: usize) -> Vec<Sealed> {
         let mut t = tip.clone();
         let mut out = vec![];
         for i in 0..n {
-            let r = Record::seal(
+            let r = Sealed::seal(
                 &t,
                 format!("evt_{i}"),
                 t.hlc.tick(1_000 + i as u64),
                 json!({"n": i}),
             );
-            t = r.verify_after(&t).unwrap();
+            t = r.check_after(&t).unwrap();
             out.push(r);
         }
         out
@@ -987,7 +986,7 @@ mod tests {
         let unsynced: Vec<u8> = records(&j.tip(), 40)
             .iter()
             .flat_map(|r| {
-                let mut l = r.to_line();
+                let mut l = r.line().to_vec();
                 l.push(b'\n');
                 l
             })
@@ -1074,13 +1073,13 @@ mod tests {
         for _ in 0..64 {
             let mut batch = Vec::new();
             for i in 0..1024u64 {
-                let r = Record::seal(
+                let r = Sealed::seal(
                     &tip,
                     format!("evt_{}", tip.seq + 1),
                     tip.hlc.tick(1_000 + i),
                     json!({"kind": "turn", "text": text}),
                 );
-                tip = r.verify_after(&tip).unwrap();
+                tip = r.check_after(&tip).unwrap();
                 batch.push(r);
             }
             j.append(&batch).unwrap();

@@ -6,7 +6,7 @@ use crate::StoreError;
 use crate::backend::{RoomLog, ShardCreated};
 use crate::fs::{create_new_durable, sync_dir};
 use crate::journal::{Faults, Journal};
-use room_core::Record;
+use room_core::Sealed;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -93,7 +93,7 @@ impl Shard {
         graph_id: &str,
         binding: &[u8],
         manifest: &[u8],
-        first: &[Record],
+        first: &[Sealed],
         faults: Option<Arc<dyn Faults>>,
     ) -> crate::Result<ShardCreated> {
         if std::fs::symlink_metadata(&self.dir).is_ok() {
@@ -128,7 +128,7 @@ impl Shard {
         graph_id: &str,
         binding: &[u8],
         manifest: &[u8],
-        first: &[Record],
+        first: &[Sealed],
         faults: Option<Arc<dyn Faults>>,
     ) -> crate::Result<()> {
         std::fs::create_dir_all(self.blobs())?;
