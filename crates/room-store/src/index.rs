@@ -446,18 +446,30 @@ impl IndexWitnesses {
 
 /// Read a sync index's witnesses of acknowledged seqs (see `IndexWitnesses`); `upto`: only
 /// `journal_loss` events at or below it count as accepted.
-fn witnesses_of(conn: &Connection, upto: u64) -> Result<IndexWitnesses> {
+/// `pending` is a mark not yet written (see `Index::pending_mark`): it stands for the stored one.
+fn witnesses_of(
+    conn: &Connection,
+    upto: u64,
+    pending: Option<&JournalMark>,
+) -> Result<IndexWitnesses> {
     let mut seqs = Vec::new();
-    let mark: Option<String> = conn
-        .query_row(
-            "SELECT value FROM meta WHERE key = 'journal_mark'",
-            [],
-            |r| r.get(0),
-        )
-        .optional()?;
-    if let Some(m) = mark {
-        let m: JournalMark = serde_json::from_str(&m)
-            .map_err(|e| StoreError::Corrupt(format!("journal mark: {e}")))?;
+    let stored: Option<String> = match pending {
+        Some(_) => None,
+        None => conn
+            .query_row(
+                "SELECT value FROM meta WHERE key = 'journal_mark'",
+                [],
+                |r| r.get(0),
+            )
+            .optional()?,
+    };
+    let stored = stored
+        .map(|m| {
+            serde_json::from_str::<JournalMark>(&m)
+                .map_err(|e| StoreError::Corrupt(format!("journal mark: {e}")))
+        })
+        .transpose()?;
+    if let Some(m) = pending.or(stored.as_ref()) {
         seqs.push(SeqWitness {
             source: "index_tip".into(),
             seq: m.tip_seq,
@@ -509,7 +521,7 @@ pub fn read_witnesses(path: &Path, upto: u64) -> Result<IndexWitnesses> {
     // a running daemon holds the database exclusively: answer busy at once rather than wait
     // (rusqlite's default) five seconds per room
     conn.busy_timeout(std::time::Duration::ZERO)?;
-    witnesses_of(&conn, upto)
+    witnesses_of(&conn, upto, None)
 }
 
 /// A change to one (agent, task) lifecycle: Begin → (Effect…) → Resolve.
@@ -659,6 +671,9 @@ pub struct Index {
     commits: u32,
     checkpoint_commits: u32,
     pending: usize,
+    /// The journal mark of the last batch applied in the open transaction, written when it
+    /// commits (`write_pending_mark`); reads of the mark on this connection see it first.
+    pending_mark: Option<JournalMark>,
     /// Set when pending projection rows were rolled back: the index is then behind a mark it
     /// may already have written, and must not be read or written until a restart catches up.
     broken: Option<String>,
@@ -915,6 +930,7 @@ impl Index {
             in_txn: false,
             sync_full: true,
             pending: 0,
+            pending_mark: None,
             broken: None,
             commits: 0,
             checkpoint_commits: cfg.index_checkpoint_commits.max(1),
@@ -1004,7 +1020,7 @@ impl Index {
     /// Commit the open transaction, if any, at the connection's current synchronous mode.
     fn commit_open(&mut self) -> Result<()> {
         if self.in_txn {
-            if let Err(e) = self.run("COMMIT") {
+            if let Err(e) = self.write_pending_mark().and_then(|()| self.run("COMMIT")) {
                 let _ = self.run("ROLLBACK");
                 self.in_txn = false;
                 self.broken = Some(format!("commit failed: {e}"));
@@ -1019,6 +1035,7 @@ impl Index {
     }
 
     fn abort(&mut self) {
+        self.pending_mark = None;
         if self.in_txn {
             let _ = self.run("ROLLBACK");
             self.in_txn = false;
@@ -1118,18 +1135,24 @@ impl Index {
                 .execute(params![f.actor, f.conversation_key, f.view_gen, f.seq as i64])?;
             }
             Self::apply_invariant_rows(tx, b)?;
-            if let Some(m) = &b.mark {
-                // every batch moves the mark: prepared once per connection
-                tx.prepare_cached(
-                    "INSERT INTO meta (key, value) VALUES ('journal_mark', ?1)
-                     ON CONFLICT(key) DO UPDATE SET value = ?1",
-                )?
-                .execute(params![
-                    serde_json::to_string(m).map_err(std::io::Error::other)?
-                ])?;
-            }
         }
         Ok(())
+    }
+
+    /// Write the journal mark the open transaction moves to: once, just before it commits
+    /// (every batch moves the mark; only the last one before a commit is ever seen).
+    fn write_pending_mark(&mut self) -> rusqlite::Result<()> {
+        let Some(m) = self.pending_mark.take() else {
+            return Ok(());
+        };
+        let value = serde_json::to_string(&m).expect("a journal mark serializes");
+        self.conn
+            .prepare_cached(
+                "INSERT INTO meta (key, value) VALUES ('journal_mark', ?1)
+                 ON CONFLICT(key) DO UPDATE SET value = ?1",
+            )?
+            .execute([value])
+            .map(|_| ())
     }
 
     fn apply_invariant_rows(tx: &Connection, b: &Batch) -> Result<()> {
@@ -1321,10 +1344,13 @@ impl RoomIndex for Index {
     }
 
     fn witnesses(&self, upto: u64) -> Result<IndexWitnesses> {
-        witnesses_of(&self.conn, upto)
+        witnesses_of(&self.conn, upto, self.pending_mark.as_ref())
     }
 
     fn mark(&self) -> Result<Option<JournalMark>> {
+        if let Some(m) = &self.pending_mark {
+            return Ok(Some(m.clone()));
+        }
         let v: Option<String> = self
             .conn
             .query_row(
@@ -1375,6 +1401,9 @@ impl RoomIndex for Index {
         if let Err(e) = Self::apply_rows(&self.conn, b) {
             self.abort();
             return Err(e);
+        }
+        if let Some(m) = &b.mark {
+            self.pending_mark = Some(m.clone());
         }
         self.pending += 1;
         if self.pending >= DEFERRED_BATCHES_MAX {
@@ -2004,6 +2033,65 @@ mod tests {
         })
         .unwrap();
         check(&idx, 5);
+    }
+
+    /// The journal mark rides the open transaction: read back at once on this connection, on
+    /// disk only with the commit, gone with a rollback; a reopen sees the last committed one.
+    #[test]
+    fn the_journal_mark_is_written_with_its_commit() {
+        use crate::journal::{Anchor, JournalMark};
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("sync_index.db");
+        let mark = |len: u64| JournalMark {
+            dev: 1,
+            ino: 2,
+            len,
+            anchor_sha256: Anchor::of_tail(&len.to_le_bytes()),
+            tip_seq: len,
+            tip_hash: "h".repeat(64),
+            tip_hlc: room_core::Hlc { ms: len, c: 0 },
+        };
+        let batch = |len: u64| Batch {
+            mark: Some(mark(len)),
+            ..Default::default()
+        };
+        let stored = |idx: &Index| {
+            idx.conn
+                .query_row(
+                    "SELECT value FROM meta WHERE key = 'journal_mark'",
+                    [],
+                    |r| r.get::<_, String>(0),
+                )
+                .optional()
+                .unwrap()
+        };
+        let mut idx = Index::open(&p).unwrap();
+        idx.apply_deferred(&batch(10)).unwrap();
+        idx.apply_deferred(&batch(20)).unwrap();
+        assert_eq!(
+            idx.mark().unwrap(),
+            Some(mark(20)),
+            "read back before the commit"
+        );
+        assert_eq!(idx.witnesses(0).unwrap().seqs[0].seq, 20);
+        assert_eq!(stored(&idx), None, "not written before the commit");
+        idx.flush().unwrap();
+        let on_disk: JournalMark = serde_json::from_str(&stored(&idx).unwrap()).unwrap();
+        assert_eq!(on_disk, mark(20));
+        assert_eq!(
+            on_disk.anchor_sha256.sha256(),
+            room_core::sha256_hex(&20u64.to_le_bytes()),
+            "the anchor is the digest of the tail it was taken from"
+        );
+        idx.apply_deferred(&batch(30)).unwrap();
+        idx.discard_pending();
+        assert_eq!(
+            idx.mark().unwrap(),
+            Some(mark(20)),
+            "a rollback drops its mark"
+        );
+        drop(idx);
+        assert_eq!(Index::open(&p).unwrap().mark().unwrap(), Some(mark(20)));
     }
 
     #[test]

@@ -35,7 +35,7 @@ pub struct JournalMark {
     pub dev: u64,
     pub ino: u64,
     pub len: u64,
-    pub anchor_sha256: String,
+    pub anchor_sha256: Anchor,
     pub tip_seq: u64,
     pub tip_hash: String,
     pub tip_hlc: Hlc,
@@ -48,6 +48,69 @@ impl JournalMark {
             hash: self.tip_hash.clone(),
             hlc: self.tip_hlc,
         }
+    }
+}
+
+/// The SHA-256 of a journal's last `ANCHOR_BYTES_MAX` bytes before a mark: what tells a
+/// rewritten journal from the one the index knew. Every append moves the mark but the index
+/// writes it once per commit, so the digest is taken when first read, from the bytes kept at
+/// the append (clones share it). Serialized as the hex digest.
+#[derive(Clone)]
+pub struct Anchor(Arc<AnchorOf>);
+
+struct AnchorOf {
+    tail: Box<[u8]>,
+    sha256: std::sync::OnceLock<String>,
+}
+
+impl Anchor {
+    pub fn of_digest(sha256: String) -> Anchor {
+        Anchor(Arc::new(AnchorOf {
+            tail: Box::default(),
+            sha256: sha256.into(),
+        }))
+    }
+
+    /// The anchor of a journal ending with `tail` (at most `ANCHOR_BYTES_MAX` bytes).
+    pub fn of_tail(tail: &[u8]) -> Anchor {
+        assert!(
+            tail.len() as u64 <= ANCHOR_BYTES_MAX,
+            "an anchor covers at most {ANCHOR_BYTES_MAX} bytes"
+        );
+        Anchor(Arc::new(AnchorOf {
+            tail: tail.into(),
+            sha256: std::sync::OnceLock::new(),
+        }))
+    }
+
+    pub fn sha256(&self) -> &str {
+        self.0.sha256.get_or_init(|| sha256_hex(&self.0.tail))
+    }
+}
+
+impl PartialEq for Anchor {
+    fn eq(&self, other: &Anchor) -> bool {
+        self.sha256() == other.sha256()
+    }
+}
+
+impl Eq for Anchor {}
+
+impl std::fmt::Debug for Anchor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.sha256())
+    }
+}
+
+impl Serialize for Anchor {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.sha256())
+    }
+}
+
+impl<'de> Deserialize<'de> for Anchor {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Anchor, D::Error> {
+        String::deserialize(d).map(Anchor::of_digest)
     }
 }
 
@@ -399,7 +462,7 @@ impl Journal {
                         k.len
                     )));
                 }
-                if k.len > 0 && anchor_of(&file, k.len)? != k.anchor_sha256 {
+                if k.len > 0 && anchor_of(&file, k.len)? != k.anchor_sha256.sha256() {
                     return Err(StoreError::Rotated(format!(
                         "{}: the trailing anchor before byte {} changed",
                         path.display(),
@@ -438,7 +501,7 @@ impl Journal {
                 }),
             )?;
         }
-        let anchor_sha256 = anchor_of(&file, end.end)?;
+        let anchor_sha256 = Anchor::of_digest(anchor_of(&file, end.end)?);
         let mark = JournalMark {
             dev,
             ino,
@@ -673,7 +736,7 @@ impl RoomLog for Journal {
         self.tail.extend_from_slice(&buf);
         let excess = self.tail.len().saturating_sub(ANCHOR_BYTES_MAX as usize);
         self.tail.drain(..excess);
-        self.mark.anchor_sha256 = sha256_hex(&self.tail);
+        self.mark.anchor_sha256 = Anchor::of_tail(&self.tail);
         self.mark.tip_seq = tip.seq;
         self.mark.tip_hash = tip.hash;
         self.mark.tip_hlc = tip.hlc;
