@@ -249,8 +249,18 @@ fn note(room: &str, i: u64) -> TurnArgs {
 pub(crate) struct Own {
     pub per_s: f64,
     pub lat: Vec<Duration>,
-    /// Journal appends per fdatasync of the commit log in the window (pipeline only).
-    pub appends_per_sync: Option<f64>,
+    /// Journal appends per fdatasync of the commit log in the window, and the share of the
+    /// window its leaders spent writing and syncing (pipeline only).
+    pub appends_per_sync: Option<(f64, f64)>,
+    /// CPU time of the whole process (every thread, kernel included) per turn in the window:
+    /// what the turn costs apart from waiting on the disk, which drifts more than CPU does.
+    pub cpu_us_per_turn: f64,
+}
+
+/// CPU time this process (all its threads) has used.
+pub(crate) fn process_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
 /// `writers` agents, each alone in its own room, writing notes for `secs`.
@@ -272,6 +282,7 @@ pub(crate) fn own_rooms(
         callers.push((a, room));
     }
     let before = w.store.commit_stats();
+    let cpu_before = process_cpu();
     let start = Instant::now();
     let threads: Vec<_> = callers
         .into_iter()
@@ -298,14 +309,23 @@ pub(crate) fn own_rooms(
         all.extend(t.join().map_err(|_| anyhow::anyhow!("writer panicked"))?);
     }
     let per_s = all.len() as f64 / start.elapsed().as_secs_f64();
+    let cpu_us_per_turn =
+        process_cpu().saturating_sub(cpu_before).as_secs_f64() * 1e6 / all.len().max(1) as f64;
+    let window_us = start.elapsed().as_secs_f64() * 1e6;
     let appends_per_sync = before.zip(w.store.commit_stats()).and_then(|(b, a)| {
         let batches = a.batches.saturating_sub(b.batches);
-        (batches > 0).then(|| a.entries.saturating_sub(b.entries) as f64 / batches as f64)
+        (batches > 0).then(|| {
+            (
+                a.entries.saturating_sub(b.entries) as f64 / batches as f64,
+                a.busy_us.saturating_sub(b.busy_us) as f64 / window_us,
+            )
+        })
     });
     Ok(Own {
         per_s,
         lat: all,
         appends_per_sync,
+        cpu_us_per_turn,
     })
 }
 
@@ -597,10 +617,17 @@ fn bench(a: &BenchArgs) -> anyhow::Result<()> {
             per_s,
             mut lat,
             appends_per_sync,
+            cpu_us_per_turn,
         } = own_rooms(&dir, writers, secs, sync)?;
         let batching = appends_per_sync
-            .map(|n| format!("; {n:.1} appends per fdatasync"))
+            .map(|(n, busy)| {
+                format!(
+                    "; {n:.1} appends per fdatasync; log busy {:.0} %",
+                    busy * 100.0
+                )
+            })
             .unwrap_or_default();
+        let batching = format!("{batching}; {cpu_us_per_turn:.0} µs CPU per turn");
         rows.push(Row {
             name: own_row(writers, sync),
             per_s,

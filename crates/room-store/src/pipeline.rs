@@ -140,6 +140,8 @@ struct Shared {
     not_written: Option<String>,
     batches: u64,
     entries: u64,
+    /// Time leaders spent writing and syncing frames, in microseconds.
+    busy_us: u64,
 }
 
 /// The segment being written: the leader's alone.
@@ -198,6 +200,8 @@ pub struct Replayed {
 pub struct PipelineStats {
     pub batches: u64,
     pub entries: u64,
+    /// Time leaders spent writing and syncing frames (the log's busy time), in microseconds.
+    pub busy_us: u64,
     pub queued: usize,
 }
 
@@ -272,6 +276,7 @@ impl CommitLog {
                 failed: None,
                 not_written: None,
                 batches: 0,
+                busy_us: 0,
                 entries: 0,
             }),
             moved: Condvar::new(),
@@ -314,6 +319,7 @@ impl CommitLog {
         PipelineStats {
             batches: s.batches,
             entries: s.entries,
+            busy_us: s.busy_us,
             queued: s.queue.len(),
         }
     }
@@ -426,8 +432,10 @@ impl CommitLog {
             self.moved.notify_all();
         }
         drop(s);
+        let started = std::time::Instant::now();
         let written = self.write_batch(&batch);
         let mut s = poisoned(self.shared.lock());
+        s.busy_us += started.elapsed().as_micros() as u64;
         let (retired, outcome) = match written {
             Ok(retired) => {
                 let last = batch
