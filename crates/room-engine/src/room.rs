@@ -1271,12 +1271,20 @@ impl RoomHandle {
             records.push(r);
         }
         // The Fold Rule's checkpoint lands on the last record written, never past it.
-        p.batch.checkpoints.extend(fold.map(|mut c| {
+        if let Some(mut c) = fold {
             c.confirmed_seq = tip.seq;
             c.chunk_seq = None;
             c.chunk_offset = 0;
-            c
-        }));
+            // the author's own fold advance (what a replay re-derives from the turn) finds the
+            // checkpoint this row writes already at or past it: a statement that changes nothing
+            p.batch.folds.retain(|f| {
+                !(f.actor == c.actor
+                    && f.conversation_key == c.conversation_key
+                    && f.view_gen == c.view_gen
+                    && f.seq <= c.confirmed_seq)
+            });
+            p.batch.checkpoints.push(c);
+        }
         p.batch.mark = Some(journal.mark().clone());
         let projected = engine
             .apply_task_effects(&p.tasks, tip.hlc.ms)
