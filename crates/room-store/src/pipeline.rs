@@ -465,9 +465,6 @@ impl CommitLog {
                 (None, FAILED)
             }
         };
-        for q in &batch[1..] {
-            q.slot.wake(outcome);
-        }
         if s.failed.is_some() {
             // nothing after a failed batch is acknowledged
             for q in s.queue.drain(..) {
@@ -475,6 +472,9 @@ impl CommitLog {
             }
             s.queued_bytes = 0;
         }
+        // The next leader first: woken after this batch's entries it would wait in the run
+        // queue behind all of them, the log idle while they work, and then the CPU idle while
+        // it syncs what they queued meanwhile.
         match s.queue.front() {
             Some(next) => next.slot.wake(LEAD),
             None => s.leading = false,
@@ -483,6 +483,10 @@ impl CommitLog {
             self.moved.notify_all();
         }
         drop(s);
+        // each entry's outcome is its own slot's: no lock needed to tell it
+        for q in &batch[1..] {
+            q.slot.wake(outcome);
+        }
         if let Some(r) = retired
             && let Err(e) = self.checkpoint_retired(r)
         {
