@@ -125,6 +125,7 @@ pub fn graph_id(instance: &str, room: &str) -> String {
 }
 
 /// What one record changes: index rows and task effects.
+#[derive(Debug)]
 pub(crate) struct Projection {
     pub batch: Batch,
     pub tasks: Vec<TaskEffect>,
@@ -132,6 +133,7 @@ pub(crate) struct Projection {
 
 /// What a record changes in control.db. Applied at commit and again at catch-up, so each is
 /// idempotent: a crash between the journal append and control.db loses nothing.
+#[derive(Debug)]
 pub(crate) enum TaskEffect {
     Create(Box<TaskRow>),
     /// A transition; the task then holds a lease of this generation, or none.
@@ -188,6 +190,27 @@ pub(crate) enum TaskEffect {
         seq: u64,
         at_ms: u64,
     },
+}
+
+/// A commit projects the body it sealed and the text its line holds; a catch-up projects
+/// the body and text read back from the record. Both must change the same rows, or the
+/// index would depend on how it was built (a body reads back with what serialization
+/// leaves out at its default, such as an empty plan's deadline, which no row may use).
+#[cfg(debug_assertions)]
+fn assert_projected_as_replayed(room: &str, r: &Record, body: &EventBody, text: &str) {
+    let fresh = || Projection {
+        batch: Batch::default(),
+        tasks: Vec::new(),
+    };
+    let (mut live, mut replayed) = (fresh(), fresh());
+    let live_ok = project_into(&mut live, room, r, body, text.to_owned()).is_ok();
+    let replayed_ok = project_record(&mut replayed, room, r).is_ok();
+    assert_eq!(
+        (live_ok, format!("{live:?}")),
+        (replayed_ok, format!("{replayed:?}")),
+        "a commit projects record {} as a catch-up would",
+        r.seq
+    );
 }
 
 /// Project a record read back from the journal (a replay): its body parsed from the record.
@@ -1267,6 +1290,8 @@ impl RoomHandle {
                 .event_text()
                 .map_or_else(|| canon::canonical_string(&s.record().event), String::from);
             let r = s.into_record();
+            #[cfg(debug_assertions)]
+            assert_projected_as_replayed(&self.name, &r, body, &text);
             project_into(&mut p, &self.name, &r, body, text).map_err(store_err)?;
             records.push(r);
         }
