@@ -364,9 +364,8 @@ fn a_cancel_stops_a_running_worker_that_ignores_sigterm_through_the_two_phase_ou
     if job["kind"] == "cgroup" {
         assert!(gone(&child), "the setsid grandchild outlived its job");
     } else {
-        let _ = std::process::Command::new("/bin/kill")
-            .args(["-9", &child.to_string()])
-            .status();
+        // `child` is the grandchild's marker, not a pid: end it by its marker
+        end_marked(&child);
     }
     assert_eq!(
         open_obligations(&mut fx, &b),
@@ -436,9 +435,7 @@ fn the_observer_stops_a_worker_whose_room_closes_admission_or_whose_agent_is_rev
         if job["kind"] == "cgroup" {
             assert!(gone(&child), "{op}: the setsid grandchild outlived its job");
         } else {
-            let _ = std::process::Command::new("/bin/kill")
-                .args(["-9", &child.to_string()])
-                .status();
+            end_marked(&child);
         }
     }
 }
