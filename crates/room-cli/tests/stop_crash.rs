@@ -20,12 +20,13 @@ impl Drop for Daemon {
     }
 }
 
-fn spawn(state: &Path, config_home: &Path, fault: Option<&str>) -> Daemon {
+fn spawn(state: &Path, config_home: &Path, fault: Option<&str>, jobs: &str) -> Daemon {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_room"));
     cmd.args(["serve", "--state-dir"])
         .arg(state)
         .env("XDG_CONFIG_HOME", config_home)
         .env("ROOM_LOG", "error")
+        .env("ROOM_JOB_KIND", jobs)
         .env_remove("ROOM_FAULT");
     if let Some(f) = fault {
         cmd.env("ROOM_FAULT", f);
@@ -111,9 +112,14 @@ fn marked(marker: &str) -> Vec<u32> {
         .collect()
 }
 
-/// Start a daemon that aborts at `fault`, get a stubborn worker running, cancel its room and
-/// wait for the abort; then restart and check the replay. Returns the stop's files after it.
-fn crash_at(fault: &str) -> (Vec<Value>, Value) {
+/// A daemon on a fresh state dir whose `beta` runs the stubborn test worker; alpha's token.
+struct Setup {
+    _tmp: tempfile::TempDir,
+    state: PathBuf,
+    config_home: PathBuf,
+}
+
+fn setup() -> Setup {
     let tmp = tempfile::tempdir().unwrap();
     let root = std::fs::canonicalize(tmp.path()).unwrap();
     let (state, config_home) = (root.join("state"), root.join("config"));
@@ -135,9 +141,18 @@ fn crash_at(fault: &str) -> (Vec<Value>, Value) {
         ),
     )
     .unwrap();
-    let mut daemon = spawn(&state, &config_home, Some(fault));
+    Setup {
+        _tmp: tmp,
+        state,
+        config_home,
+    }
+}
+
+/// Enroll alpha and beta in `coord`, send beta work and wait for its stubborn worker to run;
+/// the marker of the grandchild it leaves in a session of its own.
+fn stubborn_worker(state: &Path) -> String {
     let a = ok(
-        &state,
+        state,
         None,
         "agent_enroll",
         json!({"name": "alpha", "max_tier": "coordinator"}),
@@ -145,31 +160,30 @@ fn crash_at(fault: &str) -> (Vec<Value>, Value) {
         .as_str()
         .unwrap()
         .to_string();
-    ok(&state, None, "agent_enroll", json!({"name": "beta"}));
+    ok(state, None, "agent_enroll", json!({"name": "beta"}));
     ok(
-        &state,
+        state,
         None,
         "room_create",
         json!({"name": "coord", "members": ["alpha", "beta"]}),
     );
-    let page = ok(&state, Some(&a), "sync", json!({"room": "coord"}));
+    let page = ok(state, Some(&a), "sync", json!({"room": "coord"}));
     ok(
-        &state,
+        state,
         Some(&a),
         "sync",
         json!({"room": "coord", "confirm": page["receipt"]}),
     );
     ok(
-        &state,
+        state,
         Some(&a),
         "send",
         json!({"room": "coord", "to": ["beta"], "text": "work"}),
     );
     poll("the worker never ran", || {
-        let w = ok(&state, None, "wakes_list", json!({}));
+        let w = ok(state, None, "wakes_list", json!({}));
         (w["wakes"][0]["launches"][0]["state"] == "running").then_some(w)
     });
-    // the grandchild the worker leaves in a session of its own
     let child = poll("no grandchild", || {
         std::fs::read_dir(state.join("workers"))
             .ok()?
@@ -183,6 +197,25 @@ fn crash_at(fault: &str) -> (Vec<Value>, Value) {
     .unwrap()
     .to_string();
     assert!(!marked(&child).is_empty(), "no process marked {child}");
+    child
+}
+
+/// End what a failed test left behind, by its marker.
+fn end_marked(marker: &str) {
+    for pid in marked(marker) {
+        let _ = Command::new("/bin/kill")
+            .args(["-9", &pid.to_string()])
+            .status();
+    }
+}
+
+/// Start a daemon that aborts at `fault`, get a stubborn worker running, cancel its room and
+/// wait for the abort; then restart and check the replay. Returns the stop's files after it.
+fn crash_at(fault: &str, jobs: &str) -> (Vec<Value>, Value) {
+    let su = setup();
+    let (state, config_home) = (su.state.clone(), su.config_home.clone());
+    let mut daemon = spawn(&state, &config_home, Some(fault), jobs);
+    let child = stubborn_worker(&state);
     ok(&state, None, "room_cancel", json!({"room": "coord"}));
     let start = Instant::now();
     let status = loop {
@@ -212,7 +245,7 @@ fn crash_at(fault: &str) -> (Vec<Value>, Value) {
         has("phase-2.committed.json"),
     ];
 
-    let _daemon = spawn(&state, &config_home, None);
+    let _daemon = spawn(&state, &config_home, None, jobs);
     let list = poll("the stop was not replayed", || {
         let l = ok(&state, None, "stops_list", json!({}));
         (l["stops"][0]["committed"] == json!({"phase_1": true, "phase_2": true})).then_some(l)
@@ -228,24 +261,21 @@ fn crash_at(fault: &str) -> (Vec<Value>, Value) {
     assert!(recs[0]["seq"].as_u64() < recs[1]["seq"].as_u64());
     let observed = &s["phase_2"]["observed"];
     assert_eq!(observed["confirmed_empty"], true, "{s}");
-    if observed["kind"] == "cgroup" {
-        assert!(
-            marked(&child).is_empty(),
-            "the grandchild outlived the restart's reap"
-        );
-    } else {
-        for pid in marked(&child) {
-            let _ = Command::new("/bin/kill")
-                .args(["-9", &pid.to_string()])
-                .status();
-        }
+    if jobs != "auto" {
+        assert_eq!(observed["kind"], jobs, "{s}");
     }
+    let left = marked(&child);
+    end_marked(&child);
+    assert!(
+        left.is_empty(),
+        "the grandchild outlived the restart's reap: {left:?}"
+    );
     (before.iter().map(|b| json!(b)).collect(), observed.clone())
 }
 
 #[test]
 fn a_crash_between_phase_1_and_phase_2_is_finished_at_the_next_start_once_the_job_is_empty() {
-    let (before, observed) = crash_at("stop_after_phase1");
+    let (before, observed) = crash_at("stop_after_phase1", "auto");
     // phase 1 was on disk, nothing committed, no phase 2
     assert_eq!(
         before,
@@ -257,11 +287,55 @@ fn a_crash_between_phase_1_and_phase_2_is_finished_at_the_next_start_once_the_jo
 
 #[test]
 fn a_crash_between_phase_2_and_its_commit_commits_it_after_phase_1_at_the_next_start() {
-    let (before, observed) = crash_at("stop_after_phase2");
+    let (before, observed) = crash_at("stop_after_phase2", "auto");
     assert_eq!(
         before,
         [json!(true), json!(true), json!(true), json!(false)]
     );
     // the zero-process observation is the one made before the crash
     assert!(observed.get("at").is_none(), "{observed}");
+}
+
+/// Subreaper jobs (a machine without cgroup delegation): a crash between the phases leaves the
+/// shim and its tree running; the next start finds the shim by its record, ends its tree and
+/// only then writes phase 2.
+#[test]
+fn a_crash_between_the_phases_of_a_subreaper_stop_ends_the_tree_at_the_next_start() {
+    let (before, observed) = crash_at("stop_after_phase1", "subreaper");
+    assert_eq!(
+        before,
+        [json!(true), json!(false), json!(false), json!(false)]
+    );
+    assert_eq!(observed["at"], "restart", "{observed}");
+}
+
+/// kill -9 of a daemon whose subreaper job runs: the tree outlives it (a shim is nobody's
+/// child then); the next start ends it before it records the launch as interrupted.
+#[test]
+fn a_daemon_killed_under_a_running_subreaper_job_ends_the_tree_at_the_next_start() {
+    let su = setup();
+    let (state, config_home) = (su.state.clone(), su.config_home.clone());
+    let mut daemon = spawn(&state, &config_home, None, "subreaper");
+    let child = stubborn_worker(&state);
+    daemon.0.kill().unwrap();
+    daemon.0.wait().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let survived = marked(&child);
+    assert!(
+        !survived.is_empty(),
+        "the tree outlives its daemon until the next start (else this test proves nothing)"
+    );
+    let _daemon = spawn(&state, &config_home, None, "subreaper");
+    let launch = poll("the launch was not ended", || {
+        let w = ok(&state, None, "wakes_list", json!({}));
+        let l = w["wakes"][0]["launches"][0].clone();
+        (l["state"] == "ended").then_some(l)
+    });
+    let left = marked(&child);
+    end_marked(&child);
+    assert!(
+        left.is_empty(),
+        "the launch was recorded {launch} while its tree ran: {left:?}"
+    );
+    assert_eq!(launch["outcome"], "interrupted", "{launch}");
 }

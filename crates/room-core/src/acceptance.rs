@@ -47,13 +47,21 @@ pub enum Check {
     /// Nothing is at `path` (an observation error is `unconfirmed`, never absence).
     FileAbsent { path: String },
     /// `program` (absolute, on the owner's allowlist) with exactly `args` exits with
-    /// `exit_code` within `timeout_ms`, run in the project root without a shell.
+    /// `exit_code` within `timeout_ms`, run in the project root without a shell, confined as
+    /// a worker is: its own job, no state directory, the project read-only unless
+    /// `project_write`, no network unless `network`.
     Command {
         program: String,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         args: Vec<String>,
         timeout_ms: u64,
         exit_code: i32,
+        /// The check may write the project tree (a build that writes its outputs).
+        #[serde(default, skip_serializing_if = "is_false")]
+        project_write: bool,
+        /// The check may reach the network.
+        #[serde(default, skip_serializing_if = "is_false")]
+        network: bool,
     },
     /// Every operation the task recorded (on `destination`, if given; at least one) is
     /// resolved `succeeded` in the ledger, and its probe observes the effect present now.
@@ -223,7 +231,15 @@ impl Check {
                 Check::FileAbsent { path: f.path()? }
             }
             "command" => {
-                f.only(&["kind", "program", "args", "timeout_ms", "exit_code"])?;
+                f.only(&[
+                    "kind",
+                    "program",
+                    "args",
+                    "timeout_ms",
+                    "exit_code",
+                    "project_write",
+                    "network",
+                ])?;
                 parse_command(&f)?
             }
             "destination" => {
@@ -562,7 +578,15 @@ fn parse_command(f: &Fields<'_>) -> Result<Check, Refusal> {
         args,
         timeout_ms,
         exit_code,
+        project_write: f.flag("project_write")?,
+        network: f.flag("network")?,
     })
+}
+
+/// For `skip_serializing_if`: a flag left at its default is not written, so a check written
+/// before the flag existed keeps its canonical bytes (and the digests taken over them).
+pub(crate) fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 struct Fields<'a> {
@@ -571,6 +595,18 @@ struct Fields<'a> {
 }
 
 impl Fields<'_> {
+    /// An optional boolean, false when absent.
+    fn flag(&self, name: &str) -> Result<bool, Refusal> {
+        match self.o.get(name) {
+            None | Some(Value::Null) => Ok(false),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(_) => Err(Refusal::invalid(
+                &format!("{}.{name}", self.field),
+                "must be true or false",
+            )),
+        }
+    }
+
     fn only(&self, allowed: &[&str]) -> Result<(), Refusal> {
         match self.o.keys().find(|k| !allowed.contains(&k.as_str())) {
             Some(k) => Err(Refusal::invalid(

@@ -130,14 +130,20 @@ pub trait Fs: Send + Sync {
 /// The largest file a `sha256` check reads.
 pub const SHA256_FILE_BYTES_MAX: u64 = 1 << 30;
 
-/// A program to run for an acceptance check: an absolute path, the exact arguments, no shell,
-/// no PATH lookup, a bounded time.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A program to run for an acceptance check or a probe: an absolute path, the exact
+/// arguments, no shell, no PATH lookup, a bounded time. It runs confined as a worker does
+/// (the daemon's runner): `project` is read-only to it unless `project_write`, and it has no
+/// network unless `network`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RunRequest {
     pub program: std::path::PathBuf,
     pub args: Vec<String>,
     pub cwd: std::path::PathBuf,
     pub timeout_ms: u64,
+    /// The project tree the run may see (read-only unless `project_write`).
+    pub project: Option<std::path::PathBuf>,
+    pub project_write: bool,
+    pub network: bool,
 }
 
 /// How a run ended. `exit_code` is `None` when a signal ended it (or the deadline did).
@@ -150,6 +156,11 @@ pub struct RunOutcome {
     /// The last bytes of each stream (lossy UTF-8), for the result's detail.
     pub stdout_tail: String,
     pub stderr_tail: String,
+    /// The run's job was observed at zero processes after it ended (nothing it started
+    /// outlived it). False: processes were still seen, and the run's result is not trusted.
+    pub job_empty: bool,
+    /// How the run was confined (`namespaces`, `namespaces_without_pid`, `job_only`).
+    pub confinement: String,
 }
 
 /// Runs processes for the engine. The daemon passes one that starts each run in its own

@@ -587,6 +587,9 @@ pub struct Probe {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub args: Vec<String>,
     pub timeout_ms: u64,
+    /// The probe may reach the network (a remote destination); otherwise it runs without one.
+    #[serde(default, skip_serializing_if = "crate::acceptance::is_false")]
+    pub network: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -89,12 +89,20 @@ impl Engine {
             args,
             timeout_ms,
             exit_code,
+            project_write,
+            network,
         } = c
         else {
             unreachable!("run_commands passes only command checks")
         };
         let mut detail = json!({"program": program, "args": args, "expected_exit_code": exit_code,
             "timeout_ms": timeout_ms});
+        if *project_write {
+            detail["project_write"] = json!(true);
+        }
+        if *network {
+            detail["network"] = json!(true);
+        }
         let result = |pass: bool, detail: Value| CheckResult {
             kind: "command".into(),
             pass,
@@ -110,6 +118,9 @@ impl Engine {
             args: args.clone(),
             cwd: place.root.clone().unwrap_or_else(|| PathBuf::from("/")),
             timeout_ms: *timeout_ms,
+            project: place.root.clone(),
+            project_write: *project_write,
+            network: *network,
         };
         match self.env.runner.run(&req) {
             Err(e) => {
@@ -122,6 +133,9 @@ impl Engine {
                 detail["exit_code"] = json!(out.exit_code);
                 detail["timed_out"] = json!(out.timed_out);
                 detail["elapsed_ms"] = json!(out.elapsed_ms);
+                if !out.confinement.is_empty() {
+                    detail["confinement"] = json!(out.confinement);
+                }
                 if let Some(s) = out.signal {
                     detail["signal"] = json!(s);
                 }
@@ -130,6 +144,13 @@ impl Engine {
                 }
                 if !out.stdout_tail.is_empty() {
                     detail["stdout_tail"] = json!(out.stdout_tail);
+                }
+                // a check whose processes outlived it measured nothing Room can stand behind
+                if !out.job_empty {
+                    detail["observation"] = json!(UNCONFIRMED);
+                    detail["why"] =
+                        json!("processes of the check were still running after it ended");
+                    return result(false, detail);
                 }
                 let pass = !out.timed_out && out.exit_code == Some(*exit_code);
                 result(pass, detail)
@@ -246,16 +267,22 @@ impl Engine {
                         json!({"effect_present": UNCONFIRMED, "why": "the probe's program is no longer on the owner's allowlist"})
                     }
                     Some(Ok(p)) => {
+                        // a probe observes: the project is read-only to it, always
                         let req = RunRequest {
                             program: PathBuf::from(&p.program),
                             args: p.args.clone(),
                             cwd: place.root.clone().unwrap_or_else(|| PathBuf::from("/")),
                             timeout_ms: p.timeout_ms,
+                            project: place.root.clone(),
+                            project_write: false,
+                            network: p.network,
                         };
                         match self.env.runner.run(&req) {
                             Err(e) => json!({"effect_present": UNCONFIRMED, "error": e.to_string(),
                                 "error_kind": format!("{:?}", e.kind())}),
                             Ok(out) if out.timed_out => json!({"effect_present": UNCONFIRMED, "timed_out": true}),
+                            Ok(out) if !out.job_empty => json!({"effect_present": UNCONFIRMED,
+                                "why": "processes of the probe were still running after it ended"}),
                             Ok(out) => json!({"effect_present": out.exit_code == Some(0), "exit_code": out.exit_code}),
                         }
                     }

@@ -914,6 +914,11 @@ impl Engine {
                 "the permit launch {id} was claimed with changed"
             )));
         }
+        if let Some(t) = launch_task_cancelled(&**c, &l)? {
+            return Err(revoked(format!(
+                "launch {id} worked on task {t}, which was cancelled"
+            )));
+        }
         match c.agent(&l.agent).map_err(store_err)? {
             Some(a) if a.revoked_ms.is_none() => Ok(()),
             _ => Err(revoked(format!("{} is revoked", l.agent))),
@@ -970,6 +975,40 @@ pub(crate) fn permit_stands(
             && serde_json::from_str::<WakePermit>(&w.permit)
                 .is_ok_and(|p| p.intact() && p.binding_sha256 == l.permit_sha256)
     }))
+}
+
+/// The task a launch works on, or an ancestor of it, that its owner cancelled: the launch's
+/// work is withdrawn, so its worker is stopped (a trip) and its calls are refused. None when
+/// its permit names no task or the chain holds no cancelled task.
+pub(crate) fn launch_task_cancelled(
+    c: &dyn room_store::ControlStore,
+    l: &room_store::control::LaunchRow,
+) -> Outcome<Option<String>> {
+    let Some(w) = c
+        .wake(&l.room, &l.agent, &l.source_event)
+        .map_err(store_err)?
+    else {
+        return Ok(None);
+    };
+    let Some(mut next) = serde_json::from_str::<WakePermit>(&w.permit)
+        .ok()
+        .and_then(|p| p.binding.task)
+    else {
+        return Ok(None);
+    };
+    for _ in 0..=crate::lineage::ANCESTRY_DEPTH_MAX {
+        let Some(t) = c.task(&next).map_err(store_err)? else {
+            return Ok(None);
+        };
+        if t.status == TaskStatus::Cancelled {
+            return Ok(Some(t.id));
+        }
+        match t.parent {
+            Some(p) => next = p,
+            None => return Ok(None),
+        }
+    }
+    Ok(None)
 }
 
 /// The native conversation a launch's worker acts in: its correlation key.

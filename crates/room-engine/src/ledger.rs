@@ -326,6 +326,8 @@ impl Engine {
             args,
             timeout_ms,
             exit_code,
+            project_write,
+            network,
         } = check
         else {
             unreachable!("parsed as a command")
@@ -346,10 +348,17 @@ impl Engine {
                 "the owner can allow it in config.toml: [acceptance] commands = [\"{program}\"]"
             )));
         }
+        if project_write {
+            return Err(Refusal::invalid(
+                "probe.project_write",
+                "a probe observes; it never writes the project",
+            ));
+        }
         Ok(Probe {
             program,
             args,
             timeout_ms,
+            network,
         })
     }
 

@@ -573,6 +573,16 @@ fn trip_of(
             )
         })
     });
+    // the task it works on, or an ancestor, withdrawn by its owner (`task_cancel`)
+    let t = match t {
+        None => crate::dispatch::launch_task_cancelled(c, l)?.map(|task| {
+            trip(
+                "task_cancelled",
+                format!("task {task} was cancelled by its owner"),
+            )
+        }),
+        t => t,
+    };
     // the request permit of a running launch: the permit it was claimed with
     let t = match t {
         None if l.state == "running" && !crate::dispatch::permit_stands(c, l)? => Some(trip(

@@ -320,29 +320,49 @@ pub fn authenticate_offline(c: &dyn ControlStore, token: &str) -> Outcome<AgentR
     authenticate_in(c, token)
 }
 
+/// The agent a running launch's credential acts for, while the launch still stands: the
+/// permit it was claimed with is still the queue's, intact; the task it works on (and every
+/// ancestor) is not cancelled; its agent is not revoked. Checked again on every call.
+fn running_launch_agent(
+    c: &dyn ControlStore,
+    l: &room_store::control::LaunchRow,
+) -> Outcome<AgentRow> {
+    if !crate::dispatch::permit_stands(c, l)? {
+        return Err(Refusal::new(
+            Code::CredentialRevoked,
+            format!(
+                "the permit launch {} was claimed with changed or is gone: its credential acts no more",
+                l.id
+            ),
+        )
+        .detail(serde_json::json!({"launch": l.id, "reason": "permit_changed"})));
+    }
+    if let Some(t) = crate::dispatch::launch_task_cancelled(c, l)? {
+        return Err(Refusal::new(
+            Code::CredentialRevoked,
+            format!(
+                "launch {} worked on task {t}, which was cancelled: its credential acts no more",
+                l.id
+            ),
+        )
+        .detail(serde_json::json!({"launch": l.id, "reason": "task_cancelled", "task": t})));
+    }
+    match c.agent(&l.agent).map_err(store_err)? {
+        Some(row) if row.revoked_ms.is_none() => Ok(row),
+        _ => Err(Refusal::new(
+            Code::CredentialRevoked,
+            format!("launch {} acts for an agent that is revoked", l.id),
+        )),
+    }
+}
+
 fn authenticate_in(c: &dyn ControlStore, token: &str) -> Outcome<AgentRow> {
     let digest = sha256_hex(token.as_bytes());
     if token.starts_with(crate::dispatch::WORKER_TOKEN_PREFIX) {
         // a worker's one-launch credential acts as its launch's agent while the launch runs
         let launch = c.launch_by_secret(&digest).map_err(store_err)?;
         return match launch {
-            Some(l) if l.state == "running" => match c.agent(&l.agent).map_err(store_err)? {
-                // the request permit: every call rechecks that the permit the launch was
-                // claimed with is still the queue's, intact
-                _ if !crate::dispatch::permit_stands(c, &l)? => Err(Refusal::new(
-                    Code::CredentialRevoked,
-                    format!(
-                        "the permit launch {} was claimed with changed or is gone: its credential acts no more",
-                        l.id
-                    ),
-                )
-                .detail(serde_json::json!({"launch": l.id, "reason": "permit_changed"}))),
-                Some(row) if row.revoked_ms.is_none() => Ok(row),
-                _ => Err(Refusal::new(
-                    Code::CredentialRevoked,
-                    format!("launch {} acts for an agent that is revoked", l.id),
-                )),
-            },
+            Some(l) if l.state == "running" => running_launch_agent(c, &l),
             Some(l) => Err(Refusal::new(
                 Code::CredentialRevoked,
                 format!("the credential of launch {} ended with its launch", l.id),

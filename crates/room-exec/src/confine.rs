@@ -41,9 +41,12 @@ struct Prepared {
     workers: CString,
     worker: CString,
     socket: CString,
-    broker: CString,
-    /// The cgroup2 mounts, and proc mounts other than `/proc`, to hide (read from mountinfo
-    /// before the fork).
+    /// The launch's broker socket, bound at `socket`; none for a check or probe, which has no
+    /// road to Room at all.
+    broker: Option<CString>,
+    /// The cgroup mounts (v2 and v1), proc mounts other than `/proc`, and the other paths
+    /// the view leaves out (other daemons' state directories, the bootstrap's directory), to
+    /// hide under an empty read-only tmpfs (read before the fork).
     hidden_mounts: Vec<CString>,
     /// A PID namespace of its own, with its own `/proc` (see `enter_pid_namespace`).
     pid_namespace: bool,
@@ -109,6 +112,9 @@ impl Confinement {
         let gid = rustix::process::getegid().as_raw();
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
         let mut mounts = crate::job::cgroup2_mounts(&mountinfo);
+        // a v1 hierarchy too: its freezer can freeze a process out of reach of a stop, and
+        // its other controllers name cgroups outside the job
+        mounts.extend(crate::job::mounts_of(&mountinfo, "cgroup"));
         // another proc mount than /proc (a container runtime's tree, say) would show the
         // machine's processes past the worker's own /proc
         mounts.extend(
@@ -139,7 +145,7 @@ impl Confinement {
                 workers: cstr(&workers)?,
                 worker: cstr(&worker)?,
                 socket: cstr(socket)?,
-                broker: cstr(&worker.join("broker.sock"))?,
+                broker: Some(cstr(&worker.join("broker.sock"))?),
                 hidden_mounts,
                 pid_namespace: true,
                 uid_map_all: identity_map(&std::fs::read_to_string("/proc/self/uid_map")?),
@@ -148,6 +154,53 @@ impl Confinement {
                 bridge: None,
             }),
         })
+    }
+
+    /// The view of an acceptance check or a destination probe named `id` (its directory is
+    /// `<state>/workers/<id>`, made by the caller): as a worker's, but with no broker, so
+    /// nothing of Room answers at the daemon's socket path.
+    pub fn for_check(state: &Path, id: &str) -> std::io::Result<Confinement> {
+        let c = Confinement::new(state, id, &state.join("room.sock"))?;
+        let mut p = (*c.p).clone();
+        p.broker = None;
+        Ok(Confinement { p: Arc::new(p) })
+    }
+
+    /// Hide each of `dirs` too (another daemon's state directory, the directory of a
+    /// bootstrap file), under an empty read-only tmpfs. A path that is not a directory now,
+    /// or that holds the state directory, the working directory or a read-only tree of this
+    /// view (hiding it would hide them), is left as it is.
+    pub fn hiding(self, dirs: &[std::path::PathBuf]) -> std::io::Result<Confinement> {
+        let as_path =
+            |c: &CString| std::path::PathBuf::from(std::ffi::OsStr::from_bytes(c.as_bytes()));
+        let mut kept: Vec<std::path::PathBuf> = vec![as_path(&self.p.state)];
+        kept.extend(self.p.cwd.iter().map(as_path));
+        kept.extend(self.p.read_only.iter().map(|(t, _)| as_path(t)));
+        let mut p = (*self.p).clone();
+        for d in dirs {
+            let Ok(meta) = std::fs::symlink_metadata(d) else {
+                continue;
+            };
+            // beneath the state directory it is hidden with it (and gone under its tmpfs)
+            if !meta.is_dir()
+                || !d.is_absolute()
+                || kept.iter().any(|k| k.starts_with(d))
+                || d.starts_with(&kept[0])
+            {
+                continue;
+            }
+            let c = cstr(d)?;
+            if !p.hidden_mounts.contains(&c) {
+                p.hidden_mounts.push(c);
+            }
+        }
+        // one beneath another is hidden with it: its mount point is gone under the tmpfs
+        let all: Vec<std::path::PathBuf> = p.hidden_mounts.iter().map(as_path).collect();
+        p.hidden_mounts.retain(|m| {
+            let m = as_path(m);
+            !all.iter().any(|o| *o != m && m.starts_with(o))
+        });
+        Ok(Confinement { p: Arc::new(p) })
     }
 
     /// The worker starts in `dir` (its command's current directory), entered again inside
@@ -355,13 +408,15 @@ fn hide(p: &Prepared) -> rustix::io::Result<()> {
     let src = fd_path(rustix::fd::AsRawFd::as_raw_fd(&worker), &mut buf);
     rustix::mount::mount_bind(src, p.worker.as_c_str())?;
     drop(worker);
-    let sock = rustix::fs::open(
-        p.socket.as_c_str(),
-        OFlags::CREATE | OFlags::WRONLY | OFlags::CLOEXEC,
-        Mode::from_raw_mode(0o600),
-    )?;
-    drop(sock);
-    rustix::mount::mount_bind(p.broker.as_c_str(), p.socket.as_c_str())?;
+    if let Some(broker) = &p.broker {
+        let sock = rustix::fs::open(
+            p.socket.as_c_str(),
+            OFlags::CREATE | OFlags::WRONLY | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )?;
+        drop(sock);
+        rustix::mount::mount_bind(broker.as_c_str(), p.socket.as_c_str())?;
+    }
     if let (Some((file, bdir, flags, _)), Some(held)) = (&p.bridge, bridge) {
         rustix::fs::mkdir(bdir.as_c_str(), dir)?;
         drop(rustix::fs::open(

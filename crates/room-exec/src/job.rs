@@ -100,7 +100,15 @@ pub struct Jobs {
     /// The shims of the jobs started and not yet seen empty, by pid: what `close` stops when
     /// there is no cgroup base to walk.
     live: Live,
+    /// Where a subreaper job's shim is recorded while it runs (`<id>.shim`: its pid and start
+    /// time), so that a daemon started after a crash finds the shims of the one before and
+    /// ends their trees (`reap_stale`); none: not recorded.
+    markers: Option<PathBuf>,
+    /// What `reap_stale` observed of each recorded shim of a daemon before, by job id.
+    reaped: Reaped,
 }
+
+type Reaped = Arc<std::sync::Mutex<std::collections::BTreeMap<String, Stopped>>>;
 
 type Live = Arc<std::sync::Mutex<std::collections::BTreeMap<u32, Arc<Shim>>>>;
 
@@ -119,6 +127,8 @@ impl Jobs {
                 base_rel: Some(rel),
                 why_not: None,
                 live: Live::default(),
+                markers: None,
+                reaped: Reaped::default(),
             },
             Err(why) => return Jobs::subreapers(why),
         };
@@ -159,6 +169,8 @@ impl Jobs {
             base_rel: None,
             why_not: Some(why.into()),
             live: Live::default(),
+            markers: None,
+            reaped: Reaped::default(),
         }
     }
 
@@ -170,7 +182,15 @@ impl Jobs {
             base_rel: None,
             why_not: None,
             live: Live::default(),
+            markers: None,
+            reaped: Reaped::default(),
         })
+    }
+
+    /// Record each subreaper job's shim in `dir` while it runs (see `markers`).
+    pub fn with_markers(mut self, dir: PathBuf) -> Jobs {
+        self.markers = Some(dir);
+        self
     }
 
     pub fn kind(&self) -> JobKind {
@@ -231,6 +251,7 @@ impl Jobs {
                 shim: None,
                 leader: None,
                 live: self.live.clone(),
+                marker: self.markers.as_ref().map(|d| d.join(format!("{id}.shim"))),
             });
         };
         let leaf = base.join(id);
@@ -248,6 +269,7 @@ impl Jobs {
                 shim: None,
                 leader: None,
                 live: self.live.clone(),
+                marker: None,
             }),
             Err(e) => {
                 let _ = std::fs::remove_dir(&leaf);
@@ -260,7 +282,7 @@ impl Jobs {
     /// them. Returns how many leaves held processes.
     pub fn reap_stale(&self, wait_ms: u64) -> std::io::Result<usize> {
         let Some(base) = &self.base else {
-            return Ok(0);
+            return self.reap_stale_shims(wait_ms);
         };
         let mut held = 0;
         for e in std::fs::read_dir(base)?.flatten().take(STALE_LEAVES_MAX) {
@@ -282,6 +304,60 @@ impl Jobs {
 }
 
 impl Jobs {
+    /// End the trees of the shims a daemon before this one recorded and left running (a
+    /// crash: its shims outlive it, and so does everything below them). A recorded shim that
+    /// still runs (same pid, same start time) keeps every orphan of its tree below it, so its
+    /// tree is found by ancestry: each process below it is killed until none is left, and only
+    /// then the shim itself; that is the observation of zero processes. A shim already gone
+    /// leaves nothing to observe: its job stays unconfirmed. Returns how many trees held
+    /// processes; what was observed of each is kept for `observe_empty`.
+    fn reap_stale_shims(&self, wait_ms: u64) -> std::io::Result<usize> {
+        let Some(dir) = &self.markers else {
+            return Ok(0);
+        };
+        let entries = match std::fs::read_dir(dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(e),
+        };
+        let mut held = 0;
+        for e in entries.flatten().take(STALE_LEAVES_MAX) {
+            let path = e.path();
+            let Some(id) = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_suffix(".shim"))
+                .map(String::from)
+            else {
+                continue;
+            };
+            let Some((pid, start)) = read_marker(&path) else {
+                let _ = std::fs::remove_file(&path);
+                continue;
+            };
+            if live_set(&self.live).contains_key(&pid) {
+                continue; // this daemon's own
+            }
+            let stopped = if start_time(pid) == Some(start) {
+                held += 1;
+                end_tree(pid, start, wait_ms)
+            } else {
+                // gone before this start: what it held cannot be observed any more
+                None
+            };
+            if let Some(s) = stopped {
+                if s.confirmed_empty {
+                    let _ = std::fs::remove_file(&path);
+                }
+                self.reaped
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(id, s);
+            }
+        }
+        Ok(held)
+    }
+
     /// Whether `pid` runs inside any job of this daemon: its cgroup is under the base, or
     /// (subreapers) a live shim is among its ancestors. Such a process is a worker, never the
     /// owner console.
@@ -334,8 +410,17 @@ impl Jobs {
             }
             return Some(seen(JobKind::Cgroup, false, cgroup_members(&leaf)));
         }
-        // the report pipe died with the daemon before: a shim gone may have been killed with its
-        // tree still running, so nothing here confirms; a shim still running is left to run
+        // the report pipe died with the daemon before; what this start's reap observed of the
+        // job's recorded shim is the observation (a shim that was gone already, or never
+        // recorded, may have been killed with its tree still running: nothing confirms)
+        if let Some(s) = self
+            .reaped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+        {
+            return Some(s.clone());
+        }
         let _ = pgid?;
         None
     }
@@ -351,6 +436,7 @@ impl Jobs {
             }
             if shim.stop(wait_ms).confirmed_empty {
                 live_set(&self.live).remove(&shim.pid);
+                shim.forget();
             }
         }
         // what is left in the leaves (a setsid descendant) goes with them
@@ -379,6 +465,9 @@ pub struct Job {
     /// The started child's pid (a cgroup job's worker, a subreaper job's shim).
     leader: Option<u32>,
     live: Live,
+    /// A subreaper job's durable record of its shim (`Jobs::markers`), removed once the job
+    /// is seen empty.
+    marker: Option<PathBuf>,
 }
 
 impl Job {
@@ -439,11 +528,20 @@ impl Job {
             let pidfd = Pid::from_raw(pid.cast_signed()).and_then(|p| {
                 rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()
             });
+            let marker = self.marker.take().filter(|m| match write_marker(m, pid) {
+                Ok(()) => true,
+                Err(e) => {
+                    // the job runs unrecorded: a crash of the daemon now would leave its tree
+                    eprintln!("room: a job's shim record {}: {e}", m.display());
+                    false
+                }
+            });
             let shim = Arc::new(Shim {
                 pid,
                 pidfd,
                 report,
                 seen: std::sync::Mutex::new(None),
+                marker,
             });
             live_set(&self.live).insert(pid, shim.clone());
             self.shim = Some(shim);
@@ -467,6 +565,7 @@ impl Job {
             && let Some(shim) = &self.shim
         {
             live_set(&self.live).remove(&shim.pid);
+            shim.forget();
         }
         s
     }
@@ -493,6 +592,132 @@ impl Job {
     }
 }
 
+/// Why `pid` runs inside a Room job of some daemon (this one's or any other's), as far as the
+/// kernel can tell: such a process is never an owner console, whatever its uid. None: no sign
+/// of a job.
+///
+/// The signs, each one a thing a process inside a job cannot undo: a user or PID namespace
+/// other than this process's (every confined worker and check has its own); a cgroup below a
+/// daemon's job base (`room-<32 hex>/<leaf>`; a confined worker cannot name another cgroup to
+/// move to); an ancestor that is a job's shim, door or init (named so before the worker starts,
+/// and a process can rename only itself).
+pub fn foreign_job(pid: u32) -> Option<String> {
+    if pid == 0 {
+        return Some("the peer's pid is not visible from here".into());
+    }
+    let ns = |p: &str, kind: &str| std::fs::read_link(format!("/proc/{p}/ns/{kind}")).ok();
+    for kind in ["user", "pid"] {
+        let (mine, theirs) = (ns("self", kind), ns(&pid.to_string(), kind));
+        if theirs.is_none() || mine != theirs {
+            return Some(format!("the peer is in another {kind} namespace"));
+        }
+    }
+    if let Ok(cg) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) {
+        let in_base = cg.lines().any(|l| {
+            let path = l.splitn(3, ':').nth(2).unwrap_or("");
+            let parts: Vec<&str> = path.split('/').collect();
+            parts.iter().enumerate().any(|(i, c)| {
+                i + 1 < parts.len()
+                    && !parts[i + 1].is_empty()
+                    && c.strip_prefix("room-")
+                        .is_some_and(|h| h.len() == 32 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+            })
+        });
+        if in_base {
+            return Some("the peer is in a Room job's cgroup".into());
+        }
+    }
+    for a in std::iter::once(pid).chain(ancestors(pid)) {
+        let comm = std::fs::read_to_string(format!("/proc/{a}/comm")).unwrap_or_default();
+        if a != pid && comm.trim_end().starts_with(crate::shim::JOB_NAME_PREFIX) {
+            return Some(format!(
+                "the peer runs below a Room job's {}",
+                comm.trim_end()
+            ));
+        }
+    }
+    None
+}
+
+/// A shim's record: its pid and its start time (clock ticks after boot, `/proc/<pid>/stat`
+/// field 22), which tells it from a later process given the same pid. Written and synced
+/// before the worker's launch goes on.
+fn write_marker(path: &Path, pid: u32) -> std::io::Result<()> {
+    let start = start_time(pid).ok_or_else(|| std::io::Error::other("the shim is gone"))?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut f = std::fs::File::create(path)?;
+    f.write_all(format!("{pid} {start}\n").as_bytes())?;
+    f.sync_all()?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+fn read_marker(path: &Path) -> Option<(u32, u64)> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let mut f = text.split_whitespace();
+    Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
+}
+
+/// A process's start time (`/proc/<pid>/stat` field 22), None when it is gone.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // fields after the parenthesised command start at field 3 (state)
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()
+}
+
+/// End everything below the live shim `pid` (start time `start`), then the shim: each process
+/// below it is killed (a stopped or frozen one too: SIGKILL reaches it) until a walk finds
+/// none while the shim still runs (an orphan of its tree is re-parented to it, so nothing can
+/// leave the walk's sight), at most `wait_ms`. Zero processes observed, or what was left.
+fn end_tree(pid: u32, start: u64, wait_ms: u64) -> Option<Stopped> {
+    let begun = Instant::now();
+    let shim = Pid::from_raw(pid.cast_signed())?;
+    loop {
+        if start_time(pid) != Some(start) {
+            // the shim went while its tree was being ended: what is left is out of sight
+            return Some(Stopped {
+                kind: JobKind::Subreaper,
+                confirmed_empty: false,
+                remaining: Vec::new(),
+                waited_ms: elapsed_ms(begun),
+            });
+        }
+        let below = descendants(pid);
+        if below.is_empty() {
+            let _ = kill_process(shim, Signal::KILL);
+            return Some(Stopped {
+                kind: JobKind::Subreaper,
+                confirmed_empty: true,
+                remaining: Vec::new(),
+                waited_ms: elapsed_ms(begun),
+            });
+        }
+        if begun.elapsed() > Duration::from_millis(wait_ms) {
+            return Some(Stopped {
+                kind: JobKind::Subreaper,
+                confirmed_empty: false,
+                remaining: below,
+                waited_ms: elapsed_ms(begun),
+            });
+        }
+        for p in &below {
+            if let Some(p) = Pid::from_raw(p.cast_signed()) {
+                let _ = kill_process(p, Signal::KILL);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(POLL_MS));
+    }
+}
+
 /// Ancestors `ancestors` climbs at most (a tree deeper than this is not followed up).
 const ANCESTRY_MAX: usize = 4_096;
 
@@ -506,9 +731,18 @@ struct Shim {
     /// What the report said, once it said anything: true for the shim's `EMPTY` byte, false
     /// for an end of file without it (the shim was killed).
     seen: std::sync::Mutex<Option<bool>>,
+    /// Its durable record (`Jobs::markers`), while its tree is not seen empty.
+    marker: Option<PathBuf>,
 }
 
 impl Shim {
+    /// Its tree was seen empty: its record goes.
+    fn forget(&self) {
+        if let Some(m) = &self.marker {
+            let _ = std::fs::remove_file(m);
+        }
+    }
+
     /// Whether the shim has reported: Some(true) when it saw no child left, Some(false) when
     /// it is gone without saying so, None while it runs.
     fn outcome(&self) -> Option<bool> {
@@ -945,6 +1179,38 @@ mod tests {
             assert!(start.elapsed() < Duration::from_secs(10), "members: {m:?}");
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    /// A process below any job of any daemon is never an owner console: below a shim by
+    /// the shim's name, in a cgroup job by its leaf under a daemon's base; this test process
+    /// is in neither.
+    #[test]
+    fn a_process_of_any_job_is_foreign_and_this_process_is_not() {
+        assert_eq!(foreign_job(std::process::id()), None);
+        assert!(foreign_job(0).is_some(), "an unseen peer is no owner");
+        let dir = tempfile::tempdir().unwrap();
+        let jobs = Jobs::subreapers("forced for the test");
+        let mut job = jobs.create("job-foreign").unwrap();
+        let (mut child, escaped) = escaping(&mut job, dir.path());
+        let why = foreign_job(escaped).expect("a process below a shim is foreign");
+        assert!(why.contains("room-job-shim"), "{why}");
+        assert!(job.stop(5_000).confirmed_empty);
+        let _ = child.wait();
+        // a base named as a daemon names its own: 32 hex digits
+        let name = format!("{:032x}", u128::from(std::process::id()) << 64 | 0xf0);
+        let jobs = Jobs::detect(&name);
+        if jobs.kind() != JobKind::Cgroup {
+            eprintln!("no cgroup v2 base here; the cgroup sign is not tried");
+            return;
+        }
+        let mut job = jobs.create("job-foreign").unwrap();
+        let _ = std::fs::remove_file(dir.path().join("escaped.pid"));
+        let (mut child, escaped) = escaping(&mut job, dir.path());
+        let why = foreign_job(escaped).expect("a process of a cgroup job is foreign");
+        assert!(why.contains("cgroup"), "{why}");
+        assert!(job.stop(5_000).confirmed_empty);
+        let _ = child.wait();
+        jobs.close(5_000).unwrap();
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! grandchild holding the output pipes must not hang the caller.
 
 pub mod bridge;
+pub mod check;
 pub mod confine;
 pub mod job;
 pub mod proposal;
@@ -27,11 +28,13 @@ use std::time::{Duration, Instant};
 /// Bytes of each output stream kept for the result (the end, where errors usually are).
 pub const OUTPUT_TAIL_BYTES_MAX: usize = 2_048;
 /// The environment a check runs with: nothing of the daemon's but these.
-const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+pub(crate) const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 /// How long to wait for the output readers after the group is gone.
-const READER_GRACE_MS: u64 = 200;
+pub(crate) const READER_GRACE_MS: u64 = 200;
 
-/// Runs acceptance commands as child processes of the daemon.
+/// Runs acceptance commands as plain child processes in a process group of their own,
+/// unconfined: for benchmarks and tools that run no daemon. The daemon runs its checks with
+/// `check::ConfinedRunner` (an owned job, the worker's confinement).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ProcessRunner;
 
@@ -77,6 +80,7 @@ impl Runner for ProcessRunner {
         };
         // the group outlives its leader if a descendant is still in it; end them all
         let _ = kill_process_group(pgid, Signal::KILL);
+        let group_empty = stop_group(pgid.as_raw_pid().cast_unsigned(), READER_GRACE_MS);
         let status = match status {
             Some(s) => s,
             None => child.wait()?,
@@ -90,18 +94,21 @@ impl Runner for ProcessRunner {
             elapsed_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
             stdout_tail: out.finish(grace),
             stderr_tail: err.finish(grace),
+            // what left the group (setsid) is not seen here: this runner holds no job
+            job_empty: group_empty,
+            confinement: "process_group".into(),
         })
     }
 }
 
-struct Tail {
+pub(crate) struct Tail {
     buf: Arc<Mutex<Vec<u8>>>,
     done: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Tail {
     /// The kept bytes, waiting until `grace` at most for the reader to reach the end.
-    fn finish(self, grace: Instant) -> String {
+    pub(crate) fn finish(self, grace: Instant) -> String {
         while !self.done.load(std::sync::atomic::Ordering::Acquire) && Instant::now() < grace {
             std::thread::sleep(Duration::from_millis(2));
         }
@@ -110,7 +117,7 @@ impl Tail {
     }
 }
 
-fn tail_reader(src: Option<impl Read + Send + 'static>) -> Tail {
+pub(crate) fn tail_reader(src: Option<impl Read + Send + 'static>) -> Tail {
     let buf = Arc::new(Mutex::new(Vec::new()));
     let done = Arc::new(std::sync::atomic::AtomicBool::new(src.is_none()));
     if let Some(mut src) = src {
@@ -194,6 +201,7 @@ mod tests {
             args: args.iter().map(|s| s.to_string()).collect(),
             cwd: PathBuf::from("/"),
             timeout_ms,
+            ..Default::default()
         }
     }
 

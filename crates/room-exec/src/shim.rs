@@ -103,9 +103,24 @@ pub(crate) unsafe fn split(report: Report) -> io::Result<()> {
             }
             return Ok(());
         }
+        // the name marks the process as a job's keeper: any daemon's socket refuses owner
+        // standing to whatever runs below it (`job::foreign_job`); a descendant cannot rename
+        // another process
+        let name: &std::ffi::CStr = match report {
+            Report::Empty(_) => JOB_SHIM_NAME,
+            Report::Status(_) => JOB_INIT_NAME,
+        };
+        libc::prctl(libc::PR_SET_NAME, name.as_ptr() as libc::c_ulong, 0, 0, 0);
         run(pid as libc::pid_t, report, &set)
     }
 }
+
+/// The names (`comm`) of Room's own processes above a job's worker; every one starts with
+/// `JOB_NAME_PREFIX`.
+pub(crate) const JOB_SHIM_NAME: &std::ffi::CStr = c"room-job-shim";
+pub(crate) const JOB_INIT_NAME: &std::ffi::CStr = c"room-job-init";
+pub(crate) const JOB_DOOR_NAME: &std::ffi::CStr = c"room-job-door";
+pub(crate) const JOB_NAME_PREFIX: &str = "room-job-";
 
 /// Split the child as `split` does, as the init of a PID namespace (the first process the
 /// caller cloned after `unshare(CLONE_NEWPID)`): it never returns in the init, which ends
@@ -132,6 +147,13 @@ pub(crate) unsafe fn door(init: libc::pid_t, status: RawFd) -> ! {
     // SAFETY: system calls on stack memory only
     unsafe {
         close_all_but(status);
+        libc::prctl(
+            libc::PR_SET_NAME,
+            JOB_DOOR_NAME.as_ptr() as libc::c_ulong,
+            0,
+            0,
+            0,
+        );
         // handlers inherited from the daemon must not run here
         for s in WATCHED {
             libc::signal(s, libc::SIG_DFL);

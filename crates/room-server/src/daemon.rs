@@ -75,6 +75,8 @@ impl Entropy for OsEntropy {
     }
 }
 
+/// The real clock, entropy and file system, with an unconfined process runner: for tools and
+/// benchmarks that run no daemon. The daemon runs its checks confined (`daemon_env`).
 pub fn real_env() -> Env {
     Env {
         clock: Arc::new(SystemClock),
@@ -82,6 +84,77 @@ pub fn real_env() -> Env {
         fs: Arc::new(RealFs),
         runner: Arc::new(room_exec::ProcessRunner),
     }
+}
+
+/// The daemon's environment: acceptance checks and probes run in owned jobs of the daemon's
+/// own `jobs`, confined as workers are (`room_exec::check`).
+pub fn daemon_env(check: room_exec::check::CheckEnv) -> Env {
+    Env {
+        runner: Arc::new(room_exec::check::ConfinedRunner::new(check)),
+        ..real_env()
+    }
+}
+
+/// How the daemon's workers and checks run: its owned jobs and what the confinement probe
+/// found (none: no namespaces here).
+#[derive(Debug, Clone)]
+pub struct Workers {
+    pub jobs: room_exec::job::Jobs,
+    pub confine: Option<room_exec::confine::Support>,
+}
+
+/// Make the daemon's jobs (ending what a crashed predecessor left in them) and probe the
+/// confinement, before the engine opens: its checks run in both.
+fn prepare_workers(state: &StateDir) -> Workers {
+    let jobs = worker_jobs(state);
+    let scratch = state
+        .root
+        .join(format!(".confine-probe-{}", std::process::id()));
+    let confine = match room_exec::confine::Confinement::probe(&scratch) {
+        Ok(support) => {
+            match &support.no_pid_namespace {
+                None => tracing::info!(
+                    "workers and checks run confined: the state directory is hidden from \
+                     them, and each sees only its own processes"
+                ),
+                Some(why) => tracing::warn!(
+                    "workers and checks run confined without a PID namespace: through /proc \
+                     they see the machine's processes and what those see, and a root \
+                     daemon's workers keep the capabilities to undo the hiding: {why}"
+                ),
+            }
+            Some(support)
+        }
+        Err(why) => {
+            tracing::warn!(
+                "workers and checks are not confined (they can see the state directory): {why}"
+            );
+            None
+        }
+    };
+    Workers { jobs, confine }
+}
+
+/// What no confined process may see besides its daemon's own state directory: the
+/// bootstraps' directories (which name every state directory of the machine's owner) and
+/// every state directory they register.
+pub fn hidden_from_workers(bootstraps: Vec<PathBuf>, own: PathBuf) -> room_exec::check::HiddenDirs {
+    room_exec::check::HiddenDirs::new(move || {
+        let mut out = Vec::new();
+        for b in &bootstraps {
+            if let Some(dir) = b.parent() {
+                out.push(dir.to_path_buf());
+            }
+            out.extend(
+                statedir::registered_roots(b)
+                    .into_iter()
+                    .filter(|r| *r != own),
+            );
+        }
+        out.sort();
+        out.dedup();
+        out
+    })
 }
 
 #[derive(Debug, Clone)]
@@ -389,9 +462,16 @@ pub fn embedded_store(state: &StateDir) -> Arc<dyn room_store::Backend> {
 /// Validate, lock, open. Split-brain and a held lock are errors here, before anything listens.
 pub fn open_engine(
     cfg: &ServeConfig,
-) -> Result<(StateDir, statedir::DaemonLock, Engine), ServerError> {
+) -> Result<(StateDir, statedir::DaemonLock, Engine, Workers), ServerError> {
     let state = statedir::validate(&cfg.state_dir, &cfg.bootstrap).map_err(ServerError::State)?;
     let lock = statedir::lock(&state).map_err(ServerError::State)?;
+    let workers = prepare_workers(&state);
+    let check = room_exec::check::CheckEnv {
+        state_dir: state.root.clone(),
+        jobs: workers.jobs.clone(),
+        support: workers.confine.clone(),
+        hidden: hidden_from_workers(bootstraps(cfg), state.root.clone()),
+    };
     let nofile = rustix::process::getrlimit(rustix::process::Resource::Nofile)
         .current
         .unwrap_or(u64::from(u32::MAX));
@@ -416,9 +496,21 @@ pub fn open_engine(
             .collect(),
         ..EngineConfig::default()
     };
-    let engine = Engine::open(state.clone(), real_env(), embedded_store(&state), config)
-        .map_err(ServerError::EngineOpen)?;
-    Ok((state, lock, engine))
+    let engine = Engine::open(
+        state.clone(),
+        daemon_env(check),
+        embedded_store(&state),
+        config,
+    )
+    .map_err(ServerError::EngineOpen)?;
+    Ok((state, lock, engine, workers))
+}
+
+/// The bootstrap in use and the default one.
+fn bootstraps(cfg: &ServeConfig) -> Vec<PathBuf> {
+    let mut b = vec![cfg.bootstrap.clone(), statedir::default_bootstrap_path()];
+    b.dedup();
+    b
 }
 
 /// Run until `shutdown` resolves.
@@ -434,7 +526,7 @@ pub async fn serve(
         Some(n) => tracing::info!(nofile = n, "descriptor limit raised to the hard limit"),
         None => tracing::info!("descriptor limit: unlimited"),
     }
-    let (state, _lock, engine) = tokio::task::spawn_blocking({
+    let (state, _lock, engine, Workers { jobs, confine }) = tokio::task::spawn_blocking({
         let cfg = cfg.clone();
         move || open_engine(&cfg)
     })
@@ -490,40 +582,6 @@ pub async fn serve(
             }
         }
     });
-    let jobs = worker_jobs(&state);
-    let confine = {
-        let scratch = state
-            .root
-            .join(format!(".confine-probe-{}", std::process::id()));
-        match tokio::task::spawn_blocking(move || room_exec::confine::Confinement::probe(&scratch))
-            .await
-        {
-            Ok(Ok(support)) => {
-                match &support.no_pid_namespace {
-                    None => tracing::info!(
-                        "workers run confined: the state directory is hidden from them, and \
-                         each sees only its own processes"
-                    ),
-                    Some(why) => tracing::warn!(
-                        "workers run confined without a PID namespace: through /proc they \
-                         see the machine's processes and what those see, and a root \
-                         daemon's workers keep the capabilities to undo the hiding: {why}"
-                    ),
-                }
-                Some(support)
-            }
-            Ok(Err(why)) => {
-                tracing::warn!(
-                    "workers are not confined (they can see the state directory): {why}"
-                );
-                None
-            }
-            Err(e) => {
-                tracing::warn!("the confinement probe panicked: {e}");
-                None
-            }
-        }
-    };
     let dispatcher = tokio::spawn(crate::workers::run(
         engine.clone(),
         crate::workers::WorkerEnv {
@@ -547,6 +605,7 @@ pub async fn serve(
             jobs: jobs.clone(),
             limits,
             confine,
+            hidden: hidden_from_workers(bootstraps(&cfg), state.root.clone()),
             brokers: Default::default(),
         },
     ));
@@ -598,8 +657,17 @@ pub async fn serve(
                 continue;
             };
             let (uid, pid) = (peer.uid(), peer.pid().map_or(0, |p| p.cast_unsigned()));
-            // a process of a worker's job is a worker here too, whatever its uid
+            // a process of a worker's job is a worker here too, whatever its uid; so is a
+            // process of any job of any daemon (a worker of another state directory, a
+            // check): owner standing takes more than the peer's uid
             let evidence = if jobs.holds(pid) {
+                Evidence::Worker { launch: None, pid }
+            } else if let Some(why) = room_exec::job::foreign_job(pid) {
+                limited!(
+                    info,
+                    "foreign_job_peer",
+                    "a socket peer is no owner console: {why}"
+                );
                 Evidence::Worker { launch: None, pid }
             } else {
                 Evidence::UnixPeer { uid, pid }
@@ -1193,6 +1261,9 @@ fn worker_jobs(state: &room_store::statedir::StateDir) -> room_exec::job::Jobs {
             room_exec::job::Jobs::detect(name)
         }
     };
+    // a subreaper job's shim is recorded while it runs, so that the next start after a crash
+    // finds it and ends its tree (the shims outlive their daemon)
+    let jobs = jobs.with_markers(state.root.join("jobs"));
     reap_recorded_base(&state.root, jobs.base());
     match jobs.why_not_cgroup() {
         None => tracing::info!(

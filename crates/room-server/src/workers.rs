@@ -80,6 +80,9 @@ pub struct WorkerEnv {
     /// Workers run confined (`room_exec::confine`) when the daemon's probe found it
     /// possible, with what it found.
     pub confine: Option<room_exec::confine::Support>,
+    /// What a confined worker must not see besides the state directory: other daemons'
+    /// state directories and the bootstraps that name them.
+    pub hidden: room_exec::check::HiddenDirs,
     /// The broker of each running launch.
     pub brokers: Brokers,
 }
@@ -604,6 +607,9 @@ fn confine(env: &WorkerEnv, l: &Launch, cmd: &mut tokio::process::Command) -> Re
             .read_only(Path::new(root))
             .map_err(|e| format!("the launch's confinement: the project root: {e}"))?;
     }
+    c = c
+        .hiding(&env.hidden.list())
+        .map_err(|e| format!("the launch's confinement: hidden directories: {e}"))?;
     c.prepare(cmd.as_std_mut());
     Ok(())
 }

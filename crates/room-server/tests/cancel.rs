@@ -500,3 +500,98 @@ fn a_break_glass_moves_every_view_so_what_was_read_before_it_is_read_again() {
         json!({"room": "coord", "text": "read again"}),
     );
 }
+
+/// The first line a worker of `tests/workers/agent.py` prints carries its one-launch token.
+fn worker_token(fx: &Fx) -> String {
+    let start = Instant::now();
+    loop {
+        let found = std::fs::read_dir(fx.state.join("workers"))
+            .unwrap()
+            .flatten()
+            .filter_map(|d| std::fs::read_to_string(d.path().join("stdout.log")).ok())
+            .flat_map(|s| s.lines().map(String::from).collect::<Vec<_>>())
+            .filter_map(|l| serde_json::from_str::<Value>(&l).ok())
+            .find_map(|v| v["token"].as_str().map(String::from));
+        if let Some(t) = found {
+            return t;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "no worker token");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `task_cancel` withdraws the work, not only the task row: the running worker of a subtask
+/// of the cancelled task (it ignores SIGTERM and leaves a `setsid` grandchild) is stopped
+/// through the two-phase outbox at zero processes, its credential acts no more from the
+/// cancel on, and its permit is dead.
+#[test]
+fn a_task_cancel_stops_the_running_work_of_the_task_and_its_subtasks() {
+    let mut fx = Fx::new();
+    let (a, b, _g, _ops, _) = crew(&mut fx);
+    route(&fx, "stubborn");
+    let create = |fx: &mut Fx, args: Value| {
+        fx.ok(Some(&a), "task_create", args)["task"]["id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let parent = create(
+        &mut fx,
+        json!({"room": "coord", "title": "the release", "to": "beta"}),
+    );
+    let sub = create(
+        &mut fx,
+        json!({"room": "coord", "title": "build it", "to": "beta", "parent": parent}),
+    );
+    fx.tasks.push(sub.clone());
+    fx.sync_all(&a, "coord");
+    let src = fx.ok(
+        Some(&a),
+        "send",
+        json!({"room": "coord", "to": ["beta"], "text": "build it", "task": sub}),
+    )["event"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let w = wait_for(&mut fx, &src, "the launch never ran", |w| {
+        w["launches"][0]["state"] == "running"
+    });
+    let marker = format!(
+        "room-test-stubborn-{}",
+        w["launches"][0]["launch"]
+            .as_str()
+            .expect("the launch's id")
+    );
+    let start = Instant::now();
+    while gone(&marker) {
+        assert!(start.elapsed() < Duration::from_secs(30), "no grandchild");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let token = worker_token(&fx);
+    fx.ok(Some(&token), "whoami", json!({}));
+    let c = fx.ok(Some(&a), "task_cancel", json!({"task": parent}));
+    assert_eq!(c["status"], "cancelled", "{c}");
+    // from the cancel on, the worker's credential acts no more (before the observer's trip)
+    let r = fx.call(
+        Some(&token),
+        "note",
+        json!({"room": "coord", "text": "still here"}),
+    );
+    let refusal = expect_code(r, "credential_revoked", "a call after the task's cancel");
+    assert_eq!(refusal.detail["reason"], "task_cancelled", "{refusal}");
+    assert_eq!(refusal.detail["task"], parent.as_str(), "{refusal}");
+    let w = wait_for(&mut fx, &src, "the worker was not stopped", |w| {
+        w["state"] == "dead"
+    });
+    assert_eq!(w["launches"][0]["outcome"], "stopped", "{w}");
+    assert_stopped_in_two_phases(&mut fx, "task_cancelled");
+    let job = &fx.ok(None, "stops_list", json!({}))["stops"][0]["phase_2"]["observed"];
+    if job["kind"] == "cgroup" {
+        assert!(gone(&marker), "the setsid grandchild outlived its job");
+    } else {
+        end_marked(&marker);
+    }
+    // the subtask itself stays as it was (it can no longer close: its ancestry is not live)
+    assert_eq!(fx.task_status(&sub), "open");
+    let _ = b;
+}

@@ -436,6 +436,8 @@ pub fn control_task_specs_and_checks(h: &mut dyn Harness) {
             args: vec!["-f".into(), "out.txt".into()],
             timeout_ms: 5_000,
             exit_code: 0,
+            project_write: false,
+            network: false,
         },
     ];
     let store = h.fresh();

@@ -151,6 +151,13 @@ fn read_bootstrap(path: &Path) -> Result<Bootstrap> {
     }
 }
 
+/// Every state directory `bootstrap` registers (none when it is missing or unreadable).
+pub fn registered_roots(bootstrap: &Path) -> Vec<PathBuf> {
+    read_bootstrap(bootstrap)
+        .map(|b| b.instances.into_keys().map(PathBuf::from).collect())
+        .unwrap_or_default()
+}
+
 /// Create the layout (idempotent: an existing valid state dir is returned as it is).
 pub fn init(dir: &Path, bootstrap: &Path, new_instance_id: &str) -> Result<StateDir> {
     std::fs::create_dir_all(dir)?;
