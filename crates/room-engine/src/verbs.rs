@@ -1154,9 +1154,27 @@ impl Engine {
             let limit = self.policy().quotas.bytes_per_minute;
             lock_room(&handle).check_bytes(&p.name, t.len() as u64, limit, self.now_ms())?;
         }
+        // the list is bounded before anything looks at its entries (a repeated name counts:
+        // 200,000 copies of one recipient are refused, not folded into one)
+        if args.to.len() > self.config.recipients_max {
+            return Err(Refusal::invalid(
+                "to",
+                format!(
+                    "at most {} recipients, each named once ({} given)",
+                    self.config.recipients_max,
+                    args.to.len()
+                ),
+            ));
+        }
         let members = self.control().members(&args.room).map_err(store_err)?;
         let mut recipients: BTreeSet<String> = BTreeSet::new();
-        for r in &args.to {
+        for (i, r) in args.to.iter().enumerate() {
+            if recipients.contains(r) {
+                return Err(Refusal::invalid(
+                    &format!("to[{i}]"),
+                    format!("{r} is named twice: name each recipient once"),
+                ));
+            }
             name::validate("to", r)?;
             if !members.contains(r) {
                 return Err(Refusal::invalid(

@@ -680,6 +680,7 @@ fn start_time(pid: u32) -> Option<u64> {
 /// leave the walk's sight), at most `wait_ms`. Zero processes observed, or what was left.
 fn end_tree(pid: u32, start: u64, wait_ms: u64) -> Option<Stopped> {
     let begun = Instant::now();
+    let mut thawer = Thawer::new();
     let shim = Pid::from_raw(pid.cast_signed())?;
     loop {
         if start_time(pid) != Some(start) {
@@ -714,6 +715,7 @@ fn end_tree(pid: u32, start: u64, wait_ms: u64) -> Option<Stopped> {
                 let _ = kill_process(p, Signal::KILL);
             }
         }
+        thawer.tick(|| below);
         std::thread::sleep(Duration::from_millis(POLL_MS));
     }
 }
@@ -775,6 +777,7 @@ impl Shim {
                 }
             }
         }
+        let mut thawer = Thawer::new();
         loop {
             let out = self.outcome();
             if out.is_some() || start.elapsed() > Duration::from_millis(wait_ms) {
@@ -790,9 +793,91 @@ impl Shim {
                     waited_ms: elapsed_ms(start),
                 };
             }
+            thawer.tick(|| descendants(self.pid));
             std::thread::sleep(Duration::from_millis(POLL_MS));
         }
     }
+}
+
+/// How long a stop waits before it looks for frozen processes, and then how often.
+const THAW_EVERY_MS: u64 = 100;
+
+/// A stop that has waited a while thaws what it finds frozen among its members, every
+/// `THAW_EVERY_MS`: a process a cgroup freezer holds takes no signal, not even SIGKILL, until
+/// it is thawed.
+struct Thawer(Instant);
+
+impl Thawer {
+    fn new() -> Thawer {
+        Thawer(Instant::now() + Duration::from_millis(THAW_EVERY_MS))
+    }
+
+    fn tick(&mut self, members: impl FnOnce() -> Vec<u32>) {
+        if Instant::now() >= self.0 {
+            thaw(&members());
+            self.0 = Instant::now() + Duration::from_millis(THAW_EVERY_MS);
+        }
+    }
+}
+
+/// Thaw every frozen cgroup (v1 freezer or v2 `cgroup.freeze`) that holds one of `pids`.
+/// Returns how many were thawed.
+pub fn thaw(pids: &[u32]) -> usize {
+    let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return 0;
+    };
+    let v1 = freezer_v1_mount(&mountinfo);
+    let v2 = cgroup2_mount(&mountinfo);
+    let mut thawed = std::collections::BTreeSet::new();
+    for pid in pids.iter().take(STALE_LEAVES_MAX) {
+        let Ok(cg) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
+            continue;
+        };
+        for l in cg.lines() {
+            let mut f = l.splitn(3, ':');
+            let (_, controllers, path) = (f.next(), f.next().unwrap_or(""), f.next().unwrap_or(""));
+            let path = path.trim().trim_start_matches('/');
+            if path.split('/').any(|c| c == "..") {
+                continue;
+            }
+            let file = match (controllers, &v1, &v2) {
+                (c, Some(m), _) if c.split(',').any(|c| c == "freezer") => {
+                    let st = m.join(path).join("freezer.state");
+                    let frozen = std::fs::read_to_string(&st).is_ok_and(|t| t.trim() != "THAWED");
+                    frozen.then_some((st, "THAWED"))
+                }
+                ("", _, Some(m)) => {
+                    let st = m.join(path).join("cgroup.freeze");
+                    let frozen = std::fs::read_to_string(&st).is_ok_and(|t| t.trim() == "1");
+                    frozen.then_some((st, "0"))
+                }
+                _ => None,
+            };
+            if let Some((st, value)) = file
+                && !thawed.contains(&st)
+                && std::fs::write(&st, value).is_ok()
+            {
+                thawed.insert(st);
+            }
+        }
+    }
+    thawed.len()
+}
+
+/// The mount point of the cgroup v1 hierarchy that has the freezer controller.
+fn freezer_v1_mount(mountinfo: &str) -> Option<PathBuf> {
+    mountinfo.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        let mut r = right.split_whitespace();
+        if r.next()? != "cgroup" {
+            return None;
+        }
+        let opts = r.nth(1)?;
+        let point = left.split_whitespace().nth(4)?;
+        opts.split(',')
+            .any(|o| o == "freezer")
+            .then(|| PathBuf::from(unescape_mountinfo(point)))
+    })
 }
 
 /// Each process's parent and whether it is a zombie, from one walk of `/proc`.
@@ -866,6 +951,7 @@ fn elapsed_ms(start: Instant) -> u64 {
 /// 5.14), each member is killed by pid until none is left.
 fn stop_cgroup(leaf: &Path, wait_ms: u64) -> Stopped {
     let start = Instant::now();
+    let mut thawer = Thawer::new();
     let killed = std::fs::OpenOptions::new()
         .write(true)
         .open(leaf.join("cgroup.kill"))
@@ -887,6 +973,7 @@ fn stop_cgroup(leaf: &Path, wait_ms: u64) -> Stopped {
                 }
             }
         }
+        thawer.tick(|| cgroup_members(leaf));
         if start.elapsed() > Duration::from_millis(wait_ms) {
             return Stopped {
                 kind: JobKind::Cgroup,
@@ -1179,6 +1266,48 @@ mod tests {
             assert!(start.elapsed() < Duration::from_secs(10), "members: {m:?}");
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    /// A job whose process sits frozen in a cgroup v1 freezer (a root worker could once put
+    /// one there) still stops at zero processes: the stop thaws what it finds frozen. Both job
+    /// kinds; skipped where this machine has no v1 freezer this process may write.
+    #[test]
+    fn a_stop_thaws_a_frozen_member_and_ends_it() {
+        let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
+            return;
+        };
+        let Some(freezer) = freezer_v1_mount(&mountinfo) else {
+            eprintln!("no cgroup v1 freezer here; skipped");
+            return;
+        };
+        let cg = freezer.join(format!("room-test-{}", std::process::id()));
+        if std::fs::create_dir(&cg).is_err() {
+            eprintln!("the v1 freezer is not writable here; skipped");
+            return;
+        }
+        let name = format!("{:032x}", u128::from(std::process::id()) << 64 | 0xf1);
+        for jobs in [Jobs::subreapers("forced for the test"), Jobs::detect(&name)] {
+            let mut job = jobs.create("job-frozen").unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let (mut child, escaped) = escaping(&mut job, dir.path());
+            std::fs::write(cg.join("cgroup.procs"), escaped.to_string()).unwrap();
+            std::fs::write(cg.join("freezer.state"), "FROZEN").unwrap();
+            let start = Instant::now();
+            while std::fs::read_to_string(cg.join("freezer.state"))
+                .unwrap()
+                .trim()
+                != "FROZEN"
+            {
+                assert!(start.elapsed() < Duration::from_secs(5), "never froze");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let s = job.stop(5_000);
+            assert!(s.confirmed_empty, "{:?}: {s:?}", jobs.kind());
+            assert!(!alive(escaped), "the frozen process survived its stop");
+            let _ = child.wait();
+            let _ = jobs.close(5_000);
+        }
+        let _ = std::fs::remove_dir(&cg);
     }
 
     /// A process below any job of any daemon is never an owner console: below a shim by

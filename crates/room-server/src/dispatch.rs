@@ -337,6 +337,19 @@ fn resolve_caller(
         }
         (a, b) => a.or(b),
     };
+    // a transport's page ceiling can only lower the engine's; one below the smallest page
+    // is refused, not quietly raised
+    if let Some(b) = req.page_bytes_max
+        && (b as usize) < room_engine::sync::PAGE_BYTES_MIN
+    {
+        return Err(Box::new(Response::refused(Refusal::invalid(
+            "page_bytes_max",
+            format!(
+                "must be at least {} bytes (it can only lower the daemon's ceiling)",
+                room_engine::sync::PAGE_BYTES_MIN
+            ),
+        ))));
+    }
     Ok(match (token, transport) {
         (None, Transport::UnixSocket(evidence)) => Caller::Local(evidence),
         (None, Transport::Http) => return Err(Box::new(no_credential())),

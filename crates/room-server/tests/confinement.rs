@@ -129,10 +129,14 @@ fn a_check_sees_no_state_dir_reaches_no_owner_socket_and_ends_at_zero_processes(
     fx.write_config(&format!("[acceptance]\ncommands = [\"{PYTHON}\"]\n"));
     let (b_daemon, b_state) = second_daemon(&fx);
     let m = marker("check");
+    // a cgroup v1 freezer, where the machine has one: a confined process must not be able to
+    // freeze anything out of reach of a stop
+    let freezer = PathBuf::from("/sys/fs/cgroup/freezer");
     let paths = [
         fx.state.clone(),
         b_state.clone(),
         fx.root.join("config/room"),
+        freezer.clone(),
     ]
     .map(|p| p.display().to_string())
     .join(",");
@@ -171,6 +175,12 @@ fn a_check_sees_no_state_dir_reaches_no_owner_socket_and_ends_at_zero_processes(
             out.contains(&format!("SEE {} []", fx.root.join("config/room").display())),
             "the check saw the bootstrap: {out}"
         );
+        if freezer.join("freezer.state").exists() || freezer.join("tasks").exists() {
+            assert!(
+                out.contains("SEE /sys/fs/cgroup/freezer []"),
+                "the check saw the cgroup v1 freezer: {out}"
+            );
+        }
         assert_eq!(out.matches("NOCONNECT").count(), 2, "{out}");
         assert!(out.contains("NOWRITE"), "the project was writable: {out}");
         assert!(!dir.join("written-by-check").exists());

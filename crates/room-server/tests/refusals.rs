@@ -1880,3 +1880,49 @@ fn a_lapsed_scoped_claim_releases_its_lease_and_its_holder_must_claim_afresh() {
     assert_eq!(r.detail["fresh_claim_required"], true, "{r}");
     fx.refuse_violation(&b, "task_claim", json!({"task": tb}), "coord", "exclusive");
 }
+
+/// A recipient list is bounded before its entries are looked at: 200,000 copies of one
+/// recipient are refused (not folded into one), a repeated name is refused by its index, and
+/// neither writes anything.
+#[test]
+fn recipient_lists_are_bounded_and_name_each_recipient_once() {
+    let mut fx = Fx::new();
+    let (a, _b, _g) = fx.team("coord");
+    fx.sync_all(&a, "coord");
+    let many = vec!["beta"; 200_000];
+    let r = fx.refuse(
+        Some(&a),
+        "send",
+        json!({"room": "coord", "to": many, "text": "hi"}),
+        "invalid_argument",
+    );
+    assert!(r.message.contains("200000 given"), "{r}");
+    let r = fx.refuse(
+        Some(&a),
+        "send",
+        json!({"room": "coord", "to": ["beta", "gamma", "beta"], "text": "hi"}),
+        "invalid_argument",
+    );
+    assert!(r.message.contains("to[2]"), "{r}");
+    fx.ok(
+        Some(&a),
+        "send",
+        json!({"room": "coord", "to": ["beta", "gamma"], "text": "hi"}),
+    );
+}
+
+/// A transport's page ceiling below the smallest page is refused, not raised to it.
+#[test]
+fn a_page_ceiling_below_the_smallest_page_is_refused() {
+    let mut fx = Fx::new();
+    let (a, _b, _g) = fx.team("coord");
+    for b in [0u32, 4_095] {
+        let mut req = request(Some(&a), "sync", json!({"room": "coord"}));
+        req.page_bytes_max = Some(b);
+        let r = fx.refuse_req(&req, "invalid_argument");
+        assert!(r.message.contains("page_bytes_max"), "{r}");
+    }
+    let mut req = request(Some(&a), "sync", json!({"room": "coord"}));
+    req.page_bytes_max = Some(4_096);
+    assert!(fx.send(&req).ok);
+}

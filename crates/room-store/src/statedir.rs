@@ -248,12 +248,29 @@ pub fn validate(dir: &Path, bootstrap: &Path) -> Result<StateDir> {
 
 /// The exclusive daemon lock. Held for the daemon's lifetime; released by the kernel on exit,
 /// even on SIGKILL, so a crashed daemon never blocks its successor.
+///
+/// Two locks: `room.lock` (which names the holder's pid) and the state directory itself. A
+/// file can be unlinked from under its lock, and a second daemon would then lock a new file
+/// of the same name; the directory cannot be replaced while this daemon runs in it without
+/// its marker check failing, so its lock is the one that holds.
 #[derive(Debug)]
 pub struct DaemonLock {
     _file: std::fs::File,
+    _dir: std::fs::File,
 }
 
 pub fn lock(state: &StateDir) -> Result<DaemonLock> {
+    let dir = std::fs::File::open(&state.root)?;
+    match rustix::fs::flock(&dir, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::WOULDBLOCK) => {
+            let pid = std::fs::read_to_string(state.lock_path()).unwrap_or_default();
+            return Err(StoreError::Locked {
+                pid: pid.trim().to_string(),
+            });
+        }
+        Err(e) => return Err(std::io::Error::from(e).into()),
+    }
     let mut file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -266,7 +283,10 @@ pub fn lock(state: &StateDir) -> Result<DaemonLock> {
             file.rewind()?;
             writeln!(file, "{}", std::process::id())?;
             file.sync_data()?;
-            Ok(DaemonLock { _file: file })
+            Ok(DaemonLock {
+                _file: file,
+                _dir: dir,
+            })
         }
         Err(std::fs::TryLockError::WouldBlock) => {
             let mut pid = String::new();
@@ -294,6 +314,23 @@ mod tests {
             Err(StoreError::SplitBrain(why)) => why,
             other => panic!("expected split brain, got {other:?}"),
         }
+    }
+
+    /// `room.lock` unlinked under a live daemon: a second one is still refused (the state
+    /// directory's own lock holds).
+    #[test]
+    fn the_daemon_lock_holds_when_its_file_is_unlinked() {
+        let (_t, dir, boot) = setup();
+        let s = init(&dir, &boot, "inst1").unwrap();
+        let held = lock(&s).unwrap();
+        assert!(matches!(lock(&s), Err(StoreError::Locked { .. })));
+        std::fs::remove_file(s.lock_path()).unwrap();
+        match lock(&s) {
+            Err(StoreError::Locked { .. }) => {}
+            other => panic!("a second lock after the unlink: {other:?}"),
+        }
+        drop(held);
+        lock(&s).expect("the lock is free once its holder is gone");
     }
 
     #[test]
