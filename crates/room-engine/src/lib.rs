@@ -145,6 +145,8 @@ pub struct Engine {
     pub(crate) takes: std::sync::Mutex<()>,
     /// Tickets of turns waiting in a room's turnstile, and their wake-ups.
     pub(crate) turn_waits: turnstile::TurnWaits,
+    /// The next turnstile ticket: counts up from a random start drawn at construction, so
+    /// that tickets are unique across the daemon's runs (`turnstile::first_ticket`).
     pub(crate) tickets: std::sync::atomic::AtomicU64,
 }
 
@@ -171,7 +173,7 @@ impl Engine {
             deferrals: dispatch::Deferrals::default(),
             takes: std::sync::Mutex::new(()),
             turn_waits: Default::default(),
-            tickets: std::sync::atomic::AtomicU64::new(1),
+            tickets: std::sync::atomic::AtomicU64::new(turnstile::first_ticket(&*env.entropy)),
             state,
             env,
             config,

@@ -374,8 +374,9 @@ pub(crate) fn project_into(
                     p.tasks
                         .push(TaskEffect::Successor(te.task.clone(), next.clone()));
                 }
-                if tr.to == TaskStatus::Cancelled {
-                    // the holder's claim ends with the task: never recorded in doubt after it
+                if matches!(tr.to, TaskStatus::Cancelled | TaskStatus::Superseded) {
+                    // the holder's claim ends with the task (withdrawn, or replaced by its
+                    // successor): it acts on it no more, and is never recorded in doubt after it
                     p.batch.lifecycles.push(LifecycleChange::Resolve {
                         task: te.task.clone(),
                     });

@@ -13,6 +13,7 @@
 //! the write.
 
 use crate::policy::GateLimits;
+use room_core::env::Entropy;
 use room_core::{Code, Refusal};
 use serde_json::json;
 use std::collections::{HashSet, VecDeque};
@@ -27,6 +28,22 @@ const WAITER_GRACE_MS: u64 = 1_000;
 pub const RETRY_SLOTS_MAX: u32 = crate::sync::RECEIPT_CHAIN_MAX as u32;
 /// Woken tickets remembered for callers that have not looked yet.
 const WOKEN_KEPT_MAX: usize = 4096;
+
+/// Where an engine's tickets start counting: a random point below 2^62, drawn from its
+/// entropy once, when it is built. The turnstile is in memory, so a restart starts with an
+/// empty queue; a counter that started again at 1 would hand the last run's numbers out
+/// again, and a caller that kept one across the restart could pass for the waiter that now
+/// holds it (a place in the queue it never had). Drawn from entropy rather than the clock: the
+/// clock may step back (the simulator steps it back by minutes) and two runs may start in the
+/// same millisecond (a crash loop), so starts derived from it can meet; two random starts
+/// meet only if one falls within the tickets the other run drew, about n / 2^62 for a run
+/// of n tickets. Below 2^62, the counter never wraps. The simulator's entropy is seeded, so
+/// its runs still replay exactly.
+pub(crate) fn first_ticket(entropy: &dyn Entropy) -> u64 {
+    let mut b = [0u8; 8];
+    entropy.fill(&mut b);
+    u64::from_le_bytes(b) >> 2
+}
 
 /// What a turn call comes to: done (landed or refused), or waiting for its turn.
 #[derive(Debug)]
@@ -433,6 +450,151 @@ mod tests {
             t.admit("c", None, late, &l, &mut next),
             Ok(Admit::Go { waited_ms: 0 })
         );
+    }
+
+    #[test]
+    fn a_ticket_the_turnstile_does_not_know_is_a_fresh_arrival() {
+        // a restart's turnstile: empty, its tickets counting from a new start
+        let l = limits();
+        let mut t = Turnstile::default();
+        let mut n = 1_000;
+        let mut next = || {
+            n += 1;
+            n
+        };
+        assert!(matches!(
+            t.admit("a", None, 0, &l, &mut next),
+            Ok(Admit::Go { .. })
+        ));
+        let Ok(Admit::Wait { ticket: tc, .. }) = t.admit("c", None, 1, &l, &mut next) else {
+            panic!("c waits")
+        };
+        // b comes back with the ticket an earlier run gave it: no place, a new ticket behind
+        // c, and its wait starts now
+        let Ok(Admit::Wait { ticket: tb, .. }) = t.admit("b", Some(7), 2, &l, &mut next) else {
+            panic!("b waits behind c")
+        };
+        assert_ne!(
+            tb, 7,
+            "a ticket the queue does not hold is never handed back"
+        );
+        assert_eq!(
+            t.finish("a", false, false, 10, &l),
+            Some(tc),
+            "c is the head"
+        );
+        assert!(matches!(
+            t.admit("b", Some(tb), 11, &l, &mut next),
+            Ok(Admit::Wait { .. })
+        ));
+        assert_eq!(
+            t.admit("c", Some(tc), 12, &l, &mut next),
+            Ok(Admit::Go { waited_ms: 11 })
+        );
+        assert_eq!(t.finish("c", false, false, 20, &l), Some(tb));
+        assert_eq!(
+            t.admit("b", Some(tb), 21, &l, &mut next),
+            Ok(Admit::Go { waited_ms: 19 }),
+            "the wait is measured from b's arrival in this run"
+        );
+    }
+
+    /// An engine built again over the same state (a restart) hands out no ticket an earlier
+    /// run handed out, and a ticket kept across the restart holds no place in the new queue.
+    #[test]
+    #[allow(clippy::disallowed_methods)] // a real state dir
+    fn turnstile_tickets_are_unique_across_engine_runs() {
+        use crate::principal::AgentCaller;
+        use crate::verbs::TurnArgs;
+        use crate::{Engine, EngineConfig, Env};
+        use room_core::Verb;
+        use room_core::env::{ManualClock, SeededEntropy};
+        use room_store::{SqliteBackend, SqliteBackendConfig, statedir};
+
+        let tmp = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(tmp.path()).unwrap();
+        let (state, boot) = (root.join("state"), root.join("boot.toml"));
+        statedir::init(&state, &boot, "inst").unwrap();
+        let clock = Arc::new(ManualClock::new(1_790_000_000_000));
+        // one source across runs, as the OS's random source is
+        let entropy: Arc<dyn Entropy> = Arc::new(SeededEntropy::new(3));
+        let open = || {
+            let s = statedir::validate(&state, &boot).unwrap();
+            let env = Env {
+                clock: clock.clone(),
+                entropy: entropy.clone(),
+                fs: Arc::new(room_store::fs::RealFs),
+                runner: Arc::new(room_core::env::NoRunner),
+            };
+            let store = Arc::new(SqliteBackend::new(&s, SqliteBackendConfig::default()));
+            Engine::open(s, env, store, EngineConfig::default()).unwrap()
+        };
+        let owner = |e: &Engine| {
+            e.owner(&crate::Caller::Local(crate::Evidence::UnixPeer {
+                uid: e.config().owner_uid,
+                pid: std::process::id(),
+            }))
+            .unwrap()
+        };
+        let say = |text: &str| TurnArgs {
+            room: "r".into(),
+            text: Some(text.into()),
+            ..Default::default()
+        };
+        let wait = |e: &Engine, who: &AgentCaller, ticket: Option<u64>| match e.turn_step(
+            who,
+            Verb::Say,
+            say("waits"),
+            ticket,
+        ) {
+            Ok(TurnStep::Wait { ticket, .. }) => ticket,
+            other => panic!("the turn waits: {other:?}"),
+        };
+        // alpha has not read beta's turn: sent back, it holds the room's slot
+        let hold = |e: &Engine, a: &AgentCaller| {
+            let r = e.turn_step(a, Verb::Say, say("a"), None).unwrap_err();
+            assert_eq!(r.code, Code::RoomSyncRequired);
+        };
+
+        let e = open();
+        let [a, b, c] = ["alpha", "beta", "gamma"].map(|n| AgentCaller {
+            token: e
+                .enroll(&owner(&e), n, room_core::Tier::Member, "generic")
+                .unwrap()
+                .token,
+            conversation: "c1".into(),
+            declared_tier: None,
+            page_bytes_max: None,
+        });
+        let names = ["alpha", "beta", "gamma"].map(String::from);
+        e.room_create(&owner(&e), "r", None, &names).unwrap();
+        let page = e.sync(&b, "r", None).unwrap();
+        let read = TurnArgs {
+            read_through: page["receipt"].as_str().map(String::from),
+            ..say("b first")
+        };
+        e.turn(&b, Verb::Say, read).unwrap();
+        hold(&e, &a);
+        let first_run = [wait(&e, &b, None), wait(&e, &c, None)];
+        let tb = first_run[0];
+        drop(e);
+
+        clock.advance(5);
+        let e = open();
+        hold(&e, &a);
+        let tc = wait(&e, &c, None);
+        // beta calls again with its ticket from before the restart: a fresh arrival behind
+        // gamma, with a new ticket
+        let tb2 = wait(&e, &b, Some(tb));
+        for t in [tc, tb2] {
+            assert!(
+                !first_run.contains(&t),
+                "ticket {t} was handed out before the restart"
+            );
+        }
+        // alpha, sent back again without reading forward, lets the room go: gamma is the head
+        hold(&e, &a);
+        assert!(e.turn_waits().take(tc) && !e.turn_waits().take(tb2));
     }
 
     #[test]

@@ -285,11 +285,21 @@ struct Pending {
     verb: Verb,
     args: TurnArgs,
     read: Option<Read>,
+    wait: Waiting,
+}
+
+/// A ticket the turnstile gave, and since when its wait is measured.
+#[derive(Debug, Clone, Copy)]
+struct Waiting {
     ticket: u64,
     /// The clock when this ticket was drawn, and how many times the clock had stepped back
     /// by then (a wait measured across a step back is not checked against its bound).
     since_ms: u64,
     backs: u64,
+    /// Restarts so far when this ticket was drawn. The turnstile is in memory: a restart ends
+    /// every wait, and a ticket kept across one names no place in the new queue (called again
+    /// with it, the turn arrives afresh).
+    restarts: u64,
 }
 
 struct Agent {
@@ -362,6 +372,9 @@ pub struct Sim {
     withheld: BTreeMap<String, BTreeSet<String>>,
     /// Times the clock stepped back so far.
     clock_backs: u64,
+    /// `ROOM_SIM_TRACE` is set: every line noted goes to stderr as well, not only the last 30
+    /// a failure shows.
+    trace: bool,
 }
 
 fn scratch_dir() -> PathBuf {
@@ -433,6 +446,7 @@ impl Sim {
             runner: Arc::new(SimRunner::new(seed)),
             withheld: BTreeMap::new(),
             clock_backs: 0,
+            trace: std::env::var_os("ROOM_SIM_TRACE").is_some(),
         }
     }
 
@@ -511,6 +525,13 @@ impl Sim {
     }
 
     fn note(&mut self, line: String) {
+        if self.trace {
+            eprintln!(
+                "trace: step {} clock {}: {line}",
+                self.step,
+                self.clock.now_ms()
+            );
+        }
         self.recent.push(line);
         if self.recent.len() > 30 {
             self.recent.remove(0);
@@ -935,6 +956,12 @@ impl Sim {
             a.revivable.insert(room.to_string(), c);
         }
         a.confirmed_durably.remove(room);
+        let line = format!(
+            "{}'s view of {room} changed: checkpoint {:?} kept aside",
+            a.name,
+            a.revivable.get(room)
+        );
+        self.note(line);
     }
 
     /// Read one page of `room` without confirming it: what a `read_through` turn presents.
@@ -962,8 +989,7 @@ impl Sim {
         if let Some(p) = self.agents[i].pending.take() {
             let live = self.agents[i].rooms.contains(&p.room) && !self.archived.contains(&p.room);
             if live && self.rng.chance(85) {
-                let waiting = Some((p.ticket, p.since_ms, p.backs));
-                return self.attempt_turn(i, &p.room, p.verb, p.args, p.read, waiting);
+                return self.attempt_turn(i, &p.room, p.verb, p.args, p.read, Some(p.wait));
             }
             let name = self.agents[i].name.clone();
             self.note(format!("{name} gives up its waiting turn in {}", p.room));
@@ -1085,7 +1111,8 @@ impl Sim {
     /// Act in `room`, presenting `read` (with one more try on the delta page a refusal hands
     /// over), through the room's turnstile as the daemon does or, now and then, straight to
     /// `Engine::turn`. `waiting`: the ticket the turnstile gave this turn before (with the
-    /// clock then and its step-backs by then). A turn told to wait is kept for a later step.
+    /// clock then, and its step-backs and the restarts by then). A turn told to wait is kept
+    /// for a later step.
     fn attempt_turn(
         &mut self,
         i: usize,
@@ -1093,13 +1120,13 @@ impl Sim {
         verb: Verb,
         mut args: TurnArgs,
         mut read: Option<Read>,
-        waiting: Option<(u64, u64, u64)>,
+        waiting: Option<Waiting>,
     ) -> Result<(), Failure> {
         let room = room.to_string();
         let c = self.caller(i);
         let name = self.agents[i].name.clone();
         let via_turnstile = waiting.is_some() || self.rng.chance(70);
-        let mut ticket = waiting.map(|(t, _, _)| t);
+        let mut ticket = waiting.map(|w| w.ticket);
         let mut out = Ok(Value::Null);
         // with read_through: one try, and one more with the delta page a refusal hands over
         for _ in 0..2 {
@@ -1142,14 +1169,26 @@ impl Sim {
         // A read_through turn that landed confirmed what the agent read (the chain from where
         // it started); one whose commit failed is in doubt and may have landed, so the model
         // takes the upper bound, as for a confirmation in doubt. It credits the chain only if
-        // the chain starts where the model stands.
+        // the chain starts where the model stands, or where the checkpoint it kept aside
+        // stands (`Agent::revivable`: the view that checkpoint was stamped with came back, so
+        // the engine reads on from it and a receipt continuing it is sound).
         let in_doubt = out.as_ref().is_err_and(|r| r.code == Code::StorageFailed);
         if let Some(r) = read.as_ref().filter(|_| out.is_ok() || in_doubt) {
             let m = self.agents[i].confirmed.get(&room).copied().unwrap_or(0);
-            // the gap between the model's position and the chain's start may hold the agent's
+            let kept = self.agents[i].revivable.get(&room).copied();
+            // the gap between the chain's start and where it continues may hold the agent's
             // own events only (a turn whose answer a crash swallowed, which the gate excepts)
-            if r.after <= m || self.foreign_in(&room, &name, m + 1, r.after)?.is_none() {
-                self.agents[i].confirmed.insert(room.clone(), m.max(r.to));
+            let mut from = None;
+            for base in std::iter::once(m).chain(kept) {
+                if r.after <= base || self.foreign_in(&room, &name, base + 1, r.after)?.is_none() {
+                    from = Some(base);
+                    break;
+                }
+            }
+            if let Some(base) = from {
+                self.agents[i]
+                    .confirmed
+                    .insert(room.clone(), m.max(base).max(r.to));
                 self.agents[i].revivable.remove(&room);
             }
         }
@@ -1191,16 +1230,33 @@ impl Sim {
         verb: Verb,
         args: TurnArgs,
         read: Option<Read>,
-        waiting: Option<(u64, u64, u64)>,
+        waiting: Option<Waiting>,
         ticket: u64,
         until_ms: u64,
     ) -> Result<(), Failure> {
         let now = self.clock.now_ms();
-        // the same ticket is the same place in the queue; a new one starts a new wait
-        let (since_ms, backs) = match waiting {
-            Some((t, since, backs)) if t == ticket => (since, backs),
-            _ => (now, self.clock_backs),
+        let restarts = self.report.crashes;
+        // the same ticket in the same run is the same place in the queue; a new one starts a
+        // new wait, and so does every wait after a restart (the turnstile is in memory)
+        let wait = match waiting {
+            Some(w) if w.ticket == ticket && w.restarts == restarts => w,
+            Some(w) if w.ticket == ticket => {
+                // tickets are unique across the daemon's runs: a number from before a restart
+                // handed out again would pass for its old place in the queue
+                return Err(self.fail(format!(
+                    "a turn in {room} called again after a restart with its ticket {ticket} from before it was given the same ticket again"
+                )));
+            }
+            _ => Waiting {
+                ticket,
+                since_ms: now,
+                backs: self.clock_backs,
+                restarts,
+            },
         };
+        let Waiting {
+            since_ms, backs, ..
+        } = wait;
         let wait_max = self.e().policy().gate.turn_wait_ms_max;
         if backs == self.clock_backs
             && (now.saturating_sub(since_ms) > wait_max || until_ms > since_ms + wait_max + 1)
@@ -1215,9 +1271,7 @@ impl Sim {
             verb,
             args,
             read,
-            ticket,
-            since_ms,
-            backs,
+            wait,
         });
         Ok(())
     }

@@ -2,7 +2,9 @@
 //! `room-sim --seeds 0..50 --steps 400 [--agents N --rooms N]`, `room-sim --seed 17`,
 //! `room-sim --soak` (2,000 seeds of 2,000 steps with 200 agents in 40 rooms),
 //! `room-sim --broken ack-before-fsync|commit-log-skips-sync|skip-invariants|sqlite-fsync-lies|skip-authority-pins` (planted bugs the
-//! simulator must find).
+//! simulator must find). A failing seed does not stop the others (a campaign that stopped at
+//! a false alarm would hide the real failures behind it): each failure is printed as it
+//! happens, and the end names every failing seed and exits 1 if there was one.
 
 use room_sim::{Broken, SimConfig, run};
 
@@ -50,14 +52,17 @@ fn main() {
         (a..b).collect()
     };
     let mut totals = room_sim::Report::default();
-    for seed in &seeds {
+    let mut failed: Vec<(u64, String)> = vec![];
+    for (k, seed) in seeds.iter().enumerate() {
         let cfg = SimConfig {
             steps: if soak { steps.max(2000) } else { steps },
             broken,
             ..SimConfig::new(*seed)
         };
-        match run(cfg) {
-            Ok(r) => {
+        // a panic in one seed is that seed's failure, not the campaign's end
+        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(cfg)));
+        match out {
+            Ok(Ok(r)) => {
                 totals.accepted += r.accepted;
                 totals.refused += r.refused;
                 totals.crashes += r.crashes;
@@ -76,16 +81,32 @@ fn main() {
                     *totals.invariants.entry(k).or_default() += v;
                 }
             }
-            Err(f) => {
+            Ok(Err(f)) => {
                 eprint!("{f}");
-                println!("0 passed, 1 failed");
-                std::process::exit(1);
+                failed.push((*seed, format!("(--steps {}): {}", f.step + 1, f.what)));
             }
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("a panic");
+                eprintln!("seed {seed}: panicked: {what}");
+                failed.push((*seed, format!("panicked: {what}")));
+            }
+        }
+        if seeds.len() > 1 && (k + 1) % 50 == 0 {
+            eprintln!(
+                "{} of {} seeds run, {} failed",
+                k + 1,
+                seeds.len(),
+                failed.len()
+            );
         }
     }
     eprintln!(
-        "{} seeds: {} calls accepted, {} refused, {} crashes, {} injected faults, {} acknowledged events checked",
-        seeds.len(),
+        "{} passing seeds: {} calls accepted, {} refused, {} crashes, {} injected faults, {} acknowledged events checked",
+        seeds.len() - failed.len(),
         totals.accepted,
         totals.refused,
         totals.crashes,
@@ -107,5 +128,15 @@ fn main() {
     );
     eprintln!("refusals by code: {:?}", totals.refusals);
     eprintln!("invariant verdicts: {:?}", totals.invariants);
-    println!("{} passed, 0 failed", seeds.len());
+    for (seed, what) in &failed {
+        println!("failed: seed {seed} {what}");
+    }
+    println!(
+        "{} passed, {} failed",
+        seeds.len() - failed.len(),
+        failed.len()
+    );
+    if !failed.is_empty() {
+        std::process::exit(1);
+    }
 }

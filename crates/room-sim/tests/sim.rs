@@ -204,3 +204,43 @@ fn a_done_that_ignores_its_claims_pinned_authority_is_caught() {
     })
     .unwrap();
 }
+
+/// Seeds that once failed on the simulator's model, not the engine (issue 40); each replays
+/// past the step that failed. A change of the scheduler may move them off their scenario.
+fn passes(seed: u64, steps: u64) {
+    run(SimConfig {
+        steps,
+        ..SimConfig::new(seed)
+    })
+    .unwrap_or_else(|f| panic!("{f}"));
+}
+
+/// r4's view went V0 → V1 (a revoked reader restored) → V0 (revoked again): the engine honours
+/// a20's checkpoint at 83, stamped with V0, again, and a `read_through` receipt for 83 → 84
+/// continues it. The model credited a read only from its own position, never from the
+/// checkpoint it had kept aside (`Agent::revivable`), and cried wolf at seq 85.
+#[test]
+fn a_receipt_continuing_a_checkpoint_whose_view_came_back_counts() {
+    passes(910_030, 1590);
+}
+
+/// A turn told to wait keeps its ticket across restarts; the turnstile is in memory, so a
+/// restart ends the wait. The engine's tickets counted from 1 again after each restart, so a
+/// fresh ticket matched the kept one and the model measured the new wait from before the
+/// restarts (past the 10,000 ms bound). A restart now ends every wait in the model, tickets
+/// are unique across runs, and the model fails a run whose turnstile hands a ticket from
+/// before a restart out again: each of these seeds reaches that call.
+#[test]
+fn a_wait_ends_at_a_restart_and_its_ticket_is_not_handed_out_again() {
+    for (seed, steps) in [(910_048, 586), (910_065, 70), (910_075, 803)] {
+        passes(seed, steps);
+    }
+}
+
+/// Found by the campaign of issue 40 (500 new seeds × 2,000 steps): a16 superseded a task it
+/// held, and its `note --task` on the superseded task was accepted, because the index ended a
+/// holder's claim with a cancel but not with a supersede. An engine bug: fixed there.
+#[test]
+fn a_superseded_task_s_former_holder_acts_on_it_no_more() {
+    passes(920_004, 422);
+}
