@@ -375,8 +375,12 @@ fn a_replaced_journal_that_verifies_is_a_rotation_refused_until_rebuilt() {
     stop(daemon, true);
     let journal = env.journal();
     let bytes = std::fs::read(&journal).unwrap();
-    std::fs::remove_file(&journal).unwrap();
-    std::fs::write(&journal, &bytes).unwrap();
+    // the copy is written while the original still exists, then renamed over it: removing
+    // first would let the file system hand the copy the freed inode number again (ext4 does),
+    // and a replaced file with the same (dev, ino) is no rotation anyone could see
+    let copy = journal.with_extension("copy");
+    std::fs::write(&copy, &bytes).unwrap();
+    std::fs::rename(&copy, &journal).unwrap();
     let daemon = env.serve();
     let said = env.run(
         &["say", "r", "onto a rotated journal", "--json"],

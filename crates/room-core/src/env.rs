@@ -105,6 +105,8 @@ pub trait Fs: Send + Sync {
     fn object_id(&self, path: &std::path::Path) -> std::io::Result<ObjectId>;
     /// Whether `path` (not following a final symlink) is a directory.
     fn is_dir_nofollow(&self, path: &std::path::Path) -> std::io::Result<bool>;
+    /// The target of the symlink at `path` (not followed further).
+    fn read_link(&self, path: &std::path::Path) -> std::io::Result<std::path::PathBuf>;
     /// Whether anything is at `path` (following symlinks), with `Path::try_exists` semantics:
     /// an error (permission denied, I/O) is an error, never `false`.
     fn try_exists(&self, path: &std::path::Path) -> std::io::Result<bool>;

@@ -76,6 +76,8 @@ codes! {
     ObligationNotFound => "obligation_not_found",
     // acceptance: completion is a measurement
     AcceptanceCommandNotAllowed => "acceptance_command_not_allowed",
+    // an evaluation of the task is running already, or the daemon runs as many as it may
+    AcceptanceEvaluationBusy => "acceptance_evaluation_busy",
     TaskAcceptanceFailed => "task_acceptance_failed",
     TaskAcceptanceRequired => "task_acceptance_required",
     TaskAcceptanceChangedBeforeCompletion => "task_acceptance_changed_before_completion",

@@ -20,6 +20,61 @@ use room_store::index::OpRow;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 
+/// Evaluations (commands and probes: processes) running at once in the daemon. An
+/// evaluation holds a blocking thread for as long as its processes run.
+pub const EVALUATIONS_MAX: usize = 4;
+
+/// The tasks being evaluated now (see `Engine::evaluations`).
+#[derive(Debug, Default)]
+pub(crate) struct Evaluations(std::sync::Mutex<std::collections::BTreeSet<String>>);
+
+/// One task's evaluation slot, given back when dropped.
+pub(crate) struct Evaluating<'a> {
+    set: &'a Evaluations,
+    task: String,
+}
+
+impl Drop for Evaluating<'_> {
+    fn drop(&mut self) {
+        self.set.lock().remove(&self.task);
+    }
+}
+
+impl Evaluations {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeSet<String>> {
+        // a set of names stays a set whatever panicked while holding it
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The slot to evaluate `task` now, or `acceptance_evaluation_busy` when it is being
+    /// evaluated already or the daemon runs `EVALUATIONS_MAX` evaluations.
+    pub(crate) fn enter(&self, task: &str) -> Outcome<Evaluating<'_>> {
+        let mut set = self.lock();
+        if set.contains(task) {
+            return Err(Refusal::new(
+                Code::AcceptanceEvaluationBusy,
+                format!("the acceptance of {task} is being evaluated already"),
+            )
+            .detail(json!({"task": task, "reason": "task_evaluating"}))
+            .hint("wait for that evaluation to end, then call again"));
+        }
+        if set.len() >= EVALUATIONS_MAX {
+            return Err(Refusal::new(
+                Code::AcceptanceEvaluationBusy,
+                format!("the daemon runs {EVALUATIONS_MAX} evaluations already"),
+            )
+            .detail(json!({"task": task, "reason": "daemon_busy",
+                "evaluations_max": EVALUATIONS_MAX}))
+            .hint("call again in a moment"));
+        }
+        set.insert(task.to_string());
+        Ok(Evaluating {
+            set: self,
+            task: task.to_string(),
+        })
+    }
+}
+
 /// What `command` checks produced before the transition, for the task and checks they ran
 /// against (`done` uses them only if both are unchanged).
 pub(crate) struct PreRun {
@@ -44,6 +99,10 @@ impl Place {
     }
 }
 
+/// Why a command or probe did not run: the evaluation's time was spent before it.
+const BUDGET_SPENT: &str =
+    "the evaluation's time (acceptance.evaluation_ms_max) was spent before it could run";
+
 fn unconfirmed(path: &str, e: &std::io::Error) -> Value {
     json!({"path": path, "error": e.to_string(), "error_kind": format!("{:?}", e.kind()),
         "observation": UNCONFIRMED})
@@ -54,10 +113,13 @@ fn outside(path: &str) -> Value {
         "error_kind": "OutsideTerritory", "observation": UNCONFIRMED})
 }
 
-/// Where a file check's path leads: a file inside the root, nothing, or not knowable.
+/// Where a file check's path leads: a file inside the root, nothing, a symlink inside the
+/// root whose target does not exist (a name that exists is not absent, and there is no file
+/// to measure), or not knowable.
 enum Found {
     Present,
     Absent,
+    Dangling,
     Unknown(Value),
 }
 
@@ -72,18 +134,35 @@ impl Engine {
         Ok(Place { root })
     }
 
-    /// Run the task's `command` checks (long: call this outside every lock).
-    pub(crate) fn run_commands(&self, t: &TaskRow, place: &Place) -> Vec<(usize, CheckResult)> {
+    /// Run the task's `command` checks (long: call this outside every lock), each within what
+    /// is left of the evaluation's time (`deadline_ms`, on the engine's clock).
+    pub(crate) fn run_commands(
+        &self,
+        t: &TaskRow,
+        place: &Place,
+        deadline_ms: u64,
+    ) -> Vec<(usize, CheckResult)> {
         let allowed = self.policy().acceptance_commands;
         t.acceptance
             .iter()
             .enumerate()
             .filter(|(_, c)| c.is_command())
-            .map(|(i, c)| (i, self.run_command(c, place, &allowed)))
+            .map(|(i, c)| (i, self.run_command(c, place, &allowed, deadline_ms)))
             .collect()
     }
 
-    fn run_command(&self, c: &Check, place: &Place, allowed: &[String]) -> CheckResult {
+    /// What is left of an evaluation's time now, if anything.
+    fn time_left_ms(&self, deadline_ms: u64) -> Option<u64> {
+        Some(deadline_ms.saturating_sub(self.now_ms())).filter(|l| *l > 0)
+    }
+
+    fn run_command(
+        &self,
+        c: &Check,
+        place: &Place,
+        allowed: &[String],
+        deadline_ms: u64,
+    ) -> CheckResult {
         let Check::Command {
             program,
             args,
@@ -113,11 +192,16 @@ impl Engine {
             detail["observation"] = json!("refused");
             return result(false, detail);
         }
+        let Some(left) = self.time_left_ms(deadline_ms) else {
+            detail["observation"] = json!(UNCONFIRMED);
+            detail["why"] = json!(BUDGET_SPENT);
+            return result(false, detail);
+        };
         let req = RunRequest {
             program: PathBuf::from(program),
             args: args.clone(),
             cwd: place.root.clone().unwrap_or_else(|| PathBuf::from("/")),
-            timeout_ms: *timeout_ms,
+            timeout_ms: (*timeout_ms).min(left),
             project: place.root.clone(),
             project_write: *project_write,
             network: *network,
@@ -184,31 +268,41 @@ impl Engine {
         Ok(out)
     }
 
-    /// The task's operations a destination check reads: on `destination` (inside it), or all.
+    /// The task's operations a destination check reads: those its current holder recorded
+    /// (an earlier holder's operation is not this claim's work), on `destination` (inside it)
+    /// or all. None when the task holds more operations than one check reads
+    /// (`OPS_PER_TASK_MAX`): a count cut before the filter would judge on part of them.
     fn ops_for(
         &self,
         t: &TaskRow,
         destination: Option<&str>,
         h: &RoomHandle,
-    ) -> Outcome<Vec<OpRow>> {
+    ) -> Outcome<Option<Vec<OpRow>>> {
         let within = destination.and_then(|d| Scope::parse("destination", d).ok());
-        Ok(h.index
-            .ops_of_task(&t.id, OPS_PER_TASK_MAX)
-            .map_err(store_err)?
-            .into_iter()
-            .filter(|o| {
-                match (
-                    &within,
-                    o.destination
-                        .as_deref()
-                        .and_then(|d| Scope::parse("d", d).ok()),
-                ) {
-                    (None, _) => true,
-                    (Some(w), Some(d)) => w.contains(&d),
-                    (Some(_), None) => false,
-                }
-            })
-            .collect())
+        let all = h
+            .index
+            .ops_of_task(&t.id, OPS_PER_TASK_MAX + 1)
+            .map_err(store_err)?;
+        if all.len() > OPS_PER_TASK_MAX {
+            return Ok(None);
+        }
+        Ok(Some(
+            all.into_iter()
+                .filter(|o| t.recipient.as_deref() == Some(o.agent.as_str()))
+                .filter(|o| {
+                    match (
+                        &within,
+                        o.destination
+                            .as_deref()
+                            .and_then(|d| Scope::parse("d", d).ok()),
+                    ) {
+                        (None, _) => true,
+                        (Some(w), Some(d)) => w.contains(&d),
+                        (Some(_), None) => false,
+                    }
+                })
+                .collect(),
+        ))
     }
 
     /// `destination`: each operation resolved `succeeded` in the ledger, and its effect
@@ -220,7 +314,14 @@ impl Engine {
         h: &RoomHandle,
         probes: Option<&std::collections::BTreeMap<String, Value>>,
     ) -> Outcome<CheckResult> {
-        let ops = self.ops_for(t, destination, h)?;
+        let Some(ops) = self.ops_for(t, destination, h)? else {
+            return Ok(CheckResult {
+                kind: "destination".into(),
+                pass: false,
+                detail: json!({"destination": destination, "observation": UNCONFIRMED,
+                    "why": format!("the task holds more than {OPS_PER_TASK_MAX} operations; a check reads at most that many")}),
+            });
+        };
         let mut pass = !ops.is_empty();
         let mut each = Vec::new();
         for o in &ops {
@@ -251,11 +352,13 @@ impl Engine {
         })
     }
 
-    /// Observe each operation's effect afresh with its probe (a process: outside every lock).
+    /// Observe each operation's effect afresh with its probe (a process: outside every lock),
+    /// each within what is left of the evaluation's time.
     pub(crate) fn run_probes(
         &self,
         ops: &[OpRow],
         place: &Place,
+        deadline_ms: u64,
     ) -> std::collections::BTreeMap<String, Value> {
         let allowed = self.policy().acceptance_commands;
         ops.iter()
@@ -266,13 +369,17 @@ impl Engine {
                     Some(Ok(p)) if !allowed.contains(&p.program) => {
                         json!({"effect_present": UNCONFIRMED, "why": "the probe's program is no longer on the owner's allowlist"})
                     }
+                    Some(Ok(_)) if self.time_left_ms(deadline_ms).is_none() => {
+                        json!({"effect_present": UNCONFIRMED, "why": BUDGET_SPENT})
+                    }
                     Some(Ok(p)) => {
+                        let left = self.time_left_ms(deadline_ms).unwrap_or(1);
                         // a probe observes: the project is read-only to it, always
                         let req = RunRequest {
                             program: PathBuf::from(&p.program),
                             args: p.args.clone(),
                             cwd: place.root.clone().unwrap_or_else(|| PathBuf::from("/")),
-                            timeout_ms: p.timeout_ms,
+                            timeout_ms: p.timeout_ms.min(left),
                             project: place.root.clone(),
                             project_write: false,
                             network: p.network,
@@ -304,6 +411,16 @@ impl Engine {
         };
         let (pass, detail) = match (c, found) {
             (_, Found::Unknown(d)) => (false, d),
+            (Check::Sha256 { expected, .. }, Found::Dangling) => (
+                false,
+                json!({"path": shown, "expected": expected, "actual": null,
+                    "observation": "dangling_link"}),
+            ),
+            (_, Found::Dangling) => (
+                false,
+                json!({"path": shown, "observation": "dangling_link",
+                    "why": "a symlink whose target does not exist: the name is there, no file is"}),
+            ),
             (Check::FileExists { .. }, Found::Present) => {
                 (true, json!({"path": shown, "observation": "present"}))
             }
@@ -368,6 +485,13 @@ impl Engine {
                 Ok(_) => Found::Unknown(outside(shown)),
             },
             Ok(false) => {
+                // nothing at the end of the path: but is the name itself there (a symlink
+                // whose target is missing)? a name that exists is not absent
+                match fs.object_id(&full) {
+                    Ok(_) => return self.dangling(root, &full, shown),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Found::Unknown(unconfirmed(shown, &e)),
+                }
                 // absent: but absent where? the nearest existing ancestor must be ours
                 for a in full.ancestors().skip(1) {
                     match fs.try_exists(a) {
@@ -385,6 +509,45 @@ impl Engine {
                 Found::Unknown(outside(shown))
             }
         }
+    }
+
+    /// A name at `full` that leads nowhere: a symlink whose target is missing. Inside the
+    /// root it is a name that exists (never absent); leading out of the root, or anywhere
+    /// that cannot be told, it is unconfirmed.
+    fn dangling(&self, root: &Path, full: &Path, shown: &str) -> Found {
+        let fs = &self.env.fs;
+        let target = match fs.read_link(full) {
+            Ok(t) => t,
+            Err(e) => return Found::Unknown(unconfirmed(shown, &e)),
+        };
+        let Some(parent) = full.parent() else {
+            return Found::Unknown(outside(shown));
+        };
+        let parent = match fs.canonicalize(parent) {
+            Ok(p) => p,
+            Err(e) => return Found::Unknown(unconfirmed(shown, &e)),
+        };
+        // where the target would be: its nearest existing ancestor, resolved, must be ours,
+        // and nothing after it may climb out
+        let aimed = parent.join(target);
+        let mut rest_climbs = false;
+        for a in aimed.ancestors() {
+            match fs.try_exists(a) {
+                Err(e) => return Found::Unknown(unconfirmed(shown, &e)),
+                Ok(false) => {
+                    rest_climbs |= a.file_name().is_none_or(|n| n == ".." || n == ".");
+                    continue;
+                }
+                Ok(true) => {
+                    return match fs.canonicalize(a) {
+                        Err(e) => Found::Unknown(unconfirmed(shown, &e)),
+                        Ok(c) if c.starts_with(root) && !rest_climbs => Found::Dangling,
+                        Ok(_) => Found::Unknown(outside(shown)),
+                    };
+                }
+            }
+        }
+        Found::Unknown(outside(shown))
     }
 
     /// Keep `ev` as the task's newest evaluation.
@@ -534,10 +697,16 @@ impl Engine {
         self.pre_run_task(&t).map(Some)
     }
 
-    /// Run a task's commands and probe its operations, outside every lock.
+    /// Run a task's commands and probe its operations, outside every lock: one evaluation
+    /// of a task at a time, at most `EVALUATIONS_MAX` in the daemon
+    /// (`acceptance_evaluation_busy`), all within the owner's `evaluation_ms_max`.
     pub(crate) fn pre_run_task(&self, t: &TaskRow) -> Outcome<PreRun> {
+        let _slot = self.evaluations.enter(&t.id)?;
         let place = self.acceptance_place(t)?;
-        let results = self.run_commands(t, &place);
+        let deadline_ms = self
+            .now_ms()
+            .saturating_add(self.policy().evaluation_ms_max);
+        let results = self.run_commands(t, &place, deadline_ms);
         let probes = if t
             .acceptance
             .iter()
@@ -545,13 +714,16 @@ impl Engine {
         {
             let handle = self.room_handle(&t.room)?;
             // read the ledger under the room lock, probe after releasing it
-            let ops = {
+            let ops: Vec<OpRow> = {
                 let h = lock_room(&handle);
                 h.index
                     .ops_of_task(&t.id, OPS_PER_TASK_MAX)
                     .map_err(store_err)?
+                    .into_iter()
+                    .filter(|o| t.recipient.as_deref() == Some(o.agent.as_str()))
+                    .collect()
             };
-            self.run_probes(&ops, &place)
+            self.run_probes(&ops, &place, deadline_ms)
         } else {
             Default::default()
         };

@@ -235,6 +235,8 @@ impl Engine {
 pub const WORKER_TOKEN_PREFIX: &str = "room_wrk_";
 /// After a recipient's launch ends, its next one waits this long (the damper).
 pub const COOLDOWN_MS: u64 = 2_000;
+/// Routed agents a config may name: a dispatch pass looks at the oldest permit of each.
+pub const ROUTED_AGENTS_PER_PASS_MAX: usize = 1_024;
 /// Launches one dispatch pass may start.
 pub const LAUNCHES_PER_PASS_MAX: usize = 16;
 /// A launch's state while its process is running.
@@ -467,6 +469,13 @@ impl Engine {
     /// (`worker_route_capacity` defers). One that fails revalidation is left to the sweep,
     /// which dead-letters it with its reason.
     pub fn dispatch_take(&self) -> Outcome<Vec<Launch>> {
+        self.dispatch_take_unless(None)
+    }
+
+    /// `dispatch_take`, unless the daemon holds every launch for `hold` (a code such as
+    /// `state_dir_space_low`, found by what the engine cannot see: the disk): then every
+    /// permit that would start is deferred with that code, never dropped.
+    pub fn dispatch_take_unless(&self, hold: Option<&'static str>) -> Outcome<Vec<Launch>> {
         // without routes nothing launches: a call that queued a permit costs nothing more
         let policy = self.policy();
         let routes = policy.routes.clone();
@@ -476,11 +485,17 @@ impl Engine {
         }
         self.flush_wakes();
         let now = self.now_ms();
-        let agents: Vec<String> = routes.keys().cloned().collect();
-        let rows = self
-            .control()
-            .wakes_queued_of(&agents, DISPATCH_BATCH_MAX)
-            .map_err(store_err)?;
+        // the oldest permit of each routed agent (one launch per recipient per pass): a
+        // busy agent's backlog never hides a free agent's permit behind it
+        let mut rows = Vec::new();
+        for agent in routes.keys() {
+            rows.extend(
+                self.control()
+                    .wakes_queued_of(std::slice::from_ref(agent), 1)
+                    .map_err(store_err)?,
+            );
+        }
+        rows.sort_by(|a, b| (a.created_ms, &a.agent).cmp(&(b.created_ms, &b.agent)));
         // one dispatch pass and one session's take at a time: one launch per recipient
         let _one = self.takes.lock().unwrap_or_else(|e| e.into_inner());
         // workers (processes and API loops): a session launch runs none and takes no
@@ -496,23 +511,29 @@ impl Engine {
             let Some(route) = routes.get(&w.agent) else {
                 continue;
             };
-            let why =
-                if out.iter().any(|l| l.agent == w.agent) || self.recipient_busy(&w.agent, now)? {
-                    Some(Deferral {
-                        code: "recipient_busy",
-                        model_route: None,
-                    })
-                } else if load.total >= policy.workers_max || out.len() >= LAUNCHES_PER_PASS_MAX {
-                    Some(Deferral {
-                        code: "worker_route_capacity",
-                        model_route: None,
-                    })
-                } else {
-                    load.full(route, &policy.model_routes).map(|m| Deferral {
-                        code: "worker_route_capacity",
-                        model_route: Some(m.to_string()),
-                    })
-                };
+            let why = if let Some(code) = hold {
+                Some(Deferral {
+                    code,
+                    model_route: None,
+                })
+            } else if out.iter().any(|l| l.agent == w.agent)
+                || self.recipient_busy(&w.agent, now)?
+            {
+                Some(Deferral {
+                    code: "recipient_busy",
+                    model_route: None,
+                })
+            } else if load.total >= policy.workers_max || out.len() >= LAUNCHES_PER_PASS_MAX {
+                Some(Deferral {
+                    code: "worker_route_capacity",
+                    model_route: None,
+                })
+            } else {
+                load.full(route, &policy.model_routes).map(|m| Deferral {
+                    code: "worker_route_capacity",
+                    model_route: Some(m.to_string()),
+                })
+            };
             if let Some(why) = why {
                 deferred.insert(wake_path(&w.room, &w.agent, &w.source_event), why);
                 continue;

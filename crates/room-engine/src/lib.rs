@@ -143,6 +143,9 @@ pub struct Engine {
     /// Held by a session's take from its check that its agent is not busy to its launch: two
     /// sessions of one agent never hold two launches at once.
     pub(crate) takes: std::sync::Mutex<()>,
+    /// The tasks whose acceptance is being evaluated now (one evaluation per task, and at
+    /// most `acceptance::EVALUATIONS_MAX` in the daemon).
+    pub(crate) evaluations: acceptance::Evaluations,
     /// Tickets of turns waiting in a room's turnstile, and their wake-ups.
     pub(crate) turn_waits: turnstile::TurnWaits,
     /// The next turnstile ticket: counts up from a random start drawn at construction, so
@@ -172,6 +175,7 @@ impl Engine {
             rooms: Rooms::new(store, config.rooms_open_max),
             deferrals: dispatch::Deferrals::default(),
             takes: std::sync::Mutex::new(()),
+            evaluations: Default::default(),
             turn_waits: Default::default(),
             tickets: std::sync::atomic::AtomicU64::new(turnstile::first_ticket(&*env.entropy)),
             state,

@@ -173,6 +173,77 @@ impl Engine {
     }
 }
 
+impl Engine {
+    /// A task's `file:` scopes as leased: each resolved within the project (through every
+    /// symlink on its existing part), so that two names of one file (`srclink/a.rs` and
+    /// `src/a.rs`) are one scope and conflict as one. A scope whose resolution leaves the
+    /// project, or is the project root itself, is refused; one that cannot be resolved (an
+    /// I/O error) too.
+    pub(crate) fn resolve_file_scopes(
+        &self,
+        project_root: &std::path::Path,
+        scopes: Vec<String>,
+    ) -> Outcome<Vec<String>> {
+        let mut out = Vec::with_capacity(scopes.len());
+        for (i, s) in scopes.into_iter().enumerate() {
+            let Some(sc) = parse(&s).filter(|x| x.namespace == "file") else {
+                out.push(s);
+                continue;
+            };
+            let field = format!("scopes[{i}]");
+            let bad = |why: String| Refusal::invalid(&field, format!("{s}: {why}"));
+            let resolved = self
+                .resolve_within(project_root, &sc.resource)
+                .map_err(|e| bad(format!("cannot be resolved in the project: {e}")))?;
+            let rel = match resolved.strip_prefix(project_root) {
+                Ok(r) if !r.as_os_str().is_empty() => r,
+                Ok(_) => return Err(bad("resolves to the project root itself".into())),
+                Err(_) => {
+                    return Err(bad(format!(
+                        "resolves to {}, outside the project",
+                        resolved.display()
+                    )));
+                }
+            };
+            let rel = rel
+                .to_str()
+                .ok_or_else(|| bad("resolves to a path that is not UTF-8".into()))?;
+            let leased = format!("file:{rel}");
+            Scope::parse(&field, &leased)?;
+            out.push(leased);
+        }
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+
+    /// `rel` beneath `root` with every symlink of its existing part resolved: the nearest
+    /// existing ancestor (or the path itself), canonical, with the rest of the path after it.
+    fn resolve_within(
+        &self,
+        root: &std::path::Path,
+        rel: &str,
+    ) -> std::io::Result<std::path::PathBuf> {
+        let full = root.join(rel);
+        let mut rest: Vec<&std::ffi::OsStr> = Vec::new();
+        let mut at = full.as_path();
+        loop {
+            if self.env.fs.try_exists(at)? {
+                let mut p = self.env.fs.canonicalize(at)?;
+                p.extend(rest.iter().rev());
+                return Ok(p);
+            }
+            match (at.file_name(), at.parent()) {
+                (Some(name), Some(up)) => {
+                    rest.push(name);
+                    at = up;
+                }
+                _ => return Ok(full),
+            }
+        }
+    }
+}
+
 fn parse(s: &str) -> Option<Scope> {
     Scope::parse("scopes", s).ok()
 }

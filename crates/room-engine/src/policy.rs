@@ -98,7 +98,18 @@ struct DispatchLimits {
     /// naming it that may run at once: a model or backend that several agents share is
     /// loaded no more than its owner allows.
     model_routes: BTreeMap<String, u64>,
+    /// Below this many free bytes on the state directory's file system no worker starts
+    /// (its permits wait, `state_dir_space_low`): what is left is the journals' reserve.
+    state_dir_free_bytes_min: u64,
+    /// The most the workers' share of the state directory (`workers/`: logs, staged
+    /// sources) may hold before no worker starts (`worker_space_quota`).
+    workers_bytes_max: u64,
 }
+
+/// Free bytes the state directory's file system keeps for the journals by default (1 GiB).
+pub const STATE_DIR_FREE_BYTES_MIN_DEFAULT: u64 = 1 << 30;
+/// The workers' share of the state directory by default (8 GiB).
+pub const WORKERS_BYTES_MAX_DEFAULT: u64 = 8 << 30;
 
 /// The bounds of `[dispatch] untasked_deadline_ms` and `tasked_deadline_ms`: a permit sealed
 /// under them keeps its own deadline, whatever the config says later.
@@ -122,6 +133,8 @@ impl Default for DispatchLimits {
             untasked_deadline_ms: room_core::wake::UNTASKED_DEADLINE_MS,
             tasked_deadline_ms: room_core::wake::TASKED_DEADLINE_MS,
             model_routes: BTreeMap::new(),
+            state_dir_free_bytes_min: STATE_DIR_FREE_BYTES_MIN_DEFAULT,
+            workers_bytes_max: WORKERS_BYTES_MAX_DEFAULT,
         }
     }
 }
@@ -441,7 +454,7 @@ fn check_route(agent: &str, r: &Route) -> Result<(), String> {
 }
 
 /// What acceptance checks may run: `command` programs by absolute path, exactly as listed.
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Acceptance {
     #[serde(default)]
@@ -449,7 +462,30 @@ struct Acceptance {
     /// Distinct first-hand origins every `evidence_origins` check needs at least.
     #[serde(default = "one")]
     evidence_origins_min: u32,
+    /// The wall time one evaluation's commands and probes may take in all; each runs within
+    /// what is left, and those left when it is spent are unconfirmed.
+    #[serde(default = "evaluation_ms_default")]
+    evaluation_ms_max: u64,
 }
+
+fn evaluation_ms_default() -> u64 {
+    EVALUATION_MS_DEFAULT
+}
+
+impl Default for Acceptance {
+    fn default() -> Self {
+        Acceptance {
+            commands: Vec::new(),
+            evidence_origins_min: one(),
+            evaluation_ms_max: EVALUATION_MS_DEFAULT,
+        }
+    }
+}
+
+/// An evaluation's wall time by default (20 minutes: a tasked wake's deadline).
+pub const EVALUATION_MS_DEFAULT: u64 = 20 * 60_000;
+/// The bounds of `[acceptance] evaluation_ms_max` (1 s to 2 h).
+pub const EVALUATION_MS_RANGE: std::ops::RangeInclusive<u64> = 1_000..=2 * 3_600_000;
 
 fn one() -> u32 {
     1
@@ -536,12 +572,18 @@ pub struct Policy {
     pub acceptance_commands: Arc<Vec<String>>,
     /// The owner-wide minimum of distinct origins behind an `evidence_origins` check.
     pub evidence_origins_min: u32,
+    /// The wall time one evaluation's commands and probes may take in all.
+    pub evaluation_ms_max: u64,
     /// Per agent, how its wakes are delivered.
     pub routes: Arc<BTreeMap<String, Route>>,
     /// Workers running at once, across every route (a permit beyond it waits, queued).
     pub workers_max: usize,
     /// Per model route, workers running at once across the routes that name it.
     pub model_routes: Arc<BTreeMap<String, usize>>,
+    /// Free bytes of the state directory's file system below which no worker starts.
+    pub state_dir_free_bytes_min: u64,
+    /// The workers' share of the state directory (`workers/`) past which no worker starts.
+    pub workers_bytes_max: u64,
     /// How long past its wake deadline an unanswered obligation stays `pending`.
     pub obligation_fold_ms: u64,
     /// The deadline a wake permit is sealed with, untasked and task-bound (the seed's 60 s and
@@ -641,9 +683,12 @@ fn failed(why: String) -> Policy {
         quotas: Quotas::default(),
         acceptance_commands: Arc::new(Vec::new()),
         evidence_origins_min: 1,
+        evaluation_ms_max: EVALUATION_MS_DEFAULT,
         routes: Arc::new(BTreeMap::new()),
         workers_max: WORKERS_MAX_DEFAULT,
         model_routes: Arc::new(BTreeMap::new()),
+        state_dir_free_bytes_min: STATE_DIR_FREE_BYTES_MIN_DEFAULT,
+        workers_bytes_max: WORKERS_BYTES_MAX_DEFAULT,
         obligation_fold_ms: OBLIGATION_FOLD_MS_DEFAULT,
         untasked_deadline_ms: room_core::wake::UNTASKED_DEADLINE_MS,
         tasked_deadline_ms: room_core::wake::TASKED_DEADLINE_MS,
@@ -681,6 +726,14 @@ pub(crate) fn check_config(bytes: &[u8]) -> Result<Policy, String> {
     if let Some(why) = cfg.routes.iter().find_map(|(a, r)| check_route(a, r).err()) {
         return Err(why);
     }
+    // a dispatch pass looks at the oldest permit of every routed agent
+    if cfg.routes.len() > crate::dispatch::ROUTED_AGENTS_PER_PASS_MAX {
+        return Err(format!(
+            "config.toml: routes: at most {} routed agents ({} given)",
+            crate::dispatch::ROUTED_AGENTS_PER_PASS_MAX,
+            cfg.routes.len()
+        ));
+    }
     let workers_max = cfg.dispatch.workers_max;
     if !(1..=WORKERS_MAX_LIMIT).contains(&workers_max) {
         return Err(format!(
@@ -688,6 +741,20 @@ pub(crate) fn check_config(bytes: &[u8]) -> Result<Policy, String> {
         ));
     }
     let model_routes = check_model_routes(&cfg)?;
+    if !EVALUATION_MS_RANGE.contains(&cfg.acceptance.evaluation_ms_max) {
+        return Err(format!(
+            "config.toml: acceptance.evaluation_ms_max {} is not within {}..={} (1 s to 2 h)",
+            cfg.acceptance.evaluation_ms_max,
+            EVALUATION_MS_RANGE.start(),
+            EVALUATION_MS_RANGE.end()
+        ));
+    }
+    if cfg.dispatch.workers_bytes_max < 1 << 20 {
+        return Err(format!(
+            "config.toml: dispatch.workers_bytes_max {} is less than 1 MiB (1048576)",
+            cfg.dispatch.workers_bytes_max
+        ));
+    }
     let fold_ms = cfg.dispatch.obligation_fold_ms;
     if fold_ms > OBLIGATION_FOLD_MS_MAX {
         return Err(format!(
@@ -715,9 +782,12 @@ pub(crate) fn check_config(bytes: &[u8]) -> Result<Policy, String> {
             quotas: cfg.quotas,
             acceptance_commands: Arc::new(cfg.acceptance.commands),
             evidence_origins_min: cfg.acceptance.evidence_origins_min.clamp(1, 16),
+            evaluation_ms_max: cfg.acceptance.evaluation_ms_max,
             routes: Arc::new(cfg.routes),
             workers_max: workers_max as usize,
             model_routes: Arc::new(model_routes),
+            state_dir_free_bytes_min: cfg.dispatch.state_dir_free_bytes_min,
+            workers_bytes_max: cfg.dispatch.workers_bytes_max,
             obligation_fold_ms: fold_ms,
             untasked_deadline_ms: cfg.dispatch.untasked_deadline_ms,
             tasked_deadline_ms: cfg.dispatch.tasked_deadline_ms,

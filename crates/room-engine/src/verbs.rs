@@ -690,7 +690,7 @@ impl Engine {
             ));
         }
         invariants::check_key(a.idempotency_key.as_deref())?;
-        let scopes = invariants::parse_scopes(&a.scopes)?;
+        let mut scopes = invariants::parse_scopes(&a.scopes)?;
         room_core::acceptance::check_requirements(&a.requirements)?;
         let checks = room_core::acceptance::parse_list(&a.accept)?;
         let stage = parse_stage(&a.stage)?;
@@ -710,6 +710,8 @@ impl Engine {
         }
         if let Some(pid) = binding.project() {
             let root = self.revalidate_project(pid)?.canonical_root;
+            // leased as what each names in the project, whatever the spelling
+            scopes = self.resolve_file_scopes(std::path::Path::new(&root), scopes)?;
             self.check_protected(std::path::Path::new(&root), &scopes)?;
         }
         if let Some(r) = &a.to {
@@ -1480,6 +1482,25 @@ impl Engine {
                     .collect()
             })
             .unwrap_or_default();
+        // a done's passing evaluation becomes the task's newest only once the done is durable:
+        // a done refused after its plan (a concurrent arrival) leaves none that says passing
+        if turn.detail["acceptance"] == "passed"
+            && let Some(task) = &turn.task
+        {
+            // the done is durable: a failure to keep its observation is logged, not answered
+            // as a refusal of a turn that was written
+            let results = serde_json::from_value(turn.detail["acceptance_results"].clone())
+                .map_err(|e| Refusal::storage(format!("a done's own results: {e}")));
+            if let Err(r) = results.and_then(|acceptance_results| {
+                self.record_evaluation(&room_core::acceptance::Evaluation {
+                    task: task.clone(),
+                    acceptance_pass: true,
+                    acceptance_results,
+                })
+            }) {
+                tracing::error!(task = %task, "the newest evaluation of a done task was not kept: {r}");
+            }
+        }
         Ok(json!({
             "room": h.name,
             "verb": turn.verb,
@@ -1829,8 +1850,9 @@ impl Engine {
             return Ok(());
         }
         let ev = self.evaluate(&t, cx.pre, cx.h)?;
-        self.record_evaluation(&ev)?;
         if !ev.acceptance_pass {
+            // a failing one is the newest evaluation now; a passing one only with its commit
+            self.record_evaluation(&ev)?;
             return Err(acceptance::failed(&ev));
         }
         let (from, mut carried) = self.carried_items(cx.h, &t)?;

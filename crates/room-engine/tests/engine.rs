@@ -1669,3 +1669,66 @@ fn a_reader_past_the_kept_renderings_reads_every_event_once_in_order() {
         );
     }
 }
+
+/// A `done` whose evaluation passed but whose commit was refused (a concurrent arrival) leaves
+/// no passing `last_acceptance` on the still-claimed task: a passing evaluation becomes the
+/// task's newest only with its commit.
+#[test]
+fn a_done_refused_after_its_plan_leaves_no_passing_evaluation() {
+    let f = Fixture::new();
+    let e = f.engine(41);
+    let a = agent(&e, "alpha", Tier::Coordinator);
+    let b = agent(&e, "beta", Tier::Member);
+    let dir = f.state.parent().unwrap().join("proj");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("out.txt"), b"made").unwrap();
+    let p = e
+        .project_open(&owner(&e), dir.to_str().unwrap(), None)
+        .unwrap();
+    let pid = p["id"].as_str().unwrap().to_string();
+    e.room_create(
+        &owner(&e),
+        "r",
+        Some(&pid),
+        &["alpha".into(), "beta".into()],
+    )
+    .unwrap();
+    let t = e
+        .task_create(
+            &a,
+            room_engine::verbs::TaskCreateArgs {
+                room: "r".into(),
+                title: "make out.txt".into(),
+                to: Some("beta".into()),
+                accept: vec![serde_json::json!({"kind": "file_exists", "path": "out.txt"})],
+                ..Default::default()
+            },
+        )
+        .unwrap()["task"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    e.task_claim(&b, &t, None).unwrap();
+    catch_up(&e, &a, "r");
+    catch_up(&e, &b, "r");
+    let done = TurnArgs {
+        room: "r".into(),
+        task: Some(t.clone()),
+        ..Default::default()
+    };
+    let prepared = e.prepare_turn(&b, Verb::Done, done.clone()).unwrap();
+    e.turn(&a, Verb::Note, say("r", "meanwhile")).unwrap();
+    let err = e.commit_turn(prepared).unwrap_err();
+    assert_eq!(err.code, Code::RoomSyncConcurrentArrival);
+    let shown = e.task_show(&b, &t).unwrap();
+    assert_eq!(shown["task"]["status"], "claimed");
+    assert_ne!(
+        shown["last_acceptance"]["acceptance_pass"], true,
+        "a refused done left a passing evaluation: {shown}"
+    );
+    // the done that lands keeps its evaluation
+    catch_up(&e, &b, "r");
+    e.turn(&b, Verb::Done, done).unwrap();
+    let shown = e.task_show(&b, &t).unwrap();
+    assert_eq!(shown["last_acceptance"]["acceptance_pass"], true, "{shown}");
+}

@@ -257,6 +257,13 @@ fn log_allowed(key: &'static str) -> Option<u64> {
     }
 }
 
+/// A rate-limited warning (`limited!` for callers outside this module).
+pub(crate) fn limited_warn(key: &'static str, message: &str) {
+    if let Some(suppressed) = log_allowed(key) {
+        tracing::warn!(suppressed, "{message}");
+    }
+}
+
 /// A rate-limited `tracing` line: `limited!(warn, "key", "message {}", x)`.
 macro_rules! limited {
     ($level:ident, $key:literal, $($arg:tt)+) => {

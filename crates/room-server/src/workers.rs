@@ -157,6 +157,7 @@ pub async fn run(engine: Arc<Engine>, env: WorkerEnv) {
     let running = Running::default();
     tokio::spawn(observe(engine.clone(), running.clone()));
     let mut full = false;
+    let mut space = SpaceGuard::default();
     loop {
         // a pass that started as many launches as one may takes the next at once: the rest
         // of a wide send must not wait for the next tick
@@ -168,17 +169,19 @@ pub async fn run(engine: Arc<Engine>, env: WorkerEnv) {
         }
         full = false;
         let engine2 = engine.clone();
-        let launches = match tokio::task::spawn_blocking(move || engine2.dispatch_take()).await {
-            Ok(Ok(l)) => l,
-            Ok(Err(r)) => {
-                tracing::error!("dispatch failed: {r}");
-                continue;
-            }
-            Err(e) => {
-                tracing::error!("dispatch panicked: {e}");
-                continue;
-            }
-        };
+        let hold = space.hold(&env.state_dir, &engine.policy()).await;
+        let launches =
+            match tokio::task::spawn_blocking(move || engine2.dispatch_take_unless(hold)).await {
+                Ok(Ok(l)) => l,
+                Ok(Err(r)) => {
+                    tracing::error!("dispatch failed: {r}");
+                    continue;
+                }
+                Err(e) => {
+                    tracing::error!("dispatch panicked: {e}");
+                    continue;
+                }
+            };
         full = launches.len() >= room_engine::dispatch::LAUNCHES_PER_PASS_MAX;
         for l in launches {
             let (tx, rx) = oneshot::channel();
@@ -192,6 +195,140 @@ pub async fn run(engine: Arc<Engine>, env: WorkerEnv) {
             ));
         }
     }
+}
+
+/// How often the workers' share of the state directory is measured again (a walk of
+/// `workers/`), and the entries one walk looks at (past it, the share counts as over quota).
+const SPACE_MEASURE_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+const SPACE_WALK_ENTRIES_MAX: usize = 200_000;
+
+/// Whether workers may start as far as the disk goes: the state directory's file system keeps
+/// its free-space floor (what is left is the journals'), and the workers' share of the state
+/// directory is within its quota. Free space is read each pass (one `statvfs`); the share is
+/// walked at most every `SPACE_MEASURE_EVERY`.
+#[derive(Default)]
+struct SpaceGuard {
+    /// When the share was measured, what it was, and the quota then (a quota the owner has
+    /// just changed is measured against at once).
+    share: Option<(std::time::Instant, u64, u64)>,
+}
+
+impl SpaceGuard {
+    async fn hold(
+        &mut self,
+        state: &Path,
+        policy: &room_engine::policy::Policy,
+    ) -> Option<&'static str> {
+        let free = rustix::fs::statvfs(state)
+            .ok()
+            .map(|s| s.f_bavail.saturating_mul(s.f_frsize));
+        if free.is_some_and(|f| f < policy.state_dir_free_bytes_min) {
+            crate::daemon::limited_warn(
+                "state_dir_space_low",
+                &format!(
+                    "{} bytes free on the state directory's file system, under the floor of {}: no worker starts",
+                    free.unwrap_or(0),
+                    policy.state_dir_free_bytes_min
+                ),
+            );
+            return Some("state_dir_space_low");
+        }
+        let stale = self.share.is_none_or(|(at, _, quota)| {
+            at.elapsed() >= SPACE_MEASURE_EVERY || quota != policy.workers_bytes_max
+        });
+        if stale {
+            let dir = state.join("workers");
+            let bytes = blocking(move || Ok(tree_bytes(&dir, SPACE_WALK_ENTRIES_MAX)))
+                .await
+                .unwrap_or(u64::MAX);
+            self.share = Some((std::time::Instant::now(), bytes, policy.workers_bytes_max));
+        }
+        let share = self.share.map_or(0, |(_, b, _)| b);
+        if share > policy.workers_bytes_max {
+            crate::daemon::limited_warn(
+                "worker_space_quota",
+                &format!(
+                    "the workers' share of the state directory holds {share} bytes, over its quota of {}: no worker starts",
+                    policy.workers_bytes_max
+                ),
+            );
+            return Some("worker_space_quota");
+        }
+        None
+    }
+}
+
+/// The bytes of the regular files below `dir` (not following symlinks), `u64::MAX` when more
+/// than `entries_max` entries would have to be looked at.
+fn tree_bytes(dir: &Path, entries_max: usize) -> u64 {
+    let mut total = 0u64;
+    let mut seen = 0usize;
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            seen += 1;
+            if seen > entries_max {
+                return u64::MAX;
+            }
+            let Ok(m) = e.path().symlink_metadata() else {
+                continue;
+            };
+            if m.is_dir() {
+                todo.push(e.path());
+            } else if m.is_file() {
+                total = total.saturating_add(m.len());
+            }
+        }
+    }
+    total
+}
+
+/// Bytes of each output stream of a worker kept on disk: its first `WORKER_LOG_HEAD_BYTES`
+/// as they come, and its last `WORKER_LOG_TAIL_BYTES` once it ends, with a line that says how
+/// much was cut between them. A worker that floods its output fills no disk.
+pub const WORKER_LOG_HEAD_BYTES: usize = 1 << 20;
+pub const WORKER_LOG_TAIL_BYTES: usize = 1 << 20;
+
+/// Copy a worker's output stream into `file`, bounded (see `WORKER_LOG_HEAD_BYTES`).
+async fn pump_bounded(mut src: impl tokio::io::AsyncRead + Unpin, file: std::fs::File) {
+    use tokio::io::AsyncReadExt;
+    let mut file = tokio::fs::File::from_std(file);
+    let mut head = 0usize;
+    let mut tail: std::collections::VecDeque<u8> = std::collections::VecDeque::new();
+    let mut cut = 0u64;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match src.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let mut chunk = &buf[..n];
+        if head < WORKER_LOG_HEAD_BYTES {
+            let take = chunk.len().min(WORKER_LOG_HEAD_BYTES - head);
+            if file.write_all(&chunk[..take]).await.is_err() {
+                return;
+            }
+            head += take;
+            chunk = &chunk[take..];
+        }
+        tail.extend(chunk);
+        if tail.len() > WORKER_LOG_TAIL_BYTES {
+            let excess = tail.len() - WORKER_LOG_TAIL_BYTES;
+            tail.drain(..excess);
+            cut += excess as u64;
+        }
+    }
+    if cut > 0 {
+        let mark = format!("\n[room: {cut} bytes of this output were cut here]\n");
+        let _ = file.write_all(mark.as_bytes()).await;
+    }
+    let (a, b) = tail.as_slices();
+    let _ = file.write_all(a).await;
+    let _ = file.write_all(b).await;
+    let _ = file.flush().await;
 }
 
 /// The program and arguments a launch runs.
@@ -423,20 +560,16 @@ fn command(
     cwd: &Path,
 ) -> Result<tokio::process::Command, String> {
     let (prog, args) = program(l, env)?;
-    let err = std::fs::File::create(dir.join("stderr.log")).map_err(|e| e.to_string())?;
+    // both streams go through the daemon (`pump_bounded`): a worker that floods its output
+    // fills no disk
     let mut cmd = tokio::process::Command::new(&prog);
     cmd.args(&args)
         .env_clear()
         .current_dir(cwd)
         .stdin(std::process::Stdio::piped())
-        .stderr(err)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .kill_on_drop(false);
-    if l.route.adapter == "acp" {
-        cmd.stdout(std::process::Stdio::piped());
-    } else {
-        let out = std::fs::File::create(dir.join("stdout.log")).map_err(|e| e.to_string())?;
-        cmd.stdout(out);
-    }
     let preset = l.route.preset.as_deref().and_then(acp::preset);
     let passed = preset.map_or(&[][..], |p| p.env_pass);
     for name in l
@@ -664,13 +797,16 @@ fn start_job(env: &WorkerEnv, l: &Launch) -> (Result<Started, String>, Option<Jo
     let spawned = cmd.spawn();
     // the command holds the leaf's cgroup.procs open for the child; no longer needed
     drop(cmd);
-    let child = match spawned {
+    let mut child = match spawned {
         Ok(c) => c,
         Err(e) => {
             let prog = l.route.command.first().map_or("room", |p| p.as_str());
             return (Err(format!("{prog}: {e}")), Some(job));
         }
     };
+    if let Err(e) = pump_outputs(&mut child, &dir, l.route.adapter != "acp") {
+        return (Err(format!("the worker's output files: {e}")), Some(job));
+    }
     let Some(pid) = child.id() else {
         return (
             Err("the worker exited before its pid was read".into()),
@@ -678,6 +814,26 @@ fn start_job(env: &WorkerEnv, l: &Launch) -> (Result<Started, String>, Option<Jo
         );
     };
     (Ok((child, pid, job, Some(broker))), None)
+}
+
+/// Start copying the worker's stderr (and, unless its adapter speaks on it, its stdout) into
+/// `stderr.log` and `stdout.log` of its directory, bounded.
+fn pump_outputs(
+    child: &mut tokio::process::Child,
+    dir: &Path,
+    stdout_too: bool,
+) -> std::io::Result<()> {
+    let err = std::fs::File::create(dir.join("stderr.log"))?;
+    if let Some(src) = child.stderr.take() {
+        tokio::spawn(pump_bounded(src, err));
+    }
+    if stdout_too {
+        let out = std::fs::File::create(dir.join("stdout.log"))?;
+        if let Some(src) = child.stdout.take() {
+            tokio::spawn(pump_bounded(src, out));
+        }
+    }
+    Ok(())
 }
 
 /// Stage the task's selections into `workers/<launch>/stage/` before the worker exists; the

@@ -509,3 +509,152 @@ fn a_sha256_of_a_fifo_is_unconfirmed_not_a_hang() {
     assert_eq!(r["detail"]["observation"], "unconfirmed", "{r}");
     assert_eq!(r["detail"]["error_kind"], "InvalidInput", "{r}");
 }
+
+/// A name that exists is not absent: a symlink whose target is missing fails `file_absent`
+/// (and `file_exists`: there is no file), and one whose target would be outside the project
+/// is unconfirmed.
+#[test]
+fn a_dangling_symlink_is_never_absent_and_one_leading_out_is_unconfirmed() {
+    let mut tm = team();
+    std::os::unix::fs::symlink("missing-target", tm.dir.join("dangling")).unwrap();
+    std::os::unix::fs::symlink(tm.fx.root.join("nowhere/else"), tm.dir.join("dangling-out"))
+        .unwrap();
+    std::os::unix::fs::symlink("../../climbs/out", tm.dir.join("dangling-up")).unwrap();
+    let t = tm.assigned(
+        json!([
+            {"kind": "file_absent", "path": "dangling"},
+            {"kind": "file_exists", "path": "dangling"},
+            {"kind": "file_absent", "path": "dangling-out"},
+            {"kind": "file_absent", "path": "dangling-up"},
+        ]),
+        json!([]),
+    );
+    let d = tm.done_refused(&t, "task_acceptance_failed");
+    for i in 0..2 {
+        assert_eq!(result(&d, i)["pass"], false);
+        assert_eq!(
+            result(&d, i)["detail"]["observation"],
+            "dangling_link",
+            "{d}"
+        );
+    }
+    for i in 2..4 {
+        assert_eq!(result(&d, i)["pass"], false);
+        assert_eq!(result(&d, i)["detail"]["observation"], "unconfirmed", "{d}");
+        assert_eq!(result(&d, i)["detail"]["error_kind"], "OutsideTerritory");
+    }
+}
+
+/// Scopes are leased as what they name in the project: a task on `srclink/a.rs` (srclink a
+/// symlink to src) conflicts with a lease on `src/a.rs`, and a scope that resolves outside
+/// the project is refused, writing nothing.
+#[test]
+fn scopes_see_through_symlinked_directories() {
+    let mut tm = team();
+    let g = tm.fx.enroll("gamma", "member");
+    tm.fx.ok(
+        None,
+        "room_members_add",
+        json!({"room": "build", "agent": "gamma"}),
+    );
+    std::fs::create_dir_all(tm.dir.join("src")).unwrap();
+    std::fs::write(tm.dir.join("src/a.rs"), b"fn main() {}").unwrap();
+    std::os::unix::fs::symlink("src", tm.dir.join("srclink")).unwrap();
+    std::os::unix::fs::symlink(tm.fx.root.join("work"), tm.dir.join("outlink")).unwrap();
+    let a = tm.a.clone();
+    let b = tm.b.clone();
+    let create = |fx: &mut Fx, to: &str, scope: &str| {
+        fx.ok(
+            Some(&a),
+            "task_create",
+            json!({"room": "build", "title": "edit a.rs", "to": to, "scopes": [scope]}),
+        )
+    };
+    let first = create(&mut tm.fx, "beta", "file:src/a.rs");
+    let second = create(&mut tm.fx, "gamma", "file:srclink/a.rs");
+    assert_eq!(second["task"]["scopes"][0], "file:src/a.rs", "{second}");
+    let (t1, t2) = (
+        first["task"]["id"].as_str().unwrap().to_string(),
+        second["task"]["id"].as_str().unwrap().to_string(),
+    );
+    tm.fx.ok(Some(&b), "task_claim", json!({"task": t1}));
+    tm.fx
+        .refuse_violation(&g, "task_claim", json!({"task": t2}), "build", "exclusive");
+    let r = tm.fx.refuse(
+        Some(&a),
+        "task_create",
+        json!({"room": "build", "title": "escape", "to": "beta", "scopes": ["file:outlink/x"]}),
+        "invalid_argument",
+    );
+    assert!(r.message.contains("outside the project"), "{r}");
+    assert_eq!(r.detail["field"], "scopes[0]", "{r}");
+}
+
+/// An evaluation's commands share the owner's time budget: each runs within what is left,
+/// and those left when it is spent are unconfirmed, never run.
+#[test]
+fn an_evaluation_s_commands_share_one_time_budget() {
+    let mut tm = team();
+    tm.fx
+        .write_config("[acceptance]\ncommands = [\"/bin/sleep\"]\nevaluation_ms_max = 1500\n");
+    let sleep = json!({"kind": "command", "program": "/bin/sleep", "args": ["1"],
+        "timeout_ms": 10000});
+    let t = tm.assigned(json!([sleep, sleep, sleep]), json!([]));
+    let d = tm.done_refused(&t, "task_acceptance_failed");
+    assert_eq!(result(&d, 0)["pass"], true, "{d}");
+    // the second had what was left (about half a second), not its own ten
+    assert_eq!(result(&d, 1)["detail"]["timed_out"], true, "{d}");
+    assert!(result(&d, 1)["detail"]["elapsed_ms"].as_u64().unwrap() < 5_000);
+    let third = &result(&d, 2)["detail"];
+    assert_eq!(third["observation"], "unconfirmed", "{d}");
+    assert!(third["why"].as_str().unwrap().contains("evaluation_ms_max"));
+    assert!(third.get("exit_code").is_none(), "it never ran: {third}");
+}
+
+/// One evaluation of a task at a time, and at most four in the daemon: another is refused
+/// `acceptance_evaluation_busy`, writing nothing.
+#[test]
+fn evaluations_run_one_per_task_and_four_in_the_daemon() {
+    let mut tm = team();
+    tm.fx
+        .write_config("[acceptance]\ncommands = [\"/bin/sleep\"]\n");
+    let slow = json!([{"kind": "command", "program": "/bin/sleep", "args": ["4"],
+        "timeout_ms": 10000}]);
+    let tasks: Vec<String> = (0..5)
+        .map(|_| tm.assigned(slow.clone(), json!([])))
+        .collect();
+    let socket = tm.fx.daemon.socket.clone();
+    let b = tm.b.clone();
+    let check = |task: String| {
+        let (socket, b) = (socket.clone(), b.clone());
+        std::thread::spawn(move || {
+            let mut c = room_server::client::Client::connect(&socket).unwrap();
+            c.call(&request(Some(&b), "task_check", json!({"task": task})))
+                .unwrap()
+        })
+    };
+    let running: Vec<_> = tasks[..4].iter().cloned().map(check).collect();
+    // give the four time to enter their evaluations (each runs four seconds)
+    std::thread::sleep(std::time::Duration::from_millis(1_500));
+    let lines = tm.fx.journal_lines();
+    let same = tm
+        .fx
+        .call(Some(&b), "task_check", json!({"task": tasks[0]}));
+    let r = expect_code(same, "acceptance_evaluation_busy", "the same task again");
+    assert_eq!(r.detail["reason"], "task_evaluating", "{r}");
+    let fifth = tm
+        .fx
+        .call(Some(&b), "task_check", json!({"task": tasks[4]}));
+    let r = expect_code(fifth, "acceptance_evaluation_busy", "a fifth evaluation");
+    assert_eq!(r.detail["reason"], "daemon_busy", "{r}");
+    assert_eq!(
+        tm.fx.journal_lines(),
+        lines,
+        "a refused evaluation writes nothing"
+    );
+    for h in running {
+        assert!(h.join().unwrap().ok);
+    }
+    // once they end, the fifth runs
+    tm.fx.ok(Some(&b), "task_check", json!({"task": tasks[4]}));
+}

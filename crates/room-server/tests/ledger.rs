@@ -12,6 +12,7 @@ struct Team {
     fx: Fx,
     a: String,
     b: String,
+    g: String,
     dir: PathBuf,
     task: String,
 }
@@ -23,7 +24,7 @@ fn team(accept: Value) -> Team {
     fx.write_config("[acceptance]\ncommands = [\"/usr/bin/test\"]\n");
     let a = fx.enroll("alpha", "coordinator");
     let b = fx.enroll("beta", "member");
-    fx.enroll("gamma", "member");
+    let g = fx.enroll("gamma", "member");
     let (dir, pid) = fx.open_project("p1");
     fx.ok(
         None,
@@ -45,6 +46,7 @@ fn team(accept: Value) -> Team {
         fx,
         a,
         b,
+        g,
         dir,
         task,
     }
@@ -289,4 +291,40 @@ fn operation_refusals_name_their_field_and_change_nothing() {
         "invalid_argument",
     );
     assert_eq!(r.detail["field"], "outcome");
+}
+
+/// A destination check reads the operations of the task's current holder: an operation an
+/// earlier holder recorded (before a handoff) is not this claim's work.
+#[test]
+fn a_destination_check_counts_only_the_current_holder_s_operations() {
+    let mut tm = team(json!([{"kind": "destination", "destination": "file:dist"}]));
+    std::fs::create_dir_all(tm.dir.join("dist")).unwrap();
+    std::fs::write(tm.dir.join("dist/app"), b"binary").unwrap();
+    let op = tm.begin(json!({}))["op"].as_str().unwrap().to_string();
+    let b = tm.b.clone();
+    tm.fx.ok(
+        Some(&b),
+        "op_resolve",
+        json!({"room": "build", "op": op, "outcome": "succeeded"}),
+    );
+    // beta hands the task to gamma, which claims it afresh
+    tm.fx.sync_all(&b, "build");
+    tm.fx.ok(
+        Some(&b),
+        "handoff",
+        json!({"room": "build", "task": tm.task, "to": ["gamma"]}),
+    );
+    let g = tm.g.clone();
+    tm.fx.ok(Some(&g), "task_claim", json!({"task": tm.task}));
+    tm.fx.sync_all(&g, "build");
+    let r = tm
+        .fx
+        .call(Some(&g), "done", json!({"room": "build", "task": tm.task}));
+    let r = expect_code(
+        r,
+        "task_acceptance_failed",
+        "gamma's done on beta's operation",
+    );
+    let d = &r.detail["acceptance_results"][0]["detail"];
+    assert_eq!(d["observation"], "no_operation", "{d}");
 }

@@ -1582,3 +1582,119 @@ fn the_owner_routes_an_agent_from_the_console_and_a_route_that_would_not_load_wr
             .contains("# the owner's notes")
     );
 }
+
+/// The permit of `source` once it is queued and deferred with `code`.
+fn deferred_with(fx: &mut Fx, source: &str, code: &str) -> Value {
+    let start = Instant::now();
+    loop {
+        let all = fx.ok(None, "wakes_list", json!({}));
+        let w = all["wakes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["source_event"] == source)
+            .cloned()
+            .unwrap_or(Value::Null);
+        if w["state"] == "queued" && w["deferred"] == code {
+            return w;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the permit was not deferred {code}: {w}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A worker that writes 400 MiB to its stdout in a second fills no disk: its log keeps the
+/// first and the last MiB with a line that says how much was cut between them.
+#[test]
+fn a_worker_that_floods_its_output_fills_no_disk() {
+    let mut fx = Fx::new();
+    let (a, _, _) = fx.team("coord");
+    fx.write_config(
+        "[routes.beta]\nadapter = \"command\"\ncommand = [\"/bin/sh\", \"-c\", \"echo first; head -c 419430400 /dev/zero | tr '\\\\0' x; echo; echo last\"]\ntimeout_ms = 60000\n",
+    );
+    let src = send(&mut fx, &a, "flood");
+    let w = settled(&mut fx, &src, &["queued", "dispatched"]);
+    assert_eq!(w["launches"][0]["state"], "ended", "{w}");
+    let dir = fx.state.join("workers");
+    let log = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|d| d.path().join("stdout.log"))
+        .find(|p| p.exists())
+        .expect("the worker's stdout.log");
+    // the pump finishes once the pipe's last writer is gone: wait for the tail to land
+    let start = Instant::now();
+    let text = loop {
+        let t = std::fs::read(&log).unwrap();
+        if t.ends_with(b"last\n") {
+            break t;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "no tail");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(text.len() <= (2 << 20) + 128, "{} bytes kept", text.len());
+    assert!(text.starts_with(b"first\n"));
+    let s = String::from_utf8_lossy(&text);
+    assert!(
+        s.contains("bytes of this output were cut here]"),
+        "no cut mark"
+    );
+}
+
+/// Below the state directory's free-space floor, and past the workers' quota, no worker
+/// starts: the permit waits, queued, saying why, and starts once the owner lowers the floor.
+#[test]
+fn no_worker_starts_below_the_free_space_floor_or_past_the_workers_quota() {
+    let mut fx = Fx::new();
+    let (a, _, _) = fx.team("coord");
+    let routes =
+        "[routes.beta]\nadapter = \"command\"\ncommand = [\"/bin/true\"]\ntimeout_ms = 10000\n";
+    fx.write_config(&format!(
+        "[dispatch]\nstate_dir_free_bytes_min = 9223372036854775807\n\n{routes}"
+    ));
+    let src = send(&mut fx, &a, "wait for space");
+    let w = deferred_with(&mut fx, &src, "state_dir_space_low");
+    assert_eq!(w["launches"], json!([]), "{w}");
+    // a workers' share over its quota (a leftover file of 2 MiB) holds launches too
+    let junk = fx.state.join("workers/leftover");
+    std::fs::create_dir_all(&junk).unwrap();
+    std::fs::write(junk.join("big.log"), vec![0u8; 2 << 20]).unwrap();
+    // config.toml changes are picked up once their timestamps settle
+    std::thread::sleep(Duration::from_millis(2_100));
+    fx.write_config(&format!(
+        "[dispatch]\nworkers_bytes_max = 1048576\n\n{routes}"
+    ));
+    deferred_with(&mut fx, &src, "worker_space_quota");
+    std::fs::remove_dir_all(&junk).unwrap();
+    let w = settled(&mut fx, &src, &["queued", "dispatched"]);
+    assert_eq!(w["launches"][0]["state"], "ended", "{w}");
+}
+
+/// A busy agent's backlog does not hide a free agent's permit: each pass looks at the oldest
+/// permit of every routed agent.
+#[test]
+fn a_backlog_of_one_agent_does_not_hold_back_another_agent_s_permit() {
+    let mut fx = Fx::new();
+    let (a, _, _) = fx.team("coord");
+    // beta's route holds it busy; its 70 permits wait
+    fx.write_config(
+        "[routes.beta]\nadapter = \"command\"\ncommand = [\"/bin/sleep\", \"30\"]\ntimeout_ms = 30000\n\n[routes.gamma]\nadapter = \"command\"\ncommand = [\"/bin/true\"]\ntimeout_ms = 10000\n",
+    );
+    for i in 0..70 {
+        send(&mut fx, &a, &format!("backlog {i}"));
+    }
+    fx.sync_all(&a, "coord");
+    let to_gamma = fx.ok(
+        Some(&a),
+        "send",
+        json!({"room": "coord", "to": ["gamma"], "text": "free"}),
+    )["event"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let g = settled(&mut fx, &to_gamma, &["queued", "dispatched"]);
+    assert_eq!(g["launches"][0]["state"], "ended", "{g}");
+}

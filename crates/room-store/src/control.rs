@@ -255,6 +255,11 @@ ALTER TABLE launches ADD COLUMN severed TEXT;
 -- a session's tags, as its route gave them at its newest launch (a JSON list)
 ALTER TABLE sessions ADD COLUMN tags TEXT NOT NULL DEFAULT '[]';
 "#,
+    // the index `rooms_with_claims` reads (a migration dropped `tasks_claimed` with the
+    // lease's own index; each sweep then scanned every task)
+    r#"
+CREATE INDEX IF NOT EXISTS tasks_claimed_room ON tasks(status, room) WHERE status = 'claimed';
+"#,
 ];
 
 /// Holds one listing shows at most (oldest first).
@@ -1202,7 +1207,8 @@ impl ControlStore for SqliteControl {
         Ok(self
             .conn
             .prepare_cached(
-                "SELECT DISTINCT room FROM tasks WHERE status = 'claimed' ORDER BY room",
+                "SELECT DISTINCT room FROM tasks INDEXED BY tasks_claimed_room
+                 WHERE status = 'claimed' ORDER BY room",
             )?
             .query_map([], |r| r.get(0))?
             .collect::<rusqlite::Result<_>>()?)

@@ -102,6 +102,10 @@ impl Fs for RealFs {
         path.try_exists()
     }
 
+    fn read_link(&self, path: &Path) -> std::io::Result<PathBuf> {
+        std::fs::read_link(path)
+    }
+
     fn read_beneath(&self, root: &Path, rel: &Path, bytes_max: u64) -> std::io::Result<Vec<u8>> {
         use std::io::Read;
         let f = open_beneath(root, rel)?;

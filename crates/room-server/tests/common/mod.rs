@@ -296,8 +296,12 @@ impl Fx {
         panic!("sync of {room} never caught up");
     }
 
+    /// Replace config.toml at once (written aside, then renamed): a daemon reading it between
+    /// a truncation and the write would run on the defaults meanwhile.
     pub fn write_config(&self, text: &str) {
-        std::fs::write(self.state.join("config.toml"), text).unwrap();
+        let aside = self.state.join("config.toml.new");
+        std::fs::write(&aside, text).unwrap();
+        std::fs::rename(&aside, self.state.join("config.toml")).unwrap();
     }
 
     pub fn event_ids(&mut self, room: &str) -> Vec<(String, String)> {
