@@ -83,7 +83,28 @@ pub(crate) struct PreRun {
     pub results: Vec<(usize, CheckResult)>,
     /// Fresh probe observations of the task's recorded operations, by operation id.
     pub probes: std::collections::BTreeMap<String, Value>,
+    /// The `sha256` checks' files hashed outside the room lock, by check index: the digest and
+    /// the file's stamp it was taken under (unchanged before and after the read).
+    pub hashes: Hashes,
 }
+
+/// A file's digest taken outside every lock, and the stamp it holds for.
+#[derive(Debug, Clone)]
+pub(crate) struct PreHash {
+    stamp: room_core::FileStamp,
+    digest: String,
+    bytes: u64,
+}
+
+/// Why a file could not be hashed outside the lock: the observation error, as the in-lock
+/// path reports it (`unconfirmed`, with its kind).
+#[derive(Debug, Clone)]
+pub(crate) struct PreErr {
+    error: String,
+    kind: String,
+}
+
+pub(crate) type Hashes = std::collections::BTreeMap<usize, Result<PreHash, PreErr>>;
 
 /// Where a task's file checks are measured: its project's canonical root, revalidated.
 pub(crate) struct Place {
@@ -249,6 +270,7 @@ impl Engine {
         place: &Place,
         h: &RoomHandle,
         probes: Option<&std::collections::BTreeMap<String, Value>>,
+        hashes: Option<&Hashes>,
     ) -> Outcome<Vec<(usize, CheckResult)>> {
         let mut out = Vec::new();
         for (i, c) in t.acceptance.iter().enumerate() {
@@ -262,7 +284,7 @@ impl Engine {
                     out.push((i, self.observe_origins(&t.id, req, *min, h)?));
                 }
                 Check::WorkerReceipt(r) => out.push((i, self.observe_receipt(t, r, h)?)),
-                _ => out.push((i, self.observe_file(c, place))),
+                _ => out.push((i, self.observe_file(c, place, hashes.map(|h| h.get(&i))))),
             }
         }
         Ok(out)
@@ -399,7 +421,15 @@ impl Engine {
             .collect()
     }
 
-    fn observe_file(&self, c: &Check, place: &Place) -> CheckResult {
+    /// `pre`: for a `sha256` check, the digest taken outside the lock (Some(None): the file
+    /// could not be hashed there, or changed while it was); None: nothing was taken outside,
+    /// and the file is hashed here.
+    fn observe_file(
+        &self,
+        c: &Check,
+        place: &Place,
+        pre: Option<Option<&Result<PreHash, PreErr>>>,
+    ) -> CheckResult {
         let rel = c.path().expect("file checks have a path");
         let shown = place.shown(rel);
         let found = match &place.root {
@@ -442,6 +472,36 @@ impl Engine {
                     .root
                     .as_deref()
                     .expect("a present file has a project root");
+                // hashed outside the lock: it counts only while the file holds the stamp it was
+                // taken under (a file up to 1 GiB is never read under the room's lock)
+                if let Some(pre) = pre {
+                    let now = self.env.fs.stamp(&root.join(rel)).ok();
+                    if let Some(Err(e)) = pre {
+                        return CheckResult {
+                            kind: c.kind().into(),
+                            pass: false,
+                            detail: json!({"path": shown, "expected": expected,
+                                "error": e.error, "error_kind": e.kind,
+                                "observation": UNCONFIRMED}),
+                        };
+                    }
+                    let kept = pre.and_then(|r| r.as_ref().ok());
+                    return match kept.filter(|h| Some(h.stamp) == now) {
+                        Some(h) => CheckResult {
+                            kind: c.kind().into(),
+                            pass: h.digest == *expected,
+                            detail: json!({"path": shown, "expected": expected,
+                                "actual": h.digest, "bytes": h.bytes}),
+                        },
+                        None => CheckResult {
+                            kind: c.kind().into(),
+                            pass: false,
+                            detail: json!({"path": shown, "expected": expected,
+                                "observation": UNCONFIRMED,
+                                "why": "the file changed (or could not be read) while it was hashed outside the room's lock; evaluate again"}),
+                        },
+                    };
+                }
                 // read beneath the root whatever the path resolves to now, not the checked path
                 match self.env.fs.sha256_beneath(root, std::path::Path::new(rel)) {
                     Err(e) => {
@@ -687,11 +747,14 @@ impl Engine {
             && t.recipient.as_deref() == Some(caller)
             && t.room == room
             && (t.scopes.is_empty() || t.lease_held);
-        let processes = t
-            .acceptance
-            .iter()
-            .any(|c| matches!(c, Check::Command { .. } | Check::Destination { .. }));
-        if !held || !processes {
+        // processes to run, or files to hash: both outside every lock
+        let outside = t.acceptance.iter().any(|c| {
+            matches!(
+                c,
+                Check::Command { .. } | Check::Destination { .. } | Check::Sha256 { .. }
+            )
+        });
+        if !held || !outside {
             return Ok(None);
         }
         self.pre_run_task(&t).map(Some)
@@ -732,7 +795,50 @@ impl Engine {
             acceptance: t.acceptance.clone(),
             results,
             probes,
+            hashes: self.pre_hash(t, &place),
         })
+    }
+
+    /// Hash each `sha256` check's file outside every lock, keeping a digest only when the
+    /// file's stamp was the same before and after the read.
+    fn pre_hash(&self, t: &TaskRow, place: &Place) -> Hashes {
+        let fs = &self.env.fs;
+        let Some(root) = place.root.as_deref() else {
+            return Hashes::new();
+        };
+        let mut out = Hashes::new();
+        for (i, c) in t.acceptance.iter().enumerate() {
+            let Check::Sha256 { path, .. } = c else {
+                continue;
+            };
+            let full = root.join(path);
+            let err = |e: std::io::Error| PreErr {
+                error: e.to_string(),
+                kind: format!("{:?}", e.kind()),
+            };
+            let Ok(before) = fs.stamp(&full) else {
+                // absent or unreadable now: the observation under the lock says which
+                continue;
+            };
+            match fs.sha256_beneath(root, Path::new(path)) {
+                Err(e) => {
+                    out.insert(i, Err(err(e)));
+                }
+                Ok((digest, bytes)) if fs.stamp(&full).ok() == Some(before) => {
+                    out.insert(
+                        i,
+                        Ok(PreHash {
+                            stamp: before,
+                            digest,
+                            bytes,
+                        }),
+                    );
+                }
+                // written while it was read: nothing kept, the lock's recheck says so
+                Ok(_) => {}
+            }
+        }
+        out
     }
 
     /// Evaluate every check of `t`: commands from `pre` when they ran against these checks
@@ -745,7 +851,13 @@ impl Engine {
     ) -> Outcome<Evaluation> {
         let place = self.acceptance_place(t)?;
         let fresh = pre.filter(|p| p.task == t.id && p.acceptance == t.acceptance);
-        let mut parts = self.observe_now(t, &place, h, fresh.map(|p| &p.probes))?;
+        let mut parts = self.observe_now(
+            t,
+            &place,
+            h,
+            fresh.map(|p| &p.probes),
+            fresh.map(|p| &p.hashes),
+        )?;
         match pre {
             Some(p) if p.task == t.id && p.acceptance == t.acceptance => {
                 parts.extend(p.results.iter().cloned());

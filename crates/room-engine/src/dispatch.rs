@@ -972,10 +972,25 @@ impl Engine {
     /// not ours any more (the daemon has ended what its jobs still held), so they end
     /// `interrupted` and their credentials stop working.
     pub fn recover_launches(&self) -> Outcome<usize> {
+        self.recover_launches_with(&Default::default())
+    }
+
+    /// `recover_launches`, where the daemon could not see the jobs of `unconfirmed` (launch
+    /// ids) emptied: those end `interrupted` too (their credentials stop working), and their
+    /// record says that processes of them may still run, never that they stopped.
+    pub fn recover_launches_with(
+        &self,
+        unconfirmed: &std::collections::BTreeSet<String>,
+    ) -> Outcome<usize> {
         let live = self.control().launches_live().map_err(store_err)?;
         let now = self.now_ms();
         for l in &live {
-            let e = end(now, "interrupted", "dispatched", None, "failed");
+            let detail = unconfirmed.contains(&l.id).then(|| {
+                json!({"termination": "unconfirmed",
+                    "why": "the job a previous daemon left could not be seen empty at this start: processes of it may still run"})
+                .to_string()
+            });
+            let e = end(now, "interrupted", "dispatched", detail, "failed");
             self.control().launch_ended(&l.id, &e).map_err(store_err)?;
         }
         Ok(live.len())

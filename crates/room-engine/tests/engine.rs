@@ -1732,3 +1732,134 @@ fn a_done_refused_after_its_plan_leaves_no_passing_evaluation() {
     let shown = e.task_show(&b, &t).unwrap();
     assert_eq!(shown["last_acceptance"]["acceptance_pass"], true, "{shown}");
 }
+
+/// The real file system, except that a file is written to right after each time it is hashed
+/// (a writer racing the evaluation), and every hash is counted.
+struct RacingFs {
+    real: RealFs,
+    hashed: std::sync::atomic::AtomicUsize,
+}
+
+impl room_core::Fs for RacingFs {
+    fn stamp(&self, p: &std::path::Path) -> std::io::Result<room_core::FileStamp> {
+        self.real.stamp(p)
+    }
+    fn read(&self, p: &std::path::Path) -> std::io::Result<Vec<u8>> {
+        self.real.read(p)
+    }
+    fn list_dir(&self, p: &std::path::Path, limit: usize) -> std::io::Result<Vec<String>> {
+        self.real.list_dir(p, limit)
+    }
+    fn write_atomic(&self, p: &std::path::Path, b: &[u8]) -> std::io::Result<()> {
+        self.real.write_atomic(p, b)
+    }
+    fn append(&self, p: &std::path::Path, b: &[u8]) -> std::io::Result<()> {
+        self.real.append(p, b)
+    }
+    fn canonicalize(&self, p: &std::path::Path) -> std::io::Result<PathBuf> {
+        self.real.canonicalize(p)
+    }
+    fn object_id(&self, p: &std::path::Path) -> std::io::Result<room_core::ObjectId> {
+        self.real.object_id(p)
+    }
+    fn is_dir_nofollow(&self, p: &std::path::Path) -> std::io::Result<bool> {
+        self.real.is_dir_nofollow(p)
+    }
+    fn read_link(&self, p: &std::path::Path) -> std::io::Result<PathBuf> {
+        self.real.read_link(p)
+    }
+    fn try_exists(&self, p: &std::path::Path) -> std::io::Result<bool> {
+        self.real.try_exists(p)
+    }
+    fn sha256_beneath(
+        &self,
+        root: &std::path::Path,
+        rel: &std::path::Path,
+    ) -> std::io::Result<(String, u64)> {
+        let r = self.real.sha256_beneath(root, rel);
+        self.hashed
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        // a writer right behind the read: the file's stamp moves
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(root.join(rel))?;
+        std::io::Write::write_all(&mut f, b"+")?;
+        r
+    }
+    fn read_beneath(
+        &self,
+        root: &std::path::Path,
+        rel: &std::path::Path,
+        max: u64,
+    ) -> std::io::Result<Vec<u8>> {
+        self.real.read_beneath(root, rel, max)
+    }
+}
+
+/// A `sha256` check's file is hashed outside the room's lock, once, and counts only while the
+/// file holds the stamp it was hashed under: a file written while it was read is unconfirmed
+/// (evaluate again), never judged on bytes it no longer holds, and never read again under the
+/// lock.
+#[test]
+fn a_sha256_check_hashes_outside_the_lock_and_rechecks_the_stamp_inside() {
+    let f = Fixture::new();
+    let fs = Arc::new(RacingFs {
+        real: RealFs,
+        hashed: Default::default(),
+    });
+    let e = {
+        let s = statedir::validate(&f.state, &f.boot).unwrap();
+        let env = Env {
+            clock: f.clock.clone(),
+            entropy: Arc::new(SeededEntropy::new(43)),
+            fs: fs.clone(),
+            runner: Arc::new(room_core::env::NoRunner),
+        };
+        let store = Arc::new(SqliteBackend::new(&s, SqliteBackendConfig::default()));
+        Engine::open(s, env, store, EngineConfig::default()).unwrap()
+    };
+    let a = agent(&e, "alpha", Tier::Coordinator);
+    let b = agent(&e, "beta", Tier::Member);
+    let dir = f.state.parent().unwrap().join("proj");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("out.bin"), b"made").unwrap();
+    let pid = e
+        .project_open(&owner(&e), dir.to_str().unwrap(), None)
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    e.room_create(
+        &owner(&e),
+        "r",
+        Some(&pid),
+        &["alpha".into(), "beta".into()],
+    )
+    .unwrap();
+    let expected = room_core::sha256_hex(b"made");
+    let t = e
+        .task_create(
+            &a,
+            room_engine::verbs::TaskCreateArgs {
+                room: "r".into(),
+                title: "make out.bin".into(),
+                to: Some("beta".into()),
+                accept: vec![json!({"kind": "sha256", "path": "out.bin", "expected": expected})],
+                ..Default::default()
+            },
+        )
+        .unwrap()["task"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    e.task_claim(&b, &t, None).unwrap();
+    let ev = e.task_check(&b, &t).unwrap();
+    let d = &ev["acceptance_results"][0]["detail"];
+    assert_eq!(d["observation"], "unconfirmed", "{ev}");
+    assert_eq!(
+        fs.hashed.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "hashed once, outside the lock, and never again under it"
+    );
+}

@@ -297,6 +297,11 @@ impl Jobs {
             let s = stop_cgroup(&leaf, wait_ms);
             if s.confirmed_empty {
                 let _ = std::fs::remove_dir(&leaf);
+            } else if let Some(id) = leaf.file_name().and_then(|n| n.to_str()) {
+                self.reaped
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(id.to_string(), s);
             }
         }
         Ok(held)
@@ -342,11 +347,18 @@ impl Jobs {
                 held += 1;
                 end_tree(pid, start, wait_ms)
             } else {
-                // gone before this start: what it held cannot be observed any more
-                None
+                // gone before this start (killed from inside its job, or ended after the
+                // crash): what it held cannot be observed any more, so nothing confirms it
+                Some(Stopped {
+                    kind: JobKind::Subreaper,
+                    confirmed_empty: false,
+                    remaining: Vec::new(),
+                    waited_ms: 0,
+                })
             };
             if let Some(s) = stopped {
-                if s.confirmed_empty {
+                // seen empty, or gone before this start (nothing more can be learned of it)
+                if s.confirmed_empty || s.waited_ms == 0 && s.remaining.is_empty() {
                     let _ = std::fs::remove_file(&path);
                 }
                 self.reaped
@@ -356,6 +368,18 @@ impl Jobs {
             }
         }
         Ok(held)
+    }
+
+    /// The jobs of a daemon before this one that this start's reap could not see empty, by
+    /// id (a launch's id): their launches must not be recorded as stopped.
+    pub fn unconfirmed_stale(&self) -> std::collections::BTreeSet<String> {
+        self.reaped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(_, s)| !s.confirmed_empty)
+            .map(|(id, _)| id.clone())
+            .collect()
     }
 
     /// Whether `pid` runs inside any job of this daemon: its cgroup is under the base, or
@@ -1308,6 +1332,58 @@ mod tests {
             let _ = jobs.close(5_000);
         }
         let _ = std::fs::remove_dir(&cg);
+    }
+
+    /// A recorded shim that a start finds gone (killed from inside its job before the crash, or
+    /// ended since) leaves its job unconfirmed: its launch must not be recorded as stopped.
+    #[test]
+    fn a_recorded_shim_found_gone_leaves_its_job_unconfirmed() {
+        let dir = tempfile::tempdir().unwrap();
+        let markers = dir.path().join("jobs");
+        let mut gone = Command::new("/bin/true").spawn().unwrap();
+        let pid = gone.id();
+        // recorded with a start time no live process of that pid has
+        std::fs::create_dir_all(&markers).unwrap();
+        std::fs::write(markers.join("lch_gone.shim"), format!("{pid} 1\n")).unwrap();
+        gone.wait().unwrap();
+        let jobs = Jobs::subreapers("forced for the test").with_markers(markers.clone());
+        assert_eq!(jobs.reap_stale(1_000).unwrap(), 0);
+        assert!(jobs.unconfirmed_stale().contains("lch_gone"));
+        assert_eq!(
+            jobs.observe_empty("lch_gone", "subreaper", Some(pid))
+                .map(|s| s.confirmed_empty),
+            Some(false)
+        );
+        assert!(
+            !markers.join("lch_gone.shim").exists(),
+            "nothing more to learn of it"
+        );
+    }
+
+    /// A daemon's recorded shim that outlived it: the next start's reap ends its tree (a
+    /// setsid grandchild included) and confirms it empty.
+    #[test]
+    fn a_recorded_shim_that_outlived_its_daemon_is_ended_at_the_next_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let markers = dir.path().join("jobs");
+        let before = Jobs::subreapers("forced for the test").with_markers(markers.clone());
+        let mut job = before.create("lch_left").unwrap();
+        let (mut child, escaped) = escaping(&mut job, dir.path());
+        assert!(markers.join("lch_left.shim").exists());
+        // the daemon "crashes": its Jobs and Job are forgotten, the shim runs on
+        std::mem::forget(job);
+        let after = Jobs::subreapers("forced for the test").with_markers(markers.clone());
+        assert_eq!(after.reap_stale(5_000).unwrap(), 1);
+        assert!(!alive(escaped), "the setsid grandchild outlived the reap");
+        assert!(after.unconfirmed_stale().is_empty());
+        assert_eq!(
+            after
+                .observe_empty("lch_left", "subreaper", None)
+                .map(|s| s.confirmed_empty),
+            Some(true)
+        );
+        assert!(!markers.join("lch_left.shim").exists());
+        let _ = child.wait();
     }
 
     /// A process below any job of any daemon is never an owner console: below a shim by

@@ -147,7 +147,15 @@ pub async fn run(engine: Arc<Engine>, env: WorkerEnv) {
             Err(e) => tracing::error!("proposal recovery panicked: {e}"),
         }
         let engine = engine.clone();
-        match tokio::task::spawn_blocking(move || engine.recover_launches()).await {
+        let unconfirmed = env.jobs.unconfirmed_stale();
+        if !unconfirmed.is_empty() {
+            tracing::error!(
+                launches = ?unconfirmed,
+                "jobs a previous daemon left were not seen empty: their launches end interrupted, recorded as unconfirmed"
+            );
+        }
+        match tokio::task::spawn_blocking(move || engine.recover_launches_with(&unconfirmed)).await
+        {
             Ok(Ok(0)) => {}
             Ok(Ok(n)) => tracing::warn!("{n} launches of a previous daemon ended as interrupted"),
             Ok(Err(r)) => tracing::error!("launch recovery failed: {r}"),
