@@ -98,6 +98,9 @@ pub enum Cmd {
     Bench(crate::bench::BenchArgs),
     /// Verify every room's hash chain (works without the daemon).
     Verify { room: Option<String> },
+    /// Collaborative sessions: check a pack and its roles' bindings, check an artifact.
+    #[command(subcommand)]
+    Collab(crate::collab::CollabCmd),
     /// Manage agents (owner).
     #[command(subcommand)]
     Agent(AgentCmd),
@@ -667,6 +670,7 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
         | Cmd::Demo
         | Cmd::Bench(_)
         | Cmd::Verify { .. }
+        | Cmd::Collab(_)
         | Cmd::Mcp { .. }
         | Cmd::Connect { .. } => {
             unreachable!("local commands")
@@ -699,6 +703,7 @@ pub fn run(cli: Cli) -> i32 {
         }
         Cmd::Bench(a) => return crate::bench::run(a),
         Cmd::Verify { room } => return verify(&cli, room.as_deref()),
+        Cmd::Collab(c) => return crate::collab::run(&cli, c),
         Cmd::Mcp { tools } => {
             let Some(mode) = room_server::mcp::ToolsMode::parse(tools) else {
                 eprintln!("error[invalid_argument]: tools: {tools:?} is not full or compact");

@@ -9,6 +9,7 @@ mod bench_accept;
 mod bench_mcp;
 mod bench_wakes;
 mod cmd;
+mod collab;
 mod connect;
 mod demo;
 mod mcp_cmd;

@@ -117,6 +117,12 @@ codes! {
     InvariantViolation => "invariant_violation",
     // `exclusive`'s reject: a claim met a live lease (detail.conflicts names each holder)
     LeaseConflict => "lease_conflict",
+    // collaborative sessions: profiles, packs and the blackboard's artifacts
+    ProfileInvalid => "profile_invalid",
+    PackInvalid => "pack_invalid",
+    PackWriteOverlap => "pack_write_overlap",
+    PackCycle => "pack_cycle",
+    ArtifactSchemaInvalid => "artifact_schema_invalid",
     // egress
     ToolResultWithheld => "tool_result_withheld",
     // generic

@@ -701,6 +701,12 @@ fn parse(bytes: &[u8]) -> Policy {
 }
 
 /// The policy a config.toml makes, or why it makes none.
+/// The policy a config.toml's bytes make, or why they make none (for tools that read a state
+/// dir's config without an engine, such as `room collab check`).
+pub fn policy_of(bytes: &[u8]) -> Result<Policy, String> {
+    check_config(bytes)
+}
+
 pub(crate) fn check_config(bytes: &[u8]) -> Result<Policy, String> {
     let text = match std::str::from_utf8(bytes) {
         Ok(t) => t,

@@ -1,0 +1,194 @@
+//! `room collab`: collaborative sessions from the command line. What stands today is the
+//! offline half: `check` validates a pack and the profile its roles are bound with, against
+//! the adapters and ACP presets Room has and the model routes of the state dir's config.toml;
+//! `artifact` checks a blackboard artifact against its kind's schema. Starting a collaboration
+//! needs the daemon's side (the identity tree, the blackboard's storage, the fence, approvals),
+//! which is not built yet.
+
+use crate::cmd::{Cli, EXIT_IO, EXIT_REFUSED};
+use clap::Subcommand;
+use room_collab::pack::{DEFAULT_PROMPTS, Pack};
+use room_collab::profile::{Backends, Profile};
+use room_core::Refusal;
+use serde_json::json;
+use std::path::{Path, PathBuf};
+
+#[derive(Subcommand, Debug)]
+pub enum CollabCmd {
+    /// Validate a pack (default: the shipped one) and its roles' bindings; prints the phases
+    /// in their order and the roles.
+    Check {
+        /// The pack file (TOML); its prompt files are read beside it.
+        #[arg(long)]
+        pack: Option<PathBuf>,
+        /// Bind a role: NAME=ADAPTER:MODEL (an acp role's MODEL is its preset). Repeatable.
+        #[arg(long = "role")]
+        roles: Vec<String>,
+    },
+    /// Check an artifact (JSON) against its kind's schema: spec, research, adr, task-list,
+    /// diff, findings or extra/KEY.
+    Artifact { kind: String, file: PathBuf },
+}
+
+pub fn run(cli: &Cli, cmd: &CollabCmd) -> i32 {
+    let out = match cmd {
+        CollabCmd::Check { pack, roles } => check(cli, pack.as_deref(), roles),
+        CollabCmd::Artifact { kind, file } => artifact(kind, file),
+    };
+    match out {
+        Ok(v) => {
+            if cli.json {
+                println!("{v}");
+            } else {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&v).expect("values print")
+                );
+            }
+            0
+        }
+        Err(Failed::Refused(r)) => {
+            if cli.json {
+                println!("{}", json!({"refusal": r}));
+            }
+            eprintln!("{r}");
+            EXIT_REFUSED
+        }
+        Err(Failed::Io(e)) => {
+            eprintln!("error: {e}");
+            EXIT_IO
+        }
+    }
+}
+
+enum Failed {
+    Refused(Refusal),
+    Io(String),
+}
+
+impl From<Refusal> for Failed {
+    fn from(r: Refusal) -> Self {
+        Failed::Refused(r)
+    }
+}
+
+/// The bytes a pack or artifact file may hold.
+const FILE_BYTES_MAX: u64 = 4 << 20;
+
+fn read_text(path: &Path) -> Result<String, Failed> {
+    let meta =
+        std::fs::metadata(path).map_err(|e| Failed::Io(format!("{}: {e}", path.display())))?;
+    if meta.len() > FILE_BYTES_MAX {
+        return Err(Failed::Refused(Refusal::new(
+            room_core::Code::PayloadTooLarge,
+            format!("{}: more than {FILE_BYTES_MAX} bytes", path.display()),
+        )));
+    }
+    let bytes = std::fs::read(path).map_err(|e| Failed::Io(format!("{}: {e}", path.display())))?;
+    String::from_utf8(bytes).map_err(|_| {
+        Failed::Refused(Refusal::invalid(
+            &path.display().to_string(),
+            "not UTF-8 text",
+        ))
+    })
+}
+
+/// `NAME=ADAPTER:MODEL`.
+fn binding(s: &str) -> Result<(&str, &str, &str), Refusal> {
+    let bad = || Refusal::invalid("role", format!("{s:?} is not NAME=ADAPTER:MODEL"));
+    let (name, rest) = s.split_once('=').ok_or_else(bad)?;
+    let (adapter, model) = rest.split_once(':').ok_or_else(bad)?;
+    if name.is_empty() || adapter.is_empty() || model.is_empty() {
+        return Err(bad());
+    }
+    Ok((name, adapter, model))
+}
+
+/// What the machine and the owner offer roles: Room's adapters and ACP presets, and the model
+/// routes of the state dir's config.toml (none without one; a config that does not load is
+/// refused as the daemon would refuse it).
+fn backends(cli: &Cli) -> Result<Backends, Failed> {
+    let presets: Vec<&str> = room_agents::acp::PRESETS.iter().map(|p| p.name).collect();
+    let config = crate::cmd::state_dir(cli).join("config.toml");
+    let routes: Vec<String> = match std::fs::read(&config) {
+        Ok(bytes) => room_engine::policy::policy_of(&bytes)
+            .map_err(|why| Failed::Refused(Refusal::invalid("config.toml", why)))?
+            .model_routes
+            .keys()
+            .cloned()
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(Failed::Io(format!("{}: {e}", config.display()))),
+    };
+    Ok(Backends::room(&presets, &routes))
+}
+
+fn check(cli: &Cli, pack: Option<&Path>, roles: &[String]) -> Result<serde_json::Value, Failed> {
+    let loaded = match pack {
+        None => {
+            let p = Pack::default_pack();
+            p.check_prompts(|f| {
+                DEFAULT_PROMPTS
+                    .iter()
+                    .find(|(name, _)| *name == f)
+                    .map(|(_, t)| t.to_string())
+                    .ok_or_else(|| "not shipped".to_string())
+            })?;
+            p
+        }
+        Some(path) => {
+            let text = read_text(path)?;
+            let p = Pack::load(&text, &Profile::default())?;
+            let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+            p.check_prompts(|f| {
+                let file = dir.join(f);
+                let meta = std::fs::symlink_metadata(&file).map_err(|e| e.to_string())?;
+                if !meta.is_file() {
+                    return Err("not a regular file".into());
+                }
+                if meta.len() > room_collab::pack::PROMPT_BYTES_MAX as u64 {
+                    return Err("too large".into());
+                }
+                std::fs::read_to_string(&file).map_err(|e| e.to_string())
+            })?;
+            p
+        }
+    };
+    let mut profile = loaded.profile.clone();
+    for b in roles {
+        let (name, adapter, model) = binding(b)?;
+        profile.bind(name, adapter, model);
+    }
+    // a role bound here but run by no phase is still part of the profile: it validates too
+    profile.validate(&backends(cli)?)?;
+    let mut view = Pack { profile, ..loaded }.view();
+    view["valid"] = json!(true);
+    Ok(view)
+}
+
+fn artifact(kind: &str, file: &Path) -> Result<serde_json::Value, Failed> {
+    let kind = room_collab::ArtifactKind::parse("kind", kind)?;
+    let text = read_text(file)?;
+    let limits = room_collab::ArtifactLimits::default();
+    if text.len() > limits.artifact_bytes_max {
+        return Err(Failed::Refused(Refusal::new(
+            room_core::Code::PayloadTooLarge,
+            format!(
+                "an artifact holds at most {} bytes",
+                limits.artifact_bytes_max
+            ),
+        )));
+    }
+    let content: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+        Refusal::new(
+            room_core::Code::ArtifactSchemaInvalid,
+            format!("(content): not JSON: {e}"),
+        )
+        .detail(json!({"field": "(content)"}))
+    })?;
+    room_collab::artifact::validate(&kind, &content)?;
+    Ok(
+        json!({"kind": kind.to_string(), "valid": true, "bytes": text.len(),
+        "sha256": room_core::sha256_hex(text.as_bytes())}),
+    )
+}

@@ -1,0 +1,28 @@
+//! The collaboration floor (DESIGN.md §7): a person states a goal, binds a model and backend to
+//! each role, and the roles converge through typed artifacts on a blackboard. This crate owns
+//! what a collaboration *is* as data, and decides nothing about authority:
+//!
+//! - `profile`: roles as data (`{name, adapter, preset, model, prompt, policy, purposes}`), the
+//!   default profile, and its fail-closed validation against the adapters that exist and the
+//!   model routes the owner configured (`profile_invalid`);
+//! - `artifact`: the blackboard's kinds (`spec`, `research`, `adr`, `task-list`, `diff`,
+//!   `findings`, `extra/<key>`), their schemas checked on write (`artifact_schema_invalid`),
+//!   and the limits every artifact is held to;
+//! - `pack`: a pack file (TOML: roles and phases with `reads` and `writes`), validated at load
+//!   (`pack_invalid`, `pack_write_overlap`, `pack_cycle`);
+//! - `schedule`: which phases are ready, given what the blackboard holds and what each phase
+//!   last ran on.
+//!
+//! Everything here is deterministic and synchronous (no tokio, no clock, no file system: a
+//! pack's text and its prompt files are handed in), so the daemon's loop and the simulator
+//! drive it alike. Every authority question (who may read or write an artifact, who may
+//! dispatch) goes to the engine.
+
+pub mod artifact;
+pub mod pack;
+pub mod profile;
+pub mod schedule;
+
+pub use artifact::{ArtifactKind, ArtifactLimits};
+pub use pack::{Pack, Phase, PhaseKind};
+pub use profile::{Profile, Role, RolePolicy};

@@ -1,0 +1,652 @@
+//! Packs: a collaboration's roles and phases, as TOML. A phase is an `agent` run by one role,
+//! a `panel` of reviewers (parsed now, run by part 2), a `gate` that runs the pack's commands
+//! as `command` acceptance, or an `approval` that waits for the person. Each names what it
+//! `reads` and `writes` on the blackboard, and may name phases it comes `after`.
+//!
+//! A pack is validated at load, fail-closed, and the first thing wrong is refused:
+//! `pack_invalid` (unknown kind or role, a read that nothing writes, a bad field, naming the
+//! field), `pack_cycle` (naming the phases of the cycle) and `pack_write_overlap` (two phases
+//! that may run together write one key). The order phases run in is what they read and the
+//! `after` they name: a phase comes after every phase that writes what it reads.
+
+use crate::artifact::ArtifactKind;
+use crate::profile::{Profile, Role, valid_name};
+use room_core::acceptance::Check;
+use room_core::{Code, Refusal};
+use serde::Deserialize;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Phases one pack holds at most, and the bytes of its text.
+pub const PHASES_MAX: usize = 64;
+pub const PACK_BYTES_MAX: usize = 256 * 1024;
+/// Reviewers one panel fans out to at most.
+pub const PANEL_REVIEWERS_MAX: u32 = 16;
+/// Commands one gate runs at most.
+pub const GATE_COMMANDS_MAX: usize = 16;
+
+/// The pack Room ships: spec → research ∥ architecture → implementation → gate → review →
+/// approval, with its prompt files beside it (`packs/default/`).
+pub const DEFAULT_PACK: &str = include_str!("../../../packs/default.toml");
+
+/// The shipped pack's prompt files, by the path its phases name (relative to `packs/`).
+pub const DEFAULT_PROMPTS: [(&str, &str); 5] = [
+    (
+        "default/spec.md",
+        include_str!("../../../packs/default/spec.md"),
+    ),
+    (
+        "default/research.md",
+        include_str!("../../../packs/default/research.md"),
+    ),
+    (
+        "default/architecture.md",
+        include_str!("../../../packs/default/architecture.md"),
+    ),
+    (
+        "default/implementation.md",
+        include_str!("../../../packs/default/implementation.md"),
+    ),
+    (
+        "default/review.md",
+        include_str!("../../../packs/default/review.md"),
+    ),
+];
+
+/// The longest prompt file.
+pub const PROMPT_BYTES_MAX: usize = 64 * 1024;
+
+/// What kind of step a phase is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PhaseKind {
+    Agent,
+    Panel,
+    Gate,
+    Approval,
+}
+
+impl PhaseKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PhaseKind::Agent => "agent",
+            PhaseKind::Panel => "panel",
+            PhaseKind::Gate => "gate",
+            PhaseKind::Approval => "approval",
+        }
+    }
+}
+
+/// One validated phase.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Phase {
+    pub name: String,
+    pub kind: PhaseKind,
+    /// The role that runs it (agent and panel phases).
+    pub role: Option<String>,
+    pub reads: Vec<ArtifactKind>,
+    pub writes: Vec<ArtifactKind>,
+    pub after: Vec<String>,
+    /// Its prompt file, relative to the pack's directory.
+    pub prompt: Option<String>,
+    /// A panel's breadth.
+    pub reviewers: Option<u32>,
+    /// A gate's commands, as `command` acceptance checks.
+    pub commands: Vec<Check>,
+    /// Whether its dispatch waits for the person's approval (by default: a role that writes
+    /// the project or reaches the network; an approval phase always).
+    pub approve: bool,
+}
+
+/// A validated pack.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pack {
+    pub name: String,
+    pub description: Option<String>,
+    pub profile: Profile,
+    pub phases: Vec<Phase>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PackFile {
+    name: String,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default)]
+    roles: Vec<Role>,
+    #[serde(default)]
+    phases: Vec<PhaseFile>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PhaseFile {
+    name: String,
+    kind: String,
+    #[serde(default)]
+    role: Option<String>,
+    #[serde(default)]
+    reads: Vec<String>,
+    #[serde(default)]
+    writes: Vec<String>,
+    #[serde(default)]
+    after: Vec<String>,
+    #[serde(default)]
+    prompt: Option<String>,
+    #[serde(default)]
+    reviewers: Option<u32>,
+    #[serde(default)]
+    commands: Vec<toml::Value>,
+    #[serde(default)]
+    approve: Option<bool>,
+}
+
+fn invalid(field: &str, why: impl std::fmt::Display) -> Refusal {
+    Refusal::new(Code::PackInvalid, format!("{field}: {why}"))
+        .detail(serde_json::json!({"field": field}))
+}
+
+impl Pack {
+    /// The pack Room ships, over the default profile.
+    pub fn default_pack() -> Pack {
+        Pack::load(DEFAULT_PACK, &Profile::default()).expect("the shipped pack is valid")
+    }
+
+    /// Parse and validate a pack's text. Its roles are `base`'s, each replaced or joined by a
+    /// role the pack declares; bindings are the profile's to validate (`Profile::validate`).
+    pub fn load(text: &str, base: &Profile) -> Result<Pack, Refusal> {
+        if text.len() > PACK_BYTES_MAX {
+            return Err(invalid(
+                "(pack)",
+                format!("more than {PACK_BYTES_MAX} bytes"),
+            ));
+        }
+        let file: PackFile = toml::from_str(text).map_err(|e| {
+            invalid("(pack)", e.message().to_string()).detail(serde_json::json!({
+                "field": "(pack)", "span": e.span().map(|s| [s.start, s.end])}))
+        })?;
+        if !valid_name(&file.name) {
+            return Err(invalid("name", "1..=32 of a-z, 0-9, _ and -"));
+        }
+        let mut profile = base.clone();
+        for r in file.roles {
+            match profile.roles.iter().position(|b| b.name == r.name) {
+                Some(i) => profile.roles[i] = r,
+                None => profile.roles.push(r),
+            }
+        }
+        if file.phases.is_empty() || file.phases.len() > PHASES_MAX {
+            return Err(invalid("phases", format!("1..={PHASES_MAX} phases")));
+        }
+        let names: BTreeSet<&str> = file.phases.iter().map(|p| p.name.as_str()).collect();
+        let mut phases = Vec::with_capacity(file.phases.len());
+        for (i, p) in file.phases.iter().enumerate() {
+            phases.push(phase(i, p, &profile, &names)?);
+        }
+        for (i, p) in phases.iter().enumerate() {
+            if phases[..i].iter().any(|q| q.name == p.name) {
+                return Err(invalid(&format!("phases[{i}].name"), "named twice"));
+            }
+        }
+        let pack = Pack {
+            name: file.name,
+            description: file.description,
+            profile,
+            phases,
+        };
+        pack.check_reads()?;
+        let order = pack.order()?;
+        pack.check_overlap(&order)?;
+        Ok(pack)
+    }
+
+    /// Check that every phase's prompt file exists and is readable text, through `read`
+    /// (the pack's directory is the caller's); `pack_invalid` naming the phase's field.
+    pub fn check_prompts(
+        &self,
+        read: impl Fn(&str) -> Result<String, String>,
+    ) -> Result<(), Refusal> {
+        for (i, p) in self.phases.iter().enumerate() {
+            let Some(file) = &p.prompt else { continue };
+            match read(file) {
+                Ok(t) if t.len() <= PROMPT_BYTES_MAX => {}
+                Ok(_) => {
+                    return Err(invalid(
+                        &format!("phases[{i}].prompt"),
+                        format!("{file}: more than {PROMPT_BYTES_MAX} bytes"),
+                    ));
+                }
+                Err(why) => {
+                    return Err(invalid(
+                        &format!("phases[{i}].prompt"),
+                        format!("{file}: {why}"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The pack as data, for a person or a script.
+    pub fn view(&self) -> serde_json::Value {
+        let phases: Vec<serde_json::Value> = self
+            .phases
+            .iter()
+            .map(|p| {
+                serde_json::json!({"name": p.name, "kind": p.kind.as_str(), "role": p.role,
+                    "reads": p.reads.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
+                    "writes": p.writes.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
+                    "after": self.predecessors()[p.name.as_str()], "approve": p.approve,
+                    "reviewers": p.reviewers, "prompt": p.prompt})
+            })
+            .collect();
+        serde_json::json!({"pack": self.name, "description": self.description,
+            "roles": self.profile.roles, "phases": phases})
+    }
+
+    pub fn phase(&self, name: &str) -> Option<&Phase> {
+        self.phases.iter().find(|p| p.name == name)
+    }
+
+    /// Every read names a kind some phase writes.
+    fn check_reads(&self) -> Result<(), Refusal> {
+        for (i, p) in self.phases.iter().enumerate() {
+            for (j, r) in p.reads.iter().enumerate() {
+                if !self.phases.iter().any(|q| q.writes.contains(r)) {
+                    return Err(invalid(
+                        &format!("phases[{i}].reads[{j}]"),
+                        format!("no phase writes {r}"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The phases each comes after, directly: every writer of what it reads, and what it
+    /// names in `after`.
+    pub fn predecessors(&self) -> BTreeMap<&str, BTreeSet<&str>> {
+        let mut out: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+        for p in &self.phases {
+            let e = out.entry(p.name.as_str()).or_default();
+            for q in &self.phases {
+                if p.reads.iter().any(|r| q.writes.contains(r)) {
+                    e.insert(q.name.as_str());
+                }
+            }
+            e.extend(p.after.iter().map(String::as_str));
+        }
+        out
+    }
+
+    /// For each phase, every phase it comes after (transitively); `pack_cycle` when one comes
+    /// after itself, naming the phases of the cycle.
+    fn order(&self) -> Result<BTreeMap<&str, BTreeSet<&str>>, Refusal> {
+        let pred = self.predecessors();
+        // depth-first, with the path kept to name a cycle
+        fn visit<'a>(
+            n: &'a str,
+            pred: &BTreeMap<&'a str, BTreeSet<&'a str>>,
+            path: &mut Vec<&'a str>,
+            done: &mut BTreeMap<&'a str, BTreeSet<&'a str>>,
+        ) -> Result<(), Vec<&'a str>> {
+            if done.contains_key(n) {
+                return Ok(());
+            }
+            if let Some(at) = path.iter().position(|p| *p == n) {
+                let mut cycle = path[at..].to_vec();
+                cycle.push(n);
+                return Err(cycle);
+            }
+            path.push(n);
+            let mut all = BTreeSet::new();
+            for &q in pred.get(n).into_iter().flatten() {
+                visit(q, pred, path, done)?;
+                all.insert(q);
+                all.extend(done[q].iter().copied());
+            }
+            path.pop();
+            done.insert(n, all);
+            Ok(())
+        }
+        let mut done = BTreeMap::new();
+        for p in &self.phases {
+            visit(&p.name, &pred, &mut Vec::new(), &mut done).map_err(|cycle| {
+                Refusal::new(
+                    Code::PackCycle,
+                    format!("the phases come after each other: {}", cycle.join(" → ")),
+                )
+                .detail(serde_json::json!({"cycle": cycle}))
+            })?;
+        }
+        Ok(done)
+    }
+
+    /// Two phases that write one key must be ordered (one after the other): unordered, they
+    /// may run together and one's version would silently replace the other's.
+    fn check_overlap(&self, order: &BTreeMap<&str, BTreeSet<&str>>) -> Result<(), Refusal> {
+        for (i, a) in self.phases.iter().enumerate() {
+            for b in &self.phases[i + 1..] {
+                let Some(k) = a.writes.iter().find(|k| b.writes.contains(k)) else {
+                    continue;
+                };
+                let ordered = order[a.name.as_str()].contains(b.name.as_str())
+                    || order[b.name.as_str()].contains(a.name.as_str());
+                if !ordered {
+                    return Err(Refusal::new(
+                        Code::PackWriteOverlap,
+                        format!(
+                            "phases {} and {} both write {k} and neither comes after the other",
+                            a.name, b.name
+                        ),
+                    )
+                    .detail(serde_json::json!({"phases": [a.name, b.name], "key": k.to_string()}))
+                    .hint("order them: name one in the other's `after`"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn phase(
+    i: usize,
+    p: &PhaseFile,
+    profile: &Profile,
+    names: &BTreeSet<&str>,
+) -> Result<Phase, Refusal> {
+    let at = |f: &str| format!("phases[{i}].{f}");
+    if !valid_name(&p.name) {
+        return Err(invalid(&at("name"), "1..=32 of a-z, 0-9, _ and -"));
+    }
+    let kind = match p.kind.as_str() {
+        "agent" => PhaseKind::Agent,
+        "panel" => PhaseKind::Panel,
+        "gate" => PhaseKind::Gate,
+        "approval" => PhaseKind::Approval,
+        other => {
+            return Err(invalid(
+                &at("kind"),
+                format!("{other:?} is not a phase kind (agent, panel, gate, approval)"),
+            ));
+        }
+    };
+    let kinds = |list: &[String], f: &str| -> Result<Vec<ArtifactKind>, Refusal> {
+        let mut out: Vec<ArtifactKind> = Vec::new();
+        for (j, k) in list.iter().enumerate() {
+            let k = ArtifactKind::parse(&format!("{}[{j}]", at(f)), k)
+                .map_err(|r| invalid(&format!("{}[{j}]", at(f)), r.message))?;
+            if !out.contains(&k) {
+                out.push(k);
+            }
+        }
+        Ok(out)
+    };
+    let reads = kinds(&p.reads, "reads")?;
+    let writes = kinds(&p.writes, "writes")?;
+    let role = match (kind, &p.role) {
+        (PhaseKind::Agent | PhaseKind::Panel, None) => {
+            return Err(invalid(
+                &at("role"),
+                "an agent or panel phase names its role",
+            ));
+        }
+        (PhaseKind::Gate | PhaseKind::Approval, Some(_)) => {
+            return Err(invalid(
+                &at("role"),
+                "a gate or approval phase runs no role",
+            ));
+        }
+        (_, Some(r)) if profile.role(r).is_none() => {
+            return Err(invalid(
+                &at("role"),
+                format!("{r:?} is not a role of the profile"),
+            ));
+        }
+        (_, r) => r.clone(),
+    };
+    if matches!(kind, PhaseKind::Gate | PhaseKind::Approval) && !writes.is_empty() {
+        return Err(invalid(
+            &at("writes"),
+            "a gate or approval phase writes nothing",
+        ));
+    }
+    if matches!(kind, PhaseKind::Agent | PhaseKind::Panel) && writes.is_empty() {
+        return Err(invalid(
+            &at("writes"),
+            "an agent or panel phase writes at least one artifact (its run is done when they exist and validate)",
+        ));
+    }
+    for (j, a) in p.after.iter().enumerate() {
+        if !names.contains(a.as_str()) || *a == p.name {
+            return Err(invalid(
+                &format!("{}[{j}]", at("after")),
+                format!("{a:?} is not another phase of the pack"),
+            ));
+        }
+    }
+    let reviewers = match (kind, p.reviewers) {
+        (PhaseKind::Panel, Some(n)) if (1..=PANEL_REVIEWERS_MAX).contains(&n) => Some(n),
+        (PhaseKind::Panel, None) => Some(1),
+        (PhaseKind::Panel, Some(_)) => {
+            return Err(invalid(
+                &at("reviewers"),
+                format!("1..={PANEL_REVIEWERS_MAX}"),
+            ));
+        }
+        (_, Some(_)) => return Err(invalid(&at("reviewers"), "a panel's field")),
+        (_, None) => None,
+    };
+    let commands = gate_commands(i, kind, &p.commands)?;
+    if let Some(pr) = &p.prompt
+        && (pr.is_empty()
+            || pr.len() > 256
+            || pr.starts_with('/')
+            || pr.split('/').any(|c| c.is_empty() || c == "." || c == ".."))
+    {
+        return Err(invalid(
+            &at("prompt"),
+            "a file relative to the pack, without '.', '..' or empty components",
+        ));
+    }
+    let reaches = role
+        .as_deref()
+        .and_then(|r| profile.role(r))
+        .is_some_and(|r| {
+            r.policy.project == crate::profile::ProjectAccess::Write || r.policy.network
+        });
+    let approve = match (kind, p.approve) {
+        (PhaseKind::Approval, Some(false)) => {
+            return Err(invalid(
+                &at("approve"),
+                "an approval phase is always approved",
+            ));
+        }
+        (PhaseKind::Approval, _) => true,
+        (_, Some(a)) => a,
+        (_, None) => reaches,
+    };
+    Ok(Phase {
+        name: p.name.clone(),
+        kind,
+        role,
+        reads,
+        writes,
+        after: p.after.clone(),
+        prompt: p.prompt.clone(),
+        reviewers,
+        commands,
+        approve,
+    })
+}
+
+/// A gate's commands, each parsed as a `command` acceptance check (an absolute program, the
+/// exact arguments, a bounded time); only a gate has them, and a gate has at least one.
+fn gate_commands(i: usize, kind: PhaseKind, list: &[toml::Value]) -> Result<Vec<Check>, Refusal> {
+    let field = format!("phases[{i}].commands");
+    match (kind, list.is_empty()) {
+        (PhaseKind::Gate, true) => return Err(invalid(&field, "a gate runs at least one command")),
+        (PhaseKind::Gate, false) if list.len() > GATE_COMMANDS_MAX => {
+            return Err(invalid(&field, format!("at most {GATE_COMMANDS_MAX}")));
+        }
+        (PhaseKind::Gate, false) => {}
+        (_, true) => return Ok(Vec::new()),
+        (_, false) => return Err(invalid(&field, "only a gate runs commands")),
+    }
+    list.iter()
+        .enumerate()
+        .map(|(j, c)| {
+            let f = format!("{field}[{j}]");
+            let mut v = serde_json::to_value(c).map_err(|e| invalid(&f, e))?;
+            match v.as_object_mut() {
+                Some(o) => {
+                    o.insert("kind".into(), serde_json::json!("command"));
+                }
+                None => {
+                    return Err(invalid(
+                        &f,
+                        "a command is a table {program, args, timeout_ms}",
+                    ));
+                }
+            }
+            Check::parse(&f, &v).map_err(|r| invalid(&f, r.message))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str) -> Result<Pack, Refusal> {
+        Pack::load(text, &Profile::default())
+    }
+
+    #[track_caller]
+    fn refused(text: &str, code: Code) -> Refusal {
+        let r = load(text).unwrap_err();
+        assert_eq!(r.code, code, "{r}");
+        r
+    }
+
+    #[test]
+    fn the_shipped_pack_loads_in_its_order() {
+        let p = Pack::default_pack();
+        let names: Vec<&str> = p.phases.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "spec",
+                "research",
+                "architecture",
+                "implementation",
+                "gate",
+                "review",
+                "approval"
+            ]
+        );
+        let pred = p.predecessors();
+        assert!(pred["research"].contains("spec"));
+        assert!(!pred["research"].contains("architecture"));
+        assert!(pred["review"].contains("gate"));
+        // implementation writes the project: its dispatch waits for approval
+        assert!(p.phase("implementation").unwrap().approve);
+        // research reaches the network: so does its approval
+        assert!(p.phase("research").unwrap().approve);
+        assert!(!p.phase("architecture").unwrap().approve);
+        assert_eq!(p.phase("gate").unwrap().commands.len(), 1);
+    }
+
+    const TWO: &str = r#"
+name = "t"
+[[phases]]
+name = "a"
+kind = "agent"
+role = "architecture"
+writes = ["spec"]
+[[phases]]
+name = "b"
+kind = "agent"
+role = "search"
+reads = ["spec"]
+writes = ["research"]
+"#;
+
+    #[test]
+    fn a_minimal_pack_loads() {
+        let p = load(TWO).unwrap();
+        assert_eq!(p.phases.len(), 2);
+    }
+
+    #[test]
+    fn unknown_kinds_and_roles_and_unwritten_reads_are_pack_invalid() {
+        let r = refused(
+            &TWO.replace(
+                "kind = \"agent\"\nrole = \"search\"",
+                "kind = \"dance\"\nrole = \"search\"",
+            ),
+            Code::PackInvalid,
+        );
+        assert_eq!(r.detail["field"], "phases[1].kind");
+        let r = refused(
+            &TWO.replace("role = \"search\"", "role = \"oracle\""),
+            Code::PackInvalid,
+        );
+        assert_eq!(r.detail["field"], "phases[1].role");
+        let r = refused(
+            &TWO.replace("reads = [\"spec\"]", "reads = [\"adr\"]"),
+            Code::PackInvalid,
+        );
+        assert_eq!(r.detail["field"], "phases[1].reads[0]");
+        let r = refused("name = \"t\"\nphases = 3\n", Code::PackInvalid);
+        assert_eq!(r.detail["field"], "(pack)");
+        let r = refused(
+            &TWO.replace(
+                "writes = [\"research\"]",
+                "writes = [\"research\"]\nafter = [\"nowhere\"]",
+            ),
+            Code::PackInvalid,
+        );
+        assert_eq!(r.detail["field"], "phases[1].after[0]");
+    }
+
+    #[test]
+    fn a_cycle_is_refused_naming_its_phases() {
+        let text = TWO.replace(
+            "role = \"architecture\"\nwrites = [\"spec\"]",
+            "role = \"architecture\"\nreads = [\"research\"]\nwrites = [\"spec\"]",
+        );
+        let r = refused(&text, Code::PackCycle);
+        let cycle: Vec<&str> = r.detail["cycle"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        assert!(cycle.contains(&"a") && cycle.contains(&"b"), "{r}");
+    }
+
+    #[test]
+    fn two_unordered_phases_writing_one_key_are_refused_and_ordering_them_admits_them() {
+        let c = "\n[[phases]]\nname = \"c\"\nkind = \"agent\"\nrole = \"architecture\"\nreads = [\"spec\"]\nwrites = [\"research\"]\n";
+        let r = refused(&format!("{TWO}{c}"), Code::PackWriteOverlap);
+        assert_eq!(r.detail["key"], "research");
+        assert_eq!(r.detail["phases"], serde_json::json!(["b", "c"]));
+        load(&format!("{TWO}{c}after = [\"b\"]\n")).unwrap();
+    }
+
+    #[test]
+    fn a_gate_runs_commands_and_writes_nothing() {
+        let gate = format!(
+            "{TWO}\n[[phases]]\nname = \"g\"\nkind = \"gate\"\nafter = [\"b\"]\ncommands = [{{ program = \"/usr/bin/true\" }}]\n"
+        );
+        let p = load(&gate).unwrap();
+        assert!(p.phase("g").unwrap().commands[0].is_command());
+        let r = refused(&gate.replace("/usr/bin/true", "true"), Code::PackInvalid);
+        assert_eq!(r.detail["field"], "phases[2].commands[0]");
+        let r = refused(
+            &gate.replace("after = [\"b\"]", "after = [\"b\"]\nwrites = [\"adr\"]"),
+            Code::PackInvalid,
+        );
+        assert_eq!(r.detail["field"], "phases[2].writes");
+    }
+}
