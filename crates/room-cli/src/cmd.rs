@@ -98,6 +98,10 @@ pub enum Cmd {
     Bench(crate::bench::BenchArgs),
     /// Verify every room's hash chain (works without the daemon).
     Verify { room: Option<String> },
+    /// Print the shell completion script for SHELL (bash, zsh, fish, elvish, powershell).
+    Completions { shell: clap_complete::Shell },
+    /// Print the manual page (roff), generated from the same grammar as `--help`.
+    Man,
     /// Collaborative sessions: check a pack and its roles' bindings, check an artifact.
     #[command(subcommand)]
     Collab(crate::collab::CollabCmd),
@@ -671,6 +675,8 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
         | Cmd::Bench(_)
         | Cmd::Verify { .. }
         | Cmd::Collab(_)
+        | Cmd::Completions { .. }
+        | Cmd::Man
         | Cmd::Mcp { .. }
         | Cmd::Connect { .. } => {
             unreachable!("local commands")
@@ -704,6 +710,22 @@ pub fn run(cli: Cli) -> i32 {
         Cmd::Bench(a) => return crate::bench::run(a),
         Cmd::Verify { room } => return verify(&cli, room.as_deref()),
         Cmd::Collab(c) => return crate::collab::run(&cli, c),
+        Cmd::Completions { shell } => {
+            use clap::CommandFactory;
+            let mut out = std::io::stdout();
+            clap_complete::generate(*shell, &mut Cli::command(), "room", &mut out);
+            return 0;
+        }
+        Cmd::Man => {
+            use clap::CommandFactory;
+            return match clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout()) {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    EXIT_IO
+                }
+            };
+        }
         Cmd::Mcp { tools } => {
             let Some(mode) = room_server::mcp::ToolsMode::parse(tools) else {
                 eprintln!("error[invalid_argument]: tools: {tools:?} is not full or compact");

@@ -265,3 +265,34 @@ fn artifacts_are_checked_against_their_kind() {
     );
     assert_eq!(r["detail"]["field"], "kind");
 }
+
+/// Completions and the manual page come from the same grammar as `--help`, so they name every
+/// command there is (`collab` among them).
+#[test]
+fn completions_and_the_manual_page_are_generated_from_the_grammar() {
+    let env = Env::new();
+    for shell in ["bash", "zsh", "fish"] {
+        let o = env.run(&["completions", shell]);
+        assert!(
+            o.status.success(),
+            "{shell}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            text.contains("collab") && text.contains("verify"),
+            "{shell}"
+        );
+    }
+    let o = env.run(&["man"]);
+    assert!(o.status.success());
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.starts_with(".ie") || text.starts_with(".TH"),
+        "{}",
+        &text[..80.min(text.len())]
+    );
+    assert!(text.contains("collab"));
+    let o = env.run(&["completions", "tcsh"]);
+    assert_eq!(o.status.code(), Some(2), "clap refuses an unknown shell");
+}
