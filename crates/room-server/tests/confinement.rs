@@ -284,3 +284,122 @@ fn a_member_s_probe_runs_confined_and_never_as_the_owner() {
     );
     assert!(r.message.contains("probe.project_write"), "{r}");
 }
+
+/// A worker of one daemon never reaches another daemon on the machine: a routed worker (the
+/// same hostile program) sees neither state directory nor the bootstrap, reaches neither
+/// owner socket, and whatever the machine allows, no daemon took it for its owner.
+#[test]
+fn a_worker_of_one_daemon_never_reaches_another() {
+    let mut fx = Fx::new();
+    let (b_daemon, b_state) = second_daemon(&fx);
+    let m = marker("worker");
+    let paths = [
+        fx.state.clone(),
+        b_state.clone(),
+        fx.root.join("config/room"),
+    ]
+    .map(|p| p.display().to_string())
+    .join(",");
+    let socks = [fx.daemon.socket.clone(), b_daemon.socket.clone()]
+        .map(|p| p.display().to_string())
+        .join(",");
+    let script = format!("{HOSTILE}\nimport time\ntime.sleep(0.2)\n");
+    let command = serde_json::to_string(&[PYTHON, "-c", &script, &m, &paths, &socks]).unwrap();
+    fx.write_config(&format!(
+        "[routes.beta]\nadapter = \"command\"\ncommand = {command}\ntimeout_ms = 60000\n"
+    ));
+    let (a, _b, _g) = fx.team("coord");
+    fx.sync_all(&a, "coord");
+    let src = fx.ok(
+        Some(&a),
+        "send",
+        json!({"room": "coord", "to": ["beta"], "text": "look around"}),
+    )["event"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // its launch ends (the program exits), and its log holds what it saw
+    let start = std::time::Instant::now();
+    let launch = loop {
+        let all = fx.ok(None, "wakes_list", json!({}));
+        let w = all["wakes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["source_event"] == src.as_str())
+            .cloned()
+            .unwrap_or(Value::Null);
+        if w["launches"][0]["state"] == "ended" {
+            break w["launches"][0].clone();
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "the worker never ended: {w}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let log = fx
+        .state
+        .join("workers")
+        .join(launch["launch"].as_str().unwrap())
+        .join("stdout.log");
+    let start = std::time::Instant::now();
+    let out = loop {
+        let t = std::fs::read_to_string(&log).unwrap_or_default();
+        if t.contains("IFACES") {
+            break t;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "no output: {t}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    for line in out.lines().filter(|l| l.starts_with("ANSWER")) {
+        assert!(
+            !line.contains("\"ok\":true"),
+            "a worker acted as an owner: {line}"
+        );
+    }
+    never_enrolled(&mut fx, &m);
+    let mut on_b = room_server::client::Client::connect(&b_daemon.socket).unwrap();
+    let name = format!("intruder{}", &m[m.len() - 6..]);
+    let r = on_b
+        .call(&request(
+            None,
+            "agent_enroll",
+            json!({"name": name, "max_tier": "member", "host": "test"}),
+        ))
+        .unwrap();
+    assert!(
+        r.ok,
+        "the other daemon enrolled the worker's intruder: {r:?}"
+    );
+    // the stop of a worker's job is confirmed before its launch ends: nothing it left runs
+    let left = marked(&m);
+    assert!(
+        left.is_empty(),
+        "processes of the worker survived it: {left:?}"
+    );
+    let confined_here = std::env::var("ROOM_TEST_CONFINEMENT").as_deref() == Ok("required");
+    if confined_here {
+        let state = fx.state.display().to_string();
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with(&format!("SEE {state} ")) && !l.contains("control.db")),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!("SEE {} []", b_state.display())),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!("SEE {} []", fx.root.join("config/room").display())),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!("NOCONNECT {}", b_daemon.socket.display())),
+            "{out}"
+        );
+    }
+}
