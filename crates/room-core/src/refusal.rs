@@ -123,6 +123,9 @@ codes! {
     PackWriteOverlap => "pack_write_overlap",
     PackCycle => "pack_cycle",
     ArtifactSchemaInvalid => "artifact_schema_invalid",
+    // the delegated identity tree: a child holds at most what its parent holds
+    ScopeEscalationRefused => "scope_escalation_refused",
+    DelegationTooDeep => "delegation_too_deep",
     // egress
     ToolResultWithheld => "tool_result_withheld",
     // generic

@@ -7,6 +7,7 @@ pub mod acceptance;
 pub mod authority;
 pub mod completion;
 pub mod compose;
+pub mod delegation;
 pub mod dispatch;
 pub mod event;
 pub mod evidence;

@@ -132,6 +132,9 @@ impl Authority {
             host_kind: host.into(),
             created_ms: self.now_ms(),
             revoked_ms: None,
+            parent: None,
+            scopes: None,
+            revoked_by: None,
         })
         .map_err(store_err)?;
         Ok(Enrolled {
@@ -156,6 +159,16 @@ impl Authority {
     /// A new token for an agent; the old one stops working at once. Also lifts a revocation.
     pub fn rotate(&self, _owner: &crate::Owner, agent: &str) -> Outcome<Enrolled> {
         let row = self.agent_row(agent)?;
+        // a node revoked with its ancestor's subtree comes back only once that ancestor has
+        if let Some(by) = row.revoked_by.as_ref().filter(|by| **by != row.name)
+            && self.agent_row(by)?.revoked_ms.is_some()
+        {
+            return Err(Refusal::invalid(
+                "agent",
+                format!("{agent} was revoked with its ancestor {by}, which is still revoked"),
+            )
+            .hint(format!("rotate {by} first")));
+        }
         let (token, secret) = self.new_token();
         let reg = registration_digest(agent, &secret, row.generation + 1, &row.host_kind);
         self.control()
@@ -170,12 +183,63 @@ impl Authority {
         })
     }
 
+    /// Revoke an agent and, in the same durable step, every agent delegated below it.
     pub fn revoke(&self, _owner: &crate::Owner, agent: &str) -> Outcome<Value> {
         let row = self.agent_row(agent)?;
-        self.control()
-            .revoke(&row, self.now_ms())
+        let revoked = self
+            .control()
+            .revoke_subtree(
+                &row.name,
+                self.now_ms(),
+                crate::delegation::DELEGATION_DEPTH_MAX as u32,
+            )
             .map_err(store_err)?;
-        Ok(json!({"agent": agent, "revoked": true}))
+        Ok(json!({"agent": agent, "revoked": true, "subtree": revoked}))
+    }
+
+    /// The agent row of a name, for the delegation tree.
+    pub(crate) fn agent_named(&self, agent: &str) -> Outcome<AgentRow> {
+        self.agent_row(agent)
+    }
+
+    /// Insert a delegated agent (validated by `delegation`), with a fresh token.
+    pub(crate) fn insert_delegated(
+        &self,
+        agent: &str,
+        parent: Option<&str>,
+        scopes: Vec<String>,
+        max_tier: Tier,
+        host: &str,
+    ) -> Outcome<Enrolled> {
+        let (token, secret) = self.new_token();
+        let reg = registration_digest(agent, &secret, 1, host);
+        let mut c = self.control();
+        if c.agent(agent).map_err(store_err)?.is_some() {
+            return Err(Refusal::new(
+                Code::AlreadyExists,
+                format!("agent {agent:?} is already enrolled"),
+            ));
+        }
+        c.insert_agent(&AgentRow {
+            name: agent.into(),
+            secret_sha256: secret,
+            registration_sha256: reg.clone(),
+            generation: 1,
+            max_tier: max_tier.as_str().into(),
+            host_kind: host.into(),
+            created_ms: self.now_ms(),
+            revoked_ms: None,
+            parent: parent.map(String::from),
+            scopes: Some(scopes),
+            revoked_by: None,
+        })
+        .map_err(store_err)?;
+        Ok(Enrolled {
+            name: agent.into(),
+            token,
+            registration_sha256: reg,
+            max_tier,
+        })
     }
 
     /// Owner policy for one agent: deny or allow verbs, change the max tier.
@@ -212,7 +276,7 @@ impl Authority {
         let c = self.control();
         let mut out = Vec::new();
         for a in c.agents().map_err(store_err)? {
-            out.push(json!({
+            let mut v = json!({
                 "name": a.name,
                 "max_tier": a.max_tier,
                 "host": a.host_kind,
@@ -220,7 +284,18 @@ impl Authority {
                 "registration_sha256": a.registration_sha256,
                 "revoked": a.revoked_ms.is_some(),
                 "denied_verbs": c.denied_verbs(&a.name).map_err(store_err)?,
-            }));
+            });
+            // the delegated identity tree, where the agent is part of it
+            if let Some(p) = &a.parent {
+                v["parent"] = json!(p);
+            }
+            if let Some(s) = &a.scopes {
+                v["scopes"] = json!(s);
+            }
+            if let Some(by) = a.revoked_by.as_ref().filter(|by| **by != a.name) {
+                v["revoked_by"] = json!(by);
+            }
+            out.push(v);
         }
         Ok(json!({"agents": out}))
     }
@@ -377,11 +452,19 @@ fn authenticate_in(c: &dyn ControlStore, token: &str) -> Outcome<AgentRow> {
         // The lookup was by digest; compare again in constant time before trusting it.
         if bool::from(row.secret_sha256.as_bytes().ct_eq(digest.as_bytes())) {
             if row.revoked_ms.is_some() {
-                return Err(Refusal::new(
-                    Code::CredentialRevoked,
-                    format!("credential of {} is revoked", row.name),
-                )
-                .hint("ask the owner for `room agent rotate` to get a new token"));
+                // revoked with its subtree: the node whose revocation reached it is named
+                let by = row.revoked_by.clone().unwrap_or_else(|| row.name.clone());
+                let why = if by == row.name {
+                    format!("credential of {} is revoked", row.name)
+                } else {
+                    format!(
+                        "credential of {} is revoked: its ancestor {by} was revoked",
+                        row.name
+                    )
+                };
+                return Err(Refusal::new(Code::CredentialRevoked, why)
+                    .detail(serde_json::json!({"agent": row.name, "revoked_by": by}))
+                    .hint("ask the owner for `room agent rotate` to get a new token"));
             }
             return Ok(row);
         }

@@ -27,6 +27,7 @@ pub const DEFAULT_CONVERSATION: &str = "cli";
 
 const OWNER_OPS: &[&str] = &[
     "agent_enroll",
+    "agent_delegate",
     "agent_rotate",
     "agent_revoke",
     "agent_policy",
@@ -515,6 +516,11 @@ fn owner_op(engine: &Engine, owner: &Owner, op: &str, a: Value) -> Result<Value,
             )
         }
         "agent_revoke" => engine.revoke(owner, &args::<NameArgs>(a)?.name),
+        "agent_delegate" => {
+            let a: DelegateArgs = args(a)?;
+            let tier = tier_arg("max_tier", a.max_tier)?;
+            engine.delegate_as_owner(owner, a.parent.as_deref(), &a.name, &a.scopes, tier)
+        }
         "agent_policy" => {
             let a: PolicyArgs = args(a)?;
             let deny = verbs_arg("deny", a.deny)?;
@@ -634,6 +640,21 @@ fn agent_op(
     if OWNER_OPS.contains(&op) {
         // The engine decides: an agent has no owner standing, whatever its tier.
         engine.owner(&Caller::Agent(caller.clone()))?;
+    }
+    // a child of the caller in the delegated identity tree (no verb: its authority is the
+    // caller's credential and what it holds)
+    if op == "delegate" {
+        let a: DelegateArgs = args(a)?;
+        if a.parent.is_some() {
+            return Err(Refusal::invalid(
+                "parent",
+                "an agent delegates under itself; only the owner names a parent",
+            ));
+        }
+        let tier = tier_arg("max_tier", a.max_tier)?;
+        return engine
+            .delegate(caller, &a.name, &a.scopes, tier)
+            .map(TurnStep::Done);
     }
     // The multiplexer reaches the same verbs, under the same authorization.
     let (verb, a) = if op == "room" {

@@ -118,6 +118,20 @@ pub struct EnrollArgs {
     pub host: Option<String>,
 }
 
+/// `agent_delegate` (the owner: a child under `parent`) and `delegate` (an agent: a child under
+/// itself, `parent` absent).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DelegateArgs {
+    #[serde(default)]
+    pub parent: Option<String>,
+    pub name: String,
+    #[serde(default)]
+    pub scopes: Vec<String>,
+    #[serde(default)]
+    pub max_tier: Option<String>,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PolicyArgs {

@@ -216,6 +216,10 @@ pub trait ControlStore: Send {
         now_ms: u64,
     ) -> Result<()>;
     fn revoke(&mut self, a: &AgentRow, now_ms: u64) -> Result<()>;
+    /// Revoke `root` and every agent delegated below it (at most `depth_max` levels down)
+    /// that is not revoked yet, in one transaction, each recording `root` as what revoked it;
+    /// the names revoked now.
+    fn revoke_subtree(&mut self, root: &str, now_ms: u64, depth_max: u32) -> Result<Vec<String>>;
     fn set_max_tier(&mut self, agent: &str, tier: &str) -> Result<()>;
     fn set_verb_denied(&mut self, agent: &str, verb: &str, denied: bool) -> Result<()>;
     fn insert_project(&mut self, p: &ProjectRow) -> Result<()>;

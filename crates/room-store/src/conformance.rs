@@ -33,6 +33,7 @@ pub type Case = fn(&mut dyn Harness);
 /// Every case, by name, for a backend's test module: `for (name, case) in CASES`.
 pub const CASES: &[(&str, Case)] = &[
     ("control_agents", control_agents),
+    ("control_identity_tree", control_identity_tree),
     ("control_rooms_and_members", control_rooms_and_members),
     (
         "control_failed_write_leaves_nothing",
@@ -100,6 +101,9 @@ fn agent(name: &str, secret: &str) -> AgentRow {
         host_kind: "generic".into(),
         created_ms: 10,
         revoked_ms: None,
+        parent: None,
+        scopes: None,
+        revoked_by: None,
     }
 }
 
@@ -214,6 +218,63 @@ pub fn control_agents(h: &mut dyn Harness) {
         Some(("beta".into(), "revoked".into()))
     );
     assert_eq!(c.control_epoch().unwrap(), 1);
+}
+
+/// The delegated identity tree: a node's parent and scopes come back as written; revoking a
+/// node revokes its whole subtree at once (and nothing beside it), each naming the node that
+/// revoked it, and an already revoked node keeps its own record; all after a reopen.
+pub fn control_identity_tree(h: &mut dyn Harness) {
+    let store = h.fresh();
+    {
+        let mut c = store.open_control().unwrap();
+        c.insert_agent(&agent("owner-root", "s-r")).unwrap();
+        let child = |name: &str, parent: &str, secret: &str| AgentRow {
+            parent: Some(parent.into()),
+            scopes: Some(vec!["session:read".into()]),
+            ..agent(name, secret)
+        };
+        c.insert_agent(&child("orch", "owner-root", "s-o")).unwrap();
+        c.insert_agent(&child("role-a", "orch", "s-a")).unwrap();
+        c.insert_agent(&child("role-b", "orch", "s-b")).unwrap();
+        c.insert_agent(&child("sub-a", "role-a", "s-sa")).unwrap();
+        c.insert_agent(&child("beside", "owner-root", "s-x"))
+            .unwrap();
+        let b = c.agent("role-b").unwrap().unwrap();
+        c.revoke(&b, 20).unwrap();
+        let mut revoked = c.revoke_subtree("orch", 30, 4).unwrap();
+        revoked.sort();
+        assert_eq!(
+            revoked,
+            ["orch", "role-a", "sub-a"],
+            "role-b was revoked before"
+        );
+        assert_eq!(
+            c.agent_by_secret("s-sa").unwrap().unwrap().revoked_ms,
+            Some(30)
+        );
+    }
+    drop(store);
+    let store = h.reopen();
+    let c = store.open_control().unwrap();
+    let a = c.agent("sub-a").unwrap().unwrap();
+    assert_eq!(a.parent.as_deref(), Some("role-a"));
+    assert_eq!(a.scopes, Some(vec!["session:read".to_string()]));
+    assert_eq!(
+        (a.revoked_ms, a.revoked_by.as_deref()),
+        (Some(30), Some("orch"))
+    );
+    let b = c.agent("role-b").unwrap().unwrap();
+    assert_eq!(
+        (b.revoked_ms, b.revoked_by.as_deref()),
+        (Some(20), Some("role-b"))
+    );
+    assert_eq!(c.agent("beside").unwrap().unwrap().revoked_ms, None);
+    assert_eq!(c.agent("owner-root").unwrap().unwrap().revoked_ms, None);
+    assert_eq!(c.agent("owner-root").unwrap().unwrap().scopes, None);
+    assert_eq!(
+        c.retired_secret("s-a").unwrap(),
+        Some(("role-a".into(), "revoked".into()))
+    );
 }
 
 /// Projects, rooms and rosters: membership bumps the revision, a reset replays as a no-op,

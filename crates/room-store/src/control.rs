@@ -255,6 +255,14 @@ ALTER TABLE launches ADD COLUMN severed TEXT;
 -- a session's tags, as its route gave them at its newest launch (a JSON list)
 ALTER TABLE sessions ADD COLUMN tags TEXT NOT NULL DEFAULT '[]';
 "#,
+    // the delegated identity tree: a node's parent, its scopes (a JSON list; NULL for a root
+    // the owner enrolled) and the node whose revocation revoked it
+    r#"
+ALTER TABLE agents ADD COLUMN parent TEXT;
+ALTER TABLE agents ADD COLUMN scopes TEXT;
+ALTER TABLE agents ADD COLUMN revoked_by TEXT;
+CREATE INDEX agents_parent ON agents(parent) WHERE parent IS NOT NULL;
+"#,
     // the index `rooms_with_claims` reads (a migration dropped `tasks_claimed` with the
     // lease's own index; each sweep then scanned every task)
     r#"
@@ -596,6 +604,13 @@ pub struct AgentRow {
     pub host_kind: String,
     pub created_ms: u64,
     pub revoked_ms: Option<u64>,
+    /// The agent it was delegated from (none: enrolled by the owner, a root of the tree).
+    pub parent: Option<String>,
+    /// The scopes it holds (none: a root enrolled by the owner, bounded by its tier only); a
+    /// delegated agent's are a subset of its parent's.
+    pub scopes: Option<Vec<String>>,
+    /// The node whose revocation revoked it (itself, or an ancestor).
+    pub revoked_by: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -863,25 +878,42 @@ impl SqliteControl {
     }
 
     fn agent_where(&self, clause: &str, v: &str) -> Result<Option<AgentRow>> {
-        Ok(self
-            .conn
+        self.conn
             .prepare_cached(&format!(
-                "SELECT name, secret_sha256, registration_sha256, generation, max_tier, host_kind, created_ms, revoked_ms
+                "SELECT name, secret_sha256, registration_sha256, generation, max_tier, host_kind, created_ms, revoked_ms,
+                        parent, scopes, revoked_by
                  FROM agents WHERE {clause}"
             ))?
             .query_row([v], |r| {
-                Ok(AgentRow {
-                    name: r.get(0)?,
-                    secret_sha256: r.get(1)?,
-                    registration_sha256: r.get(2)?,
-                    generation: u(r.get(3)?),
-                    max_tier: r.get(4)?,
-                    host_kind: r.get(5)?,
-                    created_ms: u(r.get(6)?),
-                    revoked_ms: r.get::<_, Option<i64>>(7)?.map(u),
-                })
+                let scopes: Option<String> = r.get(9)?;
+                Ok((
+                    AgentRow {
+                        name: r.get(0)?,
+                        secret_sha256: r.get(1)?,
+                        registration_sha256: r.get(2)?,
+                        generation: u(r.get(3)?),
+                        max_tier: r.get(4)?,
+                        host_kind: r.get(5)?,
+                        created_ms: u(r.get(6)?),
+                        revoked_ms: r.get::<_, Option<i64>>(7)?.map(u),
+                        parent: r.get(8)?,
+                        scopes: None,
+                        revoked_by: r.get(10)?,
+                    },
+                    scopes,
+                ))
             })
-            .optional()?)
+            .optional()?
+            .map(|(mut a, scopes)| {
+                a.scopes = match scopes {
+                    None => None,
+                    Some(t) => Some(serde_json::from_str(&t).map_err(|e| {
+                        StoreError::Corrupt(format!("agent {}: scopes {t:?}: {e}", a.name))
+                    })?),
+                };
+                Ok::<_, StoreError>(a)
+            })
+            .transpose()
     }
 
     fn load_agents(&self) -> Result<Vec<AgentRow>> {
@@ -1075,9 +1107,10 @@ impl ControlStore for SqliteControl {
     fn insert_agent(&mut self, a: &AgentRow) -> Result<()> {
         self.write(|c| {
             c.conn.execute(
-                "INSERT INTO agents (name, secret_sha256, registration_sha256, generation, max_tier, host_kind, created_ms, revoked_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, NULL)",
-                params![a.name, a.secret_sha256, a.registration_sha256, a.generation as i64, a.max_tier, a.host_kind, a.created_ms as i64],
+                "INSERT INTO agents (name, secret_sha256, registration_sha256, generation, max_tier, host_kind, created_ms, revoked_ms, parent, scopes)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, NULL, ?8, ?9)",
+                params![a.name, a.secret_sha256, a.registration_sha256, a.generation as i64, a.max_tier, a.host_kind, a.created_ms as i64,
+                    a.parent, a.scopes.as_ref().map(|s| serde_json::to_string(s).expect("a list of strings serializes"))],
             )?;
             c.reload_agent(&a.name)
         })
@@ -1114,11 +1147,51 @@ impl ControlStore for SqliteControl {
                 params![a.secret_sha256, a.name, now_ms as i64],
             )?;
             tx.execute(
-                "UPDATE agents SET revoked_ms = ?2 WHERE name = ?1",
+                "UPDATE agents SET revoked_ms = ?2, revoked_by = ?1 WHERE name = ?1",
                 params![a.name, now_ms as i64],
             )?;
             tx.commit()?;
             c.reload_agent(&a.name)
+        })
+    }
+
+    fn revoke_subtree(&mut self, root: &str, now_ms: u64, depth_max: u32) -> Result<Vec<String>> {
+        self.write(|c| {
+            let tx = c.conn.transaction()?;
+            let names: Vec<(String, String, bool)> = tx
+                .prepare(
+                    "WITH RECURSIVE sub(name, depth) AS (
+                        SELECT ?1, 0
+                        UNION ALL
+                        SELECT a.name, sub.depth + 1 FROM agents a JOIN sub ON a.parent = sub.name
+                        WHERE sub.depth < ?2)
+                     SELECT a.name, a.secret_sha256, a.revoked_ms IS NOT NULL
+                     FROM agents a JOIN sub ON a.name = sub.name",
+                )?
+                .query_map(params![root, depth_max as i64], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })?
+                .collect::<rusqlite::Result<_>>()?;
+            let mut revoked = Vec::new();
+            for (name, secret, already) in names {
+                if already {
+                    continue;
+                }
+                tx.execute(
+                    "INSERT OR IGNORE INTO retired_secrets (secret_sha256, agent, retired_ms, why) VALUES (?1, ?2, ?3, 'revoked')",
+                    params![secret, name, now_ms as i64],
+                )?;
+                tx.execute(
+                    "UPDATE agents SET revoked_ms = ?2, revoked_by = ?3 WHERE name = ?1",
+                    params![name, now_ms as i64, root],
+                )?;
+                revoked.push(name);
+            }
+            tx.commit()?;
+            for n in &revoked {
+                c.reload_agent(n)?;
+            }
+            Ok(revoked)
         })
     }
 
