@@ -27,7 +27,10 @@ pub fn index_back_to_schema_1(path: &Path) -> Result<()> {
 /// task requirements or acceptance, no terms, pins or scope index).
 pub fn control_back_to_schema_2(path: &Path) -> Result<()> {
     Connection::open(path)?.execute_batch(
-        "ALTER TABLE tasks DROP COLUMN stage; DROP INDEX holds_room; DROP TABLE holds; DELETE FROM meta WHERE key = 'break_glass';
+        "DROP INDEX agents_parent; ALTER TABLE agents DROP COLUMN parent;
+         ALTER TABLE agents DROP COLUMN scopes; ALTER TABLE agents DROP COLUMN revoked_by;
+         DROP INDEX tasks_claimed_room;
+         ALTER TABLE tasks DROP COLUMN stage; DROP INDEX holds_room; DROP TABLE holds; DELETE FROM meta WHERE key = 'break_glass';
          ALTER TABLE rooms DROP COLUMN cancel_gen; ALTER TABLE rooms DROP COLUMN cancelled;
          DROP TABLE sessions; DROP TABLE launches; DROP INDEX tasks_lease_gen; ALTER TABLE tasks DROP COLUMN parent_revision;
          DROP TABLE project_sources; ALTER TABLE tasks DROP COLUMN governed;
