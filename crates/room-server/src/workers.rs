@@ -206,9 +206,11 @@ pub async fn run(engine: Arc<Engine>, env: WorkerEnv) {
 }
 
 /// How often the workers' share of the state directory is measured again (a walk of
-/// `workers/`), and the entries one walk looks at (past it, the share counts as over quota).
+/// `workers/`), and the entries one walk looks at (past it, what the walk counted is a lower
+/// bound: over the quota it holds launches; under it, the free-space floor still guards the
+/// disk, and the log says the share was not measured whole).
 const SPACE_MEASURE_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
-const SPACE_WALK_ENTRIES_MAX: usize = 200_000;
+const SPACE_WALK_ENTRIES_MAX: usize = 1_000_000;
 
 /// Whether workers may start as far as the disk goes: the state directory's file system keeps
 /// its free-space floor (what is left is the journals'), and the workers' share of the state
@@ -246,9 +248,17 @@ impl SpaceGuard {
         });
         if stale {
             let dir = state.join("workers");
-            let bytes = blocking(move || Ok(tree_bytes(&dir, SPACE_WALK_ENTRIES_MAX)))
+            let (bytes, whole) = blocking(move || Ok(tree_bytes(&dir, SPACE_WALK_ENTRIES_MAX)))
                 .await
-                .unwrap_or(u64::MAX);
+                .unwrap_or((0, false));
+            if !whole {
+                crate::daemon::limited_warn(
+                    "worker_space_unmeasured",
+                    &format!(
+                        "the workers' share of the state directory has more than {SPACE_WALK_ENTRIES_MAX} entries: counted {bytes} bytes before stopping (remove old workers/<launch> directories)"
+                    ),
+                );
+            }
             self.share = Some((std::time::Instant::now(), bytes, policy.workers_bytes_max));
         }
         let share = self.share.map_or(0, |(_, b, _)| b);
@@ -266,9 +276,10 @@ impl SpaceGuard {
     }
 }
 
-/// The bytes of the regular files below `dir` (not following symlinks), `u64::MAX` when more
-/// than `entries_max` entries would have to be looked at.
-fn tree_bytes(dir: &Path, entries_max: usize) -> u64 {
+/// The bytes of the regular files below `dir` (not following symlinks), and whether the walk
+/// saw them all (false: it stopped after `entries_max` entries, and the count is a lower
+/// bound).
+fn tree_bytes(dir: &Path, entries_max: usize) -> (u64, bool) {
     let mut total = 0u64;
     let mut seen = 0usize;
     let mut todo = vec![dir.to_path_buf()];
@@ -279,7 +290,7 @@ fn tree_bytes(dir: &Path, entries_max: usize) -> u64 {
         for e in rd.flatten() {
             seen += 1;
             if seen > entries_max {
-                return u64::MAX;
+                return (total, false);
             }
             let Ok(m) = e.path().symlink_metadata() else {
                 continue;
@@ -291,7 +302,7 @@ fn tree_bytes(dir: &Path, entries_max: usize) -> u64 {
             }
         }
     }
-    total
+    (total, true)
 }
 
 /// Bytes of each output stream of a worker kept on disk: its first `WORKER_LOG_HEAD_BYTES`
@@ -1369,4 +1380,23 @@ pub(crate) fn stops_view(engine: &Engine) -> Result<Value, room_core::Refusal> {
         })
         .collect();
     Ok(json!({"stops": rows}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_workers_share_is_counted_whole_or_said_to_be_a_lower_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..5 {
+            let d = dir.path().join(format!("lch_{i}"));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("stdout.log"), vec![0u8; 100]).unwrap();
+        }
+        assert_eq!(tree_bytes(dir.path(), 100), (500, true));
+        let (bytes, whole) = tree_bytes(dir.path(), 4);
+        assert!(!whole);
+        assert!(bytes < 500);
+    }
 }
