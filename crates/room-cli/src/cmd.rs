@@ -98,6 +98,9 @@ pub enum Cmd {
     Bench(crate::bench::BenchArgs),
     /// Verify every room's hash chain (works without the daemon).
     Verify { room: Option<String> },
+    /// Check what Room needs of this machine and of the state dir, each with what to do about
+    /// it; exits 1 when something required is missing (works without the daemon).
+    Doctor,
     /// Print the shell completion script for SHELL (bash, zsh, fish, elvish, powershell).
     Completions { shell: clap_complete::Shell },
     /// Print the manual page (roff), generated from the same grammar as `--help`.
@@ -676,6 +679,7 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
         | Cmd::Verify { .. }
         | Cmd::Collab(_)
         | Cmd::Completions { .. }
+        | Cmd::Doctor
         | Cmd::Man
         | Cmd::Mcp { .. }
         | Cmd::Connect { .. } => {
@@ -710,6 +714,7 @@ pub fn run(cli: Cli) -> i32 {
         Cmd::Bench(a) => return crate::bench::run(a),
         Cmd::Verify { room } => return verify(&cli, room.as_deref()),
         Cmd::Collab(c) => return crate::collab::run(&cli, c),
+        Cmd::Doctor => return crate::doctor::run(&cli),
         Cmd::Completions { shell } => {
             use clap::CommandFactory;
             let mut out = std::io::stdout();

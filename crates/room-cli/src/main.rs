@@ -12,6 +12,7 @@ mod cmd;
 mod collab;
 mod connect;
 mod demo;
+mod doctor;
 mod mcp_cmd;
 mod mcp_http;
 
