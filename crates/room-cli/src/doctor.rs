@@ -60,6 +60,7 @@ pub fn run(cli: &Cli) -> i32 {
         checks.push(modes(&state));
         checks.push(free_space(&state));
         checks.push(daemon(&state));
+        checks.push(routes(&state));
     }
     checks.push(jobs());
     checks.push(confinement());
@@ -184,6 +185,54 @@ fn daemon(state: &Path) -> Check {
         Ok(v) => check("daemon", Status::Ok, format!("answers (pid {})", v["pid"])),
         Err(_) => check("daemon", Status::Warn, "no daemon answers on the socket")
             .fix("room serve (agents and wakes need it; verify and doctor do not)"),
+    }
+}
+
+/// The routes of config.toml: each command's program is there and executable, each API
+/// route's key variable is set in this environment (the one `room serve` is started from).
+fn routes(state: &Path) -> Check {
+    let bytes = match std::fs::read(state.join("config.toml")) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return check("routes", Status::Ok, "no config.toml: no routes");
+        }
+        Err(e) => return check("routes", Status::Fail, format!("config.toml: {e}")),
+    };
+    let policy = match room_engine::policy::policy_of(&bytes) {
+        Ok(p) => p,
+        Err(why) => {
+            return check("routes", Status::Fail, why)
+                .fix("fix config.toml: the daemon refuses to act under a policy it cannot load");
+        }
+    };
+    let mut problems = Vec::new();
+    for (agent, r) in policy.routes.iter() {
+        if let Some(program) = r.command.first() {
+            let p = Path::new(program);
+            let runnable = std::fs::metadata(p)
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+            if p.is_absolute() && !runnable {
+                problems.push(format!(
+                    "routes.{agent}: {program} is not an executable file"
+                ));
+            }
+        }
+        if let Some(var) = &r.api_key_env
+            && std::env::var_os(var).is_none()
+        {
+            problems.push(format!("routes.{agent}: {var} is not set here"));
+        }
+    }
+    if problems.is_empty() {
+        check(
+            "routes",
+            Status::Ok,
+            format!("{} routes, each runnable from here", policy.routes.len()),
+        )
+    } else {
+        check("routes", Status::Warn, problems.join("; ")).fix(
+            "install the program or fix its path in config.toml; export each API key variable before `room serve`",
+        )
     }
 }
 

@@ -92,6 +92,29 @@ fn each_planted_problem_is_reported_with_its_fix() {
     let c = named(&v, "descriptors");
     assert_eq!(c["status"], "warn", "{c}");
     assert!(c["fix"].as_str().unwrap().contains("LimitNOFILE"), "{c}");
+    // a route whose program is not there, and one whose API key is not set
+    std::fs::write(
+        env.state().join("config.toml"),
+        "[routes.beta]\nadapter = \"command\"\ncommand = [\"/nonexistent/agent\"]\n\n[routes.gamma]\nadapter = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\nmodel = \"m\"\napi_key_env = \"ROOM_DOCTOR_TEST_KEY_UNSET\"\n",
+    )
+    .unwrap();
+    let (_, v) = env.doctor("", &[]);
+    let c = named(&v, "routes");
+    assert_eq!(c["status"], "warn", "{c}");
+    let d = c["detail"].as_str().unwrap();
+    assert!(
+        d.contains("/nonexistent/agent") && d.contains("ROOM_DOCTOR_TEST_KEY_UNSET"),
+        "{c}"
+    );
+    // a config the daemon cannot load
+    std::fs::write(
+        env.state().join("config.toml"),
+        "[dispatch]\nworkers_max = 0\n",
+    )
+    .unwrap();
+    let (code, v) = env.doctor("", &[]);
+    assert_eq!(code, 1);
+    assert_eq!(named(&v, "routes")["status"], "fail");
     // a free-space floor above what the disk has
     std::fs::write(
         env.state().join("config.toml"),
