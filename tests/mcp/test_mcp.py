@@ -321,6 +321,48 @@ async def delegation_and_cancellation_have_their_own_tools_and_refusals_change_n
 
 
 @test
+async def the_blackboard_tools_are_listed_per_scope_and_fenced(fx):
+    """artifact_put, artifact_get and artifact_index are listed to a delegated principal whose
+    scopes allow each (an ordinary agent pays nothing for them); a write lands as a version, a
+    stale one, a kind outside the scopes and a read without a read scope are refused, and a
+    refused call writes nothing."""
+    def delegate(name, parent, *scopes):
+        args = ["agent", "delegate", name, "--max-tier", "member"] + (["--parent", parent] if parent else [])
+        return fx.run(*args, *sum((["--scope", s] for s in scopes), []))["token"]
+
+    orch = delegate("orch", None, "session:read", "session:dispatch")
+    writer = delegate("writer", "orch", "artifact:write:spec", "artifact:read:spec")
+    plain = fx.enroll("plain")
+    fx.run("create", "collab", "--member", "orch", "--member", "writer", "--member", "plain")
+    spec = {"title": "t", "goal": "g", "requirements": ["r"]}
+    async with Client(stdio(fx, orch), mode="auto") as o, Client(stdio(fx, writer), mode="auto") as w, \
+            Client(stdio(fx, plain), mode="auto") as p:
+        names = lambda listed: {t.name for t in listed.tools}
+        blackboard = {"artifact_put", "artifact_get", "artifact_index"}
+        assert names(await o.list_tools()) & blackboard == {"artifact_index"}
+        assert names(await w.list_tools()) & blackboard == blackboard
+        assert names(await p.list_tools()) == ALL_TOOLS
+        await catch_up(w, "collab")
+        r = await w.call_tool("artifact_put", {"room": "collab", "kind": "spec", "content": spec, "expected_version": 0})
+        assert not r.is_error, r.structured_content
+        for client, tool, args, code in [
+            (w, "artifact_put", {"room": "collab", "kind": "spec", "content": spec, "expected_version": 0}, "artifact_version_conflict"),
+            (w, "artifact_put", {"room": "collab", "kind": "adr", "content": {}, "expected_version": 0}, "artifact_write_denied"),
+            (w, "artifact_put", {"room": "collab", "kind": "spec", "content": {"title": "t"}, "expected_version": 1}, "artifact_schema_invalid"),
+            (o, "artifact_get", {"room": "collab", "kind": "spec"}, "artifact_read_denied"),
+            (o, "artifact_put", {"room": "collab", "kind": "spec", "content": spec, "expected_version": 1}, "artifact_write_denied"),
+        ]:
+            before = fx.journal_lines()
+            got = refusal(await client.call_tool(tool, args))["code"]
+            assert got == code, f"{tool} {args}: {got} != {code}"
+            assert fx.journal_lines() == before, f"{tool}: refused call changed the journal"
+        index = (await o.call_tool("artifact_index", {"room": "collab"})).structured_content
+        assert [(a["kind"], a["version"], a["producer"]) for a in index["artifacts"]] == [("spec", 1, "writer")], index
+        got = (await w.call_tool("artifact_get", {"room": "collab", "kind": "spec"})).structured_content
+        assert got["content"] == spec and got["version"] == 1, got
+
+
+@test
 async def evidence_the_ledger_and_a_dry_run_of_acceptance_through_their_tools(fx):
     """evidence_register, task_accept_check and op_begin/op_effect/op_resolve as a host calls
     them; a second claim on the held scope is lease_conflict and writes only its record."""

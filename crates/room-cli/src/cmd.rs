@@ -276,6 +276,18 @@ pub enum AgentCmd {
         #[arg(long)]
         host: Option<String>,
     },
+    /// Mint a node of the delegated identity tree: under --parent (or a root), holding
+    /// exactly the --scope list given (session:read, session:dispatch, artifact:read:<kind>,
+    /// artifact:write:<kind>, project:read, project:write, tools:execute); prints its token once.
+    Delegate {
+        name: String,
+        #[arg(long)]
+        parent: Option<String>,
+        #[arg(long = "scope", value_name = "SCOPE")]
+        scopes: Vec<String>,
+        #[arg(long)]
+        max_tier: Option<String>,
+    },
     /// Issue a new token; the old one stops working at once.
     Rotate {
         name: String,
@@ -518,6 +530,15 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
             } => req(
                 "agent_enroll",
                 json!({"name": name, "max_tier": max_tier, "host": host}),
+            ),
+            AgentCmd::Delegate {
+                name,
+                parent,
+                scopes,
+                max_tier,
+            } => req(
+                "agent_delegate",
+                json!({"name": name, "parent": parent, "scopes": scopes, "max_tier": max_tier}),
             ),
             AgentCmd::Rotate { name } => req("agent_rotate", json!({"name": name})),
             AgentCmd::Revoke { name } => req("agent_revoke", json!({"name": name})),

@@ -5,9 +5,8 @@
 //! - `profile`: roles as data (`{name, adapter, preset, model, prompt, policy, purposes}`), the
 //!   default profile, and its fail-closed validation against the adapters that exist and the
 //!   model routes the owner configured (`profile_invalid`);
-//! - `artifact`: the blackboard's kinds (`spec`, `research`, `adr`, `task-list`, `diff`,
-//!   `findings`, `extra/<key>`), their schemas checked on write (`artifact_schema_invalid`),
-//!   and the limits every artifact is held to;
+//! - `artifact` (re-exported from `room_core`, where the engine checks every write against
+//!   it): the blackboard's kinds, their schemas (`artifact_schema_invalid`) and limits;
 //! - `pack`: a pack file (TOML: roles and phases with `reads` and `writes`), validated at load
 //!   (`pack_invalid`, `pack_write_overlap`, `pack_cycle`);
 //! - `schedule`: which phases are ready, given what the blackboard holds and what each phase
@@ -18,7 +17,9 @@
 //! drive it alike. Every authority question (who may read or write an artifact, who may
 //! dispatch) goes to the engine.
 
-pub mod artifact;
+/// The blackboard's kinds, schemas and limits live in `room_core::artifact`, where the engine's
+/// fence validates every write; re-exported here as the collaboration's vocabulary.
+pub use room_core::artifact;
 pub mod pack;
 pub mod profile;
 pub mod schedule;

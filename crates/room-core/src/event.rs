@@ -425,6 +425,24 @@ pub struct Turn {
     /// (the withholding closure, `room_engine::visibility`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub audience: Vec<String>,
+    /// A blackboard write: the turn is this artifact version's index entry (its content is in
+    /// the blob `sha256` names; its parents are the turn's `parents`; its producer the actor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact: Option<ArtifactVersion>,
+}
+
+/// One version of a blackboard artifact, as its turn records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArtifactVersion {
+    /// `spec`, `research`, `adr`, `task-list`, `diff`, `findings` or `extra/<key>`.
+    pub kind: String,
+    /// The artifact within its kind (`main` unless named).
+    pub key: String,
+    /// 1 for the first version, one more for each after.
+    pub version: u32,
+    /// Of the content's canonical JSON, which the blob of that name holds.
+    pub sha256: String,
+    pub bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -816,6 +834,7 @@ mod tests {
             idempotency_key: None,
             flags: vec![],
             audience: vec![],
+            artifact: None,
         }));
         assert_eq!(
             crate::canon::canonical_string(&serde_json::to_value(&turn).unwrap()),

@@ -3,6 +3,7 @@
 //! so a code or a digest means the same thing in the engine, the store, the daemon and a test.
 
 pub mod acceptance;
+pub mod artifact;
 pub mod canon;
 pub mod chain;
 pub mod chunk;

@@ -123,6 +123,10 @@ codes! {
     PackWriteOverlap => "pack_write_overlap",
     PackCycle => "pack_cycle",
     ArtifactSchemaInvalid => "artifact_schema_invalid",
+    // the blackboard's fence: scopes decide who reads and writes which kind
+    ArtifactReadDenied => "artifact_read_denied",
+    ArtifactWriteDenied => "artifact_write_denied",
+    ArtifactVersionConflict => "artifact_version_conflict",
     // the delegated identity tree: a child holds at most what its parent holds
     ScopeEscalationRefused => "scope_escalation_refused",
     DelegationTooDeep => "delegation_too_deep",

@@ -5,6 +5,7 @@
 
 pub mod acceptance;
 pub mod authority;
+pub mod blackboard;
 pub mod completion;
 pub mod compose;
 pub mod delegation;

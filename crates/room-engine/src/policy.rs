@@ -31,6 +31,8 @@ struct ConfigFile {
     dispatch: DispatchLimits,
     #[serde(default)]
     gate: GateLimits,
+    #[serde(default)]
+    blackboard: room_core::artifact::ArtifactLimits,
 }
 
 /// The turnstile's bounds (`[gate]`): how long a refused turn's retry slot is held for it,
@@ -592,6 +594,8 @@ pub struct Policy {
     pub tasked_deadline_ms: u64,
     /// The turnstile's bounds.
     pub gate: GateLimits,
+    /// The blackboard's limits (`[blackboard]`).
+    pub blackboard: room_core::artifact::ArtifactLimits,
 }
 
 impl Policy {
@@ -693,6 +697,7 @@ fn failed(why: String) -> Policy {
         untasked_deadline_ms: room_core::wake::UNTASKED_DEADLINE_MS,
         tasked_deadline_ms: room_core::wake::TASKED_DEADLINE_MS,
         gate: GateLimits::default(),
+        blackboard: room_core::artifact::ArtifactLimits::default(),
     }
 }
 
@@ -780,6 +785,9 @@ pub(crate) fn check_config(bytes: &[u8]) -> Result<Policy, String> {
         }
     }
     cfg.gate.check()?;
+    cfg.blackboard
+        .check()
+        .map_err(|why| format!("config.toml: {why}"))?;
     match Redactor::new(&cfg.redaction.patterns) {
         Ok(r) => Ok(Policy {
             ceiling,
@@ -798,6 +806,7 @@ pub(crate) fn check_config(bytes: &[u8]) -> Result<Policy, String> {
             untasked_deadline_ms: cfg.dispatch.untasked_deadline_ms,
             tasked_deadline_ms: cfg.dispatch.tasked_deadline_ms,
             gate: cfg.gate,
+            blackboard: cfg.blackboard,
         }),
         Err(e) => Err(format!("config.toml: {e}")),
     }

@@ -61,6 +61,8 @@ pub struct Principal {
     pub tier: Tier,
     /// See [`AgentCaller::page_bytes_max`].
     pub page_bytes_max: Option<usize>,
+    /// What a delegated node holds (`delegation`); `None` for a root the owner enrolled.
+    pub scopes: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone)]
@@ -358,6 +360,7 @@ impl Authority {
             conversation: caller.conversation.clone(),
             tier,
             page_bytes_max: caller.page_bytes_max,
+            scopes: row.scopes,
         })
     }
 

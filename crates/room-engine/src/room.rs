@@ -277,6 +277,21 @@ pub(crate) fn project_into(
                     r.id.clone(),
                 ));
             }
+            if let Some(a) = &t.artifact {
+                p.batch.artifacts.push(room_store::index::ArtifactRow {
+                    kind: a.kind.clone(),
+                    key: a.key.clone(),
+                    version: a.version,
+                    sha256: a.sha256.clone(),
+                    bytes: a.bytes,
+                    producer: t.actor.clone(),
+                    parents: t.parents.clone(),
+                    event: r.id.clone(),
+                    seq: r.seq,
+                    hlc_ms: r.hlc.ms,
+                    audience: t.audience.clone(),
+                });
+            }
             if let Some(tr) = &t.task_transition {
                 p.tasks.push(TaskEffect::Transition(tr.clone(), None));
                 // done, blocked, decline and handoff each end the claimer's lifecycle

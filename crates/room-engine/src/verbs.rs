@@ -56,6 +56,8 @@ pub struct TurnArgs {
     /// Members who read the turn (its author always): empty for every reader. Narrowed by
     /// the audience of every parent (`visibility`).
     pub audience: Vec<String>,
+    /// A blackboard write (a `note` only): the turn records this artifact version.
+    pub artifact: Option<crate::blackboard::ArtifactDraft>,
 }
 
 /// Decode and check staging selections, naming the field of the first that is wrong.
@@ -643,7 +645,7 @@ impl Engine {
         Ok(
             json!({"agent": p.name, "tier": p.tier, "conversation": p.conversation,
             "registration_sha256": p.registration_sha256, "rooms": rooms["rooms"],
-            "wakes": wakes}),
+            "wakes": wakes, "scopes": p.scopes}),
         )
     }
 
@@ -1147,8 +1149,31 @@ impl Engine {
         p: Principal,
         handle: Arc<Mutex<RoomHandle>>,
         binding: Binding,
-        args: TurnArgs,
+        mut args: TurnArgs,
     ) -> Outcome<Prepared> {
+        // a blackboard write is checked (fence, schema, version, limits) before anything else
+        // of the turn, and stored only once every check of the turn has passed
+        let artifact = match &args.artifact {
+            None => None,
+            Some(_) if verb != GatedVerb::Note => {
+                return Err(Refusal::invalid(
+                    "artifact",
+                    format!("only a note carries an artifact, not {verb}"),
+                ));
+            }
+            Some(d) => {
+                let a = self.draft_artifact(&p, d)?;
+                if args.text.is_none() {
+                    args.text = Some(format!(
+                        "{}/{}: version {}",
+                        a.version.kind,
+                        a.version.key,
+                        a.expected_version.saturating_add(1)
+                    ));
+                }
+                Some(a)
+            }
+        };
         let text = self.checked_text(verb, &args)?;
         // before the text can spill into a blob: a refused turn writes nothing (the commit
         // checks again under the writer lock, where it counts)
@@ -1215,6 +1240,9 @@ impl Engine {
         let evidence_events = self.prevalidate_evidence(&args.room, &args.evidence, &p.name)?;
         let key = self.sync_key(&p, &args.room)?;
         let (text, text_blob) = self.spill_text(&handle, text)?;
+        if let Some(a) = &artifact {
+            self.store_artifact(&handle, a)?;
+        }
         // long acceptance commands run here, before the transition and outside every lock
         let pre = match verb {
             GatedVerb::Done => self.pre_run(&p.name, &args.room, args.task.as_deref())?,
@@ -1233,6 +1261,10 @@ impl Engine {
         ) {
             return Err(self.refuse_check(&mut h, v));
         }
+        let artifact = match &artifact {
+            Some(a) => Some(self.version_artifact(&h, a)?),
+            None => None,
+        };
         let durable = self.standing(&h, key)?;
         let (standing, read_through) = match &args.read_through {
             Some(r) => {
@@ -1273,6 +1305,7 @@ impl Engine {
             idempotency_key: args.idempotency_key.clone(),
             flags: Vec::new(),
             audience: Vec::new(),
+            artifact,
         };
         // Identifiers the verb does not interpret itself must still name real things of this
         // room: they are stored with the turn and travel in wake permits.
@@ -1376,6 +1409,9 @@ impl Engine {
                     format!("{item} was resolved concurrently; nothing was written"),
                 ));
             }
+        }
+        if let Some(a) = &turn.artifact {
+            self.recheck_artifact(&h, a)?;
         }
         if let Some(tr) = &turn.task_transition {
             let t = self.task_row(&tr.task)?;

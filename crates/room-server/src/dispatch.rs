@@ -56,6 +56,8 @@ const OWNER_OPS: &[&str] = &[
     "owner_task_check",
     "owner_task_override",
     "stops_list",
+    "collab_artifacts",
+    "collab_artifact",
     "ping",
 ];
 
@@ -516,6 +518,19 @@ fn owner_op(engine: &Engine, owner: &Owner, op: &str, a: Value) -> Result<Value,
             )
         }
         "agent_revoke" => engine.revoke(owner, &args::<NameArgs>(a)?.name),
+        "collab_artifacts" => {
+            let a: ArtifactIndexArgs = args(a)?;
+            engine.artifact_index_owner(
+                owner,
+                &a.room,
+                a.after.as_deref(),
+                a.limit.unwrap_or(room_engine::blackboard::INDEX_PAGE_MAX),
+            )
+        }
+        "collab_artifact" => {
+            let a: ArtifactGetArgs = args(a)?;
+            engine.artifact_get_owner(owner, &a.room, &a.kind, a.key.as_deref(), a.version)
+        }
         "agent_delegate" => {
             let a: DelegateArgs = args(a)?;
             let tier = tier_arg("max_tier", a.max_tier)?;
@@ -603,7 +618,59 @@ fn owner_op(engine: &Engine, owner: &Owner, op: &str, a: Value) -> Result<Value,
 }
 
 fn is_agent_op(op: &str) -> bool {
-    op == "room" || op == "sync" || Verb::parse(op).is_some()
+    op == "room" || op == "sync" || ARTIFACT_OPS.contains(&op) || Verb::parse(op).is_some()
+}
+
+/// The blackboard's operations for agents: not verbs (a put is a `note` carrying the artifact,
+/// a read is a read of the room), fenced by the caller's scopes in the engine.
+const ARTIFACT_OPS: &[&str] = &["artifact_put", "artifact_get", "artifact_index"];
+
+fn artifact_op(
+    engine: &Engine,
+    caller: &AgentCaller,
+    op: &str,
+    a: Value,
+    ticket: Option<u64>,
+) -> Result<TurnStep<Value>, Refusal> {
+    match op {
+        "artifact_put" => {
+            let a: ArtifactPutArgs = args(a)?;
+            let turn = TurnArgs {
+                room: a.room,
+                text: a.text,
+                task: a.task,
+                parents: a.parents,
+                idempotency_key: a.idempotency_key,
+                read_through: a.read_through,
+                audience: a.audience,
+                artifact: Some(room_engine::blackboard::ArtifactDraft {
+                    kind: a.kind,
+                    key: a.key,
+                    content: a.content,
+                    expected_version: a.expected_version,
+                }),
+                ..TurnArgs::default()
+            };
+            engine.turn_step(caller, Verb::Note, turn, ticket)
+        }
+        "artifact_get" => {
+            let a: ArtifactGetArgs = args(a)?;
+            engine
+                .artifact_get(caller, &a.room, &a.kind, a.key.as_deref(), a.version)
+                .map(TurnStep::Done)
+        }
+        _ => {
+            let a: ArtifactIndexArgs = args(a)?;
+            engine
+                .artifact_index(
+                    caller,
+                    &a.room,
+                    a.after.as_deref(),
+                    a.limit.unwrap_or(room_engine::blackboard::INDEX_PAGE_MAX),
+                )
+                .map(TurnStep::Done)
+        }
+    }
 }
 
 fn turn_args(w: TurnWire) -> TurnArgs {
@@ -620,6 +687,7 @@ fn turn_args(w: TurnWire) -> TurnArgs {
         idempotency_key: w.idempotency_key,
         read_through: w.read_through,
         audience: w.audience,
+        artifact: None,
     }
 }
 
@@ -655,6 +723,9 @@ fn agent_op(
         return engine
             .delegate(caller, &a.name, &a.scopes, tier)
             .map(TurnStep::Done);
+    }
+    if ARTIFACT_OPS.contains(&op) {
+        return artifact_op(engine, caller, op, a, ticket);
     }
     // The multiplexer reaches the same verbs, under the same authorization.
     let (verb, a) = if op == "room" {

@@ -791,3 +791,69 @@ mod tests {
         }
     }
 }
+
+/// `artifact_put`: write a version of a blackboard artifact (a note carrying it).
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ArtifactPutArgs {
+    /// The collaboration's room.
+    pub room: String,
+    /// spec, research, adr, task-list, diff, findings or extra/<key>.
+    pub kind: String,
+    /// The artifact within its kind: main unless named (a reviewer keys its findings by its own name).
+    #[serde(default)]
+    pub key: Option<String>,
+    /// The content: a JSON object in the kind's schema (see the pack's prompt).
+    pub content: Value,
+    /// The version this write follows: 0 for a new artifact, else the newest version you read.
+    pub expected_version: u32,
+    /// A line for the room's timeline (default: kind/key and the version).
+    #[serde(default)]
+    #[schemars(length(max = TEXT_BYTES_MAX))]
+    pub text: Option<String>,
+    /// Task id (tsk_…) of the phase this writes for.
+    #[serde(default)]
+    pub task: Option<String>,
+    /// Event ids of what it was made from (the artifact versions you read).
+    #[serde(default)]
+    pub parents: Vec<String>,
+    /// Only these members (and you) read it.
+    #[serde(default)]
+    #[schemars(length(max = room_engine::visibility::AUDIENCE_MAX))]
+    pub audience: Vec<String>,
+    /// Receipt of the page you just read: confirm it and write in one call.
+    #[serde(default)]
+    pub read_through: Option<String>,
+    #[serde(default)]
+    #[schemars(length(max = IDEMPOTENCY_KEY_BYTES_MAX), pattern(IDEMPOTENCY_KEY_PATTERN))]
+    pub idempotency_key: Option<String>,
+}
+
+/// `artifact_get`: one artifact version with its content.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ArtifactGetArgs {
+    pub room: String,
+    /// spec, research, adr, task-list, diff, findings or extra/<key>.
+    pub kind: String,
+    /// main unless named.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// The newest unless named.
+    #[serde(default)]
+    pub version: Option<u32>,
+}
+
+/// `artifact_index`: the newest version of each artifact, without contents.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ArtifactIndexArgs {
+    pub room: String,
+    /// Continue after this artifact (kind/key: a page's next_after).
+    #[serde(default)]
+    pub after: Option<String>,
+    /// Entries per page.
+    #[serde(default)]
+    #[schemars(range(min = 1, max = room_engine::blackboard::INDEX_PAGE_MAX))]
+    pub limit: Option<usize>,
+}

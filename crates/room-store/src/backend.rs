@@ -9,8 +9,8 @@ use crate::control::{
     AgentRow, ProjectRow, RoomRow, RoomWitnesses, TaskCheckRow, TaskRow, WakeRow,
 };
 use crate::index::{
-    Batch, CheckpointRow, EventHead, EventRow, EvidenceRow, IndexWitnesses, ItemKind, ItemRow,
-    LifecycleRow, LogTrust, OpRow, ReceiptRow, SqliteConfig,
+    ArtifactRow, Batch, CheckpointRow, EventHead, EventRow, EvidenceRow, IndexWitnesses, ItemKind,
+    ItemRow, LifecycleRow, LogTrust, OpRow, ReceiptRow, SqliteConfig,
 };
 use crate::journal::{ChainPos, Faults, JournalMark, Scanned};
 use crate::pipeline::{CommitLog, PipelineConfig};
@@ -100,6 +100,13 @@ pub trait RoomIndex: Send {
     fn evidence_for(&self, task: &str, req: &str, limit: usize) -> Result<Vec<EvidenceRow>>;
     /// Every evidence of a task (any requirement), oldest first, at most `limit`.
     fn evidence_of_task(&self, task: &str, limit: usize) -> Result<Vec<EvidenceRow>>;
+    /// One version of a blackboard artifact (`None`: its newest).
+    fn artifact(&self, kind: &str, key: &str, version: Option<u32>) -> Result<Option<ArtifactRow>>;
+    /// The newest version of each artifact, in (kind, key) order after `after`.
+    fn artifact_heads(&self, after: Option<(&str, &str)>, limit: usize)
+    -> Result<Vec<ArtifactRow>>;
+    /// How many artifacts (kind and key) the room holds.
+    fn artifact_keys(&self) -> Result<u64>;
     fn ops_of_task(&self, task: &str, limit: usize) -> Result<Vec<OpRow>>;
     fn lapsed_ops(&self, now_ms: u64, limit: usize) -> Result<Vec<OpRow>>;
     /// Operations not resolved, oldest first, at most `limit`: what a cancel holds.

@@ -8,8 +8,8 @@
 use crate::backend::{Backend, ShardCreated};
 use crate::control::{AgentRow, ProjectRow, RoomRow, TaskRow, WakeRow};
 use crate::index::{
-    Batch, CheckpointRow, EventRow, FoldAdvance, ItemKind, ItemRow, LifecycleChange, LogTrust,
-    ReceiptRow,
+    ArtifactRow, Batch, CheckpointRow, EventRow, FoldAdvance, ItemKind, ItemRow, LifecycleChange,
+    LogTrust, ReceiptRow,
 };
 use crate::journal::ChainPos;
 use room_core::chain::ChainTip;
@@ -70,6 +70,7 @@ pub const CASES: &[(&str, Case)] = &[
     ("control_room_witnesses", control_room_witnesses),
     ("index_projection", index_projection),
     ("index_audience", index_audience),
+    ("index_artifacts", index_artifacts),
     ("index_idempotency_fifo", index_idempotency_fifo),
     (
         "index_sync_state_survives_reopen_and_rebuild",
@@ -1685,6 +1686,102 @@ pub fn index_audience(h: &mut dyn Harness) {
         "an empty audience is every reader's"
     );
     assert_eq!(idx.first_foreign_after(3, "alpha").unwrap(), Some(4));
+}
+
+/// The blackboard's index: each version by kind, key and number (the newest when none is
+/// named), the newest of each key in order and paged, the count of keys; a replay of a version
+/// keeps the first; all after a reopen, and gone after the projection is cleared (a rebuild
+/// refills it from the journal).
+pub fn index_artifacts(h: &mut dyn Harness) {
+    let version = |seq: u64, kind: &str, key: &str, v: u32, audience: &[&str]| ArtifactRow {
+        kind: kind.into(),
+        key: key.into(),
+        version: v,
+        sha256: format!("{seq:064x}"),
+        bytes: 10 * seq,
+        producer: "writer".into(),
+        parents: if v > 1 {
+            vec![format!("evt_{}", seq - 1)]
+        } else {
+            vec![]
+        },
+        event: format!("evt_{seq}"),
+        seq,
+        hlc_ms: seq,
+        audience: audience.iter().map(|a| a.to_string()).collect(),
+    };
+    let rows = vec![
+        version(1, "spec", "main", 1, &[]),
+        version(2, "spec", "main", 2, &[]),
+        version(3, "findings", "rev-a", 1, &["orch", "rev-a"]),
+        version(4, "extra/notes", "main", 1, &[]),
+        version(5, "findings", "rev-b", 1, &[]),
+    ];
+    {
+        let store = h.fresh();
+        store.create_shard("g_ar", b"{}", b"{}", &[]).unwrap();
+        let mut idx = store.open_index("g_ar").unwrap();
+        assert_eq!(idx.artifact("spec", "main", None).unwrap(), None);
+        assert_eq!(idx.artifact_keys().unwrap(), 0);
+        idx.apply(&Batch {
+            events: (1..=5).map(|s| event(s, "writer", "turn")).collect(),
+            artifacts: rows.clone(),
+            ..Batch::default()
+        })
+        .unwrap();
+        // a replay of version 2 with other bytes: the first stays
+        let mut replay = rows[1].clone();
+        replay.bytes = 999;
+        idx.apply(&Batch {
+            artifacts: vec![replay],
+            ..Batch::default()
+        })
+        .unwrap();
+        idx.flush().unwrap();
+    }
+    let store = h.reopen();
+    let mut idx = store.open_index("g_ar").unwrap();
+    assert_eq!(
+        idx.artifact("spec", "main", None).unwrap(),
+        Some(rows[1].clone())
+    );
+    assert_eq!(
+        idx.artifact("spec", "main", Some(1)).unwrap(),
+        Some(rows[0].clone())
+    );
+    assert_eq!(idx.artifact("spec", "main", Some(3)).unwrap(), None);
+    assert_eq!(idx.artifact("spec", "other", None).unwrap(), None);
+    assert_eq!(
+        idx.artifact("findings", "rev-a", None)
+            .unwrap()
+            .unwrap()
+            .audience,
+        ["orch", "rev-a"]
+    );
+    assert_eq!(idx.artifact_keys().unwrap(), 4);
+    let keys = |page: &[ArtifactRow]| -> Vec<(String, String, u32)> {
+        page.iter()
+            .map(|a| (a.kind.clone(), a.key.clone(), a.version))
+            .collect()
+    };
+    let all = idx.artifact_heads(None, 10).unwrap();
+    let owned = |k: &str, key: &str, v: u32| (k.to_string(), key.to_string(), v);
+    assert_eq!(
+        keys(&all),
+        [
+            owned("extra/notes", "main", 1),
+            owned("findings", "rev-a", 1),
+            owned("findings", "rev-b", 1),
+            owned("spec", "main", 2),
+        ]
+    );
+    let first = idx.artifact_heads(None, 2).unwrap();
+    assert_eq!(keys(&first), keys(&all[..2]));
+    let rest = idx.artifact_heads(Some(("findings", "rev-a")), 10).unwrap();
+    assert_eq!(keys(&rest), keys(&all[2..]));
+    idx.clear_projection().unwrap();
+    assert_eq!(idx.artifact_keys().unwrap(), 0);
+    assert_eq!(idx.artifact("spec", "main", None).unwrap(), None);
 }
 
 /// The projection: events by seq and id, the gate's foreign-event query, items and their

@@ -241,6 +241,24 @@ UPDATE checkpoints SET chunk_seq = NULL, chunk_offset = 0 WHERE chunk_offset > 0
 ALTER TABLE events ADD COLUMN audience TEXT;
 UPDATE events SET audience = json_extract(body, '$.audience') WHERE instr(body, '"audience"') > 0;
 "#,
+    // The blackboard: one row per artifact version, projected from the turn that wrote it
+    // (its content is a blob; the row is the index entry a reader looks up).
+    r#"
+CREATE TABLE artifacts (
+    kind TEXT NOT NULL,
+    key TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    sha256 TEXT NOT NULL,
+    bytes INTEGER NOT NULL,
+    producer TEXT NOT NULL,
+    parents TEXT NOT NULL,
+    event TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    hlc_ms INTEGER NOT NULL,
+    audience TEXT NOT NULL,
+    PRIMARY KEY (kind, key, version)
+) STRICT;
+"#,
 ];
 
 /// Reading receipts kept per reader, task and part (the oldest go first).
@@ -274,6 +292,7 @@ const PROJECTION_TABLES: &[&str] = &[
     "lifecycles",
     "ops",
     "evidence",
+    "artifacts",
     "events",
 ];
 
@@ -404,6 +423,8 @@ pub struct Batch {
     pub ops: Vec<OpChange>,
     /// Evidence registered.
     pub evidence: Vec<EvidenceRow>,
+    /// Blackboard versions written.
+    pub artifacts: Vec<ArtifactRow>,
     pub mark: Option<JournalMark>,
 }
 
@@ -574,6 +595,51 @@ fn evidence_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<EvidenceRow> {
         event: r.get(6)?,
         seq: r.get::<_, i64>(7)? as u64,
         sha256: r.get(8)?,
+    })
+}
+
+/// One version of a blackboard artifact: the index entry of the turn that wrote it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArtifactRow {
+    pub kind: String,
+    pub key: String,
+    pub version: u32,
+    pub sha256: String,
+    pub bytes: u64,
+    pub producer: String,
+    /// The events (artifact versions and others) it was made from.
+    pub parents: Vec<String>,
+    /// The turn that wrote it.
+    pub event: String,
+    pub seq: u64,
+    pub hlc_ms: u64,
+    /// Who may read it (empty: every reader of the room), as its turn says.
+    pub audience: Vec<String>,
+}
+
+const ARTIFACT_COLS: &str =
+    "kind, key, version, sha256, bytes, producer, parents, event, seq, hlc_ms, audience";
+
+fn json_list(r: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<Vec<String>> {
+    let text: String = r.get(i)?;
+    serde_json::from_str(&text).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
+
+fn artifact_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ArtifactRow> {
+    Ok(ArtifactRow {
+        kind: r.get(0)?,
+        key: r.get(1)?,
+        version: r.get::<_, i64>(2)? as u32,
+        sha256: r.get(3)?,
+        bytes: r.get::<_, i64>(4)? as u64,
+        producer: r.get(5)?,
+        parents: json_list(r, 6)?,
+        event: r.get(7)?,
+        seq: r.get::<_, i64>(8)? as u64,
+        hlc_ms: r.get::<_, i64>(9)? as u64,
+        audience: json_list(r, 10)?,
     })
 }
 
@@ -1203,6 +1269,26 @@ impl Index {
                 }
             }
         }
+        for a in &b.artifacts {
+            // a replay projects the same version again: the first stays
+            tx.prepare_cached(&format!(
+                "INSERT OR IGNORE INTO artifacts ({ARTIFACT_COLS})
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+            ))?
+            .execute(params![
+                a.kind,
+                a.key,
+                a.version,
+                a.sha256,
+                a.bytes as i64,
+                a.producer,
+                serde_json::to_string(&a.parents).expect("parents serialize"),
+                a.event,
+                a.seq as i64,
+                a.hlc_ms as i64,
+                serde_json::to_string(&a.audience).expect("audience serializes"),
+            ])?;
+        }
         for e in &b.evidence {
             tx.prepare_cached(
                 "INSERT OR IGNORE INTO evidence (id, agent, task, req, origin, lineage, event, seq, sha256)
@@ -1451,6 +1537,39 @@ impl RoomIndex for Index {
             ))?
             .query_row([id], evidence_from_row)
             .optional()?)
+    }
+
+    fn artifact(&self, kind: &str, key: &str, version: Option<u32>) -> Result<Option<ArtifactRow>> {
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {ARTIFACT_COLS} FROM artifacts WHERE kind = ?1 AND key = ?2
+             AND (?3 IS NULL OR version = ?3) ORDER BY version DESC LIMIT 1"
+        ))?;
+        Ok(st
+            .query_row(params![kind, key, version], artifact_from_row)
+            .optional()?)
+    }
+
+    fn artifact_heads(
+        &self,
+        after: Option<(&str, &str)>,
+        limit: usize,
+    ) -> Result<Vec<ArtifactRow>> {
+        let (k, key) = after.unwrap_or(("", ""));
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {ARTIFACT_COLS} FROM artifacts a
+             WHERE (kind, key) > (?1, ?2)
+               AND version = (SELECT MAX(version) FROM artifacts b WHERE b.kind = a.kind AND b.key = a.key)
+             ORDER BY kind, key LIMIT ?3"
+        ))?;
+        let rows = st.query_map(params![k, key, limit as i64], artifact_from_row)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    fn artifact_keys(&self) -> Result<u64> {
+        Ok(self
+            .conn
+            .prepare_cached("SELECT COUNT(*) FROM (SELECT DISTINCT kind, key FROM artifacts)")?
+            .query_row([], |r| r.get::<_, i64>(0))? as u64)
     }
 
     fn evidence_of_task(&self, task: &str, limit: usize) -> Result<Vec<EvidenceRow>> {
@@ -1952,9 +2071,9 @@ mod tests {
         }
         // as an index the build before the rendering change left it
         let old = Connection::open(&p).unwrap();
-        old.execute_batch("ALTER TABLE events DROP COLUMN audience")
+        old.execute_batch("ALTER TABLE events DROP COLUMN audience; DROP TABLE artifacts")
             .unwrap();
-        old.pragma_update(None, "user_version", (MIGRATIONS.len() - 2) as i64)
+        old.pragma_update(None, "user_version", (MIGRATIONS.len() - 3) as i64)
             .unwrap();
         drop(old);
         let idx = Index::open(&p).unwrap();
@@ -2020,9 +2139,9 @@ mod tests {
         }
         // as an index the build before the column left it
         let old = Connection::open(&p).unwrap();
-        old.execute_batch("ALTER TABLE events DROP COLUMN audience")
+        old.execute_batch("ALTER TABLE events DROP COLUMN audience; DROP TABLE artifacts")
             .unwrap();
-        old.pragma_update(None, "user_version", (MIGRATIONS.len() - 1) as i64)
+        old.pragma_update(None, "user_version", (MIGRATIONS.len() - 2) as i64)
             .unwrap();
         drop(old);
         let mut idx = Index::open(&p).unwrap();

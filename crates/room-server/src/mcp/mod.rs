@@ -147,6 +147,20 @@ pub fn definitions_bytes(mode: ToolsMode) -> usize {
     len(&tools)
 }
 
+/// The blackboard's tool definitions (built once), listed per caller.
+fn blackboard_tools() -> &'static [Tool] {
+    static TOOLS: std::sync::LazyLock<Vec<Tool>> = std::sync::LazyLock::new(|| {
+        tools::blackboard()
+            .iter()
+            .map(|t| {
+                Tool::new(t.name, tools::description(t), object(t.input.clone()))
+                    .with_raw_output_schema(object(tools::output_schema()))
+            })
+            .collect()
+    });
+    &TOOLS
+}
+
 fn tools_of(mode: ToolsMode) -> &'static [Tool] {
     fn build(mode: ToolsMode) -> Vec<Tool> {
         tools::listed(mode)
@@ -363,9 +377,29 @@ impl ServerHandler for RoomMcp {
     async fn list_tools(
         &self,
         _r: Option<PaginatedRequestParams>,
-        _c: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        Ok(ListToolsResult::with_all_items(tool_list(self.mode)))
+        let mut tools = tool_list(self.mode);
+        // the blackboard's tools go to the principals whose scopes allow them: who the caller
+        // is, the daemon says (a caller it cannot identify is listed the rest, and its calls
+        // are refused there)
+        let (req, bearer) = self.request("whoami", json!({}), &context);
+        if let Ok(resp) = self.run(req, bearer).await
+            && let Some(me) = resp.result
+            && let Some(scopes) = me["scopes"].as_array()
+        {
+            let scopes: Vec<String> = scopes
+                .iter()
+                .filter_map(|s| s.as_str().map(String::from))
+                .collect();
+            tools.extend(
+                blackboard_tools()
+                    .iter()
+                    .filter(|t| tools::blackboard_allowed(&t.name, Some(&scopes)))
+                    .cloned(),
+            );
+        }
+        Ok(ListToolsResult::with_all_items(tools))
     }
 
     async fn list_prompts(
@@ -479,7 +513,11 @@ impl ServerHandler for RoomMcp {
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
-        tools_of(self.mode).iter().find(|t| t.name == name).cloned()
+        tools_of(self.mode)
+            .iter()
+            .chain(blackboard_tools())
+            .find(|t| t.name == name)
+            .cloned()
     }
 
     async fn call_tool(
@@ -487,8 +525,11 @@ impl ServerHandler for RoomMcp {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
+        static BLACKBOARD: std::sync::LazyLock<Vec<tools::ToolDef>> =
+            std::sync::LazyLock::new(tools::blackboard);
         let Some(def) = tools::listed(self.mode)
             .iter()
+            .chain(BLACKBOARD.iter())
             .find(|t| t.name == request.name.as_ref())
         else {
             return Err(McpError::invalid_params(

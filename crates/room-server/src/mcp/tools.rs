@@ -3,9 +3,9 @@
 //! and HTTP reach the same engine calls under the same authorization.
 
 use crate::wire::{
-    CancelArgs, ComposeArgs, EvidenceArgs, OpArgs, OpBeginArgs, SourceReadArgs, SyncArgs,
-    TaskAmendArgs, TaskArgs, TaskCancelArgs, TaskClaimArgs, TaskCreateArgs, TaskProposeArgs,
-    TaskSupersedeArgs, TurnWire, WakeTakeArgs,
+    ArtifactGetArgs, ArtifactIndexArgs, ArtifactPutArgs, CancelArgs, ComposeArgs, EvidenceArgs,
+    OpArgs, OpBeginArgs, SourceReadArgs, SyncArgs, TaskAmendArgs, TaskArgs, TaskCancelArgs,
+    TaskClaimArgs, TaskCreateArgs, TaskProposeArgs, TaskSupersedeArgs, TurnWire, WakeTakeArgs,
 };
 use schemars::JsonSchema;
 use schemars::generate::SchemaSettings;
@@ -473,6 +473,48 @@ task_create, task_claim, task_show, task_check, task_amend, task_supersede, task
         input: multiplexer_schema(&actions),
     });
     tools
+}
+
+/// The blackboard's tools, listed only to a delegated principal whose scopes allow each (see
+/// [`blackboard_allowed`]): an agent outside a collaboration pays nothing for them.
+pub fn blackboard() -> Vec<ToolDef> {
+    let object = |m: Map<String, Value>| Value::Object(m);
+    vec![
+        ToolDef {
+            name: "artifact_index",
+            op: "artifact_index",
+            description: "List the collaboration's artifacts: the newest version of each (kind, key, version, producer, sha256, bytes), never their contents. \
+Page with after set to next_after.",
+            input: object(input_schema::<ArtifactIndexArgs>()),
+        },
+        ToolDef {
+            name: "artifact_get",
+            op: "artifact_get",
+            description: "Read one artifact version with its content (the newest unless version is set). Needs the read scope for its kind.",
+            input: object(input_schema::<ArtifactGetArgs>()),
+        },
+        ToolDef {
+            name: "artifact_put",
+            op: "artifact_put",
+            description: "Write a new version of an artifact in its kind's schema. Set expected_version to the newest version you read (0: a new artifact); \
+a stale one is refused artifact_version_conflict. parents: the event ids of the artifact versions you made it from. Needs the write scope for its kind.",
+            input: object(input_schema::<ArtifactPutArgs>()),
+        },
+    ]
+}
+
+/// Whether a principal holding `scopes` is listed the blackboard tool `name`: a write scope
+/// for `artifact_put`, a read scope for `artifact_get`, `session:read` or any artifact scope
+/// for `artifact_index`. A root (no scope list) is listed none (it may still call them).
+pub fn blackboard_allowed(name: &str, scopes: Option<&[String]>) -> bool {
+    let Some(scopes) = scopes else { return false };
+    let any = |prefix: &str| scopes.iter().any(|s| s.starts_with(prefix));
+    match name {
+        "artifact_put" => any("artifact:write:"),
+        "artifact_get" => any("artifact:read:"),
+        "artifact_index" => any("artifact:") || any("session:read"),
+        _ => false,
+    }
 }
 
 /// Output schema shared by every tool: an object (the result, or `{refusal: …}` when isError

@@ -3,7 +3,7 @@
 //! artifact is held to. Where versions are kept, who may read or write which kind, and
 //! whether a `diff` applies to the project are the engine's and the store's.
 
-use room_core::{Code, Refusal};
+use crate::{Code, Refusal};
 use serde_json::Value;
 
 /// What an artifact is. The core kinds have schemas; `extra/<key>` holds anything a pack
@@ -74,16 +74,74 @@ impl std::fmt::Display for ArtifactKind {
     }
 }
 
-/// The limits every blackboard is held to (config: `[collab]`, each with its unit).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The limits every blackboard is held to (config: `[blackboard]`, each with its unit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct ArtifactLimits {
-    /// Bytes of one artifact version's content.
+    /// Bytes of one artifact version's content (its canonical JSON).
     pub artifact_bytes_max: usize,
-    /// Versions kept of one key.
+    /// Versions one key holds at most.
     pub versions_per_key_max: u32,
-    /// Keys (kind and key) one collaboration holds.
+    /// Keys (kind and key) one collaboration's room holds.
     pub keys_per_collaboration_max: u32,
 }
+
+/// The ceilings a configured `[blackboard]` may not pass.
+pub const ARTIFACT_BYTES_LIMIT: usize = 64 << 20;
+pub const VERSIONS_PER_KEY_LIMIT: u32 = 65_536;
+pub const KEYS_PER_COLLABORATION_LIMIT: u32 = 65_536;
+
+impl ArtifactLimits {
+    /// Each limit at least 1 and at most its ceiling, naming the first that is not.
+    pub fn check(&self) -> Result<(), String> {
+        let bad = |name: &str, v: u64, max: u64| {
+            (v == 0 || v > max).then(|| format!("blackboard.{name} {v} is not within 1..={max}"))
+        };
+        bad(
+            "artifact_bytes_max",
+            self.artifact_bytes_max as u64,
+            ARTIFACT_BYTES_LIMIT as u64,
+        )
+        .or_else(|| {
+            bad(
+                "versions_per_key_max",
+                self.versions_per_key_max.into(),
+                VERSIONS_PER_KEY_LIMIT.into(),
+            )
+        })
+        .or_else(|| {
+            bad(
+                "keys_per_collaboration_max",
+                self.keys_per_collaboration_max.into(),
+                KEYS_PER_COLLABORATION_LIMIT.into(),
+            )
+        })
+        .map_or(Ok(()), Err)
+    }
+}
+
+/// An artifact's key within its kind: 1..=64 of a-z, 0-9, `_` and `-` (`main` unless named;
+/// a reviewer's `findings` are keyed by the reviewer).
+pub fn check_key(field: &str, key: &str) -> Result<(), Refusal> {
+    if !key.is_empty()
+        && key.len() <= EXTRA_KEY_BYTES_MAX
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+    {
+        Ok(())
+    } else {
+        Err(Refusal::invalid(
+            field,
+            format!(
+                "{key:?} is not an artifact key (1 to {EXTRA_KEY_BYTES_MAX} of a-z, 0-9, _ and -)"
+            ),
+        ))
+    }
+}
+
+/// The key an artifact has when none is named.
+pub const DEFAULT_KEY: &str = "main";
 
 impl Default for ArtifactLimits {
     fn default() -> Self {
