@@ -25,8 +25,8 @@ pub const COMMAND_ARGS_MAX: usize = 64;
 pub const COMMAND_ARG_BYTES_MAX: usize = 4_096;
 pub const COMMAND_PROGRAM_BYTES_MAX: usize = 1_024;
 
-/// The kinds the seed defines, in its order.
-pub const KINDS: [&str; 7] = [
+/// The kinds the seed defines, in its order, then the blackboard's.
+pub const KINDS: [&str; 8] = [
     "sha256",
     "file_exists",
     "file_absent",
@@ -34,6 +34,7 @@ pub const KINDS: [&str; 7] = [
     "evidence_origins",
     "destination",
     "worker_receipt",
+    "artifact",
 ];
 
 /// One declared check.
@@ -75,6 +76,14 @@ pub enum Check {
     /// The task's submissions (its journaled proposal records) prove the worker's return, in
     /// one of three profiles (see [`Receipt`]).
     WorkerReceipt(Box<Receipt>),
+    /// The room's blackboard holds a version of `artifact`/`key` written for this task by its
+    /// holder, whose content still matches its digest and its kind's schema (a phase run's
+    /// `writes`).
+    Artifact {
+        artifact: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key: Option<String>,
+    },
 }
 
 /// A `worker_receipt` check. Which fields are present depends on the profile; `parse` admits
@@ -167,6 +176,7 @@ impl Check {
             Check::Destination { .. } => "destination",
             Check::EvidenceOrigins { .. } => "evidence_origins",
             Check::WorkerReceipt(_) => "worker_receipt",
+            Check::Artifact { .. } => "artifact",
         }
     }
 
@@ -179,7 +189,8 @@ impl Check {
             Check::Command { .. }
             | Check::Destination { .. }
             | Check::EvidenceOrigins { .. }
-            | Check::WorkerReceipt(_) => None,
+            | Check::WorkerReceipt(_)
+            | Check::Artifact { .. } => None,
         }
     }
 
@@ -280,6 +291,23 @@ impl Check {
                 Check::EvidenceOrigins { req, min }
             }
             "worker_receipt" => Check::WorkerReceipt(Box::new(parse_receipt(&f)?)),
+            "artifact" => {
+                f.only(&["kind", "artifact", "key"])?;
+                let kind = f.string("artifact", 128)?;
+                crate::artifact::ArtifactKind::parse(&format!("{field}.artifact"), &kind)?;
+                let key = match f.o.get("key") {
+                    None | Some(Value::Null) => None,
+                    Some(_) => {
+                        let k = f.string("key", 64)?;
+                        crate::artifact::check_key(&format!("{field}.key"), &k)?;
+                        Some(k)
+                    }
+                };
+                Check::Artifact {
+                    artifact: kind,
+                    key,
+                }
+            }
             other => {
                 return Err(Refusal::invalid(
                     &format!("{field}.kind"),

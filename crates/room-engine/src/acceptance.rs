@@ -284,6 +284,9 @@ impl Engine {
                     out.push((i, self.observe_origins(&t.id, req, *min, h)?));
                 }
                 Check::WorkerReceipt(r) => out.push((i, self.observe_receipt(t, r, h)?)),
+                Check::Artifact { artifact, key } => {
+                    out.push((i, self.observe_artifact(t, artifact, key.as_deref(), h)?));
+                }
                 _ => out.push((i, self.observe_file(c, place, hashes.map(|h| h.get(&i))))),
             }
         }
@@ -519,7 +522,8 @@ impl Engine {
                 Check::Command { .. }
                 | Check::Destination { .. }
                 | Check::EvidenceOrigins { .. }
-                | Check::WorkerReceipt(_),
+                | Check::WorkerReceipt(_)
+                | Check::Artifact { .. },
                 _,
             ) => {
                 unreachable!("observe_now observes files only here")
@@ -701,7 +705,8 @@ impl Engine {
                 }
                 Check::Command { .. }
                 | Check::Destination { .. }
-                | Check::EvidenceOrigins { .. } => {}
+                | Check::EvidenceOrigins { .. }
+                | Check::Artifact { .. } => {}
                 _ if !in_project => {
                     return Err(Refusal::invalid(
                         &format!("accept[{i}]"),

@@ -197,6 +197,63 @@ impl Engine {
             .ok_or_else(|| Refusal::invalid("expected_version", "no version follows it"))
     }
 
+    /// An `artifact` acceptance check, observed now: the newest version of `kind`/`key` written
+    /// for the task, by its holder, whose blob still matches its digest and whose content still
+    /// meets its kind's schema. Anything missing or unreadable fails, naming why.
+    pub(crate) fn observe_artifact(
+        &self,
+        t: &room_store::control::TaskRow,
+        kind: &str,
+        key: Option<&str>,
+        h: &RoomHandle,
+    ) -> Outcome<room_core::acceptance::CheckResult> {
+        let key = key.unwrap_or(artifact::DEFAULT_KEY);
+        let result = |pass: bool, detail: Value| room_core::acceptance::CheckResult {
+            kind: "artifact".into(),
+            pass,
+            detail,
+        };
+        let Some(row) = h
+            .index
+            .artifact_of_task(&t.id, kind, key)
+            .map_err(store_err)?
+        else {
+            return Ok(result(
+                false,
+                json!({"artifact": kind, "key": key, "why": "no version was written for this task"}),
+            ));
+        };
+        let mut detail = json!({"artifact": kind, "key": key, "version": row.version,
+            "sha256": row.sha256, "producer": row.producer, "event": row.event});
+        if t.recipient.as_deref() != Some(row.producer.as_str()) {
+            detail["why"] =
+                json!("the version was written by someone other than the task's holder");
+            return Ok(result(false, detail));
+        }
+        let content = h
+            .blobs
+            .get(&row.sha256, "json")
+            .map_err(|e| e.to_string())
+            .and_then(|bytes| {
+                if room_core::sha256_hex(&bytes) == row.sha256 {
+                    serde_json::from_slice::<Value>(&bytes).map_err(|e| e.to_string())
+                } else {
+                    Err("its blob does not match its digest".into())
+                }
+            });
+        let checked = content.and_then(|c| {
+            let k = ArtifactKind::parse("artifact", kind).map_err(|r| r.message.to_string())?;
+            artifact::validate(&k, &c).map_err(|r| r.message.to_string())
+        });
+        match checked {
+            Ok(()) => Ok(result(true, detail)),
+            Err(why) => {
+                detail["why"] = json!(why);
+                Ok(result(false, detail))
+            }
+        }
+    }
+
     /// Under the room's writer lock, just before the version's turn is appended.
     pub(crate) fn recheck_artifact(&self, h: &RoomHandle, a: &ArtifactVersion) -> Outcome<()> {
         self.next_version(h, &a.kind, &a.key, a.version - 1)

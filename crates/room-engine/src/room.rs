@@ -290,6 +290,7 @@ pub(crate) fn project_into(
                     seq: r.seq,
                     hlc_ms: r.hlc.ms,
                     audience: t.audience.clone(),
+                    task: t.task.clone(),
                 });
             }
             if let Some(tr) = &t.task_transition {

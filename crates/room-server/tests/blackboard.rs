@@ -446,3 +446,90 @@ fn racing_writers_of_one_version_never_both_land() {
         }
     }
 }
+
+/// A phase run is a task whose acceptance is that its writes exist: `done` is refused until the
+/// holder has written the artifact for the task, and a version someone else wrote for it, or
+/// one written for no task, does not count.
+#[test]
+fn an_artifact_check_closes_a_task_only_on_the_holder_s_version() {
+    let mut b = board();
+    let fx = &mut b.fx;
+    let alpha = fx.enroll("alpha", "coordinator");
+    fx.ok(
+        None,
+        "room_members_add",
+        json!({"room": "collab", "agent": "alpha"}),
+    );
+    fx.sync_all(&alpha, "collab");
+    // a malformed check names its field
+    let r = fx.refuse(
+        Some(&alpha),
+        "task_create",
+        json!({"room": "collab", "title": "spec", "to": "writer",
+            "accept": [{"kind": "artifact", "artifact": "memo"}]}),
+        "invalid_argument",
+    );
+    assert_eq!(r.detail["field"], "accept[0].artifact", "{r}");
+    let t = fx.ok(
+        Some(&alpha),
+        "task_create",
+        json!({"room": "collab", "title": "write the spec", "to": "writer",
+            "accept": [{"kind": "artifact", "artifact": "spec"}]}),
+    );
+    let task = t["task"]["id"].as_str().unwrap().to_string();
+    fx.tasks.push(task.clone());
+    fx.sync_all(&b.writer, "collab");
+    fx.ok(Some(&b.writer), "task_claim", json!({"task": task}));
+    fx.sync_all(&b.writer, "collab");
+    // nothing written yet, then a version written for no task: refused, nothing changes
+    fx.ok(
+        Some(&b.writer),
+        "artifact_put",
+        put("spec", spec("loose"), 0),
+    );
+    // refused: the journal and the task stand (the failed evaluation is kept as the newest)
+    let lines = fx.journal_lines();
+    let r = expect_code(
+        fx.call(
+            Some(&b.writer),
+            "done",
+            json!({"room": "collab", "task": task}),
+        ),
+        "task_acceptance_failed",
+        "done without the artifact",
+    );
+    assert_eq!(fx.journal_lines(), lines);
+    assert_eq!(fx.task_status(&task), "claimed");
+    let results = r.detail["acceptance_results"].as_array().unwrap();
+    assert_eq!(results[0]["kind"], "artifact", "{r}");
+    assert_eq!(results[0]["pass"], false);
+    // a root bounded by its tier alone may write it, but it is not the holder's work
+    fx.sync_all(&alpha, "collab");
+    let mut theirs = put("spec", spec("by someone else"), 1);
+    theirs["task"] = json!(task);
+    fx.ok(Some(&alpha), "artifact_put", theirs);
+    fx.sync_all(&b.writer, "collab");
+    let r = expect_code(
+        fx.call(
+            Some(&b.writer),
+            "done",
+            json!({"room": "collab", "task": task}),
+        ),
+        "task_acceptance_failed",
+        "done on another's version",
+    );
+    assert_eq!(
+        r.detail["acceptance_results"][0]["detail"]["producer"], "alpha",
+        "{r}"
+    );
+    let mut written = put("spec", spec("for the task"), 2);
+    written["task"] = json!(task);
+    fx.ok(Some(&b.writer), "artifact_put", written);
+    let done = fx.ok(
+        Some(&b.writer),
+        "done",
+        json!({"room": "collab", "task": task}),
+    );
+    assert_eq!(done["detail"]["acceptance"], "passed", "{done}");
+    assert_eq!(fx.task_status(&task), "done");
+}

@@ -105,6 +105,8 @@ pub trait RoomIndex: Send {
     /// The newest version of each artifact, in (kind, key) order after `after`.
     fn artifact_heads(&self, after: Option<(&str, &str)>, limit: usize)
     -> Result<Vec<ArtifactRow>>;
+    /// The newest version of `kind`/`key` written for `task`.
+    fn artifact_of_task(&self, task: &str, kind: &str, key: &str) -> Result<Option<ArtifactRow>>;
     /// How many artifacts (kind and key) the room holds.
     fn artifact_keys(&self) -> Result<u64>;
     fn ops_of_task(&self, task: &str, limit: usize) -> Result<Vec<OpRow>>;

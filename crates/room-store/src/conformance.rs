@@ -1709,6 +1709,7 @@ pub fn index_artifacts(h: &mut dyn Harness) {
         seq,
         hlc_ms: seq,
         audience: audience.iter().map(|a| a.to_string()).collect(),
+        task: (kind == "spec").then(|| "tsk_spec".to_string()),
     };
     let rows = vec![
         version(1, "spec", "main", 1, &[]),
@@ -1759,6 +1760,19 @@ pub fn index_artifacts(h: &mut dyn Harness) {
         ["orch", "rev-a"]
     );
     assert_eq!(idx.artifact_keys().unwrap(), 4);
+    assert_eq!(
+        idx.artifact_of_task("tsk_spec", "spec", "main").unwrap(),
+        Some(rows[1].clone()),
+        "the newest written for the task"
+    );
+    assert_eq!(
+        idx.artifact_of_task("tsk_spec", "spec", "other").unwrap(),
+        None
+    );
+    assert_eq!(
+        idx.artifact_of_task("tsk_other", "spec", "main").unwrap(),
+        None
+    );
     let keys = |page: &[ArtifactRow]| -> Vec<(String, String, u32)> {
         page.iter()
             .map(|a| (a.kind.clone(), a.key.clone(), a.version))

@@ -256,8 +256,10 @@ CREATE TABLE artifacts (
     seq INTEGER NOT NULL,
     hlc_ms INTEGER NOT NULL,
     audience TEXT NOT NULL,
+    task TEXT,
     PRIMARY KEY (kind, key, version)
 ) STRICT;
+CREATE INDEX artifacts_task ON artifacts(task, kind, key) WHERE task IS NOT NULL;
 "#,
 ];
 
@@ -615,10 +617,12 @@ pub struct ArtifactRow {
     pub hlc_ms: u64,
     /// Who may read it (empty: every reader of the room), as its turn says.
     pub audience: Vec<String>,
+    /// The task its turn was written for (a phase run).
+    pub task: Option<String>,
 }
 
 const ARTIFACT_COLS: &str =
-    "kind, key, version, sha256, bytes, producer, parents, event, seq, hlc_ms, audience";
+    "kind, key, version, sha256, bytes, producer, parents, event, seq, hlc_ms, audience, task";
 
 fn json_list(r: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<Vec<String>> {
     let text: String = r.get(i)?;
@@ -640,6 +644,7 @@ fn artifact_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ArtifactRow> {
         seq: r.get::<_, i64>(8)? as u64,
         hlc_ms: r.get::<_, i64>(9)? as u64,
         audience: json_list(r, 10)?,
+        task: r.get(11)?,
     })
 }
 
@@ -1273,7 +1278,7 @@ impl Index {
             // a replay projects the same version again: the first stays
             tx.prepare_cached(&format!(
                 "INSERT OR IGNORE INTO artifacts ({ARTIFACT_COLS})
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"
             ))?
             .execute(params![
                 a.kind,
@@ -1287,6 +1292,7 @@ impl Index {
                 a.seq as i64,
                 a.hlc_ms as i64,
                 serde_json::to_string(&a.audience).expect("audience serializes"),
+                a.task,
             ])?;
         }
         for e in &b.evidence {
@@ -1563,6 +1569,16 @@ impl RoomIndex for Index {
         ))?;
         let rows = st.query_map(params![k, key, limit as i64], artifact_from_row)?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    fn artifact_of_task(&self, task: &str, kind: &str, key: &str) -> Result<Option<ArtifactRow>> {
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {ARTIFACT_COLS} FROM artifacts WHERE task = ?1 AND kind = ?2 AND key = ?3
+             ORDER BY version DESC LIMIT 1"
+        ))?;
+        Ok(st
+            .query_row(params![task, kind, key], artifact_from_row)
+            .optional()?)
     }
 
     fn artifact_keys(&self) -> Result<u64> {
