@@ -4,7 +4,9 @@
 //! step by step: `read` (the room up to its tip, confirming every page), `reply` (answer each
 //! obligation of the wake; a gate refusal is read through and tried once more), `write:PATH`
 //! (write the wake's prompt text to PATH beneath the working directory: a deterministic
-//! artifact for acceptance checks to measure), `exit` (stop without a word), `fail` (exit 1),
+//! artifact for acceptance checks to measure), `claim` and `done` (the wake's task), `put:KIND=PATH`
+//! (write the JSON file at PATH as the next version of the blackboard artifact KIND, for the
+//! wake's task: a collaboration's role), `exit` (stop without a word), `fail` (exit 1),
 //! `hang` (never end: the launch's deadline stops it).
 
 use room_server::client::Client;
@@ -60,6 +62,34 @@ fn script(steps: &str) -> Result<i32, String> {
                     }
                 }
             }
+            "claim" => {
+                let task = wake_task(&prompt)?;
+                let r = call("task_claim", json!({"task": task}))?;
+                if !r.ok {
+                    return Err(format!("claim of {task} refused: {:?}", r.refusal));
+                }
+            }
+            "done" => {
+                let task = wake_task(&prompt)?;
+                let args = json!({"room": room, "task": task});
+                let mut r = call("done", args.clone())?;
+                if !r.ok {
+                    read(&mut call, &room)?;
+                    r = call("done", args)?;
+                }
+                if !r.ok {
+                    return Err(format!("done on {task} refused: {:?}", r.refusal));
+                }
+            }
+            put if room_engine::policy::is_put_step(put) => {
+                let (kind, path) = put["put:".len()..]
+                    .split_once('=')
+                    .expect("a put step names KIND=PATH");
+                let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+                let content: Value =
+                    serde_json::from_str(&text).map_err(|e| format!("{path}: {e}"))?;
+                put_artifact(&mut call, &room, wake_task(&prompt)?, kind, content)?;
+            }
             "exit" => return Ok(0),
             "fail" => return Ok(1),
             "hang" => loop {
@@ -79,6 +109,47 @@ fn script(steps: &str) -> Result<i32, String> {
         }
     }
     Ok(0)
+}
+
+/// The task a wake is for (a collaboration's phase run).
+fn wake_task(prompt: &Value) -> Result<&str, String> {
+    prompt["task"]
+        .as_str()
+        .ok_or_else(|| "the wake names no task".to_string())
+}
+
+/// Write `content` as the next version of `kind` for `task`: the newest version read from the
+/// index (0 when there is none), a gate refusal read through and tried once more.
+fn put_artifact(
+    call: &mut impl FnMut(&str, Value) -> Result<Response, String>,
+    room: &str,
+    task: &str,
+    kind: &str,
+    content: Value,
+) -> Result<(), String> {
+    for _ in 0..2 {
+        let index = call("artifact_index", json!({"room": room}))?;
+        let index = index
+            .result
+            .ok_or_else(|| format!("artifact_index refused: {:?}", index.refusal))?;
+        let current = index["artifacts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|a| a["kind"] == kind && a["key"] == "main")
+            .and_then(|a| a["version"].as_u64())
+            .unwrap_or(0);
+        let r = call(
+            "artifact_put",
+            json!({"room": room, "kind": kind, "content": content, "task": task,
+                "expected_version": current}),
+        )?;
+        if r.ok {
+            return Ok(());
+        }
+        read(call, room)?;
+    }
+    Err(format!("{kind}: the write was refused twice"))
 }
 
 fn read(

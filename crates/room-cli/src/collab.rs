@@ -1,9 +1,9 @@
-//! `room collab`: collaborative sessions from the command line. What stands today is the
-//! offline half: `check` validates a pack and the profile its roles are bound with, against
-//! the adapters and ACP presets Room has and the model routes of the state dir's config.toml;
-//! `artifact` checks a blackboard artifact against its kind's schema. Starting a collaboration
-//! needs the daemon's side (the identity tree, the blackboard's storage, the fence, approvals),
-//! which is not built yet.
+//! `room collab`: collaborative sessions from the command line. Offline: `check` validates a
+//! pack and the profile its roles are bound with, against the adapters and ACP presets Room
+//! has and the model routes of the state dir's config.toml; `artifact` checks a blackboard
+//! artifact against its kind's schema. Through the daemon: `start` (the pack and its prompt
+//! files are read here and sent), `status`, `list`, `artifacts`, `show`, `approve`, `revise`,
+//! `reject`, `cancel`.
 
 use crate::cmd::{Cli, EXIT_IO, EXIT_REFUSED};
 use clap::Subcommand;
@@ -28,12 +28,82 @@ pub enum CollabCmd {
     /// Check an artifact (JSON) against its kind's schema: spec, research, adr, task-list,
     /// diff, findings or extra/KEY.
     Artifact { kind: String, file: PathBuf },
+    /// Start a collaboration on a goal: its room (bound to --project), an orchestrator and one
+    /// child per role, each role routed to its backend. Prints its id.
+    Start {
+        #[arg(long)]
+        goal: String,
+        /// The project (prj_…) it works on; required when the pack has a gate.
+        #[arg(long)]
+        project: Option<String>,
+        /// The pack file (TOML); its prompt files are read beside it.
+        #[arg(long)]
+        pack: Option<PathBuf>,
+        /// Bind a role: NAME=ADAPTER:MODEL (a script role's MODEL is its steps). Repeatable.
+        #[arg(long = "role")]
+        roles: Vec<String>,
+    },
+    /// A collaboration's phases, runs and approval queue (each request with its digest).
+    Status { id: String },
+    /// Every collaboration.
+    List,
+    /// The newest version of each artifact on its blackboard.
+    Artifacts { id: String },
+    /// One artifact with its content: KIND[/KEY] (key main unless named).
+    Show {
+        id: String,
+        artifact: String,
+        #[arg(long)]
+        version: Option<u32>,
+    },
+    /// Approve a request, naming the digest of what you were shown.
+    Approve {
+        approval: String,
+        #[arg(long)]
+        digest: String,
+    },
+    /// Approve a request with its prompt replaced by the text of FILE.
+    Revise {
+        approval: String,
+        #[arg(long)]
+        digest: String,
+        #[arg(long)]
+        prompt: PathBuf,
+    },
+    /// Reject a request: its phase's run ends.
+    Reject {
+        approval: String,
+        #[arg(long)]
+        digest: String,
+    },
+    /// Cancel a collaboration: its room is cancelled, its identities revoked.
+    Cancel { id: String },
 }
 
 pub fn run(cli: &Cli, cmd: &CollabCmd) -> i32 {
     let out = match cmd {
         CollabCmd::Check { pack, roles } => check(cli, pack.as_deref(), roles),
         CollabCmd::Artifact { kind, file } => artifact(kind, file),
+        daemon => {
+            let req = match request(daemon) {
+                Ok(r) => r,
+                Err(Failed::Refused(r)) => {
+                    if cli.json {
+                        println!("{}", json!({"refusal": r}));
+                    }
+                    eprintln!("{r}");
+                    return EXIT_REFUSED;
+                }
+                Err(Failed::Io(e)) => {
+                    eprintln!("error: {e}");
+                    return EXIT_IO;
+                }
+            };
+            let sock = crate::cmd::state_dir(cli).join("room.sock");
+            let resp =
+                room_server::client::Client::connect(&sock).and_then(|mut c| c.request(&req));
+            return crate::cmd::print_response(resp, cli.json);
+        }
     };
     match out {
         Ok(v) => {
@@ -164,6 +234,84 @@ fn check(cli: &Cli, pack: Option<&Path>, roles: &[String]) -> Result<serde_json:
     let mut view = Pack { profile, ..loaded }.view();
     view["valid"] = json!(true);
     Ok(view)
+}
+
+/// The daemon request of a collaboration command (the pack and its prompts read here).
+fn request(cmd: &CollabCmd) -> Result<room_server::wire::Request, Failed> {
+    use room_server::wire::Request;
+    let decide = |approval: &str, digest: &str, verdict: &str| {
+        Request::new(
+            "collab_decide",
+            json!({"approval": approval, "digest": digest, "verdict": verdict}),
+        )
+    };
+    Ok(match cmd {
+        CollabCmd::Start {
+            goal,
+            project,
+            pack,
+            roles,
+        } => {
+            let mut args = json!({"goal": goal, "roles": roles});
+            if let Some(p) = project {
+                args["project"] = json!(p);
+            }
+            if let Some(path) = pack {
+                let text = read_text(path)?;
+                let loaded = Pack::load(&text, &Profile::default())?;
+                let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+                let mut prompts = serde_json::Map::new();
+                for p in loaded.phases.iter().filter_map(|p| p.prompt.as_ref()) {
+                    prompts.insert(p.clone(), json!(read_text(&dir.join(p))?));
+                }
+                args["pack"] = json!(text);
+                args["prompts"] = serde_json::Value::Object(prompts);
+            }
+            Request::new("collab_start", args)
+        }
+        CollabCmd::Status { id } => Request::new("collab_status", json!({"id": id})),
+        CollabCmd::List => Request::new("collab_list", json!({})),
+        CollabCmd::Artifacts { id } => Request::new("collab_artifacts", json!({"room": id})),
+        CollabCmd::Show {
+            id,
+            artifact,
+            version,
+        } => {
+            let (kind, key) = match artifact.strip_prefix("extra/") {
+                Some(rest) => match rest.split_once('/') {
+                    Some((k, key)) => (format!("extra/{k}"), Some(key.to_string())),
+                    None => (artifact.clone(), None),
+                },
+                None => match artifact.split_once('/') {
+                    Some((k, key)) => (k.to_string(), Some(key.to_string())),
+                    None => (artifact.clone(), None),
+                },
+            };
+            let mut args = json!({"room": id, "kind": kind});
+            if let Some(k) = key {
+                args["key"] = json!(k);
+            }
+            if let Some(v) = version {
+                args["version"] = json!(v);
+            }
+            Request::new("collab_artifact", args)
+        }
+        CollabCmd::Approve { approval, digest } => decide(approval, digest, "approve"),
+        CollabCmd::Reject { approval, digest } => decide(approval, digest, "reject"),
+        CollabCmd::Revise {
+            approval,
+            digest,
+            prompt,
+        } => {
+            let mut r = decide(approval, digest, "revise");
+            r.args["prompt"] = json!(read_text(prompt)?);
+            r
+        }
+        CollabCmd::Cancel { id } => Request::new("collab_cancel", json!({"id": id})),
+        CollabCmd::Check { .. } | CollabCmd::Artifact { .. } => {
+            unreachable!("offline commands are run where they are")
+        }
+    })
 }
 
 fn artifact(kind: &str, file: &Path) -> Result<serde_json::Value, Failed> {

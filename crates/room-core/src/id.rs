@@ -36,6 +36,16 @@ pub fn is_op_id(s: &str) -> bool {
     prefixed(s, "op_", 16)
 }
 
+/// A request in a collaboration's approval queue.
+pub fn approval_id(entropy: &dyn Entropy) -> String {
+    format!("apr_{}", entropy.hex(8))
+}
+
+/// A collaboration: also its room's name and its agents' prefix (`c<8hex>-<role>`).
+pub fn collab_id(entropy: &dyn Entropy) -> String {
+    format!("c{}", entropy.hex(4))
+}
+
 pub fn project_id(entropy: &dyn Entropy) -> String {
     format!("prj_{}", entropy.hex(8))
 }

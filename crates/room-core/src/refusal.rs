@@ -127,6 +127,8 @@ codes! {
     ArtifactReadDenied => "artifact_read_denied",
     ArtifactWriteDenied => "artifact_write_denied",
     ArtifactVersionConflict => "artifact_version_conflict",
+    // a collaboration's approval queue: a decision binds the digest of what was shown
+    ApprovalStale => "approval_stale",
     // the delegated identity tree: a child holds at most what its parent holds
     ScopeEscalationRefused => "scope_escalation_refused",
     DelegationTooDeep => "delegation_too_deep",

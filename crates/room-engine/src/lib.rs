@@ -6,6 +6,7 @@
 pub mod acceptance;
 pub mod authority;
 pub mod blackboard;
+pub mod collab;
 pub mod completion;
 pub mod compose;
 pub mod delegation;

@@ -307,7 +307,24 @@ pub const ACP_PRESETS: [&str; 3] = ["claude", "codex", "gemini"];
 pub const ACP_PERMISSIONS: [&str; 2] = ["reject", "allow_once"];
 
 /// Steps the scripted agent knows.
-pub const SCRIPT_STEPS: [&str; 5] = ["read", "reply", "exit", "fail", "hang"];
+pub const SCRIPT_STEPS: [&str; 7] = ["read", "reply", "exit", "fail", "hang", "claim", "done"];
+
+/// `put:KIND=PATH`: the scripted agent writes the JSON file at PATH (absolute, at most 256
+/// bytes, no `.`, `..` or empty component, no comma) as a new version of the blackboard
+/// artifact KIND, for its wake's task.
+pub fn is_put_step(step: &str) -> bool {
+    step.strip_prefix("put:")
+        .and_then(|s| s.split_once('='))
+        .is_some_and(|(kind, path)| {
+            room_core::artifact::ArtifactKind::parse("kind", kind).is_ok()
+                && path.len() <= 256
+                && !path.contains(',')
+                && !path.chars().any(char::is_control)
+                && path
+                    .strip_prefix('/')
+                    .is_some_and(|p| p.split('/').all(|c| !c.is_empty() && c != "." && c != ".."))
+        })
+}
 
 /// `write:PATH`: the scripted agent writes its wake's prompt text to PATH beneath its working
 /// directory (a relative path of at most 256 bytes, no `.`, `..` or empty component, no comma:
@@ -338,13 +355,11 @@ fn check_route(agent: &str, r: &Route) -> Result<(), String> {
             }
         },
         "script" => {
-            if let Some(s) = r
-                .steps
-                .iter()
-                .find(|s| !SCRIPT_STEPS.contains(&s.as_str()) && !is_write_step(s))
-            {
+            if let Some(s) = r.steps.iter().find(|s| {
+                !SCRIPT_STEPS.contains(&s.as_str()) && !is_write_step(s) && !is_put_step(s)
+            }) {
                 return Err(format!(
-                    "{at}.steps: {s:?} is not one of {SCRIPT_STEPS:?} nor write:PATH (relative, without . or .. or commas)"
+                    "{at}.steps: {s:?} is not one of {SCRIPT_STEPS:?} nor write:PATH (relative, without . or .. or commas) nor put:KIND=PATH (absolute)"
                 ));
             }
         }

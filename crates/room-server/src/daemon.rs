@@ -645,6 +645,25 @@ pub async fn serve(
             }
         }
     });
+    // the collaborations' scheduler: one pass at a time, each in a blocking thread (a gate's
+    // commands run inside it)
+    let collabs = tokio::spawn({
+        let engine = engine.clone();
+        let scheduler = Arc::new(crate::collab::Scheduler::default());
+        async move {
+            let mut tick =
+                tokio::time::interval(std::time::Duration::from_millis(crate::collab::TICK_MS));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let engine = engine.clone();
+                let scheduler = scheduler.clone();
+                if let Err(e) = tokio::task::spawn_blocking(move || scheduler.tick(&engine)).await {
+                    tracing::error!("the collaborations' scheduler panicked: {e}");
+                }
+            }
+        }
+    });
     let conns = Conns::new("socket", &limits, nofile);
     let accept = async {
         let mut backoff = Backoff::new();
@@ -698,6 +717,7 @@ pub async fn serve(
         h.abort();
     }
     flusher.abort();
+    collabs.abort();
     sweeper.abort();
     dispatcher.abort();
     // running workers end with their daemon (their launches end as interrupted at the next start)

@@ -58,6 +58,11 @@ const OWNER_OPS: &[&str] = &[
     "stops_list",
     "collab_artifacts",
     "collab_artifact",
+    "collab_start",
+    "collab_status",
+    "collab_list",
+    "collab_decide",
+    "collab_cancel",
     "ping",
 ];
 
@@ -518,6 +523,39 @@ fn owner_op(engine: &Engine, owner: &Owner, op: &str, a: Value) -> Result<Value,
             )
         }
         "agent_revoke" => engine.revoke(owner, &args::<NameArgs>(a)?.name),
+        "collab_start" => crate::collab::start(engine, owner, args(a)?),
+        "collab_status" => crate::collab::status(engine, owner, &args::<IdArgs>(a)?.id),
+        "collab_list" => {
+            args::<Empty>(a)?;
+            crate::collab::list(engine, owner)
+        }
+        "collab_decide" => {
+            let a: DecideArgs = args(a)?;
+            let verdict = match (a.verdict.as_str(), a.prompt) {
+                ("approve", None) => room_engine::collab::Verdict::Approve,
+                ("revise", Some(p)) => room_engine::collab::Verdict::Revise(json!({"prompt": p})),
+                ("reject", None) => room_engine::collab::Verdict::Reject,
+                ("revise", None) => {
+                    return Err(Refusal::invalid(
+                        "prompt",
+                        "a revision gives the prompt it approves",
+                    ));
+                }
+                (_, Some(_)) => {
+                    return Err(Refusal::invalid("prompt", "only a revision gives a prompt"));
+                }
+                (v, None) => {
+                    return Err(Refusal::invalid(
+                        "verdict",
+                        format!("{v:?} is not approve, revise or reject"),
+                    ));
+                }
+            };
+            engine
+                .approval_decide(owner, &a.approval, &a.digest, verdict)
+                .map(|a| crate::collab::approval_view(&a))
+        }
+        "collab_cancel" => engine.collab_cancel(owner, &args::<IdArgs>(a)?.id),
         "collab_artifacts" => {
             let a: ArtifactIndexArgs = args(a)?;
             engine.artifact_index_owner(

@@ -4,6 +4,7 @@
 
 mod api_worker;
 pub mod client;
+pub mod collab;
 pub mod daemon;
 pub mod dispatch;
 pub mod error;

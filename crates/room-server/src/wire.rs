@@ -857,3 +857,17 @@ pub struct ArtifactIndexArgs {
     #[schemars(range(min = 1, max = room_engine::blackboard::INDEX_PAGE_MAX))]
     pub limit: Option<usize>,
 }
+
+/// `collab_decide`: the person's decision on one approval request, bound to the digest of
+/// what it was shown.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecideArgs {
+    pub approval: String,
+    pub digest: String,
+    /// approve, revise or reject.
+    pub verdict: String,
+    /// A revision's prompt (what the person approves instead of what was shown).
+    #[serde(default)]
+    pub prompt: Option<String>,
+}

@@ -263,6 +263,31 @@ pub trait ControlStore: Send {
     /// A room's holds, oldest first, at most `limit` (and `control::HOLDS_PAGE_MAX`).
     fn holds(&self, room: &str, limit: usize) -> Result<Vec<crate::control::HoldRow>>;
     fn hold(&self, id: &str) -> Result<Option<crate::control::HoldRow>>;
+    /// A collaboration's record; an id already taken is an error.
+    fn insert_collab(&mut self, c: &crate::control::CollabRow) -> Result<()>;
+    fn collab(&self, id: &str) -> Result<Option<crate::control::CollabRow>>;
+    /// Collaborations (in `state`, or all), by id.
+    fn collabs(&self, state: Option<&str>, limit: usize) -> Result<Vec<crate::control::CollabRow>>;
+    /// Move a collaboration from `from` to `to`; false when it was not in `from`.
+    fn set_collab_state(&mut self, id: &str, from: &str, to: &str, now_ms: u64) -> Result<bool>;
+    /// Record a phase run (a run already recorded is replaced: its state moved on).
+    fn put_collab_run(&mut self, r: &crate::control::CollabRunRow) -> Result<()>;
+    /// A collaboration's runs, by phase and run.
+    fn collab_runs(&self, collab: &str, limit: usize) -> Result<Vec<crate::control::CollabRunRow>>;
+    fn insert_approval(&mut self, a: &crate::control::ApprovalRow) -> Result<()>;
+    fn approval(&self, id: &str) -> Result<Option<crate::control::ApprovalRow>>;
+    /// A collaboration's approval requests, oldest first.
+    fn approvals(&self, collab: &str, limit: usize) -> Result<Vec<crate::control::ApprovalRow>>;
+    /// Decide a pending request whose digest is `digest`; false when it is not pending or
+    /// shows something else now (the caller saw a stale one).
+    fn decide_approval(
+        &mut self,
+        id: &str,
+        digest: &str,
+        to: &str,
+        now_ms: u64,
+        note: Option<&str>,
+    ) -> Result<bool>;
     /// Resolve a hold; false when it was already resolved (a replay).
     fn resolve_hold(&mut self, id: &str, r: &crate::control::HoldResolution<'_>) -> Result<bool>;
     /// Whether break-glass is engaged: nothing dispatches, no worker runs.

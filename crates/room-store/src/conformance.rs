@@ -6,7 +6,9 @@
 //! reopening, and a failed write leaves no partial row.
 
 use crate::backend::{Backend, ShardCreated};
-use crate::control::{AgentRow, ProjectRow, RoomRow, TaskRow, WakeRow};
+use crate::control::{
+    AgentRow, ApprovalRow, CollabRow, CollabRunRow, ProjectRow, RoomRow, TaskRow, WakeRow,
+};
 use crate::index::{
     ArtifactRow, Batch, CheckpointRow, EventRow, FoldAdvance, ItemKind, ItemRow, LifecycleChange,
     LogTrust, ReceiptRow,
@@ -51,6 +53,7 @@ pub const CASES: &[(&str, Case)] = &[
     ("control_wakes", control_wakes),
     ("control_launches", control_launches),
     ("control_cancel_and_holds", control_cancel_and_holds),
+    ("control_collaborations", control_collaborations),
     ("control_change_stamp", control_change_stamp),
     (
         "shard_creation_is_whole_or_nothing",
@@ -1213,6 +1216,122 @@ pub fn control_cancel_and_holds(h: &mut dyn Harness) {
         state(c.as_ref(), "a", "e1").0,
         "dead",
         "dead letters stay dead"
+    );
+}
+
+/// Collaborations: the record (an id once), its state moved only from the state asked, its
+/// runs replaced as they move on, and approvals decided once and only on the digest shown;
+/// all after a reopen.
+pub fn control_collaborations(h: &mut dyn Harness) {
+    let collab = |id: &str| CollabRow {
+        id: id.into(),
+        room: format!("room-{id}"),
+        project: None,
+        goal: "add a flag".into(),
+        orchestrator: format!("{id}-orch"),
+        spec: "{}".into(),
+        state: "running".into(),
+        created_ms: 1,
+        updated_ms: 1,
+    };
+    let run = |phase: &str, n: u32, state: &str| CollabRunRow {
+        collab: "col_a".into(),
+        phase: phase.into(),
+        run: n,
+        task: Some(format!("tsk_{phase}{n}")),
+        state: state.into(),
+        reads: r#"{"spec":1}"#.into(),
+        started_ms: 2,
+        ended_ms: None,
+    };
+    let approval = |id: &str, digest: &str| ApprovalRow {
+        id: id.into(),
+        collab: "col_a".into(),
+        phase: "approval".into(),
+        run: 1,
+        digest: digest.into(),
+        input: "{}".into(),
+        state: "pending".into(),
+        created_ms: 3,
+        decided_ms: None,
+        note: None,
+    };
+    {
+        let store = h.fresh();
+        let mut c = store.open_control().unwrap();
+        c.insert_collab(&collab("col_a")).unwrap();
+        c.insert_collab(&collab("col_b")).unwrap();
+        assert!(
+            c.insert_collab(&collab("col_a")).is_err(),
+            "an id is taken once"
+        );
+        assert!(
+            c.set_collab_state("col_b", "running", "cancelled", 5)
+                .unwrap()
+        );
+        assert!(
+            !c.set_collab_state("col_b", "running", "done", 6).unwrap(),
+            "only from the state asked"
+        );
+        c.put_collab_run(&run("spec", 1, "running")).unwrap();
+        c.put_collab_run(&run("research", 1, "running")).unwrap();
+        let mut done = run("spec", 1, "done");
+        done.ended_ms = Some(9);
+        c.put_collab_run(&done).unwrap();
+        c.insert_approval(&approval("apr_1", "d1")).unwrap();
+        c.insert_approval(&approval("apr_2", "d2")).unwrap();
+        assert!(
+            !c.decide_approval("apr_1", "other", "approved", 7, None)
+                .unwrap(),
+            "decided only on the digest shown"
+        );
+        assert!(
+            c.decide_approval("apr_1", "d1", "approved", 7, Some("ok"))
+                .unwrap()
+        );
+        assert!(
+            !c.decide_approval("apr_1", "d1", "rejected", 8, None)
+                .unwrap(),
+            "decided once"
+        );
+    }
+    let store = h.reopen();
+    let c = store.open_control().unwrap();
+    assert_eq!(c.collab("col_a").unwrap(), Some(collab("col_a")));
+    assert_eq!(c.collab("col_z").unwrap(), None);
+    let b = c.collab("col_b").unwrap().unwrap();
+    assert_eq!((b.state.as_str(), b.updated_ms), ("cancelled", 5));
+    let running: Vec<String> = c
+        .collabs(Some("running"), 10)
+        .unwrap()
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    assert_eq!(running, ["col_a"]);
+    assert_eq!(c.collabs(None, 10).unwrap().len(), 2);
+    assert_eq!(c.collabs(None, 1).unwrap().len(), 1, "bounded");
+    let runs = c.collab_runs("col_a", 10).unwrap();
+    let mut done = run("spec", 1, "done");
+    done.ended_ms = Some(9);
+    assert_eq!(runs, [run("research", 1, "running"), done]);
+    assert_eq!(c.collab_runs("col_b", 10).unwrap(), []);
+    let a = c.approval("apr_1").unwrap().unwrap();
+    assert_eq!(
+        (a.state.as_str(), a.decided_ms, a.note.as_deref()),
+        ("approved", Some(7), Some("ok"))
+    );
+    let all: Vec<(String, String)> = c
+        .approvals("col_a", 10)
+        .unwrap()
+        .into_iter()
+        .map(|a| (a.id, a.state))
+        .collect();
+    assert_eq!(
+        all,
+        [
+            ("apr_1".to_string(), "approved".to_string()),
+            ("apr_2".to_string(), "pending".to_string())
+        ]
     );
 }
 

@@ -268,7 +268,151 @@ CREATE INDEX agents_parent ON agents(parent) WHERE parent IS NOT NULL;
     r#"
 CREATE INDEX IF NOT EXISTS tasks_claimed_room ON tasks(status, room) WHERE status = 'claimed';
 "#,
+    // collaborations: the record the owner started (its spec as JSON: profile, pack, prompts,
+    // role agents), each phase's runs, and the approval queue
+    r#"
+CREATE TABLE collabs (
+    id TEXT PRIMARY KEY,
+    room TEXT NOT NULL,
+    project TEXT,
+    goal TEXT NOT NULL,
+    orchestrator TEXT NOT NULL,
+    spec TEXT NOT NULL,
+    state TEXT NOT NULL,
+    created_ms INTEGER NOT NULL,
+    updated_ms INTEGER NOT NULL
+) STRICT;
+CREATE INDEX collabs_state ON collabs(state, id);
+CREATE TABLE collab_runs (
+    collab TEXT NOT NULL,
+    phase TEXT NOT NULL,
+    run INTEGER NOT NULL,
+    task TEXT,
+    state TEXT NOT NULL,
+    reads TEXT NOT NULL,
+    started_ms INTEGER NOT NULL,
+    ended_ms INTEGER,
+    PRIMARY KEY (collab, phase, run)
+) STRICT;
+CREATE TABLE collab_approvals (
+    id TEXT PRIMARY KEY,
+    collab TEXT NOT NULL,
+    phase TEXT NOT NULL,
+    run INTEGER NOT NULL,
+    digest TEXT NOT NULL,
+    input TEXT NOT NULL,
+    state TEXT NOT NULL,
+    created_ms INTEGER NOT NULL,
+    decided_ms INTEGER,
+    note TEXT
+) STRICT;
+CREATE INDEX collab_approvals_collab ON collab_approvals(collab, created_ms);
+"#,
 ];
+
+/// A collaboration as the owner started it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CollabRow {
+    pub id: String,
+    pub room: String,
+    pub project: Option<String>,
+    pub goal: String,
+    /// The delegated root that dispatches its phases.
+    pub orchestrator: String,
+    /// What it runs, as JSON (the collaboration floor's to read: profile, pack, prompts,
+    /// the agent of each role).
+    pub spec: String,
+    /// `running`, `done`, `cancelled` or `failed`.
+    pub state: String,
+    pub created_ms: u64,
+    pub updated_ms: u64,
+}
+
+const COLLAB_COLS: &str =
+    "id, room, project, goal, orchestrator, spec, state, created_ms, updated_ms";
+
+fn collab_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<CollabRow> {
+    Ok(CollabRow {
+        id: r.get(0)?,
+        room: r.get(1)?,
+        project: r.get(2)?,
+        goal: r.get(3)?,
+        orchestrator: r.get(4)?,
+        spec: r.get(5)?,
+        state: r.get(6)?,
+        created_ms: u(r.get(7)?),
+        updated_ms: u(r.get(8)?),
+    })
+}
+
+/// One run of one phase of a collaboration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CollabRunRow {
+    pub collab: String,
+    pub phase: String,
+    /// 1 for its first run, one more for each after.
+    pub run: u32,
+    /// The task the run is (none while it waits for approval).
+    pub task: Option<String>,
+    /// `approval` (waiting for the person), `dispatching` (its task or wake not yet all
+    /// made), `running`, `done`, `failed` or `rejected`.
+    pub state: String,
+    /// The version of each artifact it read when it started (a JSON object).
+    pub reads: String,
+    pub started_ms: u64,
+    pub ended_ms: Option<u64>,
+}
+
+const RUN_COLS: &str = "collab, phase, run, task, state, reads, started_ms, ended_ms";
+
+fn run_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<CollabRunRow> {
+    Ok(CollabRunRow {
+        collab: r.get(0)?,
+        phase: r.get(1)?,
+        run: r.get::<_, i64>(2)? as u32,
+        task: r.get(3)?,
+        state: r.get(4)?,
+        reads: r.get(5)?,
+        started_ms: u(r.get(6)?),
+        ended_ms: r.get::<_, Option<i64>>(7)?.map(u),
+    })
+}
+
+/// One request in a collaboration's approval queue, bound to the digest of what it shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalRow {
+    pub id: String,
+    pub collab: String,
+    pub phase: String,
+    pub run: u32,
+    /// SHA-256 of the canonical JSON of `input`.
+    pub digest: String,
+    /// What the person is shown (JSON).
+    pub input: String,
+    /// `pending`, `approved`, `rejected` or `stale`.
+    pub state: String,
+    pub created_ms: u64,
+    pub decided_ms: Option<u64>,
+    pub note: Option<String>,
+}
+
+const APPROVAL_COLS: &str =
+    "id, collab, phase, run, digest, input, state, created_ms, decided_ms, note";
+
+fn approval_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ApprovalRow> {
+    Ok(ApprovalRow {
+        id: r.get(0)?,
+        collab: r.get(1)?,
+        phase: r.get(2)?,
+        run: r.get::<_, i64>(3)? as u32,
+        digest: r.get(4)?,
+        input: r.get(5)?,
+        state: r.get(6)?,
+        created_ms: u(r.get(7)?),
+        decided_ms: r.get::<_, Option<i64>>(8)?.map(u),
+        note: r.get(9)?,
+    })
+}
 
 /// Holds one listing shows at most (oldest first).
 pub const HOLDS_PAGE_MAX: usize = 256;
@@ -1395,6 +1539,108 @@ impl ControlStore for SqliteControl {
             hold_from_row,
         )?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    fn insert_collab(&mut self, c: &CollabRow) -> Result<()> {
+        self.write(|s| {
+            s.conn.execute(
+                &format!("INSERT INTO collabs ({COLLAB_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"),
+                params![c.id, c.room, c.project, c.goal, c.orchestrator, c.spec, c.state,
+                    c.created_ms as i64, c.updated_ms as i64],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn collab(&self, id: &str) -> Result<Option<CollabRow>> {
+        Ok(self
+            .conn
+            .prepare_cached(&format!("SELECT {COLLAB_COLS} FROM collabs WHERE id = ?1"))?
+            .query_row([id], collab_from_row)
+            .optional()?)
+    }
+
+    fn collabs(&self, state: Option<&str>, limit: usize) -> Result<Vec<CollabRow>> {
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {COLLAB_COLS} FROM collabs WHERE ?1 IS NULL OR state = ?1 ORDER BY id LIMIT ?2"
+        ))?;
+        let rows = st.query_map(params![state, limit as i64], collab_from_row)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    fn set_collab_state(&mut self, id: &str, from: &str, to: &str, now_ms: u64) -> Result<bool> {
+        self.write(|s| {
+            Ok(s.conn.execute(
+                "UPDATE collabs SET state = ?3, updated_ms = ?4 WHERE id = ?1 AND state = ?2",
+                params![id, from, to, now_ms as i64],
+            )? == 1)
+        })
+    }
+
+    fn put_collab_run(&mut self, r: &CollabRunRow) -> Result<()> {
+        self.write(|s| {
+            s.conn.execute(
+                &format!("INSERT OR REPLACE INTO collab_runs ({RUN_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"),
+                params![r.collab, r.phase, r.run, r.task, r.state, r.reads,
+                    r.started_ms as i64, r.ended_ms.map(|m| m as i64)],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn collab_runs(&self, collab: &str, limit: usize) -> Result<Vec<CollabRunRow>> {
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {RUN_COLS} FROM collab_runs WHERE collab = ?1 ORDER BY phase, run LIMIT ?2"
+        ))?;
+        let rows = st.query_map(params![collab, limit as i64], run_from_row)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    fn insert_approval(&mut self, a: &ApprovalRow) -> Result<()> {
+        self.write(|s| {
+            s.conn.execute(
+                &format!("INSERT INTO collab_approvals ({APPROVAL_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"),
+                params![a.id, a.collab, a.phase, a.run, a.digest, a.input, a.state,
+                    a.created_ms as i64, a.decided_ms.map(|m| m as i64), a.note],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn approval(&self, id: &str) -> Result<Option<ApprovalRow>> {
+        Ok(self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {APPROVAL_COLS} FROM collab_approvals WHERE id = ?1"
+            ))?
+            .query_row([id], approval_from_row)
+            .optional()?)
+    }
+
+    fn approvals(&self, collab: &str, limit: usize) -> Result<Vec<ApprovalRow>> {
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {APPROVAL_COLS} FROM collab_approvals WHERE collab = ?1
+             ORDER BY created_ms, id LIMIT ?2"
+        ))?;
+        let rows = st.query_map(params![collab, limit as i64], approval_from_row)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    fn decide_approval(
+        &mut self,
+        id: &str,
+        digest: &str,
+        to: &str,
+        now_ms: u64,
+        note: Option<&str>,
+    ) -> Result<bool> {
+        self.write(|s| {
+            Ok(s.conn.execute(
+                "UPDATE collab_approvals SET state = ?3, decided_ms = ?4, note = ?5
+                 WHERE id = ?1 AND digest = ?2 AND state = 'pending'",
+                params![id, digest, to, now_ms as i64, note],
+            )? == 1)
+        })
     }
 
     fn hold(&self, id: &str) -> Result<Option<HoldRow>> {

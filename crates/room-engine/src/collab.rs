@@ -1,0 +1,362 @@
+//! Collaborations' records and the authority over them (DESIGN.md §7). What a collaboration
+//! runs (its profile, pack and prompts) is the collaboration floor's (`room-collab`): here it
+//! is an opaque JSON spec the owner recorded. The engine decides who may act on it:
+//!
+//! - the owner starts, lists, shows and cancels one;
+//! - its orchestrator (the delegated root recorded with it, holding `session:dispatch`) records
+//!   phase runs, asks for approvals and finishes it; the daemon re-mints the orchestrator's
+//!   credential from the record of a running collaboration (a credential is never stored);
+//! - an approval binds the digest of what the person was shown: a decision naming another
+//!   digest, or one made after the request moved on, is `approval_stale` and changes nothing.
+//!
+//! Finishing or cancelling revokes the orchestrator's subtree in one step: role children
+//! live for one goal.
+
+use crate::principal::AgentCaller;
+use crate::{Engine, Outcome, Owner, store_err};
+use room_core::{Code, Refusal, name};
+use room_store::control::{ApprovalRow, CollabRow, CollabRunRow};
+use serde_json::{Value, json};
+
+/// Collaborations one listing shows at most.
+pub const COLLABS_LIST_MAX: usize = 256;
+/// Runs one collaboration keeps (every phase's, every loop's).
+pub const RUNS_PER_COLLAB_MAX: usize = 4096;
+/// Approval requests one collaboration keeps.
+pub const APPROVALS_PER_COLLAB_MAX: usize = 1024;
+/// The largest spec and approval input, in bytes of JSON.
+pub const SPEC_BYTES_MAX: usize = 1 << 20;
+
+/// What the owner starts: the record of a collaboration whose room and identities exist.
+#[derive(Debug, Clone)]
+pub struct CollabStart {
+    pub id: String,
+    pub room: String,
+    pub project: Option<String>,
+    pub goal: String,
+    pub orchestrator: String,
+    pub spec: Value,
+}
+
+/// An approval decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Approve,
+    /// Approve with the input edited (what the person changed replaces what was shown).
+    Revise(Value),
+    Reject,
+}
+
+fn not_found(what: &str, id: &str) -> Refusal {
+    Refusal::new(Code::NotFound, format!("no {what} {id:?}")).detail(json!({"field": "id"}))
+}
+
+fn stale(a: &ApprovalRow, digest: &str) -> Refusal {
+    Refusal::new(
+        Code::ApprovalStale,
+        format!(
+            "approval {} shows something else now (or was decided): nothing was decided",
+            a.id
+        ),
+    )
+    .detail(json!({"approval": a.id, "state": a.state, "digest": a.digest, "presented": digest}))
+    .hint("show the queue again (room collab status) and decide on what it shows now")
+}
+
+/// The owner's standing the engine lends itself for what a collaboration's record grants (a
+/// fresh credential for its orchestrator, the revocation of its subtree when it closes): the
+/// record is the owner's act, and no caller reaches these paths with its own arguments.
+fn daemon() -> Owner {
+    Owner { _private: () }
+}
+
+impl Engine {
+    /// A new collaboration id (its room's name, its agents' prefix).
+    pub fn collab_new_id(&self) -> String {
+        room_core::id::collab_id(self.env.entropy.as_ref())
+    }
+
+    /// The owner records a collaboration it has set up (room, orchestrator, role children).
+    pub fn collab_record(&self, _owner: &Owner, c: CollabStart) -> Outcome<()> {
+        name::validate("id", &c.id)?;
+        let spec = c.spec.to_string();
+        if spec.len() > SPEC_BYTES_MAX {
+            return Err(Refusal::new(
+                Code::PayloadTooLarge,
+                format!("the collaboration's spec is over {SPEC_BYTES_MAX} bytes"),
+            )
+            .detail(json!({"field": "spec", "limit_bytes": SPEC_BYTES_MAX})));
+        }
+        let now = self.now_ms();
+        let row = CollabRow {
+            id: c.id,
+            room: c.room,
+            project: c.project,
+            goal: c.goal,
+            orchestrator: c.orchestrator,
+            spec,
+            state: "running".into(),
+            created_ms: now,
+            updated_ms: now,
+        };
+        let mut ctl = self.control();
+        if ctl.collab(&row.id).map_err(store_err)?.is_some() {
+            return Err(Refusal::new(
+                Code::AlreadyExists,
+                format!("collaboration {} exists", row.id),
+            ));
+        }
+        ctl.insert_collab(&row).map_err(store_err)
+    }
+
+    fn collab_row(&self, id: &str) -> Outcome<CollabRow> {
+        self.control()
+            .collab(id)
+            .map_err(store_err)?
+            .ok_or_else(|| not_found("collaboration", id))
+    }
+
+    /// The owner's view of one collaboration: its record, runs and approval queue.
+    pub fn collab_show(
+        &self,
+        _owner: &Owner,
+        id: &str,
+    ) -> Outcome<(CollabRow, Vec<CollabRunRow>, Vec<ApprovalRow>)> {
+        let c = self.collab_row(id)?;
+        let ctl = self.control();
+        let runs = ctl
+            .collab_runs(id, RUNS_PER_COLLAB_MAX)
+            .map_err(store_err)?;
+        let approvals = ctl
+            .approvals(id, APPROVALS_PER_COLLAB_MAX)
+            .map_err(store_err)?;
+        Ok((c, runs, approvals))
+    }
+
+    /// The owner lists collaborations (newest ids last).
+    pub fn collabs_list(&self, _owner: &Owner) -> Outcome<Vec<CollabRow>> {
+        self.control()
+            .collabs(None, COLLABS_LIST_MAX)
+            .map_err(store_err)
+    }
+
+    /// The daemon's loop: the collaborations it drives.
+    pub fn collabs_running(&self) -> Outcome<Vec<CollabRow>> {
+        self.control()
+            .collabs(Some("running"), COLLABS_LIST_MAX)
+            .map_err(store_err)
+    }
+
+    /// The daemon's loop re-mints the orchestrator's credential of a running collaboration
+    /// (the record the owner made is what grants it; no credential is ever stored).
+    pub fn collab_orchestrator_token(&self, id: &str) -> Outcome<String> {
+        let c = self.collab_row(id)?;
+        if c.state != "running" {
+            return Err(Refusal::invalid(
+                "id",
+                format!("collaboration {id} is {}", c.state),
+            ));
+        }
+        Ok(self.authority.rotate(&daemon(), &c.orchestrator)?.token)
+    }
+
+    /// `caller` is the orchestrator of `id`, holding `session:dispatch`, and it runs.
+    fn orchestrating(&self, caller: &AgentCaller, id: &str) -> Outcome<CollabRow> {
+        let me = self.authenticate(&caller.token)?;
+        let c = self.collab_row(id)?;
+        let holds = me
+            .scopes
+            .as_ref()
+            .is_none_or(|s| s.iter().any(|x| x == "session:dispatch"));
+        if me.name != c.orchestrator || !holds {
+            return Err(Refusal::new(
+                Code::TierInsufficient,
+                format!("{} does not orchestrate collaboration {id}", me.name),
+            )
+            .detail(json!({"needed": "session:dispatch", "orchestrator": c.orchestrator})));
+        }
+        if c.state != "running" {
+            return Err(Refusal::invalid(
+                "id",
+                format!("collaboration {id} is {}", c.state),
+            ));
+        }
+        Ok(c)
+    }
+
+    /// The orchestrator's runs of its collaboration.
+    pub fn collab_runs(&self, caller: &AgentCaller, id: &str) -> Outcome<Vec<CollabRunRow>> {
+        self.orchestrating(caller, id)?;
+        self.control()
+            .collab_runs(id, RUNS_PER_COLLAB_MAX)
+            .map_err(store_err)
+    }
+
+    /// The orchestrator's view of its approval queue.
+    pub fn collab_approvals(&self, caller: &AgentCaller, id: &str) -> Outcome<Vec<ApprovalRow>> {
+        self.orchestrating(caller, id)?;
+        self.control()
+            .approvals(id, APPROVALS_PER_COLLAB_MAX)
+            .map_err(store_err)
+    }
+
+    /// The orchestrator records a run (a new one, or one whose state moved on).
+    pub fn collab_run_put(&self, caller: &AgentCaller, run: CollabRunRow) -> Outcome<()> {
+        self.orchestrating(caller, &run.collab)?;
+        let mut ctl = self.control();
+        let runs = ctl
+            .collab_runs(&run.collab, RUNS_PER_COLLAB_MAX)
+            .map_err(store_err)?;
+        let known = runs
+            .iter()
+            .any(|r| r.phase == run.phase && r.run == run.run);
+        if !known && runs.len() >= RUNS_PER_COLLAB_MAX {
+            return Err(Refusal::new(
+                Code::QuotaExceeded,
+                format!(
+                    "collaboration {} holds {RUNS_PER_COLLAB_MAX} runs",
+                    run.collab
+                ),
+            ));
+        }
+        ctl.put_collab_run(&run).map_err(store_err)
+    }
+
+    /// The orchestrator asks the person to approve `input` for a phase's run. The request
+    /// pending for that run with the same digest is returned as it is; one showing something
+    /// else is marked `stale` (a decision on it is refused) and a new one made.
+    pub fn approval_request(
+        &self,
+        caller: &AgentCaller,
+        collab: &str,
+        phase: &str,
+        run: u32,
+        input: &Value,
+    ) -> Outcome<ApprovalRow> {
+        self.orchestrating(caller, collab)?;
+        let bytes = room_core::canonical_bytes(input);
+        if bytes.len() > SPEC_BYTES_MAX {
+            return Err(Refusal::new(
+                Code::PayloadTooLarge,
+                format!("an approval's input is over {SPEC_BYTES_MAX} bytes"),
+            )
+            .detail(json!({"field": "input", "limit_bytes": SPEC_BYTES_MAX})));
+        }
+        let digest = room_core::sha256_hex(&bytes);
+        let now = self.now_ms();
+        let mut ctl = self.control();
+        let all = ctl
+            .approvals(collab, APPROVALS_PER_COLLAB_MAX)
+            .map_err(store_err)?;
+        for a in all
+            .iter()
+            .filter(|a| a.phase == phase && a.run == run && a.state == "pending")
+        {
+            if a.digest == digest {
+                return Ok(a.clone());
+            }
+            ctl.decide_approval(&a.id, &a.digest, "stale", now, Some("its input changed"))
+                .map_err(store_err)?;
+        }
+        if all.len() >= APPROVALS_PER_COLLAB_MAX {
+            return Err(Refusal::new(
+                Code::QuotaExceeded,
+                format!(
+                    "collaboration {collab} holds {APPROVALS_PER_COLLAB_MAX} approval requests"
+                ),
+            ));
+        }
+        let row = ApprovalRow {
+            id: room_core::id::approval_id(self.env.entropy.as_ref()),
+            collab: collab.into(),
+            phase: phase.into(),
+            run,
+            digest,
+            input: String::from_utf8(bytes).expect("canonical JSON is UTF-8"),
+            state: "pending".into(),
+            created_ms: now,
+            decided_ms: None,
+            note: None,
+        };
+        ctl.insert_approval(&row).map_err(store_err)?;
+        Ok(row)
+    }
+
+    /// The person decides a request, naming the digest of what it was shown.
+    pub fn approval_decide(
+        &self,
+        _owner: &Owner,
+        id: &str,
+        digest: &str,
+        verdict: Verdict,
+    ) -> Outcome<ApprovalRow> {
+        let mut ctl = self.control();
+        let a = ctl
+            .approval(id)
+            .map_err(store_err)?
+            .ok_or_else(|| not_found("approval", id))?;
+        if a.state != "pending" || a.digest != digest {
+            return Err(stale(&a, digest));
+        }
+        let (to, note) = match &verdict {
+            Verdict::Approve => ("approved", None),
+            Verdict::Revise(v) => ("approved", Some(format!("revised: {v}"))),
+            Verdict::Reject => ("rejected", None),
+        };
+        if note.as_ref().is_some_and(|n| n.len() > SPEC_BYTES_MAX) {
+            return Err(Refusal::new(
+                Code::PayloadTooLarge,
+                format!("a revision is over {SPEC_BYTES_MAX} bytes"),
+            )
+            .detail(json!({"field": "revision", "limit_bytes": SPEC_BYTES_MAX})));
+        }
+        if !ctl
+            .decide_approval(id, digest, to, self.now_ms(), note.as_deref())
+            .map_err(store_err)?
+        {
+            return Err(stale(&a, digest));
+        }
+        ctl.approval(id)
+            .map_err(store_err)?
+            .ok_or_else(|| Refusal::storage(format!("approval {id} vanished")))
+    }
+
+    /// The orchestrator ends its collaboration (`done` or `failed`): the subtree below it is
+    /// revoked, itself with it.
+    pub fn collab_finish(&self, caller: &AgentCaller, id: &str, to: &str) -> Outcome<Value> {
+        if !matches!(to, "done" | "failed") {
+            return Err(Refusal::invalid("state", "done or failed"));
+        }
+        let c = self.orchestrating(caller, id)?;
+        self.close_collab(&c, to)
+    }
+
+    /// The owner cancels a collaboration: its room is cancelled (workers stopped, queued
+    /// wakes dead), and its identities revoked.
+    pub fn collab_cancel(&self, owner: &Owner, id: &str) -> Outcome<Value> {
+        let c = self.collab_row(id)?;
+        if c.state != "running" {
+            return Err(Refusal::invalid(
+                "id",
+                format!("collaboration {id} is {}", c.state),
+            ));
+        }
+        self.room_cancel(&owner.control(), &c.room, Some("collab_cancel"))?;
+        self.close_collab(&c, "cancelled")
+    }
+
+    fn close_collab(&self, c: &CollabRow, to: &str) -> Outcome<Value> {
+        if !self
+            .control()
+            .set_collab_state(&c.id, "running", to, self.now_ms())
+            .map_err(store_err)?
+        {
+            return Err(Refusal::invalid(
+                "id",
+                format!("collaboration {} is no longer running", c.id),
+            ));
+        }
+        let revoked = self.authority.revoke(&daemon(), &c.orchestrator)?;
+        Ok(json!({"collab": c.id, "state": to, "revoked": revoked["subtree"]}))
+    }
+}

@@ -1,0 +1,990 @@
+//! Collaborations in the daemon (DESIGN.md §7, issue 41): `start` sets one up from a pack and
+//! its role bindings, and `tick` is the scheduler's pass over every running one. Authority is
+//! the engine's throughout: the owner's standing starts and decides, and the scheduler acts as
+//! the collaboration's orchestrator (a delegated root holding `session:read` and
+//! `session:dispatch`), through the same calls an agent makes.
+//!
+//! A start mints the orchestrator and one child per role the pack's phases use (each holding
+//! `artifact:read:K` for what its phases read and `artifact:write:K` for what they write),
+//! gives each child a route from its binding, creates the collaboration's room (bound to the
+//! project) with all of them as members, opens the goal task and records the collaboration.
+//!
+//! A tick asks `room_collab::schedule::ready` which phases may run, from the blackboard's
+//! versions and the recorded runs (both durable: a restart asks again and gets the same
+//! answer), then for each: an `agent` phase is a task addressed to its role's child, whose
+//! acceptance is that its writes exist (an `artifact` check each), delivered by a `send` (a
+//! sealed wake to the child's route); a `gate` phase is a task the orchestrator claims and
+//! closes, its commands run as `command` acceptance; an `approval` phase, and a phase the pack
+//! marks `approve`, waits in the approval queue bound to the digest of what it shows. A run
+//! is done when Room's acceptance passed, never on an agent's word. When every phase is done,
+//! the goal task closes and the collaboration finishes (its identities revoked).
+//!
+//! Not yet (part 2): `panel` phases (a start refuses a pack with one), the orchestrator as an
+//! agent, the fix loop; API and ACP roles (a start refuses them: only `script` and `command`
+//! bindings get routes here), worktrees, cost.
+
+use room_collab::pack::{DEFAULT_PACK, DEFAULT_PROMPTS, Pack, PhaseKind};
+use room_collab::profile::{Backends, Profile};
+use room_collab::schedule::{self, PhaseRun};
+use room_collab::{ArtifactKind, Phase};
+use room_core::{Code, Refusal, Tier, Verb};
+use room_engine::collab::CollabStart;
+use room_engine::principal::AgentCaller;
+use room_engine::verbs::{TaskCreateArgs, TurnArgs};
+use room_engine::{Engine, Owner};
+use room_store::control::{ApprovalRow, CollabRow, CollabRunRow};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+/// How often the scheduler passes over the running collaborations.
+pub const TICK_MS: u64 = 200;
+/// The longest goal.
+pub const GOAL_BYTES_MAX: usize = 4096;
+/// Role bindings one start names at most.
+pub const BINDINGS_MAX: usize = 32;
+/// The conversation the scheduler acts in as each orchestrator.
+const CONVERSATION: &str = "collab-scheduler";
+/// Pages the scheduler reads to catch up before it acts (a room it cannot catch up with in
+/// this many is left for the next tick).
+const CATCH_UP_PAGES_MAX: usize = 64;
+
+/// `collab_start`'s arguments: the pack's text and its prompt files' texts are the CLI's to
+/// read (the daemon reads no file a caller names).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StartArgs {
+    pub goal: String,
+    #[serde(default)]
+    pub project: Option<String>,
+    /// The pack's TOML (default: the shipped one).
+    #[serde(default)]
+    pub pack: Option<String>,
+    /// Each prompt file the pack names, by the name it gives.
+    #[serde(default)]
+    pub prompts: BTreeMap<String, String>,
+    /// `NAME=ADAPTER:MODEL`.
+    #[serde(default)]
+    pub roles: Vec<String>,
+}
+
+/// What a collaboration runs, as its record keeps it.
+#[derive(Debug, Clone, serde::Serialize, Deserialize)]
+struct Spec {
+    pack: String,
+    prompts: BTreeMap<String, String>,
+    roles: Vec<String>,
+    /// The child of each role.
+    agents: BTreeMap<String, String>,
+    goal_task: String,
+}
+
+fn binding(s: &str) -> Result<(&str, &str, &str), Refusal> {
+    let bad = || Refusal::invalid("roles", format!("{s:?} is not NAME=ADAPTER:MODEL"));
+    let (name, rest) = s.split_once('=').ok_or_else(bad)?;
+    let (adapter, model) = rest.split_once(':').ok_or_else(bad)?;
+    if name.is_empty() || adapter.is_empty() || model.is_empty() {
+        return Err(bad());
+    }
+    Ok((name, adapter, model))
+}
+
+/// The pack with its roles bound: only the roles its phases use are kept (a role no phase
+/// runs needs no backend).
+fn load(pack_text: &str, roles: &[String]) -> Result<Pack, Refusal> {
+    let mut pack = Pack::load(pack_text, &Profile::default())?;
+    for b in roles {
+        let (name, adapter, model) = binding(b)?;
+        pack.profile.bind(name, adapter, model);
+    }
+    let used: Vec<&str> = pack
+        .phases
+        .iter()
+        .filter_map(|p| p.role.as_deref())
+        .collect();
+    pack.profile
+        .roles
+        .retain(|r| used.contains(&r.name.as_str()));
+    Ok(pack)
+}
+
+fn profile_invalid(role: &str, field: &str, why: impl std::fmt::Display) -> Refusal {
+    Refusal::new(Code::ProfileInvalid, format!("role {role}: {field}: {why}"))
+        .detail(json!({"role": role, "field": field}))
+}
+
+/// The route a role's child gets from its binding: a `script` role's model is its step list,
+/// a `command` role's its program.
+fn route_of(role: &room_collab::Role) -> Result<Value, Refusal> {
+    let model = role.model.clone().unwrap_or_default();
+    match role.adapter.as_str() {
+        "script" => Ok(json!({"adapter": "script", "steps": model.split(',').collect::<Vec<_>>()})),
+        "command" => Ok(json!({"adapter": "command", "command": [model]})),
+        other => Err(profile_invalid(
+            &role.name,
+            "adapter",
+            format!("{other} roles are not wired into collaborations yet (bind script or command)"),
+        )
+        .hint("part 2 of collaborative sessions brings ACP and API roles")),
+    }
+}
+
+/// The scopes a role's child holds: what its phases read and write, and the project access
+/// its policy gives.
+fn scopes_of(pack: &Pack, role: &room_collab::Role) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in pack
+        .phases
+        .iter()
+        .filter(|p| p.role.as_deref() == Some(&role.name))
+    {
+        out.extend(p.reads.iter().map(|k| format!("artifact:read:{k}")));
+        out.extend(p.writes.iter().map(|k| format!("artifact:write:{k}")));
+    }
+    match role.policy.project {
+        room_collab::profile::ProjectAccess::None => {}
+        room_collab::profile::ProjectAccess::Read => out.push("project:read".into()),
+        room_collab::profile::ProjectAccess::Write => {
+            out.extend(["project:read".into(), "project:write".into()])
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn caller(token: String) -> AgentCaller {
+    AgentCaller {
+        token,
+        conversation: CONVERSATION.into(),
+        declared_tier: None,
+        page_bytes_max: None,
+    }
+}
+
+/// `collab_start`: check everything, then set the collaboration up.
+pub fn start(engine: &Engine, owner: &Owner, a: StartArgs) -> Result<Value, Refusal> {
+    let goal = a.goal.trim();
+    if goal.is_empty() || goal.len() > GOAL_BYTES_MAX || goal.contains('\0') {
+        return Err(Refusal::invalid(
+            "goal",
+            format!("1..={GOAL_BYTES_MAX} bytes of text"),
+        ));
+    }
+    if a.roles.len() > BINDINGS_MAX {
+        return Err(Refusal::invalid(
+            "roles",
+            format!("at most {BINDINGS_MAX} bindings"),
+        ));
+    }
+    let (pack_text, prompts) = match a.pack {
+        Some(t) => (t, a.prompts),
+        None => (
+            DEFAULT_PACK.to_string(),
+            DEFAULT_PROMPTS
+                .iter()
+                .map(|(n, t)| (n.to_string(), t.to_string()))
+                .collect(),
+        ),
+    };
+    let pack = load(&pack_text, &a.roles)?;
+    pack.check_prompts(|f| {
+        prompts
+            .get(f)
+            .cloned()
+            .ok_or_else(|| "not given".to_string())
+    })?;
+    let policy = engine.policy();
+    let presets: Vec<&str> = room_agents::acp::PRESETS.iter().map(|p| p.name).collect();
+    let model_routes: Vec<String> = policy.model_routes.keys().cloned().collect();
+    pack.profile
+        .validate(&Backends::room(&presets, &model_routes))?;
+    let mut routes = BTreeMap::new();
+    for r in &pack.profile.roles {
+        routes.insert(r.name.clone(), route_of(r)?);
+    }
+    for (i, p) in pack.phases.iter().enumerate() {
+        if p.kind == PhaseKind::Panel {
+            return Err(Refusal::new(
+                Code::PackInvalid,
+                format!(
+                    "phases[{i}]: panel phases run in part 2 of collaborative sessions, not yet"
+                ),
+            )
+            .detail(json!({"field": format!("phases[{i}].kind")}))
+            .hint("use a pack without a panel (a single reviewer is an agent phase)"));
+        }
+    }
+    for (i, p) in pack.phases.iter().enumerate() {
+        for c in &p.commands {
+            if let room_core::acceptance::Check::Command { program, .. } = c
+                && !policy.acceptance_commands.iter().any(|a| a == program)
+            {
+                return Err(Refusal::new(
+                    Code::AcceptanceCommandNotAllowed,
+                    format!("phases[{i}]: {program} is not on the owner's command allowlist"),
+                )
+                .detail(json!({"field": format!("phases[{i}].commands"), "program": program}))
+                .hint(format!(
+                    "allow it in config.toml: [acceptance] commands = [\"{program}\"]"
+                )));
+            }
+        }
+    }
+    if pack.phases.iter().any(|p| !p.commands.is_empty()) && a.project.is_none() {
+        return Err(Refusal::invalid(
+            "project",
+            "a pack with a gate runs its commands in a project: name one (--project)",
+        ));
+    }
+    set_up(
+        engine, owner, goal, a.project, pack, pack_text, prompts, routes, a.roles,
+    )
+}
+
+/// Mint, route, create the room, open the goal task, record. A failure after the first
+/// identity is minted revokes what was minted (the room, if made, stays empty).
+#[allow(clippy::too_many_arguments)]
+fn set_up(
+    engine: &Engine,
+    owner: &Owner,
+    goal: &str,
+    project: Option<String>,
+    pack: Pack,
+    pack_text: String,
+    prompts: BTreeMap<String, String>,
+    routes: BTreeMap<String, Value>,
+    roles: Vec<String>,
+) -> Result<Value, Refusal> {
+    let id = engine.collab_new_id();
+    let orch = format!("{id}-orch");
+    let minted = engine.delegate_as_owner(
+        owner,
+        None,
+        &orch,
+        &["session:read".into(), "session:dispatch".into()],
+        Some(Tier::Coordinator),
+    )?;
+    let token = minted["token"].as_str().unwrap_or_default().to_string();
+    let out = (|| {
+        let mut agents = BTreeMap::new();
+        for r in &pack.profile.roles {
+            let name = format!("{id}-{}", r.name);
+            let tier = Tier::parse(&r.policy.tier).unwrap_or(Tier::Member);
+            engine.delegate_as_owner(
+                owner,
+                Some(&orch),
+                &name,
+                &scopes_of(&pack, r),
+                Some(tier.min(Tier::Member)),
+            )?;
+            engine.route_set(owner, &name, &routes[&r.name])?;
+            agents.insert(r.name.clone(), name);
+        }
+        let mut members: Vec<String> = vec![orch.clone()];
+        members.extend(agents.values().cloned());
+        engine.room_create(owner, &id, project.as_deref(), &members)?;
+        let me = caller(token.clone());
+        let task = engine.task_create(
+            &me,
+            TaskCreateArgs {
+                room: id.clone(),
+                title: title(&format!("goal: {goal}")),
+                to: Some(orch.clone()),
+                coordination_only: true,
+                ..TaskCreateArgs::default()
+            },
+        )?;
+        let goal_task = task["task"]["id"].as_str().unwrap_or_default().to_string();
+        let spec = Spec {
+            pack: pack_text,
+            prompts,
+            roles,
+            agents: agents.clone(),
+            goal_task: goal_task.clone(),
+        };
+        engine.collab_record(
+            owner,
+            CollabStart {
+                id: id.clone(),
+                room: id.clone(),
+                project: project.clone(),
+                goal: goal.to_string(),
+                orchestrator: orch.clone(),
+                spec: serde_json::to_value(&spec).expect("a spec serializes"),
+            },
+        )?;
+        Ok(
+            json!({"collab": id, "room": id, "orchestrator": orch, "agents": agents,
+            "goal_task": goal_task, "pack": pack.view()}),
+        )
+    })();
+    if out.is_err() {
+        let _ = engine.revoke(owner, &orch);
+    }
+    out
+}
+
+/// A task title from `text`: its first line, cut to the title bound on a character boundary.
+fn title(text: &str) -> String {
+    let line = text.lines().next().unwrap_or_default();
+    let max = room_engine::verbs::TITLE_BYTES_MAX;
+    if line.len() <= max {
+        return line.to_string();
+    }
+    let mut end = max - 3;
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &line[..end])
+}
+
+/// The owner's view of one collaboration: its record, pack, runs and approval queue.
+pub fn status(engine: &Engine, owner: &Owner, id: &str) -> Result<Value, Refusal> {
+    let (c, runs, approvals) = engine.collab_show(owner, id)?;
+    let spec: Option<Spec> = serde_json::from_str(&c.spec).ok();
+    let phases: Vec<Value> = spec
+        .as_ref()
+        .and_then(|s| load(&s.pack, &s.roles).ok())
+        .map(|p| {
+            p.phases
+                .iter()
+                .map(|ph| {
+                    let mine: Vec<&CollabRunRow> =
+                        runs.iter().filter(|r| r.phase == ph.name).collect();
+                    let state = mine.last().map_or("waiting", |r| r.state.as_str());
+                    json!({"phase": ph.name, "kind": ph.kind.as_str(), "role": ph.role,
+                        "state": state, "runs": mine.len(),
+                        "task": mine.last().and_then(|r| r.task.clone())})
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(json!({
+        "collab": c.id, "room": c.room, "project": c.project, "goal": c.goal, "state": c.state,
+        "orchestrator": c.orchestrator, "agents": spec.as_ref().map(|s| &s.agents),
+        "goal_task": spec.as_ref().map(|s| &s.goal_task),
+        "phases": phases,
+        "runs": runs.iter().map(run_view).collect::<Vec<_>>(),
+        "approvals": approvals.iter().map(approval_view).collect::<Vec<_>>(),
+        "created_ms": c.created_ms, "updated_ms": c.updated_ms,
+    }))
+}
+
+fn run_view(r: &CollabRunRow) -> Value {
+    json!({"phase": r.phase, "run": r.run, "task": r.task, "state": r.state,
+        "reads": serde_json::from_str::<Value>(&r.reads).unwrap_or(Value::Null),
+        "started_ms": r.started_ms, "ended_ms": r.ended_ms})
+}
+
+pub fn approval_view(a: &ApprovalRow) -> Value {
+    json!({"approval": a.id, "phase": a.phase, "run": a.run, "digest": a.digest,
+        "state": a.state, "input": serde_json::from_str::<Value>(&a.input).unwrap_or(Value::Null),
+        "created_ms": a.created_ms, "decided_ms": a.decided_ms, "note": a.note})
+}
+
+pub fn list(engine: &Engine, owner: &Owner) -> Result<Value, Refusal> {
+    let all = engine.collabs_list(owner)?;
+    Ok(
+        json!({"collabs": all.iter().map(|c| json!({"collab": c.id, "room": c.room,
+        "goal": c.goal, "state": c.state, "created_ms": c.created_ms})).collect::<Vec<_>>()}),
+    )
+}
+
+/// The scheduler's credentials, one per running collaboration it drives (minted afresh from
+/// each collaboration's record the first time a daemon drives it; never written anywhere).
+#[derive(Default)]
+pub struct Scheduler {
+    tokens: Mutex<HashMap<String, String>>,
+}
+
+impl Scheduler {
+    /// One pass over every running collaboration. A collaboration whose pass fails is left
+    /// for the next (logged); the others go on.
+    pub fn tick(&self, engine: &Engine) {
+        let running = match engine.collabs_running() {
+            Ok(r) => r,
+            Err(r) => {
+                tracing::error!("collaborations unreadable: {r}");
+                return;
+            }
+        };
+        for c in running {
+            if let Err(r) = self.pass(engine, &c) {
+                tracing::warn!(collab = %c.id, "collaboration pass: {r}");
+                // a credential the engine no longer takes is minted again next time
+                if matches!(r.code, Code::CredentialInvalid | Code::CredentialRevoked) {
+                    self.tokens.lock().expect("tokens lock").remove(&c.id);
+                }
+            }
+        }
+    }
+
+    fn token(&self, engine: &Engine, id: &str) -> Result<String, Refusal> {
+        let mut tokens = self.tokens.lock().expect("tokens lock");
+        if let Some(t) = tokens.get(id) {
+            return Ok(t.clone());
+        }
+        let t = engine.collab_orchestrator_token(id)?;
+        tokens.insert(id.to_string(), t.clone());
+        Ok(t)
+    }
+
+    fn pass(&self, engine: &Engine, c: &CollabRow) -> Result<(), Refusal> {
+        let spec: Spec = serde_json::from_str(&c.spec)
+            .map_err(|e| Refusal::storage(format!("collaboration {}: its spec: {e}", c.id)))?;
+        let pack = load(&spec.pack, &spec.roles)?;
+        let me = caller(self.token(engine, &c.id)?);
+        let cx = Cx {
+            engine,
+            me: &me,
+            c,
+            spec: &spec,
+            pack: &pack,
+        };
+        let versions = cx.versions()?;
+        let mut runs = engine.collab_runs(&me, &c.id)?;
+        cx.settle(&mut runs, &versions)?;
+        let by_phase = phase_runs(&runs);
+        for name in schedule::ready(&pack, &versions, &by_phase) {
+            let phase = pack.phase(name).expect("ready names phases of the pack");
+            if cx.failed_on_these_inputs(phase, &runs, &versions) {
+                continue;
+            }
+            let run = runs
+                .iter()
+                .filter(|r| r.phase == name)
+                .map(|r| r.run)
+                .max()
+                .unwrap_or(0)
+                + 1;
+            let row = cx.begin(phase, run, &versions)?;
+            runs.push(row);
+        }
+        let all_done = pack.phases.iter().all(|p| {
+            runs.iter()
+                .filter(|r| r.phase == p.name)
+                .max_by_key(|r| r.run)
+                .is_some_and(|r| r.state == "done")
+        });
+        if all_done {
+            cx.finish()?;
+        }
+        Ok(())
+    }
+}
+
+/// Each phase's runs, as the schedule reads them: running while its newest run waits or runs,
+/// completed once any run is done, and what its newest run read.
+fn phase_runs(runs: &[CollabRunRow]) -> BTreeMap<String, PhaseRun> {
+    let mut out: BTreeMap<String, PhaseRun> = BTreeMap::new();
+    let mut newest: BTreeMap<&str, &CollabRunRow> = BTreeMap::new();
+    for r in runs {
+        let e = out.entry(r.phase.clone()).or_default();
+        e.completed |= r.state == "done";
+        if newest.get(r.phase.as_str()).is_none_or(|n| r.run > n.run) {
+            newest.insert(&r.phase, r);
+        }
+    }
+    for (phase, r) in newest {
+        let e = out
+            .get_mut(phase)
+            .expect("every phase with runs has an entry");
+        e.running = matches!(r.state.as_str(), "approval" | "dispatching" | "running");
+        e.read_versions = reads_of(r);
+    }
+    out
+}
+
+fn reads_of(r: &CollabRunRow) -> BTreeMap<ArtifactKind, u64> {
+    let v: BTreeMap<String, u64> = serde_json::from_str(&r.reads).unwrap_or_default();
+    v.into_iter()
+        .filter_map(|(k, n)| ArtifactKind::parse("reads", &k).ok().map(|k| (k, n)))
+        .collect()
+}
+
+/// One pass over one collaboration, acting as its orchestrator.
+struct Cx<'a> {
+    engine: &'a Engine,
+    me: &'a AgentCaller,
+    c: &'a CollabRow,
+    spec: &'a Spec,
+    pack: &'a Pack,
+}
+
+impl Cx<'_> {
+    /// The blackboard as the schedule reads it: per kind, the sum of the versions of its keys
+    /// (it grows with every write of the kind).
+    fn versions(&self) -> Result<BTreeMap<ArtifactKind, u64>, Refusal> {
+        let mut out: BTreeMap<ArtifactKind, u64> = BTreeMap::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = self.engine.artifact_index(
+                self.me,
+                &self.c.room,
+                after.as_deref(),
+                room_engine::blackboard::INDEX_PAGE_MAX,
+            )?;
+            for a in page["artifacts"].as_array().into_iter().flatten() {
+                if let Some(k) = a["kind"]
+                    .as_str()
+                    .and_then(|k| ArtifactKind::parse("kind", k).ok())
+                {
+                    *out.entry(k).or_default() += a["version"].as_u64().unwrap_or(0);
+                }
+            }
+            match page["next_after"].as_str() {
+                Some(n) => after = Some(n.to_string()),
+                None => return Ok(out),
+            }
+        }
+    }
+
+    fn reads_json(&self, phase: &Phase, versions: &BTreeMap<ArtifactKind, u64>) -> String {
+        let m: BTreeMap<String, u64> = phase
+            .reads
+            .iter()
+            .map(|k| (k.to_string(), versions.get(k).copied().unwrap_or(0)))
+            .collect();
+        serde_json::to_string(&m).expect("a map serializes")
+    }
+
+    /// A phase whose newest run failed on exactly the inputs there are now waits for new
+    /// ones (part 2's fix loop brings them; until then the person reruns it).
+    fn failed_on_these_inputs(
+        &self,
+        phase: &Phase,
+        runs: &[CollabRunRow],
+        versions: &BTreeMap<ArtifactKind, u64>,
+    ) -> bool {
+        runs.iter()
+            .filter(|r| r.phase == phase.name)
+            .max_by_key(|r| r.run)
+            .is_some_and(|r| {
+                matches!(r.state.as_str(), "failed" | "rejected")
+                    && r.reads == self.reads_json(phase, versions)
+            })
+    }
+
+    fn put(&self, row: &CollabRunRow) -> Result<(), Refusal> {
+        self.engine.collab_run_put(self.me, row.clone())
+    }
+
+    /// Start a run of `phase`: into the approval queue, or dispatched.
+    fn begin(
+        &self,
+        phase: &Phase,
+        run: u32,
+        versions: &BTreeMap<ArtifactKind, u64>,
+    ) -> Result<CollabRunRow, Refusal> {
+        let mut row = CollabRunRow {
+            collab: self.c.id.clone(),
+            phase: phase.name.clone(),
+            run,
+            task: None,
+            state: "approval".into(),
+            reads: self.reads_json(phase, versions),
+            started_ms: self.engine.now_ms(),
+            ended_ms: None,
+        };
+        if phase.kind == PhaseKind::Approval || phase.approve {
+            self.put(&row)?;
+            self.engine.approval_request(
+                self.me,
+                &self.c.id,
+                &phase.name,
+                run,
+                &self.input(phase)?,
+            )?;
+            return Ok(row);
+        }
+        self.dispatch(phase, &mut row, None)?;
+        Ok(row)
+    }
+
+    /// What an approval shows: the full delegation input (role, backend, model, prompt) and
+    /// the digest of each artifact it reads, as the blackboard holds them now.
+    fn input(&self, phase: &Phase) -> Result<Value, Refusal> {
+        let mut reads = Vec::new();
+        let page = self.engine.artifact_index(
+            self.me,
+            &self.c.room,
+            None,
+            room_engine::blackboard::INDEX_PAGE_MAX,
+        )?;
+        for a in page["artifacts"].as_array().into_iter().flatten() {
+            if phase
+                .reads
+                .iter()
+                .any(|k| a["kind"].as_str() == Some(&k.to_string()))
+            {
+                reads.push(
+                    json!({"kind": a["kind"], "key": a["key"], "version": a["version"],
+                    "sha256": a["sha256"], "producer": a["producer"]}),
+                );
+            }
+        }
+        let role = phase
+            .role
+            .as_deref()
+            .and_then(|r| self.pack.profile.role(r));
+        Ok(json!({
+            "collab": self.c.id, "goal": self.c.goal, "phase": phase.name,
+            "kind": phase.kind.as_str(),
+            "role": phase.role, "agent": phase.role.as_ref().and_then(|r| self.spec.agents.get(r)),
+            "backend": role.map(|r| json!({"adapter": r.adapter, "preset": r.preset, "model": r.model})),
+            "prompt": phase.prompt.as_ref().and_then(|p| self.spec.prompts.get(p)),
+            "reads": reads,
+            "writes": phase.writes.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
+            // cost comes from the adapters' usage records; none are wired here yet
+            "cost": {"tokens_in": null, "tokens_out": null, "money": "unknown"},
+        }))
+    }
+
+    /// Dispatch an agent phase (a task to its role's child and a send that wakes it) or run
+    /// a gate (a task the orchestrator claims and closes on its commands).
+    fn dispatch(
+        &self,
+        phase: &Phase,
+        row: &mut CollabRunRow,
+        revised_prompt: Option<String>,
+    ) -> Result<(), Refusal> {
+        match phase.kind {
+            PhaseKind::Gate => self.gate(phase, row),
+            PhaseKind::Agent => self.assign(phase, row, revised_prompt),
+            PhaseKind::Approval | PhaseKind::Panel => {
+                unreachable!("approval phases are decided, panels refused at start")
+            }
+        }
+    }
+
+    /// An agent phase's dispatch, exactly once across crashes: the run is recorded as
+    /// `dispatching` first, and the task and the send each carry an idempotency key of the
+    /// run, so a dispatch repeated after a crash finds the task its first attempt created
+    /// (the `exactly_once` refusal names it) and never sends twice.
+    fn assign(
+        &self,
+        phase: &Phase,
+        row: &mut CollabRunRow,
+        revised_prompt: Option<String>,
+    ) -> Result<(), Refusal> {
+        let role = phase
+            .role
+            .as_ref()
+            .expect("an agent phase names its role (checked at load)");
+        let agent = self.spec.agents.get(role).ok_or_else(|| {
+            Refusal::storage(format!(
+                "collaboration {}: no agent for role {role}",
+                self.c.id
+            ))
+        })?;
+        let key = |what: &str| format!("{}.{}.{}.{what}", self.c.id, phase.name, row.run);
+        row.state = "dispatching".into();
+        self.put(row)?;
+        let task = match &row.task {
+            Some(t) => t.clone(),
+            None => {
+                let accept: Vec<Value> = phase
+                    .writes
+                    .iter()
+                    .map(|k| json!({"kind": "artifact", "artifact": k.to_string()}))
+                    .collect();
+                let made = self.engine.task_create(
+                    self.me,
+                    TaskCreateArgs {
+                        room: self.c.room.clone(),
+                        title: title(&format!("{}: {}", phase.name, self.c.goal)),
+                        to: Some(agent.clone()),
+                        accept,
+                        idempotency_key: Some(key("task")),
+                        ..TaskCreateArgs::default()
+                    },
+                );
+                let task = match made {
+                    Ok(t) => t["task"]["id"].as_str().map(String::from),
+                    Err(r) if is_repeat(&r) => r.detail["original_task"].as_str().map(String::from),
+                    Err(r) => return Err(r),
+                };
+                let task = task.ok_or_else(|| {
+                    Refusal::storage(format!("phase {}: its task has no id", phase.name))
+                })?;
+                row.task = Some(task.clone());
+                self.put(row)?;
+                task
+            }
+        };
+        let prompt = revised_prompt.unwrap_or_else(|| {
+            phase
+                .prompt
+                .as_ref()
+                .and_then(|p| self.spec.prompts.get(p).cloned())
+                .unwrap_or_default()
+        });
+        let text = format!(
+            "{prompt}\n\nGoal: {}\nPhase: {} (task {task})\nRead: {}\nWrite: {} (artifact_put with task {task}), then done.",
+            self.c.goal,
+            phase.name,
+            kinds_list(&phase.reads),
+            kinds_list(&phase.writes),
+        );
+        let sent = self.act(|| {
+            self.engine.turn(
+                self.me,
+                Verb::Send,
+                TurnArgs {
+                    room: self.c.room.clone(),
+                    text: Some(text.clone()),
+                    to: vec![agent.clone()],
+                    task: Some(task.clone()),
+                    idempotency_key: Some(key("send")),
+                    ..TurnArgs::default()
+                },
+            )
+        });
+        match sent {
+            Ok(_) => {}
+            Err(r) if is_repeat(&r) => {}
+            Err(r) => return Err(r),
+        }
+        row.state = "running".into();
+        self.put(row)
+    }
+
+    /// A gate: a task the orchestrator claims and closes, its commands run as `command`
+    /// acceptance. Resumable like an assignment: the task carries the run's idempotency key,
+    /// and a run found `dispatching` or `running` after a crash closes the task it has.
+    fn gate(&self, phase: &Phase, row: &mut CollabRunRow) -> Result<(), Refusal> {
+        let key = format!("{}.{}.{}.task", self.c.id, phase.name, row.run);
+        if row.task.is_none() {
+            row.state = "dispatching".into();
+            self.put(row)?;
+            let accept: Vec<Value> = phase
+                .commands
+                .iter()
+                .map(|c| serde_json::to_value(c).expect("a check serializes"))
+                .collect();
+            let made = self.engine.task_create(
+                self.me,
+                TaskCreateArgs {
+                    room: self.c.room.clone(),
+                    title: title(&format!("{}: {}", phase.name, self.c.goal)),
+                    to: Some(self.c.orchestrator.clone()),
+                    accept,
+                    idempotency_key: Some(key),
+                    ..TaskCreateArgs::default()
+                },
+            );
+            let task = match made {
+                Ok(t) => t["task"]["id"].as_str().map(String::from),
+                Err(r) if is_repeat(&r) => r.detail["original_task"].as_str().map(String::from),
+                Err(r) => return Err(r),
+            };
+            row.task = task;
+            row.state = "running".into();
+            self.put(row)?;
+        }
+        let task = row
+            .task
+            .clone()
+            .ok_or_else(|| Refusal::storage(format!("phase {}: its task has no id", phase.name)))?;
+        let status = self.engine.task_show(self.me, &task)?["task"]["status"].clone();
+        if status == "open" {
+            self.engine.task_claim(self.me, &task, None)?;
+        }
+        let closed = if status == "done" {
+            Ok(Value::Null)
+        } else {
+            self.act(|| {
+                self.engine.turn(
+                    self.me,
+                    Verb::Done,
+                    TurnArgs {
+                        room: self.c.room.clone(),
+                        task: Some(task.clone()),
+                        ..TurnArgs::default()
+                    },
+                )
+            })
+        };
+        row.state = match &closed {
+            Ok(_) => "done".into(),
+            Err(r) if r.code == Code::TaskAcceptanceFailed => "failed".into(),
+            Err(r) => return Err(r.clone()),
+        };
+        row.ended_ms = Some(self.engine.now_ms());
+        self.put(row)
+    }
+
+    /// Catch up with the room, then act; a gate refusal (something arrived meanwhile) is
+    /// read through and tried once more.
+    fn act(&self, f: impl Fn() -> Result<Value, Refusal>) -> Result<Value, Refusal> {
+        self.catch_up()?;
+        match f() {
+            Err(r)
+                if matches!(
+                    r.code,
+                    Code::RoomSyncRequired | Code::RoomSyncConcurrentArrival
+                ) =>
+            {
+                self.catch_up()?;
+                f()
+            }
+            other => other,
+        }
+    }
+
+    fn catch_up(&self) -> Result<(), Refusal> {
+        let mut confirm: Option<String> = None;
+        for _ in 0..CATCH_UP_PAGES_MAX {
+            let page = self
+                .engine
+                .sync(self.me, &self.c.room, confirm.as_deref())?;
+            let empty = page["items"].as_array().is_none_or(|a| a.is_empty());
+            if confirm.is_some() && empty && page["more"] != true {
+                return Ok(());
+            }
+            confirm = page["receipt"].as_str().map(String::from);
+        }
+        Err(Refusal::invalid(
+            "room",
+            format!(
+                "{} did not settle within {CATCH_UP_PAGES_MAX} pages",
+                self.c.room
+            ),
+        ))
+    }
+
+    /// Move each waiting or running run on: a task done is a run done; a task cancelled or
+    /// declined is a run failed; an approval decided starts or ends its run, and one still
+    /// pending is asked again with what it shows now (a changed input makes the old one
+    /// stale).
+    fn settle(
+        &self,
+        runs: &mut [CollabRunRow],
+        _versions: &BTreeMap<ArtifactKind, u64>,
+    ) -> Result<(), Refusal> {
+        let approvals = self.engine.collab_approvals(self.me, &self.c.id)?;
+        for r in runs.iter_mut() {
+            match r.state.as_str() {
+                "dispatching" | "running"
+                    if self
+                        .pack
+                        .phase(&r.phase)
+                        .is_some_and(|p| p.kind == PhaseKind::Gate) =>
+                {
+                    let phase = self.pack.phase(&r.phase).expect("checked just above");
+                    self.gate(phase, r)?;
+                }
+                "running" => {
+                    let Some(task) = r.task.clone() else { continue };
+                    let t = self.engine.task_show(self.me, &task)?;
+                    let to = match t["task"]["status"].as_str() {
+                        Some("done") => "done",
+                        Some("cancelled" | "declined" | "superseded") => "failed",
+                        _ => continue,
+                    };
+                    r.state = to.into();
+                    r.ended_ms = Some(self.engine.now_ms());
+                    self.put(r)?;
+                }
+                "dispatching" => {
+                    let phase = self.pack.phase(&r.phase).ok_or_else(|| {
+                        Refusal::storage(format!("run of unknown phase {}", r.phase))
+                    })?;
+                    let revised = approvals
+                        .iter()
+                        .filter(|a| a.phase == r.phase && a.run == r.run && a.state == "approved")
+                        .max_by_key(|a| a.created_ms)
+                        .and_then(revised_prompt);
+                    self.assign(phase, r, revised)?;
+                }
+                "approval" => {
+                    let phase = self.pack.phase(&r.phase).ok_or_else(|| {
+                        Refusal::storage(format!("run of unknown phase {}", r.phase))
+                    })?;
+                    let newest = approvals
+                        .iter()
+                        .filter(|a| a.phase == r.phase && a.run == r.run)
+                        .max_by_key(|a| a.created_ms);
+                    match newest.map(|a| (a.state.as_str(), a)) {
+                        Some(("approved", a)) => {
+                            if phase.kind == PhaseKind::Approval {
+                                r.state = "done".into();
+                                r.ended_ms = Some(self.engine.now_ms());
+                                self.put(r)?;
+                            } else {
+                                let revised = revised_prompt(a);
+                                self.dispatch(phase, r, revised)?;
+                            }
+                        }
+                        Some(("rejected", _)) => {
+                            r.state = "rejected".into();
+                            r.ended_ms = Some(self.engine.now_ms());
+                            self.put(r)?;
+                        }
+                        _ => {
+                            self.engine.approval_request(
+                                self.me,
+                                &self.c.id,
+                                &r.phase,
+                                r.run,
+                                &self.input(phase)?,
+                            )?;
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Every phase done: the goal task closes and the collaboration finishes.
+    fn finish(&self) -> Result<(), Refusal> {
+        let goal = &self.spec.goal_task;
+        let t = self.engine.task_show(self.me, goal)?;
+        if t["task"]["status"] != "done" {
+            if t["task"]["status"] == "open" {
+                self.engine.task_claim(self.me, goal, None)?;
+            }
+            self.act(|| {
+                self.engine.turn(
+                    self.me,
+                    Verb::Done,
+                    TurnArgs {
+                        room: self.c.room.clone(),
+                        task: Some(goal.clone()),
+                        ..TurnArgs::default()
+                    },
+                )
+            })?;
+        }
+        self.engine.collab_finish(self.me, &self.c.id, "done")?;
+        Ok(())
+    }
+}
+
+/// The `exactly_once` refusal of a call whose key an earlier call already used.
+fn is_repeat(r: &Refusal) -> bool {
+    r.code == Code::InvariantViolation && r.detail["invariant"] == "exactly_once"
+}
+
+/// A revised approval carries the person's prompt (`{"prompt": …}`) in its note.
+fn revised_prompt(a: &ApprovalRow) -> Option<String> {
+    let note = a.note.as_deref()?.strip_prefix("revised: ")?;
+    serde_json::from_str::<Value>(note).ok()?["prompt"]
+        .as_str()
+        .map(String::from)
+}
+
+fn kinds_list(kinds: &[ArtifactKind]) -> String {
+    if kinds.is_empty() {
+        return "nothing".into();
+    }
+    kinds
+        .iter()
+        .map(|k| k.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}

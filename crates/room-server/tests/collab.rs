@@ -1,0 +1,181 @@
+//! A collaboration's owner operations through the daemon: the approval queue bound to the
+//! digest of what it shows (`approval_stale`), decided once, each refusal changing nothing;
+//! rejection ends the run; cancellation revokes the collaboration's identities; agents have
+//! no standing here.
+
+mod common;
+use common::*;
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+const PACK: &str = r#"name = "one"
+
+[[phases]]
+name = "spec"
+kind = "agent"
+role = "reasoning"
+writes = ["spec"]
+prompt = "p.md"
+approve = true
+"#;
+
+fn start(fx: &mut Fx) -> String {
+    let v = fx.ok(
+        None,
+        "collab_start",
+        json!({"goal": "add a flag", "pack": PACK, "prompts": {"p.md": "write the spec"},
+            "roles": ["reasoning=script:read"]}),
+    );
+    v["collab"].as_str().unwrap().to_string()
+}
+
+#[track_caller]
+fn until(fx: &mut Fx, id: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    let start = Instant::now();
+    loop {
+        let s = fx.ok(None, "collab_status", json!({"id": id}));
+        if pred(&s) {
+            return s;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "never: {s:#}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn pending(s: &Value) -> Option<Value> {
+    s["approvals"]
+        .as_array()?
+        .iter()
+        .find(|a| a["state"] == "pending")
+        .cloned()
+}
+
+#[test]
+fn a_decision_binds_the_digest_shown_and_is_made_once() {
+    let mut fx = Fx::new();
+    let id = start(&mut fx);
+    let s = until(&mut fx, &id, |s| pending(s).is_some());
+    let ask = pending(&s).unwrap();
+    let (approval, digest) = (
+        ask["approval"].as_str().unwrap().to_string(),
+        ask["digest"].as_str().unwrap().to_string(),
+    );
+    // the digest is of exactly what is shown
+    let shown = room_core::canonical_bytes(&ask["input"]);
+    assert_eq!(digest, room_core::sha256_hex(&shown));
+    let decide = |verdict: &str, digest: &str| json!({"approval": approval, "digest": digest, "verdict": verdict});
+    for (args, code) in [
+        (decide("approve", &"0".repeat(64)), "approval_stale"),
+        (
+            json!({"approval": "apr_00000000deadbeef", "digest": digest, "verdict": "approve"}),
+            "not_found",
+        ),
+        (decide("maybe", &digest), "invalid_argument"),
+        (decide("revise", &digest), "invalid_argument"),
+        (
+            json!({"approval": approval, "digest": digest, "verdict": "approve", "prompt": "x"}),
+            "invalid_argument",
+        ),
+    ] {
+        fx.refuse(None, "collab_decide", args, code);
+        let now = fx.ok(None, "collab_status", json!({"id": id}));
+        assert_eq!(
+            now["approvals"], s["approvals"],
+            "a refused decision decides nothing"
+        );
+        assert_eq!(now["runs"], s["runs"]);
+    }
+    // an agent has no standing here, whatever it holds
+    let orch = fx.enroll("outsider", "operator");
+    fx.refuse(
+        Some(&orch),
+        "collab_decide",
+        decide("approve", &digest),
+        "owner_required",
+    );
+    fx.refuse(
+        Some(&orch),
+        "collab_status",
+        json!({"id": id}),
+        "owner_required",
+    );
+    // rejected: the run ends; decided once
+    let r = fx.ok(None, "collab_decide", decide("reject", &digest));
+    assert_eq!(r["state"], "rejected");
+    let s = until(&mut fx, &id, |s| s["runs"][0]["state"] == "rejected");
+    fx.refuse(
+        None,
+        "collab_decide",
+        decide("approve", &digest),
+        "approval_stale",
+    );
+    assert_eq!(
+        fx.ok(None, "collab_status", json!({"id": id}))["runs"],
+        s["runs"]
+    );
+}
+
+#[test]
+fn a_cancel_ends_the_collaboration_and_revokes_its_identities() {
+    let mut fx = Fx::new();
+    let id = start(&mut fx);
+    until(&mut fx, &id, |s| pending(s).is_some());
+    let v = fx.ok(None, "collab_cancel", json!({"id": id}));
+    assert_eq!(v["state"], "cancelled");
+    let revoked: Vec<String> = serde_json::from_value(v["revoked"].clone()).unwrap();
+    assert!(revoked.contains(&format!("{id}-orch")), "{v}");
+    assert!(revoked.contains(&format!("{id}-reasoning")), "{v}");
+    let s = fx.ok(None, "collab_status", json!({"id": id}));
+    assert_eq!(s["state"], "cancelled");
+    fx.refuse(None, "collab_cancel", json!({"id": id}), "invalid_argument");
+    fx.refuse(
+        None,
+        "collab_status",
+        json!({"id": "c00000000"}),
+        "not_found",
+    );
+    let listed = fx.ok(None, "collab_list", json!({}));
+    assert_eq!(listed["collabs"][0]["state"], "cancelled");
+}
+
+#[test]
+fn a_start_refuses_what_it_cannot_run_and_writes_nothing() {
+    let mut fx = Fx::new();
+    let before = fx.snapshot();
+    for (args, code, field) in [
+        (json!({"goal": " "}), "invalid_argument", "goal"),
+        (
+            json!({"goal": "g", "pack": PACK, "prompts": {}, "roles": ["reasoning=script:read"]}),
+            "pack_invalid",
+            "phases[0].prompt",
+        ),
+        (
+            json!({"goal": "g", "pack": PACK, "prompts": {"p.md": "x"}, "roles": ["reasoning"]}),
+            "invalid_argument",
+            "roles",
+        ),
+        (
+            json!({"goal": "g", "pack": PACK, "prompts": {"p.md": "x"}, "roles": []}),
+            "profile_invalid",
+            "adapter",
+        ),
+        (
+            json!({"goal": "g", "pack": "name = \"x\"", "prompts": {}, "roles": []}),
+            "pack_invalid",
+            "phases",
+        ),
+        (
+            json!({"goal": "g", "pack": PACK, "prompts": {"p.md": "x"},
+                "roles": ["reasoning=script:read"], "extra": 1}),
+            "invalid_argument",
+            "args",
+        ),
+    ] {
+        let r = fx.refuse(None, "collab_start", args.clone(), code);
+        if field != "args" {
+            assert_eq!(r.detail["field"], field, "{args}: {r}");
+        }
+    }
+    assert_eq!(fx.snapshot(), before);
+    assert_eq!(fx.ok(None, "collab_list", json!({}))["collabs"], json!([]));
+}
