@@ -92,8 +92,12 @@ pub enum Cmd {
         #[arg(long)]
         max_tier: Option<String>,
     },
-    /// Play a short scene on a throw-away state dir that shows the Work Gate at work.
-    Demo,
+    /// Play a short scene on a throw-away state dir that shows the Work Gate at work;
+    /// `room demo collab` runs a collaboration end to end instead.
+    Demo {
+        #[arg(value_parser = ["collab"])]
+        scene: Option<String>,
+    },
     /// Measure throughput and latency against raw SQLite commits on the same disk.
     Bench(crate::bench::BenchArgs),
     /// Verify every room's hash chain (works without the daemon).
@@ -695,7 +699,7 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
         | Cmd::Api
         | Cmd::AgentScript { .. }
         | Cmd::Serve { .. }
-        | Cmd::Demo
+        | Cmd::Demo { .. }
         | Cmd::Bench(_)
         | Cmd::Verify { .. }
         | Cmd::Collab(_)
@@ -723,7 +727,12 @@ pub fn run(cli: Cli) -> i32 {
             listen,
             engine_threads,
         } => return serve(&cli, *listen, *engine_threads),
-        Cmd::Demo => return crate::demo::run(),
+        Cmd::Demo { scene } => {
+            return match scene.as_deref() {
+                Some("collab") => crate::demo_collab::run(),
+                _ => crate::demo::run(),
+            };
+        }
         Cmd::AgentScript { steps } => return crate::agent_script::run(steps),
         Cmd::Api => {
             let sock = std::env::var_os("ROOM_SOCKET").map_or_else(

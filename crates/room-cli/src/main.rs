@@ -12,6 +12,7 @@ mod cmd;
 mod collab;
 mod connect;
 mod demo;
+mod demo_collab;
 mod doctor;
 mod mcp_cmd;
 mod mcp_http;
