@@ -3,7 +3,7 @@
 //! has and the model routes of the state dir's config.toml; `artifact` checks a blackboard
 //! artifact against its kind's schema. Through the daemon: `start` (the pack and its prompt
 //! files are read here and sent), `status`, `list`, `artifacts`, `show`, `approve`, `revise`,
-//! `reject`, `cancel`.
+//! `reject`, `cancel`, `rerun --from PHASE`.
 
 use crate::cmd::{Cli, EXIT_IO, EXIT_REFUSED};
 use clap::Subcommand;
@@ -78,6 +78,12 @@ pub enum CollabCmd {
     },
     /// Cancel a collaboration: its room is cancelled, its identities revoked.
     Cancel { id: String },
+    /// Run a phase again (after a failure or a rejection); the phases after it follow.
+    Rerun {
+        id: String,
+        #[arg(long = "from")]
+        phase: String,
+    },
 }
 
 pub fn run(cli: &Cli, cmd: &CollabCmd) -> i32 {
@@ -308,6 +314,9 @@ fn request(cmd: &CollabCmd) -> Result<room_server::wire::Request, Failed> {
             r
         }
         CollabCmd::Cancel { id } => Request::new("collab_cancel", json!({"id": id})),
+        CollabCmd::Rerun { id, phase } => {
+            Request::new("collab_rerun", json!({"id": id, "phase": phase}))
+        }
         CollabCmd::Check { .. } | CollabCmd::Artifact { .. } => {
             unreachable!("offline commands are run where they are")
         }

@@ -331,6 +331,59 @@ impl Engine {
         self.close_collab(&c, to)
     }
 
+    /// The owner asks for `phase` to run again (its newest run failed or was rejected, or
+    /// the person wants another take): a `rerun` marker becomes the phase's newest run, which
+    /// the scheduler reads as not yet done. Only a running collaboration reruns, and not a
+    /// phase that is running now.
+    pub fn collab_rerun(&self, _owner: &Owner, id: &str, phase: &str) -> Outcome<CollabRunRow> {
+        let c = self.collab_row(id)?;
+        if c.state != "running" {
+            return Err(Refusal::invalid(
+                "id",
+                format!("collaboration {id} is {}: nothing reruns", c.state),
+            ));
+        }
+        let mut ctl = self.control();
+        let runs = ctl
+            .collab_runs(id, RUNS_PER_COLLAB_MAX)
+            .map_err(store_err)?;
+        let newest = runs
+            .iter()
+            .filter(|r| r.phase == phase)
+            .max_by_key(|r| r.run);
+        if let Some(r) = newest
+            && matches!(r.state.as_str(), "approval" | "dispatching" | "running")
+        {
+            return Err(Refusal::new(
+                Code::TaskStateInvalid,
+                format!(
+                    "phase {phase} is {} now: it reruns once it has ended",
+                    r.state
+                ),
+            )
+            .detail(json!({"field": "phase", "state": r.state, "run": r.run})));
+        }
+        if runs.len() >= RUNS_PER_COLLAB_MAX {
+            return Err(Refusal::new(
+                Code::QuotaExceeded,
+                format!("collaboration {id} holds {RUNS_PER_COLLAB_MAX} runs"),
+            ));
+        }
+        let now = self.now_ms();
+        let row = CollabRunRow {
+            collab: id.into(),
+            phase: phase.into(),
+            run: newest.map_or(1, |r| r.run + 1),
+            task: None,
+            state: "rerun".into(),
+            reads: "{}".into(),
+            started_ms: now,
+            ended_ms: Some(now),
+        };
+        ctl.put_collab_run(&row).map_err(store_err)?;
+        Ok(row)
+    }
+
     /// The owner cancels a collaboration: its room is cancelled (workers stopped, queued
     /// wakes dead), and its identities revoked.
     pub fn collab_cancel(&self, owner: &Owner, id: &str) -> Outcome<Value> {

@@ -384,6 +384,30 @@ pub fn approval_view(a: &ApprovalRow) -> Value {
         "created_ms": a.created_ms, "decided_ms": a.decided_ms, "note": a.note})
 }
 
+/// `collab_rerun`: the phase (one of the pack's) runs again; the phases after it follow
+/// once it has written new versions.
+pub fn rerun(engine: &Engine, owner: &Owner, id: &str, phase: &str) -> Result<Value, Refusal> {
+    let (c, _, _) = engine.collab_show(owner, id)?;
+    let spec: Spec = serde_json::from_str(&c.spec)
+        .map_err(|e| Refusal::storage(format!("collaboration {id}: its spec: {e}")))?;
+    let pack = load(&spec.pack, &spec.roles)?;
+    if pack.phase(phase).is_none() {
+        return Err(Refusal::invalid(
+            "phase",
+            format!(
+                "{phase:?} is not a phase of the pack ({})",
+                pack.phases
+                    .iter()
+                    .map(|p| p.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ));
+    }
+    let row = engine.collab_rerun(owner, id, phase)?;
+    Ok(json!({"collab": id, "phase": phase, "run": row.run, "state": row.state}))
+}
+
 pub fn list(engine: &Engine, owner: &Owner) -> Result<Value, Refusal> {
     let all = engine.collabs_list(owner)?;
     Ok(
@@ -476,13 +500,12 @@ impl Scheduler {
 }
 
 /// Each phase's runs, as the schedule reads them: running while its newest run waits or runs,
-/// completed once any run is done, and what its newest run read.
+/// completed while its newest run is done, and what its newest run read.
 fn phase_runs(runs: &[CollabRunRow]) -> BTreeMap<String, PhaseRun> {
     let mut out: BTreeMap<String, PhaseRun> = BTreeMap::new();
     let mut newest: BTreeMap<&str, &CollabRunRow> = BTreeMap::new();
     for r in runs {
-        let e = out.entry(r.phase.clone()).or_default();
-        e.completed |= r.state == "done";
+        out.entry(r.phase.clone()).or_default();
         if newest.get(r.phase.as_str()).is_none_or(|n| r.run > n.run) {
             newest.insert(&r.phase, r);
         }
@@ -492,6 +515,8 @@ fn phase_runs(runs: &[CollabRunRow]) -> BTreeMap<String, PhaseRun> {
             .get_mut(phase)
             .expect("every phase with runs has an entry");
         e.running = matches!(r.state.as_str(), "approval" | "dispatching" | "running");
+        // a rerun or a failure leaves the phase to run again; a run done completes it
+        e.completed = r.state == "done";
         e.read_versions = reads_of(r);
     }
     out

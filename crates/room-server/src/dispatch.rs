@@ -63,6 +63,7 @@ const OWNER_OPS: &[&str] = &[
     "collab_list",
     "collab_decide",
     "collab_cancel",
+    "collab_rerun",
     "ping",
 ];
 
@@ -556,6 +557,10 @@ fn owner_op(engine: &Engine, owner: &Owner, op: &str, a: Value) -> Result<Value,
                 .map(|a| crate::collab::approval_view(&a))
         }
         "collab_cancel" => engine.collab_cancel(owner, &args::<IdArgs>(a)?.id),
+        "collab_rerun" => {
+            let a: RerunArgs = args(a)?;
+            crate::collab::rerun(engine, owner, &a.id, &a.phase)
+        }
         "collab_artifacts" => {
             let a: ArtifactIndexArgs = args(a)?;
             engine.artifact_index_owner(

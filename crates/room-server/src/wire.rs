@@ -871,3 +871,11 @@ pub struct DecideArgs {
     #[serde(default)]
     pub prompt: Option<String>,
 }
+
+/// `collab_rerun`: run a phase of a collaboration again.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RerunArgs {
+    pub id: String,
+    pub phase: String,
+}

@@ -113,6 +113,30 @@ fn a_decision_binds_the_digest_shown_and_is_made_once() {
         fx.ok(None, "collab_status", json!({"id": id}))["runs"],
         s["runs"]
     );
+    // the person asks for another take: the phase runs again, into a new request
+    fx.refuse(
+        None,
+        "collab_rerun",
+        json!({"id": id, "phase": "nope"}),
+        "invalid_argument",
+    );
+    let r = fx.ok(None, "collab_rerun", json!({"id": id, "phase": "spec"}));
+    assert_eq!(
+        (r["run"].as_u64(), r["state"].as_str()),
+        (Some(2), Some("rerun"))
+    );
+    let s = until(&mut fx, &id, |s| pending(s).is_some());
+    let again = pending(&s).unwrap();
+    assert_ne!(again["approval"], approval, "{s:#}");
+    assert_eq!(again["run"], 3);
+    // not while it waits
+    let r = fx.refuse(
+        None,
+        "collab_rerun",
+        json!({"id": id, "phase": "spec"}),
+        "task_state_invalid",
+    );
+    assert_eq!(r.detail["state"], "approval", "{r}");
 }
 
 #[test]
@@ -128,6 +152,12 @@ fn a_cancel_ends_the_collaboration_and_revokes_its_identities() {
     let s = fx.ok(None, "collab_status", json!({"id": id}));
     assert_eq!(s["state"], "cancelled");
     fx.refuse(None, "collab_cancel", json!({"id": id}), "invalid_argument");
+    fx.refuse(
+        None,
+        "collab_rerun",
+        json!({"id": id, "phase": "spec"}),
+        "invalid_argument",
+    );
     fx.refuse(
         None,
         "collab_status",
