@@ -2,12 +2,14 @@
 //! sample project (a shell greeter and its tests) gets a `--verbose` flag: a spec, research
 //! and an architecture decision in parallel, an implementation that applies a real diff, a
 //! gate that runs the project's tests, and the person's approvals (shown, then granted by the
-//! demo). Roles run on two distinct simulated backends: Room's scripted agent (`script`
+//! demo), then the person's merge. Roles run on two distinct simulated backends: Room's scripted agent (`script`
 //! routes) and a shell program (a `command` route) that applies the diff and reports through
 //! Room's bridge. Everything is printed as the daemon's scheduler does it; the chains are
 //! verified at the end.
 //!
-//! Worktrees are not built yet: the implementer writes the throw-away project directly.
+//! The implementer works in a copy of the project it makes itself (Room's worktrees are not
+//! built yet); the diff it writes must apply to the person's project as it stands, and the
+//! person merges it at the end.
 
 use room_server::client::Client;
 use room_server::daemon::Background as Daemon;
@@ -72,7 +74,7 @@ prompt = "prompt.md"
 name = "gate"
 kind = "gate"
 reads = ["diff"]
-commands = [{ program = "/bin/sh", args = ["test.sh"], timeout_ms = 60000 }]
+commands = [{ program = "/bin/sh", args = ["-c", "cd WORKTREE && sh test.sh"], timeout_ms = 60000 }]
 
 [[phases]]
 name = "approval"
@@ -149,24 +151,31 @@ fn materials(root: &Path) -> anyhow::Result<BTreeMap<&'static str, String>> {
     }
     let patch = kit.join("change.diff");
     write(&patch, PATCH, false)?;
-    // the implementer: a shell program (a `command` route) that applies the diff to the
-    // project, then reports through Room's bridge (its scripted agent) with the wake it got
+    // the implementer: a shell program (a `command` route) that applies the diff in a copy
+    // of the project (its own working tree: the person's stays as it is until they merge),
+    // then reports through Room's bridge (its scripted agent) with the wake it got
+    let worktree = root.join("worktrees/implementation");
     let implement = kit.join("implement.sh");
     write(
         &implement,
         &format!(
-            "#!/bin/sh\nset -e\ncd {}\ngit apply {}\nexec \"$ROOM_BRIDGE\" agent-script --steps read,claim,put:diff={},done\n",
-            project.display(),
-            patch.display(),
-            out["diff"]
+            "#!/bin/sh\nset -e\nrm -rf {wt}\nmkdir -p {wt}\ncp -R {project}/. {wt}/\ncd {wt}\ngit apply {patch}\nexec \"$ROOM_BRIDGE\" agent-script --steps read,claim,put:diff={diff},done\n",
+            wt = worktree.display(),
+            project = project.display(),
+            patch = patch.display(),
+            diff = out["diff"]
         ),
         true,
     )?;
     out.insert("implement", implement.display().to_string());
+    out.insert("worktree", worktree.display().to_string());
+    out.insert("patch", patch.display().to_string());
     out.insert("project", project.display().to_string());
     let pack_dir = root.join("pack");
     std::fs::create_dir_all(&pack_dir)?;
-    write(&pack_dir.join("pack.toml"), PACK, false)?;
+    let pack = PACK.replace("WORKTREE", &worktree.display().to_string());
+    write(&pack_dir.join("pack.toml"), &pack, false)?;
+    out.insert("pack", pack);
     write(
         &pack_dir.join("prompt.md"),
         "Read what your phase reads from the blackboard (artifact_get), write what it writes (artifact_put, for your task), then done.\n",
@@ -220,7 +229,7 @@ fn scene() -> anyhow::Result<()> {
     let started = call(
         &mut c,
         "collab_start",
-        json!({"goal": "greet.sh --verbose", "project": prj, "pack": PACK,
+        json!({"goal": "greet.sh --verbose", "project": prj, "pack": m["pack"],
             "prompts": prompts, "roles": roles}),
     )?;
     let id = started["collab"].as_str().unwrap_or_default().to_string();
@@ -331,17 +340,44 @@ fn scene() -> anyhow::Result<()> {
             &a["sha256"].as_str().unwrap_or("")[..16]
         ));
     }
+    println!(
+        "\n5. The person merges: the collaboration never touches their tree. The approved diff applies, and the project's tests pass."
+    );
+    let diff = call(
+        &mut c,
+        "collab_artifact",
+        json!({"room": id, "kind": "diff"}),
+    )?;
+    let merged = std::process::Command::new("git")
+        .args(["apply", "-"])
+        .current_dir(&m["project"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            if let Some(mut w) = child.stdin.take() {
+                w.write_all(diff["content"]["patch"].as_str().unwrap_or("").as_bytes())?;
+            }
+            child.wait()
+        })?;
+    anyhow::ensure!(merged.success(), "the approved diff did not apply");
     let out = std::process::Command::new("/bin/sh")
         .arg("test.sh")
         .current_dir(&m["project"])
         .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "the project's tests failed after the merge"
+    );
     show(format!(
-        "the project's tests now: {}",
+        "git apply (diff v{} by {}); sh test.sh: {}",
+        diff["version"],
+        diff["producer"].as_str().unwrap_or(""),
         String::from_utf8_lossy(&out.stdout).trim()
     ));
 
     println!(
-        "\n5. Done: the goal task closed and the collaboration's identities revoked. Cost: unknown (scripted backends report no usage; API roles are not wired yet)."
+        "\n6. Done: the goal task closed and the collaboration's identities revoked. Cost: unknown (scripted backends report no usage; API roles are not wired yet)."
     );
     let agents = call(&mut c, "agent_list", json!({}))?;
     let revoked = agents["agents"]

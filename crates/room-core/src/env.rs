@@ -146,6 +146,8 @@ pub struct RunRequest {
     pub project: Option<std::path::PathBuf>,
     pub project_write: bool,
     pub network: bool,
+    /// Bytes written to the run's standard input, which is then closed (empty: no input).
+    pub stdin: Vec<u8>,
 }
 
 /// How a run ended. `exit_code` is `None` when a signal ended it (or the deadline did).

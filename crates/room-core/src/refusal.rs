@@ -127,6 +127,7 @@ codes! {
     ArtifactReadDenied => "artifact_read_denied",
     ArtifactWriteDenied => "artifact_write_denied",
     ArtifactVersionConflict => "artifact_version_conflict",
+    ArtifactDiffDoesNotApply => "artifact_diff_does_not_apply",
     // a collaboration's approval queue: a decision binds the digest of what was shown
     ApprovalStale => "approval_stale",
     // the delegated identity tree: a child holds at most what its parent holds

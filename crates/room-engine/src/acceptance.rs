@@ -226,6 +226,7 @@ impl Engine {
             project: place.root.clone(),
             project_write: *project_write,
             network: *network,
+            stdin: Vec::new(),
         };
         match self.env.runner.run(&req) {
             Err(e) => {
@@ -408,6 +409,7 @@ impl Engine {
                             project: place.root.clone(),
                             project_write: false,
                             network: p.network,
+                            stdin: Vec::new(),
                         };
                         match self.env.runner.run(&req) {
                             Err(e) => json!({"effect_present": UNCONFIRMED, "error": e.to_string(),

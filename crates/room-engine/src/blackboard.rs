@@ -11,6 +11,9 @@
 //! other: a reader outside it is told the version does not exist (a reviewer's findings are
 //! addressed to the orchestrator and the owner until the barrier opens).
 //!
+//! A `diff` written in a project room must apply to the project's tree as it stands (`git
+//! apply --check`, run confined as a check is): `artifact_diff_does_not_apply`.
+//!
 //! A write names the version it expects to follow (0: the key is new). The check runs when
 //! the turn is prepared and again under the room's writer lock, where it counts: two writers
 //! that expected the same version never both land (`artifact_version_conflict`).
@@ -27,6 +30,8 @@ use std::sync::{Arc, Mutex};
 
 /// Artifacts one index page lists at most.
 pub const INDEX_PAGE_MAX: usize = 256;
+/// How long checking that a diff applies may take.
+pub const DIFF_CHECK_MS: u64 = 30_000;
 
 /// A blackboard write, as the caller asked for it (decoded from the wire, not yet checked).
 #[derive(Debug, Clone)]
@@ -108,6 +113,7 @@ impl Engine {
     pub(crate) fn draft_artifact(
         &self,
         p: &Principal,
+        binding: &room_core::event::Binding,
         d: &ArtifactDraft,
     ) -> Outcome<PendingArtifact> {
         let (kind, key) = parse_address(&d.kind, d.key.as_deref())?;
@@ -129,7 +135,14 @@ impl Engine {
             )
             .detail(json!({"field": "content", "limit_bytes": limits.artifact_bytes_max})));
         }
-        artifact::validate(&ArtifactKind::parse("kind", &kind)?, &d.content)?;
+        let parsed = ArtifactKind::parse("kind", &kind)?;
+        artifact::validate(&parsed, &d.content)?;
+        if parsed == ArtifactKind::Diff
+            && let Some(project) = binding.project()
+        {
+            let patch = d.content["patch"].as_str().unwrap_or_default();
+            self.check_applies(project, patch)?;
+        }
         Ok(PendingArtifact {
             version: ArtifactVersion {
                 kind,
@@ -180,6 +193,57 @@ impl Engine {
             version,
             ..a.version.clone()
         })
+    }
+
+    /// A `diff` in a project room applies cleanly to the project's tree as it stands:
+    /// `git apply --check` run as a check is (an owned job, confined, the project read-only),
+    /// the patch on its standard input. A patch that does not apply, or one that could not be
+    /// checked, is refused `artifact_diff_does_not_apply` (never accepted unchecked).
+    fn check_applies(&self, project: &str, patch: &str) -> Outcome<()> {
+        let root = std::path::PathBuf::from(self.revalidate_project(project)?.canonical_root);
+        let req = room_core::RunRequest {
+            program: "/bin/sh".into(),
+            args: vec![
+                "-c".into(),
+                "exec git apply --check --whitespace=nowarn -".into(),
+            ],
+            cwd: root.clone(),
+            timeout_ms: DIFF_CHECK_MS,
+            project: Some(root),
+            project_write: false,
+            network: false,
+            stdin: patch.as_bytes().to_vec(),
+        };
+        let refused = |why: String, detail: Value| {
+            Refusal::new(
+                Code::ArtifactDiffDoesNotApply,
+                format!("the diff does not apply to project {project}: {why}"),
+            )
+            .detail(detail)
+            .hint("rebase the patch on the project as it stands, then write it again")
+        };
+        match self.env.runner.run(&req) {
+            Ok(out) if out.exit_code == Some(0) && out.job_empty => Ok(()),
+            Ok(out) if out.timed_out || !out.job_empty => Err(refused(
+                "it could not be checked".into(),
+                json!({"field": "patch", "observation": "unconfirmed", "timed_out": out.timed_out}),
+            )),
+            Ok(out) => {
+                let stderr: String = out.stderr_tail.chars().take(1024).collect();
+                Err(refused(
+                    stderr
+                        .lines()
+                        .next()
+                        .unwrap_or("git apply --check failed")
+                        .into(),
+                    json!({"field": "patch", "exit_code": out.exit_code, "stderr": stderr}),
+                ))
+            }
+            Err(e) => Err(refused(
+                format!("it could not be checked ({e})"),
+                json!({"field": "patch", "observation": "unconfirmed"}),
+            )),
+        }
     }
 
     /// The version a write expecting `expected` makes, or `artifact_version_conflict`.

@@ -162,7 +162,11 @@ impl ConfinedRunner {
             .env_clear()
             .env("PATH", crate::PATH)
             .env("LANG", "C.UTF-8")
-            .stdin(Stdio::null())
+            .stdin(if req.stdin.is_empty() {
+                Stdio::null()
+            } else {
+                Stdio::piped()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         if let Some(home) = std::env::var_os("HOME") {
@@ -185,6 +189,7 @@ impl ConfinedRunner {
             }
         };
         job.started(child.id());
+        crate::feed(child.stdin.take(), &req.stdin);
         let out = crate::tail_reader(child.stdout.take());
         let err = crate::tail_reader(child.stderr.take());
         let deadline = started + Duration::from_millis(req.timeout_ms);

@@ -53,7 +53,11 @@ impl Runner for ProcessRunner {
             .env_clear()
             .env("PATH", PATH)
             .env("LANG", "C.UTF-8")
-            .stdin(Stdio::null())
+            .stdin(if req.stdin.is_empty() {
+                Stdio::null()
+            } else {
+                Stdio::piped()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         if let Some(home) = std::env::var_os("HOME") {
@@ -61,6 +65,7 @@ impl Runner for ProcessRunner {
         }
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         let mut child = cmd.spawn()?;
+        crate::feed(child.stdin.take(), &req.stdin);
         let pgid = Pid::from_raw(i32::try_from(child.id()).expect("pids fit i32"))
             .expect("a spawned child has a positive pid");
         let out = tail_reader(child.stdout.take());
@@ -98,6 +103,19 @@ impl Runner for ProcessRunner {
             job_empty: group_empty,
             confinement: "process_group".into(),
         })
+    }
+}
+
+/// Write `bytes` to a child's standard input from a thread of its own (a child that does not
+/// read them cannot stall the caller's deadline), then close it.
+pub(crate) fn feed(stdin: Option<std::process::ChildStdin>, bytes: &[u8]) {
+    if let Some(mut w) = stdin {
+        let bytes = bytes.to_vec();
+        std::thread::spawn(move || {
+            use std::io::Write;
+            // a child that exits before reading all of it closes the pipe: not an error here
+            let _ = w.write_all(&bytes);
+        });
     }
 }
 
@@ -203,6 +221,18 @@ mod tests {
             timeout_ms,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn stdin_is_fed_then_closed() {
+        let mut r = req("/bin/cat", &[], 10_000);
+        r.stdin = b"a patch\n".to_vec();
+        let out = ProcessRunner.run(&r).unwrap();
+        assert_eq!(out.exit_code, Some(0), "cat ends at the end of its input");
+        assert_eq!(out.stdout_tail, "a patch\n");
+        // without input, stdin is empty (not the caller's)
+        let out = ProcessRunner.run(&req("/bin/cat", &[], 10_000)).unwrap();
+        assert_eq!((out.exit_code, out.stdout_tail.as_str()), (Some(0), ""));
     }
 
     #[test]

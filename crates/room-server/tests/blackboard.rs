@@ -533,3 +533,50 @@ fn an_artifact_check_closes_a_task_only_on_the_holder_s_version() {
     assert_eq!(done["detail"]["acceptance"], "passed", "{done}");
     assert_eq!(fx.task_status(&task), "done");
 }
+
+/// In a project room a `diff` must apply to the project as it stands (`git apply --check`,
+/// run confined): one that does not is refused `artifact_diff_does_not_apply`, naming why,
+/// and nothing is written.
+#[test]
+fn a_diff_that_does_not_apply_to_the_project_is_refused() {
+    let mut fx = Fx::new();
+    let (dir, project) = fx.open_project("sample");
+    std::fs::write(dir.join("greet.sh"), "#!/bin/sh\necho \"hello\"\n").unwrap();
+    let writer = fx.ok(
+        None,
+        "agent_delegate",
+        json!({"name": "impl", "max_tier": "member", "scopes": ["artifact:write:diff"]}),
+    )["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    fx.ok(
+        None,
+        "room_create",
+        json!({"name": "work", "project": project, "members": ["impl"]}),
+    );
+    fx.sync_all(&writer, "work");
+    let diff = |old: &str| {
+        json!({"room": "work", "kind": "diff", "expected_version": 0, "content": {
+            "base": "sample@1",
+            "patch": format!("--- a/greet.sh\n+++ b/greet.sh\n@@ -1,2 +1,3 @@\n #!/bin/sh\n+# greets\n {old}\n"),
+        }})
+    };
+    let r = fx.refuse(
+        Some(&writer),
+        "artifact_put",
+        diff("echo \"goodbye\""),
+        "artifact_diff_does_not_apply",
+    );
+    assert_eq!(r.detail["field"], "patch", "{r}");
+    assert!(
+        r.detail["stderr"].as_str().unwrap().contains("greet.sh"),
+        "{r}"
+    );
+    fx.ok(Some(&writer), "artifact_put", diff("echo \"hello\""));
+    // the check reads the project and changes nothing in it
+    assert_eq!(
+        std::fs::read_to_string(dir.join("greet.sh")).unwrap(),
+        "#!/bin/sh\necho \"hello\"\n"
+    );
+}
