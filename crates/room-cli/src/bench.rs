@@ -22,7 +22,9 @@ pub struct BenchArgs {
     /// (`done` with sha256 checks against hashing the same bytes; a claim against 10,000
     /// live leases against an uncontended one) or `wakes` (send to worker claim at 1, 16 and 64
     /// recipients against spawning the worker binary; stopping a 50-process tree until zero
-    /// processes are observed against killing one).
+    /// processes are observed against killing one) or `collab` (a collaboration's per-phase
+    /// overhead with instant agents against a raw SQLite commit, phases per second with 100
+    /// collaborations in parallel, memory per live collaboration).
     #[arg(default_value = "core")]
     pub what: String,
     /// Seconds each measurement runs.
@@ -83,9 +85,10 @@ pub fn run(a: &BenchArgs) -> i32 {
         "swarm" => crate::bench_mcp::swarm(a),
         "acceptance" => crate::bench_accept::bench(a),
         "wakes" => crate::bench_wakes::bench(a),
+        "collab" => crate::bench_collab::bench(a),
         other => {
             eprintln!(
-                "error[invalid_argument]: what: {other:?} is not core, mcp, swarm, acceptance or wakes"
+                "error[invalid_argument]: what: {other:?} is not core, mcp, swarm, acceptance, wakes or collab"
             );
             return crate::cmd::EXIT_REFUSED;
         }

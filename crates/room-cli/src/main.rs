@@ -6,6 +6,7 @@ mod agent_script;
 mod api;
 mod bench;
 mod bench_accept;
+mod bench_collab;
 mod bench_mcp;
 mod bench_wakes;
 mod cmd;

@@ -38,7 +38,8 @@ use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
-/// How often the scheduler passes over the running collaborations.
+/// How often the scheduler passes over the running collaborations when nothing announces a
+/// change sooner (every call that may move a room does).
 pub const TICK_MS: u64 = 200;
 /// The longest goal.
 pub const GOAL_BYTES_MAX: usize = 4096;

@@ -651,11 +651,15 @@ pub async fn serve(
         let engine = engine.clone();
         let scheduler = Arc::new(crate::collab::Scheduler::default());
         async move {
-            let mut tick =
-                tokio::time::interval(std::time::Duration::from_millis(crate::collab::TICK_MS));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // a pass follows every call that may have moved a room (an agent's done, an
+            // artifact, a decision), and at least every TICK_MS
+            let mut changes = crate::dispatch::changes().subscribe();
             loop {
-                tick.tick().await;
+                let _ = tokio::time::timeout(
+                    std::time::Duration::from_millis(crate::collab::TICK_MS),
+                    changes.changed(),
+                )
+                .await;
                 let engine = engine.clone();
                 let scheduler = scheduler.clone();
                 if let Err(e) = tokio::task::spawn_blocking(move || scheduler.tick(&engine)).await {

@@ -1,0 +1,312 @@
+//! `room bench collab`: what the collaboration floor costs around the work it schedules. The
+//! engine and the daemon's scheduler run in this process; the role agents are instant (the
+//! bench acts for them as soon as a task reaches them: claim, write the phase's artifact for
+//! the task, done), so what is measured is Room's part of each phase:
+//!
+//! - per-phase overhead with one collaboration: `ready → dispatched` (an agent's `done`
+//!   returned until the next phase's task exists: the scheduler's settle and dispatch) and
+//!   `dispatched → done` (the instant agent's claim, artifact and `done` with its `artifact`
+//!   acceptance), p50 and p99, each as a ratio to one raw SQLite commit on the same disk;
+//! - phases per second with 100 collaborations in parallel on one engine;
+//! - the resident memory each live collaboration adds.
+
+use crate::bench::{BenchArgs, owner, pct};
+use room_engine::Engine;
+use room_engine::principal::AgentCaller;
+use room_engine::verbs::TurnArgs;
+use room_server::collab::{Scheduler, StartArgs};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// Collaborations run together in the throughput row.
+const PARALLEL: usize = 100;
+/// Rounds of the four-phase pack in the overhead row.
+const ROUNDS: usize = 25;
+
+/// Four agent phases in a chain, each on its own role, none waiting for approval.
+const PACK: &str = r#"name = "bench"
+
+[[phases]]
+name = "p1"
+kind = "agent"
+role = "search"
+writes = ["extra/p1"]
+approve = false
+
+[[phases]]
+name = "p2"
+kind = "agent"
+role = "reasoning"
+reads = ["extra/p1"]
+writes = ["extra/p2"]
+approve = false
+
+[[phases]]
+name = "p3"
+kind = "agent"
+role = "architecture"
+reads = ["extra/p2"]
+writes = ["extra/p3"]
+approve = false
+
+[[phases]]
+name = "p4"
+kind = "agent"
+role = "review"
+reads = ["extra/p3"]
+writes = ["extra/p4"]
+approve = false
+"#;
+
+const ROLES: [&str; 4] = ["search", "reasoning", "architecture", "review"];
+
+fn ok(r: Result<Value, room_core::Refusal>) -> anyhow::Result<Value> {
+    r.map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+fn caller(token: String) -> AgentCaller {
+    AgentCaller {
+        token,
+        conversation: "bench".into(),
+        declared_tier: None,
+        page_bytes_max: None,
+    }
+}
+
+fn engine(dir: &Path) -> anyhow::Result<(tempfile::TempDir, Engine)> {
+    let tmp = tempfile::tempdir_in(dir)?;
+    let root = std::fs::canonicalize(tmp.path())?;
+    let state = room_store::statedir::init(&root.join("state"), &root.join("boot.toml"), "bench")?;
+    std::fs::write(
+        state.root.join("config.toml"),
+        "[quotas]\ntasks_open = 100000\n",
+    )?;
+    let store = room_server::daemon::embedded_store(&state);
+    let e = Engine::open(
+        state,
+        room_server::daemon::real_env(),
+        store,
+        Default::default(),
+    )?;
+    Ok((tmp, e))
+}
+
+/// One started collaboration and its role agents' credentials.
+struct Collab {
+    id: String,
+    agents: BTreeMap<String, AgentCaller>,
+    /// Tasks already acted on.
+    acted: Vec<String>,
+}
+
+fn start(e: &Engine) -> anyhow::Result<Collab> {
+    let o = owner(e);
+    let v = ok(room_server::collab::start(
+        e,
+        &o,
+        StartArgs {
+            goal: "measure".into(),
+            project: None,
+            pack: Some(PACK.into()),
+            prompts: BTreeMap::new(),
+            roles: ROLES.iter().map(|r| format!("{r}=script:read")).collect(),
+        },
+    ))?;
+    let id = v["collab"].as_str().unwrap_or_default().to_string();
+    let mut agents = BTreeMap::new();
+    for (_, name) in v["agents"].as_object().into_iter().flatten() {
+        let name = name.as_str().unwrap_or_default().to_string();
+        let token = e.rotate(&o, &name).map_err(anyhow::Error::msg)?.token;
+        agents.insert(name, caller(token));
+    }
+    Ok(Collab {
+        id,
+        agents,
+        acted: Vec::new(),
+    })
+}
+
+fn catch_up(e: &Engine, a: &AgentCaller, room: &str) -> anyhow::Result<()> {
+    let mut confirm: Option<String> = None;
+    for _ in 0..10_000 {
+        let page = ok(e.sync(a, room, confirm.as_deref()))?;
+        if page["more"] != true && confirm.is_some() {
+            return Ok(());
+        }
+        confirm = page["receipt"].as_str().map(String::from);
+    }
+    anyhow::bail!("{room} did not settle")
+}
+
+/// Act, instantly, on every task of `c` that reached one of its agents: claim, write the
+/// phase's artifact for it, done. Returns how many were closed.
+fn act(e: &Engine, c: &mut Collab) -> anyhow::Result<usize> {
+    let o = owner(e);
+    let (_, runs, _) = e.collab_show(&o, &c.id).map_err(anyhow::Error::msg)?;
+    let mut closed = 0;
+    for r in runs.iter().filter(|r| r.state == "running") {
+        let Some(task) = &r.task else { continue };
+        if c.acted.contains(task) {
+            continue;
+        }
+        let role = match r.phase.as_str() {
+            "p1" => "search",
+            "p2" => "reasoning",
+            "p3" => "architecture",
+            _ => "review",
+        };
+        let a = &c.agents[&format!("{}-{role}", c.id)];
+        ok(e.task_claim(a, task, None))?;
+        catch_up(e, a, &c.id)?;
+        let kind = format!("extra/{}", r.phase);
+        let current = e
+            .artifact_index_owner(&o, &c.id, None, 16)
+            .map_err(anyhow::Error::msg)?["artifacts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|x| x["kind"] == kind.as_str())
+            .and_then(|x| x["version"].as_u64())
+            .unwrap_or(0) as u32;
+        ok(e.turn(
+            a,
+            room_core::Verb::Note,
+            TurnArgs {
+                room: c.id.clone(),
+                task: Some(task.clone()),
+                artifact: Some(room_engine::blackboard::ArtifactDraft {
+                    kind,
+                    key: None,
+                    content: json!({"phase": r.phase, "run": r.run}),
+                    expected_version: current,
+                }),
+                ..TurnArgs::default()
+            },
+        ))?;
+        ok(e.turn(
+            a,
+            room_core::Verb::Done,
+            TurnArgs {
+                room: c.id.clone(),
+                task: Some(task.clone()),
+                ..TurnArgs::default()
+            },
+        ))?;
+        c.acted.push(task.clone());
+        closed += 1;
+    }
+    Ok(closed)
+}
+
+fn state(e: &Engine, id: &str) -> anyhow::Result<String> {
+    let (c, _, _) = e.collab_show(&owner(e), id).map_err(anyhow::Error::msg)?;
+    Ok(c.state)
+}
+
+/// Resident bytes of this process.
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4096)
+}
+
+fn raw_commit_us(dir: &Path) -> anyhow::Result<f64> {
+    let tmp = tempfile::tempdir_in(dir)?;
+    let conn = rusqlite::Connection::open(tmp.path().join("raw.db"))?;
+    room_store::index::configure(&conn)?;
+    conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB NOT NULL)")?;
+    let body = vec![7u8; 256];
+    let mut lat = Vec::new();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(500) {
+        let t = Instant::now();
+        conn.execute("INSERT INTO t (body) VALUES (?1)", [&body])?;
+        lat.push(t.elapsed());
+    }
+    pct(&mut lat, 0.5).ok_or_else(|| anyhow::anyhow!("no commits measured"))
+}
+
+pub fn bench(a: &BenchArgs) -> anyhow::Result<()> {
+    let dir = a.dir.clone().unwrap_or_else(std::env::temp_dir);
+    eprintln!("measuring collaborations in {} …", dir.display());
+    let raw = raw_commit_us(&dir)?;
+    // per-phase overhead, one collaboration at a time
+    let (_tmp, e) = engine(&dir)?;
+    let sched = Scheduler::default();
+    let (mut ready, mut work) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        let mut c = start(&e)?;
+        let mut t = Instant::now();
+        loop {
+            sched.tick(&e);
+            let dispatched = Instant::now();
+            if state(&e, &c.id)? != "running" {
+                break;
+            }
+            ready.push(dispatched - t);
+            let closed = act(&e, &mut c)?;
+            anyhow::ensure!(closed > 0, "a pass dispatched nothing for {}", c.id);
+            t = Instant::now();
+            work.push(t - dispatched);
+        }
+    }
+    println!(
+        "{:<52} {:>10} {:>10}  ratio to one raw SQLite commit (p50 {raw:.0} us)",
+        "row", "p50 us", "p99 us"
+    );
+    for (name, lat) in [
+        ("phase overhead: ready -> dispatched", &mut ready),
+        (
+            "phase overhead: dispatched -> done (instant agent)",
+            &mut work,
+        ),
+    ] {
+        let (p50, p99) = (pct(lat, 0.5).unwrap_or(0.0), pct(lat, 0.99).unwrap_or(0.0));
+        println!(
+            "{name:<52} {p50:>10.0} {p99:>10.0}  {:.1}x / {:.1}x",
+            p50 / raw,
+            p99 / raw
+        );
+    }
+    drop(e);
+    // throughput and memory, PARALLEL collaborations on one engine
+    let (_tmp2, e) = engine(&dir)?;
+    let sched = Scheduler::default();
+    let before = rss_bytes();
+    let mut all = Vec::new();
+    for _ in 0..PARALLEL {
+        all.push(start(&e)?);
+    }
+    sched.tick(&e);
+    let live = rss_bytes().saturating_sub(before);
+    let t = Instant::now();
+    let mut phases = 0;
+    loop {
+        for c in all.iter_mut() {
+            phases += act(&e, c)?;
+        }
+        sched.tick(&e);
+        if e.collabs_running().map_err(anyhow::Error::msg)?.is_empty() {
+            break;
+        }
+        anyhow::ensure!(
+            t.elapsed() < Duration::from_secs(600),
+            "the collaborations did not finish"
+        );
+    }
+    let secs = t.elapsed().as_secs_f64();
+    println!(
+        "{:<52} {:>10.1} phases/s ({phases} phases, {PARALLEL} collaborations, {secs:.1} s)",
+        "phases per second, 100 collaborations in parallel",
+        phases as f64 / secs
+    );
+    println!(
+        "{:<52} {:>10.0} KiB each (resident growth over {PARALLEL} live collaborations)",
+        "memory per live collaboration",
+        live as f64 / PARALLEL as f64 / 1024.0
+    );
+    Ok(())
+}
