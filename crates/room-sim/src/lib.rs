@@ -10,7 +10,12 @@
 //!   leases, a causal flag beside every `done` over unresolved children, and every claim past
 //!   its TTL at a sweep recorded in doubt;
 //! - a retry of an acknowledged-but-unanswered turn with its idempotency key is refused as a
-//!   repeat naming the original event.
+//!   repeat naming the original event;
+//! - with `blackboard` on: some members are delegated principals holding artifact scopes,
+//!   and every artifact write and read is checked against the fence (a write or read the
+//!   scopes do not allow is refused `artifact_write_denied`/`artifact_read_denied`), the
+//!   versions acknowledged (a write lands as the next version, holding what was written, and
+//!   survives every crash) and audiences (a withheld version does not exist for its reader).
 //!
 //! A failure names the seed and step; `room-sim --seed N` replays it.
 
@@ -90,6 +95,10 @@ pub struct SimConfig {
     /// Inject journal faults and crashes.
     pub faults: bool,
     pub broken: Option<Broken>,
+    /// Some members are delegated principals holding artifact scopes, some notes write
+    /// blackboard artifacts and some steps read them, each checked against the fence and the
+    /// versions acknowledged (off by default: the regression seeds replay as they were found).
+    pub blackboard: bool,
 }
 
 impl SimConfig {
@@ -101,6 +110,7 @@ impl SimConfig {
             rooms: 6,
             faults: true,
             broken: None,
+            blackboard: false,
         }
     }
 }
@@ -330,6 +340,30 @@ struct Agent {
     /// view, and honours it again if the view comes back (a member revoked, then restored):
     /// what was read under a view is still read under the same view.
     revivable: BTreeMap<String, u64>,
+    /// A delegated principal's scopes (`None`: a root the owner enrolled, bounded by its tier).
+    scopes: Option<Vec<String>>,
+}
+
+/// The scopes the simulation's delegated members draw from.
+const BOARD_SCOPES: [&str; 5] = [
+    "artifact:read:spec",
+    "artifact:write:spec",
+    "artifact:read:extra/notes",
+    "artifact:write:extra/notes",
+    "session:read",
+];
+const BOARD_KINDS: [&str; 2] = ["spec", "extra/notes"];
+
+/// One acknowledged artifact version: its event, content and audience (empty: every reader).
+#[derive(Debug, Clone)]
+struct Version {
+    event: String,
+    content: Value,
+    audience: Vec<String>,
+}
+
+fn holds(scopes: &Option<Vec<String>>, scope: &str) -> bool {
+    scopes.as_ref().is_none_or(|s| s.iter().any(|x| x == scope))
 }
 
 pub struct Sim {
@@ -370,6 +404,10 @@ pub struct Sim {
     runner: Arc<SimRunner>,
     /// Turns written for an audience, by event id: no page may carry one to anyone else.
     withheld: BTreeMap<String, BTreeSet<String>>,
+    /// The blackboard's acknowledged versions per (room, kind); keys whose last write's
+    /// answer was lost (it may have landed) are in `board_doubt`.
+    board: BTreeMap<(String, String), Vec<Version>>,
+    board_doubt: BTreeSet<(String, String)>,
     /// Times the clock stepped back so far.
     clock_backs: u64,
     /// `ROOM_SIM_TRACE` is set: every line noted goes to stderr as well, not only the last 30
@@ -445,6 +483,8 @@ impl Sim {
             swept_at: None,
             runner: Arc::new(SimRunner::new(seed)),
             withheld: BTreeMap::new(),
+            board: BTreeMap::new(),
+            board_doubt: BTreeSet::new(),
             clock_backs: 0,
             trace: std::env::var_os("ROOM_SIM_TRACE").is_some(),
         }
@@ -577,11 +617,28 @@ impl Sim {
                 Tier::Member
             };
             let name = format!("a{i}");
-            let token = self
-                .e()
-                .enroll(&self.owner(), &name, tier, "sim")
-                .map_err(|r| r.to_string())?
-                .token;
+            let scopes = (self.cfg.blackboard && i % 4 != 0 && self.rng.chance(50)).then(|| {
+                BOARD_SCOPES
+                    .iter()
+                    .filter(|_| self.rng.chance(50))
+                    .map(|s| s.to_string())
+                    .collect::<Vec<_>>()
+            });
+            let token = match &scopes {
+                None => {
+                    self.e()
+                        .enroll(&self.owner(), &name, tier, "sim")
+                        .map_err(|r| r.to_string())?
+                        .token
+                }
+                Some(scopes) => self
+                    .e()
+                    .delegate_as_owner(&self.owner(), None, &name, scopes, Some(tier))
+                    .map_err(|r| r.to_string())?["token"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            };
             self.agents.push(Agent {
                 name,
                 token,
@@ -597,6 +654,7 @@ impl Sim {
                 raised: vec![],
                 pending: None,
                 revivable: BTreeMap::new(),
+                scopes,
             });
         }
         for r in 0..self.cfg.rooms {
@@ -733,6 +791,7 @@ impl Sim {
             86 if self.cfg.faults => self.crash_and_restart(),
             87..=88 => self.sweep(),
             89 => self.dispatch(),
+            90..=91 if self.cfg.blackboard => self.artifact_read(),
             _ => {
                 self.clock.advance(1 + self.rng.below(50));
                 // what the daemon does every 100 ms: commit pending index rows
@@ -853,6 +912,166 @@ impl Sim {
                 }
             }
             _ => Err(bad()),
+        }
+    }
+
+    /// A blackboard write's outcome against the fence and the versions acknowledged: a
+    /// write the writer's scopes do not allow is refused `artifact_write_denied`; one that
+    /// lands is the next version, holding what was written; a conflict is refused only when
+    /// the expectation was stale (or a write in doubt may have moved the key).
+    fn check_put(
+        &mut self,
+        i: usize,
+        room: &str,
+        draft: &room_engine::blackboard::ArtifactDraft,
+        audience: &[String],
+        out: &Result<Value, room_core::Refusal>,
+    ) -> Result<(), Failure> {
+        let key = (room.to_string(), draft.kind.clone());
+        let scope = format!("artifact:write:{}", draft.kind);
+        let allowed = holds(&self.agents[i].scopes, &scope);
+        let known = self.board.get(&key).map_or(0, |v| v.len() as u32);
+        let doubt = self.board_doubt.contains(&key);
+        let name = self.agents[i].name.clone();
+        match out {
+            Ok(v) if !allowed => {
+                return Err(self.fail(format!("{name} wrote {} without {scope}: {v}", draft.kind)));
+            }
+            Ok(v) => {
+                let event = v["event"].as_str().unwrap_or_default().to_string();
+                let got = self
+                    .e()
+                    .artifact_get_owner(&self.owner(), room, &draft.kind, None, None)
+                    .map_err(|r| self.fail(format!("{name}'s landed {}: {r}", draft.kind)))?;
+                let version = got["version"].as_u64().unwrap_or(0) as u32;
+                if got["event"] != event.as_str() || got["content"] != draft.content {
+                    return Err(self.fail(format!(
+                        "{name}'s {} in {room} reads back otherwise: {got}",
+                        draft.kind
+                    )));
+                }
+                if version != draft.expected_version + 1 || (!doubt && version != known + 1) {
+                    return Err(self.fail(format!(
+                        "{name}'s {} in {room} landed as version {version}, expected after {} (acknowledged {known})",
+                        draft.kind, draft.expected_version
+                    )));
+                }
+                let mut readers: Vec<String> = v["audience"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|a| a.as_str().map(String::from))
+                    .collect();
+                if readers.is_empty() && !audience.is_empty() {
+                    readers = audience.to_vec();
+                }
+                let versions = self.board.entry(key.clone()).or_default();
+                // a version a lost answer wrote is learned from its successor's number
+                versions.truncate(version as usize - 1);
+                while versions.len() < version as usize - 1 {
+                    versions.push(Version {
+                        event: String::new(),
+                        content: Value::Null,
+                        audience: vec!["(unknown)".into()],
+                    });
+                }
+                versions.push(Version {
+                    event,
+                    content: draft.content.clone(),
+                    audience: readers,
+                });
+                self.board_doubt.remove(&key);
+            }
+            Err(r) if !allowed && !self.agents[i].revoked => {
+                // the fence runs before the gate: nothing but authorization comes first
+                if !matches!(
+                    r.code,
+                    Code::ArtifactWriteDenied
+                        | Code::CredentialRevoked
+                        | Code::CredentialInvalid
+                        | Code::RoomNotMember
+                        | Code::RoomArchived
+                        | Code::RoomTurnQueueExceeded
+                        | Code::StorageFailed
+                ) {
+                    return Err(self.fail(format!(
+                        "{name} without {scope} was refused {} instead of artifact_write_denied",
+                        r.code
+                    )));
+                }
+            }
+            Err(r) if r.code == Code::ArtifactVersionConflict => {
+                if !doubt && draft.expected_version == known {
+                    return Err(self.fail(format!(
+                        "{name}'s {} in {room} after version {known} (acknowledged) was refused as a conflict: {r}",
+                        draft.kind
+                    )));
+                }
+            }
+            Err(r) if r.code == Code::StorageFailed => {
+                self.board_doubt.insert(key);
+            }
+            Err(_) => {}
+        }
+        Ok(())
+    }
+
+    /// An agent reads an artifact: the fence, then the newest acknowledged version (as it was
+    /// written), or nothing when that version is withheld from the reader.
+    fn artifact_read(&mut self) -> Result<(), Failure> {
+        let i = self.pick_agent();
+        if self.agents[i].rooms.is_empty() {
+            return Ok(());
+        }
+        let room = self.agents[i].rooms[self.rng.below(self.agents[i].rooms.len() as u64) as usize]
+            .clone();
+        let kind = BOARD_KINDS[self.rng.below(2) as usize];
+        let c = self.caller(i);
+        let name = self.agents[i].name.clone();
+        let out = self.checked(format!("{name} artifact_get {room} {kind}"), |e| {
+            e.artifact_get(&c, &room, kind, None, None)
+        })?;
+        if self.agents[i].revoked || self.archived.contains(&room) {
+            return Ok(());
+        }
+        let allowed = holds(&self.agents[i].scopes, &format!("artifact:read:{kind}"));
+        let key = (room.clone(), kind.to_string());
+        let doubt = self.board_doubt.contains(&key);
+        let newest = self.board.get(&key).and_then(|v| v.last()).cloned();
+        match (&out, allowed) {
+            (Ok(v), false) => Err(self.fail(format!("{name} read {kind} without its scope: {v}"))),
+            (Err(r), false)
+                if r.code != Code::ArtifactReadDenied && r.code != Code::StorageFailed =>
+            {
+                Err(self.fail(format!(
+                    "{name} without the read scope was refused {}",
+                    r.code
+                )))
+            }
+            (_, false) => Ok(()),
+            (Ok(v), true) => match newest {
+                _ if doubt => Ok(()),
+                None => Err(self.fail(format!(
+                    "{name} read {kind} in {room}, which holds none: {v}"
+                ))),
+                Some(n) if v["event"] != n.event.as_str() || v["content"] != n.content => Err(self
+                    .fail(format!(
+                        "{name} read {kind} in {room} as {v}, not the newest acknowledged {n:?}"
+                    ))),
+                Some(n) if !n.audience.is_empty() && !n.audience.contains(&name) => Err(self.fail(
+                    format!("{name} read {kind} in {room}, withheld from it: {n:?}"),
+                )),
+                Some(_) => Ok(()),
+            },
+            (Err(r), true) if r.code == Code::NotFound => match newest {
+                Some(n) if !doubt && (n.audience.is_empty() || n.audience.contains(&name)) => {
+                    Err(self.fail(format!(
+                        "{name} was told {kind} in {room} does not exist; it holds {n:?}"
+                    )))
+                }
+                _ => Ok(()),
+            },
+            (Err(_), true) => Ok(()),
         }
     }
 
@@ -1058,6 +1277,37 @@ impl Sim {
                     ..Default::default()
                 },
             )
+        } else if k < 60 && self.cfg.blackboard && self.rng.chance(40) {
+            let kind = BOARD_KINDS[self.rng.below(2) as usize];
+            let known = self
+                .board
+                .get(&(room.clone(), kind.to_string()))
+                .map_or(0, |v| v.len() as u32);
+            // now and then a stale expectation, which must be refused
+            let expected = if self.rng.chance(10) {
+                known.saturating_sub(1)
+            } else {
+                known
+            };
+            let content = if kind == "spec" {
+                serde_json::json!({"title": "t", "goal": format!("step {}", self.step),
+                    "requirements": ["r"]})
+            } else {
+                serde_json::json!({"step": self.step, "by": self.agents[i].name})
+            };
+            (
+                Verb::Note,
+                TurnArgs {
+                    room: room.clone(),
+                    artifact: Some(room_engine::blackboard::ArtifactDraft {
+                        kind: kind.into(),
+                        key: None,
+                        content,
+                        expected_version: expected,
+                    }),
+                    ..Default::default()
+                },
+            )
         } else if k < 60 {
             (
                 Verb::Note,
@@ -1165,6 +1415,9 @@ impl Sim {
                 }
                 _ => break,
             }
+        }
+        if let Some(draft) = &args.artifact {
+            self.check_put(i, &room, draft, &args.audience, &out)?;
         }
         // A read_through turn that landed confirmed what the agent read (the chain from where
         // it started); one whose commit failed is in doubt and may have landed, so the model

@@ -1,5 +1,5 @@
 //! `room-sim`: run the deterministic simulator over a range of seeds, or replay one.
-//! `room-sim --seeds 0..50 --steps 400 [--agents N --rooms N]`, `room-sim --seed 17`,
+//! `room-sim --seeds 0..50 --steps 400 [--agents N --rooms N] [--blackboard]`, `room-sim --seed 17`,
 //! `room-sim --soak` (2,000 seeds of 2,000 steps with 200 agents in 40 rooms),
 //! `room-sim --broken ack-before-fsync|commit-log-skips-sync|skip-invariants|sqlite-fsync-lies|skip-authority-pins` (planted bugs the
 //! simulator must find). A failing seed does not stop the others (a campaign that stopped at
@@ -57,6 +57,7 @@ fn main() {
         let cfg = SimConfig {
             steps: if soak { steps.max(2000) } else { steps },
             broken,
+            blackboard: args.iter().any(|a| a == "--blackboard"),
             ..SimConfig::new(*seed)
         };
         // a panic in one seed is that seed's failure, not the campaign's end

@@ -244,3 +244,26 @@ fn a_wait_ends_at_a_restart_and_its_ticket_is_not_handed_out_again() {
 fn a_superseded_task_s_former_holder_acts_on_it_no_more() {
     passes(920_004, 422);
 }
+
+/// The blackboard under the same crashes and faults: delegated members write and read
+/// artifacts, and the fence, the versions and what each reader may see are checked against
+/// what was acknowledged.
+#[test]
+fn the_blackboard_holds_its_fence_and_versions_through_crashes() {
+    let mut landed = 0;
+    for seed in 0..12 {
+        let r = run(SimConfig {
+            steps: CI_STEPS,
+            blackboard: true,
+            ..SimConfig::new(seed)
+        })
+        .unwrap_or_else(|f| panic!("{f}"));
+        landed += r
+            .refusals
+            .get("artifact_write_denied")
+            .copied()
+            .unwrap_or(0);
+        assert!(r.crashes > 0, "seed {seed}: {r:?}");
+    }
+    assert!(landed > 0, "the fence was exercised");
+}
