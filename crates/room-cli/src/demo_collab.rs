@@ -295,9 +295,10 @@ fn scene() -> anyhow::Result<()> {
                     &r["sha256"].as_str().unwrap_or("")[..12]
                 ));
             }
+            let cost = &st["cost"];
             show(format!(
-                "cost so far: {}",
-                input["cost"]["money"].as_str().unwrap_or("unknown")
+                "cost so far: {} tokens in, {} out, {} launches without usage records, USD {}",
+                cost["tokens_in"], cost["tokens_out"], cost["launches_without_usage"], cost["usd"]
             ));
             show(format!(
                 "digest {}; approved with it",
@@ -377,7 +378,7 @@ fn scene() -> anyhow::Result<()> {
     ));
 
     println!(
-        "\n6. Done: the goal task closed and the collaboration's identities revoked. Cost: unknown (scripted backends report no usage; API roles are not wired yet)."
+        "\n6. Done: the goal task closed and the collaboration's identities revoked. Cost: unknown in money (scripted backends keep no usage records; an API role's tokens are rolled up, priced by config.toml [prices])."
     );
     let agents = call(&mut c, "agent_list", json!({}))?;
     let revoked = agents["agents"]

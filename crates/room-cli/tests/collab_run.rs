@@ -270,7 +270,7 @@ fn a_pack_runs_from_spec_to_an_approval_bound_to_what_it_shows() {
     assert_eq!(ask["input"]["backend"]["adapter"], "script", "{ask:#}");
     assert_eq!(ask["input"]["prompt"], "Do your part of the goal.\n");
     assert_eq!(ask["input"]["agent"], format!("{id}-reasoning"));
-    assert_eq!(ask["input"]["cost"]["money"], "unknown");
+    assert_eq!(s["cost"]["usd"], 0.0, "nothing ran yet: nothing spent");
     let revised = d.write("revised.md", "Write the spec of the flag, nothing else.");
     d.ok(&[
         "collab",
@@ -365,6 +365,9 @@ fn a_pack_runs_from_spec_to_an_approval_bound_to_what_it_shows() {
         "{r} {a}"
     );
     assert_eq!(s["runs"].as_array().unwrap().len(), 5, "{s:#}");
+    // three scripted launches kept no usage records: the money is unknown, never guessed
+    assert_eq!(s["cost"]["launches_without_usage"], 3, "{:#}", s["cost"]);
+    assert_eq!(s["cost"]["usd"], "unknown");
     // decided once; the finished collaboration's identities are revoked
     d.refused(
         &["collab", "approve", approval, "--digest", digest],

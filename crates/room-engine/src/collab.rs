@@ -24,6 +24,8 @@ pub const COLLABS_LIST_MAX: usize = 256;
 pub const RUNS_PER_COLLAB_MAX: usize = 4096;
 /// Approval requests one collaboration keeps.
 pub const APPROVALS_PER_COLLAB_MAX: usize = 1024;
+/// Launches of one agent a cost roll-up reads.
+pub const LAUNCHES_PER_AGENT_MAX: usize = 4096;
 /// The largest spec and approval input, in bytes of JSON.
 pub const SPEC_BYTES_MAX: usize = 1 << 20;
 
@@ -190,6 +192,80 @@ impl Engine {
         self.control()
             .collab_runs(id, RUNS_PER_COLLAB_MAX)
             .map_err(store_err)
+    }
+
+    /// The collaboration's cost so far, for the owner.
+    pub fn collab_cost_owner(&self, _owner: &Owner, id: &str) -> Outcome<Value> {
+        let c = self.collab_row(id)?;
+        self.cost_of(&c)
+    }
+
+    /// The collaboration's cost so far, for its orchestrator (shown with every approval).
+    pub fn collab_cost(&self, caller: &AgentCaller, id: &str) -> Outcome<Value> {
+        let c = self.orchestrating(caller, id)?;
+        self.cost_of(&c)
+    }
+
+    /// Rolled up from the adapters' usage records of every launch of the collaboration's
+    /// agents (tokens in and out per call, per model), per agent and model; money only from
+    /// `[prices]`, and `unknown` wherever a launch reported no usage or a model has no price.
+    fn cost_of(&self, c: &CollabRow) -> Outcome<Value> {
+        let policy = self.policy();
+        let members = self.control().members(&c.room).map_err(store_err)?;
+        // (agent, model) -> (calls, tokens in, tokens out)
+        let mut rows: std::collections::BTreeMap<(String, String), (u64, u64, u64)> =
+            Default::default();
+        let mut unreported = 0u64;
+        for agent in &members {
+            let launches = self
+                .control()
+                .launches_of(agent, LAUNCHES_PER_AGENT_MAX)
+                .map_err(store_err)?;
+            for l in launches.iter().filter(|l| l.ended_ms.is_some()) {
+                let detail: Value = l
+                    .detail
+                    .as_deref()
+                    .and_then(|d| serde_json::from_str(d).ok())
+                    .unwrap_or(Value::Null);
+                let report = &detail["adapter"];
+                match (report["model"].as_str(), report["usage"].as_array()) {
+                    (Some(model), Some(usage)) => {
+                        let e = rows.entry((agent.clone(), model.to_string())).or_default();
+                        e.0 += usage.len() as u64;
+                        e.1 += report["prompt_tokens"].as_u64().unwrap_or(0);
+                        e.2 += report["completion_tokens"].as_u64().unwrap_or(0);
+                    }
+                    _ => unreported += 1,
+                }
+            }
+        }
+        let mut money_known = unreported == 0;
+        let mut total_usd = 0.0;
+        let (mut tin, mut tout) = (0u64, 0u64);
+        let by: Vec<Value> = rows
+            .iter()
+            .map(|((agent, model), (calls, i, o))| {
+                tin += i;
+                tout += o;
+                let usd = policy.prices.get(model).map(|p| {
+                    (*i as f64 * p.usd_per_million_input_tokens
+                        + *o as f64 * p.usd_per_million_output_tokens)
+                        / 1e6
+                });
+                match usd {
+                    Some(u) => total_usd += u,
+                    None => money_known = false,
+                }
+                json!({"agent": agent, "model": model, "calls": calls, "tokens_in": i,
+                    "tokens_out": o, "usd": usd.map_or(json!("unknown"), |u| json!(u))})
+            })
+            .collect();
+        Ok(json!({
+            "by_agent_and_model": by,
+            "tokens_in": tin, "tokens_out": tout,
+            "launches_without_usage": unreported,
+            "usd": if money_known { json!(total_usd) } else { json!("unknown") },
+        }))
     }
 
     /// The orchestrator's view of its approval queue.

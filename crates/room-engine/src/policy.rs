@@ -33,6 +33,83 @@ struct ConfigFile {
     gate: GateLimits,
     #[serde(default)]
     blackboard: room_core::artifact::ArtifactLimits,
+    /// Per adapter, the route fields a collaboration's role on it takes (an API role's
+    /// `base_url` and `api_key_env`, an ACP role's `command`): its binding gives the rest.
+    #[serde(default)]
+    backends: BTreeMap<String, toml::Table>,
+    /// Per model, its price: money in a cost roll-up comes only from here.
+    #[serde(default)]
+    prices: BTreeMap<String, Price>,
+}
+
+/// A model's price, in US dollars per million tokens in and out.
+#[derive(Debug, Deserialize, Clone, Copy, PartialEq, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Price {
+    pub usd_per_million_input_tokens: f64,
+    pub usd_per_million_output_tokens: f64,
+}
+
+/// Check a route given as JSON as the loader would: its shape, then its fields.
+pub fn check_route_value(agent: &str, route: &serde_json::Value) -> Result<(), String> {
+    let r: Route = serde_json::from_value(route.clone())
+        .map_err(|e| format!("config.toml: routes.{agent}: {e}"))?;
+    check_route(agent, &r)
+}
+
+/// Backends and prices one config names at most.
+pub const BACKENDS_MAX: usize = 16;
+pub const PRICES_MAX: usize = 256;
+
+/// `[backends.<adapter>]`: each, with its adapter and a placeholder model, must make a route
+/// the loader takes.
+fn check_backends(cfg: &ConfigFile) -> Result<BTreeMap<String, serde_json::Value>, String> {
+    if cfg.backends.len() > BACKENDS_MAX {
+        return Err(format!("config.toml: backends: at most {BACKENDS_MAX}"));
+    }
+    if cfg.prices.len() > PRICES_MAX {
+        return Err(format!("config.toml: prices: at most {PRICES_MAX}"));
+    }
+    for (model, p) in &cfg.prices {
+        for v in [
+            p.usd_per_million_input_tokens,
+            p.usd_per_million_output_tokens,
+        ] {
+            if !v.is_finite() || v < 0.0 {
+                return Err(format!(
+                    "config.toml: prices.{model:?}: a price is a finite number of at least 0"
+                ));
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    for (adapter, table) in &cfg.backends {
+        let mut v = serde_json::to_value(table).map_err(|e| e.to_string())?;
+        let m = v
+            .as_object_mut()
+            .ok_or_else(|| format!("config.toml: backends.{adapter} is not a table"))?;
+        if m.contains_key("adapter") || m.contains_key("model") || m.contains_key("preset") {
+            return Err(format!(
+                "config.toml: backends.{adapter}: adapter, model and preset come from a role's binding"
+            ));
+        }
+        let mut probe = m.clone();
+        probe.insert("adapter".into(), adapter.clone().into());
+        match adapter.as_str() {
+            "openai" | "anthropic" => {
+                probe.insert("model".into(), "placeholder".into());
+            }
+            "acp" => {
+                probe.insert("preset".into(), "claude".into());
+            }
+            _ => {}
+        }
+        let route: Route = serde_json::from_value(serde_json::Value::Object(probe))
+            .map_err(|e| format!("config.toml: backends.{adapter}: {e}"))?;
+        check_route(&format!("backends-{adapter}"), &route)?;
+        out.insert(adapter.clone(), v);
+    }
+    Ok(out)
 }
 
 /// The turnstile's bounds (`[gate]`): how long a refused turn's retry slot is held for it,
@@ -611,6 +688,10 @@ pub struct Policy {
     pub gate: GateLimits,
     /// The blackboard's limits (`[blackboard]`).
     pub blackboard: room_core::artifact::ArtifactLimits,
+    /// `[backends.<adapter>]`, as JSON route fields.
+    pub backends: Arc<BTreeMap<String, serde_json::Value>>,
+    /// `[prices."<model>"]`.
+    pub prices: Arc<BTreeMap<String, Price>>,
 }
 
 impl Policy {
@@ -713,6 +794,8 @@ fn failed(why: String) -> Policy {
         tasked_deadline_ms: room_core::wake::TASKED_DEADLINE_MS,
         gate: GateLimits::default(),
         blackboard: room_core::artifact::ArtifactLimits::default(),
+        backends: Arc::new(BTreeMap::new()),
+        prices: Arc::new(BTreeMap::new()),
     }
 }
 
@@ -803,6 +886,7 @@ pub(crate) fn check_config(bytes: &[u8]) -> Result<Policy, String> {
     cfg.blackboard
         .check()
         .map_err(|why| format!("config.toml: {why}"))?;
+    let backends = check_backends(&cfg)?;
     match Redactor::new(&cfg.redaction.patterns) {
         Ok(r) => Ok(Policy {
             ceiling,
@@ -822,6 +906,8 @@ pub(crate) fn check_config(bytes: &[u8]) -> Result<Policy, String> {
             tasked_deadline_ms: cfg.dispatch.tasked_deadline_ms,
             gate: cfg.gate,
             blackboard: cfg.blackboard,
+            backends: Arc::new(backends),
+            prices: Arc::new(cfg.prices),
         }),
         Err(e) => Err(format!("config.toml: {e}")),
     }
@@ -924,6 +1010,47 @@ mod tests {
             .duration_since(std::time::UNIX_EPOCH)
             .expect("clock after 1970")
             .as_millis() as u64
+    }
+
+    #[test]
+    fn backends_prices_and_blackboard_limits_load_only_when_sound() {
+        let p = check_config(
+            b"[backends.openai]\nbase_url = \"https://api.example.com/v1\"\napi_key_env = \"KEY\"\n\n[prices.\"m\"]\nusd_per_million_input_tokens = 3.0\nusd_per_million_output_tokens = 15\n[blackboard]\nversions_per_key_max = 9\n",
+        )
+        .unwrap();
+        assert_eq!(
+            p.backends["openai"]["base_url"],
+            "https://api.example.com/v1"
+        );
+        assert_eq!(p.prices["m"].usd_per_million_output_tokens, 15.0);
+        assert_eq!(p.blackboard.versions_per_key_max, 9);
+        for (bad, names) in [
+            (
+                "[backends.openai]\nmodel = \"x\"\nbase_url = \"https://a\"\n",
+                "binding",
+            ),
+            ("[backends.openai]\nbase_url = \"ftp://a\"\n", "base_url"),
+            ("[backends.acp]\ncommand = [\"relative\"]\n", "command"),
+            (
+                "[backends.openai]\nbase_urll = \"https://a\"\n",
+                "base_urll",
+            ),
+            (
+                "[prices.\"m\"]\nusd_per_million_input_tokens = -1.0\nusd_per_million_output_tokens = 1.0\n",
+                "finite",
+            ),
+            (
+                "[prices.\"m\"]\nusd_per_million_input_tokens = 1.0\n",
+                "usd_per_million_output_tokens",
+            ),
+            (
+                "[blackboard]\nkeys_per_collaboration_max = 0\n",
+                "keys_per_collaboration_max",
+            ),
+        ] {
+            let why = check_config(bad.as_bytes()).err().expect(bad);
+            assert!(why.contains(names), "{bad}: {why}");
+        }
     }
 
     #[test]

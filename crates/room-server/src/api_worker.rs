@@ -24,12 +24,42 @@ with a short summary and no tool call.";
 struct LaunchTools {
     engine: Arc<Engine>,
     token: String,
+    /// The blackboard's tools the recipient's scopes allow (none for a root).
+    blackboard: Vec<tools::ToolDef>,
+}
+
+impl LaunchTools {
+    fn defs(&self) -> impl Iterator<Item = &tools::ToolDef> {
+        tools::listed(ToolsMode::Full)
+            .iter()
+            .chain(self.blackboard.iter())
+    }
+}
+
+/// The blackboard's tools `token`'s holder is listed, by its scopes (as an MCP session is).
+fn blackboard_for(engine: &Arc<Engine>, token: &str) -> Vec<tools::ToolDef> {
+    let req = Request {
+        op: "whoami".into(),
+        token: Some(token.into()),
+        conversation: None,
+        tier: None,
+        args: json!({}),
+        meta: None,
+        page_bytes_max: None,
+    };
+    let me = dispatch::handle(engine, Transport::Http, req, None).result;
+    let scopes: Option<Vec<String>> = me
+        .and_then(|v| serde_json::from_value(v["scopes"].clone()).ok())
+        .flatten();
+    tools::blackboard()
+        .into_iter()
+        .filter(|t| tools::blackboard_allowed(t.name, scopes.as_deref()))
+        .collect()
 }
 
 impl ToolHost for LaunchTools {
     fn tools(&self) -> Vec<ToolSpec> {
-        tools::listed(ToolsMode::Full)
-            .iter()
+        self.defs()
             .map(|d| ToolSpec {
                 name: d.name.to_string(),
                 description: d.description.to_string(),
@@ -39,10 +69,7 @@ impl ToolHost for LaunchTools {
     }
 
     async fn call(&self, name: &str, args: Value) -> ToolOutcome {
-        let Some(def) = tools::listed(ToolsMode::Full)
-            .iter()
-            .find(|d| d.name == name)
-        else {
+        let Some(def) = self.defs().find(|d| d.name == name) else {
             return ToolOutcome {
                 text: format!("unknown tool {name:?}"),
                 is_error: true,
@@ -118,6 +145,12 @@ pub(crate) async fn run(engine: &Arc<Engine>, l: &Launch) -> Result<Exit, String
     let host = LaunchTools {
         engine: engine.clone(),
         token: l.token.clone(),
+        blackboard: {
+            let (engine, token) = (engine.clone(), l.token.clone());
+            tokio::task::spawn_blocking(move || blackboard_for(&engine, &token))
+                .await
+                .unwrap_or_default()
+        },
     };
     let report = api::run(&http, &host, turn).await;
     if let Some(e) = &report.error {

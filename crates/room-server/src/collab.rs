@@ -20,8 +20,7 @@
 //! the goal task closes and the collaboration finishes (its identities revoked).
 //!
 //! Not yet (part 2): `panel` phases (a start refuses a pack with one), the orchestrator as an
-//! agent, the fix loop; API and ACP roles (a start refuses them: only `script` and `command`
-//! bindings get routes here), worktrees, cost.
+//! agent, the fix loop, worktrees.
 
 use room_collab::pack::{DEFAULT_PACK, DEFAULT_PROMPTS, Pack, PhaseKind};
 use room_collab::profile::{Backends, Profile};
@@ -115,20 +114,37 @@ fn profile_invalid(role: &str, field: &str, why: impl std::fmt::Display) -> Refu
         .detail(json!({"role": role, "field": field}))
 }
 
-/// The route a role's child gets from its binding: a `script` role's model is its step list,
-/// a `command` role's its program.
-fn route_of(role: &room_collab::Role) -> Result<Value, Refusal> {
+/// The route a role's child gets from its binding: a `script` role's model is its step
+/// list, a `command` role's its program; an API or ACP role takes the owner's
+/// `[backends.<adapter>]` fields (endpoint, key variable, command) with its model or preset.
+fn route_of(
+    role: &room_collab::Role,
+    backends: &BTreeMap<String, Value>,
+) -> Result<Value, Refusal> {
     let model = role.model.clone().unwrap_or_default();
-    match role.adapter.as_str() {
-        "script" => Ok(json!({"adapter": "script", "steps": model.split(',').collect::<Vec<_>>()})),
-        "command" => Ok(json!({"adapter": "command", "command": [model]})),
-        other => Err(profile_invalid(
-            &role.name,
-            "adapter",
-            format!("{other} roles are not wired into collaborations yet (bind script or command)"),
-        )
-        .hint("part 2 of collaborative sessions brings ACP and API roles")),
-    }
+    let route = match role.adapter.as_str() {
+        "script" => json!({"adapter": "script", "steps": model.split(',').collect::<Vec<_>>()}),
+        "command" => json!({"adapter": "command", "command": [model]}),
+        adapter => {
+            let mut r = backends.get(adapter).cloned().unwrap_or_else(|| json!({}));
+            r["adapter"] = json!(adapter);
+            match adapter {
+                "acp" => r["preset"] = json!(role.preset),
+                _ => r["model"] = json!(model),
+            }
+            if let Some(m) = &role.model_route {
+                r["model_route"] = json!(m);
+            }
+            r
+        }
+    };
+    room_engine::policy::check_route_value(&role.name, &route).map_err(|why| {
+        profile_invalid(&role.name, "adapter", why).hint(format!(
+            "a {} role takes its endpoint from config.toml [backends.{}]",
+            role.adapter, role.adapter
+        ))
+    })?;
+    Ok(route)
 }
 
 /// The scopes a role's child holds: what its phases read and write, and the project access
@@ -203,7 +219,7 @@ pub fn start(engine: &Engine, owner: &Owner, a: StartArgs) -> Result<Value, Refu
         .validate(&Backends::room(&presets, &model_routes))?;
     let mut routes = BTreeMap::new();
     for r in &pack.profile.roles {
-        routes.insert(r.name.clone(), route_of(r)?);
+        routes.insert(r.name.clone(), route_of(r, &policy.backends)?);
     }
     for (i, p) in pack.phases.iter().enumerate() {
         if p.kind == PhaseKind::Panel {
@@ -369,6 +385,7 @@ pub fn status(engine: &Engine, owner: &Owner, id: &str) -> Result<Value, Refusal
         "phases": phases,
         "runs": runs.iter().map(run_view).collect::<Vec<_>>(),
         "approvals": approvals.iter().map(approval_view).collect::<Vec<_>>(),
+        "cost": engine.collab_cost_owner(owner, id)?,
         "created_ms": c.created_ms, "updated_ms": c.updated_ms,
     }))
 }
@@ -629,8 +646,10 @@ impl Cx<'_> {
         Ok(row)
     }
 
-    /// What an approval shows: the full delegation input (role, backend, model, prompt) and
-    /// the digest of each artifact it reads, as the blackboard holds them now.
+    /// What an approval shows and binds: the full delegation input (role, backend, model,
+    /// prompt) and the digest of each artifact it reads, as the blackboard holds them now.
+    /// The collaboration's cost is shown beside the queue (`status`), not bound: it moves
+    /// whenever any launch ends, which is no change to what is approved.
     fn input(&self, phase: &Phase) -> Result<Value, Refusal> {
         let mut reads = Vec::new();
         let page = self.engine.artifact_index(
@@ -663,8 +682,6 @@ impl Cx<'_> {
             "prompt": phase.prompt.as_ref().and_then(|p| self.spec.prompts.get(p)),
             "reads": reads,
             "writes": phase.writes.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
-            // cost comes from the adapters' usage records; none are wired here yet
-            "cost": {"tokens_in": null, "tokens_out": null, "money": "unknown"},
         }))
     }
 

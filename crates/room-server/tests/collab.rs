@@ -209,3 +209,110 @@ fn a_start_refuses_what_it_cannot_run_and_writes_nothing() {
     assert_eq!(fx.snapshot(), before);
     assert_eq!(fx.ok(None, "collab_list", json!({}))["collabs"], json!([]));
 }
+
+/// The test model server (tests/workers/openai_server.py) in `collab` mode, ended with the test.
+struct ApiServer {
+    child: std::process::Child,
+    port: u16,
+    log: std::path::PathBuf,
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl ApiServer {
+    fn start(fx: &Fx) -> ApiServer {
+        use std::io::BufRead;
+        let script =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/workers/openai_server.py");
+        let log = fx.root.join("openai-collab.jsonl");
+        let mut child = std::process::Command::new("/usr/bin/python3")
+            .arg(script)
+            .arg("collab")
+            .arg(&log)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        ApiServer {
+            port: line.trim().parse().expect("the server prints its port"),
+            child,
+            log,
+        }
+    }
+
+    fn requests(&self) -> usize {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    }
+}
+
+/// A role on an OpenAI-compatible backend (the owner's `[backends.openai]`) writes its phase's
+/// artifact through the blackboard's tools, listed to it by its scopes; the collaboration's
+/// cost equals the model server's usage records token for token, priced by `[prices]`.
+#[test]
+fn an_api_role_writes_its_artifact_and_its_usage_is_the_cost() {
+    let mut fx = Fx::new();
+    let server = ApiServer::start(&fx);
+    fx.write_config(&format!(
+        "[backends.openai]\nbase_url = \"http://127.0.0.1:{}/v1\"\ntimeout_ms = 20000\n\n[prices.\"test-model\"]\nusd_per_million_input_tokens = 3.0\nusd_per_million_output_tokens = 15.0\n",
+        server.port
+    ));
+    let pack = PACK.replace("approve = true", "approve = false");
+    let v = fx.ok(
+        None,
+        "collab_start",
+        json!({"goal": "add a flag", "pack": pack, "prompts": {"p.md": "write the spec"},
+            "roles": ["reasoning=openai:test-model"]}),
+    );
+    let id = v["collab"].as_str().unwrap().to_string();
+    let s = until(&mut fx, &id, |s| s["state"] != "running");
+    assert_eq!(s["state"], "done", "{s:#}");
+    let spec = fx.ok(None, "collab_artifact", json!({"room": id, "kind": "spec"}));
+    assert_eq!(spec["producer"], format!("{id}-reasoning"));
+    assert_eq!(spec["content"]["goal"], "g");
+    // every completion reported 100 tokens in and 7 out
+    let calls = server.requests() as u64;
+    assert!(calls >= 6, "the role's whole flow ran: {calls} completions");
+    let cost = &s["cost"];
+    assert_eq!(cost["tokens_in"], 100 * calls, "{cost:#}");
+    assert_eq!(cost["tokens_out"], 7 * calls);
+    assert_eq!(cost["launches_without_usage"], 0);
+    let usd = (100.0 * calls as f64 * 3.0 + 7.0 * calls as f64 * 15.0) / 1e6;
+    assert!(
+        (cost["usd"].as_f64().unwrap() - usd).abs() < 1e-12,
+        "{cost:#}"
+    );
+    assert_eq!(cost["by_agent_and_model"][0]["model"], "test-model");
+}
+
+#[test]
+fn an_api_role_without_a_backend_endpoint_is_refused_at_start() {
+    let mut fx = Fx::new();
+    let before = fx.snapshot();
+    let r = fx.refuse(
+        None,
+        "collab_start",
+        json!({"goal": "g", "pack": PACK, "prompts": {"p.md": "x"},
+            "roles": ["reasoning=openai:test-model"]}),
+        "profile_invalid",
+    );
+    assert_eq!(r.detail["role"], "reasoning", "{r}");
+    assert!(
+        r.hint
+            .as_deref()
+            .unwrap_or("")
+            .contains("[backends.openai]"),
+        "{r}"
+    );
+    assert_eq!(fx.snapshot(), before);
+}

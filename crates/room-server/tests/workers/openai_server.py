@@ -9,7 +9,10 @@ each) to the file named by its second; its port is its first stdout line.
 - length: an answer cut at its token limit (finish_reason "length") with a half-written call;
 - malformed: a 200 whose body is not JSON;
 - truncated: a 200 that promises more bytes than it sends, then closes;
-- status: a 401 with an error body."""
+- status: a 401 with an error body;
+- collab: a collaboration's role: room_sync and its confirm, task_claim of the wake's task,
+  artifact_put of the kind its prompt says to write (a valid one of each core kind), room_done,
+  then an answer without tool calls (each completion reports its token usage)."""
 
 import json
 import sys
@@ -77,6 +80,35 @@ def reply_mode(messages):
     return answer(text="replied")
 
 
+CANNED = {
+    "spec": {"title": "t", "goal": "g", "requirements": ["r"]},
+    "research": {"summary": "s", "findings": [{"claim": "c", "source": "s"}]},
+    "adr": {"title": "t", "status": "accepted", "context": "c", "decision": "d"},
+}
+
+
+def collab_mode(messages):
+    wake = wake_of(messages)
+    room, task = wake["room"], wake["task"]
+    kind = wake["prompt"].split("\nWrite: ", 1)[1].split(" ", 1)[0]
+    made = [c for m in messages if m["role"] == "assistant" for c in m.get("tool_calls") or []]
+    steps = [
+        ("room_sync", {"room": room}),
+        None,  # confirm: needs the page's receipt
+        ("task_claim", {"task": task}),
+        ("artifact_put", {"room": room, "kind": kind, "content": CANNED[kind], "expected_version": 0, "task": task}),
+        ("room_done", {"room": room, "task": task}),
+    ]
+    n = len(made)
+    if n == 1:
+        result = json.loads(messages[-1]["content"])
+        return answer(calls(("room_sync", json.dumps({"room": room, "confirm": result["receipt"]}))))
+    if n < len(steps):
+        name, args = steps[n]
+        return answer(calls((name, json.dumps(args))))
+    return answer(text="wrote " + kind)
+
+
 class Handler(BaseHTTPRequestHandler):
     def log_message(self, *a):
         pass
@@ -101,6 +133,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.send(404, b'{"error": "no such path"}')
         if MODE == "reply":
             return self.send(200, json.dumps(reply_mode(body["messages"])).encode())
+        if MODE == "collab":
+            return self.send(200, json.dumps(collab_mode(body["messages"])).encode())
         if MODE == "bad_args":
             if body["messages"][-1]["role"] == "tool":
                 return self.send(200, json.dumps(answer(text="gave up")).encode())
