@@ -261,6 +261,24 @@ fn a_pack_runs_from_spec_to_an_approval_bound_to_what_it_shows() {
     let started = d.ok(&args);
     let id = started["collab"].as_str().unwrap().to_string();
     assert_eq!(started["room"], id);
+    // each role's worker is confined by its policy: the searcher reads the project and
+    // reaches the network, the architect only reads; where the machine cannot confine, the
+    // start says those limits are advisory
+    let routes = d.ok(&["route", "list"]);
+    let search = &routes["routes"][format!("{id}-search")];
+    let arch = &routes["routes"][format!("{id}-architecture")];
+    if started["advisory"].as_array().unwrap().is_empty() {
+        assert_eq!(search["project"], "read_only", "{routes:#}");
+        assert_eq!(search["network"], "host");
+        assert_eq!(arch["project"], "read_only");
+        assert_eq!(arch["network"], "none");
+    } else {
+        assert!(
+            std::env::var("ROOM_TEST_CONFINEMENT").as_deref() != Ok("required"),
+            "this machine must confine: {started:#}"
+        );
+        assert!(search.get("project").is_none(), "{routes:#}");
+    }
     // the spec's role writes the project (the default profile's implementer): its dispatch
     // waits for the person, showing the full delegation input
     let s = until(&d, &id, "the spec's dispatch approval", |s| {

@@ -117,6 +117,7 @@ fn profile_invalid(role: &str, field: &str, why: impl std::fmt::Display) -> Refu
 /// The route a role's child gets from its binding: a `script` role's model is its step
 /// list, a `command` role's its program; an API or ACP role takes the owner's
 /// `[backends.<adapter>]` fields (endpoint, key variable, command) with its model or preset.
+/// A process's project and network access follow the role's policy.
 fn route_of(
     role: &room_collab::Role,
     backends: &BTreeMap<String, Value>,
@@ -138,6 +139,16 @@ fn route_of(
             r
         }
     };
+    // a worker that runs as a process is confined by its role's policy: the project
+    // read-only unless the role writes it, no network unless the role reaches it (the
+    // worker machinery enforces both, whatever the backend's own tools would do). A machine
+    // that cannot confine leaves them advisory, which the start says (`advisory`).
+    let mut route = route;
+    if machine_confines() && matches!(role.adapter.as_str(), "script" | "command" | "acp") {
+        let writes = role.policy.project == room_collab::profile::ProjectAccess::Write;
+        route["project"] = json!(if writes { "writable" } else { "read_only" });
+        route["network"] = json!(if role.policy.network { "host" } else { "none" });
+    }
     room_engine::policy::check_route_value(&role.name, &route).map_err(|why| {
         profile_invalid(&role.name, "adapter", why).hint(format!(
             "a {} role takes its endpoint from config.toml [backends.{}]",
@@ -145,6 +156,39 @@ fn route_of(
         ))
     })?;
     Ok(route)
+}
+
+static CONFINES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// What the daemon's confinement probe found: whether this machine can confine workers (a
+/// property of the machine, so one flag serves every daemon of the process).
+pub fn set_machine_confines(yes: bool) {
+    CONFINES.store(yes, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn machine_confines() -> bool {
+    CONFINES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The limits a role's policy sets that this machine leaves advisory.
+fn advisory(pack: &Pack) -> Vec<String> {
+    if machine_confines() {
+        return Vec::new();
+    }
+    pack.profile
+        .roles
+        .iter()
+        .filter(|r| matches!(r.adapter.as_str(), "script" | "command" | "acp"))
+        .filter(|r| {
+            r.policy.project != room_collab::profile::ProjectAccess::Write || !r.policy.network
+        })
+        .map(|r| {
+            format!(
+                "role {}: its read-only project and no-network limits are advisory (this machine cannot confine workers: see room doctor)",
+                r.name
+            )
+        })
+        .collect()
 }
 
 /// The scopes a role's child holds: what its phases read and write, and the project access
@@ -334,7 +378,7 @@ fn set_up(
         )?;
         Ok(
             json!({"collab": id, "room": id, "orchestrator": orch, "agents": agents,
-            "goal_task": goal_task, "pack": pack.view()}),
+            "goal_task": goal_task, "pack": pack.view(), "advisory": advisory(&pack)}),
         )
     })();
     if out.is_err() {

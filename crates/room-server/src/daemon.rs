@@ -132,6 +132,7 @@ fn prepare_workers(state: &StateDir) -> Workers {
             None
         }
     };
+    crate::collab::set_machine_confines(confine.is_some());
     Workers { jobs, confine }
 }
 
