@@ -371,7 +371,7 @@ pub enum RouteCmd {
     List,
 }
 
-/// A route's fields, as config.toml spells them (see the README's routes).
+/// A route's fields, as config.toml spells them (see docs/guide.md, routes).
 #[derive(Args, Debug, serde::Serialize)]
 pub struct RouteArgs {
     /// command, acp, script, openai or anthropic.

@@ -12,7 +12,7 @@ use room_server::mcp::tools::{self, ToolsMode};
 use room_server::mcp::{definitions_bytes, tool_list};
 use serde_json::{Value, json};
 
-/// The budget for the definitions (the README's figures), measured as the Python client
+/// The budget for the definitions (the figures docs/guide.md gives), measured as the Python client
 /// dumps them (when first generated from the wire structs: 17,510 full and 2,465 compact; the
 /// full refusal loop now rides only on room_sync and room). A change that grows them past it
 /// should be a decision, so it has to move these figures. Acceptance (task_create's typed

@@ -107,7 +107,7 @@ pub fn tool_list(mode: ToolsMode) -> Vec<Tool> {
 /// The bytes a host pays for the tool definitions of `mode`: the `tools/list` entries measured
 /// as the official Python SDK client's `json.dumps([tool.model_dump(exclude_none=True,
 /// by_alias=True) …])` writes them (`", "` and `": "` separators, non-ASCII as `\uXXXX`), the
-/// figure the README gives.
+/// figure docs/guide.md gives.
 pub fn definitions_bytes(mode: ToolsMode) -> usize {
     fn len(v: &Value) -> usize {
         match v {
