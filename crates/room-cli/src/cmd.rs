@@ -109,7 +109,7 @@ pub enum Cmd {
     Completions { shell: clap_complete::Shell },
     /// Print the manual page (roff), generated from the same grammar as `--help`.
     Man,
-    /// Collaborative sessions: check a pack and its roles' bindings, check an artifact.
+    /// Collaborative sessions: check a pack offline, start one, follow it, decide its approvals.
     #[command(subcommand)]
     Collab(crate::collab::CollabCmd),
     /// Manage agents (owner).

@@ -189,3 +189,43 @@ fn links(text: &str) -> Vec<String> {
     }
     out
 }
+
+/// The commands of `room ARGS --help` (its `Commands:` section), without `help`.
+fn subcommands(args: &[&str]) -> Vec<String> {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_room"))
+        .args(args)
+        .arg("--help")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .filter_map(|l| l.split_whitespace().next().map(String::from))
+        .filter(|c| c != "help")
+        .collect()
+}
+
+/// The command reference cannot drift from the grammar: every command and subcommand `room
+/// --help` lists is in docs/reference/cli.md (as `room COMMAND SUB` or as one of a row's
+/// `/`-joined alternatives).
+#[test]
+fn the_command_reference_covers_the_grammar() {
+    let cli = read("docs/reference/cli.md");
+    let mut missing = Vec::new();
+    for c in subcommands(&[]) {
+        if !cli.contains(&format!("`room {c}")) {
+            missing.push(c.clone());
+        }
+        for sub in subcommands(&[c.as_str()]) {
+            if !cli.contains(&format!("room {c} {sub}")) && !cli.contains(&format!("`{sub}")) {
+                missing.push(format!("{c} {sub}"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "docs/reference/cli.md does not describe: {missing:?}"
+    );
+}
