@@ -198,3 +198,69 @@ fn schemas_are_lean_and_typed() {
     let send = args(json!({"action": "send", "to": ["beta"]}));
     assert_eq!(tools::multiplexer_args(send.clone()), send);
 }
+
+/// docs/reference/mcp.md is generated from the server's own definitions, so it cannot drift:
+/// this test renders it and fails when the file differs (`ROOM_UPDATE_DOCS=1` rewrites it).
+#[test]
+fn the_mcp_reference_is_the_definitions() {
+    let mut md = String::from(
+        "# MCP tools\n\nGenerated from the server's definitions (`crates/room-server/src/mcp/tools.rs`) by\n`ROOM_UPDATE_DOCS=1 cargo test -p room-server --test tool_definitions`: do not edit by hand.\nEvery host sees the tools of the first part (`/mcp-compact` and `room mcp --tools compact`: only\n`room_sync` and `room`); the blackboard's tools are listed only to a delegated principal whose\nscopes allow each.\n",
+    );
+    let render = |md: &mut String, t: &tools::ToolDef| {
+        md.push_str(&format!(
+            "\n### `{}`\n\n{}\n",
+            t.name,
+            tools::description(t)
+        ));
+        let required: Vec<&str> = t.input["required"]
+            .as_array()
+            .map(|r| r.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let props = t.input["properties"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        if props.is_empty() {
+            md.push_str("\nNo arguments.\n");
+            return;
+        }
+        md.push_str("\n| argument | type | required | description |\n|---|---|---|---|\n");
+        for (name, p) in props {
+            let ty = match &p["type"] {
+                Value::String(s) => s.clone(),
+                Value::Array(a) => a
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .collect::<Vec<_>>()
+                    .join(" or "),
+                _ => "any".into(),
+            };
+            let desc = p["description"].as_str().unwrap_or("").replace('|', "\\|");
+            md.push_str(&format!(
+                "| `{name}` | {ty} | {} | {desc} |\n",
+                if required.contains(&name.as_str()) {
+                    "yes"
+                } else {
+                    ""
+                }
+            ));
+        }
+    };
+    md.push_str("\n## Every host\n");
+    for t in tools::all() {
+        render(&mut md, &t);
+    }
+    md.push_str("\n## The blackboard (listed by scope)\n");
+    for t in tools::blackboard() {
+        render(&mut md, &t);
+    }
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/reference/mcp.md");
+    if std::env::var_os("ROOM_UPDATE_DOCS").is_some() {
+        std::fs::write(&path, &md).unwrap();
+    }
+    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        on_disk == md,
+        "docs/reference/mcp.md differs from the definitions: ROOM_UPDATE_DOCS=1 cargo test -p room-server --test tool_definitions"
+    );
+}
