@@ -28,7 +28,7 @@ ROOM = os.path.abspath(sys.argv[1])
 logging.basicConfig(level=logging.ERROR)
 ALL_TOOLS = {
     "room_whoami", "room_list", "room_sync", "room_note", "room_say", "room_reply", "room_send",
-    "room_handoff", "room_done", "room_blocked", "room_decline", "room_circle", "task_create",
+    "room_handoff", "room_done", "room_blocked", "room_decline", "room_circle", "room_search", "task_create",
     "task_claim", "task_show", "task_accept_check", "task_amend", "task_supersede", "task_cancel", "task_delegate", "task_propose", "room_compose", "source_read",
     "evidence_register", "op_begin", "op_effect", "op_resolve", "room_cancel", "room_wake_take", "room",
 }

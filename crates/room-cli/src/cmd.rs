@@ -212,6 +212,16 @@ pub enum Cmd {
     /// Evidence handles.
     #[command(subcommand)]
     Evidence(EvidenceCmd),
+    /// Find events of a room by the words they say, best first: as an agent (ROOM_TOKEN) only
+    /// what it may read; as the owner, everything. Confirms nothing.
+    Search {
+        room: String,
+        query: String,
+        #[arg(long)]
+        cursor: Option<u64>,
+        #[arg(long)]
+        limit: Option<usize>,
+    },
     /// Who the current ROOM_TOKEN acts as.
     Whoami,
     /// Take your oldest queued wake in this conversation (an agent without a route); answer it
@@ -695,6 +705,15 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
                 serde_json::from_str(args).map_err(|e| format!("args: not JSON: {e}"))?;
             req("room", v)
         }
+        Cmd::Search {
+            room,
+            query,
+            cursor,
+            limit,
+        } => req(
+            "search",
+            json!({"room": room, "query": query, "cursor": cursor, "limit": limit}),
+        ),
         Cmd::Init
         | Cmd::Api
         | Cmd::AgentScript { .. }

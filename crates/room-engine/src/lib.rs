@@ -26,6 +26,7 @@ pub mod receipt;
 pub mod room;
 pub mod rooms;
 pub mod routes;
+pub mod search;
 pub mod sessions;
 pub mod source;
 pub mod sync;

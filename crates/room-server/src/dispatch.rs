@@ -524,6 +524,7 @@ fn owner_op(engine: &Engine, owner: &Owner, op: &str, a: Value) -> Result<Value,
             )
         }
         "agent_revoke" => engine.revoke(owner, &args::<NameArgs>(a)?.name),
+        "search" => engine.search_owner(owner, args::<SearchArgs>(a)?.engine()),
         "collab_start" => crate::collab::start(engine, owner, args(a)?),
         "collab_status" => crate::collab::status(engine, owner, &args::<IdArgs>(a)?.id),
         "collab_list" => {
@@ -666,7 +667,7 @@ fn is_agent_op(op: &str) -> bool {
 
 /// The blackboard's operations for agents: not verbs (a put is a `note` carrying the artifact,
 /// a read is a read of the room), fenced by the caller's scopes in the engine.
-const ARTIFACT_OPS: &[&str] = &["artifact_put", "artifact_get", "artifact_index"];
+const ARTIFACT_OPS: &[&str] = &["artifact_put", "artifact_get", "artifact_index", "search"];
 
 fn artifact_op(
     engine: &Engine,
@@ -696,6 +697,9 @@ fn artifact_op(
             };
             engine.turn_step(caller, Verb::Note, turn, ticket)
         }
+        "search" => engine
+            .search(caller, args::<SearchArgs>(a)?.engine())
+            .map(TurnStep::Done),
         "artifact_get" => {
             let a: ArtifactGetArgs = args(a)?;
             engine

@@ -879,3 +879,36 @@ pub struct RerunArgs {
     pub id: String,
     pub phase: String,
 }
+
+/// `search`: full-text search over what a room's events say.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SearchArgs {
+    /// Room name (see room_list).
+    pub room: String,
+    /// Words to find (each must appear); no operators.
+    #[schemars(length(max = room_engine::search::QUERY_BYTES_MAX))]
+    pub query: String,
+    /// Where the last page ended (its next).
+    #[serde(default)]
+    pub cursor: Option<u64>,
+    /// Results per page.
+    #[serde(default)]
+    #[schemars(range(min = 1, max = room_engine::search::PAGE_MAX))]
+    pub limit: Option<usize>,
+    /// text (the default); semantic is not built and is refused.
+    #[serde(default)]
+    pub mode: Option<String>,
+}
+
+impl SearchArgs {
+    pub fn engine(self) -> room_engine::search::SearchArgs {
+        room_engine::search::SearchArgs {
+            room: self.room,
+            query: self.query,
+            cursor: self.cursor,
+            limit: self.limit,
+            mode: self.mode,
+        }
+    }
+}

@@ -403,3 +403,61 @@ fn what_a_task_or_a_refusal_shows_every_reader_never_carries_a_withheld_turn() {
     assert!(!ids(&read(&mut fx, &g, "r")).contains(&record));
     assert!(ids(&read(&mut fx, &b, "r")).contains(&record));
 }
+
+/// `room_search` through the daemon: a member finds what it may read and nothing withheld
+/// from it; a non-member, an empty query and the semantic mode are refused, changing nothing.
+#[test]
+fn search_through_the_daemon_keeps_to_what_its_reader_may_read() {
+    let mut fx = Fx::new();
+    let (a, b, g) = fx.team("lobby");
+    fx.sync_all(&a, "lobby");
+    fx.ok(
+        Some(&a),
+        "note",
+        json!({"room": "lobby", "text": "the parser plan", "audience": ["beta"]}),
+    );
+    fx.ok(
+        Some(&a),
+        "note",
+        json!({"room": "lobby", "text": "the parser is done"}),
+    );
+    let found = |fx: &mut Fx, who: &str| -> Vec<String> {
+        fx.ok(
+            Some(who),
+            "search",
+            json!({"room": "lobby", "query": "parser"}),
+        )["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["excerpt"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(found(&mut fx, &g), ["the parser is done"]);
+    assert_eq!(found(&mut fx, &b).len(), 2);
+    let owner = fx.ok(None, "search", json!({"room": "lobby", "query": "plan"}));
+    assert_eq!(owner["results"][0]["excerpt"], "the parser plan");
+    let outsider = fx.enroll("outsider", "member");
+    fx.refuse(
+        Some(&outsider),
+        "search",
+        json!({"room": "lobby", "query": "parser"}),
+        "room_not_member",
+    );
+    for (args, field) in [
+        (json!({"room": "lobby", "query": "  ?! "}), "query"),
+        (
+            json!({"room": "lobby", "query": "parser", "mode": "semantic"}),
+            "mode",
+        ),
+        (
+            json!({"room": "lobby", "query": "parser", "limit": 0, "extra": 1}),
+            "args",
+        ),
+    ] {
+        let r = fx.refuse(Some(&g), "search", args.clone(), "invalid_argument");
+        if field != "args" {
+            assert_eq!(r.detail["field"], field, "{args}: {r}");
+        }
+    }
+}

@@ -107,6 +107,9 @@ pub trait RoomIndex: Send {
     -> Result<Vec<ArtifactRow>>;
     /// The newest version of `kind`/`key` written for `task`.
     fn artifact_of_task(&self, task: &str, kind: &str, key: &str) -> Result<Option<ArtifactRow>>;
+    /// Full-text search: the seqs of events whose text matches `query` (FTS5 syntax, which
+    /// the caller builds), best first, with their rank (lower is better).
+    fn search(&self, query: &str, offset: usize, limit: usize) -> Result<Vec<(u64, f64)>>;
     /// How many artifacts (kind and key) the room holds.
     fn artifact_keys(&self) -> Result<u64>;
     fn ops_of_task(&self, task: &str, limit: usize) -> Result<Vec<OpRow>>;

@@ -74,6 +74,7 @@ pub const CASES: &[(&str, Case)] = &[
     ("index_projection", index_projection),
     ("index_audience", index_audience),
     ("index_artifacts", index_artifacts),
+    ("index_search", index_search),
     ("index_idempotency_fifo", index_idempotency_fifo),
     (
         "index_sync_state_survives_reopen_and_rebuild",
@@ -1805,6 +1806,75 @@ pub fn index_audience(h: &mut dyn Harness) {
         "an empty audience is every reader's"
     );
     assert_eq!(idx.first_foreign_after(3, "alpha").unwrap(), Some(4));
+}
+
+/// Full-text search over what events say (a turn's text, a spilled text's preview, a task's
+/// title): matches by seq, best first, paged; a replayed event is not indexed twice; the
+/// index is gone after the projection is cleared and back after a rebuild re-projects.
+pub fn index_search(h: &mut dyn Harness) {
+    let said = |seq: u64, body: serde_json::Value| {
+        let mut e = event(seq, "alpha", "turn");
+        e.body = body.to_string();
+        e
+    };
+    let events = vec![
+        said(
+            1,
+            json!({"kind": "turn", "text": "the parser drops unicode escapes"}),
+        ),
+        said(2, json!({"kind": "turn", "text": "lunch at noon"})),
+        said(
+            3,
+            json!({"kind": "task", "created": {"title": "fix the parser"}}),
+        ),
+        said(
+            4,
+            json!({"kind": "turn", "text_blob": {"preview": "a long parser report"}}),
+        ),
+        said(5, json!({"kind": "room_created"})),
+    ];
+    {
+        let store = h.fresh();
+        store.create_shard("g_se", b"{}", b"{}", &[]).unwrap();
+        let mut idx = store.open_index("g_se").unwrap();
+        idx.apply(&Batch {
+            events: events.clone(),
+            ..Batch::default()
+        })
+        .unwrap();
+        // a replay of the same events (a catch-up after a crash) indexes nothing twice
+        idx.apply(&Batch {
+            events: events.clone(),
+            ..Batch::default()
+        })
+        .unwrap();
+        idx.flush().unwrap();
+    }
+    let store = h.reopen();
+    let mut idx = store.open_index("g_se").unwrap();
+    let seqs = |hits: Vec<(u64, f64)>| -> Vec<u64> {
+        let mut s: Vec<u64> = hits.into_iter().map(|(s, _)| s).collect();
+        s.sort();
+        s
+    };
+    assert_eq!(seqs(idx.search("\"parser\"", 0, 10).unwrap()), [1, 3, 4]);
+    assert_eq!(seqs(idx.search("\"lunch\"", 0, 10).unwrap()), [2]);
+    assert_eq!(
+        seqs(idx.search("\"nothing\"", 0, 10).unwrap()),
+        Vec::<u64>::new()
+    );
+    let first = idx.search("\"parser\"", 0, 2).unwrap();
+    let rest = idx.search("\"parser\"", 2, 2).unwrap();
+    assert_eq!((first.len(), rest.len()), (2, 1), "paged");
+    assert!(first.iter().all(|(s, _)| !rest.iter().any(|(r, _)| r == s)));
+    idx.clear_projection().unwrap();
+    assert_eq!(idx.search("\"parser\"", 0, 10).unwrap(), vec![]);
+    idx.apply(&Batch {
+        events,
+        ..Batch::default()
+    })
+    .unwrap();
+    assert_eq!(seqs(idx.search("\"parser\"", 0, 10).unwrap()), [1, 3, 4]);
 }
 
 /// The blackboard's index: each version by kind, key and number (the newest when none is

@@ -261,7 +261,20 @@ CREATE TABLE artifacts (
 ) STRICT;
 CREATE INDEX artifacts_task ON artifacts(task, kind, key) WHERE task IS NOT NULL;
 "#,
+    // Full-text search over what events say (a turn's text, a task's title), keyed by seq; the
+    // table keeps only the index (contentless): the text stays in the events' bodies. Events
+    // already projected are indexed once here; later ones as they are projected.
+    r#"
+CREATE VIRTUAL TABLE events_fts USING fts5(text, content='', tokenize='unicode61');
+INSERT INTO events_fts(rowid, text)
+    SELECT seq, t FROM (SELECT seq, COALESCE(json_extract(body, '$.text'),
+        json_extract(body, '$.text_blob.preview'), json_extract(body, '$.created.title')) AS t
+        FROM events) WHERE t IS NOT NULL;
+"#,
 ];
+
+/// What of an event's body is searched: its text, a spilled text's preview, a task's title.
+const FTS_TEXT: &str = "COALESCE(json_extract(?2, '$.text'), json_extract(?2, '$.text_blob.preview'), json_extract(?2, '$.created.title'))";
 
 /// Reading receipts kept per reader, task and part (the oldest go first).
 pub const SOURCE_READS_PER_PART_MAX: usize = 4096;
@@ -1152,8 +1165,11 @@ impl Index {
                 "INSERT OR IGNORE INTO events ({EVENT_COLS}, audience) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9,
                     CASE WHEN instr(?9, '\"audience\"') > 0 THEN json_extract(?9, '$.audience') END)"
             ))?;
+            let mut fts = tx.prepare_cached(&format!(
+                "INSERT INTO events_fts(rowid, text) SELECT ?1, t FROM (SELECT {FTS_TEXT} AS t) WHERE t IS NOT NULL"
+            ))?;
             for e in &b.events {
-                ins.execute(params![
+                let added = ins.execute(params![
                     e.seq as i64,
                     e.id,
                     e.kind,
@@ -1164,6 +1180,10 @@ impl Index {
                     e.task,
                     e.body
                 ])?;
+                // a replayed event is in the search index already
+                if added == 1 {
+                    fts.execute(params![e.seq as i64, e.body])?;
+                }
             }
             let mut edge = tx.prepare_cached(
                 "INSERT OR IGNORE INTO causal_edges (child, parent) VALUES (?1, ?2)",
@@ -1581,6 +1601,17 @@ impl RoomIndex for Index {
             .optional()?)
     }
 
+    fn search(&self, query: &str, offset: usize, limit: usize) -> Result<Vec<(u64, f64)>> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT rowid, rank FROM events_fts WHERE events_fts MATCH ?1
+             ORDER BY rank, rowid DESC LIMIT ?2 OFFSET ?3",
+        )?;
+        let rows = st.query_map(params![query, limit as i64, offset as i64], |r| {
+            Ok((r.get::<_, i64>(0)? as u64, r.get::<_, f64>(1)?))
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
     fn artifact_keys(&self) -> Result<u64> {
         Ok(self
             .conn
@@ -1660,6 +1691,10 @@ impl RoomIndex for Index {
         for t in PROJECTION_TABLES {
             tx.execute(&format!("DELETE FROM {t}"), [])?;
         }
+        tx.execute(
+            "INSERT INTO events_fts(events_fts) VALUES ('delete-all')",
+            [],
+        )?;
         tx.execute(
             "DELETE FROM meta WHERE key IN ('journal_mark', 'wakes_mark')",
             [],
@@ -2087,9 +2122,11 @@ mod tests {
         }
         // as an index the build before the rendering change left it
         let old = Connection::open(&p).unwrap();
-        old.execute_batch("ALTER TABLE events DROP COLUMN audience; DROP TABLE artifacts")
-            .unwrap();
-        old.pragma_update(None, "user_version", (MIGRATIONS.len() - 3) as i64)
+        old.execute_batch(
+            "ALTER TABLE events DROP COLUMN audience; DROP TABLE artifacts; DROP TABLE events_fts",
+        )
+        .unwrap();
+        old.pragma_update(None, "user_version", (MIGRATIONS.len() - 4) as i64)
             .unwrap();
         drop(old);
         let idx = Index::open(&p).unwrap();
@@ -2155,9 +2192,11 @@ mod tests {
         }
         // as an index the build before the column left it
         let old = Connection::open(&p).unwrap();
-        old.execute_batch("ALTER TABLE events DROP COLUMN audience; DROP TABLE artifacts")
-            .unwrap();
-        old.pragma_update(None, "user_version", (MIGRATIONS.len() - 2) as i64)
+        old.execute_batch(
+            "ALTER TABLE events DROP COLUMN audience; DROP TABLE artifacts; DROP TABLE events_fts",
+        )
+        .unwrap();
+        old.pragma_update(None, "user_version", (MIGRATIONS.len() - 3) as i64)
             .unwrap();
         drop(old);
         let mut idx = Index::open(&p).unwrap();

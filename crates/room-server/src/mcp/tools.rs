@@ -4,8 +4,9 @@
 
 use crate::wire::{
     ArtifactGetArgs, ArtifactIndexArgs, ArtifactPutArgs, CancelArgs, ComposeArgs, EvidenceArgs,
-    OpArgs, OpBeginArgs, SourceReadArgs, SyncArgs, TaskAmendArgs, TaskArgs, TaskCancelArgs,
-    TaskClaimArgs, TaskCreateArgs, TaskProposeArgs, TaskSupersedeArgs, TurnWire, WakeTakeArgs,
+    OpArgs, OpBeginArgs, SearchArgs, SourceReadArgs, SyncArgs, TaskAmendArgs, TaskArgs,
+    TaskCancelArgs, TaskClaimArgs, TaskCreateArgs, TaskProposeArgs, TaskSupersedeArgs, TurnWire,
+    WakeTakeArgs,
 };
 use schemars::JsonSchema;
 use schemars::generate::SchemaSettings;
@@ -257,6 +258,12 @@ other room_* action in that room. Oversized events arrive in item_chunk fragment
             input: object(input_schema::<SyncArgs>()),
         },
         ToolDef {
+            name: "room_search",
+            op: "search",
+            description: "Find events of a room by the words they say, best first; only what you may read. Confirms nothing. Page with cursor set to next.",
+            input: object(input_schema::<SearchArgs>()),
+        },
+        ToolDef {
             name: "room_note",
             op: "note",
             description: "Post status telemetry (progress, what you are doing). Wakes no one; @mentions are refused. Use room_say or room_send to address someone. \
@@ -457,11 +464,12 @@ obligations stay open, unresolved operations are held for reconciliation.",
             input: object(input_schema::<OpArgs>()),
         },
     ];
-    // lifecycle control is not a verb: it has its own tool and standing, never the multiplexer
+    // lifecycle control is not a verb: it has its own tool and standing, never the multiplexer;
+    // nor is search (a read of its own)
     // each operation once (task_delegate is task_create under its own name)
     let mut actions: Vec<&str> = Vec::new();
     for op in tools.iter().map(|t| t.op) {
-        if op != "room_cancel" && !actions.contains(&op) {
+        if !matches!(op, "room_cancel" | "search") && !actions.contains(&op) {
             actions.push(op);
         }
     }
