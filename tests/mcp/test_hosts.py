@@ -143,7 +143,7 @@ async def priming_event_only_where_the_negotiated_version_has_it(fx):
             r = await http.post(fx.url, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, headers=hdr(fx, sent_version, session))
             events = sse_events(r.text)
             assert any(not e.get("data", "x").strip() for e in events) == primed, (version, events)
-            assert len(json.loads([e for e in events if e.get("data", "").strip()][-1]["data"])["result"]["tools"]) == 30
+            assert len(json.loads([e for e in events if e.get("data", "").strip()][-1]["data"])["result"]["tools"]) == 31
             # the standalone stream (GET): its first event is the priming one only from 2025-11-25
             async with http.stream("GET", fx.url, headers=hdr(fx, sent_version, session) | {"Accept": "text/event-stream"}) as s:
                 assert s.status_code == 200, s.status_code
@@ -371,7 +371,7 @@ async def inspector_cli_lists_and_calls_tools_prompts_and_resources_over_stdio_a
         # --strict: every schema portable (one type per field), else exit 6
         listed, err = cli("--method", "tools/list", "--strict")
         names = {t["name"] for t in listed["tools"]}
-        assert "room_sync" in names and "room" in names and len(names) == 30, names
+        assert "room_sync" in names and "room" in names and len(names) == 31, names
         assert "Warning" not in err and "Error" not in err, err
         r, _ = cli("--method", "tools/call", "--tool-name", "room_whoami")
         assert r["structuredContent"]["agent"] == "alpha", r
