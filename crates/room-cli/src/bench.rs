@@ -24,7 +24,8 @@ pub struct BenchArgs {
     /// recipients against spawning the worker binary; stopping a 50-process tree until zero
     /// processes are observed against killing one) or `collab` (a collaboration's per-phase
     /// overhead with instant agents against a raw SQLite commit, phases per second with 100
-    /// collaborations in parallel, memory per live collaboration).
+    /// collaborations in parallel, memory per live collaboration) or `search` (full-text
+    /// query latency at 100,000 and 1,000,000 events, and the index's size per 100,000).
     #[arg(default_value = "core")]
     pub what: String,
     /// Seconds each measurement runs.
@@ -86,9 +87,10 @@ pub fn run(a: &BenchArgs) -> i32 {
         "acceptance" => crate::bench_accept::bench(a),
         "wakes" => crate::bench_wakes::bench(a),
         "collab" => crate::bench_collab::bench(a),
+        "search" => crate::bench_search::bench(a),
         other => {
             eprintln!(
-                "error[invalid_argument]: what: {other:?} is not core, mcp, swarm, acceptance, wakes or collab"
+                "error[invalid_argument]: what: {other:?} is not core, mcp, swarm, acceptance, wakes, collab or search"
             );
             return crate::cmd::EXIT_REFUSED;
         }

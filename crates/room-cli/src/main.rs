@@ -8,6 +8,7 @@ mod bench;
 mod bench_accept;
 mod bench_collab;
 mod bench_mcp;
+mod bench_search;
 mod bench_wakes;
 mod cmd;
 mod collab;
