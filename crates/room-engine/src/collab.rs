@@ -298,9 +298,10 @@ impl Engine {
         ctl.put_collab_run(&run).map_err(store_err)
     }
 
-    /// The orchestrator asks the person to approve `input` for a phase's run. The request
-    /// pending for that run with the same digest is returned as it is; one showing something
-    /// else is marked `stale` (a decision on it is refused) and a new one made.
+    /// The orchestrator asks the person to approve `input` for a phase's run. A run already
+    /// decided keeps its decision (returned as it is); the request pending for that run with
+    /// the same digest is returned as it is; one showing something else is marked `stale` (a
+    /// decision on it is refused) and a new one made.
     pub fn approval_request(
         &self,
         caller: &AgentCaller,
@@ -324,6 +325,13 @@ impl Engine {
         let all = ctl
             .approvals(collab, APPROVALS_PER_COLLAB_MAX)
             .map_err(store_err)?;
+        // decided already (a pass that read the queue before the person decided asks again):
+        // the decision stands, and no new request is made for the run
+        if let Some(d) = all.iter().find(|a| {
+            a.phase == phase && a.run == run && matches!(a.state.as_str(), "approved" | "rejected")
+        }) {
+            return Ok(d.clone());
+        }
         for a in all
             .iter()
             .filter(|a| a.phase == phase && a.run == run && a.state == "pending")
