@@ -223,11 +223,33 @@ fn routes(state: &Path) -> Check {
             problems.push(format!("routes.{agent}: {var} is not set here"));
         }
     }
+    // what collaborations' roles on an adapter take: an ACP bridge's program, an API key
+    for (adapter, b) in policy.backends.iter() {
+        if let Some(program) = b["command"][0].as_str() {
+            let p = Path::new(program);
+            let runnable = std::fs::metadata(p)
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+            if !runnable {
+                problems.push(format!(
+                    "backends.{adapter}: {program} is not an executable file"
+                ));
+            }
+        }
+        if let Some(var) = b["api_key_env"].as_str()
+            && std::env::var_os(var).is_none()
+        {
+            problems.push(format!("backends.{adapter}: {var} is not set here"));
+        }
+    }
     if problems.is_empty() {
         check(
             "routes",
             Status::Ok,
-            format!("{} routes, each runnable from here", policy.routes.len()),
+            format!(
+                "{} routes and {} collaboration backends, each runnable from here",
+                policy.routes.len(),
+                policy.backends.len()
+            ),
         )
     } else {
         check("routes", Status::Warn, problems.join("; ")).fix(

@@ -95,7 +95,7 @@ fn each_planted_problem_is_reported_with_its_fix() {
     // a route whose program is not there, and one whose API key is not set
     std::fs::write(
         env.state().join("config.toml"),
-        "[routes.beta]\nadapter = \"command\"\ncommand = [\"/nonexistent/agent\"]\n\n[routes.gamma]\nadapter = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\nmodel = \"m\"\napi_key_env = \"ROOM_DOCTOR_TEST_KEY_UNSET\"\n",
+        "[routes.beta]\nadapter = \"command\"\ncommand = [\"/nonexistent/agent\"]\n\n[routes.gamma]\nadapter = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\nmodel = \"m\"\napi_key_env = \"ROOM_DOCTOR_TEST_KEY_UNSET\"\n\n[backends.acp]\ncommand = [\"/nonexistent/acp-bridge\"]\n\n[backends.anthropic]\napi_key_env = \"ROOM_DOCTOR_TEST_BACKEND_KEY_UNSET\"\n",
     )
     .unwrap();
     let (_, v) = env.doctor("", &[]);
@@ -104,6 +104,11 @@ fn each_planted_problem_is_reported_with_its_fix() {
     let d = c["detail"].as_str().unwrap();
     assert!(
         d.contains("/nonexistent/agent") && d.contains("ROOM_DOCTOR_TEST_KEY_UNSET"),
+        "{c}"
+    );
+    // and the collaboration backends' ACP bridge and API key
+    assert!(
+        d.contains("/nonexistent/acp-bridge") && d.contains("ROOM_DOCTOR_TEST_BACKEND_KEY_UNSET"),
         "{c}"
     );
     // a config the daemon cannot load
