@@ -332,8 +332,9 @@ async def the_blackboard_tools_are_listed_per_scope_and_fenced(fx):
 
     orch = delegate("orch", None, "session:read", "session:dispatch")
     writer = delegate("writer", "orch", "artifact:write:spec", "artifact:read:spec")
+    implementer = delegate("implementer", "orch", "artifact:write:diff", "project:write")
     plain = fx.enroll("plain")
-    fx.run("create", "collab", "--member", "orch", "--member", "writer", "--member", "plain")
+    fx.run("create", "collab", "--member", "orch", "--member", "writer", "--member", "plain", "--member", "implementer")
     spec = {"title": "t", "goal": "g", "requirements": ["r"]}
     async with Client(stdio(fx, orch), mode="auto") as o, Client(stdio(fx, writer), mode="auto") as w, \
             Client(stdio(fx, plain), mode="auto") as p:
@@ -342,6 +343,16 @@ async def the_blackboard_tools_are_listed_per_scope_and_fenced(fx):
         assert names(await o.list_tools()) & blackboard == {"artifact_index"}
         assert names(await w.list_tools()) & blackboard == blackboard
         assert names(await p.list_tools()) == ALL_TOOLS
+        # diff_from_tree is listed to a role that writes the diff and the project; outside a
+        # collaboration with working trees it has no tree to take from, and writes nothing
+        async with Client(stdio(fx, implementer), mode="auto") as i:
+            assert "diff_from_tree" in names(await i.list_tools())
+            assert "diff_from_tree" not in names(await w.list_tools())
+            await catch_up(i, "collab")
+            before = fx.journal_lines()
+            got = refusal(await i.call_tool("diff_from_tree", {"room": "collab", "expected_version": 0}))
+            assert got["code"] == "invalid_argument" and got["detail"]["field"] == "room", got
+            assert fx.journal_lines() == before
         await catch_up(w, "collab")
         r = await w.call_tool("artifact_put", {"room": "collab", "kind": "spec", "content": spec, "expected_version": 0})
         assert not r.is_error, r.structured_content

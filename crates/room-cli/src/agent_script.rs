@@ -6,7 +6,8 @@
 //! (write the wake's prompt text to PATH beneath the working directory: a deterministic
 //! artifact for acceptance checks to measure), `claim` and `done` (the wake's task), `put:KIND=PATH`
 //! (write the JSON file at PATH as the next version of the blackboard artifact KIND, for the
-//! wake's task: a collaboration's role), `exit` (stop without a word), `fail` (exit 1),
+//! wake's task: a collaboration's role), `diff` (write the `diff` artifact from the working
+//! tree it was started in, `diff_from_tree`, for the wake's task), `exit` (stop without a word), `fail` (exit 1),
 //! `hang` (never end: the launch's deadline stops it).
 
 use room_server::client::Client;
@@ -90,6 +91,7 @@ fn script(steps: &str) -> Result<i32, String> {
                     serde_json::from_str(&text).map_err(|e| format!("{path}: {e}"))?;
                 put_artifact(&mut call, &room, wake_task(&prompt)?, kind, content)?;
             }
+            "diff" => diff_from_tree(&mut call, &room, wake_task(&prompt)?)?,
             "exit" => return Ok(0),
             "fail" => return Ok(1),
             "hang" => loop {
@@ -120,6 +122,49 @@ fn wake_task(prompt: &Value) -> Result<&str, String> {
 
 /// Write `content` as the next version of `kind` for `task`: the newest version read from the
 /// index (0 when there is none), a gate refusal read through and tried once more.
+/// The newest version of `kind`/main in the room's index (0: none yet).
+fn current_version(
+    call: &mut impl FnMut(&str, Value) -> Result<Response, String>,
+    room: &str,
+    kind: &str,
+) -> Result<u64, String> {
+    let index = call("artifact_index", json!({"room": room}))?;
+    let index = index
+        .result
+        .ok_or_else(|| format!("artifact_index refused: {:?}", index.refusal))?;
+    Ok(index["artifacts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|a| a["kind"] == kind && a["key"] == "main")
+        .and_then(|a| a["version"].as_u64())
+        .unwrap_or(0))
+}
+
+/// Write the working tree's diff as the next version of `diff` for `task`, a gate refusal
+/// read through and tried once more.
+fn diff_from_tree(
+    call: &mut impl FnMut(&str, Value) -> Result<Response, String>,
+    room: &str,
+    task: &str,
+) -> Result<(), String> {
+    let mut last = None;
+    for _ in 0..2 {
+        let current = current_version(call, room, "diff")?;
+        let r = call(
+            "diff_from_tree",
+            json!({"room": room, "task": task, "expected_version": current,
+                "summary": "the working tree's changes"}),
+        )?;
+        if r.ok {
+            return Ok(());
+        }
+        last = r.refusal;
+        read(call, room)?;
+    }
+    Err(format!("diff: the write was refused twice: {last:?}"))
+}
+
 fn put_artifact(
     call: &mut impl FnMut(&str, Value) -> Result<Response, String>,
     room: &str,
@@ -128,17 +173,7 @@ fn put_artifact(
     content: Value,
 ) -> Result<(), String> {
     for _ in 0..2 {
-        let index = call("artifact_index", json!({"room": room}))?;
-        let index = index
-            .result
-            .ok_or_else(|| format!("artifact_index refused: {:?}", index.refusal))?;
-        let current = index["artifacts"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|a| a["kind"] == kind && a["key"] == "main")
-            .and_then(|a| a["version"].as_u64())
-            .unwrap_or(0);
+        let current = current_version(call, room, kind)?;
         let r = call(
             "artifact_put",
             json!({"room": room, "kind": kind, "content": content, "task": task,

@@ -7,9 +7,9 @@
 //! Room's bridge. Everything is printed as the daemon's scheduler does it; the chains are
 //! verified at the end.
 //!
-//! The implementer works in a copy of the project it makes itself (Room's worktrees are not
-//! built yet); the diff it writes must apply to the person's project as it stands, and the
-//! person merges it at the end.
+//! The implementer works in its own working tree Room made at the start (a copy of the
+//! sample made a repository: the base), and Room takes its diff from there; the gate's tests
+//! run in the base with that diff applied; the person's project changes only when they merge.
 
 use room_server::client::Client;
 use room_server::daemon::Background as Daemon;
@@ -74,7 +74,7 @@ prompt = "prompt.md"
 name = "gate"
 kind = "gate"
 reads = ["diff"]
-commands = [{ program = "/bin/sh", args = ["-c", "cd WORKTREE && sh test.sh"], timeout_ms = 60000 }]
+commands = [{ program = "/bin/sh", args = ["test.sh"], timeout_ms = 60000 }]
 
 [[phases]]
 name = "approval"
@@ -138,10 +138,6 @@ fn materials(root: &Path) -> anyhow::Result<BTreeMap<&'static str, String>> {
                 "context": "one flag, no dependencies", "decision": "test $1 before the greeting and exit early",
                 "consequences": "a second flag would move to getopts"}),
         ),
-        (
-            "diff",
-            json!({"base": "sample@1", "patch": PATCH, "summary": "greet.sh answers --verbose"}),
-        ),
     ];
     let mut out = BTreeMap::new();
     for (kind, content) in artifacts {
@@ -151,31 +147,26 @@ fn materials(root: &Path) -> anyhow::Result<BTreeMap<&'static str, String>> {
     }
     let patch = kit.join("change.diff");
     write(&patch, PATCH, false)?;
-    // the implementer: a shell program (a `command` route) that applies the diff in a copy
-    // of the project (its own working tree: the person's stays as it is until they merge),
-    // then reports through Room's bridge (its scripted agent) with the wake it got
-    let worktree = root.join("worktrees/implementation");
+    // the implementer: a shell program (a `command` route) started in its own working tree
+    // (Room made it: a copy of the sample, which is no git repository; the person's stays as
+    // it is until they merge), which applies the change there and reports through Room's
+    // bridge (its scripted agent): `diff` has Room take the tree's diff against the base
     let implement = kit.join("implement.sh");
     write(
         &implement,
         &format!(
-            "#!/bin/sh\nset -e\nrm -rf {wt}\nmkdir -p {wt}\ncp -R {project}/. {wt}/\ncd {wt}\ngit apply {patch}\nexec \"$ROOM_BRIDGE\" agent-script --steps read,claim,put:diff={diff},done\n",
-            wt = worktree.display(),
-            project = project.display(),
+            "#!/bin/sh\nset -e\ngit apply {patch}\nexec \"$ROOM_BRIDGE\" agent-script --steps read,claim,diff,done\n",
             patch = patch.display(),
-            diff = out["diff"]
         ),
         true,
     )?;
     out.insert("implement", implement.display().to_string());
-    out.insert("worktree", worktree.display().to_string());
     out.insert("patch", patch.display().to_string());
     out.insert("project", project.display().to_string());
     let pack_dir = root.join("pack");
     std::fs::create_dir_all(&pack_dir)?;
-    let pack = PACK.replace("WORKTREE", &worktree.display().to_string());
-    write(&pack_dir.join("pack.toml"), &pack, false)?;
-    out.insert("pack", pack);
+    write(&pack_dir.join("pack.toml"), PACK, false)?;
+    out.insert("pack", PACK.to_string());
     write(
         &pack_dir.join("prompt.md"),
         "Read what your phase reads from the blackboard (artifact_get), write what it writes (artifact_put, for your task), then done.\n",
@@ -216,7 +207,7 @@ fn scene() -> anyhow::Result<()> {
     show(format!("project {prj} at {}", m["project"]));
 
     println!(
-        "\n2. The owner starts a collaboration: each role bound to a backend. Four run Room's scripted agent; the implementer is a shell program that applies a diff."
+        "\n2. The owner starts a collaboration: each role bound to a backend. Four run Room's scripted agent; the implementer is a shell program in its own working tree."
     );
     let script = |kind: &str| format!("script:read,claim,put:{kind}={},done", m[kind]);
     let roles = vec![
@@ -241,6 +232,17 @@ fn scene() -> anyhow::Result<()> {
         show(format!(
             "role {role:<13} -> {}",
             agent.as_str().unwrap_or("")
+        ));
+    }
+    let trees = &started["trees"];
+    for (agent, tree) in trees["trees"].as_object().into_iter().flatten() {
+        show(format!(
+            "{} works in {} ({} of the sample at base {}…)",
+            agent,
+            tree.as_str().unwrap_or(""),
+            trees["source"].as_str().unwrap_or(""),
+            &trees["base"].as_str().unwrap_or("")
+                [..12.min(trees["base"].as_str().unwrap_or("").len())]
         ));
     }
 

@@ -65,6 +65,7 @@ pub fn run(cli: &Cli) -> i32 {
     checks.push(jobs());
     checks.push(confinement());
     checks.push(descriptors());
+    checks.push(git());
     let worst = checks.iter().map(|c| c.status).max().unwrap_or(Status::Ok);
     if cli.json {
         let list: Vec<Value> = checks
@@ -282,6 +283,31 @@ fn jobs() -> Check {
     };
     let _ = jobs.close(1_000);
     out
+}
+
+/// git: a collaboration's diffs are checked with `git apply --check`, and its implementing
+/// roles work in clones (or copies made repositories); without it those are refused.
+fn git() -> Check {
+    let found = std::process::Command::new("git")
+        .arg("--version")
+        .stdin(std::process::Stdio::null())
+        .output();
+    match found {
+        Ok(o) if o.status.success() => check(
+            "git",
+            Status::Ok,
+            format!(
+                "{} (diffs are checked with it; implementing roles work in clones made with it)",
+                String::from_utf8_lossy(&o.stdout).trim()
+            ),
+        ),
+        _ => check(
+            "git",
+            Status::Warn,
+            "git is not on PATH: a collaboration's diffs cannot be checked and its implementing roles get no working tree",
+        )
+        .fix("install git (Debian: apt install git)"),
+    }
 }
 
 /// Confinement: user, mount and PID namespaces for a worker's view.

@@ -557,3 +557,168 @@ fn a_collaboration_resumes_after_the_daemon_is_killed() {
     assert!(d.room(&["verify"]).status.success());
     drop(daemon);
 }
+
+fn git(dir: &std::path::Path, args: &[&str]) -> String {
+    let o = Command::new("git")
+        .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "git {args:?}: {o:?}");
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+/// Issue 41, item 1: an implementing role works in a clone of the project's HEAD that Room
+/// made beneath the state directory, never in the person's checkout (confined, the checkout
+/// is read-only to it); its diff is taken from that tree against the recorded base; the gate
+/// measures the base with that diff applied (the person's checkout would fail the tests);
+/// the trees go when the goal closes, and the person's uncommitted change stays theirs.
+#[test]
+fn an_implementer_works_in_its_own_tree_and_the_person_s_checkout_never_changes() {
+    let d = Dirs::new();
+    let _daemon = spawn(&d);
+    std::fs::write(
+        d.state.join("config.toml"),
+        "[acceptance]\ncommands = [\"/bin/sh\"]\n",
+    )
+    .unwrap();
+    let project = d.root.join("work/greeter");
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::write(project.join("greet.sh"), "#!/bin/sh\necho hello\n").unwrap();
+    std::fs::write(
+        project.join("test.sh"),
+        "set -e\n[ \"$(sh greet.sh --verbose)\" = \"hello, verbosely\" ]\n",
+    )
+    .unwrap();
+    std::fs::write(project.join("README"), "greeter\n").unwrap();
+    git(&project, &["init", "-q"]);
+    git(&project, &["add", "."]);
+    git(&project, &["commit", "-qm", "greeter"]);
+    let head = git(&project, &["rev-parse", "HEAD"]);
+    // the person's own work in progress, not committed: not in the base, never touched
+    std::fs::write(project.join("README"), "greeter\nlocal edit\n").unwrap();
+    let prj = d.ok(&["project", "open", project.to_str().unwrap()])["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let confined = std::env::var("ROOM_TEST_CONFINEMENT").as_deref() == Ok("required");
+    // the implementer: tries the person's checkout (confined: read-only to it), then
+    // changes its own tree (where it starts) and has Room take the diff
+    let attempt = if confined {
+        format!(
+            "echo tampered >> {}/greet.sh 2>/dev/null && echo yes > wrote-checkout || true\n",
+            project.display()
+        )
+    } else {
+        String::new()
+    };
+    let program = d.write(
+        "kit/implement.sh",
+        &format!(
+            "#!/bin/sh\nset -e\n{attempt}pwd > .where\nprintf '#!/bin/sh\\nif [ \"$1\" = \"--verbose\" ]; then echo \"hello, verbosely\"; exit 0; fi\\necho hello\\n' > greet.sh\necho news > NEWS\nexec \"$ROOM_BRIDGE\" agent-script --steps read,claim,diff,done\n"
+        ),
+    );
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    d.write(
+        "pack/p.md",
+        "Implement it in your tree, then diff_from_tree.\n",
+    );
+    let pack = d.write(
+        "pack/pack.toml",
+        r#"name = "t"
+
+[[phases]]
+name = "implementation"
+kind = "agent"
+role = "reasoning"
+writes = ["diff"]
+prompt = "p.md"
+approve = false
+
+[[phases]]
+name = "gate"
+kind = "gate"
+reads = ["diff"]
+commands = [{ program = "/bin/sh", args = ["test.sh"], timeout_ms = 30000 }]
+"#,
+    );
+    let role = format!("reasoning=command:{}", program.display());
+    let started = d.ok(&[
+        "collab",
+        "start",
+        "--goal",
+        "greet.sh --verbose",
+        "--project",
+        &prj,
+        "--pack",
+        pack.to_str().unwrap(),
+        "--role",
+        &role,
+    ]);
+    let id = started["collab"].as_str().unwrap().to_string();
+    let trees = &started["trees"];
+    assert_eq!(trees["base"], head.as_str(), "{started}");
+    assert_eq!(
+        (trees["source"].clone(), trees["uncommitted"].clone()),
+        (json!("git"), json!(true))
+    );
+    let tree = PathBuf::from(trees["trees"][format!("{id}-reasoning")].as_str().unwrap());
+    assert!(
+        tree.starts_with(d.state.join("trees").join(&id)),
+        "{tree:?}"
+    );
+    let done = until(&d, &id, "the goal's end", |s| s["state"] != "running");
+    assert_eq!(done["state"], "done", "{done:#}");
+    assert_eq!(phase(&done, "gate")["state"], "done", "{done:#}");
+    // the diff: against the recorded base, from the tree, without the person's edit
+    let diff = d.ok(&["collab", "show", &id, "diff"]);
+    let content = &diff["content"];
+    assert_eq!(content["base"], head.as_str());
+    let patch = content["patch"].as_str().unwrap();
+    assert!(
+        patch.contains("+++ b/NEWS") && patch.contains("hello, verbosely"),
+        "{patch}"
+    );
+    assert!(
+        patch.contains("+++ b/.where"),
+        "the worker started in its tree: {patch}"
+    );
+    assert!(!patch.contains("local edit"), "{patch}");
+    assert!(
+        !patch.contains("wrote-checkout"),
+        "the checkout was writable: {patch}"
+    );
+    assert_eq!(diff["producer"], format!("{id}-reasoning"));
+    // the person's checkout: exactly as they left it, the gate's tests failing there still
+    assert_eq!(
+        std::fs::read_to_string(project.join("greet.sh")).unwrap(),
+        "#!/bin/sh\necho hello\n"
+    );
+    assert_eq!(git(&project, &["status", "--porcelain"]), "M README");
+    assert_eq!(git(&project, &["rev-parse", "HEAD"]), head);
+    // the trees went with the goal
+    assert!(!d.state.join("trees").join(&id).exists());
+    // the person merges: the diff applies to their checkout, and the tests pass there now
+    let mut apply = Command::new("git")
+        .args(["apply", "-"])
+        .current_dir(&project)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    apply
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(patch.as_bytes())
+        .unwrap();
+    assert!(apply.wait().unwrap().success());
+    let tests = Command::new("/bin/sh")
+        .arg("test.sh")
+        .current_dir(&project)
+        .status()
+        .unwrap();
+    assert!(tests.success());
+}

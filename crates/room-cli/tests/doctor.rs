@@ -87,6 +87,13 @@ fn each_planted_problem_is_reported_with_its_fix() {
     let (code, v) = env.doctor("", &[("ROOM_JOB_KIND", "subreaper")]);
     assert_eq!(code, 0, "subreaper jobs work: a warning");
     assert_eq!(named(&v, "jobs")["status"], "warn");
+    // git, which diffs and working trees need, present here and missing from an empty PATH
+    assert_eq!(named(&v, "git")["status"], "ok", "{v}");
+    let (code, v) = env.doctor("", &[("PATH", "/nonexistent")]);
+    assert_eq!(code, 0, "a warning");
+    let c = named(&v, "git");
+    assert_eq!(c["status"], "warn", "{c}");
+    assert!(c["fix"].as_str().unwrap().contains("install git"), "{c}");
     // a descriptor limit below what a daemon wants
     let (_, v) = env.doctor("ulimit -n 128 &&", &[]);
     let c = named(&v, "descriptors");

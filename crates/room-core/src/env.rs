@@ -148,6 +148,9 @@ pub struct RunRequest {
     pub network: bool,
     /// Bytes written to the run's standard input, which is then closed (empty: no input).
     pub stdin: Vec<u8>,
+    /// The run's standard output kept whole up to this many bytes (`RunOutcome::stdout`);
+    /// 0: only its tail is kept.
+    pub stdout_bytes_max: usize,
 }
 
 /// How a run ended. `exit_code` is `None` when a signal ended it (or the deadline did).
@@ -160,6 +163,9 @@ pub struct RunOutcome {
     /// The last bytes of each stream (lossy UTF-8), for the result's detail.
     pub stdout_tail: String,
     pub stderr_tail: String,
+    /// The first bytes of standard output, at most `stdout_bytes_max + 1` of them (one more
+    /// than asked says it was longer); empty unless the request asked.
+    pub stdout: Vec<u8>,
     /// The run's job was observed at zero processes after it ended (nothing it started
     /// outlived it). False: processes were still seen, and the run's result is not trusted.
     pub job_empty: bool,

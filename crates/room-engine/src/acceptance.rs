@@ -147,7 +147,17 @@ enum Found {
 impl Engine {
     /// The place a task's checks are measured. A project whose root moved refuses
     /// (`project_root_redirected`): nothing is measured in a directory that is not the grant.
+    ///
+    /// In a collaboration whose roles work in trees, checks measure its gate tree (the base
+    /// with the diff under review applied), never the person's checkout.
     pub(crate) fn acceptance_place(&self, t: &TaskRow) -> Outcome<Place> {
+        if t.project_id.is_some()
+            && let Some(trees) = self.collab_trees(&t.room)?
+        {
+            return Ok(Place {
+                root: Some(trees.gate_tree()),
+            });
+        }
         let root = match &t.project_id {
             Some(p) => Some(PathBuf::from(self.revalidate_project(p)?.canonical_root)),
             None => None,
@@ -227,6 +237,7 @@ impl Engine {
             project_write: *project_write,
             network: *network,
             stdin: Vec::new(),
+            stdout_bytes_max: 0,
         };
         match self.env.runner.run(&req) {
             Err(e) => {
@@ -410,6 +421,7 @@ impl Engine {
                             project_write: false,
                             network: p.network,
                             stdin: Vec::new(),
+                            stdout_bytes_max: 0,
                         };
                         match self.env.runner.run(&req) {
                             Err(e) => json!({"effect_present": UNCONFIRMED, "error": e.to_string(),

@@ -113,6 +113,7 @@ impl Engine {
     pub(crate) fn draft_artifact(
         &self,
         p: &Principal,
+        room: &str,
         binding: &room_core::event::Binding,
         d: &ArtifactDraft,
     ) -> Outcome<PendingArtifact> {
@@ -141,7 +142,31 @@ impl Engine {
             && let Some(project) = binding.project()
         {
             let patch = d.content["patch"].as_str().unwrap_or_default();
-            self.check_applies(project, patch)?;
+            match self.collab_trees(room)? {
+                // a collaboration with working trees: at its recorded base, in the checkout
+                // of the base no worker writes
+                Some(t) => {
+                    let base = d.content["base"].as_str().unwrap_or_default();
+                    if base != t.base {
+                        return Err(Refusal::new(
+                            Code::ArtifactDiffDoesNotApply,
+                            format!(
+                                "the diff names base {base:?}; the collaboration's trees start at {}",
+                                t.base
+                            ),
+                        )
+                        .detail(json!({"field": "base", "base": t.base}))
+                        .hint("take the diff from your working tree (diff_from_tree)"));
+                    }
+                    let tree = std::path::PathBuf::from(&t.base_tree);
+                    self.check_applies_in(
+                        &format!("the collaboration's base {}", t.base),
+                        tree,
+                        patch,
+                    )?;
+                }
+                None => self.check_applies(project, patch)?,
+            }
         }
         Ok(PendingArtifact {
             version: ArtifactVersion {
@@ -201,6 +226,11 @@ impl Engine {
     /// checked, is refused `artifact_diff_does_not_apply` (never accepted unchecked).
     fn check_applies(&self, project: &str, patch: &str) -> Outcome<()> {
         let root = std::path::PathBuf::from(self.revalidate_project(project)?.canonical_root);
+        self.check_applies_in(&format!("project {project}"), root, patch)
+    }
+
+    /// `git apply --check` of `patch` in `root` (read-only), as `check_applies` says.
+    fn check_applies_in(&self, what: &str, root: std::path::PathBuf, patch: &str) -> Outcome<()> {
         let req = room_core::RunRequest {
             program: "/bin/sh".into(),
             args: vec![
@@ -213,11 +243,12 @@ impl Engine {
             project_write: false,
             network: false,
             stdin: patch.as_bytes().to_vec(),
+            stdout_bytes_max: 0,
         };
         let refused = |why: String, detail: Value| {
             Refusal::new(
                 Code::ArtifactDiffDoesNotApply,
-                format!("the diff does not apply to project {project}: {why}"),
+                format!("the diff does not apply to {what}: {why}"),
             )
             .detail(detail)
             .hint("rebase the patch on the project as it stands, then write it again")
@@ -372,6 +403,20 @@ impl Engine {
         let handle = self.room_handle(room)?;
         let (k, key) = parse_address(kind, key)?;
         self.read_artifact(&handle, None, &k.as_str(), &key, version)
+    }
+
+    /// The newest `diff` of collaboration `id`, for its orchestrator to build the gate's
+    /// tree from (the daemon's scheduler does; the diff's content is handed to `git apply`,
+    /// never shown): the record grants its orchestrator its own gate, nothing more. None: no
+    /// diff yet.
+    pub fn collab_gate_diff(&self, caller: &AgentCaller, id: &str) -> Outcome<Option<Value>> {
+        let c = self.orchestrating(caller, id)?;
+        let handle = self.room_handle(&c.room)?;
+        match self.read_artifact(&handle, None, "diff", artifact::DEFAULT_KEY, None) {
+            Ok(v) => Ok(Some(v)),
+            Err(r) if r.code == Code::NotFound => Ok(None),
+            Err(r) => Err(r),
+        }
     }
 
     fn read_artifact(

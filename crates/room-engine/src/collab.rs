@@ -38,7 +38,39 @@ pub struct CollabStart {
     pub goal: String,
     pub orchestrator: String,
     pub spec: Value,
+    /// The working trees made for its implementing roles, if any.
+    pub trees: Option<WorkTrees>,
 }
+
+/// A collaboration's working trees (`room_exec::tree` makes them beneath the state
+/// directory's `trees/`): the base every tree starts at, the checkout of it no worker
+/// writes (where a diff is checked to apply), and each implementing agent's own tree.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct WorkTrees {
+    /// The base commit.
+    pub base: String,
+    /// `git` (a clone of the project's repository) or `copy` (a staged copy).
+    pub source: String,
+    pub base_tree: String,
+    /// The project had changes not committed at its HEAD (not in the base).
+    pub uncommitted: bool,
+    /// Agent name → its tree.
+    pub trees: std::collections::BTreeMap<String, String>,
+}
+
+impl WorkTrees {
+    /// Where a gate's checks run: the base with the diff under review applied, made afresh
+    /// by the scheduler before each gate (`<trees>/<collab>/gate`, beside the base).
+    pub fn gate_tree(&self) -> std::path::PathBuf {
+        let base = std::path::Path::new(&self.base_tree);
+        base.parent().unwrap_or(base).join("gate")
+    }
+}
+
+/// The key of the spec that holds the working trees (the engine's, beside the floor's).
+const TREES_KEY: &str = "worktrees";
+/// How long taking a diff from a working tree may run.
+pub const TREE_DIFF_MS: u64 = 60_000;
 
 /// An approval decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,7 +113,17 @@ impl Engine {
     /// The owner records a collaboration it has set up (room, orchestrator, role children).
     pub fn collab_record(&self, _owner: &Owner, c: CollabStart) -> Outcome<()> {
         name::validate("id", &c.id)?;
-        let spec = c.spec.to_string();
+        let mut spec = c.spec;
+        if let Some(t) = &c.trees {
+            if !spec.is_object() {
+                return Err(Refusal::invalid(
+                    "spec",
+                    "an object, to hold the working trees",
+                ));
+            }
+            spec[TREES_KEY] = serde_json::to_value(t).expect("working trees serialize");
+        }
+        let spec = spec.to_string();
         if spec.len() > SPEC_BYTES_MAX {
             return Err(Refusal::new(
                 Code::PayloadTooLarge,
@@ -163,7 +205,7 @@ impl Engine {
     }
 
     /// `caller` is the orchestrator of `id`, holding `session:dispatch`, and it runs.
-    fn orchestrating(&self, caller: &AgentCaller, id: &str) -> Outcome<CollabRow> {
+    pub(crate) fn orchestrating(&self, caller: &AgentCaller, id: &str) -> Outcome<CollabRow> {
         let me = self.authenticate(&caller.token)?;
         let c = self.collab_row(id)?;
         let holds = me
@@ -468,6 +510,120 @@ impl Engine {
         Ok(row)
     }
 
+    /// The working trees of the collaboration whose room is `room`, if it has any (a room of
+    /// no collaboration has none).
+    pub fn collab_trees(&self, room: &str) -> Outcome<Option<WorkTrees>> {
+        let Some(c) = self.control().collab(room).map_err(store_err)? else {
+            return Ok(None);
+        };
+        let spec: Value = serde_json::from_str(&c.spec)
+            .map_err(|e| Refusal::storage(format!("collaboration {room}: its spec: {e}")))?;
+        match spec.get(TREES_KEY) {
+            None => Ok(None),
+            Some(t) => serde_json::from_value(t.clone()).map(Some).map_err(|e| {
+                Refusal::storage(format!("collaboration {room}: its working trees: {e}"))
+            }),
+        }
+    }
+
+    /// An implementing agent's diff, taken from its own working tree against the
+    /// collaboration's base: `git add --all` then `git diff --cached --binary BASE`, run as a
+    /// check is (an owned job, confined, seeing that tree and not the state directory), the
+    /// output kept whole up to the blackboard's artifact bound. The content is a `diff`
+    /// artifact's (`{base, patch, summary?}`), for the caller to write as any other: the
+    /// write is fenced, checked and versioned there.
+    pub fn diff_from_tree(
+        &self,
+        caller: &AgentCaller,
+        room: &str,
+        summary: Option<String>,
+    ) -> Outcome<Value> {
+        let p = self.authorize(caller, room_core::Verb::Note)?;
+        let _ = self.member_handle(&p, room)?;
+        let scope = "artifact:write:diff";
+        if !p
+            .scopes
+            .as_ref()
+            .is_none_or(|s| s.iter().any(|x| x == scope))
+        {
+            return Err(Refusal::new(
+                Code::ArtifactWriteDenied,
+                format!("{} does not hold {scope}", p.name),
+            )
+            .detail(json!({"scope": scope})));
+        }
+        let trees = self.collab_trees(room)?;
+        let Some((t, tree)) = trees.and_then(|t| {
+            let tree = t.trees.get(&p.name).cloned()?;
+            Some((t, tree))
+        }) else {
+            return Err(Refusal::invalid(
+                "room",
+                format!("{} has no working tree in {room}", p.name),
+            )
+            .hint("only a collaboration's implementing roles work in a tree; write the diff with artifact_put"));
+        };
+        let script = diff_script(&t.base)?;
+        let limit = self.policy().blackboard.artifact_bytes_max;
+        let tree = std::path::PathBuf::from(tree);
+        let req = room_core::RunRequest {
+            program: "/bin/sh".into(),
+            args: vec!["-c".into(), script],
+            cwd: tree.clone(),
+            timeout_ms: TREE_DIFF_MS,
+            project: Some(tree),
+            project_write: true,
+            network: false,
+            stdin: Vec::new(),
+            stdout_bytes_max: limit,
+        };
+        let unconfirmed = |why: String| {
+            Refusal::invalid("tree", format!("its diff could not be taken: {why}"))
+                .detail(json!({"field": "tree", "observation": "unconfirmed"}))
+                .hint("your working tree must stay a git repository at its base; git's own words are above")
+        };
+        let out = self
+            .env
+            .runner
+            .run(&req)
+            .map_err(|e| unconfirmed(e.to_string()))?;
+        if out.timed_out || !out.job_empty || out.exit_code != Some(0) {
+            let err: String = out.stderr_tail.chars().take(512).collect();
+            return Err(unconfirmed(format!(
+                "git ended {:?} (timed out: {}){}",
+                out.exit_code,
+                out.timed_out,
+                err.lines()
+                    .next()
+                    .map(|l| format!(": {l}"))
+                    .unwrap_or_default()
+            )));
+        }
+        if out.stdout.len() > limit {
+            return Err(Refusal::new(
+                Code::PayloadTooLarge,
+                format!("the tree's diff is over the {limit}-byte artifact limit"),
+            )
+            .detail(json!({"field": "tree", "limit_bytes": limit})));
+        }
+        let patch = String::from_utf8(out.stdout)
+            .map_err(|_| Refusal::invalid("tree", "the tree's diff is not UTF-8"))?;
+        if patch.is_empty() {
+            return Err(Refusal::invalid(
+                "tree",
+                format!(
+                    "your working tree has no change against the base {}",
+                    t.base
+                ),
+            ));
+        }
+        let mut content = json!({"base": t.base, "patch": patch});
+        if let Some(s) = summary {
+            content["summary"] = json!(s);
+        }
+        Ok(content)
+    }
+
     /// The owner cancels a collaboration: its room is cancelled (workers stopped, queued
     /// wakes dead), and its identities revoked.
     pub fn collab_cancel(&self, owner: &Owner, id: &str) -> Outcome<Value> {
@@ -496,4 +652,18 @@ impl Engine {
         let revoked = self.authority.revoke(&daemon(), &c.orchestrator)?;
         Ok(json!({"collab": c.id, "state": to, "revoked": revoked["subtree"]}))
     }
+}
+
+/// The shell line, run confined in an agent's tree, that prints its diff against `base`:
+/// every change, added files included (staged in the tree's own index first), binary ones as
+/// git's binary patches, no external diff program, no text conversion, no hook.
+fn diff_script(base: &str) -> Outcome<String> {
+    if !matches!(base.len(), 40 | 64) || !base.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(Refusal::storage(format!("{base:?} is not a commit id")));
+    }
+    Ok(format!(
+        "git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c safe.directory='*' add --all . >&2 && \
+         exec git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c safe.directory='*' diff --cached --binary \
+         --no-ext-diff --no-textconv --no-color --full-index {base}"
+    ))
 }

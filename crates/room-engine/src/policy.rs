@@ -281,6 +281,12 @@ pub struct Route {
     /// The worker's working directory (absolute; default: the state directory's `workers/`).
     #[serde(default)]
     pub cwd: Option<String>,
+    /// `command`, `acp` and `script`: a working tree Room made for this worker beneath the
+    /// state directory's `trees/` (a collaboration's implementing role): the worker starts
+    /// in it and may write there (confined, it is bound back beneath the hidden state
+    /// directory); the project itself stays as `project` says.
+    #[serde(default)]
+    pub tree: Option<String>,
     /// The longest a worker may run (bounded by the permit's own deadline too).
     #[serde(default = "route_timeout_ms")]
     pub timeout_ms: u64,
@@ -384,7 +390,9 @@ pub const ACP_PRESETS: [&str; 3] = ["claude", "codex", "gemini"];
 pub const ACP_PERMISSIONS: [&str; 2] = ["reject", "allow_once"];
 
 /// Steps the scripted agent knows.
-pub const SCRIPT_STEPS: [&str; 7] = ["read", "reply", "exit", "fail", "hang", "claim", "done"];
+pub const SCRIPT_STEPS: [&str; 8] = [
+    "read", "reply", "exit", "fail", "hang", "claim", "done", "diff",
+];
 
 /// `put:KIND=PATH`: the scripted agent writes the JSON file at PATH (absolute, at most 256
 /// bytes, no `.`, `..` or empty component, no comma) as a new version of the blackboard
@@ -535,6 +543,22 @@ fn check_route(agent: &str, r: &Route) -> Result<(), String> {
         return Err(format!(
             "{at}.permissions {p:?} is not one of {ACP_PERMISSIONS:?}"
         ));
+    }
+    if let Some(t) = r.tree.as_deref() {
+        if matches!(r.adapter.as_str(), "openai" | "anthropic") {
+            return Err(format!(
+                "{at}: tree is for workers that run as processes (command, acp, script)"
+            ));
+        }
+        let plain = std::path::Path::new(t)
+            .components()
+            .skip(1)
+            .all(|c| matches!(c, std::path::Component::Normal(_)));
+        if !t.starts_with('/') || !plain || r.cwd.is_some() {
+            return Err(format!(
+                "{at}.tree must be an absolute path of plain names, and cwd unset (the worker starts in its tree)"
+            ));
+        }
     }
     if r.cwd.as_deref().is_some_and(|c| !c.starts_with('/')) {
         return Err(format!("{at}.cwd must be absolute"));

@@ -1162,7 +1162,7 @@ impl Engine {
                 ));
             }
             Some(d) => {
-                let a = self.draft_artifact(&p, &binding, d)?;
+                let a = self.draft_artifact(&p, &args.room, &binding, d)?;
                 if args.text.is_none() {
                     args.text = Some(format!(
                         "{}/{}: version {}",

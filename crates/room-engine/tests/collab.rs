@@ -67,6 +67,7 @@ fn a_decided_run_keeps_its_decision_and_gets_no_second_request() {
             goal: "g".into(),
             orchestrator: "c1-orch".into(),
             spec: json!({}),
+            trees: None,
         },
     )
     .unwrap();

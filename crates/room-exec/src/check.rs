@@ -127,10 +127,13 @@ impl ConfinedRunner {
         if !req.network {
             c = c.without_network();
         }
-        if let Some(root) = &req.project
-            && !req.project_write
-        {
-            c = c.read_only(root)?;
+        if let Some(root) = &req.project {
+            if !req.project_write {
+                c = c.read_only(root)?;
+            } else if root.starts_with(&self.env.state_dir) {
+                // a working tree Room made beneath the state directory (its `trees/`)
+                c = c.writable_within(root)?;
+            }
         }
         c = c.hiding(&self.env.hidden.list())?;
         c.prepare(cmd);
@@ -190,8 +193,8 @@ impl ConfinedRunner {
         };
         job.started(child.id());
         crate::feed(child.stdin.take(), &req.stdin);
-        let out = crate::tail_reader(child.stdout.take());
-        let err = crate::tail_reader(child.stderr.take());
+        let out = crate::tail_reader(child.stdout.take(), req.stdout_bytes_max);
+        let err = crate::tail_reader(child.stderr.take(), 0);
         let deadline = started + Duration::from_millis(req.timeout_ms);
         let mut pause = Duration::from_millis(1);
         let waited = loop {
@@ -216,14 +219,16 @@ impl ConfinedRunner {
             None => child.wait()?,
         };
         let grace = Instant::now() + Duration::from_millis(crate::READER_GRACE_MS);
+        let (stdout_tail, stdout) = out.finish_with_head(grace);
         use std::os::unix::process::ExitStatusExt;
         Ok(RunOutcome {
             exit_code: if timed_out { None } else { status.code() },
             signal: status.signal(),
             timed_out,
             elapsed_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-            stdout_tail: out.finish(grace),
+            stdout_tail,
             stderr_tail: err.finish(grace),
+            stdout,
             job_empty: stopped.confirmed_empty,
             confinement: self.confinement_name().into(),
         })

@@ -25,6 +25,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
 
+/// Trees inside the state directory one view binds back at most.
+pub const WITHIN_TREES_MAX: usize = 4;
+
 /// What the child needs, prepared before fork (nothing is allocated after it).
 #[derive(Debug, Clone)]
 struct Prepared {
@@ -35,6 +38,11 @@ struct Prepared {
     /// each with the mount flags it already has (a user namespace may add flags, never drop
     /// them).
     read_only: Vec<(CString, MountFlags)>,
+    /// Trees inside the state directory's `trees/` (a collaboration's working trees) bound
+    /// back at their paths beneath its tmpfs: each path, the directories to make for it
+    /// there (outermost first), whether the worker may write in it, and the mount flags it
+    /// already has. At most `WITHIN_TREES_MAX` (held in a fixed array in the child).
+    within: Vec<(CString, Vec<CString>, bool, MountFlags)>,
     uid_map: Vec<u8>,
     gid_map: Vec<u8>,
     state: CString,
@@ -139,6 +147,7 @@ impl Confinement {
                 root: uid == 0,
                 no_network: false,
                 read_only: Vec::new(),
+                within: Vec::new(),
                 uid_map: format!("{uid} {uid} 1").into_bytes(),
                 gid_map: format!("{gid} {gid} 1").into_bytes(),
                 state: cstr(state)?,
@@ -235,11 +244,63 @@ impl Confinement {
 
     /// `tree` (an existing directory, such as a project root) read-only for the worker: it
     /// can read there and write nowhere in it, so a change reaches it only as a proposal the
-    /// daemon applies.
+    /// daemon applies. A tree inside the state directory's `trees/` is bound back beneath the
+    /// hidden state directory, read-only.
     pub fn read_only(self, tree: &Path) -> std::io::Result<Confinement> {
+        if tree.starts_with(self.state_path()) {
+            return self.within(tree, false);
+        }
         let flags = kept_flags(tree)?;
         let mut p = (*self.p).clone();
         p.read_only.push((cstr(tree)?, flags));
+        Ok(Confinement { p: Arc::new(p) })
+    }
+
+    /// `tree`, a directory inside the state directory's `trees/` (a working tree Room made
+    /// for this worker), bound back at its path beneath the hidden state directory, where the
+    /// worker may write. Nothing else of the state directory comes back with it.
+    pub fn writable_within(self, tree: &Path) -> std::io::Result<Confinement> {
+        self.within(tree, true)
+    }
+
+    fn state_path(&self) -> std::path::PathBuf {
+        std::path::PathBuf::from(std::ffi::OsStr::from_bytes(self.p.state.as_bytes()))
+    }
+
+    fn within(self, tree: &Path, writable: bool) -> std::io::Result<Confinement> {
+        let trees = self.state_path().join("trees");
+        let invalid =
+            |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, m.to_string());
+        let rel = tree
+            .strip_prefix(&trees)
+            .map_err(|_| invalid("a tree inside the state directory must be beneath its trees/"))?;
+        if rel.as_os_str().is_empty()
+            || rel
+                .components()
+                .any(|c| !matches!(c, std::path::Component::Normal(_)))
+        {
+            return Err(invalid(
+                "a tree beneath trees/ is named by plain components",
+            ));
+        }
+        if self.p.within.len() >= WITHIN_TREES_MAX {
+            return Err(invalid(
+                "too many trees inside the state directory for one view",
+            ));
+        }
+        let meta = std::fs::symlink_metadata(tree)?;
+        if !meta.is_dir() {
+            return Err(invalid("a tree must be a directory (not a link)"));
+        }
+        let mut dirs = vec![cstr(&trees)?];
+        let mut at = trees.clone();
+        for c in rel.components() {
+            at.push(c);
+            dirs.push(cstr(&at)?);
+        }
+        let flags = kept_flags(tree)?;
+        let mut p = (*self.p).clone();
+        p.within.push((cstr(tree)?, dirs, writable, flags));
         Ok(Confinement { p: Arc::new(p) })
     }
 
@@ -378,6 +439,15 @@ fn hide(p: &Prepared) -> rustix::io::Result<()> {
         OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )?;
+    // the trees bound back, held before the state directory disappears under the tmpfs
+    let mut held: [Option<rustix::fd::OwnedFd>; WITHIN_TREES_MAX] = [None, None, None, None];
+    for (slot, (tree, ..)) in held.iter_mut().zip(&p.within) {
+        *slot = Some(rustix::fs::open(
+            tree.as_c_str(),
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?);
+    }
     let bridge = match &p.bridge {
         Some((file, _, _, (dev, ino))) => {
             let held = rustix::fs::open(
@@ -408,6 +478,25 @@ fn hide(p: &Prepared) -> rustix::io::Result<()> {
     let src = fd_path(rustix::fd::AsRawFd::as_raw_fd(&worker), &mut buf);
     rustix::mount::mount_bind(src, p.worker.as_c_str())?;
     drop(worker);
+    for (slot, (tree, dirs, writable, flags)) in held.iter_mut().zip(&p.within) {
+        for d in dirs {
+            match rustix::fs::mkdir(d.as_c_str(), dir) {
+                Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let fd = slot.take().expect("a held descriptor for each tree");
+        let src = fd_path(rustix::fd::AsRawFd::as_raw_fd(&fd), &mut buf);
+        rustix::mount::mount_bind_recursive(src, tree.as_c_str())?;
+        drop(fd);
+        if !*writable {
+            rustix::mount::mount_remount(
+                tree.as_c_str(),
+                MountFlags::BIND | MountFlags::RDONLY | *flags,
+                c"",
+            )?;
+        }
+    }
     if let Some(broker) = &p.broker {
         let sock = rustix::fs::open(
             p.socket.as_c_str(),
@@ -766,6 +855,65 @@ mod tests {
         assert!(!project.join("rel").exists());
         // outside the worker, the tree is as writable as before
         std::fs::write(project.join("src/a.json"), b"[1]").unwrap();
+    }
+
+    #[test]
+    fn a_tree_beneath_the_state_directory_comes_back_writable_or_read_only_and_nothing_else() {
+        let tmp = tempfile::tempdir().unwrap();
+        let state = tmp.path().join("state");
+        std::fs::create_dir_all(state.join("workers/lch_1")).unwrap();
+        std::fs::write(state.join("workers/lch_1/broker.sock"), b"").unwrap();
+        std::fs::write(state.join("control.db"), b"secret").unwrap();
+        let mine = state.join("trees/c1/impl");
+        let base = state.join("trees/c1/base");
+        let other = state.join("trees/c2/impl");
+        for d in [&mine, &base, &other] {
+            std::fs::create_dir_all(d).unwrap();
+            std::fs::write(d.join("f"), b"old").unwrap();
+        }
+        let c = Confinement::new(&state, "lch_1", &state.join("room.sock"))
+            .unwrap()
+            .writable_within(&mine)
+            .unwrap()
+            .read_only(&base)
+            .unwrap()
+            .cwd(&mine)
+            .unwrap();
+        let script = format!(
+            "echo new > f && cat f; cat {b}/f; echo; echo x > {b}/f 2>/dev/null && echo BASEWROTE; \
+             ls {s}/trees; ls {s}/trees/c1; cat {s}/control.db 2>/dev/null && echo LEAK; echo done",
+            b = base.display(),
+            s = state.display()
+        );
+        let mut cmd = std::process::Command::new("/bin/sh");
+        cmd.args(["-c", &script]).current_dir(&mine);
+        c.prepare(&mut cmd);
+        let out = match cmd.output() {
+            Ok(o) => o,
+            Err(e) => return unavailable(e),
+        };
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            text, "new\nold\nc1\nbase\nimpl\ndone\n",
+            "{text:?} {:?}",
+            out.stderr
+        );
+        assert_eq!(std::fs::read(mine.join("f")).unwrap(), b"new\n");
+        assert_eq!(std::fs::read(base.join("f")).unwrap(), b"old");
+        // only beneath trees/, by plain names, and only directories
+        let c = Confinement::new(&state, "lch_1", &state.join("room.sock")).unwrap();
+        assert!(c.clone().writable_within(&state.join("workers")).is_err());
+        assert!(
+            c.clone()
+                .writable_within(&state.join("trees/c1/../c2"))
+                .is_err()
+        );
+        assert!(
+            c.clone()
+                .writable_within(&state.join("trees/c1/impl/f"))
+                .is_err()
+        );
+        assert!(c.writable_within(&state.join("trees")).is_err());
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod proposal;
 mod shim;
 pub mod staging;
 pub mod stop;
+pub mod tree;
 
 use room_core::{RunOutcome, RunRequest, Runner};
 use rustix::process::{Pid, Signal, kill_process_group};
@@ -68,8 +69,8 @@ impl Runner for ProcessRunner {
         crate::feed(child.stdin.take(), &req.stdin);
         let pgid = Pid::from_raw(i32::try_from(child.id()).expect("pids fit i32"))
             .expect("a spawned child has a positive pid");
-        let out = tail_reader(child.stdout.take());
-        let err = tail_reader(child.stderr.take());
+        let out = tail_reader(child.stdout.take(), req.stdout_bytes_max);
+        let err = tail_reader(child.stderr.take(), 0);
         let deadline = started + Duration::from_millis(req.timeout_ms);
         let mut pause = Duration::from_millis(1);
         let (status, timed_out) = loop {
@@ -91,14 +92,16 @@ impl Runner for ProcessRunner {
             None => child.wait()?,
         };
         let grace = Instant::now() + Duration::from_millis(READER_GRACE_MS);
+        let (stdout_tail, stdout) = out.finish_with_head(grace);
         use std::os::unix::process::ExitStatusExt;
         Ok(RunOutcome {
             exit_code: if timed_out { None } else { status.code() },
             signal: status.signal(),
             timed_out,
             elapsed_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-            stdout_tail: out.finish(grace),
+            stdout_tail,
             stderr_tail: err.finish(grace),
+            stdout,
             // what left the group (setsid) is not seen here: this runner holds no job
             job_empty: group_empty,
             confinement: "process_group".into(),
@@ -119,25 +122,46 @@ pub(crate) fn feed(stdin: Option<std::process::ChildStdin>, bytes: &[u8]) {
     }
 }
 
+/// What a reader keeps of one stream: its tail, and its head when asked.
+#[derive(Default)]
+struct Kept {
+    tail: Vec<u8>,
+    head: Vec<u8>,
+}
+
 pub(crate) struct Tail {
-    buf: Arc<Mutex<Vec<u8>>>,
+    buf: Arc<Mutex<Kept>>,
     done: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Tail {
-    /// The kept bytes, waiting until `grace` at most for the reader to reach the end.
+    /// The kept tail, waiting until `grace` at most for the reader to reach the end.
     pub(crate) fn finish(self, grace: Instant) -> String {
+        self.finish_with_head(grace).0
+    }
+
+    /// The kept tail and head (see `tail_reader`).
+    pub(crate) fn finish_with_head(self, grace: Instant) -> (String, Vec<u8>) {
         while !self.done.load(std::sync::atomic::Ordering::Acquire) && Instant::now() < grace {
             std::thread::sleep(Duration::from_millis(2));
         }
-        let b = self.buf.lock().expect("tail lock").clone();
-        String::from_utf8_lossy(&b).into_owned()
+        let mut k = self.buf.lock().expect("tail lock");
+        let head = std::mem::take(&mut k.head);
+        (String::from_utf8_lossy(&k.tail).into_owned(), head)
     }
 }
 
-pub(crate) fn tail_reader(src: Option<impl Read + Send + 'static>) -> Tail {
-    let buf = Arc::new(Mutex::new(Vec::new()));
+/// Read `src` to its end on a thread of its own, keeping its last `OUTPUT_TAIL_BYTES_MAX`
+/// bytes and, when `head_bytes_max` is not 0, its first `head_bytes_max + 1` (one more says
+/// the stream was longer than asked).
+pub(crate) fn tail_reader(src: Option<impl Read + Send + 'static>, head_bytes_max: usize) -> Tail {
+    let buf = Arc::new(Mutex::new(Kept::default()));
     let done = Arc::new(std::sync::atomic::AtomicBool::new(src.is_none()));
+    let head_max = if head_bytes_max == 0 {
+        0
+    } else {
+        head_bytes_max.saturating_add(1)
+    };
     if let Some(mut src) = src {
         let (b, d) = (buf.clone(), done.clone());
         std::thread::spawn(move || {
@@ -146,11 +170,13 @@ pub(crate) fn tail_reader(src: Option<impl Read + Send + 'static>) -> Tail {
                 if n == 0 {
                     break;
                 }
-                let mut b = b.lock().expect("tail lock");
-                b.extend_from_slice(&chunk[..n]);
-                if b.len() > OUTPUT_TAIL_BYTES_MAX {
-                    let cut = b.len() - OUTPUT_TAIL_BYTES_MAX;
-                    b.drain(..cut);
+                let mut k = b.lock().expect("tail lock");
+                let room = head_max - k.head.len();
+                k.head.extend_from_slice(&chunk[..n.min(room)]);
+                k.tail.extend_from_slice(&chunk[..n]);
+                if k.tail.len() > OUTPUT_TAIL_BYTES_MAX {
+                    let cut = k.tail.len() - OUTPUT_TAIL_BYTES_MAX;
+                    k.tail.drain(..cut);
                 }
             }
             d.store(true, std::sync::atomic::Ordering::Release);
@@ -286,5 +312,27 @@ mod tests {
             .unwrap();
         assert_eq!(r.stdout_tail.len(), OUTPUT_TAIL_BYTES_MAX);
         assert!(r.stdout_tail.ends_with("aEND\n"));
+    }
+
+    #[test]
+    fn the_head_of_the_output_is_kept_whole_when_asked_and_one_byte_more_says_it_was_longer() {
+        let mut r = req(
+            "/bin/sh",
+            &["-c", "head -c 10000 /dev/zero | tr '\\0' a; echo END"],
+            10_000,
+        );
+        r.stdout_bytes_max = 20_000;
+        let out = ProcessRunner.run(&r).unwrap();
+        assert_eq!(out.stdout.len(), 10_004);
+        assert!(out.stdout.ends_with(b"aEND\n"));
+        r.stdout_bytes_max = 100;
+        let out = ProcessRunner.run(&r).unwrap();
+        assert_eq!(
+            out.stdout.len(),
+            101,
+            "one byte more than asked: it was longer"
+        );
+        r.stdout_bytes_max = 0;
+        assert!(ProcessRunner.run(&r).unwrap().stdout.is_empty());
     }
 }

@@ -319,6 +319,117 @@ fn set_up(
     roles: Vec<String>,
 ) -> Result<Value, Refusal> {
     let id = engine.collab_new_id();
+    let mut routes = routes;
+    let trees = match &project {
+        Some(p) => make_trees(engine, &id, p, &pack, &mut routes)?,
+        None => None,
+    };
+    let out = set_up_with(
+        engine, owner, goal, &id, project, pack, pack_text, prompts, routes, roles, trees,
+    );
+    if out.is_err() {
+        remove_trees(engine, &id);
+    }
+    out
+}
+
+/// Whether a role works in a tree of its own: it writes the project and runs as a process
+/// (an API role's only tools are Room's: it writes its diff as an artifact).
+fn works_in_tree(role: &room_collab::Role) -> bool {
+    role.policy.project == room_collab::profile::ProjectAccess::Write
+        && matches!(role.adapter.as_str(), "script" | "command" | "acp")
+}
+
+fn trees_dir(engine: &Engine, id: &str) -> std::path::PathBuf {
+    engine.state().root.join("trees").join(id)
+}
+
+/// The collaboration's working trees, removed (its goal is over, or it never started).
+pub fn remove_trees(engine: &Engine, id: &str) {
+    let dir = trees_dir(engine, id);
+    if let Err(e) = std::fs::remove_dir_all(&dir)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(
+            "collaboration {id}: its working trees at {}: {e}",
+            dir.display()
+        );
+    }
+}
+
+/// Make the base and one tree per implementing role (`room_exec::tree`), and point each such
+/// role's route at its tree, the project itself read-only for it. None: no role needs one.
+fn make_trees(
+    engine: &Engine,
+    id: &str,
+    project: &str,
+    pack: &Pack,
+    routes: &mut BTreeMap<String, Value>,
+) -> Result<Option<room_engine::collab::WorkTrees>, Refusal> {
+    let roles: Vec<&room_collab::Role> = pack
+        .profile
+        .roles
+        .iter()
+        .filter(|r| works_in_tree(r))
+        .filter(|r| {
+            pack.phases
+                .iter()
+                .any(|p| p.role.as_deref() == Some(&r.name))
+        })
+        .collect();
+    if roles.is_empty() {
+        return Ok(None);
+    }
+    let root = std::path::PathBuf::from(engine.revalidate_project(project)?.canonical_root);
+    let dir = trees_dir(engine, id);
+    let failed = |why: String| {
+        Refusal::invalid("project", format!("its working trees could not be made: {why}"))
+            .hint("an implementing role works in a clone of the project's HEAD (git) or a copy of it: see room doctor for git")
+    };
+    let parent = dir
+        .parent()
+        .expect("a collaboration's trees live in trees/");
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .create(parent)
+        .map_err(|e| failed(format!("{}: {e}", parent.display())))?;
+    let base = room_exec::tree::make_base(&root, &dir).map_err(failed)?;
+    let mut trees = BTreeMap::new();
+    for r in roles {
+        let tree = room_exec::tree::make_role_tree(&root, &dir, &r.name, &base).map_err(failed)?;
+        let route = routes.get_mut(&r.name).expect("every role has a route");
+        route["tree"] = json!(tree.display().to_string());
+        if route.get("project").is_some() {
+            route["project"] = json!("read_only");
+        }
+        room_engine::policy::check_route_value(&r.name, route)
+            .map_err(|why| profile_invalid(&r.name, "adapter", why))?;
+        trees.insert(format!("{id}-{}", r.name), tree.display().to_string());
+    }
+    Ok(Some(room_engine::collab::WorkTrees {
+        base: base.commit,
+        source: base.source.into(),
+        base_tree: base.tree.display().to_string(),
+        uncommitted: base.uncommitted,
+        trees,
+    }))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn set_up_with(
+    engine: &Engine,
+    owner: &Owner,
+    goal: &str,
+    id: &str,
+    project: Option<String>,
+    pack: Pack,
+    pack_text: String,
+    prompts: BTreeMap<String, String>,
+    routes: BTreeMap<String, Value>,
+    roles: Vec<String>,
+    trees: Option<room_engine::collab::WorkTrees>,
+) -> Result<Value, Refusal> {
+    let id = id.to_string();
     let orch = format!("{id}-orch");
     let minted = engine.delegate_as_owner(
         owner,
@@ -374,17 +485,33 @@ fn set_up(
                 goal: goal.to_string(),
                 orchestrator: orch.clone(),
                 spec: serde_json::to_value(&spec).expect("a spec serializes"),
+                trees: trees.clone(),
             },
         )?;
         Ok(
             json!({"collab": id, "room": id, "orchestrator": orch, "agents": agents,
-            "goal_task": goal_task, "pack": pack.view(), "advisory": advisory(&pack)}),
+            "goal_task": goal_task, "pack": pack.view(), "advisory": advisory(&pack),
+            "trees": trees_view(trees.as_ref())}),
         )
     })();
     if out.is_err() {
         let _ = engine.revoke(owner, &orch);
     }
     out
+}
+
+/// What a start and a status say of the working trees.
+fn trees_view(t: Option<&room_engine::collab::WorkTrees>) -> Value {
+    match t {
+        None => Value::Null,
+        Some(t) => json!({
+            "base": t.base, "source": t.source, "trees": t.trees,
+            "uncommitted": t.uncommitted,
+            "note": if t.uncommitted {
+                "the project had uncommitted changes: the trees start at its HEAD commit, without them"
+            } else { "" },
+        }),
+    }
 }
 
 /// A task title from `text`: its first line, cut to the title bound on a character boundary.
@@ -426,6 +553,7 @@ pub fn status(engine: &Engine, owner: &Owner, id: &str) -> Result<Value, Refusal
         "collab": c.id, "room": c.room, "project": c.project, "goal": c.goal, "state": c.state,
         "orchestrator": c.orchestrator, "agents": spec.as_ref().map(|s| &s.agents),
         "goal_task": spec.as_ref().map(|s| &s.goal_task),
+        "trees": trees_view(engine.collab_trees(&c.id)?.as_ref()),
         "phases": phases,
         "runs": runs.iter().map(run_view).collect::<Vec<_>>(),
         "approvals": approvals.iter().map(approval_view).collect::<Vec<_>>(),
@@ -881,6 +1009,11 @@ impl Cx<'_> {
         }
         let closed = if status == "done" {
             Ok(Value::Null)
+        } else if let Err(why) = self.gate_tree() {
+            // the diff under review cannot be laid on the base: the gate fails, measured on
+            // nothing (its task stays claimed; a rerun builds the tree again)
+            tracing::warn!("collaboration {}: gate {}: {why}", self.c.id, phase.name);
+            Err(Refusal::new(Code::TaskAcceptanceFailed, why))
         } else {
             self.act(|| {
                 self.engine.turn(
@@ -901,6 +1034,48 @@ impl Cx<'_> {
         };
         row.ended_ms = Some(self.engine.now_ms());
         self.put(row)
+    }
+
+    /// Make the gate's tree afresh (the base with the newest diff applied, the base alone
+    /// before any diff) where the
+    /// collaboration's roles work in trees; nothing to make otherwise (checks then measure
+    /// the project).
+    fn gate_tree(&self) -> Result<(), String> {
+        let Some(trees) = self
+            .engine
+            .collab_trees(&self.c.id)
+            .map_err(|r| r.message.clone())?
+        else {
+            return Ok(());
+        };
+        let project = self
+            .c
+            .project
+            .as_deref()
+            .ok_or("a collaboration with trees has a project")?;
+        let root = self
+            .engine
+            .revalidate_project(project)
+            .map_err(|r| r.message.clone())?
+            .canonical_root;
+        let diff = self
+            .engine
+            .collab_gate_diff(self.me, &self.c.id)
+            .map_err(|r| r.message.clone())?;
+        // no diff yet: the gate measures the base as it is
+        let patch = diff
+            .as_ref()
+            .and_then(|d| d["content"]["patch"].as_str())
+            .unwrap_or_default();
+        let base = room_exec::tree::Base {
+            commit: trees.base.clone(),
+            source: if trees.source == "git" { "git" } else { "copy" },
+            tree: std::path::PathBuf::from(&trees.base_tree),
+            uncommitted: trees.uncommitted,
+        };
+        let dir = trees_dir(self.engine, &self.c.id);
+        room_exec::tree::make_gate_tree(std::path::Path::new(&root), &dir, &base, patch)?;
+        Ok(())
     }
 
     /// Catch up with the room, then act; a gate refusal (something arrived meanwhile) is
@@ -1048,6 +1223,7 @@ impl Cx<'_> {
             })?;
         }
         self.engine.collab_finish(self.me, &self.c.id, "done")?;
+        remove_trees(self.engine, &self.c.id);
         Ok(())
     }
 }

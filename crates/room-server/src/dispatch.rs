@@ -557,7 +557,12 @@ fn owner_op(engine: &Engine, owner: &Owner, op: &str, a: Value) -> Result<Value,
                 .approval_decide(owner, &a.approval, &a.digest, verdict)
                 .map(|a| crate::collab::approval_view(&a))
         }
-        "collab_cancel" => engine.collab_cancel(owner, &args::<IdArgs>(a)?.id),
+        "collab_cancel" => {
+            let id = args::<IdArgs>(a)?.id;
+            let out = engine.collab_cancel(owner, &id)?;
+            crate::collab::remove_trees(engine, &id);
+            Ok(out)
+        }
         "collab_rerun" => {
             let a: RerunArgs = args(a)?;
             crate::collab::rerun(engine, owner, &a.id, &a.phase)
@@ -667,7 +672,13 @@ fn is_agent_op(op: &str) -> bool {
 
 /// The blackboard's operations for agents: not verbs (a put is a `note` carrying the artifact,
 /// a read is a read of the room), fenced by the caller's scopes in the engine.
-const ARTIFACT_OPS: &[&str] = &["artifact_put", "artifact_get", "artifact_index", "search"];
+const ARTIFACT_OPS: &[&str] = &[
+    "artifact_put",
+    "diff_from_tree",
+    "artifact_get",
+    "artifact_index",
+    "search",
+];
 
 fn artifact_op(
     engine: &Engine,
@@ -691,6 +702,28 @@ fn artifact_op(
                     kind: a.kind,
                     key: a.key,
                     content: a.content,
+                    expected_version: a.expected_version,
+                }),
+                ..TurnArgs::default()
+            };
+            engine.turn_step(caller, Verb::Note, turn, ticket)
+        }
+        "diff_from_tree" => {
+            let a: DiffFromTreeArgs = args(a)?;
+            // the tree's diff is taken once per call, before the turn (a turn that waits
+            // comes back here with its ticket and takes it again: the tree as it is then)
+            let content = engine.diff_from_tree(caller, &a.room, a.summary)?;
+            let turn = TurnArgs {
+                room: a.room,
+                text: a.text,
+                task: a.task,
+                parents: a.parents,
+                idempotency_key: a.idempotency_key,
+                read_through: a.read_through,
+                artifact: Some(room_engine::blackboard::ArtifactDraft {
+                    kind: "diff".into(),
+                    key: a.key,
+                    content,
                     expected_version: a.expected_version,
                 }),
                 ..TurnArgs::default()

@@ -829,6 +829,41 @@ pub struct ArtifactPutArgs {
     pub idempotency_key: Option<String>,
 }
 
+/// `diff_from_tree`: write the `diff` artifact from the caller's own working tree (an
+/// implementing role of a collaboration): Room takes every change there against the
+/// collaboration's base.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DiffFromTreeArgs {
+    /// The collaboration's room.
+    pub room: String,
+    /// The diff within its kind: main unless named.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// The version this write follows: 0 for the first diff, else the newest version you read.
+    pub expected_version: u32,
+    /// What the change does, in a line or two.
+    #[serde(default)]
+    #[schemars(length(max = TEXT_BYTES_MAX))]
+    pub summary: Option<String>,
+    /// A line for the room's timeline (default: kind/key and the version).
+    #[serde(default)]
+    #[schemars(length(max = TEXT_BYTES_MAX))]
+    pub text: Option<String>,
+    /// Task id (tsk_…) of the phase this writes for.
+    #[serde(default)]
+    pub task: Option<String>,
+    /// Event ids of what it was made from (the artifact versions you read).
+    #[serde(default)]
+    pub parents: Vec<String>,
+    /// Receipt of the page you just read: confirm it and write in one call.
+    #[serde(default)]
+    pub read_through: Option<String>,
+    #[serde(default)]
+    #[schemars(length(max = IDEMPOTENCY_KEY_BYTES_MAX), pattern(IDEMPOTENCY_KEY_PATTERN))]
+    pub idempotency_key: Option<String>,
+}
+
 /// `artifact_get`: one artifact version with its content.
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

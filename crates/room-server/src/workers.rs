@@ -709,10 +709,30 @@ struct Unclaimed(String);
 
 fn launch_cwd(env: &WorkerEnv, l: &Launch) -> PathBuf {
     l.route
-        .cwd
+        .tree
         .as_deref()
+        .or(l.route.cwd.as_deref())
         .map(PathBuf::from)
         .unwrap_or_else(|| env.state_dir.join("workers").join(&l.id))
+}
+
+/// The launch's working tree, if its route names one: a directory beneath the state
+/// directory's `trees/` (Room made it; nothing else of the state directory is a tree).
+fn launch_tree(env: &WorkerEnv, l: &Launch) -> Result<Option<PathBuf>, String> {
+    let Some(t) = l.route.tree.as_deref() else {
+        return Ok(None);
+    };
+    let t = PathBuf::from(t);
+    let trees = env.state_dir.join("trees");
+    let is_dir = std::fs::symlink_metadata(&t).is_ok_and(|m| m.is_dir());
+    if !t.starts_with(&trees) || t == trees || !is_dir {
+        return Err(format!(
+            "tree {}: not a working tree beneath {}",
+            t.display(),
+            trees.display()
+        ));
+    }
+    Ok(Some(t))
 }
 
 /// Narrow the worker's view as the machine allows and its route asks: the state directory
@@ -727,6 +747,7 @@ fn confine(env: &WorkerEnv, l: &Launch, cmd: &mut tokio::process::Command) -> Re
         }
         _ => None,
     };
+    let tree = launch_tree(env, l)?;
     let Some(support) = &env.confine else {
         return match (no_network, read_only) {
             (false, None) => Ok(()),
@@ -758,6 +779,11 @@ fn confine(env: &WorkerEnv, l: &Launch, cmd: &mut tokio::process::Command) -> Re
         c = c
             .read_only(Path::new(root))
             .map_err(|e| format!("the launch's confinement: the project root: {e}"))?;
+    }
+    if let Some(t) = &tree {
+        c = c
+            .writable_within(t)
+            .map_err(|e| format!("the launch's confinement: its working tree: {e}"))?;
     }
     c = c
         .hiding(&env.hidden.list())

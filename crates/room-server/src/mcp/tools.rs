@@ -3,10 +3,10 @@
 //! and HTTP reach the same engine calls under the same authorization.
 
 use crate::wire::{
-    ArtifactGetArgs, ArtifactIndexArgs, ArtifactPutArgs, CancelArgs, ComposeArgs, EvidenceArgs,
-    OpArgs, OpBeginArgs, SearchArgs, SourceReadArgs, SyncArgs, TaskAmendArgs, TaskArgs,
-    TaskCancelArgs, TaskClaimArgs, TaskCreateArgs, TaskProposeArgs, TaskSupersedeArgs, TurnWire,
-    WakeTakeArgs,
+    ArtifactGetArgs, ArtifactIndexArgs, ArtifactPutArgs, CancelArgs, ComposeArgs, DiffFromTreeArgs,
+    EvidenceArgs, OpArgs, OpBeginArgs, SearchArgs, SourceReadArgs, SyncArgs, TaskAmendArgs,
+    TaskArgs, TaskCancelArgs, TaskClaimArgs, TaskCreateArgs, TaskProposeArgs, TaskSupersedeArgs,
+    TurnWire, WakeTakeArgs,
 };
 use schemars::JsonSchema;
 use schemars::generate::SchemaSettings;
@@ -508,6 +508,13 @@ Page with after set to next_after.",
 a stale one is refused artifact_version_conflict. parents: the event ids of the artifact versions you made it from. Needs the write scope for its kind.",
             input: object(input_schema::<ArtifactPutArgs>()),
         },
+        ToolDef {
+            name: "diff_from_tree",
+            op: "diff_from_tree",
+            description: "Write the diff artifact from your working tree (you start in it): Room takes every change there, new files included, \
+against the collaboration's base and writes it as the next version of diff. Edit files there, then call this; the person's checkout is never touched.",
+            input: object(input_schema::<DiffFromTreeArgs>()),
+        },
     ]
 }
 
@@ -519,6 +526,10 @@ pub fn blackboard_allowed(name: &str, scopes: Option<&[String]>) -> bool {
     let any = |prefix: &str| scopes.iter().any(|s| s.starts_with(prefix));
     match name {
         "artifact_put" => any("artifact:write:"),
+        "diff_from_tree" => {
+            scopes.iter().any(|s| s == "artifact:write:diff")
+                && scopes.iter().any(|s| s == "project:write")
+        }
         "artifact_get" => any("artifact:read:"),
         "artifact_index" => any("artifact:") || any("session:read"),
         _ => false,
