@@ -1,14 +1,20 @@
 //! `room agent-script --steps read,reply`: Room's own scripted agent, which the dispatcher's
 //! `script` adapter launches for a wake. It reads the wake prompt (JSON) on stdin and acts
 //! through the daemon socket (`ROOM_SOCKET`) with its one-launch credential (`ROOM_TOKEN`),
-//! step by step: `read` (the room up to its tip, confirming every page), `reply` (answer each
-//! obligation of the wake; a gate refusal is read through and tried once more), `write:PATH`
-//! (write the wake's prompt text to PATH beneath the working directory: a deterministic
-//! artifact for acceptance checks to measure), `claim` and `done` (the wake's task), `put:KIND=PATH`
-//! (write the JSON file at PATH as the next version of the blackboard artifact KIND, for the
-//! wake's task: a collaboration's role), `diff` (write the `diff` artifact from the working
-//! tree it was started in, `diff_from_tree`, for the wake's task), `exit` (stop without a word), `fail` (exit 1),
-//! `hang` (never end: the launch's deadline stops it).
+//! step by step:
+//!
+//! - `read`: the room up to its tip, confirming every page;
+//! - `reply`: answer each obligation of the wake (a gate refusal is read through and tried
+//!   once more);
+//! - `write:PATH`: the wake's prompt text to PATH beneath the working directory (a
+//!   deterministic artifact for acceptance checks to measure);
+//! - `claim`, `done`, `decline`: the wake's task;
+//! - `put:KIND[@KEY]=PATH`: the JSON file at PATH as the next version of the blackboard
+//!   artifact KIND (key KEY, else main), for the wake's task (a collaboration's role);
+//! - `diff`: the `diff` artifact from the working tree it was started in (`diff_from_tree`),
+//!   for the wake's task;
+//! - `exit` (stop without a word), `fail` (exit 1), `hang` (never end: the launch's deadline
+//!   stops it).
 
 use room_server::client::Client;
 use room_server::wire::{Request, Response};
@@ -83,15 +89,29 @@ fn script(steps: &str) -> Result<i32, String> {
                 }
             }
             put if room_engine::policy::is_put_step(put) => {
-                let (kind, path) = put["put:".len()..]
+                let (address, path) = put["put:".len()..]
                     .split_once('=')
-                    .expect("a put step names KIND=PATH");
+                    .expect("a put step names KIND[@KEY]=PATH");
+                let (kind, key) = address.split_once('@').unwrap_or((address, "main"));
                 let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
                 let content: Value =
                     serde_json::from_str(&text).map_err(|e| format!("{path}: {e}"))?;
-                put_artifact(&mut call, &room, wake_task(&prompt)?, kind, content)?;
+                let task = wake_task(&prompt)?;
+                put_artifact(&mut call, &room, task, (kind, key), content)?;
             }
             "diff" => diff_from_tree(&mut call, &room, wake_task(&prompt)?)?,
+            "decline" => {
+                let task = wake_task(&prompt)?;
+                let args = json!({"room": room, "task": task, "text": "declined by its script"});
+                let mut r = call("decline", args.clone())?;
+                if !r.ok {
+                    read(&mut call, &room)?;
+                    r = call("decline", args)?;
+                }
+                if !r.ok {
+                    return Err(format!("decline of {task} refused: {:?}", r.refusal));
+                }
+            }
             "exit" => return Ok(0),
             "fail" => return Ok(1),
             "hang" => loop {
@@ -126,7 +146,7 @@ fn wake_task(prompt: &Value) -> Result<&str, String> {
 fn current_version(
     call: &mut impl FnMut(&str, Value) -> Result<Response, String>,
     room: &str,
-    kind: &str,
+    (kind, key): (&str, &str),
 ) -> Result<u64, String> {
     let index = call("artifact_index", json!({"room": room}))?;
     let index = index
@@ -136,7 +156,7 @@ fn current_version(
         .as_array()
         .into_iter()
         .flatten()
-        .find(|a| a["kind"] == kind && a["key"] == "main")
+        .find(|a| a["kind"] == kind && a["key"] == key)
         .and_then(|a| a["version"].as_u64())
         .unwrap_or(0))
 }
@@ -150,7 +170,7 @@ fn diff_from_tree(
 ) -> Result<(), String> {
     let mut last = None;
     for _ in 0..2 {
-        let current = current_version(call, room, "diff")?;
+        let current = current_version(call, room, ("diff", "main"))?;
         let r = call(
             "diff_from_tree",
             json!({"room": room, "task": task, "expected_version": current,
@@ -169,14 +189,14 @@ fn put_artifact(
     call: &mut impl FnMut(&str, Value) -> Result<Response, String>,
     room: &str,
     task: &str,
-    kind: &str,
+    (kind, key): (&str, &str),
     content: Value,
 ) -> Result<(), String> {
     for _ in 0..2 {
-        let current = current_version(call, room, kind)?;
+        let current = current_version(call, room, (kind, key))?;
         let r = call(
             "artifact_put",
-            json!({"room": room, "kind": kind, "content": content, "task": task,
+            json!({"room": room, "kind": kind, "key": key, "content": content, "task": task,
                 "expected_version": current}),
         )?;
         if r.ok {

@@ -169,17 +169,6 @@ fn read_text(path: &Path) -> Result<String, Failed> {
     })
 }
 
-/// `NAME=ADAPTER:MODEL`.
-fn binding(s: &str) -> Result<(&str, &str, &str), Refusal> {
-    let bad = || Refusal::invalid("role", format!("{s:?} is not NAME=ADAPTER:MODEL"));
-    let (name, rest) = s.split_once('=').ok_or_else(bad)?;
-    let (adapter, model) = rest.split_once(':').ok_or_else(bad)?;
-    if name.is_empty() || adapter.is_empty() || model.is_empty() {
-        return Err(bad());
-    }
-    Ok((name, adapter, model))
-}
-
 /// What the machine and the owner offer roles: Room's adapters and ACP presets, and the model
 /// routes of the state dir's config.toml (none without one; a config that does not load is
 /// refused as the daemon would refuse it).
@@ -230,14 +219,11 @@ fn check(cli: &Cli, pack: Option<&Path>, roles: &[String]) -> Result<serde_json:
             p
         }
     };
-    let mut profile = loaded.profile.clone();
-    for b in roles {
-        let (name, adapter, model) = binding(b)?;
-        profile.bind(name, adapter, model);
-    }
-    // a role bound here but run by no phase is still part of the profile: it validates too
-    profile.validate(&backends(cli)?)?;
-    let mut view = Pack { profile, ..loaded }.view();
+    let mut bound = loaded;
+    bound.bind_roles("role", roles)?;
+    bound.profile.validate(&backends(cli)?)?;
+    room_collab::panel::check(&bound)?;
+    let mut view = bound.view();
     view["valid"] = json!(true);
     Ok(view)
 }

@@ -1,10 +1,12 @@
 //! `room demo collab`: a collaboration run end to end on a throw-away state dir. A small
 //! sample project (a shell greeter and its tests) gets a `--verbose` flag: a spec, research
 //! and an architecture decision in parallel, an implementation that applies a real diff, a
-//! gate that runs the project's tests, and the person's approvals (shown, then granted by the
-//! demo), then the person's merge. Roles run on two distinct simulated backends: Room's scripted agent (`script`
-//! routes) and a shell program (a `command` route) that applies the diff and reports through
-//! Room's bridge. Everything is printed as the daemon's scheduler does it; the chains are
+//! gate that runs the project's tests, a review panel of two reviewers on distinct backends
+//! (their findings side by side, the disagreement shown), and the person's approvals (shown,
+//! then granted by the demo), then the person's merge. Roles run on distinct simulated
+//! backends: Room's scripted agent (`script` routes, each step list its own backend) and a
+//! shell program (a `command` route) that changes its tree and reports through Room's bridge.
+//! Everything is printed as the daemon's scheduler does it; the chains are
 //! verified at the end.
 //!
 //! The implementer works in its own working tree Room made at the start (a copy of the
@@ -77,10 +79,19 @@ reads = ["diff"]
 commands = [{ program = "/bin/sh", args = ["test.sh"], timeout_ms = 60000 }]
 
 [[phases]]
+name = "review"
+kind = "panel"
+role = "review"
+reviewers = 2
+reads = ["diff", "spec"]
+writes = ["findings"]
+after = ["gate"]
+prompt = "prompt.md"
+
+[[phases]]
 name = "approval"
 kind = "approval"
-reads = ["diff", "adr"]
-after = ["gate"]
+reads = ["diff", "adr", "findings"]
 "#;
 
 fn show(line: impl AsRef<str>) {
@@ -139,8 +150,21 @@ fn materials(root: &Path) -> anyhow::Result<BTreeMap<&'static str, String>> {
                 "consequences": "a second flag would move to getopts"}),
         ),
     ];
+    let findings = [
+        (
+            "findings-review",
+            json!({"blocking": [], "suggestions": [],
+                "non_blocking": [{"title": "--verbose is in no usage line", "file": "greet.sh", "line": 2}]}),
+        ),
+        (
+            "findings-review-2",
+            json!({"blocking": [],
+                "non_blocking": [{"title": "--verbose is in no usage line", "file": "greet.sh", "line": 2}],
+                "suggestions": [{"title": "move to getopts if a second flag comes"}]}),
+        ),
+    ];
     let mut out = BTreeMap::new();
-    for (kind, content) in artifacts {
+    for (kind, content) in artifacts.into_iter().chain(findings) {
         let p = kit.join(format!("{kind}.json"));
         write(&p, &content.to_string(), false)?;
         out.insert(kind, p.display().to_string());
@@ -207,14 +231,22 @@ fn scene() -> anyhow::Result<()> {
     show(format!("project {prj} at {}", m["project"]));
 
     println!(
-        "\n2. The owner starts a collaboration: each role bound to a backend. Four run Room's scripted agent; the implementer is a shell program in its own working tree."
+        "\n2. The owner starts a collaboration: each role bound to a backend. Five run Room's scripted agent (two of them a review panel, each its own backend); the implementer is a shell program in its own working tree."
     );
     let script = |kind: &str| format!("script:read,claim,put:{kind}={},done", m[kind]);
+    let reviewer = |seat: &str| {
+        format!(
+            "review=script:read,claim,put:findings@{seat}={},done",
+            m[format!("findings-{seat}").as_str()]
+        )
+    };
     let roles = vec![
         format!("product={}", script("spec")),
         format!("search={}", script("research")),
         format!("architecture={}", script("adr")),
         format!("reasoning=command:{}", m["implement"]),
+        reviewer("review"),
+        reviewer("review-2"),
     ];
     let prompts = json!({"prompt.md": std::fs::read_to_string(root.join("pack/prompt.md"))?});
     let started = call(
@@ -296,6 +328,49 @@ fn scene() -> anyhow::Result<()> {
                     r["producer"].as_str().unwrap_or(""),
                     &r["sha256"].as_str().unwrap_or("")[..12]
                 ));
+            }
+            for panel in input["panels"].as_array().into_iter().flatten() {
+                let seats: Vec<String> = panel["seats"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|x| {
+                        format!(
+                            "{} {}",
+                            x["seat"].as_str().unwrap_or(""),
+                            x["state"].as_str().unwrap_or("")
+                        )
+                    })
+                    .collect();
+                show(format!(
+                    "panel {}: {}",
+                    panel["panel"].as_str().unwrap_or(""),
+                    seats.join(", ")
+                ));
+            }
+            for p in st["phases"].as_array().into_iter().flatten() {
+                for f in p["panel"]["merged"]["findings"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                {
+                    let classes: Vec<String> = f["classes"]
+                        .as_object()
+                        .into_iter()
+                        .flatten()
+                        .map(|(seat, class)| format!("{seat}: {}", class.as_str().unwrap_or("")))
+                        .collect();
+                    show(format!(
+                        "finding {:?} ({}){}",
+                        f["title"].as_str().unwrap_or(""),
+                        classes.join(", "),
+                        if f["disagreement"] == true {
+                            " - not every reviewer agrees: shown, not voted"
+                        } else {
+                            ""
+                        }
+                    ));
+                }
             }
             let cost = &st["cost"];
             show(format!(

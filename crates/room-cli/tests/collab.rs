@@ -63,7 +63,7 @@ fn refused(o: &Output, code: &str) -> serde_json::Value {
     r
 }
 
-const BOUND: [&str; 10] = [
+const BOUND: [&str; 12] = [
     "--role",
     "orchestrator=anthropic:claude-sonnet",
     "--role",
@@ -74,6 +74,8 @@ const BOUND: [&str; 10] = [
     "architecture=openai:o3",
     "--role",
     "review=acp:gemini",
+    "--role",
+    "review=anthropic:claude-opus",
 ];
 
 fn check(env: &Env, extra: &[&str]) -> Output {
@@ -113,6 +115,17 @@ fn the_shipped_pack_checks_once_every_role_is_bound() {
     // research and architecture come after spec only: they run in parallel
     assert_eq!(v["phases"][1]["after"], serde_json::json!(["spec"]));
     assert_eq!(v["phases"][2]["after"], serde_json::json!(["spec"]));
+    // the shipped review panel seats two reviewers, each on its own backend
+    let r = refused(&check(&env, &BOUND[..10]), "profile_invalid");
+    assert_eq!(r["detail"]["role"], "review-2", "{r}");
+    let mut same = BOUND.to_vec();
+    same[11] = "review=acp:gemini";
+    let r = refused(&check(&env, &same), "panel_backends_not_distinct");
+    assert_eq!(
+        r["detail"]["seats"],
+        serde_json::json!(["review", "review-2"]),
+        "{r}"
+    );
     // a role added by configuration
     let mut more = BOUND.to_vec();
     more.extend(["--role", "security-reviewer=anthropic:claude-opus"]);
@@ -170,7 +183,7 @@ fn packs_are_refused_with_their_codes() {
     let ok = env.write("two.toml", TWO);
     let o = check(
         &env,
-        &[&["--pack", ok.to_str().unwrap()][..], &BOUND[..]].concat(),
+        &[&["--pack", ok.to_str().unwrap()][..], &BOUND[..10]].concat(),
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let cases = [
@@ -218,7 +231,7 @@ fn packs_are_refused_with_their_codes() {
         let r = refused(
             &check(
                 &env,
-                &[&["--pack", p.to_str().unwrap()][..], &BOUND[..]].concat(),
+                &[&["--pack", p.to_str().unwrap()][..], &BOUND[..10]].concat(),
             ),
             code,
         );

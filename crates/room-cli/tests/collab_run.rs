@@ -256,7 +256,7 @@ fn a_pack_runs_from_spec_to_an_approval_bound_to_what_it_shows() {
     for r in &roles {
         args.extend(["--role", r.as_str()]);
     }
-    // refusals at start write nothing: an unbound role, a panel, an API role
+    // refusals at start write nothing: an unbound role
     d.refused(&args[..8], "profile_invalid");
     let started = d.ok(&args);
     let id = started["collab"].as_str().unwrap().to_string();
@@ -405,7 +405,7 @@ fn a_start_that_cannot_run_is_refused_and_leaves_nothing() {
     let d = Dirs::new();
     let _daemon = spawn(&d);
     let before = d.ok(&["agent", "list"]);
-    // the shipped pack has a review panel: part 2
+    // the shipped pack's review panel seats two reviewers: one binding leaves a seat unbound
     let all = [
         "orchestrator=script:read",
         "search=script:read",
@@ -424,7 +424,8 @@ fn a_start_that_cannot_run_is_refused_and_leaves_nothing() {
     for r in &all {
         args.extend(["--role", r]);
     }
-    d.refused(&args, "pack_invalid");
+    let r = d.refused(&args, "profile_invalid");
+    assert_eq!(r["detail"]["role"], "review-2", "{r}");
     // an API role is not wired into collaborations yet
     let pack = pack(&d);
     let api = [
@@ -721,4 +722,184 @@ commands = [{ program = "/bin/sh", args = ["test.sh"], timeout_ms = 30000 }]
         .status()
         .unwrap();
     assert!(tests.success());
+}
+
+/// Issue 42, item 2: a panel fans the diff out to reviewers on distinct backends, each
+/// writing its own findings; the barrier joins on every one (a reviewer that declines is
+/// `failed`, one past the deadline `timed_out`, both shown, never dropped); the status puts
+/// the findings side by side with the disagreement kept; the approval shows every seat.
+/// Starts that cannot seat the panel are refused and leave nothing.
+#[test]
+fn a_panel_of_distinct_reviewers_joins_at_its_barrier_and_keeps_every_disagreement() {
+    let d = Dirs::new();
+    let _daemon = spawn(&d);
+    let project = d.root.join("work/greeter");
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::write(project.join("greet.sh"), "#!/bin/sh\necho hello\n").unwrap();
+    let prj = d.ok(&["project", "open", project.to_str().unwrap()])["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let program = d.write(
+        "kit/implement.sh",
+        "#!/bin/sh\nset -e\nprintf '#!/bin/sh\\necho hello, verbosely\\n' > greet.sh\nexec \"$ROOM_BRIDGE\" agent-script --steps read,claim,diff,done\n",
+    );
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    d.write("pack/p.md", "Your part.\n");
+    let pack = d.write(
+        "pack/pack.toml",
+        r#"name = "panel"
+
+[[phases]]
+name = "implementation"
+kind = "agent"
+role = "reasoning"
+writes = ["diff"]
+prompt = "p.md"
+approve = false
+
+[[phases]]
+name = "review"
+kind = "panel"
+role = "review"
+reviewers = 4
+reads = ["diff"]
+writes = ["findings"]
+prompt = "p.md"
+timeout_ms = 3000
+
+[[phases]]
+name = "approval"
+kind = "approval"
+reads = ["diff", "findings"]
+"#,
+    );
+    let findings = |seat: &str, class: &str| {
+        let f = d.write(
+            &format!("canned/{seat}.json"),
+            &json!({"blocking": [], "non_blocking": [], "suggestions": [],
+                class: [{"title": "greeting changed", "file": "greet.sh", "line": 2}]})
+            .to_string(),
+        );
+        format!(
+            "review=script:read,claim,put:findings@{seat}={},done",
+            f.display()
+        )
+    };
+    let reasoning = format!("reasoning=command:{}", program.display());
+    let (r1, r2) = (
+        findings("review", "blocking"),
+        findings("review-2", "non_blocking"),
+    );
+    let (declines, hangs) = (
+        "review=script:read,claim,decline".to_string(),
+        "review=script:read,hang".to_string(),
+    );
+    let args = |roles: &[&str]| {
+        let mut a: Vec<String> = [
+            "collab",
+            "start",
+            "--goal",
+            "greet verbosely",
+            "--project",
+            &prj,
+            "--pack",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        a.push(pack.display().to_string());
+        for r in roles {
+            a.extend(["--role".to_string(), r.to_string()]);
+        }
+        a
+    };
+    let run = |roles: &[&str], code: &str| {
+        let a = args(roles);
+        let refs: Vec<&str> = a.iter().map(String::as_str).collect();
+        d.refused(&refs, code)
+    };
+    // a seat unbound, two seats on one backend, a role that is no panel's bound twice
+    let e = run(&[&reasoning, &r1, &r2, &declines], "profile_invalid");
+    assert_eq!(e["detail"]["role"], "review-4", "{e}");
+    let e = run(
+        &[&reasoning, &r1, &r1, &declines, &hangs],
+        "panel_backends_not_distinct",
+    );
+    assert_eq!(e["detail"]["seats"], json!(["review", "review-2"]), "{e}");
+    run(
+        &[&reasoning, &reasoning, &r1, &r2, &declines, &hangs],
+        "invalid_argument",
+    );
+    assert_eq!(d.ok(&["collab", "list"])["collabs"], json!([]));
+    assert!(
+        !d.state.join("trees").exists()
+            || std::fs::read_dir(d.state.join("trees"))
+                .unwrap()
+                .next()
+                .is_none()
+    );
+
+    let a = args(&[&reasoning, &r1, &r2, &declines, &hangs]);
+    let refs: Vec<&str> = a.iter().map(String::as_str).collect();
+    let started = d.ok(&refs);
+    let id = started["collab"].as_str().unwrap().to_string();
+    let s = until(&d, &id, "the panel's approval", |s| {
+        pending(s, "approval").is_some()
+    });
+    let review = phase(&s, "review");
+    assert_eq!(review["state"], "done", "{s:#}");
+    let seats: Vec<(String, String)> = review["panel"]["seats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            (
+                x["seat"].as_str().unwrap().to_string(),
+                x["state"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seats,
+        [
+            ("review", "done"),
+            ("review-2", "done"),
+            ("review-3", "failed"),
+            ("review-4", "timed_out")
+        ]
+        .map(|(a, b)| (a.to_string(), b.to_string())),
+        "{review:#}"
+    );
+    // side by side: one finding, classed differently by two reviewers, a disagreement kept
+    let merged = &review["panel"]["merged"];
+    assert_eq!(merged["findings"].as_array().unwrap().len(), 1, "{merged}");
+    assert_eq!(
+        merged["findings"][0]["classes"],
+        json!({"review": "blocking", "review-2": "non_blocking"})
+    );
+    assert_eq!(merged["findings"][0]["disagreement"], true);
+    // the approval shows every seat, the failed and the timed out among them
+    let ask = pending(&s, "approval").unwrap();
+    let shown = &ask["input"]["panels"][0]["seats"];
+    assert_eq!(shown.as_array().unwrap().len(), 4, "{ask}");
+    assert_eq!(shown[3], json!({"seat": "review-4", "state": "timed_out"}));
+    // each reviewer's findings went to the orchestrator alone
+    let log = d.ok(&["log", &id, "--limit", "200"]);
+    let audiences: Vec<(Value, Value)> = log["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["event"]["artifact"]["kind"] == "findings")
+        .map(|e| (e["actor"].clone(), e["event"]["audience"].clone()))
+        .collect();
+    assert_eq!(audiences.len(), 2, "{log}");
+    for (writer, audience) in audiences {
+        assert_eq!(
+            audience,
+            json!([format!("{id}-orch"), writer]),
+            "the writer and the orchestrator"
+        );
+    }
 }

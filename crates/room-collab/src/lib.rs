@@ -21,6 +21,7 @@
 /// fence validates every write; re-exported here as the collaboration's vocabulary.
 pub use room_core::artifact;
 pub mod pack;
+pub mod panel;
 pub mod profile;
 pub mod schedule;
 

@@ -89,11 +89,64 @@ pub struct Phase {
     pub prompt: Option<String>,
     /// A panel's breadth.
     pub reviewers: Option<u32>,
+    /// What a panel's reviewers must differ in (`backend` unless the pack says `family`).
+    pub distinct: Distinct,
+    /// How long a panel's reviewer may take before it is shown `timed_out` (its task
+    /// cancelled); none: `PANEL_TIMEOUT_MS_DEFAULT`.
+    pub timeout_ms: Option<u64>,
     /// A gate's commands, as `command` acceptance checks.
     pub commands: Vec<Check>,
     /// Whether its dispatch waits for the person's approval (by default: a role that writes
     /// the project or reaches the network; an approval phase always).
     pub approve: bool,
+}
+
+/// What a panel's reviewers must differ in: each its own backend (adapter and model), or
+/// each its own model family too (so two sizes of one family never review together).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Distinct {
+    #[default]
+    Backend,
+    Family,
+}
+
+impl Distinct {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Distinct::Backend => "backend",
+            Distinct::Family => "family",
+        }
+    }
+}
+
+/// A panel reviewer's deadline when its phase names none.
+pub const PANEL_TIMEOUT_MS_DEFAULT: u64 = 30 * 60_000;
+/// The longest deadline a panel may give its reviewers.
+pub const PANEL_TIMEOUT_MS_MAX: u64 = 24 * 60 * 60_000;
+
+impl Phase {
+    /// A panel's seats, each a role of its own bound to its own backend: the panel's role
+    /// for the first, then `<role>-2` … `<role>-N` (bound by naming the role again at start).
+    /// Any other phase has none.
+    pub fn seats(&self) -> Vec<String> {
+        match (self.kind, &self.role, self.reviewers) {
+            (PhaseKind::Panel, Some(role), Some(n)) => (1..=n)
+                .map(|i| {
+                    if i == 1 {
+                        role.clone()
+                    } else {
+                        format!("{role}-{i}")
+                    }
+                })
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Whether `role` runs this phase: its role, or one of a panel's seats.
+    pub fn run_by(&self, role: &str) -> bool {
+        self.role.as_deref() == Some(role) || self.seats().iter().any(|s| s == role)
+    }
 }
 
 /// A validated pack.
@@ -134,6 +187,10 @@ struct PhaseFile {
     prompt: Option<String>,
     #[serde(default)]
     reviewers: Option<u32>,
+    #[serde(default)]
+    distinct: Option<String>,
+    #[serde(default)]
+    timeout_ms: Option<u64>,
     #[serde(default)]
     commands: Vec<toml::Value>,
     #[serde(default)]
@@ -226,6 +283,58 @@ impl Pack {
         Ok(())
     }
 
+    /// Bind the person's `NAME=ADAPTER:MODEL` strings (`field` names them in a refusal). A
+    /// panel's role is named once per reviewer: its second binding seats `<role>-2`, its
+    /// third `<role>-3`, each with the role's policy and prompt (`Phase::seats`). Any other
+    /// role named twice is refused: a second binding would silently replace the first.
+    pub fn bind_roles(&mut self, field: &str, bindings: &[String]) -> Result<(), Refusal> {
+        let panels: Vec<String> = self
+            .phases
+            .iter()
+            .filter(|p| p.kind == PhaseKind::Panel)
+            .filter_map(|p| p.role.clone())
+            .collect();
+        let mut times: BTreeMap<String, u32> = BTreeMap::new();
+        for b in bindings {
+            let (name, adapter, model) = crate::profile::parse_binding(field, b)?;
+            let n = times.entry(name.to_string()).or_insert(0);
+            *n += 1;
+            if *n == 1 {
+                self.profile.bind(name, adapter, model);
+                continue;
+            }
+            if !panels.iter().any(|p| p == name) {
+                return Err(Refusal::invalid(
+                    field,
+                    format!(
+                        "{name} is bound twice: only a panel's role is bound once per reviewer"
+                    ),
+                ));
+            }
+            let seat = format!("{name}-{n}");
+            if self.profile.role(&seat).is_none()
+                && let Some(base) = self.profile.role(name)
+            {
+                let mut r = base.clone();
+                r.name = seat.clone();
+                r.adapter.clear();
+                self.profile.roles.push(r);
+            }
+            self.profile.bind(&seat, adapter, model);
+        }
+        Ok(())
+    }
+
+    /// Keep only the roles the phases run (a role no phase runs needs no backend).
+    pub fn keep_used_roles(&mut self) {
+        let used: Vec<String> = self
+            .phases
+            .iter()
+            .flat_map(|p| p.role.iter().cloned().chain(p.seats()))
+            .collect();
+        self.profile.roles.retain(|r| used.contains(&r.name));
+    }
+
     /// The pack as data, for a person or a script.
     pub fn view(&self) -> serde_json::Value {
         let phases: Vec<serde_json::Value> = self
@@ -236,7 +345,9 @@ impl Pack {
                     "reads": p.reads.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
                     "writes": p.writes.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
                     "after": self.predecessors()[p.name.as_str()], "approve": p.approve,
-                    "reviewers": p.reviewers, "prompt": p.prompt})
+                    "reviewers": p.reviewers, "seats": p.seats(),
+                    "distinct": (p.kind == PhaseKind::Panel).then(|| p.distinct.as_str()),
+                    "prompt": p.prompt})
             })
             .collect();
         serde_json::json!({"pack": self.name, "description": self.description,
@@ -436,6 +547,35 @@ fn phase(
         (_, Some(_)) => return Err(invalid(&at("reviewers"), "a panel's field")),
         (_, None) => None,
     };
+    let distinct = match (kind, p.distinct.as_deref()) {
+        (PhaseKind::Panel, None | Some("backend")) => Distinct::Backend,
+        (PhaseKind::Panel, Some("family")) => Distinct::Family,
+        (PhaseKind::Panel, Some(other)) => {
+            return Err(invalid(
+                &at("distinct"),
+                format!("{other:?} is not backend or family"),
+            ));
+        }
+        (_, Some(_)) => return Err(invalid(&at("distinct"), "a panel's field")),
+        (_, None) => Distinct::Backend,
+    };
+    let timeout_ms = match (kind, p.timeout_ms) {
+        (PhaseKind::Panel, Some(t)) if (1_000..=PANEL_TIMEOUT_MS_MAX).contains(&t) => Some(t),
+        (PhaseKind::Panel, Some(_)) => {
+            return Err(invalid(
+                &at("timeout_ms"),
+                format!("1000..={PANEL_TIMEOUT_MS_MAX} milliseconds"),
+            ));
+        }
+        (_, Some(_)) => return Err(invalid(&at("timeout_ms"), "a panel's field")),
+        (_, None) => None,
+    };
+    if kind == PhaseKind::Panel && writes.iter().any(|w| *w != ArtifactKind::Findings) {
+        return Err(invalid(
+            &at("writes"),
+            "a panel writes findings (one per reviewer), nothing else",
+        ));
+    }
     let commands = gate_commands(i, kind, &p.commands)?;
     if let Some(pr) = &p.prompt
         && (pr.is_empty()
@@ -474,6 +614,8 @@ fn phase(
         after: p.after.clone(),
         prompt: p.prompt.clone(),
         reviewers,
+        distinct,
+        timeout_ms,
         commands,
         approve,
     })

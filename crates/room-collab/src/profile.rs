@@ -158,6 +158,18 @@ impl Default for Profile {
     }
 }
 
+/// A binding `NAME=ADAPTER:MODEL` (a role, the adapter it runs on, its model or ACP preset),
+/// or `invalid_argument` naming `field`.
+pub fn parse_binding<'a>(field: &str, s: &'a str) -> Result<(&'a str, &'a str, &'a str), Refusal> {
+    let bad = || Refusal::invalid(field, format!("{s:?} is not NAME=ADAPTER:MODEL"));
+    let (name, rest) = s.split_once('=').ok_or_else(bad)?;
+    let (adapter, model) = rest.split_once(':').ok_or_else(bad)?;
+    if name.is_empty() || adapter.is_empty() || model.is_empty() {
+        return Err(bad());
+    }
+    Ok((name, adapter, model))
+}
+
 /// `profile_invalid` for `role`'s `field`.
 fn invalid(role: &str, field: &str, why: impl std::fmt::Display) -> Refusal {
     Refusal::new(Code::ProfileInvalid, format!("role {role}: {field}: {why}"))

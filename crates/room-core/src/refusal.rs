@@ -122,6 +122,7 @@ codes! {
     PackInvalid => "pack_invalid",
     PackWriteOverlap => "pack_write_overlap",
     PackCycle => "pack_cycle",
+    PanelBackendsNotDistinct => "panel_backends_not_distinct",
     ArtifactSchemaInvalid => "artifact_schema_invalid",
     // the blackboard's fence: scopes decide who reads and writes which kind
     ArtifactReadDenied => "artifact_read_denied",

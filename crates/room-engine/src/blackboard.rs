@@ -100,6 +100,39 @@ fn reads(a: &ArtifactRow, reader: Option<&str>) -> bool {
     reader.is_none_or(|r| a.audience.is_empty() || a.audience.iter().any(|m| m == r))
 }
 
+/// A finding whose evidence is not in the diff under review.
+fn evidence(field: &str, why: String) -> Refusal {
+    Refusal::new(Code::ArtifactSchemaInvalid, format!("{field}: {why}"))
+        .detail(json!({"field": field}))
+        .hint("point file and line into the diff under review (artifact_get kind diff), or leave them out")
+}
+
+/// Each file a unified diff changes (its new path) with its hunks' new-side ranges (start,
+/// length), from the `+++ ` and `@@ -a,b +c,d @@` lines.
+fn hunks_of(patch: &str) -> std::collections::BTreeMap<String, Vec<(u64, u64)>> {
+    let mut out: std::collections::BTreeMap<String, Vec<(u64, u64)>> = Default::default();
+    let mut file: Option<String> = None;
+    for line in patch.lines() {
+        if let Some(path) = line.strip_prefix("+++ ") {
+            let path = path.split('\t').next().unwrap_or(path);
+            file =
+                (path != "/dev/null").then(|| path.strip_prefix("b/").unwrap_or(path).to_string());
+            if let Some(f) = &file {
+                out.entry(f.clone()).or_default();
+            }
+        } else if let (Some(f), Some(rest)) = (&file, line.strip_prefix("@@ ")) {
+            let new = rest.split_whitespace().find_map(|w| w.strip_prefix('+'));
+            if let Some(new) = new {
+                let (start, len) = new.split_once(',').unwrap_or((new, "1"));
+                if let (Ok(s), Ok(l)) = (start.parse::<u64>(), len.parse::<u64>()) {
+                    out.entry(f.clone()).or_default().push((s, l));
+                }
+            }
+        }
+    }
+    out
+}
+
 fn parse_address(kind: &str, key: Option<&str>) -> Outcome<(ArtifactKind, String)> {
     let kind = ArtifactKind::parse("kind", kind)?;
     let key = key.unwrap_or(artifact::DEFAULT_KEY);
@@ -138,6 +171,9 @@ impl Engine {
         }
         let parsed = ArtifactKind::parse("kind", &kind)?;
         artifact::validate(&parsed, &d.content)?;
+        if parsed == ArtifactKind::Findings {
+            self.check_evidence(room, &d.content)?;
+        }
         if parsed == ArtifactKind::Diff
             && let Some(project) = binding.project()
         {
@@ -275,6 +311,50 @@ impl Engine {
                 json!({"field": "patch", "observation": "unconfirmed"}),
             )),
         }
+    }
+
+    /// A finding's `file` and `line` point into the diff under review (the room's newest
+    /// `diff`): the file is one it changes, the line within one of its hunks there (new side).
+    /// No diff in the room: nothing to check against.
+    fn check_evidence(&self, room: &str, content: &Value) -> Outcome<()> {
+        let handle = self.room_handle(room)?;
+        let diff = match self.read_artifact(&handle, None, "diff", artifact::DEFAULT_KEY, None) {
+            Ok(d) => d,
+            Err(r) if r.code == Code::NotFound => return Ok(()),
+            Err(r) => return Err(r),
+        };
+        let hunks = hunks_of(diff["content"]["patch"].as_str().unwrap_or_default());
+        for list in ["blocking", "non_blocking", "suggestions"] {
+            for (i, f) in content[list].as_array().into_iter().flatten().enumerate() {
+                let Some(file) = f["file"].as_str() else {
+                    continue;
+                };
+                let field = format!("{list}[{i}]");
+                let Some(ranges) = hunks.get(file) else {
+                    return Err(evidence(
+                        &format!("{field}.file"),
+                        format!(
+                            "{file} is not changed by the diff under review (version {})",
+                            diff["version"]
+                        ),
+                    ));
+                };
+                if let Some(line) = f["line"].as_u64()
+                    && !ranges
+                        .iter()
+                        .any(|(start, len)| line >= *start && line < start + len.max(&1))
+                {
+                    return Err(evidence(
+                        &format!("{field}.line"),
+                        format!(
+                            "{file}:{line} is outside every hunk of the diff under review (version {})",
+                            diff["version"]
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The version a write expecting `expected` makes, or `artifact_version_conflict`.

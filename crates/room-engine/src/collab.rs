@@ -510,6 +510,16 @@ impl Engine {
         Ok(row)
     }
 
+    /// The orchestrator of the collaboration whose room is `room` (none: a room of no
+    /// collaboration).
+    pub(crate) fn collab_orchestrator_of(&self, room: &str) -> Outcome<Option<String>> {
+        Ok(self
+            .control()
+            .collab(room)
+            .map_err(store_err)?
+            .map(|c| c.orchestrator))
+    }
+
     /// The working trees of the collaboration whose room is `room`, if it has any (a room of
     /// no collaboration has none).
     pub fn collab_trees(&self, room: &str) -> Outcome<Option<WorkTrees>> {

@@ -390,8 +390,8 @@ pub const ACP_PRESETS: [&str; 3] = ["claude", "codex", "gemini"];
 pub const ACP_PERMISSIONS: [&str; 2] = ["reject", "allow_once"];
 
 /// Steps the scripted agent knows.
-pub const SCRIPT_STEPS: [&str; 8] = [
-    "read", "reply", "exit", "fail", "hang", "claim", "done", "diff",
+pub const SCRIPT_STEPS: [&str; 9] = [
+    "read", "reply", "exit", "fail", "hang", "claim", "done", "diff", "decline",
 ];
 
 /// `put:KIND=PATH`: the scripted agent writes the JSON file at PATH (absolute, at most 256
@@ -400,8 +400,10 @@ pub const SCRIPT_STEPS: [&str; 8] = [
 pub fn is_put_step(step: &str) -> bool {
     step.strip_prefix("put:")
         .and_then(|s| s.split_once('='))
-        .is_some_and(|(kind, path)| {
+        .is_some_and(|(address, path)| {
+            let (kind, key) = address.split_once('@').unwrap_or((address, "main"));
             room_core::artifact::ArtifactKind::parse("kind", kind).is_ok()
+                && room_core::artifact::check_key("key", key).is_ok()
                 && path.len() <= 256
                 && !path.contains(',')
                 && !path.chars().any(char::is_control)
@@ -444,7 +446,7 @@ fn check_route(agent: &str, r: &Route) -> Result<(), String> {
                 !SCRIPT_STEPS.contains(&s.as_str()) && !is_write_step(s) && !is_put_step(s)
             }) {
                 return Err(format!(
-                    "{at}.steps: {s:?} is not one of {SCRIPT_STEPS:?} nor write:PATH (relative, without . or .. or commas) nor put:KIND=PATH (absolute)"
+                    "{at}.steps: {s:?} is not one of {SCRIPT_STEPS:?} nor write:PATH (relative, without . or .. or commas) nor put:KIND[@KEY]=PATH (absolute)"
                 ));
             }
         }

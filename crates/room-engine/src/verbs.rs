@@ -1163,6 +1163,14 @@ impl Engine {
             }
             Some(d) => {
                 let a = self.draft_artifact(&p, &args.room, &binding, d)?;
+                // a reviewer's findings in a collaboration are addressed to its orchestrator
+                // alone (the owner reads everything): no other reviewer reads them, and the
+                // Work Gate never owes them to one (the panel's independence)
+                if a.version.kind == "findings"
+                    && let Some(orch) = self.collab_orchestrator_of(&args.room)?
+                {
+                    args.audience = vec![orch];
+                }
                 if args.text.is_none() {
                     args.text = Some(format!(
                         "{}/{}: version {}",

@@ -80,32 +80,11 @@ struct Spec {
     goal_task: String,
 }
 
-fn binding(s: &str) -> Result<(&str, &str, &str), Refusal> {
-    let bad = || Refusal::invalid("roles", format!("{s:?} is not NAME=ADAPTER:MODEL"));
-    let (name, rest) = s.split_once('=').ok_or_else(bad)?;
-    let (adapter, model) = rest.split_once(':').ok_or_else(bad)?;
-    if name.is_empty() || adapter.is_empty() || model.is_empty() {
-        return Err(bad());
-    }
-    Ok((name, adapter, model))
-}
-
-/// The pack with its roles bound: only the roles its phases use are kept (a role no phase
-/// runs needs no backend).
+/// The pack with its roles bound (`Pack::bind_roles`: a panel's role once per reviewer).
 fn load(pack_text: &str, roles: &[String]) -> Result<Pack, Refusal> {
     let mut pack = Pack::load(pack_text, &Profile::default())?;
-    for b in roles {
-        let (name, adapter, model) = binding(b)?;
-        pack.profile.bind(name, adapter, model);
-    }
-    let used: Vec<&str> = pack
-        .phases
-        .iter()
-        .filter_map(|p| p.role.as_deref())
-        .collect();
-    pack.profile
-        .roles
-        .retain(|r| used.contains(&r.name.as_str()));
+    pack.bind_roles("roles", roles)?;
+    pack.keep_used_roles();
     Ok(pack)
 }
 
@@ -195,11 +174,7 @@ fn advisory(pack: &Pack) -> Vec<String> {
 /// its policy gives.
 fn scopes_of(pack: &Pack, role: &room_collab::Role) -> Vec<String> {
     let mut out = Vec::new();
-    for p in pack
-        .phases
-        .iter()
-        .filter(|p| p.role.as_deref() == Some(&role.name))
-    {
+    for p in pack.phases.iter().filter(|p| p.run_by(&role.name)) {
         out.extend(p.reads.iter().map(|k| format!("artifact:read:{k}")));
         out.extend(p.writes.iter().map(|k| format!("artifact:write:{k}")));
     }
@@ -265,18 +240,7 @@ pub fn start(engine: &Engine, owner: &Owner, a: StartArgs) -> Result<Value, Refu
     for r in &pack.profile.roles {
         routes.insert(r.name.clone(), route_of(r, &policy.backends)?);
     }
-    for (i, p) in pack.phases.iter().enumerate() {
-        if p.kind == PhaseKind::Panel {
-            return Err(Refusal::new(
-                Code::PackInvalid,
-                format!(
-                    "phases[{i}]: panel phases run in part 2 of collaborative sessions, not yet"
-                ),
-            )
-            .detail(json!({"field": format!("phases[{i}].kind")}))
-            .hint("use a pack without a panel (a single reviewer is an agent phase)"));
-        }
-    }
+    room_collab::panel::check(&pack)?;
     for (i, p) in pack.phases.iter().enumerate() {
         for c in &p.commands {
             if let room_core::acceptance::Check::Command { program, .. } = c
@@ -371,11 +335,7 @@ fn make_trees(
         .roles
         .iter()
         .filter(|r| works_in_tree(r))
-        .filter(|r| {
-            pack.phases
-                .iter()
-                .any(|p| p.role.as_deref() == Some(&r.name))
-        })
+        .filter(|r| pack.phases.iter().any(|p| p.run_by(&r.name)))
         .collect();
     if roles.is_empty() {
         return Ok(None);
@@ -542,9 +502,15 @@ pub fn status(engine: &Engine, owner: &Owner, id: &str) -> Result<Value, Refusal
                     let mine: Vec<&CollabRunRow> =
                         runs.iter().filter(|r| r.phase == ph.name).collect();
                     let state = mine.last().map_or("waiting", |r| r.state.as_str());
-                    json!({"phase": ph.name, "kind": ph.kind.as_str(), "role": ph.role,
+                    let mut v = json!({"phase": ph.name, "kind": ph.kind.as_str(), "role": ph.role,
                         "state": state, "runs": mine.len(),
-                        "task": mine.last().and_then(|r| r.task.clone())})
+                        "task": mine.last().and_then(|r| r.task.clone())});
+                    if ph.kind == PhaseKind::Panel {
+                        let run = mine.last().map_or(0, |r| r.run);
+                        v["panel"] =
+                            panel_view(engine, owner, &c.room, &p, ph, &runs, run, spec.as_ref());
+                    }
+                    v
                 })
                 .collect()
         })
@@ -560,6 +526,49 @@ pub fn status(engine: &Engine, owner: &Owner, id: &str) -> Result<Value, Refusal
         "cost": engine.collab_cost_owner(owner, id)?,
         "created_ms": c.created_ms, "updated_ms": c.updated_ms,
     }))
+}
+
+/// A panel's newest run as the person reads it: each seat with its agent, backend and state
+/// (`failed` and `timed_out` shown, never dropped) and its findings' version, then every
+/// seat's findings side by side (`room_collab::panel::merge`: grouped, disagreements kept,
+/// no vote). The owner reads every reviewer's findings.
+#[allow(clippy::too_many_arguments)]
+fn panel_view(
+    engine: &Engine,
+    owner: &Owner,
+    room: &str,
+    pack: &Pack,
+    ph: &Phase,
+    runs: &[CollabRunRow],
+    run: u32,
+    spec: Option<&Spec>,
+) -> Value {
+    let mut seats = Vec::new();
+    let mut by_seat = BTreeMap::new();
+    for seat in ph.seats() {
+        let r = runs
+            .iter()
+            .find(|r| r.phase == seat_run(&ph.name, &seat) && r.run == run);
+        let findings = engine
+            .artifact_get_owner(owner, room, "findings", Some(&seat), None)
+            .ok();
+        let state = r.map_or("waiting", |r| r.state.as_str());
+        if state == "done"
+            && let Some(f) = &findings
+        {
+            by_seat.insert(seat.clone(), f["content"].clone());
+        }
+        let role = pack.profile.role(&seat);
+        seats.push(json!({
+            "seat": seat, "agent": spec.and_then(|s| s.agents.get(&seat)),
+            "backend": role.map(room_collab::panel::backend),
+            "family": role.map(room_collab::panel::family),
+            "state": state, "task": r.and_then(|r| r.task.clone()),
+            "findings_version": findings.as_ref().map(|f| f["version"].clone()),
+        }));
+    }
+    json!({"run": run, "distinct": ph.distinct.as_str(), "seats": seats,
+        "merged": room_collab::panel::merge(&by_seat)})
 }
 
 fn run_view(r: &CollabRunRow) -> Value {
@@ -846,7 +855,38 @@ impl Cx<'_> {
             .role
             .as_deref()
             .and_then(|r| self.pack.profile.role(r));
+        // the panels whose findings it reads: each reviewer's state in their newest run
+        // (one that failed or timed out is shown, never dropped)
+        let runs = self.engine.collab_runs(self.me, &self.c.id)?;
+        let panels: Vec<Value> = self
+            .pack
+            .phases
+            .iter()
+            .filter(|p| {
+                p.kind == PhaseKind::Panel && p.writes.iter().any(|w| phase.reads.contains(w))
+            })
+            .map(|p| {
+                let run = runs
+                    .iter()
+                    .filter(|r| r.phase == p.name)
+                    .map(|r| r.run)
+                    .max();
+                let seats: Vec<Value> = p
+                    .seats()
+                    .iter()
+                    .map(|seat| {
+                        let state = runs
+                            .iter()
+                            .find(|r| Some(r.run) == run && r.phase == seat_run(&p.name, seat))
+                            .map_or("waiting", |r| r.state.as_str());
+                        json!({"seat": seat, "state": state})
+                    })
+                    .collect();
+                json!({"panel": p.name, "run": run, "seats": seats})
+            })
+            .collect();
         Ok(json!({
+            "panels": panels,
             "collab": self.c.id, "goal": self.c.goal, "phase": phase.name,
             "kind": phase.kind.as_str(),
             "role": phase.role, "agent": phase.role.as_ref().and_then(|r| self.spec.agents.get(r)),
@@ -868,9 +908,12 @@ impl Cx<'_> {
         match phase.kind {
             PhaseKind::Gate => self.gate(phase, row),
             PhaseKind::Agent => self.assign(phase, row, revised_prompt),
-            PhaseKind::Approval | PhaseKind::Panel => {
-                unreachable!("approval phases are decided, panels refused at start")
+            PhaseKind::Panel => {
+                row.state = "running".into();
+                self.put(row)?;
+                self.panel(phase, row, revised_prompt)
             }
+            PhaseKind::Approval => unreachable!("approval phases are decided, never dispatched"),
         }
     }
 
@@ -888,13 +931,34 @@ impl Cx<'_> {
             .role
             .as_ref()
             .expect("an agent phase names its role (checked at load)");
+        self.assign_to(phase, role, None, row, revised_prompt)
+    }
+
+    /// `assign` for `role`'s child; a panel's seat (`seat`: its role, which keys its
+    /// findings) writes its findings under its own key.
+    fn assign_to(
+        &self,
+        phase: &Phase,
+        role: &str,
+        seat: Option<&str>,
+        row: &mut CollabRunRow,
+        revised_prompt: Option<String>,
+    ) -> Result<(), Refusal> {
         let agent = self.spec.agents.get(role).ok_or_else(|| {
             Refusal::storage(format!(
                 "collaboration {}: no agent for role {role}",
                 self.c.id
             ))
         })?;
-        let key = |what: &str| format!("{}.{}.{}.{what}", self.c.id, phase.name, row.run);
+        // a seat's run name holds `@`, which no idempotency key does (`:` is in no phase name)
+        let key = |what: &str| {
+            format!(
+                "{}.{}.{}.{what}",
+                self.c.id,
+                row.phase.replace('@', ":"),
+                row.run
+            )
+        };
         row.state = "dispatching".into();
         self.put(row)?;
         let task = match &row.task {
@@ -903,7 +967,10 @@ impl Cx<'_> {
                 let accept: Vec<Value> = phase
                     .writes
                     .iter()
-                    .map(|k| json!({"kind": "artifact", "artifact": k.to_string()}))
+                    .map(|k| match seat {
+                        Some(s) => json!({"kind": "artifact", "artifact": k.to_string(), "key": s}),
+                        None => json!({"kind": "artifact", "artifact": k.to_string()}),
+                    })
                     .collect();
                 let made = self.engine.task_create(
                     self.me,
@@ -936,13 +1003,22 @@ impl Cx<'_> {
                 .and_then(|p| self.spec.prompts.get(p).cloned())
                 .unwrap_or_default()
         });
-        let text = format!(
-            "{prompt}\n\nGoal: {}\nPhase: {} (task {task})\nRead: {}\nWrite: {} (artifact_put with task {task}), then done.",
-            self.c.goal,
-            phase.name,
-            kinds_list(&phase.reads),
-            kinds_list(&phase.writes),
-        );
+        let text = match seat {
+            None => format!(
+                "{prompt}\n\nGoal: {}\nPhase: {} (task {task})\nRead: {}\nWrite: {} (artifact_put with task {task}), then done.",
+                self.c.goal,
+                phase.name,
+                kinds_list(&phase.reads),
+                kinds_list(&phase.writes),
+            ),
+            Some(s) => format!(
+                "{prompt}\n\nGoal: {}\nPanel: {} (task {task}), you are reviewer {s}\nRead: {}\nWrite: findings with key {s} (artifact_put kind findings, key {s}, task {task}), then done. \
+Your findings reach the orchestrator and the person alone: no other reviewer reads them.",
+                self.c.goal,
+                phase.name,
+                kinds_list(&phase.reads),
+            ),
+        };
         let sent = self.act(|| {
             self.engine.turn(
                 self.me,
@@ -964,6 +1040,92 @@ impl Cx<'_> {
         }
         row.state = "running".into();
         self.put(row)
+    }
+
+    /// A panel's run: one seat run per reviewer (`<phase>@<seat>`, the same run number),
+    /// each an assignment to the seat's child whose acceptance is its own findings; a seat
+    /// that runs past the panel's deadline is `timed_out` (its task cancelled), one whose
+    /// task is cancelled or declined `failed`. The barrier joins on every seat: the panel is
+    /// done when each has settled and at least one wrote its findings (`failed` when none
+    /// did); a seat that failed or timed out stays in the record, shown, never dropped.
+    /// Resumable: missing seat runs are made, `dispatching` ones dispatched again (their
+    /// tasks and sends carry idempotency keys of the seat's run).
+    fn panel(
+        &self,
+        phase: &Phase,
+        row: &mut CollabRunRow,
+        revised_prompt: Option<String>,
+    ) -> Result<(), Refusal> {
+        let runs = self.engine.collab_runs(self.me, &self.c.id)?;
+        let deadline_ms = phase
+            .timeout_ms
+            .unwrap_or(room_collab::pack::PANEL_TIMEOUT_MS_DEFAULT);
+        let mut settled = Vec::new();
+        for seat in phase.seats() {
+            let name = seat_run(&phase.name, &seat);
+            let mut s = runs
+                .iter()
+                .find(|r| r.phase == name && r.run == row.run)
+                .cloned()
+                .unwrap_or_else(|| CollabRunRow {
+                    collab: self.c.id.clone(),
+                    phase: name.clone(),
+                    run: row.run,
+                    task: None,
+                    state: "dispatching".into(),
+                    reads: row.reads.clone(),
+                    started_ms: self.engine.now_ms(),
+                    ended_ms: None,
+                });
+            if s.state == "dispatching" {
+                self.assign_to(phase, &seat, Some(&seat), &mut s, revised_prompt.clone())?;
+            }
+            if s.state == "running" {
+                self.settle_seat(&mut s, deadline_ms)?;
+            }
+            settled.push(s.state.clone());
+        }
+        let open = settled
+            .iter()
+            .any(|s| matches!(s.as_str(), "dispatching" | "running"));
+        if open {
+            return Ok(());
+        }
+        row.state = if settled.iter().any(|s| s == "done") {
+            "done".into()
+        } else {
+            "failed".into()
+        };
+        row.ended_ms = Some(self.engine.now_ms());
+        self.put(row)
+    }
+
+    /// A running seat: done or failed as its task says, or timed out past its deadline.
+    fn settle_seat(&self, s: &mut CollabRunRow, deadline_ms: u64) -> Result<(), Refusal> {
+        let Some(task) = s.task.clone() else {
+            return Ok(());
+        };
+        let t = self.engine.task_show(self.me, &task)?;
+        let to = match t["task"]["status"].as_str() {
+            Some("done") => "done",
+            Some("cancelled" | "declined" | "superseded") => "failed",
+            _ if self.engine.now_ms().saturating_sub(s.started_ms) > deadline_ms => {
+                // its worker is stopped with its task (the launch's authority is gone)
+                match self
+                    .engine
+                    .task_cancel(self.me, &task, Some("the panel's deadline passed"))
+                {
+                    Ok(_) => {}
+                    Err(r) if r.code == Code::TaskStateInvalid => {}
+                    Err(r) => return Err(r),
+                }
+                "timed_out"
+            }
+            _ => return Ok(()),
+        };
+        s.state = to.into();
+        s.ended_ms = Some(self.engine.now_ms());
+        self.put(s)
     }
 
     /// A gate: a task the orchestrator claims and closes, its commands run as `command`
@@ -1128,7 +1290,25 @@ impl Cx<'_> {
     ) -> Result<(), Refusal> {
         let approvals = self.engine.collab_approvals(self.me, &self.c.id)?;
         for r in runs.iter_mut() {
+            // a panel's seat runs are settled by its barrier's
+            if r.phase.contains('@') {
+                continue;
+            }
             match r.state.as_str() {
+                "dispatching" | "running"
+                    if self
+                        .pack
+                        .phase(&r.phase)
+                        .is_some_and(|p| p.kind == PhaseKind::Panel) =>
+                {
+                    let phase = self.pack.phase(&r.phase).expect("checked just above");
+                    let revised = approvals
+                        .iter()
+                        .filter(|a| a.phase == r.phase && a.run == r.run && a.state == "approved")
+                        .max_by_key(|a| a.created_ms)
+                        .and_then(revised_prompt);
+                    self.panel(phase, r, revised)?;
+                }
                 "dispatching" | "running"
                     if self
                         .pack
@@ -1226,6 +1406,11 @@ impl Cx<'_> {
         remove_trees(self.engine, &self.c.id);
         Ok(())
     }
+}
+
+/// The run name of a panel's seat: `<phase>@<seat>` (`@` is in no phase's name).
+fn seat_run(phase: &str, seat: &str) -> String {
+    format!("{phase}@{seat}")
 }
 
 /// The `exactly_once` refusal of a call whose key an earlier call already used.

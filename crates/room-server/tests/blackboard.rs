@@ -580,3 +580,64 @@ fn a_diff_that_does_not_apply_to_the_project_is_refused() {
         "#!/bin/sh\necho \"hello\"\n"
     );
 }
+
+/// Issue 42, item 2: a finding's file and line point into the diff under review (the room's
+/// newest `diff`): a file it does not change, or a line outside its hunks, is refused naming
+/// the finding, and nothing is written; a finding without them, or inside a hunk, is taken.
+#[test]
+fn a_finding_s_evidence_must_point_into_the_diff_under_review() {
+    let mut b = board();
+    let fx = &mut b.fx;
+    let differ = fx.ok(
+        None,
+        "agent_delegate",
+        json!({"parent": "orch", "name": "differ", "scopes": ["artifact:write:diff"], "max_tier": "member"}),
+    )["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    fx.ok(
+        None,
+        "room_members_add",
+        json!({"room": "collab", "agent": "differ"}),
+    );
+    fx.sync_all(&differ, "collab");
+    let patch = "--- a/src/main.rs\n+++ b/src/main.rs\n@@ -10,2 +10,3 @@\n fn main() {\n+    verbose();\n }\n";
+    fx.ok(
+        Some(&differ),
+        "artifact_put",
+        put("diff", json!({"base": "b1", "patch": patch}), 0),
+    );
+    fx.sync_all(&b.reviewer, "collab");
+    let findings = |file: &str, line: u64| {
+        let mut f = put(
+            "findings",
+            json!({"blocking": [{"title": "t", "file": file, "line": line}],
+                "non_blocking": [], "suggestions": []}),
+            0,
+        );
+        f["key"] = json!("reviewer");
+        f
+    };
+    let before = fx.snapshot();
+    let r = fx.refuse(
+        Some(&b.reviewer),
+        "artifact_put",
+        findings("src/lib.rs", 10),
+        "artifact_schema_invalid",
+    );
+    assert_eq!(r.detail["field"], "blocking[0].file", "{r}");
+    let r = fx.refuse(
+        Some(&b.reviewer),
+        "artifact_put",
+        findings("src/main.rs", 40),
+        "artifact_schema_invalid",
+    );
+    assert_eq!(r.detail["field"], "blocking[0].line", "{r}");
+    assert_eq!(fx.snapshot(), before);
+    fx.ok(
+        Some(&b.reviewer),
+        "artifact_put",
+        findings("src/main.rs", 11),
+    );
+}
