@@ -768,6 +768,7 @@ reads = ["diff"]
 writes = ["findings"]
 prompt = "p.md"
 timeout_ms = 3000
+fix_loops_max = 0
 
 [[phases]]
 name = "approval"
@@ -902,4 +903,204 @@ reads = ["diff", "findings"]
             "the writer and the orchestrator"
         );
     }
+}
+
+/// The pack of the fix-loop test: an implementer in its tree, the project's test as the gate,
+/// a panel of two reviewers whose blocking findings go back to the implementer.
+const FIX_PACK: &str = r#"name = "fix"
+
+[[phases]]
+name = "implementation"
+kind = "agent"
+role = "reasoning"
+writes = ["diff"]
+prompt = "p.md"
+approve = false
+
+[[phases]]
+name = "gate"
+kind = "gate"
+reads = ["diff"]
+commands = [{ program = "/bin/sh", args = ["test.sh"], timeout_ms = 30000 }]
+
+[[phases]]
+name = "review"
+kind = "panel"
+role = "review"
+reviewers = 2
+reads = ["diff"]
+writes = ["findings"]
+after = ["gate"]
+prompt = "p.md"
+fix_loops_max = LOOPS
+
+[[phases]]
+name = "approval"
+kind = "approval"
+reads = ["diff", "findings"]
+"#;
+
+/// Issue 42, item 3: review runs on a green gate; a blocking finding goes back to the same
+/// implementer, in its same tree, as a fix run carrying the finding; the gate and the panel
+/// run again on the new diff, and a clean panel leads to the person's approval (the
+/// collaboration never merges). A reviewer that keeps blocking exhausts the pack's loop cap:
+/// `fix_loop_exhausted`, shown, and nothing goes to approval.
+#[test]
+fn blocking_findings_loop_back_to_the_implementer_until_clean_or_the_cap() {
+    let d = Dirs::new();
+    let _daemon = spawn(&d);
+    std::fs::write(
+        d.state.join("config.toml"),
+        "[acceptance]\ncommands = [\"/bin/sh\"]\n",
+    )
+    .unwrap();
+    let project = d.root.join("work/greeter");
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::write(project.join("greet.sh"), "#!/bin/sh\necho hello\n").unwrap();
+    std::fs::write(
+        project.join("test.sh"),
+        "set -e\nsh greet.sh | grep -q hello\n",
+    )
+    .unwrap();
+    let prj = d.ok(&["project", "open", project.to_str().unwrap()])["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let clean = json!({"blocking": [], "non_blocking": [], "suggestions": []});
+    let blocking = json!({"blocking": [{"title": "the greeting lost its comma", "file": "greet.sh", "line": 2}],
+        "non_blocking": [], "suggestions": []});
+    use std::os::unix::fs::PermissionsExt;
+    let run = |name: &str, loops: u32, second_round_fixes: bool| -> (String, Value) {
+        let kit = d.root.join(format!("kit-{name}"));
+        std::fs::create_dir_all(&kit).unwrap();
+        let (f1, f2) = (kit.join("review.json"), kit.join("review-2.json"));
+        std::fs::write(&f1, blocking.to_string()).unwrap();
+        std::fs::write(&f2, clean.to_string()).unwrap();
+        // the implementer: its first attempt drops the comma; on the fix run (its tree
+        // still holds the first attempt) it restores it, and the canned reviewer, which
+        // stands in for a model reading the diff, finds nothing left to block
+        let fixes = if second_round_fixes {
+            format!("cp {} {}", f2.display(), f1.display())
+        } else {
+            "true".into()
+        };
+        let program = kit.join("implement.sh");
+        std::fs::write(
+            &program,
+            format!(
+                "#!/bin/sh\nset -e\nif [ -f greet.sh.first ]; then printf '#!/bin/sh\\necho hello, world\\n' > greet.sh; {fixes}; \
+                 else printf '#!/bin/sh\\necho hello world\\n' > greet.sh; : > greet.sh.first; fi\n\
+                 exec \"$ROOM_BRIDGE\" agent-script --steps read,claim,diff,done\n"
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+        d.write(&format!("pack-{name}/p.md"), "Your part.\n");
+        let pack = d.write(
+            &format!("pack-{name}/pack.toml"),
+            &FIX_PACK.replace("LOOPS", &loops.to_string()),
+        );
+        let roles = [
+            format!("reasoning=command:{}", program.display()),
+            format!(
+                "review=script:read,claim,put:findings@review={},done",
+                f1.display()
+            ),
+            format!(
+                "review=script:read,claim,put:findings@review-2={},done",
+                f2.display()
+            ),
+        ];
+        let mut args = vec![
+            "collab".to_string(),
+            "start".into(),
+            "--goal".into(),
+            "greet the world".into(),
+            "--project".into(),
+            prj.clone(),
+            "--pack".into(),
+            pack.display().to_string(),
+        ];
+        for r in roles {
+            args.extend(["--role".into(), r]);
+        }
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let started = d.ok(&refs);
+        (started["collab"].as_str().unwrap().to_string(), started)
+    };
+
+    // converges: one fix round, then a clean panel and the person's approval
+    let (id, _) = run("converges", 3, true);
+    let s = until(&d, &id, "the approval after the fix", |s| {
+        pending(s, "approval").is_some()
+    });
+    let states = |s: &Value, phase: &str| -> Vec<String> {
+        s["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["phase"] == phase)
+            .map(|r| r["state"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(states(&s, "review"), ["fixed", "done"], "{s:#}");
+    assert_eq!(states(&s, "implementation"), ["done", "done"], "{s:#}");
+    assert_eq!(states(&s, "gate"), ["done", "done"], "{s:#}");
+    assert_eq!(
+        phase(&s, "review")["panel"]["fix_loops"],
+        0,
+        "the loop ended clean"
+    );
+    // the fix run went to the same implementer with the finding, and its diff holds the fix
+    let log = d.ok(&["log", &id, "--limit", "500"]);
+    let sends: Vec<&str> = log["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| {
+            e["event"]["verb"] == "send" && e["event"]["to"] == json!([format!("{id}-reasoning")])
+        })
+        .map(|e| e["event"]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(sends.len(), 2, "{log}");
+    assert!(
+        sends[1].contains("Fix round 1 of 3")
+            && sends[1].contains("the greeting lost its comma (greet.sh:2)"),
+        "{}",
+        sends[1]
+    );
+    let diff = d.ok(&["collab", "show", &id, "diff"]);
+    assert_eq!(diff["version"], 2);
+    assert!(
+        diff["content"]["patch"]
+            .as_str()
+            .unwrap()
+            .contains("+echo hello, world"),
+        "{diff}"
+    );
+    // the person's checkout is as it was: the collaboration never merges
+    assert_eq!(
+        std::fs::read_to_string(project.join("greet.sh")).unwrap(),
+        "#!/bin/sh\necho hello\n"
+    );
+
+    // a reviewer that keeps blocking: the cap of one loop runs out, shown, no approval asked
+    let (id, _) = run("exhausts", 1, false);
+    let s = until(&d, &id, "the loop's end", |s| {
+        phase(s, "review")["state"] == "fix_loop_exhausted"
+    });
+    assert_eq!(
+        states(&s, "review"),
+        ["fixed", "fix_loop_exhausted"],
+        "{s:#}"
+    );
+    let review = phase(&s, "review");
+    assert_eq!(
+        review["refusal"]["code"], "fix_loop_exhausted",
+        "{review:#}"
+    );
+    assert_eq!(review["refusal"]["detail"]["fixer"], "implementation");
+    assert_eq!(s["state"], "running", "it waits for the person");
+    assert!(pending(&s, "approval").is_none());
+    assert_eq!(phase(&s, "approval")["state"], "waiting");
 }

@@ -94,6 +94,10 @@ pub struct Phase {
     /// How long a panel's reviewer may take before it is shown `timed_out` (its task
     /// cancelled); none: `PANEL_TIMEOUT_MS_DEFAULT`.
     pub timeout_ms: Option<u64>,
+    /// A panel's fix loop: how many times its blocking findings go back to the implementer
+    /// (the agent phase that writes the diff it reads) before the loop stops
+    /// (`fix_loop_exhausted`); 0: never. None for other phases.
+    pub fix_loops_max: Option<u32>,
     /// A gate's commands, as `command` acceptance checks.
     pub commands: Vec<Check>,
     /// Whether its dispatch waits for the person's approval (by default: a role that writes
@@ -119,6 +123,11 @@ impl Distinct {
     }
 }
 
+/// A panel's fix loops when its phase names none.
+pub const FIX_LOOPS_DEFAULT: u32 = 3;
+/// The most fix loops a panel may name.
+pub const FIX_LOOPS_MAX: u32 = 16;
+
 /// A panel reviewer's deadline when its phase names none.
 pub const PANEL_TIMEOUT_MS_DEFAULT: u64 = 30 * 60_000;
 /// The longest deadline a panel may give its reviewers.
@@ -141,6 +150,19 @@ impl Phase {
                 .collect(),
             _ => Vec::new(),
         }
+    }
+
+    /// The phase a panel's blocking findings go back to: the agent phase that writes a diff
+    /// the panel reads (none: the panel reads no diff an agent writes).
+    pub fn fixer<'p>(&self, pack: &'p Pack) -> Option<&'p Phase> {
+        if self.kind != PhaseKind::Panel {
+            return None;
+        }
+        pack.phases.iter().find(|p| {
+            p.kind == PhaseKind::Agent
+                && p.writes.contains(&ArtifactKind::Diff)
+                && self.reads.contains(&ArtifactKind::Diff)
+        })
     }
 
     /// Whether `role` runs this phase: its role, or one of a panel's seats.
@@ -191,6 +213,8 @@ struct PhaseFile {
     distinct: Option<String>,
     #[serde(default)]
     timeout_ms: Option<u64>,
+    #[serde(default)]
+    fix_loops_max: Option<u32>,
     #[serde(default)]
     commands: Vec<toml::Value>,
     #[serde(default)]
@@ -570,6 +594,18 @@ fn phase(
         (_, Some(_)) => return Err(invalid(&at("timeout_ms"), "a panel's field")),
         (_, None) => None,
     };
+    let fix_loops_max = match (kind, p.fix_loops_max) {
+        (PhaseKind::Panel, Some(n)) if n <= FIX_LOOPS_MAX => Some(n),
+        (PhaseKind::Panel, Some(_)) => {
+            return Err(invalid(
+                &at("fix_loops_max"),
+                format!("0..={FIX_LOOPS_MAX}"),
+            ));
+        }
+        (PhaseKind::Panel, None) => Some(FIX_LOOPS_DEFAULT),
+        (_, Some(_)) => return Err(invalid(&at("fix_loops_max"), "a panel's field")),
+        (_, None) => None,
+    };
     if kind == PhaseKind::Panel && writes.iter().any(|w| *w != ArtifactKind::Findings) {
         return Err(invalid(
             &at("writes"),
@@ -616,6 +652,7 @@ fn phase(
         reviewers,
         distinct,
         timeout_ms,
+        fix_loops_max,
         commands,
         approve,
     })

@@ -123,6 +123,7 @@ codes! {
     PackWriteOverlap => "pack_write_overlap",
     PackCycle => "pack_cycle",
     PanelBackendsNotDistinct => "panel_backends_not_distinct",
+    FixLoopExhausted => "fix_loop_exhausted",
     ArtifactSchemaInvalid => "artifact_schema_invalid",
     // the blackboard's fence: scopes decide who reads and writes which kind
     ArtifactReadDenied => "artifact_read_denied",

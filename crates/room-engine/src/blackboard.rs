@@ -499,6 +499,30 @@ impl Engine {
         }
     }
 
+    /// The newest findings of each of `keys` in collaboration `id`, for its orchestrator to
+    /// route the blocking ones back to the implementer (the fix loop, run by the daemon's
+    /// scheduler as the orchestrator): the findings are addressed to it, and the record
+    /// grants its own loop, nothing more. A key with no findings is left out.
+    pub fn collab_findings(
+        &self,
+        caller: &AgentCaller,
+        id: &str,
+        keys: &[String],
+    ) -> Outcome<Vec<(String, Value)>> {
+        let c = self.orchestrating(caller, id)?;
+        let handle = self.room_handle(&c.room)?;
+        let mut out = Vec::new();
+        for k in keys {
+            artifact::check_key("key", k)?;
+            match self.read_artifact(&handle, None, "findings", k, None) {
+                Ok(v) => out.push((k.clone(), v)),
+                Err(r) if r.code == Code::NotFound => {}
+                Err(r) => return Err(r),
+            }
+        }
+        Ok(out)
+    }
+
     fn read_artifact(
         &self,
         handle: &Arc<Mutex<RoomHandle>>,

@@ -509,6 +509,26 @@ pub fn status(engine: &Engine, owner: &Owner, id: &str) -> Result<Value, Refusal
                         let run = mine.last().map_or(0, |r| r.run);
                         v["panel"] =
                             panel_view(engine, owner, &c.room, &p, ph, &runs, run, spec.as_ref());
+                        v["panel"]["fix_loops"] = json!(fix_loops(&runs, &ph.name, run + 1));
+                        v["panel"]["fix_loops_max"] = json!(ph.fix_loops_max);
+                    }
+                    if state == "fix_loop_exhausted" {
+                        let fixer = ph.fixer(&p).map(|f| f.name.clone()).unwrap_or_default();
+                        v["refusal"] = serde_json::to_value(
+                            Refusal::new(
+                                Code::FixLoopExhausted,
+                                format!(
+                                    "phase {}: blocking findings remain after {} fix loops",
+                                    ph.name,
+                                    ph.fix_loops_max.unwrap_or(0)
+                                ),
+                            )
+                            .detail(json!({"phase": ph.name, "fixer": fixer}))
+                            .hint(format!(
+                                "read the findings (room collab status), then rerun --from {fixer} or cancel; the diff is yours to take as it is"
+                            )),
+                        )
+                        .expect("a refusal serializes");
                     }
                     v
                 })
@@ -721,11 +741,22 @@ fn phase_runs(runs: &[CollabRunRow]) -> BTreeMap<String, PhaseRun> {
     out
 }
 
+/// The versions a run read (its `reads` object's numbers; a fix run also carries its `fix`
+/// text there).
 fn reads_of(r: &CollabRunRow) -> BTreeMap<ArtifactKind, u64> {
-    let v: BTreeMap<String, u64> = serde_json::from_str(&r.reads).unwrap_or_default();
+    let v: BTreeMap<String, Value> = serde_json::from_str(&r.reads).unwrap_or_default();
     v.into_iter()
-        .filter_map(|(k, n)| ArtifactKind::parse("reads", &k).ok().map(|k| (k, n)))
+        .filter_map(|(k, n)| {
+            let n = n.as_u64()?;
+            ArtifactKind::parse("reads", &k).ok().map(|k| (k, n))
+        })
         .collect()
+}
+
+/// A fix run's instructions: the blocking findings it was sent back with.
+fn fix_text(r: &CollabRunRow) -> Option<String> {
+    let v: Value = serde_json::from_str(&r.reads).ok()?;
+    v["fix"].as_str().map(String::from)
 }
 
 /// One pass over one collaboration, acting as its orchestrator.
@@ -786,8 +817,10 @@ impl Cx<'_> {
             .filter(|r| r.phase == phase.name)
             .max_by_key(|r| r.run)
             .is_some_and(|r| {
-                matches!(r.state.as_str(), "failed" | "rejected")
-                    && r.reads == self.reads_json(phase, versions)
+                matches!(
+                    r.state.as_str(),
+                    "failed" | "rejected" | "fixed" | "fix_loop_exhausted"
+                ) && r.reads == self.reads_json(phase, versions)
             })
     }
 
@@ -897,6 +930,15 @@ impl Cx<'_> {
         }))
     }
 
+    /// `input` of a run: a fix run shows the findings it is sent back with.
+    fn input_for(&self, phase: &Phase, row: &CollabRunRow) -> Result<Value, Refusal> {
+        let mut v = self.input(phase)?;
+        if let Some(fix) = fix_text(row) {
+            v["fix"] = json!(fix);
+        }
+        Ok(v)
+    }
+
     /// Dispatch an agent phase (a task to its role's child and a send that wakes it) or run
     /// a gate (a task the orchestrator claims and closes on its commands).
     fn dispatch(
@@ -997,11 +1039,15 @@ impl Cx<'_> {
             }
         };
         let prompt = revised_prompt.unwrap_or_else(|| {
-            phase
+            let base = phase
                 .prompt
                 .as_ref()
                 .and_then(|p| self.spec.prompts.get(p).cloned())
-                .unwrap_or_default()
+                .unwrap_or_default();
+            match fix_text(row) {
+                Some(fix) => format!("{base}\n\n{fix}"),
+                None => base,
+            }
         });
         let text = match seat {
             None => format!(
@@ -1091,13 +1137,110 @@ Your findings reach the orchestrator and the person alone: no other reviewer rea
         if open {
             return Ok(());
         }
-        row.state = if settled.iter().any(|s| s == "done") {
-            "done".into()
-        } else {
-            "failed".into()
-        };
+        if !settled.iter().any(|s| s == "done") {
+            row.state = "failed".into();
+            row.ended_ms = Some(self.engine.now_ms());
+            return self.put(row);
+        }
+        self.join(phase, row)
+    }
+
+    /// The barrier has joined: the blocking findings (any reviewer's) go back to the
+    /// implementer as a fix run, until the panel's loop cap; none left, the panel is done.
+    /// The collaboration never merges: a clean panel leads to the person's approval.
+    fn join(&self, phase: &Phase, row: &mut CollabRunRow) -> Result<(), Refusal> {
+        let found = self
+            .engine
+            .collab_findings(self.me, &self.c.id, &phase.seats())?;
+        let by_seat: BTreeMap<String, Value> = found
+            .into_iter()
+            .map(|(k, v)| (k, v["content"].clone()))
+            .collect();
+        let merged = room_collab::panel::merge(&by_seat);
+        let blocking: Vec<&Value> = merged["findings"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|f| {
+                f["classes"]
+                    .as_object()
+                    .is_some_and(|c| c.values().any(|v| v == "blocking"))
+            })
+            .collect();
+        let cap = phase.fix_loops_max.unwrap_or(0);
+        let fixer = phase.fixer(self.pack);
         row.ended_ms = Some(self.engine.now_ms());
-        self.put(row)
+        let (Some(fixer), false) = (fixer, blocking.is_empty() || cap == 0) else {
+            row.state = "done".into();
+            return self.put(row);
+        };
+        let runs = self.engine.collab_runs(self.me, &self.c.id)?;
+        let loops = fix_loops(&runs, &phase.name, row.run);
+        if loops >= cap {
+            row.state = "fix_loop_exhausted".into();
+            return self.put(row);
+        }
+        let mut text = format!(
+            "Fix round {} of {cap}: the review panel {} found these blocking findings in your diff. \
+Fix them in your working tree, then write the diff again (diff_from_tree, expected_version the newest), then done.",
+            loops + 1,
+            phase.name
+        );
+        for f in &blocking {
+            let at = match (f["file"].as_str(), f["line"].as_u64()) {
+                (Some(file), Some(line)) => format!(" ({file}:{line})"),
+                (Some(file), None) => format!(" ({file})"),
+                _ => String::new(),
+            };
+            let by: Vec<&String> = f["classes"]
+                .as_object()
+                .map(|c| c.keys().collect())
+                .unwrap_or_default();
+            let detail = f["detail"]
+                .as_str()
+                .map(|d| format!(": {d}"))
+                .unwrap_or_default();
+            text.push_str(&format!(
+                "\n- {}{at}{detail} [{}]",
+                f["title"].as_str().unwrap_or(""),
+                by.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+            ));
+        }
+        row.state = "fixed".into();
+        self.put(row)?;
+        let versions = self.versions()?;
+        let mut reads: Value = serde_json::from_str(&self.reads_json(fixer, &versions))
+            .expect("reads are a JSON object");
+        reads["fix"] = json!(text);
+        let run = runs
+            .iter()
+            .filter(|r| r.phase == fixer.name)
+            .map(|r| r.run)
+            .max()
+            .unwrap_or(0)
+            + 1;
+        let mut fix = CollabRunRow {
+            collab: self.c.id.clone(),
+            phase: fixer.name.clone(),
+            run,
+            task: None,
+            state: "approval".into(),
+            reads: reads.to_string(),
+            started_ms: self.engine.now_ms(),
+            ended_ms: None,
+        };
+        if fixer.approve {
+            self.put(&fix)?;
+            self.engine.approval_request(
+                self.me,
+                &self.c.id,
+                &fixer.name,
+                run,
+                &self.input_for(fixer, &fix)?,
+            )?;
+            return Ok(());
+        }
+        self.assign(fixer, &mut fix, None)
     }
 
     /// A running seat: done or failed as its task says, or timed out past its deadline.
@@ -1371,7 +1514,7 @@ Your findings reach the orchestrator and the person alone: no other reviewer rea
                                 &self.c.id,
                                 &r.phase,
                                 r.run,
-                                &self.input(phase)?,
+                                &self.input_for(phase, r)?,
                             )?;
                         }
                     }
@@ -1406,6 +1549,17 @@ Your findings reach the orchestrator and the person alone: no other reviewer rea
         remove_trees(self.engine, &self.c.id);
         Ok(())
     }
+}
+
+/// The fix loops a panel has taken before its run `run`: its runs just before it that
+/// ended `fixed` (a person's rerun, or a loop that ran out, starts the count again).
+fn fix_loops(runs: &[CollabRunRow], phase: &str, run: u32) -> u32 {
+    let mut before: Vec<&CollabRunRow> = runs
+        .iter()
+        .filter(|r| r.phase == phase && r.run < run)
+        .collect();
+    before.sort_by_key(|r| std::cmp::Reverse(r.run));
+    before.iter().take_while(|r| r.state == "fixed").count() as u32
 }
 
 /// The run name of a panel's seat: `<phase>@<seat>` (`@` is in no phase's name).
