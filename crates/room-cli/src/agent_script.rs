@@ -11,6 +11,8 @@
 //! - `claim`, `done`, `decline`: the wake's task;
 //! - `put:KIND[@KEY]=PATH`: the JSON file at PATH as the next version of the blackboard
 //!   artifact KIND (key KEY, else main), for the wake's task (a collaboration's role);
+//! - `fulfil:PATH`: every artifact the wake's task's acceptance names (kind and key), each
+//!   with the JSON file at PATH;
 //! - `diff`: the `diff` artifact from the working tree it was started in (`diff_from_tree`),
 //!   for the wake's task;
 //! - `exit` (stop without a word), `fail` (exit 1), `hang` (never end: the launch's deadline
@@ -59,11 +61,7 @@ fn script(steps: &str) -> Result<i32, String> {
                 for ob in prompt["obligation_ids"].as_array().into_iter().flatten() {
                     let args = json!({"room": room, "reply_to": ob,
                         "text": format!("done: {}", prompt["prompt"].as_str().unwrap_or(""))});
-                    let mut r = call("reply", args.clone())?;
-                    if !r.ok {
-                        read(&mut call, &room)?;
-                        r = call("reply", args)?;
-                    }
+                    let r = gated(&mut call, &room, "reply", args)?;
                     if !r.ok {
                         return Err(format!("reply to {ob} refused: {:?}", r.refusal));
                     }
@@ -79,11 +77,7 @@ fn script(steps: &str) -> Result<i32, String> {
             "done" => {
                 let task = wake_task(&prompt)?;
                 let args = json!({"room": room, "task": task});
-                let mut r = call("done", args.clone())?;
-                if !r.ok {
-                    read(&mut call, &room)?;
-                    r = call("done", args)?;
-                }
+                let r = gated(&mut call, &room, "done", args)?;
                 if !r.ok {
                     return Err(format!("done on {task} refused: {:?}", r.refusal));
                 }
@@ -103,13 +97,28 @@ fn script(steps: &str) -> Result<i32, String> {
             "decline" => {
                 let task = wake_task(&prompt)?;
                 let args = json!({"room": room, "task": task, "text": "declined by its script"});
-                let mut r = call("decline", args.clone())?;
-                if !r.ok {
-                    read(&mut call, &room)?;
-                    r = call("decline", args)?;
-                }
+                let r = gated(&mut call, &room, "decline", args)?;
                 if !r.ok {
                     return Err(format!("decline of {task} refused: {:?}", r.refusal));
+                }
+            }
+            f if room_engine::policy::is_fulfil_step(f) => {
+                let path = &f["fulfil:".len()..];
+                let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+                let content: Value =
+                    serde_json::from_str(&text).map_err(|e| format!("{path}: {e}"))?;
+                let task = wake_task(&prompt)?;
+                let shown = call("task_show", json!({"task": task}))?;
+                let shown = shown
+                    .result
+                    .ok_or_else(|| format!("task_show refused: {:?}", shown.refusal))?;
+                for check in shown["task"]["acceptance"].as_array().into_iter().flatten() {
+                    if check["kind"] != "artifact" {
+                        continue;
+                    }
+                    let kind = check["artifact"].as_str().unwrap_or_default();
+                    let key = check["key"].as_str().unwrap_or("main");
+                    put_artifact(&mut call, &room, task, (kind, key), content.clone())?;
                 }
             }
             "exit" => return Ok(0),
@@ -131,6 +140,33 @@ fn script(steps: &str) -> Result<i32, String> {
         }
     }
     Ok(0)
+}
+
+/// Attempts of a gated call a busy room may refuse (`room_sync_required`: something arrived
+/// since the last read), each after reading through.
+const GATED_ATTEMPTS_MAX: usize = 64;
+
+/// `op` through the Work Gate: while the room has moved on since the last read, read
+/// through and call again (bounded); the last answer otherwise.
+fn gated(
+    call: &mut impl FnMut(&str, Value) -> Result<Response, String>,
+    room: &str,
+    op: &str,
+    args: Value,
+) -> Result<Response, String> {
+    let mut r = call(op, args.clone())?;
+    for _ in 1..GATED_ATTEMPTS_MAX {
+        let behind = r
+            .refusal
+            .as_ref()
+            .is_some_and(|x| x.code == room_core::Code::RoomSyncRequired);
+        if r.ok || !behind {
+            break;
+        }
+        read(call, room)?;
+        r = call(op, args.clone())?;
+    }
+    Ok(r)
 }
 
 /// The task a wake is for (a collaboration's phase run).
@@ -169,7 +205,7 @@ fn diff_from_tree(
     task: &str,
 ) -> Result<(), String> {
     let mut last = None;
-    for _ in 0..2 {
+    for _ in 0..GATED_ATTEMPTS_MAX {
         let current = current_version(call, room, ("diff", "main"))?;
         let r = call(
             "diff_from_tree",
@@ -179,10 +215,15 @@ fn diff_from_tree(
         if r.ok {
             return Ok(());
         }
+        if !retryable(&r) {
+            return Err(format!("diff: the write was refused: {:?}", r.refusal));
+        }
         last = r.refusal;
         read(call, room)?;
     }
-    Err(format!("diff: the write was refused twice: {last:?}"))
+    Err(format!(
+        "diff: the write was refused {GATED_ATTEMPTS_MAX} times: {last:?}"
+    ))
 }
 
 fn put_artifact(
@@ -192,7 +233,7 @@ fn put_artifact(
     (kind, key): (&str, &str),
     content: Value,
 ) -> Result<(), String> {
-    for _ in 0..2 {
+    for _ in 0..GATED_ATTEMPTS_MAX {
         let current = current_version(call, room, (kind, key))?;
         let r = call(
             "artifact_put",
@@ -202,9 +243,24 @@ fn put_artifact(
         if r.ok {
             return Ok(());
         }
+        if !retryable(&r) {
+            return Err(format!("{kind}: the write was refused: {:?}", r.refusal));
+        }
         read(call, room)?;
     }
-    Err(format!("{kind}: the write was refused twice"))
+    Err(format!(
+        "{kind}: the write was refused {GATED_ATTEMPTS_MAX} times"
+    ))
+}
+
+/// A write refused because the room or the artifact moved on meanwhile: read and try again.
+fn retryable(r: &Response) -> bool {
+    r.refusal.as_ref().is_some_and(|x| {
+        matches!(
+            x.code,
+            room_core::Code::RoomSyncRequired | room_core::Code::ArtifactVersionConflict
+        )
+    })
 }
 
 fn read(

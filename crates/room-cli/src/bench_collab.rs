@@ -112,6 +112,7 @@ fn start(e: &Engine) -> anyhow::Result<Collab> {
             pack: Some(PACK.into()),
             prompts: BTreeMap::new(),
             roles: ROLES.iter().map(|r| format!("{r}=script:read")).collect(),
+            usd_max: None,
         },
     ))?;
     let id = v["collab"].as_str().unwrap_or_default().to_string();

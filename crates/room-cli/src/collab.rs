@@ -39,9 +39,14 @@ pub enum CollabCmd {
         /// The pack file (TOML); its prompt files are read beside it.
         #[arg(long)]
         pack: Option<PathBuf>,
-        /// Bind a role: NAME=ADAPTER:MODEL (a script role's MODEL is its steps). Repeatable.
+        /// Bind a role: NAME=ADAPTER:MODEL (a script role's MODEL is its steps). Repeatable;
+        /// a panel's role once per reviewer.
         #[arg(long = "role")]
         roles: Vec<String>,
+        /// A money ceiling in US dollars: past it (or with a cost that cannot be known),
+        /// nothing new is dispatched (over the pack's [guards] usd_max).
+        #[arg(long)]
+        usd_max: Option<f64>,
     },
     /// A collaboration's phases, runs and approval queue (each request with its digest).
     Status { id: String },
@@ -243,8 +248,12 @@ fn request(cmd: &CollabCmd) -> Result<room_server::wire::Request, Failed> {
             project,
             pack,
             roles,
+            usd_max,
         } => {
             let mut args = json!({"goal": goal, "roles": roles});
+            if let Some(u) = usd_max {
+                args["usd_max"] = json!(u);
+            }
             if let Some(p) = project {
                 args["project"] = json!(p);
             }

@@ -1104,3 +1104,201 @@ fn blocking_findings_loop_back_to_the_implementer_until_clean_or_the_cap() {
     assert!(pending(&s, "approval").is_none());
     assert_eq!(phase(&s, "approval")["state"], "waiting");
 }
+
+/// The in-flight runs of a collaboration, replayed from its journal: a send of the
+/// orchestrator's opens its task's run, the task's end (done, declined, cancelled) closes it.
+/// The most ever open at once.
+fn most_in_flight(log: &Value, orch: &str) -> usize {
+    let mut open = std::collections::BTreeSet::new();
+    let mut most = 0;
+    for e in log["events"].as_array().unwrap() {
+        let ev = &e["event"];
+        let task = ev["task"].as_str().unwrap_or_default().to_string();
+        if ev["verb"] == "send" && e["actor"] == orch {
+            open.insert(task);
+        } else if ev["task_transition"]["to"]
+            .as_str()
+            .is_some_and(|t| t != "claimed")
+            || (ev["kind"] == "task" && ev["action"] == "cancelled")
+        {
+            open.remove(&task);
+        }
+        most = most.max(open.len());
+    }
+    most
+}
+
+/// Issue 42, item 4: the guards. A burst of 50 ready phases never has more than the pack's
+/// live_workers_max in flight (replayed from the journal); a money ceiling holds the next
+/// dispatch once the cost cannot be proven under it (`budget_exhausted`); a child that fails
+/// its role's failures_max times in a row is not dispatched again (`child_auto_blocked`).
+/// Each hold is shown in status, and nothing held was sent.
+#[test]
+fn guards_hold_dispatch_at_the_cap_the_money_ceiling_and_a_failing_child() {
+    let d = Dirs::new();
+    let _daemon = spawn(&d);
+    let note = d.write("canned/note.json", r#"{"note": "done"}"#);
+    d.write("pack/p.md", "Your part.\n");
+    let start = |name: &str, text: String, roles: &[String], extra: &[&str]| -> String {
+        let pack = d.write(&format!("pack/{name}.toml"), &text);
+        let mut args: Vec<String> = ["collab", "start", "--goal", "guarded", "--pack"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        args.push(pack.display().to_string());
+        for r in roles {
+            args.extend(["--role".to_string(), r.clone()]);
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        d.ok(&refs)["collab"].as_str().unwrap().to_string()
+    };
+
+    // a burst of 50 independent phases, 4 at most in flight
+    let mut burst = String::from("name = \"burst\"\n\n[guards]\nlive_workers_max = 4\n");
+    // three roles share them (a child holds at most 32 scopes: one write scope per phase)
+    let roles = ["architecture", "search", "review"];
+    for i in 1..=50 {
+        burst.push_str(&format!(
+            "\n[[phases]]\nname = \"p{i}\"\nkind = \"agent\"\nrole = \"{}\"\nwrites = [\"extra/p{i}\"]\nprompt = \"p.md\"\napprove = false\n",
+            roles[i % 3]
+        ));
+    }
+    let workers: Vec<String> = roles
+        .iter()
+        .map(|r| format!("{r}=script:read,claim,fulfil:{},done", note.display()))
+        .collect();
+    let id = start("burst", burst, &workers, &[]);
+    let s = until(&d, &id, "the burst's end", |s| s["state"] != "running");
+    assert_eq!(s["state"], "done", "{s:#}");
+    let log = d.ok(&["log", &id, "--limit", "1000"]);
+    let sends = log["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["event"]["verb"] == "send")
+        .count();
+    assert_eq!(sends, 50, "every phase dispatched once");
+    let most = most_in_flight(&log, &format!("{id}-orch"));
+    assert!((1..=4).contains(&most), "{most} in flight at once");
+
+    // a money ceiling: the first dispatch is under it (nothing spent yet); once a launch
+    // without usage records has ended, the cost cannot be proven under it, and the next
+    // dispatch (approved by the person) is held
+    let two = r#"name = "money"
+
+[[phases]]
+name = "a"
+kind = "agent"
+role = "architecture"
+writes = ["extra/a"]
+prompt = "p.md"
+approve = false
+
+[[phases]]
+name = "b"
+kind = "agent"
+role = "search"
+reads = ["extra/a"]
+writes = ["extra/b"]
+prompt = "p.md"
+approve = true
+"#;
+    let roles = [
+        format!(
+            "architecture=script:read,claim,fulfil:{},done",
+            note.display()
+        ),
+        format!("search=script:read,claim,fulfil:{},done", note.display()),
+    ];
+    let id = start("money", two.to_string(), &roles, &["--usd-max", "1"]);
+    let s = until(&d, &id, "the approval of b after a's launch ended", |s| {
+        pending(s, "b").is_some() && s["cost"]["launches_without_usage"] == 1
+    });
+    let ask = pending(&s, "b").unwrap();
+    d.ok(&[
+        "collab",
+        "approve",
+        ask["approval"].as_str().unwrap(),
+        "--digest",
+        ask["digest"].as_str().unwrap(),
+    ]);
+    let s = until(&d, &id, "the hold", |s| {
+        s["guards"]["holds"]
+            .as_array()
+            .is_some_and(|h| !h.is_empty())
+            && phase(s, "b")["state"] == "dispatching"
+    });
+    let holds = s["guards"]["holds"].as_array().unwrap();
+    assert!(
+        holds
+            .iter()
+            .all(|h| h["refusal"]["code"] == "budget_exhausted"),
+        "{s:#}"
+    );
+    assert_eq!(s["guards"]["usd_max"], 1.0);
+    std::thread::sleep(Duration::from_millis(500));
+    let log = d.ok(&["log", &id, "--limit", "1000"]);
+    let to_search = log["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| {
+            e["event"]["verb"] == "send" && e["event"]["to"] == json!([format!("{id}-search")])
+        })
+        .count();
+    assert_eq!(to_search, 0, "nothing new was dispatched");
+    assert_eq!(d.ok(&["collab", "status", &id])["state"], "running");
+
+    // a child that fails once, under failures_max = 1: a rerun is held, never sent
+    let flaky = r#"name = "flaky"
+
+[[roles]]
+name = "flaky"
+purposes = ["try"]
+[roles.policy]
+tier = "member"
+tool_calls_max = 100
+failures_max = 1
+project = "read"
+
+[[phases]]
+name = "x"
+kind = "agent"
+role = "flaky"
+writes = ["extra/x"]
+prompt = "p.md"
+approve = false
+"#;
+    let id = start(
+        "flaky",
+        flaky.to_string(),
+        &["flaky=script:read,claim,decline".to_string()],
+        &[],
+    );
+    until(&d, &id, "the failure", |s| {
+        phase(s, "x")["state"] == "failed"
+    });
+    d.ok(&["collab", "rerun", &id, "--from", "x"]);
+    let s = until(&d, &id, "the block", |s| {
+        s["guards"]["holds"].as_array().is_some_and(|h| {
+            h.iter()
+                .any(|h| h["refusal"]["code"] == "child_auto_blocked")
+        }) && phase(s, "x")["state"] == "dispatching"
+    });
+    let h = &s["guards"]["holds"][0];
+    assert_eq!(
+        (h["role"].clone(), h["hold"].clone()),
+        (json!("flaky"), json!("blocked")),
+        "{s:#}"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let log = d.ok(&["log", &id, "--limit", "1000"]);
+    let sends = log["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["event"]["verb"] == "send")
+        .count();
+    assert_eq!(sends, 1, "the blocked child was not sent its rerun");
+}

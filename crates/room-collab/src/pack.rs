@@ -178,6 +178,49 @@ pub struct Pack {
     pub description: Option<String>,
     pub profile: Profile,
     pub phases: Vec<Phase>,
+    pub guards: Guards,
+}
+
+/// What holds a collaboration's dispatches back (`[guards]`): how many of its runs may be
+/// in flight at once (dispatched to a worker, not yet ended), and the money it may spend.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Guards {
+    pub live_workers_max: u32,
+    /// US dollars; none: no ceiling. With a ceiling, a cost that cannot be known (a launch
+    /// without usage records, a model without a price) holds dispatch too: never guessed.
+    pub usd_max: Option<f64>,
+}
+
+/// Runs of one collaboration in flight at once unless its pack says otherwise.
+pub const LIVE_WORKERS_DEFAULT: u32 = 8;
+/// The most a pack may let run at once.
+pub const LIVE_WORKERS_MAX: u32 = 64;
+
+impl Default for Guards {
+    fn default() -> Guards {
+        Guards {
+            live_workers_max: LIVE_WORKERS_DEFAULT,
+            usd_max: None,
+        }
+    }
+}
+
+/// A money ceiling: a finite, positive number of dollars, or `invalid` naming `field`.
+pub fn check_usd(field: &str, usd: f64) -> Result<f64, Refusal> {
+    if usd.is_finite() && usd > 0.0 {
+        Ok(usd)
+    } else {
+        Err(Refusal::invalid(field, "a positive number of US dollars"))
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GuardsFile {
+    #[serde(default)]
+    live_workers_max: Option<u32>,
+    #[serde(default)]
+    usd_max: Option<f64>,
 }
 
 #[derive(Deserialize)]
@@ -190,6 +233,8 @@ struct PackFile {
     roles: Vec<Role>,
     #[serde(default)]
     phases: Vec<PhaseFile>,
+    #[serde(default)]
+    guards: Option<GuardsFile>,
 }
 
 #[derive(Deserialize)]
@@ -268,11 +313,30 @@ impl Pack {
                 return Err(invalid(&format!("phases[{i}].name"), "named twice"));
             }
         }
+        let mut guards = Guards::default();
+        if let Some(g) = &file.guards {
+            if let Some(n) = g.live_workers_max {
+                if !(1..=LIVE_WORKERS_MAX).contains(&n) {
+                    return Err(invalid(
+                        "guards.live_workers_max",
+                        format!("1..={LIVE_WORKERS_MAX}"),
+                    ));
+                }
+                guards.live_workers_max = n;
+            }
+            if let Some(u) = g.usd_max {
+                guards.usd_max =
+                    Some(check_usd("guards.usd_max", u).map_err(|_| {
+                        invalid("guards.usd_max", "a positive number of US dollars")
+                    })?);
+            }
+        }
         let pack = Pack {
             name: file.name,
             description: file.description,
             profile,
             phases,
+            guards,
         };
         pack.check_reads()?;
         let order = pack.order()?;
@@ -375,7 +439,8 @@ impl Pack {
             })
             .collect();
         serde_json::json!({"pack": self.name, "description": self.description,
-            "roles": self.profile.roles, "phases": phases})
+            "roles": self.profile.roles, "phases": phases,
+            "guards": {"live_workers_max": self.guards.live_workers_max, "usd_max": self.guards.usd_max}})
     }
 
     pub fn phase(&self, name: &str) -> Option<&Phase> {

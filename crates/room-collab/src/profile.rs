@@ -40,7 +40,14 @@ pub struct RolePolicy {
     pub tier: String,
     #[serde(default)]
     pub tools: Vec<String>,
+    /// Tool calls its child may make in the collaboration, all its launches together (as
+    /// the adapters report them); past it, nothing more is dispatched to it.
     pub tool_calls_max: u32,
+    /// Tokens (in and out) its child may use in the collaboration; none: no budget.
+    #[serde(default)]
+    pub tokens_max: Option<u64>,
+    /// Consecutive failed runs after which its child is no longer dispatched
+    /// (`child_auto_blocked`); 0: never blocked.
     pub failures_max: u32,
     pub project: ProjectAccess,
     #[serde(default)]
@@ -108,6 +115,7 @@ fn policy(tier: &str, project: ProjectAccess, network: bool) -> RolePolicy {
         tier: tier.into(),
         tools: Vec::new(),
         tool_calls_max: 200,
+        tokens_max: None,
         failures_max: 3,
         project,
         network,

@@ -124,6 +124,8 @@ codes! {
     PackCycle => "pack_cycle",
     PanelBackendsNotDistinct => "panel_backends_not_distinct",
     FixLoopExhausted => "fix_loop_exhausted",
+    ChildAutoBlocked => "child_auto_blocked",
+    BudgetExhausted => "budget_exhausted",
     ArtifactSchemaInvalid => "artifact_schema_invalid",
     // the blackboard's fence: scopes decide who reads and writes which kind
     ArtifactReadDenied => "artifact_read_denied",

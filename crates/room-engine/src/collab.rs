@@ -254,8 +254,8 @@ impl Engine {
     fn cost_of(&self, c: &CollabRow) -> Outcome<Value> {
         let policy = self.policy();
         let members = self.control().members(&c.room).map_err(store_err)?;
-        // (agent, model) -> (calls, tokens in, tokens out)
-        let mut rows: std::collections::BTreeMap<(String, String), (u64, u64, u64)> =
+        // (agent, model) -> (calls, tokens in, tokens out, tool calls)
+        let mut rows: std::collections::BTreeMap<(String, String), (u64, u64, u64, u64)> =
             Default::default();
         let mut unreported = 0u64;
         for agent in &members {
@@ -276,6 +276,7 @@ impl Engine {
                         e.0 += usage.len() as u64;
                         e.1 += report["prompt_tokens"].as_u64().unwrap_or(0);
                         e.2 += report["completion_tokens"].as_u64().unwrap_or(0);
+                        e.3 += report["tool_calls"].as_u64().unwrap_or(0);
                     }
                     _ => unreported += 1,
                 }
@@ -286,7 +287,7 @@ impl Engine {
         let (mut tin, mut tout) = (0u64, 0u64);
         let by: Vec<Value> = rows
             .iter()
-            .map(|((agent, model), (calls, i, o))| {
+            .map(|((agent, model), (calls, i, o, tools))| {
                 tin += i;
                 tout += o;
                 let usd = policy.prices.get(model).map(|p| {
@@ -299,7 +300,8 @@ impl Engine {
                     None => money_known = false,
                 }
                 json!({"agent": agent, "model": model, "calls": calls, "tokens_in": i,
-                    "tokens_out": o, "usd": usd.map_or(json!("unknown"), |u| json!(u))})
+                    "tokens_out": o, "tool_calls": tools,
+                    "usd": usd.map_or(json!("unknown"), |u| json!(u))})
             })
             .collect();
         Ok(json!({

@@ -397,6 +397,13 @@ pub const SCRIPT_STEPS: [&str; 9] = [
 /// `put:KIND=PATH`: the scripted agent writes the JSON file at PATH (absolute, at most 256
 /// bytes, no `.`, `..` or empty component, no comma) as a new version of the blackboard
 /// artifact KIND, for its wake's task.
+/// `fulfil:PATH`: the scripted agent writes every artifact its wake's task's acceptance
+/// names (kind and key), each with the JSON file at PATH (absolute, as `put:`'s).
+pub fn is_fulfil_step(step: &str) -> bool {
+    step.strip_prefix("fulfil:")
+        .is_some_and(|p| is_put_step(&format!("put:spec={p}")))
+}
+
 pub fn is_put_step(step: &str) -> bool {
     step.strip_prefix("put:")
         .and_then(|s| s.split_once('='))
@@ -443,10 +450,13 @@ fn check_route(agent: &str, r: &Route) -> Result<(), String> {
         },
         "script" => {
             if let Some(s) = r.steps.iter().find(|s| {
-                !SCRIPT_STEPS.contains(&s.as_str()) && !is_write_step(s) && !is_put_step(s)
+                !SCRIPT_STEPS.contains(&s.as_str())
+                    && !is_write_step(s)
+                    && !is_put_step(s)
+                    && !is_fulfil_step(s)
             }) {
                 return Err(format!(
-                    "{at}.steps: {s:?} is not one of {SCRIPT_STEPS:?} nor write:PATH (relative, without . or .. or commas) nor put:KIND[@KEY]=PATH (absolute)"
+                    "{at}.steps: {s:?} is not one of {SCRIPT_STEPS:?} nor write:PATH (relative, without . or .. or commas) nor put:KIND[@KEY]=PATH nor fulfil:PATH (absolute)"
                 ));
             }
         }

@@ -67,6 +67,21 @@ pub struct StartArgs {
     /// `NAME=ADAPTER:MODEL`.
     #[serde(default)]
     pub roles: Vec<String>,
+    /// A money ceiling in US dollars (over the pack's `[guards] usd_max`).
+    #[serde(default)]
+    pub usd_max: Option<f64>,
+}
+
+/// What a start sets up, checked.
+struct Plan {
+    goal: String,
+    project: Option<String>,
+    pack: Pack,
+    pack_text: String,
+    prompts: BTreeMap<String, String>,
+    routes: BTreeMap<String, Value>,
+    roles: Vec<String>,
+    usd_max: Option<f64>,
 }
 
 /// What a collaboration runs, as its record keeps it.
@@ -78,6 +93,9 @@ struct Spec {
     /// The child of each role.
     agents: BTreeMap<String, String>,
     goal_task: String,
+    /// The start's money ceiling (over the pack's).
+    #[serde(default)]
+    usd_max: Option<f64>,
 }
 
 /// The pack with its roles bound (`Pack::bind_roles`: a panel's role once per reviewer).
@@ -263,34 +281,32 @@ pub fn start(engine: &Engine, owner: &Owner, a: StartArgs) -> Result<Value, Refu
             "a pack with a gate runs its commands in a project: name one (--project)",
         ));
     }
-    set_up(
-        engine, owner, goal, a.project, pack, pack_text, prompts, routes, a.roles,
-    )
+    let usd_max = a
+        .usd_max
+        .map(|u| room_collab::pack::check_usd("usd_max", u))
+        .transpose()?;
+    let plan = Plan {
+        goal: goal.to_string(),
+        project: a.project,
+        pack,
+        pack_text,
+        prompts,
+        routes,
+        roles: a.roles,
+        usd_max,
+    };
+    set_up(engine, owner, plan)
 }
 
 /// Mint, route, create the room, open the goal task, record. A failure after the first
 /// identity is minted revokes what was minted (the room, if made, stays empty).
-#[allow(clippy::too_many_arguments)]
-fn set_up(
-    engine: &Engine,
-    owner: &Owner,
-    goal: &str,
-    project: Option<String>,
-    pack: Pack,
-    pack_text: String,
-    prompts: BTreeMap<String, String>,
-    routes: BTreeMap<String, Value>,
-    roles: Vec<String>,
-) -> Result<Value, Refusal> {
+fn set_up(engine: &Engine, owner: &Owner, mut plan: Plan) -> Result<Value, Refusal> {
     let id = engine.collab_new_id();
-    let mut routes = routes;
-    let trees = match &project {
-        Some(p) => make_trees(engine, &id, p, &pack, &mut routes)?,
+    let trees = match &plan.project {
+        Some(p) => make_trees(engine, &id, p, &plan.pack, &mut plan.routes)?,
         None => None,
     };
-    let out = set_up_with(
-        engine, owner, goal, &id, project, pack, pack_text, prompts, routes, roles, trees,
-    );
+    let out = set_up_with(engine, owner, &id, plan, trees);
     if out.is_err() {
         remove_trees(engine, &id);
     }
@@ -375,20 +391,24 @@ fn make_trees(
     }))
 }
 
-#[allow(clippy::too_many_arguments)]
 fn set_up_with(
     engine: &Engine,
     owner: &Owner,
-    goal: &str,
     id: &str,
-    project: Option<String>,
-    pack: Pack,
-    pack_text: String,
-    prompts: BTreeMap<String, String>,
-    routes: BTreeMap<String, Value>,
-    roles: Vec<String>,
+    plan: Plan,
     trees: Option<room_engine::collab::WorkTrees>,
 ) -> Result<Value, Refusal> {
+    let Plan {
+        goal,
+        project,
+        pack,
+        pack_text,
+        prompts,
+        routes,
+        roles,
+        usd_max,
+    } = plan;
+    let goal = goal.as_str();
     let id = id.to_string();
     let orch = format!("{id}-orch");
     let minted = engine.delegate_as_owner(
@@ -435,6 +455,7 @@ fn set_up_with(
             roles,
             agents: agents.clone(),
             goal_task: goal_task.clone(),
+            usd_max,
         };
         engine.collab_record(
             owner,
@@ -535,7 +556,13 @@ pub fn status(engine: &Engine, owner: &Owner, id: &str) -> Result<Value, Refusal
                 .collect()
         })
         .unwrap_or_default();
+    let cost = engine.collab_cost_owner(owner, id)?;
+    let guards = spec
+        .as_ref()
+        .and_then(|s| load(&s.pack, &s.roles).ok().map(|p| (s, p)))
+        .map(|(s, p)| guards_view(&p, s, &runs, &cost));
     Ok(json!({
+        "guards": guards,
         "collab": c.id, "room": c.room, "project": c.project, "goal": c.goal, "state": c.state,
         "orchestrator": c.orchestrator, "agents": spec.as_ref().map(|s| &s.agents),
         "goal_task": spec.as_ref().map(|s| &s.goal_task),
@@ -543,7 +570,7 @@ pub fn status(engine: &Engine, owner: &Owner, id: &str) -> Result<Value, Refusal
         "phases": phases,
         "runs": runs.iter().map(run_view).collect::<Vec<_>>(),
         "approvals": approvals.iter().map(approval_view).collect::<Vec<_>>(),
-        "cost": engine.collab_cost_owner(owner, id)?,
+        "cost": cost,
         "created_ms": c.created_ms, "updated_ms": c.updated_ms,
     }))
 }
@@ -589,6 +616,26 @@ fn panel_view(
     }
     json!({"run": run, "distinct": ph.distinct.as_str(), "seats": seats,
         "merged": room_collab::panel::merge(&by_seat)})
+}
+
+/// The guards as the person reads them: runs in flight against the cap, the money ceiling,
+/// and what holds each role's next dispatch (`hold`), if anything.
+fn guards_view(pack: &Pack, spec: &Spec, runs: &[CollabRunRow], cost: &Value) -> Value {
+    let holds: Vec<Value> = pack
+        .profile
+        .roles
+        .iter()
+        .filter_map(|r| {
+            let agent = spec.agents.get(&r.name).cloned().unwrap_or_default();
+            let (kind, refusal) = match hold(pack, spec.usd_max, runs, cost, &r.name, &agent)? {
+                Hold::Wait(x) => ("wait", x),
+                Hold::Blocked(x) => ("blocked", x),
+            };
+            Some(json!({"role": r.name, "agent": agent, "hold": kind, "refusal": refusal}))
+        })
+        .collect();
+    json!({"live_workers": live(pack, runs), "live_workers_max": pack.guards.live_workers_max,
+        "usd_max": spec.usd_max.or(pack.guards.usd_max), "holds": holds})
 }
 
 fn run_view(r: &CollabRunRow) -> Value {
@@ -930,6 +977,21 @@ impl Cx<'_> {
         }))
     }
 
+    /// What holds a new dispatch to `role`'s child back now (`hold`).
+    fn held(&self, role: &str) -> Result<Option<Hold>, Refusal> {
+        let agent = self.spec.agents.get(role).cloned().unwrap_or_default();
+        let runs = self.engine.collab_runs(self.me, &self.c.id)?;
+        let cost = self.engine.collab_cost(self.me, &self.c.id)?;
+        Ok(hold(
+            self.pack,
+            self.spec.usd_max,
+            &runs,
+            &cost,
+            role,
+            &agent,
+        ))
+    }
+
     /// `input` of a run: a fix run shows the findings it is sent back with.
     fn input_for(&self, phase: &Phase, row: &CollabRunRow) -> Result<Value, Refusal> {
         let mut v = self.input(phase)?;
@@ -1001,8 +1063,14 @@ impl Cx<'_> {
                 row.run
             )
         };
+        // a run not yet given its task waits while a guard holds it (each pass asks again);
+        // one whose task exists was dispatched already and finishes its dispatch
+        let held = row.task.is_none() && self.held(role)?.is_some();
         row.state = "dispatching".into();
         self.put(row)?;
+        if held {
+            return Ok(());
+        }
         let task = match &row.task {
             Some(t) => t.clone(),
             None => {
@@ -1123,6 +1191,22 @@ Your findings reach the orchestrator and the person alone: no other reviewer rea
                     started_ms: self.engine.now_ms(),
                     ended_ms: None,
                 });
+            if s.state == "dispatching" && s.task.is_none() {
+                match self.held(&seat)? {
+                    // a blocked seat is settled as such (shown, never dropped)
+                    Some(Hold::Blocked(_)) => {
+                        s.state = "blocked".into();
+                        s.ended_ms = Some(self.engine.now_ms());
+                        self.put(&s)?;
+                    }
+                    // past the live-worker cap: not dispatched (nor recorded) yet
+                    Some(Hold::Wait(_)) => {
+                        settled.push("waiting".into());
+                        continue;
+                    }
+                    None => {}
+                }
+            }
             if s.state == "dispatching" {
                 self.assign_to(phase, &seat, Some(&seat), &mut s, revised_prompt.clone())?;
             }
@@ -1133,7 +1217,7 @@ Your findings reach the orchestrator and the person alone: no other reviewer rea
         }
         let open = settled
             .iter()
-            .any(|s| matches!(s.as_str(), "dispatching" | "running"));
+            .any(|s| matches!(s.as_str(), "dispatching" | "running" | "waiting"));
         if open {
             return Ok(());
         }
@@ -1565,6 +1649,130 @@ fn fix_loops(runs: &[CollabRunRow], phase: &str, run: u32) -> u32 {
 /// The run name of a panel's seat: `<phase>@<seat>` (`@` is in no phase's name).
 fn seat_run(phase: &str, seat: &str) -> String {
     format!("{phase}@{seat}")
+}
+
+/// What holds a dispatch back: a wait (the live-worker cap: it goes once a run ends) or a
+/// block (`child_auto_blocked`, `budget_exhausted`: it stays until the person acts).
+enum Hold {
+    Wait(Refusal),
+    Blocked(Refusal),
+}
+
+/// Runs in flight: dispatched to a worker (a task made) and not ended; agent runs and
+/// panel seats (a gate runs no worker of the collaboration's).
+fn live(pack: &Pack, runs: &[CollabRunRow]) -> usize {
+    runs.iter()
+        .filter(|r| {
+            r.phase.contains('@')
+                || pack
+                    .phase(&r.phase)
+                    .is_some_and(|p| p.kind == PhaseKind::Agent)
+        })
+        .filter(|r| r.state == "running" || (r.state == "dispatching" && r.task.is_some()))
+        .count()
+}
+
+/// Whether `role` runs the run `r`: its agent phase's role, or the seat of its panel run.
+fn run_by_role(pack: &Pack, r: &CollabRunRow, role: &str) -> bool {
+    match r.phase.split_once('@') {
+        Some((_, seat)) => seat == role,
+        None => pack
+            .phase(&r.phase)
+            .is_some_and(|p| p.kind == PhaseKind::Agent && p.role.as_deref() == Some(role)),
+    }
+}
+
+/// What holds a new dispatch to `role`'s child (`agent`) back now, if anything: the money
+/// ceiling (a cost that cannot be known holds it too), the child's consecutive failures,
+/// its token and tool-call budgets, then the live-worker cap. A pure function of the
+/// recorded runs and the cost roll-up, so the scheduler and `status` say the same.
+fn hold(
+    pack: &Pack,
+    usd_max: Option<f64>,
+    runs: &[CollabRunRow],
+    cost: &Value,
+    role: &str,
+    agent: &str,
+) -> Option<Hold> {
+    let exhausted = |m: String, d: Value| {
+        Some(Hold::Blocked(
+            Refusal::new(Code::BudgetExhausted, m)
+                .detail(d)
+                .hint("nothing new is dispatched; what runs finishes: cancel, or start again with a larger budget"),
+        ))
+    };
+    if let Some(max) = usd_max.or(pack.guards.usd_max) {
+        match cost["usd"].as_f64() {
+            Some(spent) if spent >= max => {
+                return exhausted(
+                    format!("the collaboration has spent {spent:.4} of its {max} US dollars"),
+                    json!({"usd": spent, "usd_max": max}),
+                );
+            }
+            Some(_) => {}
+            None => {
+                return exhausted(
+                    format!(
+                        "the collaboration's cost is unknown (a launch without usage records, or a model without a price), so its ceiling of {max} US dollars cannot be proven"
+                    ),
+                    json!({"usd": "unknown", "usd_max": max}),
+                );
+            }
+        }
+    }
+    let policy = &pack.profile.role(role)?.policy;
+    let mut mine: Vec<&CollabRunRow> = runs.iter().filter(|r| run_by_role(pack, r, role)).collect();
+    mine.sort_by_key(|r| std::cmp::Reverse((r.started_ms, r.run)));
+    let failures = mine
+        .iter()
+        .filter(|r| matches!(r.state.as_str(), "failed" | "timed_out" | "done"))
+        .take_while(|r| r.state != "done")
+        .count() as u32;
+    if policy.failures_max > 0 && failures >= policy.failures_max {
+        return Some(Hold::Blocked(
+            Refusal::new(
+                Code::ChildAutoBlocked,
+                format!("{agent} failed {failures} times in a row (its role's failures_max is {})", policy.failures_max),
+            )
+            .detail(json!({"role": role, "agent": agent, "failures": failures, "failures_max": policy.failures_max}))
+            .hint("read its runs (room collab status), then cancel, or rerun once its backend is fixed"),
+        ));
+    }
+    let (mut tokens, mut tools) = (0u64, 0u64);
+    for row in cost["by_agent_and_model"].as_array().into_iter().flatten() {
+        if row["agent"] == agent {
+            tokens +=
+                row["tokens_in"].as_u64().unwrap_or(0) + row["tokens_out"].as_u64().unwrap_or(0);
+            tools += row["tool_calls"].as_u64().unwrap_or(0);
+        }
+    }
+    if let Some(max) = policy.tokens_max.filter(|m| tokens >= *m) {
+        return exhausted(
+            format!("{agent} has used {tokens} tokens of its role's {max}"),
+            json!({"role": role, "agent": agent, "tokens": tokens, "tokens_max": max}),
+        );
+    }
+    if tools >= u64::from(policy.tool_calls_max) {
+        return exhausted(
+            format!(
+                "{agent} has made {tools} tool calls of its role's {}",
+                policy.tool_calls_max
+            ),
+            json!({"role": role, "agent": agent, "tool_calls": tools, "tool_calls_max": policy.tool_calls_max}),
+        );
+    }
+    let n = live(pack, runs);
+    let cap = pack.guards.live_workers_max as usize;
+    if n >= cap {
+        return Some(Hold::Wait(
+            Refusal::new(
+                Code::QuotaExceeded,
+                format!("{n} runs are in flight, the collaboration's live_workers_max"),
+            )
+            .detail(json!({"live_workers": n, "live_workers_max": cap})),
+        ));
+    }
+    None
 }
 
 /// The `exactly_once` refusal of a call whose key an earlier call already used.
