@@ -1,9 +1,11 @@
 //! `room demo collab`: a collaboration run end to end on a throw-away state dir. A small
 //! sample project (a shell greeter and its tests) gets a `--verbose` flag: a spec, research
 //! and an architecture decision in parallel, an implementation that applies a real diff, a
-//! gate that runs the project's tests, a review panel of two reviewers on distinct backends
-//! (their findings side by side, the disagreement shown), and the person's approvals (shown,
-//! then granted by the demo), then the person's merge. Roles run on distinct simulated
+//! gate that runs the project's tests, a review panel of three reviewers on distinct backends
+//! (their findings side by side, a disagreement shown) whose one blocking finding goes back to
+//! the implementer (the fix loop: its fix, the gate and the panel again, now clean), and the
+//! person's approvals (shown, then granted by the demo), then the person's merge and the cost
+//! per role. Roles run on distinct simulated
 //! backends: Room's scripted agent (`script` routes, each step list its own backend) and a
 //! shell program (a `command` route) that changes its tree and reports through Room's bridge.
 //! Everything is printed as the daemon's scheduler does it; the chains are
@@ -27,6 +29,8 @@ const DEADLINE_MS: u64 = 120_000;
 const GREET: &str = "#!/bin/sh\necho \"hello\"\n";
 const TEST: &str = "#!/bin/sh\nset -e\n[ \"$(sh greet.sh)\" = \"hello\" ]\n[ \"$(sh greet.sh --verbose)\" = \"hello, verbosely\" ]\necho \"2 tests passed\"\n";
 const PATCH: &str = "--- a/greet.sh\n+++ b/greet.sh\n@@ -1,2 +1,6 @@\n #!/bin/sh\n+if [ \"$1\" = \"--verbose\" ]; then\n+  echo \"hello, verbosely\"\n+  exit 0\n+fi\n echo \"hello\"\n";
+
+const FIX: &str = "--- a/greet.sh\n+++ b/greet.sh\n@@ -1,2 +1,3 @@\n #!/bin/sh\n+# usage: greet.sh [--verbose]\n if [ \"$1\" = \"--verbose\" ]; then\n";
 
 const PACK: &str = r#"name = "demo"
 description = "The demo's pack: spec, research and an ADR, an implementation, the tests, the person's approval."
@@ -82,7 +86,7 @@ commands = [{ program = "/bin/sh", args = ["test.sh"], timeout_ms = 60000 }]
 name = "review"
 kind = "panel"
 role = "review"
-reviewers = 2
+reviewers = 3
 reads = ["diff", "spec"]
 writes = ["findings"]
 after = ["gate"]
@@ -93,6 +97,33 @@ name = "approval"
 kind = "approval"
 reads = ["diff", "adr", "findings"]
 "#;
+
+/// A panel phase's findings side by side (the newest run's), each with how every reviewer
+/// classed it; a disagreement is shown, never voted away.
+fn show_findings(p: &Value) {
+    for f in p["panel"]["merged"]["findings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let classes: Vec<String> = f["classes"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(seat, class)| format!("{seat}: {}", class.as_str().unwrap_or("")))
+            .collect();
+        show(format!(
+            "finding {:?} ({}){}",
+            f["title"].as_str().unwrap_or(""),
+            classes.join(", "),
+            if f["disagreement"] == true {
+                " - the reviewers differ: shown, not voted"
+            } else {
+                ""
+            }
+        ));
+    }
+}
 
 fn show(line: impl AsRef<str>) {
     println!("    {}", line.as_ref());
@@ -150,18 +181,27 @@ fn materials(root: &Path) -> anyhow::Result<BTreeMap<&'static str, String>> {
                 "consequences": "a second flag would move to getopts"}),
         ),
     ];
+    // three reviewers: two class the missing usage line differently (a disagreement, shown),
+    // one also suggests getopts; the blocking one sends the diff back to the implementer,
+    // whose fix adds the line (after which those two find nothing: the fix rewrites their
+    // canned findings, standing in for a model that reads the new diff)
+    let usage = json!({"title": "--verbose is in no usage line", "file": "greet.sh", "line": 2});
+    let clean = json!({"blocking": [], "non_blocking": [], "suggestions": []});
     let findings = [
         (
             "findings-review",
-            json!({"blocking": [], "suggestions": [],
-                "non_blocking": [{"title": "--verbose is in no usage line", "file": "greet.sh", "line": 2}]}),
+            json!({"blocking": [], "suggestions": [], "non_blocking": [usage]}),
         ),
         (
             "findings-review-2",
-            json!({"blocking": [],
-                "non_blocking": [{"title": "--verbose is in no usage line", "file": "greet.sh", "line": 2}],
+            json!({"blocking": [], "non_blocking": [],
                 "suggestions": [{"title": "move to getopts if a second flag comes"}]}),
         ),
+        (
+            "findings-review-3",
+            json!({"blocking": [usage], "suggestions": [], "non_blocking": []}),
+        ),
+        ("findings-clean", clean),
     ];
     let mut out = BTreeMap::new();
     for (kind, content) in artifacts.into_iter().chain(findings) {
@@ -175,12 +215,20 @@ fn materials(root: &Path) -> anyhow::Result<BTreeMap<&'static str, String>> {
     // (Room made it: a copy of the sample, which is no git repository; the person's stays as
     // it is until they merge), which applies the change there and reports through Room's
     // bridge (its scripted agent): `diff` has Room take the tree's diff against the base
+    // its fix run (the same tree, the first change still in it) adds the usage line
+    let fix = kit.join("fix.diff");
+    write(&fix, FIX, false)?;
     let implement = kit.join("implement.sh");
     write(
         &implement,
         &format!(
-            "#!/bin/sh\nset -e\ngit apply {patch}\nexec \"$ROOM_BRIDGE\" agent-script --steps read,claim,diff,done\n",
+            "#!/bin/sh\nset -e\nif [ -f {kit}/first-round ]; then\n  git apply {fix}\n  cp {clean} {r1}; cp {clean} {r3}\nelse\n  git apply {patch}\n  : > {kit}/first-round\nfi\nexec \"$ROOM_BRIDGE\" agent-script --steps read,claim,diff,done\n",
+            kit = kit.display(),
+            fix = fix.display(),
             patch = patch.display(),
+            clean = out["findings-clean"],
+            r1 = out["findings-review"],
+            r3 = out["findings-review-3"],
         ),
         true,
     )?;
@@ -247,6 +295,7 @@ fn scene() -> anyhow::Result<()> {
         format!("reasoning=command:{}", m["implement"]),
         reviewer("review"),
         reviewer("review-2"),
+        reviewer("review-3"),
     ];
     let prompts = json!({"prompt.md": std::fs::read_to_string(root.join("pack/prompt.md"))?});
     let started = call(
@@ -298,6 +347,12 @@ fn scene() -> anyhow::Result<()> {
                         .map(|t| format!(" (task {t})"))
                         .unwrap_or_default()
                 ));
+                if state == "fixed" {
+                    show(
+                        "        the panel's blocking findings go back to the implementer, in its tree:",
+                    );
+                    show_findings(p);
+                }
                 seen.insert(name, state);
             }
         }
@@ -348,28 +403,14 @@ fn scene() -> anyhow::Result<()> {
                     seats.join(", ")
                 ));
             }
-            for p in st["phases"].as_array().into_iter().flatten() {
-                for f in p["panel"]["merged"]["findings"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                {
-                    let classes: Vec<String> = f["classes"]
-                        .as_object()
-                        .into_iter()
-                        .flatten()
-                        .map(|(seat, class)| format!("{seat}: {}", class.as_str().unwrap_or("")))
-                        .collect();
-                    show(format!(
-                        "finding {:?} ({}){}",
-                        f["title"].as_str().unwrap_or(""),
-                        classes.join(", "),
-                        if f["disagreement"] == true {
-                            " - not every reviewer agrees: shown, not voted"
-                        } else {
-                            ""
-                        }
-                    ));
+            if let Some(fix) = input["fix"].as_str() {
+                for line in fix.lines() {
+                    show(format!("fix: {line}"));
+                }
+            }
+            if input["panels"].as_array().is_some_and(|p| !p.is_empty()) {
+                for p in st["phases"].as_array().into_iter().flatten() {
+                    show_findings(p);
                 }
             }
             let cost = &st["cost"];
@@ -455,8 +496,17 @@ fn scene() -> anyhow::Result<()> {
     ));
 
     println!(
-        "\n6. Done: the goal task closed and the collaboration's identities revoked. Cost: unknown in money (scripted backends keep no usage records; an API role's tokens are rolled up, priced by config.toml [prices])."
+        "\n6. Done: the goal task closed and the collaboration's identities revoked. The cost per role: unknown in money, never guessed (scripted backends keep no usage records; an API role's tokens are rolled up, priced by config.toml [prices])."
     );
+    let st = call(&mut c, "collab_status", json!({"id": id}))?;
+    for a in st["cost"]["by_agent"].as_array().into_iter().flatten() {
+        let agent = a["agent"].as_str().unwrap_or("");
+        let role = agent.strip_prefix(&format!("{id}-")).unwrap_or(agent);
+        show(format!(
+            "role {role:<13} {} launches, {} without usage records: cost unknown",
+            a["launches"], a["launches_without_usage"]
+        ));
+    }
     let agents = call(&mut c, "agent_list", json!({}))?;
     let revoked = agents["agents"]
         .as_array()

@@ -258,6 +258,8 @@ impl Engine {
         let mut rows: std::collections::BTreeMap<(String, String), (u64, u64, u64, u64)> =
             Default::default();
         let mut unreported = 0u64;
+        // agent -> (launches ended, of them without usage records)
+        let mut launches_by: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
         for agent in &members {
             let launches = self
                 .control()
@@ -270,6 +272,11 @@ impl Engine {
                     .and_then(|d| serde_json::from_str(d).ok())
                     .unwrap_or(Value::Null);
                 let report = &detail["adapter"];
+                let counts = launches_by.entry(agent.clone()).or_default();
+                counts.0 += 1;
+                if report["usage"].as_array().is_none() || report["model"].as_str().is_none() {
+                    counts.1 += 1;
+                }
                 match (report["model"].as_str(), report["usage"].as_array()) {
                     (Some(model), Some(usage)) => {
                         let e = rows.entry((agent.clone(), model.to_string())).or_default();
@@ -304,8 +311,15 @@ impl Engine {
                     "usd": usd.map_or(json!("unknown"), |u| json!(u))})
             })
             .collect();
+        let by_agent: Vec<Value> = launches_by
+            .iter()
+            .map(|(agent, (n, without))| {
+                json!({"agent": agent, "launches": n, "launches_without_usage": without})
+            })
+            .collect();
         Ok(json!({
             "by_agent_and_model": by,
+            "by_agent": by_agent,
             "tokens_in": tin, "tokens_out": tout,
             "launches_without_usage": unreported,
             "usd": if money_known { json!(total_usd) } else { json!("unknown") },
