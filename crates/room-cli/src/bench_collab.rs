@@ -8,7 +8,9 @@
 //!   `dispatched → done` (the instant agent's claim, artifact and `done` with its `artifact`
 //!   acceptance), p50 and p99, each as a ratio to one raw SQLite commit on the same disk;
 //! - phases per second with 100 collaborations in parallel on one engine;
-//! - the resident memory each live collaboration adds.
+//! - the resident memory each live collaboration adds;
+//! - a panel's wall time, dispatch to barrier, with three instant reviewers (acting in parallel,
+//!   as reviewers on distinct backends do) against one reviewer alone.
 
 use crate::bench::{BenchArgs, owner, pct};
 use room_engine::Engine;
@@ -61,6 +63,177 @@ approve = false
 "#;
 
 const ROLES: [&str; 4] = ["search", "reasoning", "architecture", "review"];
+
+/// Rounds of each panel size in the panel row.
+const PANEL_ROUNDS: usize = 15;
+
+/// One panel phase of `REVIEWERS` seats, no fix loop.
+const PANEL_PACK: &str = r#"name = "panel"
+
+[[phases]]
+name = "review"
+kind = "panel"
+role = "review"
+reviewers = REVIEWERS
+writes = ["findings"]
+approve = false
+fix_loops_max = 0
+"#;
+
+/// A panel of `n` reviewers (each seat bound to another scripted backend: no worker runs,
+/// the bench acts for them) and its seats' credentials.
+fn start_panel(e: &Engine, n: usize) -> anyhow::Result<Collab> {
+    let o = owner(e);
+    let steps = ["read", "exit", "claim"];
+    let v = ok(room_server::collab::start(
+        e,
+        &o,
+        StartArgs {
+            goal: "measure".into(),
+            project: None,
+            pack: Some(PANEL_PACK.replace("REVIEWERS", &n.to_string())),
+            prompts: BTreeMap::new(),
+            roles: (0..n)
+                .map(|i| format!("review=script:{}", steps[i]))
+                .collect(),
+            usd_max: None,
+        },
+    ))?;
+    let id = v["collab"].as_str().unwrap_or_default().to_string();
+    let mut agents = BTreeMap::new();
+    for (_, name) in v["agents"].as_object().into_iter().flatten() {
+        let name = name.as_str().unwrap_or_default().to_string();
+        let token = e.rotate(&o, &name).map_err(anyhow::Error::msg)?.token;
+        agents.insert(name, caller(token));
+    }
+    Ok(Collab {
+        id,
+        agents,
+        acted: Vec::new(),
+    })
+}
+
+/// Every seat whose task reached it claims, writes its findings and closes, each seat on a
+/// thread of its own (reviewers on distinct backends work at once).
+fn act_panel(e: &Engine, c: &mut Collab) -> anyhow::Result<usize> {
+    let (_, runs, _) = e
+        .collab_show(&owner(e), &c.id)
+        .map_err(anyhow::Error::msg)?;
+    let todo: Vec<(String, String)> = runs
+        .iter()
+        .filter(|r| r.state == "running")
+        .filter_map(|r| {
+            let seat = r.phase.split_once('@')?.1.to_string();
+            let task = r.task.clone()?;
+            (!c.acted.contains(&task)).then_some((seat, task))
+        })
+        .collect();
+    let done: Vec<anyhow::Result<()>> = std::thread::scope(|s| {
+        let handles: Vec<_> = todo
+            .iter()
+            .map(|(seat, task)| {
+                let a = &c.agents[&format!("{}-{seat}", c.id)];
+                let room = &c.id;
+                s.spawn(move || -> anyhow::Result<()> {
+                    ok(e.task_claim(a, task, None))?;
+                    for _ in 0..64 {
+                        catch_up(e, a, room)?;
+                        let put = e.turn(
+                            a,
+                            room_core::Verb::Note,
+                            TurnArgs {
+                                room: room.clone(),
+                                task: Some(task.clone()),
+                                artifact: Some(room_engine::blackboard::ArtifactDraft {
+                                    kind: "findings".into(),
+                                    key: Some(seat.clone()),
+                                    content: json!({"blocking": [], "non_blocking": [], "suggestions": []}),
+                                    expected_version: 0,
+                                }),
+                                ..TurnArgs::default()
+                            },
+                        );
+                        match put {
+                            Ok(_) => break,
+                            Err(r)
+                                if matches!(
+                                    r.code,
+                                    room_core::Code::RoomSyncRequired
+                                        | room_core::Code::RoomSyncConcurrentArrival
+                                ) =>
+                            {
+                                continue;
+                            }
+                            Err(r) => anyhow::bail!("{r}"),
+                        }
+                    }
+                    for _ in 0..64 {
+                        catch_up(e, a, room)?;
+                        let done = e.turn(
+                            a,
+                            room_core::Verb::Done,
+                            TurnArgs {
+                                room: room.clone(),
+                                task: Some(task.clone()),
+                                ..TurnArgs::default()
+                            },
+                        );
+                        match done {
+                            Ok(_) => return Ok(()),
+                            Err(r)
+                                if matches!(
+                                    r.code,
+                                    room_core::Code::RoomSyncRequired
+                                        | room_core::Code::RoomSyncConcurrentArrival
+                                ) =>
+                            {
+                                continue;
+                            }
+                            Err(r) => anyhow::bail!("{r}"),
+                        }
+                    }
+                    anyhow::bail!("{room} kept moving")
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a seat panicked")))
+            })
+            .collect()
+    });
+    for r in done {
+        r?;
+    }
+    c.acted.extend(todo.into_iter().map(|(_, t)| t));
+    Ok(c.acted.len())
+}
+
+/// A panel's wall time from its dispatch to its barrier (the collaboration's set-up, which
+/// mints one child per seat, is not the panel's), p50 over `PANEL_ROUNDS`.
+fn panel_wall_us(e: &Engine, n: usize) -> anyhow::Result<f64> {
+    let sched = Scheduler::default();
+    let mut walls = Vec::new();
+    for _ in 0..PANEL_ROUNDS {
+        let mut c = start_panel(e, n)?;
+        let t = Instant::now();
+        loop {
+            sched.tick(e);
+            if state(e, &c.id)? != "running" {
+                break;
+            }
+            act_panel(e, &mut c)?;
+            anyhow::ensure!(
+                t.elapsed() < Duration::from_secs(60),
+                "the panel did not finish"
+            );
+        }
+        walls.push(t.elapsed());
+    }
+    pct(&mut walls, 0.5).ok_or_else(|| anyhow::anyhow!("no panel measured"))
+}
 
 fn ok(r: Result<Value, room_core::Refusal>) -> anyhow::Result<Value> {
     r.map_err(|e| anyhow::anyhow!("{e}"))
@@ -308,6 +481,17 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<()> {
         "{:<52} {:>10.0} KiB each (resident growth over {PARALLEL} live collaborations)",
         "memory per live collaboration",
         live as f64 / PARALLEL as f64 / 1024.0
+    );
+    drop(e);
+    // a panel of three against one reviewer alone, start to barrier
+    let (_tmp3, e) = engine(&dir)?;
+    let one = panel_wall_us(&e, 1)?;
+    let three = panel_wall_us(&e, 3)?;
+    println!(
+        "{:<52} {:>10.0} us p50 (one reviewer {one:.0} us): {:.2}x",
+        "panel of 3 instant reviewers, dispatch to barrier",
+        three,
+        three / one
     );
     Ok(())
 }
