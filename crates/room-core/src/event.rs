@@ -93,6 +93,30 @@ pub enum EventBody {
     /// A runtime invariant's verdict (see `invariants`): a rejected act (its envelope never
     /// committed), a flag beside a committed one, or an in-doubt lapse.
     InvariantViolation(Violation),
+    /// A change of a collaboration's delegated identity tree, journaled in its room so an
+    /// audit can replay the tree: an identity minted under its parent with its scopes, or a
+    /// node revoked with its whole subtree.
+    Identity(Box<IdentityChange>),
+}
+
+/// See `EventBody::Identity`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdentityChange {
+    pub actor: String,
+    /// `minted` or `revoked`.
+    pub action: String,
+    pub principal: String,
+    /// Its parent in the tree (minted; none: a root).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// The scopes it holds (minted; none: a root bounded by its tier only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scopes: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tier: Option<String>,
+    /// Every identity the revocation ended (revoked: the node and its subtree).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subtree: Vec<String>,
 }
 
 /// Something a cancel found unresolved that a destination may already have accepted: held
@@ -710,6 +734,7 @@ impl EventBody {
             | EventBody::RoomResumed { actor }
             | EventBody::Reconciled { actor, .. } => actor,
             EventBody::WorkerStop(s) => &s.actor,
+            EventBody::Identity(i) => &i.actor,
             EventBody::Turn(t) => &t.actor,
             EventBody::Items(i) => &i.actor,
             EventBody::Task(t) => &t.actor,
@@ -730,6 +755,7 @@ impl EventBody {
             EventBody::RoomResumed { .. } => "room_resumed",
             EventBody::Reconciled { .. } => "reconciled",
             EventBody::WorkerStop(_) => "worker_stop",
+            EventBody::Identity(_) => "identity",
             EventBody::Turn(_) => "turn",
             EventBody::Items(_) => "items",
             EventBody::Task(_) => "task",

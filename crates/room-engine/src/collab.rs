@@ -143,14 +143,74 @@ impl Engine {
             created_ms: now,
             updated_ms: now,
         };
-        let mut ctl = self.control();
-        if ctl.collab(&row.id).map_err(store_err)?.is_some() {
-            return Err(Refusal::new(
-                Code::AlreadyExists,
-                format!("collaboration {} exists", row.id),
-            ));
+        {
+            let mut ctl = self.control();
+            if ctl.collab(&row.id).map_err(store_err)?.is_some() {
+                return Err(Refusal::new(
+                    Code::AlreadyExists,
+                    format!("collaboration {} exists", row.id),
+                ));
+            }
+            ctl.insert_collab(&row).map_err(store_err)?;
         }
-        ctl.insert_collab(&row).map_err(store_err)
+        self.journal_tree(&row)
+    }
+
+    /// Journal the collaboration's identity tree in its room as it stands at the start: the
+    /// orchestrator, then each identity beneath it, parent before child, each with its
+    /// scopes and tier (`identity` records, `minted`).
+    fn journal_tree(&self, c: &CollabRow) -> Outcome<()> {
+        let agents = self.control().agents().map_err(store_err)?;
+        let mut order: Vec<&room_store::control::AgentRow> = Vec::new();
+        let mut frontier = vec![c.orchestrator.clone()];
+        for _ in 0..=crate::delegation::DELEGATION_DEPTH_MAX {
+            let level: Vec<&room_store::control::AgentRow> = agents
+                .iter()
+                .filter(|a| frontier.contains(&a.name) && a.revoked_ms.is_none())
+                .collect();
+            if level.is_empty() {
+                break;
+            }
+            frontier = agents
+                .iter()
+                .filter(|a| {
+                    a.parent
+                        .as_ref()
+                        .is_some_and(|p| level.iter().any(|l| &l.name == p))
+                })
+                .map(|a| a.name.clone())
+                .collect();
+            order.extend(level);
+        }
+        let records = order
+            .into_iter()
+            .map(|a| {
+                room_core::event::EventBody::Identity(Box::new(room_core::event::IdentityChange {
+                    actor: "owner".into(),
+                    action: "minted".into(),
+                    principal: a.name.clone(),
+                    parent: a.parent.clone(),
+                    scopes: a.scopes.clone(),
+                    max_tier: Some(a.max_tier.clone()),
+                    subtree: Vec::new(),
+                }))
+            })
+            .collect();
+        self.journal_identity(&c.room, records)
+    }
+
+    fn journal_identity(
+        &self,
+        room: &str,
+        records: Vec<room_core::event::EventBody>,
+    ) -> Outcome<()> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let handle = self.room_handle(room)?;
+        let mut h = crate::lock_room(&handle);
+        h.commit(self, records, None)?;
+        Ok(())
     }
 
     fn collab_row(&self, id: &str) -> Outcome<CollabRow> {
@@ -676,7 +736,23 @@ impl Engine {
             ));
         }
         let revoked = self.authority.revoke(&daemon(), &c.orchestrator)?;
-        Ok(json!({"collab": c.id, "state": to, "revoked": revoked["subtree"]}))
+        let subtree: Vec<String> =
+            serde_json::from_value(revoked["subtree"].clone()).unwrap_or_default();
+        self.journal_identity(
+            &c.room,
+            vec![room_core::event::EventBody::Identity(Box::new(
+                room_core::event::IdentityChange {
+                    actor: "owner".into(),
+                    action: "revoked".into(),
+                    principal: c.orchestrator.clone(),
+                    parent: None,
+                    scopes: None,
+                    max_tier: None,
+                    subtree: subtree.clone(),
+                },
+            ))],
+        )?;
+        Ok(json!({"collab": c.id, "state": to, "revoked": subtree}))
     }
 }
 

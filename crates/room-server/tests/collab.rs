@@ -151,6 +151,43 @@ fn a_cancel_ends_the_collaboration_and_revokes_its_identities() {
     assert!(revoked.contains(&format!("{id}-reasoning")), "{v}");
     let s = fx.ok(None, "collab_status", json!({"id": id}));
     assert_eq!(s["state"], "cancelled");
+    // the tree's changes are journaled in its room, in order: each identity minted under its
+    // parent with its scopes, then the revocation with the whole subtree
+    let log = fx.ok(None, "room_log", json!({"room": id, "limit": 1000}));
+    let tree: Vec<&Value> = log["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "identity")
+        .map(|e| &e["event"])
+        .collect();
+    assert_eq!(tree.len(), 3, "{log}");
+    assert_eq!(
+        (
+            tree[0]["action"].clone(),
+            tree[0]["principal"].clone(),
+            tree[0]["parent"].clone()
+        ),
+        (json!("minted"), json!(format!("{id}-orch")), Value::Null)
+    );
+    assert_eq!(
+        tree[0]["scopes"],
+        json!(["session:dispatch", "session:read"])
+    );
+    assert_eq!(tree[1]["principal"], format!("{id}-reasoning"));
+    assert_eq!(tree[1]["parent"], format!("{id}-orch"));
+    assert!(
+        tree[1]["scopes"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("artifact:write:spec")),
+        "{}",
+        tree[1]
+    );
+    assert_eq!(tree[2]["action"], "revoked");
+    let mut subtree: Vec<String> = serde_json::from_value(tree[2]["subtree"].clone()).unwrap();
+    subtree.sort();
+    assert_eq!(subtree, [format!("{id}-orch"), format!("{id}-reasoning")]);
     fx.refuse(None, "collab_cancel", json!({"id": id}), "invalid_argument");
     fx.refuse(
         None,
