@@ -873,6 +873,24 @@ reads = ["diff", "findings"]
         .map(|(a, b)| (a.to_string(), b.to_string())),
         "{review:#}"
     );
+    // each child's live state as its launches prove it: the timed-out reviewer's worker
+    // was stopped with its task (dead), the others' ended as they should (idle)
+    let state_of =
+        |agent: String| {
+            until(&d, &id, "the stopped reviewer's end", |s| {
+                s["children"].as_array().unwrap().iter().any(|c| {
+                    c["agent"] == agent && c["state"] != "alive" && c["state"] != "unknown"
+                })
+            })["children"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["agent"] == agent)
+                .unwrap()["state"]
+                .clone()
+        };
+    assert_eq!(state_of(format!("{id}-review-4")), "dead");
+    assert_eq!(state_of(format!("{id}-review")), "idle");
     // side by side: one finding, classed differently by two reviewers, a disagreement kept
     let merged = &review["panel"]["merged"];
     assert_eq!(merged["findings"].as_array().unwrap().len(), 1, "{merged}");

@@ -311,6 +311,67 @@ impl Engine {
     /// Rolled up from the adapters' usage records of every launch of the collaboration's
     /// agents (tokens in and out per call, per model), per agent and model; money only from
     /// `[prices]`, and `unknown` wherever a launch reported no usage or a model has no price.
+    /// Each child's live state as its launches prove it (the owner's view; the orchestrator's
+    /// through `collab_children`): `alive` (a launch claimed with its pid runs now, in its
+    /// job), `idle` (nothing runs for it: never launched, or its last launch ended as it
+    /// should), `dead` (its last launch failed, timed out or was stopped), `unknown` (a launch
+    /// made but not yet claimed: nothing proves a process).
+    pub fn collab_children_owner(&self, _owner: &Owner, id: &str) -> Outcome<Value> {
+        let c = self.collab_row(id)?;
+        self.children_of(&c)
+    }
+
+    /// `collab_children_owner` for the collaboration's orchestrator.
+    pub fn collab_children(&self, caller: &AgentCaller, id: &str) -> Outcome<Value> {
+        let c = self.orchestrating(caller, id)?;
+        self.children_of(&c)
+    }
+
+    fn children_of(&self, c: &CollabRow) -> Outcome<Value> {
+        let members = self.control().members(&c.room).map_err(store_err)?;
+        let mut out = Vec::new();
+        for agent in members.iter().filter(|m| **m != c.orchestrator) {
+            let last = self
+                .control()
+                .launches_of(agent, 1)
+                .map_err(store_err)?
+                .into_iter()
+                .next();
+            let (state, why) = match &last {
+                None => ("idle", "never launched".to_string()),
+                Some(l) if l.state == "running" => {
+                    ("alive", format!("launch {} runs (pid {:?})", l.id, l.pid))
+                }
+                Some(l) if l.state == "starting" => (
+                    "unknown",
+                    format!("launch {} is not yet claimed: no process proven", l.id),
+                ),
+                Some(l) => match l.outcome.as_deref() {
+                    Some("failed" | "timed_out" | "stopped" | "wrong_body_rejected") => (
+                        "dead",
+                        format!(
+                            "launch {} ended {}",
+                            l.id,
+                            l.outcome.as_deref().unwrap_or("")
+                        ),
+                    ),
+                    other => (
+                        "idle",
+                        format!(
+                            "launch {} ended {}",
+                            l.id,
+                            other.unwrap_or("without an outcome")
+                        ),
+                    ),
+                },
+            };
+            out.push(json!({"agent": agent, "state": state, "why": why,
+                "launch": last.as_ref().map(|l| l.id.clone()),
+                "proof": last.as_ref().and_then(|l| l.proof.clone())}));
+        }
+        Ok(Value::Array(out))
+    }
+
     fn cost_of(&self, c: &CollabRow) -> Outcome<Value> {
         let policy = self.policy();
         let members = self.control().members(&c.room).map_err(store_err)?;

@@ -563,6 +563,7 @@ pub fn status(engine: &Engine, owner: &Owner, id: &str) -> Result<Value, Refusal
         .map(|(s, p)| guards_view(&p, s, &runs, &cost));
     Ok(json!({
         "guards": guards,
+        "children": engine.collab_children_owner(owner, id)?,
         "collab": c.id, "room": c.room, "project": c.project, "goal": c.goal, "state": c.state,
         "orchestrator": c.orchestrator, "agents": spec.as_ref().map(|s| &s.agents),
         "goal_task": spec.as_ref().map(|s| &s.goal_task),
