@@ -1320,3 +1320,158 @@ approve = false
         .count();
     assert_eq!(sends, 1, "the blocked child was not sent its rerun");
 }
+
+/// kill -9 through the fix loop, at each point the person is asked (the first
+/// implementation, the fix run with the panel's blocking findings, the final approval) and
+/// again just after each approval: the collaboration resumes each time and ends with one fix
+/// round, each role sent each of its runs once.
+#[test]
+fn the_fix_loop_resumes_after_the_daemon_is_killed() {
+    let d = Dirs::new();
+    let mut daemon = spawn(&d);
+    std::fs::write(
+        d.state.join("config.toml"),
+        "[acceptance]\ncommands = [\"/bin/sh\"]\n",
+    )
+    .unwrap();
+    let project = d.root.join("work/greeter");
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::write(project.join("greet.sh"), "#!/bin/sh\necho hello\n").unwrap();
+    std::fs::write(
+        project.join("test.sh"),
+        "set -e\nsh greet.sh | grep -q hello\n",
+    )
+    .unwrap();
+    let prj = d.ok(&["project", "open", project.to_str().unwrap()])["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let kit = d.root.join("kit");
+    std::fs::create_dir_all(&kit).unwrap();
+    let (f1, f2) = (kit.join("review.json"), kit.join("review-2.json"));
+    let clean = json!({"blocking": [], "non_blocking": [], "suggestions": []});
+    std::fs::write(
+        &f1,
+        json!({"blocking": [{"title": "the greeting lost its comma", "file": "greet.sh", "line": 2}],
+            "non_blocking": [], "suggestions": []})
+        .to_string(),
+    )
+    .unwrap();
+    std::fs::write(&f2, clean.to_string()).unwrap();
+    let program = kit.join("implement.sh");
+    std::fs::write(
+        &program,
+        format!(
+            "#!/bin/sh\nset -e\nif [ -f {k}/first ]; then printf '#!/bin/sh\\necho hello, world\\n' > greet.sh; cp {c} {r}; \
+             else printf '#!/bin/sh\\necho hello world\\n' > greet.sh; : > {k}/first; fi\n\
+             exec \"$ROOM_BRIDGE\" agent-script --steps read,claim,diff,done\n",
+            k = kit.display(),
+            c = f2.display(),
+            r = f1.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    d.write("pack/p.md", "Your part.\n");
+    let text = FIX_PACK.replace("LOOPS", "3").replace(
+        "prompt = \"p.md\"\napprove = false",
+        "prompt = \"p.md\"\napprove = true",
+    );
+    let pack = d.write("pack/pack.toml", &text);
+    let roles = [
+        format!("reasoning=command:{}", program.display()),
+        format!(
+            "review=script:read,claim,put:findings@review={},done",
+            f1.display()
+        ),
+        format!(
+            "review=script:read,claim,put:findings@review-2={},done",
+            f2.display()
+        ),
+    ];
+    let mut args: Vec<String> = [
+        "collab",
+        "start",
+        "--goal",
+        "greet the world",
+        "--project",
+        &prj,
+        "--pack",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.push(pack.display().to_string());
+    for r in &roles {
+        args.extend(["--role".to_string(), r.clone()]);
+    }
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let id = d.ok(&refs)["collab"].as_str().unwrap().to_string();
+    let mut asked = Vec::new();
+    for (phase, nth) in [
+        ("implementation", 1),
+        ("implementation", 2),
+        ("approval", 1),
+    ] {
+        let s = until(&d, &id, "a pending request", |s| {
+            pending(s, phase).is_some_and(|a| a["run"] == nth)
+        });
+        let before = pending(&s, phase).unwrap();
+        drop(daemon);
+        daemon = spawn(&d);
+        let s = until(&d, &id, "the same request after the restart", |s| {
+            pending(s, phase).is_some()
+        });
+        let after = pending(&s, phase).unwrap();
+        assert_eq!(
+            (after["approval"].clone(), after["digest"].clone()),
+            (before["approval"].clone(), before["digest"].clone()),
+            "{s:#}"
+        );
+        if nth == 2 {
+            assert!(
+                after["input"]["fix"]
+                    .as_str()
+                    .unwrap()
+                    .contains("the greeting lost its comma"),
+                "{after}"
+            );
+        }
+        d.ok(&[
+            "collab",
+            "approve",
+            after["approval"].as_str().unwrap(),
+            "--digest",
+            after["digest"].as_str().unwrap(),
+        ]);
+        asked.push(after["approval"].clone());
+        drop(daemon);
+        daemon = spawn(&d);
+    }
+    let s = until(&d, &id, "the collaboration done", |s| s["state"] == "done");
+    let states = |phase: &str| -> Vec<String> {
+        s["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["phase"] == phase)
+            .map(|r| r["state"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(states("review"), ["fixed", "done"], "{s:#}");
+    assert_eq!(states("implementation"), ["done", "done"], "{s:#}");
+    let log = d.ok(&["log", &id, "--limit", "1000"]);
+    for (agent, n) in [("reasoning", 2), ("review", 2), ("review-2", 2)] {
+        let sends = log["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| {
+                e["event"]["verb"] == "send" && e["event"]["to"] == json!([format!("{id}-{agent}")])
+            })
+            .count();
+        assert_eq!(sends, n, "{agent}: each run sent once");
+    }
+    assert_eq!(asked.len(), 3);
+}

@@ -1291,41 +1291,52 @@ Fix them in your working tree, then write the diff again (diff_from_tree, expect
                 by.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
             ));
         }
-        row.state = "fixed".into();
-        self.put(row)?;
-        let versions = self.versions()?;
-        let mut reads: Value = serde_json::from_str(&self.reads_json(fixer, &versions))
-            .expect("reads are a JSON object");
-        reads["fix"] = json!(text);
-        let run = runs
-            .iter()
-            .filter(|r| r.phase == fixer.name)
-            .map(|r| r.run)
-            .max()
-            .unwrap_or(0)
-            + 1;
-        let mut fix = CollabRunRow {
-            collab: self.c.id.clone(),
-            phase: fixer.name.clone(),
-            run,
-            task: None,
-            state: "approval".into(),
-            reads: reads.to_string(),
-            started_ms: self.engine.now_ms(),
-            ended_ms: None,
-        };
-        if fixer.approve {
-            self.put(&fix)?;
-            self.engine.approval_request(
-                self.me,
-                &self.c.id,
-                &fixer.name,
+        // the fix run is made (once: a pass after a crash finds it by the panel run it
+        // fixes) before the panel's run is marked `fixed`, so no crash leaves a panel waiting
+        // on a fix that was never made
+        let of = format!("{}#{}", phase.name, row.run);
+        let made = runs.iter().any(|r| {
+            r.phase == fixer.name
+                && serde_json::from_str::<Value>(&r.reads).is_ok_and(|v| v["fix_of"] == of.as_str())
+        });
+        if !made {
+            let versions = self.versions()?;
+            let mut reads: Value = serde_json::from_str(&self.reads_json(fixer, &versions))
+                .expect("reads are a JSON object");
+            reads["fix"] = json!(text);
+            reads["fix_of"] = json!(of);
+            let run = runs
+                .iter()
+                .filter(|r| r.phase == fixer.name)
+                .map(|r| r.run)
+                .max()
+                .unwrap_or(0)
+                + 1;
+            let mut fix = CollabRunRow {
+                collab: self.c.id.clone(),
+                phase: fixer.name.clone(),
                 run,
-                &self.input_for(fixer, &fix)?,
-            )?;
-            return Ok(());
+                task: None,
+                state: "approval".into(),
+                reads: reads.to_string(),
+                started_ms: self.engine.now_ms(),
+                ended_ms: None,
+            };
+            if fixer.approve {
+                self.put(&fix)?;
+                self.engine.approval_request(
+                    self.me,
+                    &self.c.id,
+                    &fixer.name,
+                    run,
+                    &self.input_for(fixer, &fix)?,
+                )?;
+            } else {
+                self.assign(fixer, &mut fix, None)?;
+            }
         }
-        self.assign(fixer, &mut fix, None)
+        row.state = "fixed".into();
+        self.put(row)
     }
 
     /// A running seat: done or failed as its task says, or timed out past its deadline.
