@@ -156,6 +156,23 @@ impl Engine {
         if !holds(&p.scopes, &scope) {
             return Err(denied(Code::ArtifactWriteDenied, &p.name, &scope));
         }
+        // in a collaboration, findings are keyed by their reviewer: each writes its own key
+        // only (its seat: its name past the collaboration's prefix), so no reviewer writes
+        // over another's
+        if kind == "findings" && self.collab_orchestrator_of(room)?.is_some() {
+            let own = p.name.strip_prefix(&format!("{room}-")).unwrap_or(&p.name);
+            if key != own {
+                return Err(Refusal::new(
+                    Code::ArtifactWriteDenied,
+                    format!(
+                        "{} writes findings under its own key {own}, not {key}",
+                        p.name
+                    ),
+                )
+                .detail(json!({"field": "key", "key": key, "own": own}))
+                .hint(format!("write with key {own}")));
+            }
+        }
         let limits = self.policy().blackboard;
         let bytes = room_core::canonical_bytes(&d.content);
         if bytes.len() > limits.artifact_bytes_max {

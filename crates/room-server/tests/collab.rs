@@ -353,3 +353,62 @@ fn an_api_role_without_a_backend_endpoint_is_refused_at_start() {
     );
     assert_eq!(fx.snapshot(), before);
 }
+
+/// In a collaboration, each reviewer writes findings under its own key only: one writing
+/// another seat's key is refused (`artifact_write_denied`, naming the key) and nothing is
+/// written; its own key is taken, addressed to the orchestrator alone.
+#[test]
+fn a_reviewer_writes_only_its_own_findings_key() {
+    let mut fx = Fx::new();
+    let pack = r#"name = "panel"
+
+[[phases]]
+name = "review"
+kind = "panel"
+role = "review"
+reviewers = 2
+writes = ["findings"]
+prompt = "p.md"
+approve = true
+"#;
+    let v = fx.ok(
+        None,
+        "collab_start",
+        json!({"goal": "review", "pack": pack, "prompts": {"p.md": "review it"},
+            "roles": ["review=script:read", "review=script:exit"]}),
+    );
+    let id = v["collab"].as_str().unwrap().to_string();
+    let token = fx.ok(
+        None,
+        "agent_rotate",
+        json!({"name": format!("{id}-review")}),
+    )["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    fx.sync_all(&token, &id);
+    let put = |key: &str| {
+        json!({"room": id, "kind": "findings", "key": key, "expected_version": 0,
+            "content": {"blocking": [], "non_blocking": [], "suggestions": []}})
+    };
+    let before = fx.snapshot();
+    let r = fx.refuse(
+        Some(&token),
+        "artifact_put",
+        put("review-2"),
+        "artifact_write_denied",
+    );
+    assert_eq!(
+        (r.detail["key"].as_str(), r.detail["own"].as_str()),
+        (Some("review-2"), Some("review")),
+        "{r}"
+    );
+    assert_eq!(fx.snapshot(), before);
+    fx.ok(Some(&token), "artifact_put", put("review"));
+    let index = fx.ok(None, "collab_artifacts", json!({"room": id}));
+    assert_eq!(
+        index["artifacts"][0]["audience"],
+        json!([format!("{id}-orch"), format!("{id}-review")]),
+        "{index}"
+    );
+}
