@@ -9,6 +9,8 @@
 //! - `write:PATH`: the wake's prompt text to PATH beneath the working directory (a
 //!   deterministic artifact for acceptance checks to measure);
 //! - `claim`, `done`, `decline`: the wake's task;
+//! - `ask`: ask the person whether to go on (`collab_ask`, on the wake's task); the answer
+//!   comes as a later wake;
 //! - `put:KIND[@KEY]=PATH`: the JSON file at PATH as the next version of the blackboard
 //!   artifact KIND (key KEY, else main), for the wake's task (a collaboration's role);
 //! - `fulfil:PATH`: every artifact the wake's task's acceptance names (kind and key), each
@@ -94,6 +96,15 @@ fn script(steps: &str) -> Result<i32, String> {
                 put_artifact(&mut call, &room, task, (kind, key), content)?;
             }
             "diff" => diff_from_tree(&mut call, &room, wake_task(&prompt)?)?,
+            "ask" => {
+                let task = wake_task(&prompt)?;
+                let args = json!({"room": room, "task": task,
+                    "question": format!("may I go on with {task}?")});
+                let r = call("collab_ask", args)?;
+                if !r.ok {
+                    return Err(format!("the question was refused: {:?}", r.refusal));
+                }
+            }
             "decline" => {
                 let task = wake_task(&prompt)?;
                 let args = json!({"room": room, "task": task, "text": "declined by its script"});

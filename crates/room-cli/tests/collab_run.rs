@@ -1475,3 +1475,100 @@ fn the_fix_loop_resumes_after_the_daemon_is_killed() {
     }
     assert_eq!(asked.len(), 3);
 }
+
+/// Issue 42, item 6: a role asks the person a question mid-phase (`collab_ask`); it waits in
+/// the approval queue with who asks and what; the person's answer (a revision's text) goes
+/// back to the asker on its task, exactly once, and wakes it with the answer in its prompt.
+#[test]
+fn a_role_asks_the_person_and_the_answer_comes_back_on_its_task() {
+    let d = Dirs::new();
+    let _daemon = spawn(&d);
+    let kit = d.root.join("kit");
+    std::fs::create_dir_all(&kit).unwrap();
+    let note = d.write("kit/note.json", r#"{"note": "done"}"#);
+    let program = kit.join("asker.sh");
+    std::fs::write(
+        &program,
+        format!(
+            "#!/bin/sh\nset -e\nif [ -f {k}/asked ]; then exec \"$ROOM_BRIDGE\" agent-script --steps read,fulfil:{n},done; fi\n\
+             : > {k}/asked\nexec \"$ROOM_BRIDGE\" agent-script --steps read,claim,ask\n",
+            k = kit.display(),
+            n = note.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    d.write("pack/p.md", "Your part.\n");
+    let pack = d.write(
+        "pack/pack.toml",
+        "name = \"ask\"\n\n[[phases]]\nname = \"x\"\nkind = \"agent\"\nrole = \"architecture\"\nwrites = [\"extra/x\"]\nprompt = \"p.md\"\napprove = false\n",
+    );
+    let role = format!("architecture=command:{}", program.display());
+    let id = d.ok(&[
+        "collab",
+        "start",
+        "--goal",
+        "ask first",
+        "--pack",
+        pack.to_str().unwrap(),
+        "--role",
+        &role,
+    ])["collab"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let s = until(&d, &id, "the question", |s| {
+        pending(s, "ask@architecture").is_some()
+    });
+    let ask = pending(&s, "ask@architecture").unwrap();
+    let task = phase(&s, "x")["task"].as_str().unwrap().to_string();
+    assert_eq!(ask["input"]["asker"], format!("{id}-architecture"));
+    assert_eq!(
+        ask["input"]["question"],
+        format!("may I go on with {task}?")
+    );
+    assert_eq!(ask["input"]["task"], task.as_str());
+    let answer = d.write("kit/answer.txt", "yes, and keep the greeting short");
+    d.ok(&[
+        "collab",
+        "revise",
+        ask["approval"].as_str().unwrap(),
+        "--digest",
+        ask["digest"].as_str().unwrap(),
+        "--prompt",
+        answer.to_str().unwrap(),
+    ]);
+    let s = until(&d, &id, "the goal's end", |s| s["state"] != "running");
+    assert_eq!(s["state"], "done", "{s:#}");
+    let log = d.ok(&["log", &id, "--limit", "1000"]);
+    let answers: Vec<&Value> = log["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| {
+            e["event"]["verb"] == "send"
+                && e["event"]["text"]
+                    .as_str()
+                    .is_some_and(|t| t.contains("keep the greeting short"))
+        })
+        .collect();
+    assert_eq!(answers.len(), 1, "{log}");
+    assert_eq!(
+        answers[0]["event"]["to"],
+        json!([format!("{id}-architecture")])
+    );
+    assert_eq!(answers[0]["event"]["task"], task.as_str());
+    // the answer woke the asker: its wake's prompt carries it
+    let wakes = d.ok(&["wakes", "list", &id]);
+    assert!(
+        wakes["wakes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w["prompt"]
+                .as_str()
+                .is_some_and(|p| p.contains("keep the greeting short"))),
+        "{wakes}"
+    );
+}

@@ -26,6 +26,8 @@ pub const RUNS_PER_COLLAB_MAX: usize = 4096;
 pub const APPROVALS_PER_COLLAB_MAX: usize = 1024;
 /// Launches of one agent a cost roll-up reads.
 pub const LAUNCHES_PER_AGENT_MAX: usize = 4096;
+/// The longest question a role may ask the person (`collab_ask`).
+pub const ASK_BYTES_MAX: usize = 4096;
 /// The largest spec and approval input, in bytes of JSON.
 pub const SPEC_BYTES_MAX: usize = 1 << 20;
 
@@ -490,6 +492,92 @@ impl Engine {
         input: &Value,
     ) -> Outcome<ApprovalRow> {
         self.orchestrating(caller, collab)?;
+        self.request_approval(collab, phase, run, input)
+    }
+
+    /// A role asks the person a question mid-phase: it waits in the approval queue (`ask@SEAT`,
+    /// one run per question) beside the dispatches, showing who asks, the question and the
+    /// task; the person answers with `revise` (the answer's text), `approve` or `reject`, and
+    /// the scheduler sends the answer back to the asker (a wake to its worker, into its bound
+    /// session where its route keeps one). Only a child of the collaboration's orchestrator
+    /// asks, in its room, while the collaboration runs.
+    pub fn collab_ask(
+        &self,
+        caller: &AgentCaller,
+        room: &str,
+        question: &str,
+        task: Option<&str>,
+    ) -> Outcome<Value> {
+        let p = self.authorize(caller, room_core::Verb::Note)?;
+        let _ = self.member_handle(&p, room)?;
+        let c = self.collab_row(room)?;
+        if c.state != "running" {
+            return Err(Refusal::invalid(
+                "room",
+                format!("collaboration {room} is {}", c.state),
+            ));
+        }
+        let parent = self
+            .control()
+            .agent(&p.name)
+            .map_err(store_err)?
+            .and_then(|a| a.parent);
+        if parent.as_deref() != Some(c.orchestrator.as_str()) {
+            return Err(Refusal::new(
+                Code::TierInsufficient,
+                format!("{} is no role of collaboration {room}", p.name),
+            )
+            .detail(json!({"orchestrator": c.orchestrator})));
+        }
+        let question = question.trim();
+        if question.is_empty() || question.len() > ASK_BYTES_MAX || question.contains('\0') {
+            return Err(Refusal::invalid(
+                "question",
+                format!("1..={ASK_BYTES_MAX} bytes of text"),
+            ));
+        }
+        let seat = p.name.strip_prefix(&format!("{room}-")).unwrap_or(&p.name);
+        let phase = format!("ask@{seat}");
+        let runs = self
+            .control()
+            .collab_runs(room, RUNS_PER_COLLAB_MAX)
+            .map_err(store_err)?;
+        if runs.len() >= RUNS_PER_COLLAB_MAX {
+            return Err(Refusal::new(
+                Code::QuotaExceeded,
+                format!("collaboration {room} holds {RUNS_PER_COLLAB_MAX} runs"),
+            ));
+        }
+        let run = runs.iter().filter(|r| r.phase == phase).count() as u32 + 1;
+        let input = json!({"kind": "ask", "asker": p.name, "seat": seat,
+            "question": question, "task": task});
+        let approval = self.request_approval(room, &phase, run, &input)?;
+        let now = self.now_ms();
+        self.control()
+            .put_collab_run(&CollabRunRow {
+                collab: room.into(),
+                phase: phase.clone(),
+                run,
+                task: task.map(String::from),
+                state: "asked".into(),
+                reads: "{}".into(),
+                started_ms: now,
+                ended_ms: None,
+            })
+            .map_err(store_err)?;
+        Ok(
+            json!({"approval": approval.id, "phase": phase, "run": run, "state": "pending",
+            "note": "the person answers in the approval queue; the answer comes to you as a message"}),
+        )
+    }
+
+    fn request_approval(
+        &self,
+        collab: &str,
+        phase: &str,
+        run: u32,
+        input: &Value,
+    ) -> Outcome<ApprovalRow> {
         let bytes = room_core::canonical_bytes(input);
         if bytes.len() > SPEC_BYTES_MAX {
             return Err(Refusal::new(

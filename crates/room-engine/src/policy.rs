@@ -390,8 +390,8 @@ pub const ACP_PRESETS: [&str; 3] = ["claude", "codex", "gemini"];
 pub const ACP_PERMISSIONS: [&str; 2] = ["reject", "allow_once"];
 
 /// Steps the scripted agent knows.
-pub const SCRIPT_STEPS: [&str; 9] = [
-    "read", "reply", "exit", "fail", "hang", "claim", "done", "diff", "decline",
+pub const SCRIPT_STEPS: [&str; 10] = [
+    "read", "reply", "exit", "fail", "hang", "claim", "done", "diff", "decline", "ask",
 ];
 
 /// `put:KIND=PATH`: the scripted agent writes the JSON file at PATH (absolute, at most 256

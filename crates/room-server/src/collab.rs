@@ -737,6 +737,7 @@ impl Scheduler {
         let versions = cx.versions()?;
         let mut runs = engine.collab_runs(&me, &c.id)?;
         cx.settle(&mut runs, &versions)?;
+        cx.answer_asks(&mut runs)?;
         let by_phase = phase_runs(&runs);
         for name in schedule::ready(&pack, &versions, &by_phase) {
             let phase = pack.phase(name).expect("ready names phases of the pack");
@@ -976,6 +977,72 @@ impl Cx<'_> {
             "reads": reads,
             "writes": phase.writes.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
         }))
+    }
+
+    /// The person's answers to the roles' questions (`collab_ask`), each sent back to its
+    /// asker once: on its task (a `send`, which wakes it) or, without one, said to it. A
+    /// revision's text is the answer; an approval says go on, a rejection no.
+    fn answer_asks(&self, runs: &mut [CollabRunRow]) -> Result<(), Refusal> {
+        if !runs
+            .iter()
+            .any(|r| r.phase.starts_with("ask@") && r.state == "asked")
+        {
+            return Ok(());
+        }
+        let approvals = self.engine.collab_approvals(self.me, &self.c.id)?;
+        for r in runs
+            .iter_mut()
+            .filter(|r| r.phase.starts_with("ask@") && r.state == "asked")
+        {
+            let Some(a) = approvals
+                .iter()
+                .filter(|a| a.phase == r.phase && a.run == r.run)
+                .max_by_key(|a| a.created_ms)
+            else {
+                continue;
+            };
+            let answer = match a.state.as_str() {
+                "approved" => revised_prompt(a).unwrap_or_else(|| "yes: go on".into()),
+                "rejected" => "no".into(),
+                _ => continue,
+            };
+            let seat = r.phase.trim_start_matches("ask@").to_string();
+            let agent = format!("{}-{seat}", self.c.id);
+            let input: Value = serde_json::from_str(&a.input).unwrap_or(Value::Null);
+            let text = format!(
+                "The person answered your question ({}):\n{answer}",
+                input["question"].as_str().unwrap_or("")
+            );
+            let key = format!("{}.ask:{seat}.{}.answer", self.c.id, r.run);
+            let verb = if r.task.is_some() {
+                Verb::Send
+            } else {
+                Verb::Say
+            };
+            let sent = self.act(|| {
+                self.engine.turn(
+                    self.me,
+                    verb,
+                    TurnArgs {
+                        room: self.c.room.clone(),
+                        text: Some(text.clone()),
+                        to: vec![agent.clone()],
+                        task: r.task.clone(),
+                        idempotency_key: Some(key.clone()),
+                        ..TurnArgs::default()
+                    },
+                )
+            });
+            match sent {
+                Ok(_) => {}
+                Err(e) if is_repeat(&e) => {}
+                Err(e) => return Err(e),
+            }
+            r.state = "answered".into();
+            r.ended_ms = Some(self.engine.now_ms());
+            self.put(r)?;
+        }
+        Ok(())
     }
 
     /// What holds a new dispatch to `role`'s child back now (`hold`).

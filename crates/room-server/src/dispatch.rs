@@ -673,6 +673,7 @@ fn is_agent_op(op: &str) -> bool {
 /// The blackboard's operations for agents: not verbs (a put is a `note` carrying the artifact,
 /// a read is a read of the room), fenced by the caller's scopes in the engine.
 const ARTIFACT_OPS: &[&str] = &[
+    "collab_ask",
     "artifact_put",
     "diff_from_tree",
     "artifact_get",
@@ -733,6 +734,12 @@ fn artifact_op(
         "search" => engine
             .search(caller, args::<SearchArgs>(a)?.engine())
             .map(TurnStep::Done),
+        "collab_ask" => {
+            let a: CollabAskArgs = args(a)?;
+            engine
+                .collab_ask(caller, &a.room, &a.question, a.task.as_deref())
+                .map(TurnStep::Done)
+        }
         "artifact_get" => {
             let a: ArtifactGetArgs = args(a)?;
             engine

@@ -864,6 +864,21 @@ pub struct DiffFromTreeArgs {
     pub idempotency_key: Option<String>,
 }
 
+/// `collab_ask`: a role asks the person a question mid-phase; the answer comes back to it as
+/// a message (on its task, when it names one).
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CollabAskArgs {
+    /// The collaboration's room.
+    pub room: String,
+    /// What you ask the person, in a few lines.
+    #[schemars(length(max = room_engine::collab::ASK_BYTES_MAX))]
+    pub question: String,
+    /// Task id (tsk_…) of the phase you work on: the answer comes on it.
+    #[serde(default)]
+    pub task: Option<String>,
+}
+
 /// `artifact_get`: one artifact version with its content.
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

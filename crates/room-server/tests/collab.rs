@@ -412,3 +412,64 @@ approve = true
         "{index}"
     );
 }
+
+/// `collab_ask`'s refusals through the daemon, each leaving the journal, the tasks, the wakes
+/// and the approval queue as they were: an agent of the room that is no role of the
+/// collaboration, an empty question, a room that is no collaboration; a role's question waits
+/// in the queue as `ask@ROLE`.
+#[test]
+fn a_question_is_asked_only_by_a_role_and_refused_otherwise() {
+    let mut fx = Fx::new();
+    let id = start(&mut fx);
+    let role = fx.ok(
+        None,
+        "agent_rotate",
+        json!({"name": format!("{id}-reasoning")}),
+    )["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let outsider = fx.enroll("outsider", "member");
+    fx.ok(
+        None,
+        "room_members_add",
+        json!({"room": id, "agent": "outsider"}),
+    );
+    let queue = |fx: &mut Fx| fx.ok(None, "collab_status", json!({"id": id}))["approvals"].clone();
+    let before = (fx.snapshot(), queue(&mut fx));
+    let ask = |q: &str| json!({"room": id, "question": q});
+    fx.refuse(
+        Some(&outsider),
+        "collab_ask",
+        ask("may I?"),
+        "tier_insufficient",
+    );
+    let r = fx.refuse(Some(&role), "collab_ask", ask("  "), "invalid_argument");
+    assert_eq!(r.detail["field"], "question", "{r}");
+    fx.ok(
+        None,
+        "room_create",
+        json!({"name": "plain", "members": ["outsider"]}),
+    );
+    let snap = (fx.snapshot(), queue(&mut fx));
+    fx.refuse(
+        Some(&outsider),
+        "collab_ask",
+        json!({"room": "plain", "question": "q"}),
+        "not_found",
+    );
+    assert_eq!((fx.snapshot(), queue(&mut fx)), snap);
+    assert_eq!(before.1, queue(&mut fx));
+    let v = fx.ok(Some(&role), "collab_ask", ask("which flag name?"));
+    assert_eq!(v["phase"], "ask@reasoning", "{v}");
+    let asked = fx.ok(None, "collab_status", json!({"id": id}));
+    let a = asked["approvals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["phase"] == "ask@reasoning")
+        .unwrap()
+        .clone();
+    assert_eq!(a["input"]["question"], "which flag name?");
+    assert_eq!(a["state"], "pending");
+}

@@ -3,10 +3,10 @@
 //! and HTTP reach the same engine calls under the same authorization.
 
 use crate::wire::{
-    ArtifactGetArgs, ArtifactIndexArgs, ArtifactPutArgs, CancelArgs, ComposeArgs, DiffFromTreeArgs,
-    EvidenceArgs, OpArgs, OpBeginArgs, SearchArgs, SourceReadArgs, SyncArgs, TaskAmendArgs,
-    TaskArgs, TaskCancelArgs, TaskClaimArgs, TaskCreateArgs, TaskProposeArgs, TaskSupersedeArgs,
-    TurnWire, WakeTakeArgs,
+    ArtifactGetArgs, ArtifactIndexArgs, ArtifactPutArgs, CancelArgs, CollabAskArgs, ComposeArgs,
+    DiffFromTreeArgs, EvidenceArgs, OpArgs, OpBeginArgs, SearchArgs, SourceReadArgs, SyncArgs,
+    TaskAmendArgs, TaskArgs, TaskCancelArgs, TaskClaimArgs, TaskCreateArgs, TaskProposeArgs,
+    TaskSupersedeArgs, TurnWire, WakeTakeArgs,
 };
 use schemars::JsonSchema;
 use schemars::generate::SchemaSettings;
@@ -515,6 +515,13 @@ a stale one is refused artifact_version_conflict. parents: the event ids of the 
 against the collaboration's base and writes it as the next version of diff. Edit files there, then call this; the person's checkout is never touched.",
             input: object(input_schema::<DiffFromTreeArgs>()),
         },
+        ToolDef {
+            name: "collab_ask",
+            op: "collab_ask",
+            description: "Ask the person a question mid-phase (a collaboration's role): it waits in their approval queue, and their answer comes back to you as a message \
+on your task. Ask rarely, and go on with what does not depend on the answer.",
+            input: object(input_schema::<CollabAskArgs>()),
+        },
     ]
 }
 
@@ -532,6 +539,7 @@ pub fn blackboard_allowed(name: &str, scopes: Option<&[String]>) -> bool {
         }
         "artifact_get" => any("artifact:read:"),
         "artifact_index" => any("artifact:") || any("session:read"),
+        "collab_ask" => any("artifact:"),
         _ => false,
     }
 }
