@@ -101,7 +101,12 @@ pub enum Cmd {
     /// Measure throughput and latency against raw SQLite commits on the same disk.
     Bench(crate::bench::BenchArgs),
     /// Verify every room's hash chain (works without the daemon).
-    Verify { room: Option<String> },
+    Verify {
+        room: Option<String>,
+        /// Say on stderr which room is being verified (the default when stderr is a terminal).
+        #[arg(long)]
+        progress: bool,
+    },
     /// Check what Room needs of this machine and of the state dir, each with what to do about
     /// it; exits 1 when something required is missing (works without the daemon).
     Doctor,
@@ -761,7 +766,7 @@ pub fn run(cli: Cli) -> i32 {
             return crate::api::run(&sock);
         }
         Cmd::Bench(a) => return crate::bench::run(a),
-        Cmd::Verify { room } => return verify(&cli, room.as_deref()),
+        Cmd::Verify { room, progress } => return verify(&cli, room.as_deref(), *progress),
         Cmd::Collab(c) => return crate::collab::run(&cli, c),
         Cmd::Doctor => return crate::doctor::run(&cli),
         Cmd::Completions { shell } => {
@@ -902,9 +907,16 @@ fn serve(cli: &Cli, listen: Option<std::net::SocketAddr>, engine_threads: Option
 }
 
 /// Offline chain verification of every room (or one).
-pub fn verify(cli: &Cli, only: Option<&str>) -> i32 {
+pub fn verify(cli: &Cli, only: Option<&str>, progress: bool) -> i32 {
+    use std::io::IsTerminal;
     let dir = state_dir(cli);
-    match verify_dir(&dir, only) {
+    let progress = progress || std::io::stderr().is_terminal();
+    let mut say = |i: usize, n: usize, room: &str| {
+        if progress {
+            eprintln!("verifying {i}/{n}: {room}");
+        }
+    };
+    match verify_dir_with(&dir, only, &mut say) {
         Ok(report) => {
             let bad = report.iter().any(|r| r["ok"] == false);
             if cli.json {
@@ -937,16 +949,28 @@ pub fn verify(cli: &Cli, only: Option<&str>) -> i32 {
 }
 
 pub fn verify_dir(dir: &std::path::Path, only: Option<&str>) -> Result<Vec<Value>, String> {
+    verify_dir_with(dir, only, &mut |_, _, _| {})
+}
+
+/// `verify_dir`, telling `progress` each room (its place, of how many, its name) before it is
+/// verified.
+pub fn verify_dir_with(
+    dir: &std::path::Path,
+    only: Option<&str>,
+    progress: &mut dyn FnMut(usize, usize, &str),
+) -> Result<Vec<Value>, String> {
     replay_unclean_stop(dir)?;
     let rooms = dir.join("rooms");
-    let shards =
-        room_store::shard::on_disk(&rooms).map_err(|e| format!("{}: {e}", rooms.display()))?;
+    let shards: Vec<_> = room_store::shard::on_disk(&rooms)
+        .map_err(|e| format!("{}: {e}", rooms.display()))?
+        .into_iter()
+        .filter(|(_, m)| only.is_none_or(|o| o == m.room))
+        .collect();
     let mut out = Vec::new();
-    for (shard, manifest) in shards {
+    let n = shards.len();
+    for (i, (shard, manifest)) in shards.into_iter().enumerate() {
         let room = manifest.room;
-        if only.is_some_and(|o| o != room) {
-            continue;
-        }
+        progress(i + 1, n, &room);
         out.push(verify_room(dir, &shard, &room, &manifest.graph_id));
     }
     if let Some(o) = only

@@ -222,6 +222,25 @@ fn a_session_from_init_to_refusal_and_the_start_refusals() {
     let v = env.run(&["verify", "--json"], None);
     assert!(v.status.success());
     assert_eq!(json(&v)["rooms"][0]["records"], 2);
+    // asked for (or on a terminal), it says each room on stderr as it goes; stdout is the same
+    let p = env.run(&["verify", "--json", "--progress"], None);
+    assert!(p.status.success());
+    assert_eq!(json(&p), json(&v));
+    let rooms = json(&v)["rooms"].as_array().unwrap().len();
+    assert_eq!(
+        stderr(&p)
+            .lines()
+            .filter(|l| l.starts_with("verifying "))
+            .count(),
+        rooms,
+        "{}",
+        stderr(&p)
+    );
+    assert!(
+        stderr(&v).is_empty(),
+        "no progress unless asked: {}",
+        stderr(&v)
+    );
 
     daemon.kill().unwrap();
     daemon.wait().unwrap();
