@@ -520,6 +520,23 @@ fn a_collaboration_resumes_after_the_daemon_is_killed() {
         args.extend(["--role", r.as_str()]);
     }
     let id = d.ok(&args)["collab"].as_str().unwrap().to_string();
+    // a person holds the orchestrator's enrolled credential: the scheduler's own credential is
+    // another, held in its process only, so no restart rotates this one away
+    let held = d.ok(&["agent", "rotate", &format!("{id}-orch")])["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let whoami = |token: &str| {
+        let o = Command::new(env!("CARGO_BIN_EXE_room"))
+            .args(["whoami", "--json", "--state-dir"])
+            .arg(&d.state)
+            .env("XDG_CONFIG_HOME", &d.config_home)
+            .env("ROOM_TOKEN", token)
+            .env("ROOM_LOG", "error")
+            .output()
+            .unwrap();
+        serde_json::from_slice::<Value>(&o.stdout).unwrap_or(Value::Null)
+    };
     for waiting in ["spec", "approval"] {
         let s = until(&d, &id, "a pending request", |s| {
             pending(s, waiting).is_some()
@@ -531,6 +548,12 @@ fn a_collaboration_resumes_after_the_daemon_is_killed() {
             pending(s, waiting).is_some()
         });
         let after = pending(&s, waiting).unwrap();
+        let me = whoami(&held);
+        assert_eq!(
+            me["agent"],
+            format!("{id}-orch"),
+            "the restart left it as it was: {me}"
+        );
         assert_eq!(after["approval"], before["approval"], "{s:#}");
         assert_eq!(after["digest"], before["digest"]);
         d.ok(&[
@@ -546,6 +569,9 @@ fn a_collaboration_resumes_after_the_daemon_is_killed() {
     }
     let s = until(&d, &id, "the collaboration done", |s| s["state"] == "done");
     assert_eq!(s["runs"].as_array().unwrap().len(), 5, "{s:#}");
+    // once the goal closes it is revoked with the collaboration's tree
+    let after = whoami(&held);
+    assert_eq!(after["refusal"]["code"], "credential_revoked", "{after}");
     // each agent phase was sent to its role once: no stored phase is asked for twice
     let log = d.ok(&["log", &id, "--limit", "1000"]);
     let sends = log["events"]

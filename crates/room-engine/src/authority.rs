@@ -15,6 +15,11 @@ pub struct Authority {
     pub(crate) state: StateDir,
     pub(crate) control: Mutex<Box<dyn ControlStore>>,
     pub(crate) policy: policy::PolicyCache,
+    /// Credentials this process minted for its collaborations' scheduler, each acting as a
+    /// collaboration's orchestrator (digest → agent): kept in memory only (never stored, gone
+    /// with the process), so the orchestrator's enrolled credential is never rotated by a
+    /// daemon's start and whoever holds it keeps it.
+    pub(crate) scheduler: Mutex<std::collections::HashMap<String, String>>,
 }
 
 impl Authority {
@@ -25,6 +30,7 @@ impl Authority {
             state,
             control: Mutex::new(control),
             policy,
+            scheduler: Mutex::new(Default::default()),
         }
     }
 

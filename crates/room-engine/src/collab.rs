@@ -4,8 +4,9 @@
 //!
 //! - the owner starts, lists, shows and cancels one;
 //! - its orchestrator (the delegated root recorded with it, holding `session:dispatch`) records
-//!   phase runs, asks for approvals and finishes it; the daemon re-mints the orchestrator's
-//!   credential from the record of a running collaboration (a credential is never stored);
+//!   phase runs, asks for approvals and finishes it; the daemon's scheduler acts as it with a
+//!   credential minted from the record of a running collaboration and held in the process's
+//!   memory only (never stored; the orchestrator's enrolled credential is left as it is);
 //! - an approval binds the digest of what the person was shown: a decision naming another
 //!   digest, or one made after the request moved on, is `approval_stale` and changes nothing.
 //!
@@ -253,8 +254,10 @@ impl Engine {
             .map_err(store_err)
     }
 
-    /// The daemon's loop re-mints the orchestrator's credential of a running collaboration
-    /// (the record the owner made is what grants it; no credential is ever stored).
+    /// The daemon's loop gets a credential acting as a running collaboration's orchestrator
+    /// (the record the owner made is what grants it): held in this process's memory only,
+    /// never stored, and never a rotation of the orchestrator's enrolled credential, which
+    /// whoever holds it keeps across restarts.
     pub fn collab_orchestrator_token(&self, id: &str) -> Outcome<String> {
         let c = self.collab_row(id)?;
         if c.state != "running" {
@@ -263,7 +266,7 @@ impl Engine {
                 format!("collaboration {id} is {}", c.state),
             ));
         }
-        Ok(self.authority.rotate(&daemon(), &c.orchestrator)?.token)
+        Ok(self.authority.scheduler_token(&c.orchestrator))
     }
 
     /// `caller` is the orchestrator of `id`, holding `session:dispatch`, and it runs.

@@ -304,7 +304,34 @@ impl Authority {
 
     /// Authenticate a token against the current credential table.
     pub fn authenticate(&self, token: &str) -> Outcome<AgentRow> {
+        if let Some(agent) = self.scheduler_agent(token) {
+            return scheduler_agent_row(self.control().as_ref(), &agent);
+        }
         authenticate_in(self.control().as_ref(), token)
+    }
+
+    /// A credential for the daemon's scheduler acting as `agent` (a collaboration's
+    /// orchestrator, by its record): held in memory only, valid while this process runs and
+    /// the agent is not revoked. The agent's enrolled credential is left as it is.
+    pub(crate) fn scheduler_token(&self, agent: &str) -> String {
+        let token = format!("{SCHEDULER_TOKEN_PREFIX}{}", self.env.entropy.hex(32));
+        self.scheduler
+            .lock()
+            .expect("scheduler credentials lock")
+            .insert(sha256_hex(token.as_bytes()), agent.to_string());
+        token
+    }
+
+    fn scheduler_agent(&self, token: &str) -> Option<String> {
+        if !token.starts_with(SCHEDULER_TOKEN_PREFIX) {
+            return None;
+        }
+        let digest = sha256_hex(token.as_bytes());
+        self.scheduler
+            .lock()
+            .expect("scheduler credentials lock")
+            .get(&digest)
+            .cloned()
     }
 
     /// [`Authority::authenticate`] when control.db is not busy (a commit holds it for an fsync),
@@ -320,6 +347,9 @@ impl Authority {
         };
         if c.is_stale() {
             return None;
+        }
+        if let Some(agent) = self.scheduler_agent(token) {
+            return Some(scheduler_agent_row(c.as_ref(), &agent));
         }
         Some(authenticate_in(c.as_ref(), token))
     }
@@ -432,6 +462,28 @@ fn running_launch_agent(
             format!("launch {} acts for an agent that is revoked", l.id),
         )),
     }
+}
+
+/// Tokens of the daemon's scheduler (`Authority::scheduler_token`).
+pub const SCHEDULER_TOKEN_PREFIX: &str = "room_sch_";
+
+/// The agent a scheduler credential acts as, unless it is gone or revoked since.
+fn scheduler_agent_row(c: &dyn ControlStore, agent: &str) -> Outcome<AgentRow> {
+    let Some(row) = c.agent(agent).map_err(store_err)? else {
+        return Err(Refusal::new(
+            Code::CredentialInvalid,
+            "credential is not known",
+        ));
+    };
+    if row.revoked_ms.is_some() {
+        let by = row.revoked_by.clone().unwrap_or_else(|| row.name.clone());
+        return Err(Refusal::new(
+            Code::CredentialRevoked,
+            format!("credential of {} is revoked", row.name),
+        )
+        .detail(serde_json::json!({"agent": row.name, "revoked_by": by})));
+    }
+    Ok(row)
 }
 
 fn authenticate_in(c: &dyn ControlStore, token: &str) -> Outcome<AgentRow> {
