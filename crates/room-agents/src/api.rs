@@ -125,6 +125,46 @@ pub struct Report {
     pub turn_ended: bool,
     pub timed_out: bool,
     pub error: Option<String>,
+    /// What the model said in its own words over the turn (each completion's text, in order,
+    /// cut at `SAID_BYTES_MAX`): what a caller compares with what the turn did. Not part of
+    /// the recorded report (the words are the model's; the record keeps what it proved).
+    #[serde(skip)]
+    pub said: String,
+}
+
+/// Bytes of the model's own words a report keeps.
+pub const SAID_BYTES_MAX: usize = 16 * 1024;
+
+/// The text of an assistant message in either dialect: chat completions' `content` string,
+/// or the Messages API's `text` blocks.
+fn message_text(m: &Value) -> String {
+    match &m["content"] {
+        Value::String(s) => s.clone(),
+        Value::Array(blocks) => blocks
+            .iter()
+            .filter(|b| b["type"] == "text")
+            .filter_map(|b| b["text"].as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+/// `text` added to `said`, bounded by `SAID_BYTES_MAX` on a character boundary.
+fn keep_said(said: &mut String, text: &str) {
+    if text.is_empty() || said.len() >= SAID_BYTES_MAX {
+        return;
+    }
+    if !said.is_empty() {
+        said.push('\n');
+    }
+    let mut cut = text
+        .len()
+        .min(SAID_BYTES_MAX - said.len().min(SAID_BYTES_MAX));
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    said.push_str(&text[..cut]);
 }
 
 /// What the report proves about delivery, in the ladder's words.
@@ -251,6 +291,7 @@ async fn drive<H: ToolHost>(
             )));
         }
         bytes += c.message.to_string().len();
+        keep_said(&mut report.said, &message_text(&c.message));
         messages.push(c.message);
         if c.calls.is_empty() {
             report.turn_ended = true;

@@ -17,6 +17,11 @@
 //!   with the JSON file at PATH;
 //! - `diff`: the `diff` artifact from the working tree it was started in (`diff_from_tree`),
 //!   for the wake's task;
+//! - `reply:TEXT`: answer each obligation of the wake with TEXT;
+//! - `dispatch`: as a collaboration's orchestrator, dispatch every phase `collab_status` lists
+//!   as ready (`collab_dispatch`; the collaboration is the wake's room);
+//! - `close`: as its orchestrator, close the collaboration when `collab_status` says every
+//!   phase is done (`collab_close`);
 //! - `exit` (stop without a word), `fail` (exit 1), `hang` (never end: the launch's deadline
 //!   stops it).
 
@@ -66,6 +71,40 @@ fn script(steps: &str) -> Result<i32, String> {
                     let r = gated(&mut call, &room, "reply", args)?;
                     if !r.ok {
                         return Err(format!("reply to {ob} refused: {:?}", r.refusal));
+                    }
+                }
+            }
+            r if room_engine::policy::is_reply_text_step(r) => {
+                let text = &r["reply:".len()..];
+                for ob in prompt["obligation_ids"].as_array().into_iter().flatten() {
+                    let args = json!({"room": room, "reply_to": ob, "text": text});
+                    let r = gated(&mut call, &room, "reply", args)?;
+                    if !r.ok {
+                        return Err(format!("reply to {ob} refused: {:?}", r.refusal));
+                    }
+                }
+            }
+            "dispatch" => {
+                let status = call("collab_status", json!({"id": room}))?;
+                let status = status
+                    .result
+                    .ok_or_else(|| format!("collab_status refused: {:?}", status.refusal))?;
+                for phase in status["ready"].as_array().into_iter().flatten() {
+                    let r = call("collab_dispatch", json!({"id": room, "phase": phase}))?;
+                    if !r.ok {
+                        return Err(format!("dispatch of {phase} refused: {:?}", r.refusal));
+                    }
+                }
+            }
+            "close" => {
+                let status = call("collab_status", json!({"id": room}))?;
+                let status = status
+                    .result
+                    .ok_or_else(|| format!("collab_status refused: {:?}", status.refusal))?;
+                if status["all_done"] == true {
+                    let r = call("collab_close", json!({"id": room}))?;
+                    if !r.ok {
+                        return Err(format!("close refused: {:?}", r.refusal));
                     }
                 }
             }

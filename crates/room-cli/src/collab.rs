@@ -262,7 +262,8 @@ fn request(cmd: &CollabCmd) -> Result<room_server::wire::Request, Failed> {
                 let loaded = Pack::load(&text, &Profile::default())?;
                 let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
                 let mut prompts = serde_json::Map::new();
-                for p in loaded.phases.iter().filter_map(|p| p.prompt.as_ref()) {
+                let files = loaded.phases.iter().filter_map(|p| p.prompt.as_ref());
+                for p in files.chain(loaded.orchestrator_prompt.iter()) {
                     prompts.insert(p.clone(), json!(read_text(&dir.join(p))?));
                 }
                 args["pack"] = json!(text);

@@ -1598,3 +1598,167 @@ fn a_role_asks_the_person_and_the_answer_comes_back_on_its_task() {
         "{wakes}"
     );
 }
+
+/// spec → research ∥ architecture, steered by an agent orchestrator (its prompt `o.md`).
+fn steered_pack(d: &Dirs) -> PathBuf {
+    d.write("pack/p.md", "Do your part of the goal.\n");
+    d.write(
+        "pack/o.md",
+        "You orchestrate: dispatch what is ready, close when done.\n",
+    );
+    d.write(
+        "pack/steered.toml",
+        r#"name = "steered"
+
+[orchestrator]
+prompt = "o.md"
+
+[[phases]]
+name = "spec"
+kind = "agent"
+role = "reasoning"
+writes = ["spec"]
+prompt = "p.md"
+approve = false
+
+[[phases]]
+name = "research"
+kind = "agent"
+role = "search"
+reads = ["spec"]
+writes = ["research"]
+prompt = "p.md"
+approve = false
+
+[[phases]]
+name = "architecture"
+kind = "agent"
+role = "architecture"
+reads = ["spec"]
+writes = ["adr"]
+prompt = "p.md"
+approve = false
+"#,
+    )
+}
+
+fn start_steered(d: &Dirs, orchestrator: &str) -> String {
+    let pack = steered_pack(d);
+    let roles = [
+        format!("orchestrator=script:{orchestrator}"),
+        role(
+            d,
+            "reasoning",
+            "spec",
+            json!({"title": "a flag", "goal": "add --verbose", "requirements": ["prints each step"]}),
+        ),
+        role(
+            d,
+            "search",
+            "research",
+            json!({"summary": "clap has it", "findings": [{"claim": "clap counts flags", "source": "docs.rs/clap"}]}),
+        ),
+        role(
+            d,
+            "architecture",
+            "adr",
+            json!({"title": "use clap", "status": "accepted", "context": "a CLI flag", "decision": "clap's count action"}),
+        ),
+    ];
+    let mut args = vec![
+        "collab",
+        "start",
+        "--goal",
+        "add a --verbose flag",
+        "--pack",
+        pack.to_str().unwrap(),
+    ];
+    for r in &roles {
+        args.extend(["--role", r.as_str()]);
+    }
+    d.ok(&args)["collab"].as_str().unwrap().to_string()
+}
+
+/// The orchestrator is an agent (Room's scripted agent bound to the orchestrator role): woken
+/// by a sealed wake whenever something it was not told happened, it dispatches each ready
+/// phase with `collab_dispatch` and closes with `collab_close`; the scheduler dispatches
+/// nothing itself. Its wakes are the goal task's sends, each telling what is new.
+#[test]
+fn an_agent_orchestrator_dispatches_each_phase_when_woken_and_closes() {
+    let d = Dirs::new();
+    let _daemon = spawn(&d);
+    let id = start_steered(&d, "read,dispatch,close,reply:noted");
+    let s = until(&d, &id, "the goal's end", |s| s["state"] != "running");
+    assert_eq!(s["state"], "done", "{s:#}");
+    assert_eq!(
+        s["orchestrated_by"]["agent"],
+        format!("{id}-orchestrator"),
+        "{s:#}"
+    );
+    for p in ["spec", "research", "architecture"] {
+        assert_eq!(phase(&s, p)["state"], "done", "{s:#}");
+    }
+    assert_eq!(s["flags"], json!([]), "nothing announced was left undone");
+    // each wake told what was new: spec ready first, then spec done with research and
+    // architecture ready, then their ends and all done
+    let told: Vec<&Value> = s["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["phase"] == "tell@orchestrator")
+        .collect();
+    assert!(told.len() >= 3, "{s:#}");
+    assert_eq!(told[0]["reads"]["new"], json!(["ready:spec#1"]), "{s:#}");
+    assert!(
+        told.iter().all(|t| t["state"] == "told"),
+        "every wake was sent: {s:#}"
+    );
+    let log = d.ok(&["log", &id, "--limit", "1000"]);
+    let sends: Vec<&Value> = log["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| {
+            e["event"]["verb"] == "send"
+                && e["event"]["to"] == json!([format!("{id}-orchestrator")])
+        })
+        .collect();
+    assert_eq!(sends.len(), told.len(), "one send per wake told: {log:#}");
+    assert!(
+        sends[0]["event"]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("You orchestrate: dispatch what is ready"),
+        "the wake carries the pack's choreography: {:#}",
+        sends[0]
+    );
+}
+
+/// An orchestrator whose words announce a dispatch its turn did not make is flagged
+/// `dispatch_announced_not_made`: journaled in the collaboration's room, shown in its status,
+/// and nothing is dispatched for it.
+#[test]
+fn a_dispatch_announced_but_not_made_is_flagged() {
+    let d = Dirs::new();
+    let _daemon = spawn(&d);
+    let id = start_steered(&d, "read,reply:Dispatching spec to reasoning now");
+    let s = until(&d, &id, "the flag", |s| {
+        s["flags"].as_array().is_some_and(|f| !f.is_empty())
+    });
+    let flag = &s["flags"][0];
+    assert_eq!(flag["code"], "dispatch_announced_not_made", "{s:#}");
+    assert_eq!(flag["agent"], format!("{id}-orchestrator"));
+    assert_eq!(flag["detail"]["announced"], json!(["spec"]));
+    assert_eq!(flag["detail"]["dispatched"], json!([]));
+    assert_eq!(phase(&s, "spec")["state"], "waiting", "{s:#}");
+    let log = d.ok(&["log", &id, "--limit", "1000"]);
+    assert!(
+        log["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["event"]["kind"] == "collab_flag"
+                && e["event"]["code"] == "dispatch_announced_not_made"),
+        "{log:#}"
+    );
+}

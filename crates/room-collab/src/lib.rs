@@ -10,7 +10,9 @@
 //! - `pack`: a pack file (TOML: roles and phases with `reads` and `writes`), validated at load
 //!   (`pack_invalid`, `pack_write_overlap`, `pack_cycle`);
 //! - `schedule`: which phases are ready, given what the blackboard holds and what each phase
-//!   last ran on.
+//!   last ran on;
+//! - `orchestrate`: an agent orchestrator's news (what a wake tells it), the phase its
+//!   dispatch names (by phase or purpose tag) and the phases its words announce.
 //!
 //! Everything here is deterministic and synchronous (no tokio, no clock, no file system: a
 //! pack's text and its prompt files are handed in), so the daemon's loop and the simulator
@@ -20,6 +22,7 @@
 /// The blackboard's kinds, schemas and limits live in `room_core::artifact`, where the engine's
 /// fence validates every write; re-exported here as the collaboration's vocabulary.
 pub use room_core::artifact;
+pub mod orchestrate;
 pub mod pack;
 pub mod panel;
 pub mod profile;

@@ -29,7 +29,11 @@ pub const GATE_COMMANDS_MAX: usize = 16;
 pub const DEFAULT_PACK: &str = include_str!("../../../packs/default.toml");
 
 /// The shipped pack's prompt files, by the path its phases name (relative to `packs/`).
-pub const DEFAULT_PROMPTS: [(&str, &str); 5] = [
+pub const DEFAULT_PROMPTS: [(&str, &str); 6] = [
+    (
+        "default/orchestrator.md",
+        include_str!("../../../packs/default/orchestrator.md"),
+    ),
     (
         "default/spec.md",
         include_str!("../../../packs/default/spec.md"),
@@ -51,6 +55,9 @@ pub const DEFAULT_PROMPTS: [(&str, &str); 5] = [
         include_str!("../../../packs/default/review.md"),
     ),
 ];
+
+/// The role that plans and dispatches: bound to a backend, an agent orchestrates.
+pub const ORCHESTRATOR: &str = "orchestrator";
 
 /// The longest prompt file.
 pub const PROMPT_BYTES_MAX: usize = 64 * 1024;
@@ -179,6 +186,9 @@ pub struct Pack {
     pub profile: Profile,
     pub phases: Vec<Phase>,
     pub guards: Guards,
+    /// The prompt file an agent orchestrator is woken with (`[orchestrator] prompt`): its
+    /// choreography, editable with the pack. Used when the orchestrator role is bound.
+    pub orchestrator_prompt: Option<String>,
 }
 
 /// What holds a collaboration's dispatches back (`[guards]`): how many of its runs may be
@@ -235,6 +245,14 @@ struct PackFile {
     phases: Vec<PhaseFile>,
     #[serde(default)]
     guards: Option<GuardsFile>,
+    #[serde(default)]
+    orchestrator: Option<OrchestratorFile>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OrchestratorFile {
+    prompt: String,
 }
 
 #[derive(Deserialize)]
@@ -337,6 +355,7 @@ impl Pack {
             profile,
             phases,
             guards,
+            orchestrator_prompt: file.orchestrator.map(|o| o.prompt),
         };
         pack.check_reads()?;
         let order = pack.order()?;
@@ -350,23 +369,48 @@ impl Pack {
         &self,
         read: impl Fn(&str) -> Result<String, String>,
     ) -> Result<(), Refusal> {
-        for (i, p) in self.phases.iter().enumerate() {
-            let Some(file) = &p.prompt else { continue };
+        let files = self
+            .phases
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| Some((format!("phases[{i}].prompt"), p.prompt.as_ref()?)))
+            .chain(
+                self.orchestrator_prompt
+                    .iter()
+                    .map(|f| ("orchestrator.prompt".to_string(), f)),
+            );
+        for (field, file) in files {
             match read(file) {
                 Ok(t) if t.len() <= PROMPT_BYTES_MAX => {}
                 Ok(_) => {
                     return Err(invalid(
-                        &format!("phases[{i}].prompt"),
+                        &field,
                         format!("{file}: more than {PROMPT_BYTES_MAX} bytes"),
                     ));
                 }
-                Err(why) => {
-                    return Err(invalid(
-                        &format!("phases[{i}].prompt"),
-                        format!("{file}: {why}"),
-                    ));
-                }
+                Err(why) => return Err(invalid(&field, format!("{file}: {why}"))),
             }
+        }
+        Ok(())
+    }
+
+    /// Whether an agent orchestrates this pack: its `orchestrator` role is bound to a
+    /// backend. Otherwise the daemon's scheduler dispatches each ready phase itself.
+    pub fn agent_orchestrated(&self) -> bool {
+        self.profile
+            .role(ORCHESTRATOR)
+            .is_some_and(|r| !r.adapter.is_empty())
+    }
+
+    /// An agent orchestrator needs its choreography: `pack_invalid` on `orchestrator.prompt`
+    /// when the orchestrator role is bound and the pack names no prompt file for it.
+    pub fn check_orchestrator(&self) -> Result<(), Refusal> {
+        if self.agent_orchestrated() && self.orchestrator_prompt.is_none() {
+            return Err(invalid(
+                "orchestrator.prompt",
+                "the orchestrator role is bound, and the pack names no prompt file for it",
+            )
+            .hint("add [orchestrator] prompt = \"FILE\" to the pack"));
         }
         Ok(())
     }
@@ -420,7 +464,10 @@ impl Pack {
             .iter()
             .flat_map(|p| p.role.iter().cloned().chain(p.seats()))
             .collect();
-        self.profile.roles.retain(|r| used.contains(&r.name));
+        let agent_orchestrated = self.agent_orchestrated();
+        self.profile
+            .roles
+            .retain(|r| used.contains(&r.name) || (agent_orchestrated && r.name == ORCHESTRATOR));
     }
 
     /// The pack as data, for a person or a script.

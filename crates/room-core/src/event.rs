@@ -97,6 +97,23 @@ pub enum EventBody {
     /// audit can replay the tree: an identity minted under its parent with its scopes, or a
     /// node revoked with its whole subtree.
     Identity(Box<IdentityChange>),
+    /// Something a collaboration's scheduler saw in an agent's turn that the person must see
+    /// (`dispatch_announced_not_made`: an orchestrator's words announced a dispatch the same
+    /// turn did not make). Recorded, it changes nothing.
+    CollabFlag(Box<CollabFlag>),
+}
+
+/// See `EventBody::CollabFlag`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CollabFlag {
+    pub actor: String,
+    pub collab: String,
+    /// A stable snake_case code.
+    pub code: String,
+    /// The agent whose turn it concerns.
+    pub agent: String,
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub detail: serde_json::Value,
 }
 
 /// See `EventBody::Identity`.
@@ -735,6 +752,7 @@ impl EventBody {
             | EventBody::Reconciled { actor, .. } => actor,
             EventBody::WorkerStop(s) => &s.actor,
             EventBody::Identity(i) => &i.actor,
+            EventBody::CollabFlag(f) => &f.actor,
             EventBody::Turn(t) => &t.actor,
             EventBody::Items(i) => &i.actor,
             EventBody::Task(t) => &t.actor,
@@ -756,6 +774,7 @@ impl EventBody {
             EventBody::Reconciled { .. } => "reconciled",
             EventBody::WorkerStop(_) => "worker_stop",
             EventBody::Identity(_) => "identity",
+            EventBody::CollabFlag(_) => "collab_flag",
             EventBody::Turn(_) => "turn",
             EventBody::Items(_) => "items",
             EventBody::Task(_) => "task",

@@ -126,6 +126,9 @@ codes! {
     FixLoopExhausted => "fix_loop_exhausted",
     ChildAutoBlocked => "child_auto_blocked",
     BudgetExhausted => "budget_exhausted",
+    // an agent orchestrator's dispatch names a ready phase; its close, a collaboration done
+    PhaseNotReady => "phase_not_ready",
+    CollabPhasesOpen => "collab_phases_open",
     ArtifactSchemaInvalid => "artifact_schema_invalid",
     // the blackboard's fence: scopes decide who reads and writes which kind
     ArtifactReadDenied => "artifact_read_denied",

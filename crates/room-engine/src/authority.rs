@@ -16,7 +16,7 @@ pub struct Authority {
     pub(crate) control: Mutex<Box<dyn ControlStore>>,
     pub(crate) policy: policy::PolicyCache,
     /// Credentials this process minted for its collaborations' scheduler, each acting as a
-    /// collaboration's orchestrator (digest → agent): kept in memory only (never stored, gone
+    /// collaboration's orchestrator (digest → agent, and `agent:NAME` → its one credential): kept in memory only (never stored, gone
     /// with the process), so the orchestrator's enrolled credential is never rotated by a
     /// daemon's start and whoever holds it keeps it.
     pub(crate) scheduler: Mutex<std::collections::HashMap<String, String>>,

@@ -199,10 +199,10 @@ impl Engine {
                 }))
             })
             .collect();
-        self.journal_identity(&c.room, records)
+        self.journal_records(&c.room, records)
     }
 
-    fn journal_identity(
+    fn journal_records(
         &self,
         room: &str,
         records: Vec<room_core::event::EventBody>,
@@ -291,6 +291,117 @@ impl Engine {
             ));
         }
         Ok(c)
+    }
+
+    /// An agent orchestrator steers collaboration `id`: the caller is its orchestrator (the
+    /// delegated root the daemon's scheduler acts as) or a child of it holding `scope`
+    /// (`session:read` to read the collaboration's state; `session:dispatch` to dispatch, ask
+    /// for approvals and close), while it runs. Anyone else is refused `tier_insufficient`
+    /// naming the scope needed.
+    pub fn collab_steer(&self, caller: &AgentCaller, id: &str, scope: &str) -> Outcome<CollabRow> {
+        let me = self.authenticate(&caller.token)?;
+        let c = self.collab_row(id)?;
+        let steers = me.name == c.orchestrator || {
+            let parent = self
+                .control()
+                .agent(&me.name)
+                .map_err(store_err)?
+                .and_then(|a| a.parent);
+            let holds = me
+                .scopes
+                .as_ref()
+                .is_some_and(|s| s.iter().any(|x| x == scope));
+            parent.as_deref() == Some(c.orchestrator.as_str()) && holds
+        };
+        if !steers {
+            return Err(Refusal::new(
+                Code::TierInsufficient,
+                format!("{} does not hold {scope} in collaboration {id}", me.name),
+            )
+            .detail(json!({"needed": scope, "orchestrator": c.orchestrator})));
+        }
+        if c.state != "running" {
+            return Err(Refusal::invalid(
+                "id",
+                format!("collaboration {id} is {}", c.state),
+            ));
+        }
+        Ok(c)
+    }
+
+    /// The running collaboration `agent` steers as its orchestrator's child holding
+    /// `session:dispatch`, if any: what the daemon keeps an orchestrator's turn for. A
+    /// lookup; it grants nothing.
+    pub fn collab_steered_by(&self, agent: &str) -> Outcome<Option<String>> {
+        let Some(a) = self.control().agent(agent).map_err(store_err)? else {
+            return Ok(None);
+        };
+        let steers = a
+            .scopes
+            .as_ref()
+            .is_some_and(|s| s.iter().any(|x| x == "session:dispatch"));
+        let Some(parent) = a.parent.filter(|_| steers) else {
+            return Ok(None);
+        };
+        Ok(self
+            .collabs_running()?
+            .into_iter()
+            .find(|c| c.orchestrator == parent)
+            .map(|c| c.id))
+    }
+
+    /// The orchestrator records a flag on its collaboration (`EventBody::CollabFlag`):
+    /// journaled in its room first, then kept with its runs (phase `flag@CODE`, state
+    /// `flagged`) for its status to show. It changes nothing else.
+    pub fn collab_flag(
+        &self,
+        caller: &AgentCaller,
+        id: &str,
+        code: &str,
+        agent: &str,
+        detail: Value,
+    ) -> Outcome<()> {
+        let c = self.orchestrating(caller, id)?;
+        if code.is_empty()
+            || code.len() > 64
+            || !code.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+        {
+            return Err(Refusal::invalid("code", "a snake_case code"));
+        }
+        let body =
+            room_core::event::EventBody::CollabFlag(Box::new(room_core::event::CollabFlag {
+                actor: c.orchestrator.clone(),
+                collab: c.id.clone(),
+                code: code.into(),
+                agent: agent.into(),
+                detail: detail.clone(),
+            }));
+        let phase = format!("flag@{code}");
+        let runs = self
+            .control()
+            .collab_runs(id, RUNS_PER_COLLAB_MAX)
+            .map_err(store_err)?;
+        if runs.len() >= RUNS_PER_COLLAB_MAX {
+            return Err(Refusal::new(
+                Code::QuotaExceeded,
+                format!("collaboration {id} holds {RUNS_PER_COLLAB_MAX} runs"),
+            ));
+        }
+        self.journal_records(&c.room, vec![body])?;
+        let now = self.now_ms();
+        let run = runs.iter().filter(|r| r.phase == phase).count() as u32 + 1;
+        self.control()
+            .put_collab_run(&CollabRunRow {
+                collab: id.into(),
+                phase,
+                run,
+                task: None,
+                state: "flagged".into(),
+                reads: json!({"agent": agent, "detail": detail}).to_string(),
+                started_ms: now,
+                ended_ms: Some(now),
+            })
+            .map_err(store_err)
     }
 
     /// The orchestrator's runs of its collaboration.
@@ -890,7 +1001,7 @@ impl Engine {
         let revoked = self.authority.revoke(&daemon(), &c.orchestrator)?;
         let subtree: Vec<String> =
             serde_json::from_value(revoked["subtree"].clone()).unwrap_or_default();
-        self.journal_identity(
+        self.journal_records(
             &c.room,
             vec![room_core::event::EventBody::Identity(Box::new(
                 room_core::event::IdentityChange {

@@ -390,9 +390,18 @@ pub const ACP_PRESETS: [&str; 3] = ["claude", "codex", "gemini"];
 pub const ACP_PERMISSIONS: [&str; 2] = ["reject", "allow_once"];
 
 /// Steps the scripted agent knows.
-pub const SCRIPT_STEPS: [&str; 10] = [
-    "read", "reply", "exit", "fail", "hang", "claim", "done", "diff", "decline", "ask",
+pub const SCRIPT_STEPS: [&str; 12] = [
+    "read", "reply", "exit", "fail", "hang", "claim", "done", "diff", "decline", "ask", "dispatch",
+    "close",
 ];
+
+/// `reply:TEXT`: the scripted agent answers each obligation of its wake with TEXT (1..=256
+/// bytes, no comma: the steps travel comma-separated; no control character).
+pub fn is_reply_text_step(step: &str) -> bool {
+    step.strip_prefix("reply:").is_some_and(|t| {
+        !t.is_empty() && t.len() <= 256 && !t.contains(',') && !t.chars().any(char::is_control)
+    })
+}
 
 /// `put:KIND=PATH`: the scripted agent writes the JSON file at PATH (absolute, at most 256
 /// bytes, no `.`, `..` or empty component, no comma) as a new version of the blackboard
@@ -454,9 +463,10 @@ fn check_route(agent: &str, r: &Route) -> Result<(), String> {
                     && !is_write_step(s)
                     && !is_put_step(s)
                     && !is_fulfil_step(s)
+                    && !is_reply_text_step(s)
             }) {
                 return Err(format!(
-                    "{at}.steps: {s:?} is not one of {SCRIPT_STEPS:?} nor write:PATH (relative, without . or .. or commas) nor put:KIND[@KEY]=PATH nor fulfil:PATH (absolute)"
+                    "{at}.steps: {s:?} is not one of {SCRIPT_STEPS:?} nor write:PATH (relative, without . or .. or commas) nor put:KIND[@KEY]=PATH nor fulfil:PATH (absolute) nor reply:TEXT (no commas)"
                 ));
             }
         }

@@ -313,12 +313,16 @@ impl Authority {
     /// A credential for the daemon's scheduler acting as `agent` (a collaboration's
     /// orchestrator, by its record): held in memory only, valid while this process runs and
     /// the agent is not revoked. The agent's enrolled credential is left as it is.
+    /// One per agent per process: asking again returns the same credential, so the map holds
+    /// at most one entry per collaboration this process drove.
     pub(crate) fn scheduler_token(&self, agent: &str) -> String {
+        let mut map = self.scheduler.lock().expect("scheduler credentials lock");
+        if let Some(t) = map.get(&format!("agent:{agent}")) {
+            return t.clone();
+        }
         let token = format!("{SCHEDULER_TOKEN_PREFIX}{}", self.env.entropy.hex(32));
-        self.scheduler
-            .lock()
-            .expect("scheduler credentials lock")
-            .insert(sha256_hex(token.as_bytes()), agent.to_string());
+        map.insert(sha256_hex(token.as_bytes()), agent.to_string());
+        map.insert(format!("agent:{agent}"), token.clone());
         token
     }
 

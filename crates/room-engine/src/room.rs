@@ -514,7 +514,10 @@ pub(crate) fn project_into(
             outcome: outcome.clone(),
             evidence: evidence.clone(),
         }),
-        EventBody::RoomCreated { .. } | EventBody::WorkerStop(_) | EventBody::Identity(_) => {}
+        EventBody::RoomCreated { .. }
+        | EventBody::WorkerStop(_)
+        | EventBody::Identity(_)
+        | EventBody::CollabFlag(_) => {}
     }
     Ok(())
 }

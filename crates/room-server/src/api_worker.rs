@@ -153,6 +153,8 @@ pub(crate) async fn run(engine: &Arc<Engine>, l: &Launch) -> Result<Exit, String
         },
     };
     let report = api::run(&http, &host, turn).await;
+    // the model's own words, for an orchestrator's turn to be checked against its dispatches
+    crate::collab::steer::turn_said(&l.token, &report.said);
     if let Some(e) = &report.error {
         tracing::warn!(launch = %l.id, adapter = %r.adapter, "api turn: {e}");
     }

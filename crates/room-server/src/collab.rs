@@ -22,6 +22,9 @@
 //! Not yet (part 2): `panel` phases (a start refuses a pack with one), the orchestrator as an
 //! agent, the fix loop, worktrees.
 
+#[path = "collab_steer.rs"]
+pub mod steer;
+
 use room_collab::pack::{DEFAULT_PACK, DEFAULT_PROMPTS, Pack, PhaseKind};
 use room_collab::profile::{Backends, Profile};
 use room_collab::schedule::{self, PhaseRun};
@@ -191,6 +194,10 @@ fn advisory(pack: &Pack) -> Vec<String> {
 /// The scopes a role's child holds: what its phases read and write, and the project access
 /// its policy gives.
 fn scopes_of(pack: &Pack, role: &room_collab::Role) -> Vec<String> {
+    // an agent orchestrator reads the collaboration's state and dispatches, nothing more
+    if role.name == room_collab::pack::ORCHESTRATOR {
+        return vec!["session:dispatch".into(), "session:read".into()];
+    }
     let mut out = Vec::new();
     for p in pack.phases.iter().filter(|p| p.run_by(&role.name)) {
         out.extend(p.reads.iter().map(|k| format!("artifact:read:{k}")));
@@ -243,6 +250,7 @@ pub fn start(engine: &Engine, owner: &Owner, a: StartArgs) -> Result<Value, Refu
         ),
     };
     let pack = load(&pack_text, &a.roles)?;
+    pack.check_orchestrator()?;
     pack.check_prompts(|f| {
         prompts
             .get(f)
@@ -570,6 +578,11 @@ pub fn status(engine: &Engine, owner: &Owner, id: &str) -> Result<Value, Refusal
         "trees": trees_view(engine.collab_trees(&c.id)?.as_ref()),
         "phases": phases,
         "runs": runs.iter().map(run_view).collect::<Vec<_>>(),
+        "flags": steer::flags(&runs),
+        "orchestrated_by": spec.as_ref().map(|s| match s.agents.get(room_collab::pack::ORCHESTRATOR) {
+            Some(a) => json!({"agent": a}),
+            None => json!("scheduler"),
+        }),
         "approvals": approvals.iter().map(approval_view).collect::<Vec<_>>(),
         "cost": cost,
         "created_ms": c.created_ms, "updated_ms": c.updated_ms,
@@ -723,6 +736,8 @@ impl Scheduler {
     }
 
     fn pass(&self, engine: &Engine, c: &CollabRow) -> Result<(), Refusal> {
+        let lock = steer::lock(&c.id);
+        let _held = lock.lock().expect("collaboration lock");
         let spec: Spec = serde_json::from_str(&c.spec)
             .map_err(|e| Refusal::storage(format!("collaboration {}: its spec: {e}", c.id)))?;
         let pack = load(&spec.pack, &spec.roles)?;
@@ -738,15 +753,16 @@ impl Scheduler {
         let mut runs = engine.collab_runs(&me, &c.id)?;
         cx.settle(&mut runs, &versions)?;
         cx.answer_asks(&mut runs)?;
-        let by_phase = phase_runs(&runs);
-        for name in schedule::ready(&pack, &versions, &by_phase) {
+        let ready = cx.ready(&runs, &versions);
+        // an agent orchestrates: it is told what changed, and it dispatches and closes
+        if pack.agent_orchestrated() {
+            return cx.tell(&ready, &runs);
+        }
+        for name in &ready {
             let phase = pack.phase(name).expect("ready names phases of the pack");
-            if cx.failed_on_these_inputs(phase, &runs, &versions) {
-                continue;
-            }
             let run = runs
                 .iter()
-                .filter(|r| r.phase == name)
+                .filter(|r| r.phase == *name)
                 .map(|r| r.run)
                 .max()
                 .unwrap_or(0)
@@ -754,17 +770,21 @@ impl Scheduler {
             let row = cx.begin(phase, run, &versions)?;
             runs.push(row);
         }
-        let all_done = pack.phases.iter().all(|p| {
-            runs.iter()
-                .filter(|r| r.phase == p.name)
-                .max_by_key(|r| r.run)
-                .is_some_and(|r| r.state == "done")
-        });
-        if all_done {
+        if all_done(&pack, &runs) {
             cx.finish()?;
         }
         Ok(())
     }
+}
+
+/// Whether every phase's newest run is done.
+fn all_done(pack: &Pack, runs: &[CollabRunRow]) -> bool {
+    pack.phases.iter().all(|p| {
+        runs.iter()
+            .filter(|r| r.phase == p.name)
+            .max_by_key(|r| r.run)
+            .is_some_and(|r| r.state == "done")
+    })
 }
 
 /// Each phase's runs, as the schedule reads them: running while its newest run waits or runs,
@@ -873,6 +893,46 @@ impl Cx<'_> {
             })
     }
 
+    /// The phases ready for their next run now (`schedule::ready`), less those whose newest
+    /// run failed on exactly these inputs.
+    fn ready(&self, runs: &[CollabRunRow], versions: &BTreeMap<ArtifactKind, u64>) -> Vec<String> {
+        let by_phase = phase_runs(runs);
+        schedule::ready(self.pack, versions, &by_phase)
+            .into_iter()
+            .filter(|name| {
+                let phase = self
+                    .pack
+                    .phase(name)
+                    .expect("ready names phases of the pack");
+                !self.failed_on_these_inputs(phase, runs, versions)
+            })
+            .map(String::from)
+            .collect()
+    }
+
+    /// Start a run of `phase` in the approval queue, whatever the pack says of it.
+    fn begin_approval(
+        &self,
+        phase: &Phase,
+        run: u32,
+        versions: &BTreeMap<ArtifactKind, u64>,
+    ) -> Result<CollabRunRow, Refusal> {
+        let row = CollabRunRow {
+            collab: self.c.id.clone(),
+            phase: phase.name.clone(),
+            run,
+            task: None,
+            state: "approval".into(),
+            reads: self.reads_json(phase, versions),
+            started_ms: self.engine.now_ms(),
+            ended_ms: None,
+        };
+        self.put(&row)?;
+        self.engine
+            .approval_request(self.me, &self.c.id, &phase.name, run, &self.input(phase)?)?;
+        Ok(row)
+    }
+
     fn put(&self, row: &CollabRunRow) -> Result<(), Refusal> {
         self.engine.collab_run_put(self.me, row.clone())
     }
@@ -895,15 +955,7 @@ impl Cx<'_> {
             ended_ms: None,
         };
         if phase.kind == PhaseKind::Approval || phase.approve {
-            self.put(&row)?;
-            self.engine.approval_request(
-                self.me,
-                &self.c.id,
-                &phase.name,
-                run,
-                &self.input(phase)?,
-            )?;
-            return Ok(row);
+            return self.begin_approval(phase, run, versions);
         }
         self.dispatch(phase, &mut row, None)?;
         Ok(row)

@@ -276,9 +276,21 @@ pub fn handle_step(
     ticket: Option<u64>,
 ) -> Step {
     let op = req.op.clone();
+    // an orchestrator's turn keeps what it says (`collab::steer`): the text of each turn
+    let said = {
+        let token = req.token.as_deref().or(bearer.as_deref());
+        (crate::collab::steer::turn_kept(token) && (op == "room" || Verb::parse(&op).is_some()))
+            .then(|| {
+                let text = req.args.get("text").and_then(Value::as_str).unwrap_or("");
+                (token.unwrap_or_default().to_string(), text.to_string())
+            })
+    };
     let step = handle_one(engine, transport, req, bearer, ticket);
     if let Step::Done(resp) = &step {
         announce(&op, resp);
+        if let Some((token, text)) = said.filter(|_| resp.ok) {
+            crate::collab::steer::turn_said(&token, &text);
+        }
     }
     step
 }
@@ -674,6 +686,10 @@ fn is_agent_op(op: &str) -> bool {
 /// a read is a read of the room), fenced by the caller's scopes in the engine.
 const ARTIFACT_OPS: &[&str] = &[
     "collab_ask",
+    "collab_status",
+    "collab_dispatch",
+    "collab_request_approval",
+    "collab_close",
     "artifact_put",
     "diff_from_tree",
     "artifact_get",
@@ -734,6 +750,26 @@ fn artifact_op(
         "search" => engine
             .search(caller, args::<SearchArgs>(a)?.engine())
             .map(TurnStep::Done),
+        "collab_status" => {
+            let a: CollabSteerArgs = args(a)?;
+            crate::collab::steer::status(engine, caller, &a.id).map(TurnStep::Done)
+        }
+        "collab_close" => {
+            let a: CollabSteerArgs = args(a)?;
+            crate::collab::steer::close(engine, caller, &a.id).map(TurnStep::Done)
+        }
+        "collab_dispatch" | "collab_request_approval" => {
+            let a: CollabDispatchArgs = args(a)?;
+            crate::collab::steer::dispatch(
+                engine,
+                caller,
+                &a.id,
+                a.phase.as_deref(),
+                a.purpose.as_deref(),
+                op == "collab_request_approval",
+            )
+            .map(TurnStep::Done)
+        }
         "collab_ask" => {
             let a: CollabAskArgs = args(a)?;
             engine
@@ -792,7 +828,8 @@ fn agent_op(
         )?;
         return control_op(engine, &c, op, a).map(TurnStep::Done);
     }
-    if OWNER_OPS.contains(&op) {
+    // `collab_status` is the owner's view and, with an agent's credential, an orchestrator's
+    if OWNER_OPS.contains(&op) && !ARTIFACT_OPS.contains(&op) {
         // The engine decides: an agent has no owner standing, whatever its tier.
         engine.owner(&Caller::Agent(caller.clone()))?;
     }

@@ -879,6 +879,29 @@ pub struct CollabAskArgs {
     pub task: Option<String>,
 }
 
+/// `collab_status` and `collab_close` for an agent orchestrator.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CollabSteerArgs {
+    /// The collaboration's id (its room's name), as the wake says it.
+    pub id: String,
+}
+
+/// `collab_dispatch` and `collab_request_approval`: one ready phase, by name or purpose.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CollabDispatchArgs {
+    /// The collaboration's id (its room's name), as the wake says it.
+    pub id: String,
+    /// The phase to run (one collab_status lists as ready).
+    #[serde(default)]
+    pub phase: Option<String>,
+    /// Instead of a phase: a purpose tag (implement, review, explore, …), which selects the
+    /// role serving it and so its one ready phase.
+    #[serde(default)]
+    pub purpose: Option<String>,
+}
+
 /// `artifact_get`: one artifact version with its content.
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

@@ -429,7 +429,13 @@ async fn run_launch(
     trip: oneshot::Receiver<Trip>,
     running: Running,
 ) {
+    // an orchestrator's launch is one turn: what it says and dispatches is kept until it ends
+    let (e, launch) = (engine.clone(), l.clone());
+    let _ =
+        tokio::task::spawn_blocking(move || crate::collab::steer::turn_begin(&e, &launch)).await;
     run_launch_inner(&engine, &env, &l, trip, running).await;
+    let (e, launch) = (engine.clone(), l.clone());
+    let _ = tokio::task::spawn_blocking(move || crate::collab::steer::turn_end(&e, &launch)).await;
     // whatever became of it, its broker ends with it
     env.brokers.end(&l.id);
     let _ = std::fs::remove_file(

@@ -93,11 +93,13 @@ fn a_decision_binds_the_digest_shown_and_is_made_once() {
         decide("approve", &digest),
         "owner_required",
     );
+    // with an agent's credential, collab_status is an orchestrator's tool: one that does not
+    // steer this collaboration is refused it
     fx.refuse(
         Some(&orch),
         "collab_status",
         json!({"id": id}),
-        "owner_required",
+        "tier_insufficient",
     );
     // rejected: the run ends; decided once
     let r = fx.ok(None, "collab_decide", decide("reject", &digest));
@@ -472,4 +474,173 @@ fn a_question_is_asked_only_by_a_role_and_refused_otherwise() {
         .clone();
     assert_eq!(a["input"]["question"], "which flag name?");
     assert_eq!(a["state"], "pending");
+}
+
+const STEERED: &str = r#"name = "steered"
+
+[orchestrator]
+prompt = "o.md"
+
+[[phases]]
+name = "spec"
+kind = "agent"
+role = "reasoning"
+writes = ["spec"]
+prompt = "p.md"
+approve = false
+
+[[phases]]
+name = "research"
+kind = "agent"
+role = "search"
+reads = ["spec"]
+writes = ["research"]
+prompt = "p.md"
+approve = false
+"#;
+
+/// Until two snapshots a moment apart agree (the orchestrator's first wake told and
+/// answered): what a refusal is then checked against.
+fn settled(fx: &mut Fx, id: &str) {
+    until(fx, id, |s| {
+        s["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["phase"] == "tell@orchestrator" && r["state"] == "told")
+    });
+    let start = Instant::now();
+    let mut last = fx.snapshot();
+    loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let now = fx.snapshot();
+        if now == last {
+            return;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "never settled");
+        last = now;
+    }
+}
+
+/// An agent orchestrator (its role bound) steers with the collaboration tools, authorized by
+/// its scopes in the engine: each refusal (a role child without `session:read` or
+/// `session:dispatch`, a phase not ready, a phase or purpose the pack lacks, a close with
+/// phases open, an unknown collaboration) changes nothing; the scheduler itself dispatches
+/// nothing; a dispatch by purpose tag starts the one ready phase it selects.
+#[test]
+fn an_agent_orchestrator_steers_with_its_tools_and_each_refusal_changes_nothing() {
+    let mut fx = Fx::new();
+    let v = fx.ok(
+        None,
+        "collab_start",
+        json!({"goal": "add a flag", "pack": STEERED,
+            "prompts": {"p.md": "do it", "o.md": "you orchestrate"},
+            "roles": ["orchestrator=script:read,reply:noted", "reasoning=script:read",
+                "search=script:read"]}),
+    );
+    let id = v["collab"].as_str().unwrap().to_string();
+    assert_eq!(v["agents"]["orchestrator"], format!("{id}-orchestrator"));
+    settled(&mut fx, &id);
+    let s = fx.ok(None, "collab_status", json!({"id": id}));
+    assert_eq!(
+        s["orchestrated_by"]["agent"],
+        format!("{id}-orchestrator"),
+        "{s:#}"
+    );
+    // the scheduler told the orchestrator; it dispatched nothing itself
+    assert_eq!(phase_state(&s, "spec"), "waiting", "{s:#}");
+    let token = |fx: &mut Fx, who: &str| {
+        fx.ok(None, "agent_rotate", json!({"name": format!("{id}-{who}")}))["token"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let orch = token(&mut fx, "orchestrator");
+    let child = token(&mut fx, "reasoning");
+    let mine = fx.ok(Some(&orch), "collab_status", json!({"id": id}));
+    assert_eq!(mine["ready"], json!(["spec"]), "{mine:#}");
+    assert_eq!(mine["all_done"], false);
+    let r = fx.refuse(
+        Some(&child),
+        "collab_dispatch",
+        json!({"id": id, "phase": "spec"}),
+        "tier_insufficient",
+    );
+    assert_eq!(r.detail["needed"], "session:dispatch", "{r}");
+    let r = fx.refuse(
+        Some(&child),
+        "collab_status",
+        json!({"id": id}),
+        "tier_insufficient",
+    );
+    assert_eq!(r.detail["needed"], "session:read", "{r}");
+    let r = fx.refuse(
+        Some(&orch),
+        "collab_dispatch",
+        json!({"id": id, "phase": "research"}),
+        "phase_not_ready",
+    );
+    assert_eq!(r.detail["ready"], json!(["spec"]), "{r}");
+    for (args, field) in [
+        (json!({"id": id, "phase": "deploy"}), "phase"),
+        (json!({"id": id, "purpose": "juggle"}), "purpose"),
+        (json!({"id": id}), "phase"),
+    ] {
+        let r = fx.refuse(Some(&orch), "collab_dispatch", args, "invalid_argument");
+        assert_eq!(r.detail["field"], field, "{r}");
+    }
+    let r = fx.refuse(
+        Some(&orch),
+        "collab_close",
+        json!({"id": id}),
+        "collab_phases_open",
+    );
+    assert_eq!(r.detail["open"].as_array().unwrap().len(), 2, "{r}");
+    fx.refuse(
+        Some(&orch),
+        "collab_request_approval",
+        json!({"id": "col_nope", "phase": "spec"}),
+        "not_found",
+    );
+    // a purpose tag selects the role serving it, and so its one ready phase
+    let d = fx.ok(
+        Some(&orch),
+        "collab_dispatch",
+        json!({"id": id, "purpose": "implement"}),
+    );
+    assert_eq!(
+        (d["phase"].as_str(), d["run"].as_u64()),
+        (Some("spec"), Some(1)),
+        "{d}"
+    );
+    let s = fx.ok(None, "collab_status", json!({"id": id}));
+    assert!(s["phases"][0]["task"].is_string(), "{s:#}");
+    // what is ready moved on: spec runs, nothing else is ready
+    let mine = fx.ok(Some(&orch), "collab_status", json!({"id": id}));
+    assert_eq!(mine["ready"], json!([]), "{mine:#}");
+}
+
+#[test]
+fn a_bound_orchestrator_without_its_prompt_file_is_refused_at_start() {
+    let mut fx = Fx::new();
+    let before = fx.snapshot();
+    let r = fx.refuse(
+        None,
+        "collab_start",
+        json!({"goal": "g", "pack": PACK.replace("approve = true", ""), "prompts": {"p.md": "x"},
+            "roles": ["orchestrator=script:read", "reasoning=script:read"]}),
+        "pack_invalid",
+    );
+    assert_eq!(r.detail["field"], "orchestrator.prompt", "{r}");
+    assert_eq!(fx.snapshot(), before);
+}
+
+fn phase_state<'a>(s: &'a Value, name: &str) -> &'a str {
+    s["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["phase"] == name)
+        .and_then(|p| p["state"].as_str())
+        .unwrap_or("")
 }

@@ -3,10 +3,10 @@
 //! and HTTP reach the same engine calls under the same authorization.
 
 use crate::wire::{
-    ArtifactGetArgs, ArtifactIndexArgs, ArtifactPutArgs, CancelArgs, CollabAskArgs, ComposeArgs,
-    DiffFromTreeArgs, EvidenceArgs, OpArgs, OpBeginArgs, SearchArgs, SourceReadArgs, SyncArgs,
-    TaskAmendArgs, TaskArgs, TaskCancelArgs, TaskClaimArgs, TaskCreateArgs, TaskProposeArgs,
-    TaskSupersedeArgs, TurnWire, WakeTakeArgs,
+    ArtifactGetArgs, ArtifactIndexArgs, ArtifactPutArgs, CancelArgs, CollabAskArgs,
+    CollabDispatchArgs, CollabSteerArgs, ComposeArgs, DiffFromTreeArgs, EvidenceArgs, OpArgs,
+    OpBeginArgs, SearchArgs, SourceReadArgs, SyncArgs, TaskAmendArgs, TaskArgs, TaskCancelArgs,
+    TaskClaimArgs, TaskCreateArgs, TaskProposeArgs, TaskSupersedeArgs, TurnWire, WakeTakeArgs,
 };
 use schemars::JsonSchema;
 use schemars::generate::SchemaSettings;
@@ -522,12 +522,41 @@ against the collaboration's base and writes it as the next version of diff. Edit
 on your task. Ask rarely, and go on with what does not depend on the answer.",
             input: object(input_schema::<CollabAskArgs>()),
         },
+        ToolDef {
+            name: "collab_status",
+            op: "collab_status",
+            description: "The collaboration you orchestrate: each phase's state (waiting, ready, approval, running, done, failed) with its role and purposes, \
+the ready list, runs, the blackboard's index (never contents), pending approvals, guards, each child's live state and flags. Needs session:read.",
+            input: object(input_schema::<CollabSteerArgs>()),
+        },
+        ToolDef {
+            name: "collab_dispatch",
+            op: "collab_dispatch",
+            description: "Dispatch one ready phase to its role's child (a task and a wake; a pack's approve phases wait for the person first), \
+named by phase or selected by purpose. Refused phase_not_ready (with the ready list) when it is not ready. Needs session:dispatch.",
+            input: object(input_schema::<CollabDispatchArgs>()),
+        },
+        ToolDef {
+            name: "collab_request_approval",
+            op: "collab_request_approval",
+            description: "Put one ready phase in the person's approval queue instead of dispatching it: they see the full delegation input \
+(role, backend, model, prompt, the digests of what it reads) and approve, revise or reject; approved, it is dispatched. Needs session:dispatch.",
+            input: object(input_schema::<CollabDispatchArgs>()),
+        },
+        ToolDef {
+            name: "collab_close",
+            op: "collab_close",
+            description: "Finish the collaboration once every phase is done (its goal task closes, its identities are revoked; the person merges). \
+Refused collab_phases_open naming each phase not done. Needs session:dispatch.",
+            input: object(input_schema::<CollabSteerArgs>()),
+        },
     ]
 }
 
 /// Whether a principal holding `scopes` is listed the blackboard tool `name`: a write scope
 /// for `artifact_put`, a read scope for `artifact_get`, `session:read` or any artifact scope
-/// for `artifact_index`. A root (no scope list) is listed none (it may still call them).
+/// for `artifact_index`, `session:read` for `collab_status`, `session:dispatch` for the
+/// orchestrator's other tools. A root (no scope list) is listed none (it may still call them).
 pub fn blackboard_allowed(name: &str, scopes: Option<&[String]>) -> bool {
     let Some(scopes) = scopes else { return false };
     let any = |prefix: &str| scopes.iter().any(|s| s.starts_with(prefix));
@@ -540,6 +569,8 @@ pub fn blackboard_allowed(name: &str, scopes: Option<&[String]>) -> bool {
         "artifact_get" => any("artifact:read:"),
         "artifact_index" => any("artifact:") || any("session:read"),
         "collab_ask" => any("artifact:"),
+        "collab_status" => any("session:read"),
+        "collab_dispatch" | "collab_request_approval" | "collab_close" => any("session:dispatch"),
         _ => false,
     }
 }
