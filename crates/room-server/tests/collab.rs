@@ -265,13 +265,17 @@ impl Drop for ApiServer {
 
 impl ApiServer {
     fn start(fx: &Fx) -> ApiServer {
+        ApiServer::start_mode(fx, "collab")
+    }
+
+    fn start_mode(fx: &Fx, mode: &str) -> ApiServer {
         use std::io::BufRead;
         let script =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/workers/openai_server.py");
         let log = fx.root.join("openai-collab.jsonl");
         let mut child = std::process::Command::new("/usr/bin/python3")
             .arg(script)
-            .arg("collab")
+            .arg(mode)
             .arg(&log)
             .stdout(std::process::Stdio::piped())
             .spawn()
@@ -643,4 +647,77 @@ fn phase_state<'a>(s: &'a Value, name: &str) -> &'a str {
         .find(|p| p["phase"] == name)
         .and_then(|p| p["state"].as_str())
         .unwrap_or("")
+}
+
+fn start_api_steered(fx: &mut Fx, server: &ApiServer) -> String {
+    fx.write_config(&format!(
+        "[backends.openai]\nbase_url = \"http://127.0.0.1:{}/v1\"\ntimeout_ms = 20000\n",
+        server.port
+    ));
+    let v = fx.ok(
+        None,
+        "collab_start",
+        json!({"goal": "add a flag", "pack": STEERED,
+            "prompts": {"p.md": "do it", "o.md": "You orchestrate."},
+            "roles": ["orchestrator=openai:test-model", "reasoning=openai:test-model",
+                "search=openai:test-model"]}),
+    );
+    v["collab"].as_str().unwrap().to_string()
+}
+
+/// The orchestrator and the roles on an OpenAI-compatible backend (the suite's local model
+/// server, its tool calls scripted): woken when something is new, the orchestrator model
+/// reads the collaboration's status and dispatches what is ready through its tools, then
+/// closes it; what it said matches what it did (no flag), and its usage is in the cost.
+#[test]
+fn an_api_orchestrator_dispatches_through_its_tools_to_the_end() {
+    let mut fx = Fx::new();
+    let server = ApiServer::start_mode(&fx, "steer");
+    let id = start_api_steered(&mut fx, &server);
+    let s = until(&mut fx, &id, |s| s["state"] != "running");
+    assert_eq!(s["state"], "done", "{s:#}");
+    assert_eq!(s["flags"], json!([]), "{s:#}");
+    assert_eq!(phase_state(&s, "research"), "done");
+    let orch = format!("{id}-orchestrator");
+    let used = s["cost"]["by_agent_and_model"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["agent"] == orch.as_str())
+        .cloned()
+        .unwrap_or_else(|| panic!("the orchestrator's usage is in the cost: {s:#}"));
+    assert!(used["tokens_in"].as_u64().unwrap() >= 100, "{used}");
+    // the model dispatched: its completions asked for collab_dispatch of spec, then research
+    let log = std::fs::read_to_string(&server.log).unwrap();
+    for phase in ["spec", "research"] {
+        assert!(
+            log.contains(&format!(
+                "{{\\\"id\\\": \\\"{id}\\\", \\\"phase\\\": \\\"{phase}\\\"}}"
+            )),
+            "no dispatch of {phase} in the model's calls"
+        );
+    }
+}
+
+/// An API orchestrator whose own words end its turn announcing a dispatch it never made is
+/// flagged `dispatch_announced_not_made`, and nothing was dispatched for it.
+#[test]
+fn an_api_orchestrator_announcing_a_dispatch_it_did_not_make_is_flagged() {
+    let mut fx = Fx::new();
+    let server = ApiServer::start_mode(&fx, "steer_announce");
+    let id = start_api_steered(&mut fx, &server);
+    let s = until(&mut fx, &id, |s| {
+        s["flags"].as_array().is_some_and(|f| !f.is_empty())
+    });
+    let flag = &s["flags"][0];
+    assert_eq!(flag["code"], "dispatch_announced_not_made", "{s:#}");
+    assert_eq!(flag["detail"]["announced"], json!(["spec"]));
+    assert!(
+        flag["detail"]["said"]
+            .as_str()
+            .unwrap()
+            .contains("Dispatching spec to reasoning now."),
+        "{flag}"
+    );
+    assert_eq!(phase_state(&s, "spec"), "waiting", "{s:#}");
 }

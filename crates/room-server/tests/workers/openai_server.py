@@ -12,7 +12,14 @@ each) to the file named by its second; its port is its first stdout line.
 - status: a 401 with an error body;
 - collab: a collaboration's role: room_sync and its confirm, task_claim of the wake's task,
   artifact_put of the kind its prompt says to write (a valid one of each core kind), room_done,
-  then an answer without tool calls (each completion reports its token usage)."""
+  then an answer without tool calls (each completion reports its token usage);
+- steer: a collaboration's orchestrator (its wake names the collaboration for the collab_*
+  tools): room_sync and its confirm, collab_status, collab_dispatch of every ready phase (or
+  collab_close once all are done), room_sync again and room_reply to the wake (read through
+  again while the room moved on), then an answer saying what it dispatched; any other wake
+  is a role, as in collab mode;
+- steer_announce: as steer, but the orchestrator only replies "noted" and ends its turn
+  announcing a dispatch it never made."""
 
 import json
 import sys
@@ -88,25 +95,72 @@ CANNED = {
 
 
 def collab_mode(messages):
+    """A role's flow; a call refused room_sync_required (another agent wrote meanwhile) is
+    read through (room_sync and its confirm) and made again."""
     wake = wake_of(messages)
     room, task = wake["room"], wake["task"]
     kind = wake["prompt"].split("\nWrite: ", 1)[1].split(" ", 1)[0]
-    made = [c for m in messages if m["role"] == "assistant" for c in m.get("tool_calls") or []]
+    # each call with its result: the tool messages follow their completion in order (the ids
+    # repeat across completions)
+    made, results = [], [m["content"] for m in messages if m["role"] == "tool"]
+    for m in messages:
+        if m["role"] == "assistant":
+            made.extend(c["function"] for c in m.get("tool_calls") or [])
+    made = list(zip(made, results + [""] * (len(made) - len(results))))
+    if not made:
+        return answer(calls(("room_sync", json.dumps({"room": room}))))
+    last, result = made[-1]
+    if last["name"] == "room_sync" and "confirm" not in json.loads(last["arguments"]):
+        return answer(calls(("room_sync", json.dumps({"room": room, "confirm": json.loads(result)["receipt"]}))))
+    if "room_sync_required" in result:
+        return answer(calls(("room_sync", json.dumps({"room": room}))))
+    done = {f["name"] for f, r in made if not r.startswith("error[")}
     steps = [
-        ("room_sync", {"room": room}),
-        None,  # confirm: needs the page's receipt
         ("task_claim", {"task": task}),
         ("artifact_put", {"room": room, "kind": kind, "content": CANNED[kind], "expected_version": 0, "task": task}),
         ("room_done", {"room": room, "task": task}),
     ]
-    n = len(made)
-    if n == 1:
-        result = json.loads(messages[-1]["content"])
-        return answer(calls(("room_sync", json.dumps({"room": room, "confirm": result["receipt"]}))))
-    if n < len(steps):
-        name, args = steps[n]
-        return answer(calls((name, json.dumps(args))))
+    for name, args in steps:
+        if name not in done:
+            return answer(calls((name, json.dumps(args))))
     return answer(text="wrote " + kind)
+
+
+def steer_mode(messages, announce_only):
+    wake = wake_of(messages)
+    if "for the collab_* tools" not in wake["prompt"]:
+        return collab_mode(messages)
+    room = wake["room"]
+    made = [c["function"] for m in messages if m["role"] == "assistant" for c in m.get("tool_calls") or []]
+    names = [c["name"] for c in made]
+    sync = ("room_sync", json.dumps({"room": room}))
+    reply = ("room_reply", json.dumps({"room": room, "reply_to": wake["obligation_ids"][0], "text": "noted"}))
+    if not made:
+        return answer(calls(sync))
+    last, result = made[-1], messages[-1]["content"]
+    if last["name"] == "room_sync" and "confirm" not in json.loads(last["arguments"]):
+        return answer(calls(("room_sync", json.dumps({"room": room, "confirm": json.loads(result)["receipt"]}))))
+    if last["name"] == "room_sync":
+        if announce_only or "collab_status" in names:
+            return answer(calls(reply))
+        return answer(calls(("collab_status", json.dumps({"id": room}))))
+    if last["name"] == "collab_status":
+        status = json.loads(result)
+        if status["ready"]:
+            return answer(calls(*[("collab_dispatch", json.dumps({"id": room, "phase": p})) for p in status["ready"]]))
+        if status["all_done"]:
+            return answer(calls(("collab_close", json.dumps({"id": room}))))
+        return answer(calls(sync))
+    if last["name"] in ("collab_dispatch", "collab_close"):
+        return answer(calls(sync))
+    if last["name"] == "room_reply" and "room_sync_required" in result:
+        return answer(calls(sync))
+    if announce_only:
+        return answer(text="Dispatching spec to reasoning now.")
+    dispatched = [json.loads(c["arguments"])["phase"] for c in made if c["name"] == "collab_dispatch"]
+    if dispatched:
+        return answer(text="Dispatched " + " and ".join(dispatched) + ".")
+    return answer(text="Nothing new to dispatch: waiting.")
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -135,6 +189,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.send(200, json.dumps(reply_mode(body["messages"])).encode())
         if MODE == "collab":
             return self.send(200, json.dumps(collab_mode(body["messages"])).encode())
+        if MODE in ("steer", "steer_announce"):
+            return self.send(200, json.dumps(steer_mode(body["messages"], MODE == "steer_announce")).encode())
         if MODE == "bad_args":
             if body["messages"][-1]["role"] == "tool":
                 return self.send(200, json.dumps(answer(text="gave up")).encode())
