@@ -19,8 +19,8 @@
 //! is done when Room's acceptance passed, never on an agent's word. When every phase is done,
 //! the goal task closes and the collaboration finishes (its identities revoked).
 //!
-//! Not yet (part 2): `panel` phases (a start refuses a pack with one), the orchestrator as an
-//! agent, the fix loop, worktrees.
+//! With the pack's orchestrator role bound, an agent orchestrates instead (`steer`): the pass
+//! settles runs and tells it what is new; it dispatches and closes through its tools.
 
 #[path = "collab_steer.rs"]
 pub mod steer;
