@@ -20,7 +20,7 @@ pub const OPERATIONS: [&str; 11] = [
 ];
 
 /// One adapter's coverage: per operation `supported`, `conditional` (with its condition) or
-/// `unsupported`; the proof rungs it can reach.
+/// `unsupported`; the proof rungs it can reach; its capability matrix.
 #[derive(Debug, Clone, Serialize)]
 pub struct Coverage {
     pub adapter: &'static str,
@@ -28,6 +28,89 @@ pub struct Coverage {
     pub operations: Vec<(&'static str, &'static str)>,
     pub conditions: Vec<(&'static str, &'static str)>,
     pub proofs: &'static [&'static str],
+    pub capabilities: Capabilities,
+}
+
+/// What an adapter declares it can do, capability by capability (`room adapters probe`
+/// checks each it can against a real process or server and reports drift).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Capabilities {
+    /// How a tool the role may not use is kept from it: `hard` (no such tool reaches the
+    /// agent, or the adapter refuses it) or `advisory` (the agent's own tools: it asks, or
+    /// not; only the worker's confinement holds it where the machine confines).
+    pub tool_deny: &'static str,
+    /// Sub-agents the agent may run: `none`, or `agent_internal` (its own, unseen by Room).
+    pub sub_agents: &'static str,
+    /// How a turn is interrupted: `session_cancel` (then the job is stopped), `job_stop`,
+    /// or `request_dropped` (an API request, no process).
+    pub interrupt: &'static str,
+    /// How a stop is proved: `zero_processes` (the owned job seen empty) or `in_daemon`
+    /// (nothing runs outside the daemon).
+    pub cancel: &'static str,
+    /// A warm resume of the agent's own conversation: `conditional` (where it offers one) or
+    /// `none`.
+    pub warm_resume: &'static str,
+    /// What its cost is known from: `usage_records` (tokens per call) or `none`.
+    pub cost: &'static str,
+    /// How the agent asks before acting: `permission_requests` (answered by the route) or
+    /// `none`.
+    pub approval: &'static str,
+}
+
+/// The capabilities' names, in the order `Capabilities::fields` gives them.
+pub const CAPABILITIES: [&str; 7] = [
+    "tool_deny",
+    "sub_agents",
+    "interrupt",
+    "cancel",
+    "warm_resume",
+    "cost",
+    "approval",
+];
+
+impl Capabilities {
+    /// Each capability by name, in a fixed order.
+    pub fn fields(&self) -> [(&'static str, &'static str); 7] {
+        [
+            ("tool_deny", self.tool_deny),
+            ("sub_agents", self.sub_agents),
+            ("interrupt", self.interrupt),
+            ("cancel", self.cancel),
+            ("warm_resume", self.warm_resume),
+            ("cost", self.cost),
+            ("approval", self.approval),
+        ]
+    }
+}
+
+/// A process the daemon starts in an owned job.
+const PROCESS: Capabilities = Capabilities {
+    tool_deny: "hard",
+    sub_agents: "none",
+    interrupt: "job_stop",
+    cancel: "zero_processes",
+    warm_resume: "none",
+    cost: "none",
+    approval: "none",
+};
+
+/// An API model: its only tools are Room's, its turn a request in the daemon.
+const API: Capabilities = Capabilities {
+    tool_deny: "hard",
+    sub_agents: "none",
+    interrupt: "request_dropped",
+    cancel: "in_daemon",
+    warm_resume: "none",
+    cost: "usage_records",
+    approval: "none",
+};
+
+/// The capability matrix of `adapter`, if Room has it.
+pub fn capabilities(adapter: &str) -> Option<Capabilities> {
+    all()
+        .into_iter()
+        .find(|c| c.adapter == adapter)
+        .map(|c| c.capabilities)
 }
 
 fn ops(
@@ -67,6 +150,15 @@ pub fn all() -> Vec<Coverage> {
                 "wrong_body_rejected",
                 "replied",
             ],
+            capabilities: Capabilities {
+                tool_deny: "advisory",
+                sub_agents: "agent_internal",
+                interrupt: "session_cancel",
+                cancel: "zero_processes",
+                warm_resume: "conditional",
+                cost: "none",
+                approval: "permission_requests",
+            },
         },
         Coverage {
             adapter: "command",
@@ -74,6 +166,11 @@ pub fn all() -> Vec<Coverage> {
             operations: ops(&["send"], &[]),
             conditions: vec![],
             proofs: &["dispatched", "process_exit_only", "replied"],
+            // a program of the owner's: whatever it runs, only confinement holds
+            capabilities: Capabilities {
+                tool_deny: "advisory",
+                ..PROCESS
+            },
         },
         Coverage {
             adapter: "script",
@@ -81,6 +178,8 @@ pub fn all() -> Vec<Coverage> {
             operations: ops(&["send"], &[]),
             conditions: vec![],
             proofs: &["dispatched", "process_exit_only", "replied"],
+            // Room's scripted agent: its steps are its only tools
+            capabilities: PROCESS,
         },
         Coverage {
             adapter: "openai",
@@ -93,6 +192,7 @@ pub fn all() -> Vec<Coverage> {
                 "body_visible_pending_reply",
                 "replied",
             ],
+            capabilities: API,
         },
         Coverage {
             adapter: "anthropic",
@@ -105,6 +205,7 @@ pub fn all() -> Vec<Coverage> {
                 "body_visible_pending_reply",
                 "replied",
             ],
+            capabilities: API,
         },
     ]
 }

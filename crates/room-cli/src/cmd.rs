@@ -456,8 +456,21 @@ pub enum SessionsCmd {
 #[derive(Subcommand, Debug)]
 pub enum AdaptersCmd {
     /// Each adapter's coverage of the session factory's eleven operations and of the proof
-    /// ladder.
+    /// ladder, and its capability matrix.
     List,
+    /// Check each adapter's declared capability matrix against a real process or server
+    /// (offline, in a scratch directory): exit 1 on drift.
+    Probe {
+        /// One adapter (acp, openai, anthropic, script, command); default: all.
+        adapter: Option<String>,
+        /// What to check instead of Room's matrix, as KEY=VALUE (tool_deny=hard, …).
+        #[arg(long = "declare", value_name = "KEY=VALUE")]
+        declare: Vec<String>,
+        /// The ACP agent to probe, absolute paths (it runs in a scratch directory; default:
+        /// config.toml's [backends.acp] command).
+        #[arg(last = true, value_name = "PROGRAM ARGS")]
+        command: Vec<String>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -641,6 +654,7 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
         Cmd::Sessions(SessionsCmd::List { agent }) => req("sessions_list", json!({"agent": agent})),
         Cmd::Sessions(SessionsCmd::Show { id }) => req("sessions_show", json!({"id": id})),
         Cmd::Adapters(AdaptersCmd::List) => req("adapters_list", json!({})),
+        Cmd::Adapters(AdaptersCmd::Probe { .. }) => unreachable!("a local command"),
         Cmd::Wakes(WakesCmd::Show { wake }) => req("wakes_show", json!({"wake": wake})),
         Cmd::Wakes(WakesCmd::Check) => req("wakes_check", json!({})),
         Cmd::Wakes(WakesCmd::Obligations { room }) => {
@@ -769,6 +783,11 @@ pub fn run(cli: Cli) -> i32 {
         Cmd::Verify { room, progress } => return verify(&cli, room.as_deref(), *progress),
         Cmd::Collab(c) => return crate::collab::run(&cli, c),
         Cmd::Doctor => return crate::doctor::run(&cli),
+        Cmd::Adapters(AdaptersCmd::Probe {
+            adapter,
+            declare,
+            command,
+        }) => return crate::probe::run(&cli, adapter.as_deref(), command, declare),
         Cmd::Completions { shell } => {
             use clap::CommandFactory;
             let mut out = std::io::stdout();

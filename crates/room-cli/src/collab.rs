@@ -226,11 +226,48 @@ fn check(cli: &Cli, pack: Option<&Path>, roles: &[String]) -> Result<serde_json:
     };
     let mut bound = loaded;
     bound.bind_roles("role", roles)?;
+    let before: Vec<String> = bound
+        .profile
+        .roles
+        .iter()
+        .filter(|r| !r.adapter.is_empty())
+        .map(|r| r.name.clone())
+        .collect();
+    bound.keep_used_roles();
+    // a role bound that no phase runs is configuration with nothing to do here: said
+    let unused: Vec<String> = before
+        .into_iter()
+        .filter(|n| bound.profile.role(n).is_none())
+        .collect();
+    bound.check_orchestrator()?;
     bound.profile.validate(&backends(cli)?)?;
     room_collab::panel::check(&bound)?;
     let mut view = bound.view();
     view["valid"] = json!(true);
+    view["capabilities"] = capabilities(&bound);
+    view["unused_bindings"] = json!(unused);
     Ok(view)
+}
+
+/// The role picker's matrix: each bound role's adapter capabilities (`room adapters list`;
+/// `room adapters probe` checks them), and a flag where its tool deny is advisory: the
+/// backend's own tools are held only by the agent asking, or by the worker's confinement.
+fn capabilities(pack: &Pack) -> serde_json::Value {
+    let roles: Vec<serde_json::Value> = pack
+        .profile
+        .roles
+        .iter()
+        .filter(|r| !r.adapter.is_empty())
+        .map(|r| {
+            let caps = room_agents::coverage::capabilities(&r.adapter);
+            let advisory = caps.is_some_and(|c| c.tool_deny == "advisory");
+            json!({"role": r.name, "adapter": r.adapter, "capabilities": caps,
+                "flag": advisory.then(|| format!(
+                    "{}: tool deny is advisory on {} (its own tools are held by asking, or by confinement where the machine confines): check it with room adapters probe {}",
+                    r.name, r.adapter, r.adapter))})
+        })
+        .collect();
+    json!(roles)
 }
 
 /// The daemon request of a collaboration command (the pack and its prompts read here).

@@ -18,6 +18,7 @@ mod demo_collab;
 mod doctor;
 mod mcp_cmd;
 mod mcp_http;
+mod probe;
 
 use clap::Parser;
 

@@ -87,9 +87,13 @@ fn check(env: &Env, extra: &[&str]) -> Output {
 #[test]
 fn the_shipped_pack_checks_once_every_role_is_bound() {
     let env = Env::new();
+    // the orchestrator may stay unbound (Room's scheduler orchestrates): the first role the
+    // phases use is the first refused
     let r = refused(&check(&env, &[]), "profile_invalid");
-    assert_eq!(r["detail"]["role"], "orchestrator");
+    assert_eq!(r["detail"]["role"], "search");
     assert_eq!(r["detail"]["field"], "adapter");
+    let o = check(&env, &BOUND[2..]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let o = check(&env, &BOUND);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v = json(&o);
@@ -126,16 +130,30 @@ fn the_shipped_pack_checks_once_every_role_is_bound() {
         serde_json::json!(["review", "review-2"]),
         "{r}"
     );
-    // a role added by configuration
+    // a role added by configuration: bound, it is a role of the profile; no phase of the
+    // shipped pack runs it, which the check says
     let mut more = BOUND.to_vec();
     more.extend(["--role", "security-reviewer=anthropic:claude-opus"]);
     let v = json(&check(&env, &more));
+    assert_eq!(
+        v["unused_bindings"],
+        serde_json::json!(["security-reviewer"]),
+        "{v:#}"
+    );
+    // the role picker's matrix: each bound role's capabilities, advisory tool deny flagged
+    let caps = v["capabilities"].as_array().unwrap();
+    let arch = caps.iter().find(|c| c["role"] == "architecture").unwrap();
+    assert_eq!(arch["capabilities"]["tool_deny"], "hard", "{arch}");
+    let reasoning = caps.iter().find(|c| c["role"] == "reasoning").unwrap();
+    assert_eq!(
+        reasoning["capabilities"]["tool_deny"], "advisory",
+        "{reasoning}"
+    );
     assert!(
-        v["roles"]
-            .as_array()
+        reasoning["flag"]
+            .as_str()
             .unwrap()
-            .iter()
-            .any(|r| r["name"] == "security-reviewer")
+            .contains("room adapters probe acp")
     );
 }
 
@@ -181,9 +199,13 @@ fn packs_are_refused_with_their_codes() {
     let env = Env::new();
     env.write("prompts/a.md", "write the spec");
     let ok = env.write("two.toml", TWO);
+    // a bound orchestrator needs the pack's [orchestrator] prompt
+    let args = [&["--pack", ok.to_str().unwrap()][..], &BOUND[..10]].concat();
+    let r = refused(&check(&env, &args), "pack_invalid");
+    assert_eq!(r["detail"]["field"], "orchestrator.prompt", "{r}");
     let o = check(
         &env,
-        &[&["--pack", ok.to_str().unwrap()][..], &BOUND[..10]].concat(),
+        &[&["--pack", ok.to_str().unwrap()][..], &BOUND[2..10]].concat(),
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let cases = [

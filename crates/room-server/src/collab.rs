@@ -172,10 +172,22 @@ fn machine_confines() -> bool {
 
 /// The limits a role's policy sets that this machine leaves advisory.
 fn advisory(pack: &Pack) -> Vec<String> {
+    // a backend whose own tools Room cannot hard-deny (`room adapters probe` checks it)
+    let tools = pack.profile.roles.iter().filter_map(|r| {
+        let caps = room_agents::coverage::capabilities(&r.adapter)?;
+        (caps.tool_deny == "advisory").then(|| {
+            format!(
+                "role {}: the {} backend's own tools are denied only by its asking (tool deny advisory); its project and network access are held by the worker's confinement where this machine confines",
+                r.name, r.adapter
+            )
+        })
+    });
+    let tools: Vec<String> = tools.collect();
     if machine_confines() {
-        return Vec::new();
+        return tools;
     }
-    pack.profile
+    let unconfined = pack
+        .profile
         .roles
         .iter()
         .filter(|r| matches!(r.adapter.as_str(), "script" | "command" | "acp"))
@@ -187,8 +199,8 @@ fn advisory(pack: &Pack) -> Vec<String> {
                 "role {}: its read-only project and no-network limits are advisory (this machine cannot confine workers: see room doctor)",
                 r.name
             )
-        })
-        .collect()
+        });
+    tools.into_iter().chain(unconfined).collect()
 }
 
 /// The scopes a role's child holds: what its phases read and write, and the project access
@@ -480,6 +492,10 @@ fn set_up_with(
         Ok(
             json!({"collab": id, "room": id, "orchestrator": orch, "agents": agents,
             "goal_task": goal_task, "pack": pack.view(), "advisory": advisory(&pack),
+            "capabilities": pack.profile.roles.iter().map(|r| json!({"role": r.name,
+                "adapter": r.adapter,
+                "capabilities": room_agents::coverage::capabilities(&r.adapter)}))
+                .collect::<Vec<_>>(),
             "trees": trees_view(trees.as_ref())}),
         )
     })();

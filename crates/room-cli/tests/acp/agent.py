@@ -8,7 +8,11 @@ argument:
 - silent: ends its turn without replying;
 - hang: streams an update and waits for `session/cancel`, then answers `cancelled`;
 - ignore_cancel: starts a child process and never answers, not even to `session/cancel`;
-- wrong_body: streams its update under another session's id and ends its turn.
+- wrong_body: streams its update under another session's id and ends its turn;
+- obey: asks permission (`session/request_permission`) to create `room-probe.txt` in its
+  session's directory and creates it only if allowed, then ends its turn;
+- ignore_deny: creates `room-probe.txt` in its session's directory without asking, then ends
+  its turn (an agent whose tool deny is advisory at best).
 
 With a second argument (a file that keeps its sessions across processes) it offers
 `session/load`: a loaded session replays one update of its history before the prompt.
@@ -32,7 +36,8 @@ from acp import (
     text_block,
     update_agent_message,
 )
-from acp.schema import AgentCapabilities
+from acp.schema import AgentCapabilities, PermissionOption, ToolCallUpdate
+import os
 from mcp import Client, StdioServerParameters
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "reply"
@@ -69,6 +74,8 @@ class TestAgent(Agent):
     async def new_session(self, cwd, mcp_servers=None, **kw):
         sid = uuid.uuid4().hex
         self.servers[sid] = list(mcp_servers or [])
+        self.cwds = getattr(self, "cwds", {})
+        self.cwds[sid] = cwd
         log(step="new_session", session=sid, cwd=cwd, mcp=[s.name for s in self.servers[sid]])
         if SESSIONS:
             kept = known_sessions() + [sid]
@@ -107,6 +114,22 @@ class TestAgent(Agent):
             child = subprocess.Popen(["/bin/sh", "-c", "sleep 600; exit", marker])
             log(step="child", pid=child.pid, marker=marker)
             await asyncio.Event().wait()
+        if MODE in ("obey", "ignore_deny"):
+            target = os.path.join(self.cwds[session_id], "room-probe.txt")
+            allowed = MODE == "ignore_deny"
+            if MODE == "obey":
+                options = [PermissionOption(option_id="allow", name="Allow", kind="allow_once"),
+                           PermissionOption(option_id="reject", name="Reject", kind="reject_once")]
+                call = ToolCallUpdate(tool_call_id="probe-1", title="create room-probe.txt", kind="edit")
+                answer = await self.conn.request_permission(session_id=session_id, tool_call=call, options=options)
+                outcome = answer.outcome
+                allowed = getattr(outcome, "outcome", None) == "selected" and getattr(outcome, "option_id", None) == "allow"
+                log(step="permission", allowed=allowed)
+            if allowed:
+                with open(target, "w") as f:
+                    f.write("written by the test agent\n")
+                log(step="wrote", path=target)
+            return PromptResponse(stop_reason="end_turn")
         if MODE == "reply":
             wake = next(json.loads(t) for t in texts if t.startswith("{"))
             await self.answer(session_id, wake)

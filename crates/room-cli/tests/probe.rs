@@ -1,0 +1,123 @@
+//! `room adapters probe`: each adapter's declared capability matrix checked against a real
+//! process or server. The ACP probe runs the suite's ACP SDK agent (`tests/acp/agent.py`):
+//! one that honours a rejected permission request holds a declared hard deny; one that
+//! writes without asking is drift against it (exit 1); the API adapters run against the
+//! probe's own scripted model on loopback. Needs the venv scripts/test makes.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn python() -> PathBuf {
+    let p = std::env::var_os("ROOM_TEST_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python"));
+    // absolute, not canonical: a venv's python finds its packages only by its own path
+    let dir = std::fs::canonicalize(p.parent().unwrap()).unwrap();
+    dir.join(p.file_name().unwrap())
+}
+
+fn probe(args: &[&str], agent_mode: Option<&str>) -> (i32, Value, String) {
+    let state = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_room"));
+    cmd.args(["adapters", "probe"])
+        .args(args)
+        .args(["--json", "--state-dir"])
+        .arg(state.path());
+    if let Some(mode) = agent_mode {
+        let agent = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/acp/agent.py");
+        cmd.arg("--").arg(python()).arg(agent).arg(mode);
+    }
+    let o = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr).to_string();
+    let v = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+    (o.status.code().unwrap_or(-1), v, stderr)
+}
+
+fn capability<'a>(v: &'a Value, adapter: &str, cap: &str) -> &'a Value {
+    v["adapters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["adapter"] == adapter)
+        .and_then(|a| {
+            a["capabilities"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["capability"] == cap)
+        })
+        .unwrap_or_else(|| panic!("no {adapter} {cap}: {v:#}"))
+}
+
+#[test]
+fn an_agent_declared_hard_that_writes_without_asking_is_drift() {
+    let (code, v, err) = probe(&["acp", "--declare", "tool_deny=hard"], Some("ignore_deny"));
+    assert_eq!(code, 1, "{v:#} {err}");
+    assert_eq!(v["drift"], true);
+    let deny = capability(&v, "acp", "tool_deny");
+    assert_eq!(deny["verdict"], "drift", "{deny}");
+    assert_eq!(deny["observed"], "advisory");
+    // Room's own declaration for ACP is advisory: the same agent is no drift against it
+    let (code, v, err) = probe(&["acp"], Some("ignore_deny"));
+    assert_eq!(code, 0, "{v:#} {err}");
+    assert_eq!(capability(&v, "acp", "tool_deny")["verdict"], "ok");
+}
+
+#[test]
+fn an_agent_that_honours_a_rejected_request_holds_a_declared_hard_deny() {
+    let (code, v, err) = probe(&["acp", "--declare", "tool_deny=hard"], Some("obey"));
+    assert_eq!(code, 0, "{v:#} {err}");
+    let deny = capability(&v, "acp", "tool_deny");
+    assert_eq!(
+        (&deny["observed"], &deny["verdict"]),
+        (&"hard".into(), &"ok".into()),
+        "{deny}"
+    );
+    let approval = capability(&v, "acp", "approval");
+    assert_eq!(approval["observed"], "permission_requests", "{approval}");
+    assert_eq!(capability(&v, "acp", "warm_resume")["observed"], "none");
+}
+
+#[test]
+fn the_api_adapters_refuse_an_unlisted_tool_report_usage_and_drop_a_hung_request() {
+    for adapter in ["openai", "anthropic"] {
+        let (code, v, err) = probe(&[adapter], None);
+        assert_eq!(code, 0, "{v:#} {err}");
+        for (cap, seen) in [
+            ("tool_deny", "hard"),
+            ("cost", "usage_records"),
+            ("interrupt", "request_dropped"),
+        ] {
+            let c = capability(&v, adapter, cap);
+            assert_eq!(
+                (&c["observed"], &c["verdict"]),
+                (&seen.into(), &"ok".into()),
+                "{c}"
+            );
+        }
+        // what it cannot observe offline it says so
+        assert_eq!(capability(&v, adapter, "cancel")["verdict"], "not_probed");
+    }
+}
+
+#[test]
+fn a_probe_refuses_what_it_cannot_check() {
+    let (code, v, err) = probe(&["acp", "--declare", "speed=fast"], None);
+    assert_eq!((code, v), (1, Value::Null));
+    assert!(err.contains("error[invalid_argument]: declare"), "{err}");
+    let (code, _, err) = probe(&["telepathy"], None);
+    assert_eq!(code, 1);
+    assert!(err.contains("error[invalid_argument]: adapter"), "{err}");
+    // no agent configured nor given: said, not guessed
+    let (code, v, _) = probe(&["acp"], None);
+    assert_eq!(code, 0, "{v:#}");
+    assert!(
+        v["adapters"][0]["note"]
+            .as_str()
+            .unwrap()
+            .starts_with("no agent to probe"),
+        "{v:#}"
+    );
+    assert_eq!(capability(&v, "acp", "tool_deny")["verdict"], "not_probed");
+}
