@@ -1762,3 +1762,115 @@ fn a_dispatch_announced_but_not_made_is_flagged() {
         "{log:#}"
     );
 }
+
+/// A panel with a debate round: once both reviewers have settled, each is given the other's
+/// findings once (a debate seat run of the same panel run) and writes its findings again;
+/// then the barrier joins as usual.
+#[test]
+fn a_panel_s_debate_round_gives_each_reviewer_the_others_findings_once() {
+    let d = Dirs::new();
+    let _daemon = spawn(&d);
+    let project = d.root.join("work/greeter");
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::write(project.join("greet.sh"), "#!/bin/sh\necho hello\n").unwrap();
+    let prj = d.ok(&["project", "open", project.to_str().unwrap()])["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let program = d.write(
+        "kit/implement.sh",
+        "#!/bin/sh\nset -e\nprintf '#!/bin/sh\\necho hello, verbosely\\n' > greet.sh\nexec \"$ROOM_BRIDGE\" agent-script --steps read,claim,diff,done\n",
+    );
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    d.write("pack/p.md", "Your part.\n");
+    let pack = d.write(
+        "pack/pack.toml",
+        r#"name = "debate"
+
+[[phases]]
+name = "implementation"
+kind = "agent"
+role = "reasoning"
+writes = ["diff"]
+prompt = "p.md"
+approve = false
+
+[[phases]]
+name = "review"
+kind = "panel"
+role = "review"
+reviewers = 2
+reads = ["diff"]
+writes = ["findings"]
+prompt = "p.md"
+fix_loops_max = 0
+debate = true
+
+[[phases]]
+name = "approval"
+kind = "approval"
+reads = ["diff", "findings"]
+"#,
+    );
+    let findings = |seat: &str, title: &str| {
+        let f = d.write(
+            &format!("canned/{seat}.json"),
+            &json!({"blocking": [], "non_blocking": [{"title": title, "file": "greet.sh", "line": 2}],
+                "suggestions": []})
+            .to_string(),
+        );
+        format!(
+            "review=script:read,claim,put:findings@{seat}={},done",
+            f.display()
+        )
+    };
+    let id = d.ok(&[
+        "collab",
+        "start",
+        "--goal",
+        "greet verbosely",
+        "--project",
+        &prj,
+        "--pack",
+        pack.to_str().unwrap(),
+        "--role",
+        &format!("reasoning=command:{}", program.display()),
+        "--role",
+        &findings("review", "the greeting is longer"),
+        "--role",
+        &findings("review-2", "say why it is verbose"),
+    ])["collab"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let s = until(&d, &id, "the approval after the debate", |s| {
+        pending(s, "approval").is_some()
+    });
+    let review = phase(&s, "review");
+    assert_eq!(review["state"], "done", "{s:#}");
+    for seat in review["panel"]["seats"].as_array().unwrap() {
+        assert_eq!(seat["state"], "done", "{seat}");
+        assert_eq!(seat["debate"], "done", "{seat}");
+        // the debate round wrote each reviewer's findings again
+        assert_eq!(seat["findings_version"], 2, "{seat}");
+    }
+    // each reviewer was given the other's findings in its debate wake, and not its own
+    let wakes = d.ok(&["wakes", "list", &id]);
+    let debate: Vec<&str> = wakes["wakes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|w| w["prompt"].as_str())
+        .filter(|p| p.starts_with("Debate round of the review panel review"))
+        .collect();
+    assert_eq!(debate.len(), 2, "{wakes:#}");
+    assert!(
+        debate
+            .iter()
+            .any(|p| p.contains("Reviewer review-2's findings")
+                && p.contains("say why it is verbose")
+                && !p.contains("the greeting is longer")),
+        "{debate:#?}"
+    );
+}

@@ -105,6 +105,9 @@ pub struct Phase {
     /// (the agent phase that writes the diff it reads) before the loop stops
     /// (`fix_loop_exhausted`); 0: never. None for other phases.
     pub fix_loops_max: Option<u32>,
+    /// A panel's debate round: once every reviewer has settled, each that wrote findings is
+    /// given the others' findings once, to revise its own (or keep them) before the join.
+    pub debate: bool,
     /// A gate's commands, as `command` acceptance checks.
     pub commands: Vec<Check>,
     /// Whether its dispatch waits for the person's approval (by default: a role that writes
@@ -278,6 +281,8 @@ struct PhaseFile {
     timeout_ms: Option<u64>,
     #[serde(default)]
     fix_loops_max: Option<u32>,
+    #[serde(default)]
+    debate: Option<bool>,
     #[serde(default)]
     commands: Vec<toml::Value>,
     #[serde(default)]
@@ -481,6 +486,7 @@ impl Pack {
                     "writes": p.writes.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
                     "after": self.predecessors()[p.name.as_str()], "approve": p.approve,
                     "reviewers": p.reviewers, "seats": p.seats(),
+                    "debate": (p.kind == PhaseKind::Panel).then_some(p.debate),
                     "distinct": (p.kind == PhaseKind::Panel).then(|| p.distinct.as_str()),
                     "prompt": p.prompt})
             })
@@ -718,6 +724,11 @@ fn phase(
         (_, Some(_)) => return Err(invalid(&at("fix_loops_max"), "a panel's field")),
         (_, None) => None,
     };
+    let debate = match (kind, p.debate) {
+        (PhaseKind::Panel, d) => d.unwrap_or(false),
+        (_, Some(_)) => return Err(invalid(&at("debate"), "a panel's field")),
+        (_, None) => false,
+    };
     if kind == PhaseKind::Panel && writes.iter().any(|w| *w != ArtifactKind::Findings) {
         return Err(invalid(
             &at("writes"),
@@ -765,6 +776,7 @@ fn phase(
         distinct,
         timeout_ms,
         fix_loops_max,
+        debate,
         commands,
         approve,
     })
@@ -939,5 +951,21 @@ writes = ["research"]
             Code::PackInvalid,
         );
         assert_eq!(r.detail["field"], "phases[2].writes");
+    }
+
+    #[test]
+    fn a_debate_round_is_a_panel_s_field() {
+        let p = Pack::default_pack();
+        assert!(!p.phase("review").unwrap().debate, "off unless asked");
+        let on = DEFAULT_PACK.replace("reviewers = 2\n", "reviewers = 2\ndebate = true\n");
+        assert!(load(&on).unwrap().phase("review").unwrap().debate);
+        let r = refused(
+            &DEFAULT_PACK.replace(
+                "writes = [\"spec\"]\nprompt",
+                "writes = [\"spec\"]\ndebate = true\nprompt",
+            ),
+            Code::PackInvalid,
+        );
+        assert_eq!(r.detail["field"], "phases[0].debate", "{r}");
     }
 }

@@ -635,12 +635,16 @@ fn panel_view(
         {
             by_seat.insert(seat.clone(), f["content"].clone());
         }
+        let debate = runs
+            .iter()
+            .find(|r| r.phase == debate_run(&ph.name, &seat) && r.run == run)
+            .map(|r| r.state.clone());
         let role = pack.profile.role(&seat);
         seats.push(json!({
             "seat": seat, "agent": spec.and_then(|s| s.agents.get(&seat)),
             "backend": role.map(room_collab::panel::backend),
             "family": role.map(room_collab::panel::family),
-            "state": state, "task": r.and_then(|r| r.task.clone()),
+            "state": state, "task": r.and_then(|r| r.task.clone()), "debate": debate,
             "findings_version": findings.as_ref().map(|f| f["version"].clone()),
         }));
     }
@@ -1362,7 +1366,94 @@ Your findings reach the orchestrator and the person alone: no other reviewer rea
             row.ended_ms = Some(self.engine.now_ms());
             return self.put(row);
         }
+        if phase.debate {
+            let seats = phase.seats();
+            let done: Vec<&String> = seats
+                .iter()
+                .zip(&settled)
+                .filter(|(_, st)| *st == "done")
+                .map(|(seat, _)| seat)
+                .collect();
+            if !self.debate(phase, row, &done, deadline_ms)? {
+                return Ok(());
+            }
+        }
         self.join(phase, row)
+    }
+
+    /// A panel's debate round (`debate = true`): each seat that wrote findings is given the
+    /// others' findings once (a seat run `<phase>@<seat>.debate`, the same run number), to
+    /// revise its own (a new version under its key) or keep them; settled like the first
+    /// round (failed, timed out and blocked shown, never dropped). Whether it has settled.
+    fn debate(
+        &self,
+        phase: &Phase,
+        row: &CollabRunRow,
+        seats: &[&String],
+        deadline_ms: u64,
+    ) -> Result<bool, Refusal> {
+        let runs = self.engine.collab_runs(self.me, &self.c.id)?;
+        let mut found: Option<Vec<(String, Value)>> = None;
+        let mut open = false;
+        for &seat in seats {
+            let name = debate_run(&phase.name, seat);
+            let mut s = runs
+                .iter()
+                .find(|r| r.phase == name && r.run == row.run)
+                .cloned()
+                .unwrap_or_else(|| CollabRunRow {
+                    collab: self.c.id.clone(),
+                    phase: name.clone(),
+                    run: row.run,
+                    task: None,
+                    state: "dispatching".into(),
+                    reads: row.reads.clone(),
+                    started_ms: self.engine.now_ms(),
+                    ended_ms: None,
+                });
+            if s.state == "dispatching" && s.task.is_none() {
+                match self.held(seat)? {
+                    Some(Hold::Blocked(_)) => {
+                        s.state = "blocked".into();
+                        s.ended_ms = Some(self.engine.now_ms());
+                        self.put(&s)?;
+                        continue;
+                    }
+                    Some(Hold::Wait(_)) => {
+                        open = true;
+                        continue;
+                    }
+                    None => {}
+                }
+            }
+            if s.state == "dispatching" {
+                let found = match &found {
+                    Some(f) => f,
+                    None => found.insert(self.engine.collab_findings(
+                        self.me,
+                        &self.c.id,
+                        &phase.seats(),
+                    )?),
+                };
+                let others: Vec<String> = found
+                    .iter()
+                    .filter(|(k, _)| k != seat)
+                    .map(|(k, v)| format!("Reviewer {k}'s findings:\n{}", v["content"]))
+                    .collect();
+                let text = format!(
+                    "Debate round of the review panel {}: the other reviewers' findings follow, given to you once. \
+Revise your own findings if they change your view (artifact_put kind findings, key {seat}, expected_version the newest), or keep them as they are; then done.\n\n{}",
+                    phase.name,
+                    others.join("\n\n")
+                );
+                self.assign_to(phase, seat, Some(seat), &mut s, Some(text))?;
+            }
+            if s.state == "running" {
+                self.settle_seat(&mut s, deadline_ms)?;
+            }
+            open |= matches!(s.state.as_str(), "dispatching" | "running");
+        }
+        Ok(!open)
     }
 
     /// The barrier has joined: the blocking findings (any reviewer's) go back to the
@@ -1798,6 +1889,14 @@ fn seat_run(phase: &str, seat: &str) -> String {
     format!("{phase}@{seat}")
 }
 
+/// A seat's run in its panel's debate round.
+fn debate_run(phase: &str, seat: &str) -> String {
+    format!("{phase}@{seat}{DEBATE}")
+}
+
+/// The suffix of a debate round's seat runs.
+const DEBATE: &str = ".debate";
+
 /// What holds a dispatch back: a wait (the live-worker cap: it goes once a run ends) or a
 /// block (`child_auto_blocked`, `budget_exhausted`: it stays until the person acts).
 enum Hold {
@@ -1822,7 +1921,7 @@ fn live(pack: &Pack, runs: &[CollabRunRow]) -> usize {
 /// Whether `role` runs the run `r`: its agent phase's role, or the seat of its panel run.
 fn run_by_role(pack: &Pack, r: &CollabRunRow, role: &str) -> bool {
     match r.phase.split_once('@') {
-        Some((_, seat)) => seat == role,
+        Some((_, seat)) => seat.trim_end_matches(DEBATE) == role,
         None => pack
             .phase(&r.phase)
             .is_some_and(|p| p.kind == PhaseKind::Agent && p.role.as_deref() == Some(role)),
