@@ -1874,3 +1874,153 @@ reads = ["diff", "findings"]
         "{debate:#?}"
     );
 }
+
+/// Plan before writing: the implementer's child starts without the scopes its phase writes
+/// with (a diff written before its plan is approved is refused `artifact_write_denied`,
+/// changing nothing); it writes its plan on a task of its own, the person approves the plan,
+/// bound to its digest; the engine then gives the child the held-back scopes (journaled,
+/// `widened`), and the phase runs and writes its diff.
+#[test]
+fn a_plan_is_approved_before_its_child_gets_write_scopes() {
+    let d = Dirs::new();
+    let _daemon = spawn(&d);
+    let project = d.root.join("work/greeter");
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::write(project.join("greet.sh"), "#!/bin/sh\necho hello\n").unwrap();
+    let prj = d.ok(&["project", "open", project.to_str().unwrap()])["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let plan = d.write(
+        "kit/plan.json",
+        r#"{"steps": ["make the greeting verbose"], "files": ["greet.sh"]}"#,
+    );
+    // one program for both wakes: the plan's (its prompt says so), then the phase's
+    let program = d.write(
+        "kit/implement.sh",
+        &format!(
+            "#!/bin/sh\nset -e\nwake=$(head -n1)\ncase \"$wake\" in\n*'Plan before you write'*) printf '%s\\n' \"$wake\" | exec \"$ROOM_BRIDGE\" agent-script --steps read,claim,fulfil:{},done ;;\n\
+             *) printf '#!/bin/sh\\necho hello, verbosely\\n' > greet.sh; printf '%s\\n' \"$wake\" | exec \"$ROOM_BRIDGE\" agent-script --steps read,claim,diff,done ;;\nesac\n",
+            plan.display()
+        ),
+    );
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    d.write("pack/p.md", "Your part.\n");
+    let pack = d.write(
+        "pack/pack.toml",
+        "name = \"planned\"\n\n[[phases]]\nname = \"implementation\"\nkind = \"agent\"\nrole = \"reasoning\"\nwrites = [\"diff\"]\nprompt = \"p.md\"\napprove = false\nplan = true\n",
+    );
+    let id = d.ok(&[
+        "collab",
+        "start",
+        "--goal",
+        "greet verbosely",
+        "--project",
+        &prj,
+        "--pack",
+        pack.to_str().unwrap(),
+        "--role",
+        &format!("reasoning=command:{}", program.display()),
+    ])["collab"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let child = format!("{id}-reasoning");
+    let scopes = |d: &Dirs| {
+        d.ok(&["agent", "list"])["agents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["name"] == child.as_str())
+            .map(|a| a["scopes"].clone())
+            .unwrap()
+    };
+    let held = scopes(&d);
+    assert!(
+        !held
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s == "artifact:write:diff" || s == "project:write"),
+        "{held}"
+    );
+    let s = until(&d, &id, "the plan's approval", |s| {
+        pending(s, "plan@implementation").is_some()
+    });
+    let ask = pending(&s, "plan@implementation").unwrap();
+    assert_eq!(ask["input"]["kind"], "plan", "{ask:#}");
+    assert_eq!(ask["input"]["plan"]["key"], "implementation");
+    assert_eq!(
+        ask["input"]["gives"],
+        json!(["artifact:write:diff", "project:write"]),
+        "{ask:#}"
+    );
+    let shown = d.ok(&["collab", "show", &id, "extra/plan/implementation"]);
+    assert_eq!(shown["content"]["files"], json!(["greet.sh"]), "{shown:#}");
+    assert!(
+        phase(&s, "implementation")["task"].is_null(),
+        "nothing dispatched: {s:#}"
+    );
+    // before the approval the child cannot write its diff
+    let token = d.ok(&["agent", "rotate", &child])["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut c = Client::connect(&d.state.join("room.sock")).unwrap();
+    let log_before = d.ok(&["log", &id, "--limit", "1000"])["events"]
+        .as_array()
+        .unwrap()
+        .len();
+    let put = c
+        .call(
+            &Request::new(
+                "artifact_put",
+                json!({"room": id, "kind": "diff", "expected_version": 0,
+                    "content": {"base": "x", "patch": "", "summary": "early"}}),
+            )
+            .with_token(Some(&token)),
+        )
+        .unwrap();
+    assert_eq!(
+        put.refusal.as_ref().map(|r| r.code.as_str()),
+        Some("artifact_write_denied"),
+        "{put:?}"
+    );
+    assert_eq!(
+        d.ok(&["log", &id, "--limit", "1000"])["events"]
+            .as_array()
+            .unwrap()
+            .len(),
+        log_before,
+        "the refused write wrote nothing"
+    );
+    d.ok(&[
+        "collab",
+        "approve",
+        ask["approval"].as_str().unwrap(),
+        "--digest",
+        ask["digest"].as_str().unwrap(),
+    ]);
+    let s = until(&d, &id, "the goal's end", |s| s["state"] != "running");
+    assert_eq!(s["state"], "done", "{s:#}");
+    let diff = d.ok(&["collab", "show", &id, "diff"]);
+    assert!(
+        diff["content"]["patch"]
+            .as_str()
+            .unwrap()
+            .contains("hello, verbosely"),
+        "{diff:#}"
+    );
+    let log = d.ok(&["log", &id, "--limit", "1000"]);
+    assert!(
+        log["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["event"]["kind"] == "identity"
+                && e["event"]["action"] == "widened"
+                && e["event"]["principal"] == child.as_str()),
+        "{log:#}"
+    );
+}

@@ -43,6 +43,7 @@ pub fn settled(state: &str) -> bool {
             | "fix_loop_exhausted"
             | "answered"
             | "cancelled"
+            | "approved"
     )
 }
 

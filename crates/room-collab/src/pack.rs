@@ -108,6 +108,9 @@ pub struct Phase {
     /// A panel's debate round: once every reviewer has settled, each that wrote findings is
     /// given the others' findings once, to revise its own (or keep them) before the join.
     pub debate: bool,
+    /// An agent phase whose child writes a plan first (`extra/plan`, keyed by the phase):
+    /// the person approves it before the child is given the write scopes the phase needs.
+    pub plan: bool,
     /// A gate's commands, as `command` acceptance checks.
     pub commands: Vec<Check>,
     /// Whether its dispatch waits for the person's approval (by default: a role that writes
@@ -283,6 +286,8 @@ struct PhaseFile {
     fix_loops_max: Option<u32>,
     #[serde(default)]
     debate: Option<bool>,
+    #[serde(default)]
+    plan: Option<bool>,
     #[serde(default)]
     commands: Vec<toml::Value>,
     #[serde(default)]
@@ -487,6 +492,7 @@ impl Pack {
                     "after": self.predecessors()[p.name.as_str()], "approve": p.approve,
                     "reviewers": p.reviewers, "seats": p.seats(),
                     "debate": (p.kind == PhaseKind::Panel).then_some(p.debate),
+                    "plan": (p.kind == PhaseKind::Agent).then_some(p.plan),
                     "distinct": (p.kind == PhaseKind::Panel).then(|| p.distinct.as_str()),
                     "prompt": p.prompt})
             })
@@ -729,6 +735,17 @@ fn phase(
         (_, Some(_)) => return Err(invalid(&at("debate"), "a panel's field")),
         (_, None) => false,
     };
+    let plan = match (kind, p.plan) {
+        (PhaseKind::Agent, Some(true)) if writes.is_empty() => {
+            return Err(invalid(
+                &at("plan"),
+                "a plan gates writes: the phase writes nothing",
+            ));
+        }
+        (PhaseKind::Agent, a) => a.unwrap_or(false),
+        (_, Some(_)) => return Err(invalid(&at("plan"), "an agent phase's field")),
+        (_, None) => false,
+    };
     if kind == PhaseKind::Panel && writes.iter().any(|w| *w != ArtifactKind::Findings) {
         return Err(invalid(
             &at("writes"),
@@ -777,6 +794,7 @@ fn phase(
         timeout_ms,
         fix_loops_max,
         debate,
+        plan,
         commands,
         approve,
     })
@@ -967,5 +985,22 @@ writes = ["research"]
             Code::PackInvalid,
         );
         assert_eq!(r.detail["field"], "phases[0].debate", "{r}");
+        // a plan gates an agent phase's writes
+        let planned = DEFAULT_PACK.replace(
+            "writes = [\"diff\"]\nprompt",
+            "writes = [\"diff\"]\nplan = true\nprompt",
+        );
+        assert!(
+            load(&planned)
+                .unwrap()
+                .phase("implementation")
+                .unwrap()
+                .plan
+        );
+        let r = refused(
+            &DEFAULT_PACK.replace("kind = \"gate\"\n", "kind = \"gate\"\nplan = true\n"),
+            Code::PackInvalid,
+        );
+        assert_eq!(r.detail["field"], "phases[4].plan", "{r}");
     }
 }

@@ -120,7 +120,8 @@ pub struct CollabFlag {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdentityChange {
     pub actor: String,
-    /// `minted` or `revoked`.
+    /// `minted`, `revoked`, or `widened` (a plan approved: the scopes its collaboration held
+    /// back given to it; `scopes` is what it holds now).
     pub action: String,
     pub principal: String,
     /// Its parent in the tree (minted; none: a root).

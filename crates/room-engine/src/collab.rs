@@ -350,6 +350,91 @@ impl Engine {
             .map(|c| c.id))
     }
 
+    /// A plan the person approved gives its child the scopes the collaboration's record held
+    /// back from it (the spec's `held_scopes`, which the owner recorded at start): only once
+    /// the newest approval of the run `plan@PHASE`#`run` is `approved`, only to a child of
+    /// this collaboration's orchestrator, and journaled (`identity`, action `widened`).
+    /// Idempotent: a child that holds them already is left as it is. The scopes it now holds.
+    pub fn collab_plan_approved(
+        &self,
+        caller: &AgentCaller,
+        id: &str,
+        phase: &str,
+        run: u32,
+        agent: &str,
+    ) -> Outcome<Vec<String>> {
+        let c = self.orchestrating(caller, id)?;
+        let plan = format!("plan@{phase}");
+        let approved = self
+            .control()
+            .approvals(id, APPROVALS_PER_COLLAB_MAX)
+            .map_err(store_err)?
+            .into_iter()
+            .filter(|a| a.phase == plan && a.run == run)
+            .max_by_key(|a| a.created_ms)
+            .is_some_and(|a| a.state == "approved");
+        if !approved {
+            return Err(Refusal::new(
+                Code::ApprovalStale,
+                format!("the plan of {phase} (run {run}) is not approved"),
+            )
+            .detail(json!({"phase": plan, "run": run})));
+        }
+        let spec: Value = serde_json::from_str(&c.spec)
+            .map_err(|e| Refusal::storage(format!("collaboration {id}: its spec: {e}")))?;
+        let held: Vec<String> =
+            serde_json::from_value(spec["held_scopes"][agent].clone()).unwrap_or_default();
+        let row = self
+            .control()
+            .agent(agent)
+            .map_err(store_err)?
+            .filter(|a| a.parent.as_deref() == Some(c.orchestrator.as_str()))
+            .ok_or_else(|| {
+                Refusal::new(
+                    Code::TierInsufficient,
+                    format!("{agent} is no role of collaboration {id}"),
+                )
+            })?;
+        let mut scopes = row.scopes.clone().unwrap_or_default();
+        if held.iter().all(|s| scopes.contains(s)) {
+            return Ok(scopes);
+        }
+        scopes.extend(
+            held.iter()
+                .filter(|s| !row.scopes.iter().flatten().any(|x| x == *s))
+                .cloned(),
+        );
+        scopes.sort();
+        scopes.dedup();
+        if scopes.len() > crate::delegation::SCOPES_PER_NODE_MAX
+            || !scopes.iter().all(|s| crate::delegation::valid_scope(s))
+        {
+            return Err(Refusal::storage(format!(
+                "collaboration {id}: the scopes held back from {agent} are not a node's scopes"
+            )));
+        }
+        // journaled first: a widening is never made without its record (a retry after a
+        // failed write records it again)
+        self.journal_records(
+            &c.room,
+            vec![room_core::event::EventBody::Identity(Box::new(
+                room_core::event::IdentityChange {
+                    actor: c.orchestrator.clone(),
+                    action: "widened".into(),
+                    principal: agent.into(),
+                    parent: row.parent.clone(),
+                    scopes: Some(scopes.clone()),
+                    max_tier: None,
+                    subtree: Vec::new(),
+                },
+            ))],
+        )?;
+        self.control()
+            .set_scopes(agent, &scopes)
+            .map_err(store_err)?;
+        Ok(scopes)
+    }
+
     /// The orchestrator records a flag on its collaboration (`EventBody::CollabFlag`):
     /// journaled in its room first, then kept with its runs (phase `flag@CODE`, state
     /// `flagged`) for its status to show. It changes nothing else.

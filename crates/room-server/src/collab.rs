@@ -99,6 +99,10 @@ struct Spec {
     /// The start's money ceiling (over the pack's).
     #[serde(default)]
     usd_max: Option<f64>,
+    /// Per child, the write scopes held back until the person approves its plan (a phase
+    /// with `plan = true`); the engine reads them from the record when a plan is approved.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    held_scopes: BTreeMap<String, Vec<String>>,
 }
 
 /// The pack with its roles bound (`Pack::bind_roles`: a panel's role once per reviewer).
@@ -225,6 +229,41 @@ fn scopes_of(pack: &Pack, role: &room_collab::Role) -> Vec<String> {
     out.sort();
     out.dedup();
     out
+}
+
+/// The kind a child's plan is written as (keyed by its phase's name).
+const PLAN_KIND: &str = "extra/plan";
+
+/// What a role's child holds at start, and what is held back until its plan is approved:
+/// a role running a phase with `plan = true` may write its plan and nothing that phase
+/// writes, nor the project, until then.
+fn scopes_split(pack: &Pack, role: &room_collab::Role) -> (Vec<String>, Vec<String>) {
+    let full = scopes_of(pack, role);
+    let planned: Vec<&Phase> = pack
+        .phases
+        .iter()
+        .filter(|p| p.plan && p.run_by(&role.name))
+        .collect();
+    if planned.is_empty() {
+        return (full, Vec::new());
+    }
+    let held: Vec<String> = full
+        .iter()
+        .filter(|s| {
+            s.as_str() == "project:write"
+                || planned.iter().any(|p| {
+                    p.writes
+                        .iter()
+                        .any(|k| **s == format!("artifact:write:{k}"))
+                })
+        })
+        .cloned()
+        .collect();
+    let mut now: Vec<String> = full.into_iter().filter(|s| !held.contains(s)).collect();
+    now.push(format!("artifact:write:{PLAN_KIND}"));
+    now.sort();
+    now.dedup();
+    (now, held)
 }
 
 fn caller(token: String) -> AgentCaller {
@@ -441,16 +480,21 @@ fn set_up_with(
     let token = minted["token"].as_str().unwrap_or_default().to_string();
     let out = (|| {
         let mut agents = BTreeMap::new();
+        let mut held_scopes = BTreeMap::new();
         for r in &pack.profile.roles {
             let name = format!("{id}-{}", r.name);
             let tier = Tier::parse(&r.policy.tier).unwrap_or(Tier::Member);
+            let (scopes, held) = scopes_split(&pack, r);
             engine.delegate_as_owner(
                 owner,
                 Some(&orch),
                 &name,
-                &scopes_of(&pack, r),
+                &scopes,
                 Some(tier.min(Tier::Member)),
             )?;
+            if !held.is_empty() {
+                held_scopes.insert(name.clone(), held);
+            }
             engine.route_set(owner, &name, &routes[&r.name])?;
             agents.insert(r.name.clone(), name);
         }
@@ -476,6 +520,7 @@ fn set_up_with(
             agents: agents.clone(),
             goal_task: goal_task.clone(),
             usd_max,
+            held_scopes,
         };
         engine.collab_record(
             owner,
@@ -773,6 +818,8 @@ impl Scheduler {
         let mut runs = engine.collab_runs(&me, &c.id)?;
         cx.settle(&mut runs, &versions)?;
         cx.answer_asks(&mut runs)?;
+        cx.advance_plans(&runs)?;
+        let mut runs = engine.collab_runs(&me, &c.id)?;
         let ready = cx.ready(&runs, &versions);
         // an agent orchestrates: it is told what changed, and it dispatches and closes
         if pack.agent_orchestrated() {
@@ -974,11 +1021,264 @@ impl Cx<'_> {
             started_ms: self.engine.now_ms(),
             ended_ms: None,
         };
+        if phase.plan
+            && let Some(plan) = self.plan(phase)?
+        {
+            return Ok(plan);
+        }
         if phase.kind == PhaseKind::Approval || phase.approve {
             return self.begin_approval(phase, run, versions);
         }
         self.dispatch(phase, &mut row, None)?;
         Ok(row)
+    }
+
+    /// A phase with `plan = true`: its child first writes its plan (`extra/plan`, keyed by
+    /// the phase) on a task of its own (the run `plan@PHASE`); the person approves it, bound
+    /// to its digest like any approval; only then does the engine give the child the write
+    /// scopes its record held back (`Engine::collab_plan_approved`). Each call moves the
+    /// newest plan run on by one step. None: the plan is approved and the phase may run;
+    /// else the plan's run, which the phase waits on. A rejected or failed plan waits for
+    /// the person (a rerun of the phase starts a new plan).
+    fn plan(&self, phase: &Phase) -> Result<Option<CollabRunRow>, Refusal> {
+        let name = format!("plan@{}", phase.name);
+        let runs = self.engine.collab_runs(self.me, &self.c.id)?;
+        let newest = runs
+            .iter()
+            .filter(|r| r.phase == name)
+            .max_by_key(|r| r.run)
+            .cloned();
+        let fresh = |run: u32| CollabRunRow {
+            collab: self.c.id.clone(),
+            phase: name.clone(),
+            run,
+            task: None,
+            state: "dispatching".into(),
+            reads: "{}".into(),
+            started_ms: self.engine.now_ms(),
+            ended_ms: None,
+        };
+        let mut row = match newest {
+            Some(r) if r.state == "approved" => return Ok(None),
+            Some(r) if matches!(r.state.as_str(), "failed" | "rejected") => {
+                let rerun = runs.iter().any(|x| {
+                    x.phase == phase.name
+                        && x.state == "rerun"
+                        && x.started_ms >= r.ended_ms.unwrap_or(u64::MAX)
+                });
+                if !rerun {
+                    return Ok(Some(r));
+                }
+                fresh(r.run + 1)
+            }
+            Some(r) => r,
+            None => fresh(1),
+        };
+        let role = phase
+            .role
+            .as_deref()
+            .expect("an agent phase names its role (checked at load)");
+        let agent = self.spec.agents.get(role).cloned().unwrap_or_default();
+        match row.state.as_str() {
+            "dispatching" => {
+                let task = self.plan_task(phase, &agent, &mut row)?;
+                let text = format!(
+                    "Plan before you write: write your plan for phase {} as the artifact {PLAN_KIND} with key {} \
+(artifact_put kind {PLAN_KIND}, key {}, task {task}; any JSON object: the steps, the files you will touch, the risks), then done. \
+The person approves it before you may write {}; until then you cannot.\n\nGoal: {}",
+                    phase.name,
+                    phase.name,
+                    phase.name,
+                    kinds_list(&phase.writes),
+                    self.c.goal
+                );
+                self.send_once(&row, &agent, &task, &text)?;
+                row.state = "running".into();
+                self.put(&row)?;
+            }
+            "running" => {
+                let Some(task) = row.task.clone() else {
+                    return Ok(Some(row));
+                };
+                match self.engine.task_show(self.me, &task)?["task"]["status"].as_str() {
+                    Some("done") => {
+                        row.state = "approval".into();
+                        self.put(&row)?;
+                        self.engine.approval_request(
+                            self.me,
+                            &self.c.id,
+                            &name,
+                            row.run,
+                            &self.plan_input(phase, &agent)?,
+                        )?;
+                    }
+                    Some("cancelled" | "declined" | "superseded") => {
+                        row.state = "failed".into();
+                        row.ended_ms = Some(self.engine.now_ms());
+                        self.put(&row)?;
+                    }
+                    _ => {}
+                }
+            }
+            "approval" => {
+                let approvals = self.engine.collab_approvals(self.me, &self.c.id)?;
+                let newest = approvals
+                    .iter()
+                    .filter(|a| a.phase == name && a.run == row.run)
+                    .max_by_key(|a| a.created_ms);
+                match newest.map(|a| a.state.as_str()) {
+                    Some("approved") => {
+                        self.engine.collab_plan_approved(
+                            self.me,
+                            &self.c.id,
+                            &phase.name,
+                            row.run,
+                            &agent,
+                        )?;
+                        row.state = "approved".into();
+                        row.ended_ms = Some(self.engine.now_ms());
+                        self.put(&row)?;
+                        return Ok(None);
+                    }
+                    Some("rejected") => {
+                        row.state = "rejected".into();
+                        row.ended_ms = Some(self.engine.now_ms());
+                        self.put(&row)?;
+                    }
+                    // asked again with what it shows now: a plan written anew makes the
+                    // pending request stale
+                    _ => {
+                        self.engine.approval_request(
+                            self.me,
+                            &self.c.id,
+                            &name,
+                            row.run,
+                            &self.plan_input(phase, &agent)?,
+                        )?;
+                    }
+                }
+            }
+            _ => {}
+        }
+        Ok(Some(row))
+    }
+
+    /// The plan run's task (made once: its idempotency key is the run's), its acceptance the
+    /// plan artifact under the phase's key.
+    fn plan_task(
+        &self,
+        phase: &Phase,
+        agent: &str,
+        row: &mut CollabRunRow,
+    ) -> Result<String, Refusal> {
+        if let Some(t) = &row.task {
+            return Ok(t.clone());
+        }
+        self.put(row)?;
+        let made = self.engine.task_create(
+            self.me,
+            TaskCreateArgs {
+                room: self.c.room.clone(),
+                title: title(&format!("plan of {}: {}", phase.name, self.c.goal)),
+                to: Some(agent.to_string()),
+                accept: vec![json!({"kind": "artifact", "artifact": PLAN_KIND, "key": phase.name})],
+                idempotency_key: Some(format!(
+                    "{}.plan:{}.{}.task",
+                    self.c.id, phase.name, row.run
+                )),
+                ..TaskCreateArgs::default()
+            },
+        );
+        let task = match made {
+            Ok(t) => t["task"]["id"].as_str().map(String::from),
+            Err(r) if is_repeat(&r) => r.detail["original_task"].as_str().map(String::from),
+            Err(r) => return Err(r),
+        }
+        .ok_or_else(|| {
+            Refusal::storage(format!("the plan of {}: its task has no id", phase.name))
+        })?;
+        row.task = Some(task.clone());
+        self.put(row)?;
+        Ok(task)
+    }
+
+    /// A send to `agent` on `task`, once per run (its idempotency key is the run's).
+    fn send_once(
+        &self,
+        row: &CollabRunRow,
+        agent: &str,
+        task: &str,
+        text: &str,
+    ) -> Result<(), Refusal> {
+        let key = format!(
+            "{}.{}.{}.send",
+            self.c.id,
+            row.phase.replace('@', ":"),
+            row.run
+        );
+        let sent = self.act(|| {
+            self.engine.turn(
+                self.me,
+                Verb::Send,
+                TurnArgs {
+                    room: self.c.room.clone(),
+                    text: Some(text.to_string()),
+                    to: vec![agent.to_string()],
+                    task: Some(task.to_string()),
+                    idempotency_key: Some(key.clone()),
+                    ..TurnArgs::default()
+                },
+            )
+        });
+        match sent {
+            Ok(_) => Ok(()),
+            Err(r) if is_repeat(&r) => Ok(()),
+            Err(r) => Err(r),
+        }
+    }
+
+    /// What a plan's approval shows and binds: who plans which phase, the plan's version and
+    /// digest (its content: `room collab show ID extra/plan/PHASE`), and the scopes
+    /// an approval gives.
+    fn plan_input(&self, phase: &Phase, agent: &str) -> Result<Value, Refusal> {
+        let page = self.engine.artifact_index(
+            self.me,
+            &self.c.room,
+            None,
+            room_engine::blackboard::INDEX_PAGE_MAX,
+        )?;
+        let plan = page["artifacts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|a| a["kind"] == PLAN_KIND && a["key"] == phase.name.as_str())
+            .map(|a| {
+                json!({"kind": a["kind"], "key": a["key"], "version": a["version"],
+                "sha256": a["sha256"], "producer": a["producer"]})
+            });
+        Ok(json!({
+            "kind": "plan", "collab": self.c.id, "goal": self.c.goal, "phase": phase.name,
+            "role": phase.role, "agent": agent, "plan": plan,
+            "gives": self.spec.held_scopes.get(agent),
+        }))
+    }
+
+    /// Every plan in progress moves on (a pass drives them whoever dispatched the phase).
+    fn advance_plans(&self, runs: &[CollabRunRow]) -> Result<(), Refusal> {
+        for phase in self.pack.phases.iter().filter(|p| p.plan) {
+            let name = format!("plan@{}", phase.name);
+            let moving = runs
+                .iter()
+                .filter(|r| r.phase == name)
+                .max_by_key(|r| r.run)
+                .is_some_and(|r| {
+                    matches!(r.state.as_str(), "dispatching" | "running" | "approval")
+                });
+            if moving {
+                self.plan(phase)?;
+            }
+        }
+        Ok(())
     }
 
     /// What an approval shows and binds: the full delegation input (role, backend, model,

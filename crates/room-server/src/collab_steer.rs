@@ -264,7 +264,7 @@ impl Cx<'_> {
         };
         let states: Vec<RunState<'_>> = runs
             .iter()
-            .filter(|r| self.pack.phase(&r.phase).is_some())
+            .filter(|r| self.pack.phase(&r.phase).is_some() || r.phase.starts_with("plan@"))
             .map(|r| RunState {
                 phase: &r.phase,
                 run: r.run,

@@ -233,6 +233,9 @@ pub trait ControlStore: Send {
     /// the names revoked now.
     fn revoke_subtree(&mut self, root: &str, now_ms: u64, depth_max: u32) -> Result<Vec<String>>;
     fn set_max_tier(&mut self, agent: &str, tier: &str) -> Result<()>;
+    /// Replace a delegated agent's scopes (the engine decides whether it may: a plan the
+    /// person approved gives a child the scopes its collaboration held back).
+    fn set_scopes(&mut self, agent: &str, scopes: &[String]) -> Result<()>;
     fn set_verb_denied(&mut self, agent: &str, verb: &str, denied: bool) -> Result<()>;
     fn insert_project(&mut self, p: &ProjectRow) -> Result<()>;
     fn insert_room(&mut self, r: &RoomRow, members: &[String]) -> Result<()>;

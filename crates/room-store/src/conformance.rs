@@ -244,6 +244,21 @@ pub fn control_identity_tree(h: &mut dyn Harness) {
         c.insert_agent(&child("sub-a", "role-a", "s-sa")).unwrap();
         c.insert_agent(&child("beside", "owner-root", "s-x"))
             .unwrap();
+        // scopes widened in place (a plan approved), read back through the cache and the
+        // credential alike
+        let wider = vec![
+            "session:read".to_string(),
+            "artifact:write:diff".to_string(),
+        ];
+        c.set_scopes("beside", &wider).unwrap();
+        assert_eq!(
+            c.agent("beside").unwrap().unwrap().scopes,
+            Some(wider.clone())
+        );
+        assert_eq!(
+            c.agent_by_secret("s-x").unwrap().unwrap().scopes,
+            Some(wider)
+        );
         let b = c.agent("role-b").unwrap().unwrap();
         c.revoke(&b, 20).unwrap();
         let mut revoked = c.revoke_subtree("orch", 30, 4).unwrap();
@@ -272,6 +287,13 @@ pub fn control_identity_tree(h: &mut dyn Harness) {
     assert_eq!(
         (b.revoked_ms, b.revoked_by.as_deref()),
         (Some(20), Some("role-b"))
+    );
+    assert_eq!(
+        c.agent("beside").unwrap().unwrap().scopes,
+        Some(vec![
+            "session:read".to_string(),
+            "artifact:write:diff".to_string()
+        ])
     );
     assert_eq!(c.agent("beside").unwrap().unwrap().revoked_ms, None);
     assert_eq!(c.agent("owner-root").unwrap().unwrap().revoked_ms, None);

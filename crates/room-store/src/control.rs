@@ -1349,6 +1349,17 @@ impl ControlStore for SqliteControl {
         })
     }
 
+    fn set_scopes(&mut self, agent: &str, scopes: &[String]) -> Result<()> {
+        let text = serde_json::to_string(scopes).expect("a list of strings serializes");
+        self.write(|c| {
+            c.conn.execute(
+                "UPDATE agents SET scopes = ?2 WHERE name = ?1",
+                params![agent, text],
+            )?;
+            c.reload_agent(agent)
+        })
+    }
+
     fn set_verb_denied(&mut self, agent: &str, verb: &str, denied: bool) -> Result<()> {
         self.write(|c| {
             if denied {
