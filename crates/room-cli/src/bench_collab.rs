@@ -16,7 +16,7 @@ use crate::bench::{BenchArgs, owner, pct};
 use room_engine::Engine;
 use room_engine::principal::AgentCaller;
 use room_engine::verbs::TurnArgs;
-use room_server::collab::{Scheduler, StartArgs};
+use room_server::collab::StartArgs;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -214,7 +214,7 @@ fn act_panel(e: &Engine, c: &mut Collab) -> anyhow::Result<usize> {
 /// A panel's wall time from its dispatch to its barrier (the collaboration's set-up, which
 /// mints one child per seat, is not the panel's), p50 over `PANEL_ROUNDS`.
 fn panel_wall_us(e: &Engine, n: usize) -> anyhow::Result<f64> {
-    let sched = Scheduler::default();
+    let sched = room_server::collab::scheduler();
     let mut walls = Vec::new();
     for _ in 0..PANEL_ROUNDS {
         let mut c = start_panel(e, n)?;
@@ -409,7 +409,7 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<()> {
     let raw = raw_commit_us(&dir)?;
     // per-phase overhead, one collaboration at a time
     let (_tmp, e) = engine(&dir)?;
-    let sched = Scheduler::default();
+    let sched = room_server::collab::scheduler();
     let (mut ready, mut work) = (Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
         let mut c = start(&e)?;
@@ -448,7 +448,7 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<()> {
     drop(e);
     // throughput and memory, PARALLEL collaborations on one engine
     let (_tmp2, e) = engine(&dir)?;
-    let sched = Scheduler::default();
+    let sched = room_server::collab::scheduler();
     let before = rss_bytes();
     let mut all = Vec::new();
     for _ in 0..PARALLEL {

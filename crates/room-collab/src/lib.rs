@@ -12,12 +12,18 @@
 //! - `schedule`: which phases are ready, given what the blackboard holds and what each phase
 //!   last ran on;
 //! - `orchestrate`: an agent orchestrator's news (what a wake tells it), the phase its
-//!   dispatch names (by phase or purpose tag) and the phases its words announce.
+//!   dispatch names (by phase or purpose tag) and the phases its words announce;
+//! - `scheduler`: the pass over a running collaboration, acting as its orchestrator through
+//!   the engine (phases, panels, the fix loop, gates, approvals, plans, guards, questions);
+//!   the host's working trees come in through `Trees`;
+//! - `steer`: an agent orchestrator's tools (`collab_status`, `collab_dispatch`,
+//!   `collab_request_approval`, `collab_close`) and what its wakes tell it.
 //!
 //! Everything here is deterministic and synchronous (no tokio, no clock, no file system: a
-//! pack's text and its prompt files are handed in), so the daemon's loop and the simulator
-//! drive it alike. Every authority question (who may read or write an artifact, who may
-//! dispatch) goes to the engine.
+//! pack's text and its prompt files are handed in; the scheduler acts through the engine,
+//! whose clock and entropy are the host's), so the daemon's loop and the simulator drive it
+//! alike. Every authority question (who may read or write an artifact, who may dispatch)
+//! goes to the engine.
 
 /// The blackboard's kinds, schemas and limits live in `room_core::artifact`, where the engine's
 /// fence validates every write; re-exported here as the collaboration's vocabulary.
@@ -27,6 +33,8 @@ pub mod pack;
 pub mod panel;
 pub mod profile;
 pub mod schedule;
+pub mod scheduler;
+pub mod steer;
 
 pub use artifact::{ArtifactKind, ArtifactLimits};
 pub use pack::{Pack, Phase, PhaseKind};

@@ -752,11 +752,12 @@ fn artifact_op(
             .map(TurnStep::Done),
         "collab_status" => {
             let a: CollabSteerArgs = args(a)?;
-            crate::collab::steer::status(engine, caller, &a.id).map(TurnStep::Done)
+            room_collab::steer::status(engine, caller, &a.id).map(TurnStep::Done)
         }
         "collab_close" => {
             let a: CollabSteerArgs = args(a)?;
-            crate::collab::steer::close(engine, caller, &a.id).map(TurnStep::Done)
+            room_collab::steer::close(engine, caller, &a.id, &crate::collab::ExecTrees)
+                .map(TurnStep::Done)
         }
         "collab_dispatch" | "collab_request_approval" => {
             let a: CollabDispatchArgs = args(a)?;
