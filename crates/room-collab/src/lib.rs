@@ -16,6 +16,8 @@
 //! - `scheduler`: the pass over a running collaboration, acting as its orchestrator through
 //!   the engine (phases, panels, the fix loop, gates, approvals, plans, guards, questions);
 //!   the host's working trees come in through `Trees`;
+//! - `start`: recording a checked collaboration (its identities, routes, room, goal task and
+//!   record), which the daemon and the simulator share;
 //! - `steer`: an agent orchestrator's tools (`collab_status`, `collab_dispatch`,
 //!   `collab_request_approval`, `collab_close`) and what its wakes tell it.
 //!
@@ -34,6 +36,7 @@ pub mod panel;
 pub mod profile;
 pub mod schedule;
 pub mod scheduler;
+pub mod start;
 pub mod steer;
 
 pub use artifact::{ArtifactKind, ArtifactLimits};

@@ -21,12 +21,9 @@ use room_collab::Phase;
 use room_collab::pack::{DEFAULT_PACK, DEFAULT_PROMPTS, Pack, PhaseKind};
 use room_collab::profile::Backends;
 use room_collab::scheduler::{
-    PLAN_KIND, Spec, Trees, caller, debate_run, fix_loops, guards_view, load, run_view, seat_run,
-    title,
+    Spec, Trees, debate_run, fix_loops, guards_view, load, run_view, seat_run,
 };
-use room_core::{Code, Refusal, Tier};
-use room_engine::collab::CollabStart;
-use room_engine::verbs::TaskCreateArgs;
+use room_core::{Code, Refusal};
 use room_engine::{Engine, Owner};
 use room_store::control::{ApprovalRow, CollabRow, CollabRunRow};
 use serde::Deserialize;
@@ -167,62 +164,6 @@ fn advisory(pack: &Pack) -> Vec<String> {
             )
         });
     tools.into_iter().chain(unconfined).collect()
-}
-
-/// The scopes a role's child holds: what its phases read and write, and the project access
-/// its policy gives.
-fn scopes_of(pack: &Pack, role: &room_collab::Role) -> Vec<String> {
-    // an agent orchestrator reads the collaboration's state and dispatches, nothing more
-    if role.name == room_collab::pack::ORCHESTRATOR {
-        return vec!["session:dispatch".into(), "session:read".into()];
-    }
-    let mut out = Vec::new();
-    for p in pack.phases.iter().filter(|p| p.run_by(&role.name)) {
-        out.extend(p.reads.iter().map(|k| format!("artifact:read:{k}")));
-        out.extend(p.writes.iter().map(|k| format!("artifact:write:{k}")));
-    }
-    match role.policy.project {
-        room_collab::profile::ProjectAccess::None => {}
-        room_collab::profile::ProjectAccess::Read => out.push("project:read".into()),
-        room_collab::profile::ProjectAccess::Write => {
-            out.extend(["project:read".into(), "project:write".into()])
-        }
-    }
-    out.sort();
-    out.dedup();
-    out
-}
-
-/// What a role's child holds at start, and what is held back until its plan is approved:
-/// a role running a phase with `plan = true` may write its plan and nothing that phase
-/// writes, nor the project, until then.
-fn scopes_split(pack: &Pack, role: &room_collab::Role) -> (Vec<String>, Vec<String>) {
-    let full = scopes_of(pack, role);
-    let planned: Vec<&Phase> = pack
-        .phases
-        .iter()
-        .filter(|p| p.plan && p.run_by(&role.name))
-        .collect();
-    if planned.is_empty() {
-        return (full, Vec::new());
-    }
-    let held: Vec<String> = full
-        .iter()
-        .filter(|s| {
-            s.as_str() == "project:write"
-                || planned.iter().any(|p| {
-                    p.writes
-                        .iter()
-                        .any(|k| **s == format!("artifact:write:{k}"))
-                })
-        })
-        .cloned()
-        .collect();
-    let mut now: Vec<String> = full.into_iter().filter(|s| !held.contains(s)).collect();
-    now.push(format!("artifact:write:{PLAN_KIND}"));
-    now.sort();
-    now.dedup();
-    (now, held)
 }
 
 /// `collab_start`: check everything, then set the collaboration up.
@@ -458,87 +399,34 @@ fn set_up_with(
         roles,
         usd_max,
     } = plan;
-    let goal = goal.as_str();
-    let id = id.to_string();
-    let orch = format!("{id}-orch");
-    let minted = engine.delegate_as_owner(
+    let recorded = room_collab::start::record(
+        engine,
         owner,
-        None,
-        &orch,
-        &["session:read".into(), "session:dispatch".into()],
-        Some(Tier::Coordinator),
-    )?;
-    let token = minted["token"].as_str().unwrap_or_default().to_string();
-    let out = (|| {
-        let mut agents = BTreeMap::new();
-        let mut held_scopes = BTreeMap::new();
-        for r in &pack.profile.roles {
-            let name = format!("{id}-{}", r.name);
-            let tier = Tier::parse(&r.policy.tier).unwrap_or(Tier::Member);
-            let (scopes, held) = scopes_split(&pack, r);
-            engine.delegate_as_owner(
-                owner,
-                Some(&orch),
-                &name,
-                &scopes,
-                Some(tier.min(Tier::Member)),
-            )?;
-            if !held.is_empty() {
-                held_scopes.insert(name.clone(), held);
-            }
-            engine.route_set(owner, &name, &routes[&r.name])?;
-            agents.insert(r.name.clone(), name);
-        }
-        let mut members: Vec<String> = vec![orch.clone()];
-        members.extend(agents.values().cloned());
-        engine.room_create(owner, &id, project.as_deref(), &members)?;
-        let me = caller(token.clone());
-        let task = engine.task_create(
-            &me,
-            TaskCreateArgs {
-                room: id.clone(),
-                title: title(&format!("goal: {goal}")),
-                to: Some(orch.clone()),
-                coordination_only: true,
-                ..TaskCreateArgs::default()
-            },
-        )?;
-        let goal_task = task["task"]["id"].as_str().unwrap_or_default().to_string();
-        let spec = Spec {
-            pack: pack_text,
+        room_collab::start::Record {
+            id: id.to_string(),
+            goal,
+            project,
+            pack: &pack,
+            pack_text,
             prompts,
+            routes,
             roles,
-            agents: agents.clone(),
-            goal_task: goal_task.clone(),
             usd_max,
-            held_scopes,
-        };
-        engine.collab_record(
-            owner,
-            CollabStart {
-                id: id.clone(),
-                room: id.clone(),
-                project: project.clone(),
-                goal: goal.to_string(),
-                orchestrator: orch.clone(),
-                spec: serde_json::to_value(&spec).expect("a spec serializes"),
-                trees: trees.clone(),
-            },
-        )?;
-        Ok(
-            json!({"collab": id, "room": id, "orchestrator": orch, "agents": agents,
-            "goal_task": goal_task, "pack": pack.view(), "advisory": advisory(&pack),
-            "capabilities": pack.profile.roles.iter().map(|r| json!({"role": r.name,
-                "adapter": r.adapter,
-                "capabilities": room_agents::coverage::capabilities(&r.adapter)}))
-                .collect::<Vec<_>>(),
-            "trees": trees_view(trees.as_ref())}),
-        )
-    })();
-    if out.is_err() {
-        let _ = engine.revoke(owner, &orch);
-    }
-    out
+            trees: trees.clone(),
+        },
+    )?;
+    let mut out = recorded.view;
+    out["advisory"] = json!(advisory(&pack));
+    out["capabilities"] = json!(
+        pack.profile
+            .roles
+            .iter()
+            .map(|r| json!({"role": r.name, "adapter": r.adapter,
+            "capabilities": room_agents::coverage::capabilities(&r.adapter)}))
+            .collect::<Vec<_>>()
+    );
+    out["trees"] = trees_view(trees.as_ref());
+    Ok(out)
 }
 
 /// What a start and a status say of the working trees.
