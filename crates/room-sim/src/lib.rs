@@ -19,6 +19,7 @@
 //!
 //! A failure names the seed and step; `room-sim --seed N` replays it.
 
+pub mod collab;
 pub mod disk;
 pub mod oracle;
 
@@ -166,7 +167,7 @@ pub struct Report {
     pub turns_after_wait: u64,
 }
 
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -176,10 +177,10 @@ impl Rng {
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
-    fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
     }
-    fn chance(&mut self, percent: u64) -> bool {
+    pub(crate) fn chance(&mut self, percent: u64) -> bool {
         self.below(100) < percent
     }
 }
@@ -415,7 +416,7 @@ pub struct Sim {
     trace: bool,
 }
 
-fn scratch_dir() -> PathBuf {
+pub(crate) fn scratch_dir() -> PathBuf {
     let shm = Path::new("/dev/shm");
     if shm.is_dir() {
         shm.to_path_buf()
@@ -2477,7 +2478,7 @@ struct RoomDir {
     room: String,
 }
 
-fn sim_owner(e: &Engine) -> room_engine::Owner {
+pub(crate) fn sim_owner(e: &Engine) -> room_engine::Owner {
     e.owner(&room_engine::Caller::Local(
         room_engine::Evidence::UnixPeer {
             uid: e.config().owner_uid,

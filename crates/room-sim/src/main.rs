@@ -1,6 +1,8 @@
 //! `room-sim`: run the deterministic simulator over a range of seeds, or replay one.
 //! `room-sim --seeds 0..50 --steps 400 [--agents N --rooms N] [--blackboard]`, `room-sim --seed 17`,
 //! `room-sim --soak` (2,000 seeds of 2,000 steps with 200 agents in 40 rooms),
+//! `room-sim --collab --seeds 0..50 [--steps 600]` (a collaboration per seed: the real
+//! scheduler, seeded roles, decisions and restarts, `room_sim::collab`'s oracle),
 //! `room-sim --broken ack-before-fsync|commit-log-skips-sync|skip-invariants|sqlite-fsync-lies|skip-authority-pins` (planted bugs the
 //! simulator must find). A failing seed does not stop the others (a campaign that stopped at
 //! a false alarm would hide the real failures behind it): each failure is printed as it
@@ -51,6 +53,9 @@ fn main() {
         let (a, b): (u64, u64) = (a.parse().unwrap_or(0), b.parse().unwrap_or(20));
         (a..b).collect()
     };
+    if args.iter().any(|a| a == "--collab") {
+        std::process::exit(collab(&seeds, steps));
+    }
     let mut totals = room_sim::Report::default();
     let mut failed: Vec<(u64, String)> = vec![];
     for (k, seed) in seeds.iter().enumerate() {
@@ -140,4 +145,48 @@ fn main() {
     if !failed.is_empty() {
         std::process::exit(1);
     }
+}
+
+/// `--collab`: one collaboration per seed; each report on stdout, failures named.
+fn collab(seeds: &[u64], steps: u64) -> i32 {
+    let mut failed = Vec::new();
+    for &seed in seeds {
+        match room_sim::collab::run(room_sim::collab::CollabConfig { seed, steps }) {
+            Ok(r) => println!(
+                "seed {seed}: {}{} after {} passes, {} restarts ({} cutting a pass); {} tasks done, {} declined; {} decisions ({} stale refused); {} fenced attempts; {} panels joined, {} fix loops, {} timed out; refusals {:?}",
+                r.state,
+                if r.agent_orchestrated {
+                    format!(
+                        " (agent-orchestrated: {} dispatches, {} wakes)",
+                        r.steered_dispatches, r.wakes_told
+                    )
+                } else {
+                    String::new()
+                },
+                r.passes,
+                r.restarts,
+                r.crashes_in_pass,
+                r.tasks_done,
+                r.declined,
+                r.decisions,
+                r.stale_decisions,
+                r.fenced,
+                r.panels_joined,
+                r.fixes,
+                r.timed_out,
+                r.refusals
+            ),
+            Err(f) => {
+                eprint!("{f}");
+                failed.push(seed);
+            }
+        }
+    }
+    println!(
+        "{} passed, {} failed {:?}",
+        seeds.len() - failed.len(),
+        failed.len(),
+        failed
+    );
+    i32::from(!failed.is_empty())
 }
