@@ -2024,3 +2024,186 @@ fn a_plan_is_approved_before_its_child_gets_write_scopes() {
         "{log:#}"
     );
 }
+
+/// The venv's Python (scripts/test makes it), with the ACP and MCP SDKs.
+fn venv_python() -> PathBuf {
+    let p = std::env::var_os("ROOM_TEST_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python")
+        });
+    // absolute, not canonical: a venv's python finds its packages only by its own path
+    let dir = std::fs::canonicalize(p.parent().unwrap()).unwrap();
+    dir.join(p.file_name().unwrap())
+}
+
+/// The suite's local model server (room-server's tests/workers/openai_server.py) in `mode`.
+struct ModelServer {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for ModelServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn model_server(d: &Dirs, mode: &str) -> ModelServer {
+    use std::io::BufRead;
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../room-server/tests/workers/openai_server.py");
+    let mut child = Command::new("/usr/bin/python3")
+        .arg(script)
+        .arg(mode)
+        .arg(d.root.join("model.jsonl"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    ModelServer {
+        port: line.trim().parse().expect("the server prints its port"),
+        child,
+    }
+}
+
+/// The showcase's end to end on real SDKs: the orchestrator and a reviewer are models on the
+/// `openai` adapter (the suite's local model server, its tool calls scripted), the implementer
+/// is an ACP SDK agent working in its own tree. The orchestrator dispatches through its
+/// tools; the implementer edits its tree and has Room take its diff; the reviewer's findings
+/// point into that diff; the person approves; the checkout never changes.
+#[test]
+fn an_api_orchestrator_an_acp_implementer_and_an_api_reviewer_run_a_goal() {
+    let d = Dirs::new();
+    let server = model_server(&d, "steer");
+    let agent = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/acp/agent.py");
+    std::fs::write(
+        d.state.join("config.toml"),
+        format!(
+            "[backends.openai]\nbase_url = \"http://127.0.0.1:{}/v1\"\ntimeout_ms = 60000\n\n[backends.acp]\ncommand = [{:?}, {:?}, \"implement\"]\ntimeout_ms = 120000\n",
+            server.port,
+            venv_python().display().to_string(),
+            agent.display().to_string()
+        ),
+    )
+    .unwrap();
+    let _daemon = spawn(&d);
+    let project = d.root.join("work/greeter");
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::write(project.join("greet.sh"), "#!/bin/sh\necho hello\n").unwrap();
+    git(&project, &["init", "-q"]);
+    git(&project, &["add", "greet.sh"]);
+    git(
+        &project,
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-qm",
+            "greeter",
+        ],
+    );
+    let prj = d.ok(&["project", "open", project.to_str().unwrap()])["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    d.write("pack/p.md", "Your part.\n");
+    d.write("pack/o.md", "You orchestrate.\n");
+    let pack = d.write(
+        "pack/pack.toml",
+        r#"name = "showcase"
+
+[orchestrator]
+prompt = "o.md"
+
+[[phases]]
+name = "implementation"
+kind = "agent"
+role = "reasoning"
+writes = ["diff"]
+prompt = "p.md"
+approve = false
+
+[[phases]]
+name = "review"
+kind = "panel"
+role = "review"
+reviewers = 1
+reads = ["diff"]
+writes = ["findings"]
+prompt = "p.md"
+fix_loops_max = 0
+
+[[phases]]
+name = "approval"
+kind = "approval"
+reads = ["diff", "findings"]
+"#,
+    );
+    let id = d.ok(&[
+        "collab",
+        "start",
+        "--goal",
+        "greet verbosely",
+        "--project",
+        &prj,
+        "--pack",
+        pack.to_str().unwrap(),
+        "--role",
+        "orchestrator=openai:test-model",
+        "--role",
+        "reasoning=acp:claude",
+        "--role",
+        "review=openai:test-model",
+    ])["collab"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let s = until(&d, &id, "the approval", |s| {
+        pending(s, "approval").is_some()
+    });
+    assert_eq!(phase(&s, "implementation")["state"], "done", "{s:#}");
+    assert_eq!(phase(&s, "review")["state"], "done", "{s:#}");
+    assert_eq!(s["flags"], json!([]), "{s:#}");
+    let diff = d.ok(&["collab", "show", &id, "diff"]);
+    assert_eq!(diff["producer"], format!("{id}-reasoning"), "{diff:#}");
+    assert!(
+        diff["content"]["patch"]
+            .as_str()
+            .unwrap()
+            .contains("+echo hello, verbosely"),
+        "{diff:#}"
+    );
+    let findings = d.ok(&["collab", "show", &id, "findings/review"]);
+    assert_eq!(findings["producer"], format!("{id}-review"), "{findings:#}");
+    let ask = pending(&s, "approval").unwrap();
+    d.ok(&[
+        "collab",
+        "approve",
+        ask["approval"].as_str().unwrap(),
+        "--digest",
+        ask["digest"].as_str().unwrap(),
+    ]);
+    let s = until(&d, &id, "the goal's end", |s| s["state"] != "running");
+    assert_eq!(s["state"], "done", "{s:#}");
+    // the orchestrator's and the reviewer's usage are in the cost, per agent
+    let by: Vec<&str> = s["cost"]["by_agent_and_model"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["agent"].as_str())
+        .collect();
+    assert!(by.contains(&format!("{id}-orchestrator").as_str()), "{s:#}");
+    assert!(by.contains(&format!("{id}-review").as_str()), "{s:#}");
+    assert_eq!(
+        std::fs::read_to_string(project.join("greet.sh")).unwrap(),
+        "#!/bin/sh\necho hello\n",
+        "the person merges; the collaboration never does"
+    );
+}

@@ -12,7 +12,11 @@ argument:
 - obey: asks permission (`session/request_permission`) to create `room-probe.txt` in its
   session's directory and creates it only if allowed, then ends its turn;
 - ignore_deny: creates `room-probe.txt` in its session's directory without asking, then ends
-  its turn (an agent whose tool deny is advisory at best).
+  its turn (an agent whose tool deny is advisory at best);
+- implement: a collaboration's implementer: catches up, claims the wake's task, makes
+  `greet.sh` in its session's directory (its working tree) say `hello, verbosely`, has Room
+  take its diff (`diff_from_tree`) and closes the task (`room_done`), reading through whenever
+  the room moved on.
 
 With a second argument (a file that keeps its sessions across processes) it offers
 `session/load`: a loaded session replays one update of its history before the prompt.
@@ -133,7 +137,53 @@ class TestAgent(Agent):
         if MODE == "reply":
             wake = next(json.loads(t) for t in texts if t.startswith("{"))
             await self.answer(session_id, wake)
+        if MODE == "implement":
+            wake = next(json.loads(t) for t in texts if t.startswith("{"))
+            await self.implement(session_id, wake)
         return PromptResponse(stop_reason="end_turn")
+
+    async def implement(self, session_id, wake):
+        with open(os.path.join(self.cwds[session_id], "greet.sh"), "w") as f:
+            f.write("#!/bin/sh\necho hello, verbosely\n")
+        log(step="edited", cwd=self.cwds[session_id])
+        room_server = next(s for s in self.servers[session_id] if s.name == "room")
+        params = StdioServerParameters(
+            command=room_server.command, args=list(room_server.args), env={e.name: e.value for e in room_server.env}
+        )
+        room, task = wake["room"], wake["task"]
+        async with Client(params, mode="legacy") as client:
+            async def catch_up():
+                confirm = None
+                while True:
+                    args = {"room": room} | ({"confirm": confirm} if confirm else {})
+                    r = await client.call_tool("room_sync", args)
+                    assert not r.is_error, r.structured_content
+                    if not r.structured_content["items"]:
+                        return
+                    confirm = r.structured_content["receipt"]
+
+            async def gated(tool, args):
+                for _ in range(8):
+                    await catch_up()
+                    r = await client.call_tool(tool, args)
+                    refusal = (r.structured_content or {}).get("refusal") if r.is_error else None
+                    if not refusal or refusal["code"] != "room_sync_required":
+                        return r
+                    log(step="sent_back", tool=tool)
+                return r
+
+            r = await client.call_tool("task_claim", {"task": task})
+            assert not r.is_error, r.structured_content
+            index = await client.call_tool("artifact_index", {"room": room})
+            newest = next((a["version"] for a in index.structured_content["artifacts"] if a["kind"] == "diff"), 0)
+            r = await gated("diff_from_tree", {"room": room, "task": task, "expected_version": newest,
+                                               "summary": "a verbose greeting"})
+            assert not r.is_error, r.structured_content
+            log(step="diff", version=r.structured_content.get("artifact", {}).get("version"))
+            r = await gated("room_done", {"room": room, "task": task})
+            assert not r.is_error, r.structured_content
+            log(step="done", task=task)
+        await self.conn.session_update(session_id=session_id, update=update_agent_message(text_block("implemented")))
 
     async def answer(self, session_id, wake):
         room_server = next(s for s in self.servers[session_id] if s.name == "room")

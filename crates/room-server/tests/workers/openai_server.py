@@ -88,6 +88,8 @@ def reply_mode(messages):
 
 
 CANNED = {
+    "findings": {"blocking": [], "non_blocking": [{"title": "say why it is verbose", "file": "greet.sh", "line": 2}],
+                 "suggestions": []},
     "spec": {"title": "t", "goal": "g", "requirements": ["r"]},
     "research": {"summary": "s", "findings": [{"claim": "c", "source": "s"}]},
     "adr": {"title": "t", "status": "accepted", "context": "c", "decision": "d"},
@@ -99,7 +101,9 @@ def collab_mode(messages):
     read through (room_sync and its confirm) and made again."""
     wake = wake_of(messages)
     room, task = wake["room"], wake["task"]
-    kind = wake["prompt"].split("\nWrite: ", 1)[1].split(" ", 1)[0]
+    prompt = wake["prompt"]
+    seat = prompt.split("Write: findings with key ", 1)[1].split(" ", 1)[0] if "Write: findings with key " in prompt else None
+    kind = "findings" if seat else prompt.split("\nWrite: ", 1)[1].split(" ", 1)[0]
     # each call with its result: the tool messages follow their completion in order (the ids
     # repeat across completions)
     made, results = [], [m["content"] for m in messages if m["role"] == "tool"]
@@ -117,7 +121,8 @@ def collab_mode(messages):
     done = {f["name"] for f, r in made if not r.startswith("error[")}
     steps = [
         ("task_claim", {"task": task}),
-        ("artifact_put", {"room": room, "kind": kind, "content": CANNED[kind], "expected_version": 0, "task": task}),
+        ("artifact_put", {"room": room, "kind": kind, "content": CANNED[kind], "expected_version": 0, "task": task}
+         | ({"key": seat} if seat else {})),
         ("room_done", {"room": room, "task": task}),
     ]
     for name, args in steps:
