@@ -1763,11 +1763,12 @@ fn a_dispatch_announced_but_not_made_is_flagged() {
     );
 }
 
-/// A panel with a debate round: once both reviewers have settled, each is given the other's
-/// findings once (a debate seat run of the same panel run) and writes its findings again;
-/// then the barrier joins as usual.
+/// A panel with a debate round and a judge: once both reviewers have settled, each is given
+/// the other's findings once (a debate seat run of the same panel run) and writes its
+/// findings again; then the judge is given them all and writes its synthesis (no vote, the
+/// disagreements kept); then the barrier joins as usual.
 #[test]
-fn a_panel_s_debate_round_gives_each_reviewer_the_others_findings_once() {
+fn a_panel_s_debate_round_gives_each_reviewer_the_others_findings_once_then_a_judge_synthesizes() {
     let d = Dirs::new();
     let _daemon = spawn(&d);
     let project = d.root.join("work/greeter");
@@ -1806,6 +1807,7 @@ writes = ["findings"]
 prompt = "p.md"
 fix_loops_max = 0
 debate = true
+judge = "architecture"
 
 [[phases]]
 name = "approval"
@@ -1840,6 +1842,15 @@ reads = ["diff", "findings"]
         &findings("review", "the greeting is longer"),
         "--role",
         &findings("review-2", "say why it is verbose"),
+        "--role",
+        &format!(
+            "architecture=script:read,claim,fulfil:{},done",
+            d.write(
+                "canned/synthesis.json",
+                r#"{"merged": ["the greeting is longer", "say why it is verbose"], "disagreements": [], "summary": "two non-blocking notes"}"#
+            )
+            .display()
+        ),
     ])["collab"]
         .as_str()
         .unwrap()
@@ -1855,6 +1866,26 @@ reads = ["diff", "findings"]
         // the debate round wrote each reviewer's findings again
         assert_eq!(seat["findings_version"], 2, "{seat}");
     }
+    // the judge synthesized after the debate, before the join, and status shows it
+    let judge = &review["panel"]["judge"];
+    assert_eq!(judge["state"], "done", "{judge:#}");
+    assert_eq!(
+        judge["synthesis"]["content"]["summary"],
+        "two non-blocking notes"
+    );
+    let wakes_all = d.ok(&["wakes", "list", &id]);
+    assert!(
+        wakes_all["wakes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w["prompt"]
+                .as_str()
+                .is_some_and(|p| p.starts_with("Judge the review panel review")
+                    && p.contains("the greeting is longer")
+                    && p.contains("say why it is verbose"))),
+        "{wakes_all:#}"
+    );
     // each reviewer was given the other's findings in its debate wake, and not its own
     let wakes = d.ok(&["wakes", "list", &id]);
     let debate: Vec<&str> = wakes["wakes"]

@@ -108,6 +108,10 @@ pub struct Phase {
     /// A panel's debate round: once every reviewer has settled, each that wrote findings is
     /// given the others' findings once, to revise its own (or keep them) before the join.
     pub debate: bool,
+    /// A panel's judge: the role whose child synthesizes the joined findings (merged,
+    /// de-duplicated, every disagreement kept, no vote) as `extra/synthesis` keyed by the
+    /// panel, before the join; none: the merge is mechanical, shown to the person.
+    pub judge: Option<String>,
     /// An agent phase whose child writes a plan first (`extra/plan`, keyed by the phase):
     /// the person approves it before the child is given the write scopes the phase needs.
     pub plan: bool,
@@ -178,9 +182,15 @@ impl Phase {
         })
     }
 
-    /// Whether `role` runs this phase: its role, or one of a panel's seats.
+    /// Whether `role` runs this phase: its role, or one of a panel's seats (its judge only
+    /// synthesizes: `judged_by`).
     pub fn run_by(&self, role: &str) -> bool {
         self.role.as_deref() == Some(role) || self.seats().iter().any(|s| s == role)
+    }
+
+    /// Whether `role` is this panel's judge.
+    pub fn judged_by(&self, role: &str) -> bool {
+        self.judge.as_deref() == Some(role)
     }
 }
 
@@ -286,6 +296,8 @@ struct PhaseFile {
     fix_loops_max: Option<u32>,
     #[serde(default)]
     debate: Option<bool>,
+    #[serde(default)]
+    judge: Option<String>,
     #[serde(default)]
     plan: Option<bool>,
     #[serde(default)]
@@ -472,7 +484,13 @@ impl Pack {
         let used: Vec<String> = self
             .phases
             .iter()
-            .flat_map(|p| p.role.iter().cloned().chain(p.seats()))
+            .flat_map(|p| {
+                p.role
+                    .iter()
+                    .cloned()
+                    .chain(p.seats())
+                    .chain(p.judge.clone())
+            })
             .collect();
         let agent_orchestrated = self.agent_orchestrated();
         self.profile
@@ -492,6 +510,7 @@ impl Pack {
                     "after": self.predecessors()[p.name.as_str()], "approve": p.approve,
                     "reviewers": p.reviewers, "seats": p.seats(),
                     "debate": (p.kind == PhaseKind::Panel).then_some(p.debate),
+                    "judge": p.judge,
                     "plan": (p.kind == PhaseKind::Agent).then_some(p.plan),
                     "distinct": (p.kind == PhaseKind::Panel).then(|| p.distinct.as_str()),
                     "prompt": p.prompt})
@@ -735,6 +754,23 @@ fn phase(
         (_, Some(_)) => return Err(invalid(&at("debate"), "a panel's field")),
         (_, None) => false,
     };
+    let judge = match (kind, &p.judge) {
+        (PhaseKind::Panel, Some(j)) if profile.role(j).is_none() => {
+            return Err(invalid(
+                &at("judge"),
+                format!("{j:?} is not a role of the profile"),
+            ));
+        }
+        (PhaseKind::Panel, Some(j)) if role.as_deref() == Some(j.as_str()) => {
+            return Err(invalid(
+                &at("judge"),
+                "a panel's judge is not one of its reviewers",
+            ));
+        }
+        (PhaseKind::Panel, j) => j.clone(),
+        (_, Some(_)) => return Err(invalid(&at("judge"), "a panel's field")),
+        (_, None) => None,
+    };
     let plan = match (kind, p.plan) {
         (PhaseKind::Agent, Some(true)) if writes.is_empty() => {
             return Err(invalid(
@@ -794,6 +830,7 @@ fn phase(
         timeout_ms,
         fix_loops_max,
         debate,
+        judge,
         plan,
         commands,
         approve,
@@ -1002,5 +1039,27 @@ writes = ["research"]
             Code::PackInvalid,
         );
         assert_eq!(r.detail["field"], "phases[4].plan", "{r}");
+        // a judge is a role of the profile, not the panel's own, and only a panel's
+        let judged =
+            DEFAULT_PACK.replace("reviewers = 2\n", "reviewers = 2\njudge = \"reasoning\"\n");
+        let p = load(&judged).unwrap();
+        assert!(p.phase("review").unwrap().judged_by("reasoning"));
+        for (text, field) in [
+            (
+                DEFAULT_PACK.replace("reviewers = 2\n", "reviewers = 2\njudge = \"nobody\"\n"),
+                "phases[5].judge",
+            ),
+            (
+                DEFAULT_PACK.replace("reviewers = 2\n", "reviewers = 2\njudge = \"review\"\n"),
+                "phases[5].judge",
+            ),
+            (
+                DEFAULT_PACK.replace("kind = \"gate\"\n", "kind = \"gate\"\njudge = \"review\"\n"),
+                "phases[4].judge",
+            ),
+        ] {
+            let r = refused(&text, Code::PackInvalid);
+            assert_eq!(r.detail["field"], field, "{r}");
+        }
     }
 }

@@ -96,6 +96,9 @@ pub fn load(pack_text: &str, roles: &[String]) -> Result<Pack, Refusal> {
 /// The kind a child's plan is written as (keyed by its phase's name).
 pub const PLAN_KIND: &str = "extra/plan";
 
+/// The kind a panel's judge writes its synthesis as (keyed by the panel's name).
+pub const SYNTHESIS_KIND: &str = "extra/synthesis";
+
 /// The scheduler's caller for `token`, in its own conversation.
 pub fn caller(token: String) -> AgentCaller {
     AgentCaller {
@@ -576,6 +579,20 @@ The person approves it before you may write {}; until then you cannot.\n\nGoal: 
         agent: &str,
         row: &mut CollabRunRow,
     ) -> Result<String, Refusal> {
+        let accept = json!({"kind": "artifact", "artifact": PLAN_KIND, "key": phase.name});
+        let title = format!("plan of {}: {}", phase.name, self.c.goal);
+        self.own_task(row, agent, &title, accept)
+    }
+
+    /// A run's own task for `agent` (made once: its idempotency key is the run's), its
+    /// acceptance the one check given.
+    pub(crate) fn own_task(
+        &self,
+        row: &mut CollabRunRow,
+        agent: &str,
+        what: &str,
+        accept: Value,
+    ) -> Result<String, Refusal> {
         if let Some(t) = &row.task {
             return Ok(t.clone());
         }
@@ -584,12 +601,14 @@ The person approves it before you may write {}; until then you cannot.\n\nGoal: 
             self.me,
             TaskCreateArgs {
                 room: self.c.room.clone(),
-                title: title(&format!("plan of {}: {}", phase.name, self.c.goal)),
+                title: title(what),
                 to: Some(agent.to_string()),
-                accept: vec![json!({"kind": "artifact", "artifact": PLAN_KIND, "key": phase.name})],
+                accept: vec![accept],
                 idempotency_key: Some(format!(
-                    "{}.plan:{}.{}.task",
-                    self.c.id, phase.name, row.run
+                    "{}.{}.{}.task",
+                    self.c.id,
+                    row.phase.replace('@', ":"),
+                    row.run
                 )),
                 ..TaskCreateArgs::default()
             },
@@ -599,9 +618,7 @@ The person approves it before you may write {}; until then you cannot.\n\nGoal: 
             Err(r) if is_repeat(&r) => r.detail["original_task"].as_str().map(String::from),
             Err(r) => return Err(r),
         }
-        .ok_or_else(|| {
-            Refusal::storage(format!("the plan of {}: its task has no id", phase.name))
-        })?;
+        .ok_or_else(|| Refusal::storage(format!("{}: its task has no id", row.phase)))?;
         row.task = Some(task.clone());
         self.put(row)?;
         Ok(task)
@@ -741,7 +758,21 @@ The person approves it before you may write {}; until then you cannot.\n\nGoal: 
                         json!({"seat": seat, "state": state})
                     })
                     .collect();
-                json!({"panel": p.name, "run": run, "seats": seats})
+                // its judge's state and the synthesis the approval binds, if it has one
+                let judge = p.judge.as_ref().map(|j| {
+                    let state = runs
+                        .iter()
+                        .find(|r| Some(r.run) == run && r.phase == format!("judge@{}", p.name))
+                        .map_or("waiting", |r| r.state.as_str());
+                    let synthesis = page["artifacts"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .find(|a| a["kind"] == SYNTHESIS_KIND && a["key"] == p.name.as_str())
+                        .map(|a| json!({"version": a["version"], "sha256": a["sha256"]}));
+                    json!({"role": j, "state": state, "synthesis": synthesis})
+                });
+                json!({"panel": p.name, "run": run, "seats": seats, "judge": judge})
             })
             .collect();
         Ok(json!({
@@ -1083,7 +1114,100 @@ Your findings reach the orchestrator and the person alone: no other reviewer rea
                 return Ok(());
             }
         }
+        if let Some(judge) = &phase.judge
+            && !self.judged(phase, row, judge, deadline_ms)?
+        {
+            return Ok(());
+        }
         self.join(phase, row)
+    }
+
+    /// A panel's judge (`judge = "ROLE"`): once the reviewers (and their debate) have
+    /// settled, its child is given every reviewer's findings and the mechanical merge, and
+    /// writes its synthesis (`extra/synthesis`, keyed by the panel) on a task of its own (the
+    /// run `judge@PHASE`, the panel's run number): merged and de-duplicated, every
+    /// disagreement kept, no vote. Settled like a seat (failed, timed out, blocked shown); the
+    /// join goes on whichever way it ends. Whether it has settled.
+    pub(crate) fn judged(
+        &self,
+        phase: &Phase,
+        row: &CollabRunRow,
+        judge: &str,
+        deadline_ms: u64,
+    ) -> Result<bool, Refusal> {
+        let name = format!("judge@{}", phase.name);
+        let runs = self.engine.collab_runs(self.me, &self.c.id)?;
+        let mut s = runs
+            .iter()
+            .find(|r| r.phase == name && r.run == row.run)
+            .cloned()
+            .unwrap_or_else(|| CollabRunRow {
+                collab: self.c.id.clone(),
+                phase: name.clone(),
+                run: row.run,
+                task: None,
+                state: "dispatching".into(),
+                reads: row.reads.clone(),
+                started_ms: self.engine.now_ms(),
+                ended_ms: None,
+            });
+        if s.state == "dispatching" && s.task.is_none() {
+            match self.held(judge)? {
+                Some(Hold::Blocked(_)) => {
+                    s.state = "blocked".into();
+                    s.ended_ms = Some(self.engine.now_ms());
+                    self.put(&s)?;
+                    return Ok(true);
+                }
+                Some(Hold::Wait(_)) => return Ok(false),
+                None => {}
+            }
+        }
+        if s.state == "dispatching" {
+            let agent = self.spec.agents.get(judge).cloned().ok_or_else(|| {
+                Refusal::storage(format!(
+                    "collaboration {}: no agent for role {judge}",
+                    self.c.id
+                ))
+            })?;
+            let found = self
+                .engine
+                .collab_findings(self.me, &self.c.id, &phase.seats())?;
+            let by_seat: BTreeMap<String, Value> = found
+                .iter()
+                .map(|(k, v)| (k.clone(), v["content"].clone()))
+                .collect();
+            let merged = crate::panel::merge(&by_seat);
+            let accept = json!({"kind": "artifact", "artifact": SYNTHESIS_KIND, "key": phase.name});
+            let task = self.own_task(
+                &mut s,
+                &agent,
+                &format!("judge {}: {}", phase.name, self.c.goal),
+                accept,
+            )?;
+            let each: Vec<String> = by_seat
+                .iter()
+                .map(|(k, v)| format!("Reviewer {k}'s findings:\n{v}"))
+                .collect();
+            let text = format!(
+                "Judge the review panel {} (task {task}). Its reviewers' findings follow, then their mechanical merge. \
+Write your synthesis as the artifact {SYNTHESIS_KIND} with key {} (artifact_put kind {SYNTHESIS_KIND}, key {}, task {task}): \
+{{\"merged\": [the findings, de-duplicated], \"disagreements\": [every point the reviewers differ on, each reviewer's view kept], \"summary\": \"...\"}}. \
+Keep every disagreement visible and do not vote: the person decides. Then done.\n\nGoal: {}\n\n{}\n\nMerged: {merged}",
+                phase.name,
+                phase.name,
+                phase.name,
+                self.c.goal,
+                each.join("\n\n")
+            );
+            self.send_once(&s, &agent, &task, &text)?;
+            s.state = "running".into();
+            self.put(&s)?;
+        }
+        if s.state == "running" {
+            self.settle_seat(&mut s, deadline_ms)?;
+        }
+        Ok(!matches!(s.state.as_str(), "dispatching" | "running"))
     }
 
     /// A panel's debate round (`debate = true`): each seat that wrote findings is given the
@@ -1613,6 +1737,11 @@ fn live(pack: &Pack, runs: &[CollabRunRow]) -> usize {
 /// Whether `role` runs the run `r`: its agent phase's role, or the seat of its panel run.
 fn run_by_role(pack: &Pack, r: &CollabRunRow, role: &str) -> bool {
     match r.phase.split_once('@') {
+        Some(("plan", phase)) => pack
+            .phase(phase)
+            .is_some_and(|p| p.role.as_deref() == Some(role)),
+        Some(("judge", phase)) => pack.phase(phase).is_some_and(|p| p.judged_by(role)),
+        Some(("tell" | "flag", _)) => false,
         Some((_, seat)) => seat.trim_end_matches(DEBATE) == role,
         None => pack
             .phase(&r.phase)

@@ -148,6 +148,12 @@ pub fn scopes_of(pack: &Pack, role: &Role) -> Vec<String> {
         return vec!["session:dispatch".into(), "session:read".into()];
     }
     let mut out = Vec::new();
+    if pack.phases.iter().any(|p| p.judged_by(&role.name)) {
+        out.push(format!(
+            "artifact:write:{}",
+            crate::scheduler::SYNTHESIS_KIND
+        ));
+    }
     for p in pack.phases.iter().filter(|p| p.run_by(&role.name)) {
         out.extend(p.reads.iter().map(|k| format!("artifact:read:{k}")));
         out.extend(p.writes.iter().map(|k| format!("artifact:write:{k}")));

@@ -558,7 +558,25 @@ fn panel_view(
             "findings_version": findings.as_ref().map(|f| f["version"].clone()),
         }));
     }
-    json!({"run": run, "distinct": ph.distinct.as_str(), "seats": seats,
+    let judge = ph.judge.as_ref().map(|j| {
+        let r = runs
+            .iter()
+            .find(|r| r.phase == format!("judge@{}", ph.name) && r.run == run);
+        let synthesis = engine
+            .artifact_get_owner(
+                owner,
+                room,
+                room_collab::scheduler::SYNTHESIS_KIND,
+                Some(&ph.name),
+                None,
+            )
+            .ok();
+        json!({"role": j, "agent": spec.and_then(|s| s.agents.get(j)),
+            "state": r.map_or("waiting", |r| r.state.as_str()),
+            "task": r.and_then(|r| r.task.clone()),
+            "synthesis": synthesis.map(|v| json!({"version": v["version"], "content": v["content"]}))})
+    });
+    json!({"run": run, "distinct": ph.distinct.as_str(), "seats": seats, "judge": judge,
         "merged": room_collab::panel::merge(&by_seat)})
 }
 

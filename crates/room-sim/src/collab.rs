@@ -67,6 +67,8 @@ pub struct CollabReport {
     pub fixes: u64,
     pub panels_joined: u64,
     pub timed_out: u64,
+    /// Judges' runs that wrote their synthesis.
+    pub judged: u64,
     /// The collaboration's state at the end.
     pub state: String,
     pub refusals: BTreeMap<String, u64>,
@@ -225,7 +227,7 @@ prompt = "p.md"
 timeout_ms = 60000
 fix_loops_max = {loops}
 debate = {debate}
-
+{judge}
 [[phases]]
 name = "approval"
 kind = "approval"
@@ -236,6 +238,11 @@ reads = ["diff", "findings"]
         plan = rng.chance(40),
         loops = rng.below(3),
         debate = rng.chance(40),
+        judge = if rng.chance(40) {
+            "judge = \"architecture\"\n"
+        } else {
+            ""
+        },
     );
     (text, reviewers)
 }
@@ -257,6 +264,7 @@ fn content(kind: &str, rng: &mut crate::Rng) -> Value {
                 json!({"blocking": [], "non_blocking": f, "suggestions": []})
             }
         }
+        "extra/synthesis" => json!({"merged": [], "disagreements": [], "summary": "agreed"}),
         _ => json!({"steps": ["do it"]}),
     }
 }
@@ -624,6 +632,7 @@ impl CollabSim {
     fn child_of(&self, run: &CollabRunRow) -> Option<usize> {
         let role = match run.phase.split_once('@') {
             Some(("plan", phase)) => self.pack().phase(phase)?.role.clone()?,
+            Some(("judge", phase)) => self.pack().phase(phase)?.judge.clone()?,
             Some((_, seat)) => seat.trim_end_matches(".debate").to_string(),
             None => {
                 let p = self.pack().phase(&run.phase)?;
@@ -1013,6 +1022,19 @@ impl CollabSim {
                 if !joined {
                     continue;
                 }
+                if p.judge.is_some()
+                    && r.state != "failed"
+                    && runs.iter().any(|x| {
+                        x.phase == format!("judge@{}", p.name)
+                            && x.run == r.run
+                            && matches!(x.state.as_str(), "dispatching" | "running")
+                    })
+                {
+                    return Err(self.fail(format!(
+                        "panel {}#{} is {} while its judge still runs",
+                        p.name, r.run, r.state
+                    )));
+                }
                 for seat in p.seats() {
                     let s = runs
                         .iter()
@@ -1067,6 +1089,10 @@ impl CollabSim {
             .count() as u64;
         self.report.fixes = runs.iter().filter(|r| r.state == "fixed").count() as u64;
         self.report.timed_out = runs.iter().filter(|r| r.state == "timed_out").count() as u64;
+        self.report.judged = runs
+            .iter()
+            .filter(|r| r.phase.starts_with("judge@") && r.state == "done")
+            .count() as u64;
         self.report.panels_joined = runs
             .iter()
             .filter(|r| {

@@ -153,7 +153,7 @@ fn collab(seeds: &[u64], steps: u64) -> i32 {
     for &seed in seeds {
         match room_sim::collab::run(room_sim::collab::CollabConfig { seed, steps }) {
             Ok(r) => println!(
-                "seed {seed}: {}{} after {} passes, {} restarts ({} cutting a pass); {} tasks done, {} declined; {} decisions ({} stale refused); {} fenced attempts; {} panels joined, {} fix loops, {} timed out; refusals {:?}",
+                "seed {seed}: {}{} after {} passes, {} restarts ({} cutting a pass); {} tasks done, {} declined; {} decisions ({} stale refused); {} fenced attempts; {} panels joined, {} judged, {} fix loops, {} timed out; refusals {:?}",
                 r.state,
                 if r.agent_orchestrated {
                     format!(
@@ -172,6 +172,7 @@ fn collab(seeds: &[u64], steps: u64) -> i32 {
                 r.stale_decisions,
                 r.fenced,
                 r.panels_joined,
+                r.judged,
                 r.fixes,
                 r.timed_out,
                 r.refusals

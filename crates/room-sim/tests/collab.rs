@@ -34,6 +34,7 @@ fn seeded_collaborations_keep_the_fence_the_barrier_and_exactly_once_across_cras
     assert!(sum(|r| r.panels_joined) > 0, "panels joined");
     assert!(sum(|r| r.fixes) > 0, "fix loops");
     assert!(sum(|r| r.timed_out) > 0, "reviewers timed out");
+    assert!(sum(|r| r.judged) > 0, "judges wrote their synthesis");
     assert!(sum(|r| r.fenced) > 0, "fenced attempts");
     assert!(sum(|r| r.stale_decisions) > 0, "stale decisions");
     let done = reports.iter().filter(|r| r.state == "done").count();
