@@ -214,7 +214,9 @@ fn act_panel(e: &Engine, c: &mut Collab) -> anyhow::Result<usize> {
 /// A panel's wall time from its dispatch to its barrier (the collaboration's set-up, which
 /// mints one child per seat, is not the panel's), p50 over `PANEL_ROUNDS`.
 fn panel_wall_us(e: &Engine, n: usize) -> anyhow::Result<f64> {
-    let sched = room_server::collab::scheduler();
+    let sched = room_collab::scheduler::Scheduler::new(std::sync::Arc::new(
+        room_collab::scheduler::InlineHost,
+    ));
     let mut walls = Vec::new();
     for _ in 0..PANEL_ROUNDS {
         let mut c = start_panel(e, n)?;
@@ -409,7 +411,9 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<()> {
     let raw = raw_commit_us(&dir)?;
     // per-phase overhead, one collaboration at a time
     let (_tmp, e) = engine(&dir)?;
-    let sched = room_server::collab::scheduler();
+    let sched = room_collab::scheduler::Scheduler::new(std::sync::Arc::new(
+        room_collab::scheduler::InlineHost,
+    ));
     let (mut ready, mut work) = (Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
         let mut c = start(&e)?;
@@ -448,7 +452,9 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<()> {
     drop(e);
     // throughput and memory, PARALLEL collaborations on one engine
     let (_tmp2, e) = engine(&dir)?;
-    let sched = room_server::collab::scheduler();
+    let sched = room_collab::scheduler::Scheduler::new(std::sync::Arc::new(
+        room_collab::scheduler::InlineHost,
+    ));
     let before = rss_bytes();
     let mut all = Vec::new();
     for _ in 0..PARALLEL {

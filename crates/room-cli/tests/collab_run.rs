@@ -2238,3 +2238,78 @@ reads = ["diff", "findings"]
         "the person merges; the collaboration never does"
     );
 }
+
+/// A gate's commands run away from the scheduler's pass: while one collaboration's gate runs
+/// a slow command, another collaboration is dispatched and finishes.
+#[test]
+fn a_slow_gate_holds_no_other_collaboration_back() {
+    let d = Dirs::new();
+    let _daemon = spawn(&d);
+    std::fs::write(
+        d.state.join("config.toml"),
+        "[acceptance]\ncommands = [\"/bin/sh\"]\n",
+    )
+    .unwrap();
+    let project = d.root.join("work/slow");
+    std::fs::create_dir_all(&project).unwrap();
+    let prj = d.ok(&["project", "open", project.to_str().unwrap()])["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    d.write("pack/p.md", "Your part.\n");
+    let role = role(
+        &d,
+        "architecture",
+        "spec",
+        json!({"title": "t", "goal": "g", "requirements": ["r"]}),
+    );
+    let slow = d.write(
+        "pack/slow.toml",
+        "name = \"slow\"\n\n[[phases]]\nname = \"spec\"\nkind = \"agent\"\nrole = \"architecture\"\nwrites = [\"spec\"]\nprompt = \"p.md\"\napprove = false\n\n[[phases]]\nname = \"gate\"\nkind = \"gate\"\nreads = [\"spec\"]\ncommands = [{ program = \"/bin/sh\", args = [\"-c\", \"sleep 20\"], timeout_ms = 60000 }]\n",
+    );
+    let a = d.ok(&[
+        "collab",
+        "start",
+        "--goal",
+        "wait",
+        "--project",
+        &prj,
+        "--pack",
+        slow.to_str().unwrap(),
+        "--role",
+        &role,
+    ])["collab"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    until(&d, &a, "the slow gate running", |s| {
+        phase(s, "gate")["state"] == "running"
+    });
+    let quick = d.write(
+        "pack/quick.toml",
+        "name = \"quick\"\n\n[[phases]]\nname = \"spec\"\nkind = \"agent\"\nrole = \"architecture\"\nwrites = [\"spec\"]\nprompt = \"p.md\"\napprove = false\n",
+    );
+    let b = d.ok(&[
+        "collab",
+        "start",
+        "--goal",
+        "quick",
+        "--pack",
+        quick.to_str().unwrap(),
+        "--role",
+        &role,
+    ])["collab"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let s = until(&d, &b, "the quick collaboration's end", |s| {
+        s["state"] != "running"
+    });
+    assert_eq!(s["state"], "done", "{s:#}");
+    let slow_now = d.ok(&["collab", "status", &a]);
+    assert_eq!(
+        phase(&slow_now, "gate")["state"],
+        "running",
+        "the slow gate still runs while the other finished: {slow_now:#}"
+    );
+}

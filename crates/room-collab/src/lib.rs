@@ -15,7 +15,8 @@
 //!   dispatch names (by phase or purpose tag) and the phases its words announce;
 //! - `scheduler`: the pass over a running collaboration, acting as its orchestrator through
 //!   the engine (phases, panels, the fix loop, gates, approvals, plans, guards, questions);
-//!   the host's working trees come in through `Trees`;
+//!   the host (its working trees, a gate's measurement away from the pass) comes in
+//!   through `Host`;
 //! - `start`: recording a checked collaboration (its identities, routes, room, goal task and
 //!   record), which the daemon and the simulator share;
 //! - `steer`: an agent orchestrator's tools (`collab_status`, `collab_dispatch`,

@@ -11,7 +11,7 @@
 //! phase is a task addressed to its role's child, whose acceptance is that its writes exist,
 //! delivered by a `send` (a sealed wake to the child's route); a `gate` phase is a task the
 //! orchestrator claims and closes, its commands run as `command` acceptance (in the gate's
-//! working tree, which the host makes: `Trees`); a `panel` fans out to one seat run per
+//! working tree, which the host makes, measured away from the pass: `Host`); a `panel` fans out to one seat run per
 //! reviewer and joins at a barrier (an optional debate round first), its blocking findings
 //! going back to the implementer until the loop cap; an `approval` phase, and a phase the pack
 //! marks `approve`, waits in the approval queue bound to the digest of what it shows. With
@@ -37,14 +37,21 @@ use std::sync::Mutex;
 
 /// The conversation the scheduler acts in as each orchestrator.
 const CONVERSATION: &str = "collab-scheduler";
+/// The conversation a gate's measurement acts in (beside the passes).
+const GATE_CONVERSATION: &str = "collab-gate";
 /// Pages the scheduler reads to catch up before it acts (a room it cannot catch up with in
 /// this many is left for the next pass).
 const CATCH_UP_PAGES_MAX: usize = 64;
 
-/// The host's working trees (the daemon's: `room_exec::tree`; a simulated collaboration has
-/// none): the gate's tree made afresh before a gate measures it, and every tree removed when
-/// the collaboration finishes.
-pub trait Trees: Send + Sync {
+/// A job the host runs away from the scheduler's pass (a gate's commands: long, and no pass
+/// of any collaboration waits for them).
+pub type Job = Box<dyn FnOnce(&Engine) + Send + 'static>;
+
+/// What the scheduler needs of its host (the daemon's: `room_exec::tree` and a thread per
+/// gate; the simulator's: no trees, jobs run inline): the gate's working tree made afresh
+/// before a gate measures it, every tree removed when the collaboration finishes, and a job
+/// run in the background.
+pub trait Host: Send + Sync {
     /// The gate's tree of `c`: the base of `trees` with `patch` applied (empty: the base).
     fn gate_tree(
         &self,
@@ -55,16 +62,33 @@ pub trait Trees: Send + Sync {
     ) -> Result<(), String>;
     /// Every tree of collaboration `id` (it finished).
     fn remove(&self, engine: &Engine, id: &str);
+    /// Run `job` away from the pass (on `engine`, or the host's own handle on it).
+    fn spawn(&self, engine: &Engine, job: Job) {
+        job(engine)
+    }
+    /// Whether this host measures gates (`spawn`); one that does not (a tool call's) leaves
+    /// a gate it begins to the next pass.
+    fn measures_gates(&self) -> bool {
+        true
+    }
 }
 
-/// A host without working trees.
-pub struct NoTrees;
+/// A host without working trees that runs every job inline (a simulation's: deterministic).
+pub struct InlineHost;
 
-impl Trees for NoTrees {
+impl Host for InlineHost {
     fn gate_tree(&self, _: &Engine, _: &CollabRow, _: &WorkTrees, _: &str) -> Result<(), String> {
         Err("this host keeps no working trees".into())
     }
     fn remove(&self, _: &Engine, _: &str) {}
+}
+
+/// The gates being measured in the background, by collaboration, phase and run: a pass
+/// leaves a gate alone while its job runs (a restart forgets them, and measures again).
+fn gates_measuring() -> &'static Mutex<std::collections::HashSet<String>> {
+    static GATES: std::sync::LazyLock<Mutex<std::collections::HashSet<String>>> =
+        std::sync::LazyLock::new(Default::default);
+    &GATES
 }
 
 /// What a collaboration runs, as its record keeps it.
@@ -154,15 +178,15 @@ pub fn run_view(r: &CollabRunRow) -> Value {
 /// each collaboration's record the first time a daemon drives it; never written anywhere).
 pub struct Scheduler {
     tokens: Mutex<HashMap<String, String>>,
-    trees: std::sync::Arc<dyn Trees>,
+    host: std::sync::Arc<dyn Host>,
 }
 
 impl Scheduler {
-    /// A scheduler over `trees`, the host's working trees.
-    pub fn new(trees: std::sync::Arc<dyn Trees>) -> Scheduler {
+    /// A scheduler on `host`.
+    pub fn new(host: std::sync::Arc<dyn Host>) -> Scheduler {
         Scheduler {
             tokens: Mutex::default(),
-            trees,
+            host,
         }
     }
 
@@ -211,7 +235,7 @@ impl Scheduler {
             c,
             spec: &spec,
             pack: &pack,
-            trees: self.trees.as_ref(),
+            host: &self.host,
         };
         let versions = cx.versions()?;
         let mut runs = engine.collab_runs(&me, &c.id)?;
@@ -301,7 +325,7 @@ pub(crate) struct Cx<'a> {
     pub(crate) c: &'a CollabRow,
     pub(crate) spec: &'a Spec,
     pub(crate) pack: &'a Pack,
-    pub(crate) trees: &'a dyn Trees,
+    pub(crate) host: &'a std::sync::Arc<dyn Host>,
 }
 
 impl Cx<'_> {
@@ -1464,15 +1488,68 @@ Fix them in your working tree, then write the diff again (diff_from_tree, expect
             .clone()
             .ok_or_else(|| Refusal::storage(format!("phase {}: its task has no id", phase.name)))?;
         let status = self.engine.task_show(self.me, &task)?["task"]["status"].clone();
+        if status == "done" {
+            row.state = "done".into();
+            row.ended_ms = Some(self.engine.now_ms());
+            return self.put(row);
+        }
         if status == "open" {
             self.engine.task_claim(self.me, &task, None)?;
         }
-        let closed = if status == "done" {
-            Ok(Value::Null)
-        } else if let Err(why) = self.gate_tree() {
+        // measured away from the pass: a gate's commands may take minutes, and no pass of
+        // any collaboration waits for them; the job records the run's end itself
+        if !self.host.measures_gates() {
+            return Ok(());
+        }
+        let key = format!("{}/{}#{}", self.c.id, phase.name, row.run);
+        if !gates_measuring()
+            .lock()
+            .expect("gates lock")
+            .insert(key.clone())
+        {
+            return Ok(());
+        }
+        // its own conversation: it reads and writes beside the passes, never in their stead
+        let me = AgentCaller {
+            conversation: GATE_CONVERSATION.into(),
+            ..self.me.clone()
+        };
+        let (c, spec, pack) = (self.c.clone(), self.spec.clone(), self.pack.clone());
+        let (host, phase_name, mut row) = (self.host.clone(), phase.name.clone(), row.clone());
+        self.host.spawn(
+            self.engine,
+            Box::new(move |engine: &Engine| {
+                let cx = Cx {
+                    engine,
+                    me: &me,
+                    c: &c,
+                    spec: &spec,
+                    pack: &pack,
+                    host: &host,
+                };
+                if let Err(r) = cx.measure_gate(&phase_name, &task, &mut row) {
+                    tracing::warn!(collab = %c.id, "gate {phase_name}: {r}");
+                }
+                gates_measuring().lock().expect("gates lock").remove(&key);
+            }),
+        );
+        Ok(())
+    }
+
+    /// A gate's measurement: its tree made afresh, then the orchestrator's `done` on its
+    /// task, which runs its commands as acceptance; the run is `done` when they pass,
+    /// `failed` when they do not (or the diff cannot be laid on the base). Anything else
+    /// leaves it running for the next pass to measure again.
+    pub(crate) fn measure_gate(
+        &self,
+        phase: &str,
+        task: &str,
+        row: &mut CollabRunRow,
+    ) -> Result<(), Refusal> {
+        let closed = if let Err(why) = self.gate_tree() {
             // the diff under review cannot be laid on the base: the gate fails, measured on
             // nothing (its task stays claimed; a rerun builds the tree again)
-            tracing::warn!("collaboration {}: gate {}: {why}", self.c.id, phase.name);
+            tracing::warn!("collaboration {}: gate {phase}: {why}", self.c.id);
             Err(Refusal::new(Code::TaskAcceptanceFailed, why))
         } else {
             self.act(|| {
@@ -1481,7 +1558,7 @@ Fix them in your working tree, then write the diff again (diff_from_tree, expect
                     Verb::Done,
                     TurnArgs {
                         room: self.c.room.clone(),
-                        task: Some(task.clone()),
+                        task: Some(task.to_string()),
                         ..TurnArgs::default()
                     },
                 )
@@ -1517,7 +1594,7 @@ Fix them in your working tree, then write the diff again (diff_from_tree, expect
             .as_ref()
             .and_then(|d| d["content"]["patch"].as_str())
             .unwrap_or_default();
-        self.trees.gate_tree(self.engine, self.c, &trees, patch)
+        self.host.gate_tree(self.engine, self.c, &trees, patch)
     }
 
     /// Catch up with the room, then act; a gate refusal (something arrived meanwhile) is
@@ -1683,7 +1760,7 @@ Fix them in your working tree, then write the diff again (diff_from_tree, expect
             })?;
         }
         self.engine.collab_finish(self.me, &self.c.id, "done")?;
-        self.trees.remove(self.engine, &self.c.id);
+        self.host.remove(self.engine, &self.c.id);
         Ok(())
     }
 }

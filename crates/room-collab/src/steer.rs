@@ -18,7 +18,7 @@
 
 use crate::orchestrate::{self, RunState};
 use crate::pack::{ORCHESTRATOR, Pack};
-use crate::scheduler::{Cx, Spec, Trees, all_done, caller, guards_view, load, run_view};
+use crate::scheduler::{Cx, Host, Spec, all_done, caller, guards_view, load, run_view};
 use room_core::{Code, Refusal, Verb};
 use room_engine::Engine;
 use room_engine::principal::AgentCaller;
@@ -71,7 +71,7 @@ fn caller_of(token: String) -> AgentCaller {
 
 /// `collab_status` for a steering agent (`session:read`).
 pub fn status(engine: &Engine, caller: &AgentCaller, id: &str) -> Result<Value, Refusal> {
-    let trees: &dyn Trees = &crate::scheduler::NoTrees;
+    let host: Arc<dyn Host> = Arc::new(crate::scheduler::InlineHost);
     let s = steered(engine, caller, id, "session:read")?;
     let l = lock(id);
     let _held = l.lock().expect("collaboration lock");
@@ -81,7 +81,7 @@ pub fn status(engine: &Engine, caller: &AgentCaller, id: &str) -> Result<Value, 
         c: &s.c,
         spec: &s.spec,
         pack: &s.pack,
-        trees,
+        host: &host,
     };
     let versions = cx.versions()?;
     let runs = engine.collab_runs(&s.me, id)?;
@@ -164,7 +164,7 @@ pub fn dispatch(
     phase: Option<&str>,
     purpose: Option<&str>,
     approve: bool,
-    trees: &dyn Trees,
+    host: &Arc<dyn Host>,
 ) -> Result<Value, Refusal> {
     let s = steered(engine, caller, id, "session:dispatch")?;
     let l = lock(id);
@@ -175,7 +175,7 @@ pub fn dispatch(
         c: &s.c,
         spec: &s.spec,
         pack: &s.pack,
-        trees,
+        host,
     };
     let versions = cx.versions()?;
     let runs = engine.collab_runs(&s.me, id)?;
@@ -211,7 +211,7 @@ pub fn close(
     engine: &Engine,
     caller: &AgentCaller,
     id: &str,
-    trees: &dyn Trees,
+    host: &Arc<dyn Host>,
 ) -> Result<Value, Refusal> {
     let s = steered(engine, caller, id, "session:dispatch")?;
     let l = lock(id);
@@ -244,7 +244,7 @@ pub fn close(
         c: &s.c,
         spec: &s.spec,
         pack: &s.pack,
-        trees,
+        host,
     };
     cx.finish()?;
     Ok(json!({"collab": id, "state": "done"}))

@@ -1,6 +1,6 @@
 //! Collaborations in the daemon (DESIGN.md §7, issue 41): `start` sets one up from a pack and
 //! its role bindings; the owner's views (`status`, `list`) and `rerun`; the daemon's working
-//! trees (`ExecTrees`, `room_exec::tree`) for the scheduler, which is the collaboration
+//! trees (`DaemonHost`, `room_exec::tree`) for the scheduler, which is the collaboration
 //! floor's (`room_collab::scheduler`: the pass, acting as each collaboration's orchestrator
 //! through the engine; `room_collab::steer`: an agent orchestrator's tools). Authority is the
 //! engine's throughout: the owner's standing starts and decides.
@@ -21,7 +21,7 @@ use room_collab::Phase;
 use room_collab::pack::{DEFAULT_PACK, DEFAULT_PROMPTS, Pack, PhaseKind};
 use room_collab::profile::Backends;
 use room_collab::scheduler::{
-    Spec, Trees, debate_run, fix_loops, guards_view, load, run_view, seat_run,
+    Host, Spec, debate_run, fix_loops, guards_view, load, run_view, seat_run,
 };
 use room_core::{Code, Refusal};
 use room_engine::{Engine, Owner};
@@ -287,11 +287,21 @@ pub fn remove_trees(engine: &Engine, id: &str) {
     }
 }
 
-/// The daemon's working trees for the scheduler (`room_exec::tree`, beneath
-/// `<state>/trees/<collab>/`).
-pub struct ExecTrees;
+/// The daemon as the scheduler's host: the working trees (`room_exec::tree`, beneath
+/// `<state>/trees/<collab>/`) and a thread per gate measured (with the engine's handle; a
+/// tool call's host has none, and leaves a gate it begins to the next pass).
+pub struct DaemonHost {
+    engine: Option<std::sync::Arc<Engine>>,
+}
 
-impl Trees for ExecTrees {
+impl DaemonHost {
+    /// The host of a steering tool call: trees, no gate measured.
+    pub fn for_tools() -> std::sync::Arc<dyn Host> {
+        std::sync::Arc::new(DaemonHost { engine: None })
+    }
+}
+
+impl Host for DaemonHost {
     fn gate_tree(
         &self,
         engine: &Engine,
@@ -321,11 +331,31 @@ impl Trees for ExecTrees {
     fn remove(&self, engine: &Engine, id: &str) {
         remove_trees(engine, id);
     }
+
+    fn spawn(&self, engine: &Engine, job: room_collab::scheduler::Job) {
+        let Some(mine) = self.engine.clone() else {
+            return job(engine);
+        };
+        // a thread per gate measured: bounded by the collaborations' gates in flight (one
+        // per gate phase's run), each ending with its commands' timeouts
+        let started = std::thread::Builder::new()
+            .name("room-gate".into())
+            .spawn(move || job(&mine));
+        if let Err(e) = started {
+            tracing::error!("a gate's thread did not start: {e}");
+        }
+    }
+
+    fn measures_gates(&self) -> bool {
+        self.engine.is_some()
+    }
 }
 
-/// The daemon's scheduler: `room_collab::scheduler` over the daemon's working trees.
-pub fn scheduler() -> room_collab::scheduler::Scheduler {
-    room_collab::scheduler::Scheduler::new(std::sync::Arc::new(ExecTrees))
+/// The daemon's scheduler: `room_collab::scheduler` on the daemon as its host.
+pub fn scheduler(engine: std::sync::Arc<Engine>) -> room_collab::scheduler::Scheduler {
+    room_collab::scheduler::Scheduler::new(std::sync::Arc::new(DaemonHost {
+        engine: Some(engine),
+    }))
 }
 
 /// Make the base and one tree per implementing role (`room_exec::tree`), and point each such

@@ -40,7 +40,7 @@ pub fn dispatch(
         phase,
         purpose,
         approve,
-        &super::ExecTrees,
+        &super::DaemonHost::for_tools(),
     )?;
     if let Some(p) = v["phase"].as_str() {
         turn_dispatched(&caller.token, p);

@@ -650,7 +650,7 @@ pub async fn serve(
     // commands run inside it)
     let collabs = tokio::spawn({
         let engine = engine.clone();
-        let scheduler = Arc::new(crate::collab::scheduler());
+        let scheduler = Arc::new(crate::collab::scheduler(engine.clone()));
         async move {
             // a pass follows every call that may have moved a room (an agent's done, an
             // artifact, a decision), and at least every TICK_MS

@@ -756,8 +756,13 @@ fn artifact_op(
         }
         "collab_close" => {
             let a: CollabSteerArgs = args(a)?;
-            room_collab::steer::close(engine, caller, &a.id, &crate::collab::ExecTrees)
-                .map(TurnStep::Done)
+            room_collab::steer::close(
+                engine,
+                caller,
+                &a.id,
+                &crate::collab::DaemonHost::for_tools(),
+            )
+            .map(TurnStep::Done)
         }
         "collab_dispatch" | "collab_request_approval" => {
             let a: CollabDispatchArgs = args(a)?;

@@ -28,7 +28,7 @@
 
 use crate::{Failure, SIM_CHECK, SimRunner, scratch_dir};
 use room_collab::pack::{Pack, PhaseKind};
-use room_collab::scheduler::{NoTrees, Scheduler, load};
+use room_collab::scheduler::{InlineHost, Scheduler, load};
 use room_core::env::{ManualClock, SeededEntropy};
 use room_core::{Code, Refusal, Verb};
 use room_engine::collab::Verdict;
@@ -76,6 +76,11 @@ pub struct CollabReport {
     pub agent_orchestrated: bool,
     pub steered_dispatches: u64,
     pub wakes_told: u64,
+}
+
+/// The simulation's host: no working trees, every job (a gate's measurement) inline.
+fn inline() -> Arc<dyn room_collab::scheduler::Host> {
+    Arc::new(InlineHost)
 }
 
 /// A crash armed inside a scheduler's pass: the journal append this many appends on lands
@@ -296,7 +301,7 @@ impl CollabSim {
             state,
             boot,
             engine: None,
-            scheduler: Scheduler::new(Arc::new(NoTrees)),
+            scheduler: Scheduler::new(inline()),
             pack: None,
             id: String::new(),
             children: Vec::new(),
@@ -330,7 +335,7 @@ impl CollabSim {
                 .map_err(|e| format!("engine failed to open: {e}"))?,
         );
         // the scheduler's credentials live in a daemon's memory: a new process mints anew
-        self.scheduler = Scheduler::new(Arc::new(NoTrees));
+        self.scheduler = Scheduler::new(inline());
         Ok(())
     }
 
@@ -535,7 +540,7 @@ impl CollabSim {
             }
         };
         if status["all_done"] == true {
-            match room_collab::steer::close(self.e(), &me, &self.id, &NoTrees) {
+            match room_collab::steer::close(self.e(), &me, &self.id, &inline()) {
                 Ok(_) => self.note("the orchestrator closes".into()),
                 Err(r) => self.refused(&r),
             }
@@ -559,7 +564,7 @@ impl CollabSim {
                 Some(&name),
                 None,
                 false,
-                &NoTrees,
+                &inline(),
             ) {
                 self.refused(&r);
                 if r.code == Code::PhaseNotReady
@@ -579,7 +584,7 @@ impl CollabSim {
             Some(&phase),
             None,
             false,
-            &NoTrees,
+            &inline(),
         ) {
             Ok(v) => {
                 self.report.steered_dispatches += 1;
