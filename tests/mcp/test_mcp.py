@@ -668,8 +668,9 @@ async def wait_for(pred, what, seconds=10.0):
 @test
 async def prompts_resources_subscriptions_and_logging(fx):
     """The MCP features beside tools, on both transports (initialize sessions: subscribe and
-    setLevel are the 2025 forms): prompts teach the loop, each room is a resource, a subscribed
-    room that moves is announced, and refusals reach the log at the level the client set."""
+    setLevel are the 2025 forms): prompts teach the loop, each room is a resource (under one
+    template), arguments complete to what the caller may see, a subscribed room that moves is
+    announced, and refusals reach the log at the level the client set."""
     warnings.simplefilter("ignore")  # subscribe and setLevel are deprecated from 2026-07-28 on
     toks = setup_room(fx, ["alpha", "beta"])
     fx.run("create", "private", "--member", "beta")
@@ -717,6 +718,20 @@ async def prompts_resources_subscriptions_and_logging(fx):
                     raise
                 except Exception:
                     pass
+            # completions: a prompt's argument and the room template's complete to the caller's
+            # rooms only; the template is listed
+            assert caps.completions is not None, caps
+            templates = (await alpha.list_resource_templates()).resource_templates
+            assert [t.uri_template for t in templates] == ["room://{room}"], templates
+            prompt_ref = types.PromptReference(name="catch_up")
+            got = await alpha.complete(prompt_ref, {"name": "room", "value": "lo"})
+            assert got.completion.values == ["lobby"], got
+            got = await alpha.complete(prompt_ref, {"name": "room", "value": "pri"})
+            assert got.completion.values == [], f"private is not alpha's: {got}"
+            got = await alpha.complete(types.ResourceTemplateReference(uri="room://{room}"), {"name": "room", "value": ""})
+            assert got.completion.values == ["lobby"] and got.completion.total == 1, got
+            got = await alpha.complete(types.PromptReference(name="finish_task"), {"name": "task", "value": "tsk_"})
+            assert got.completion.values == [], got
             # logging: nothing before a level is set; then refusals at or above it
             await alpha.call_tool("room_say", {"room": "lobby", "text": "blind"})
             await asyncio.sleep(0.3)

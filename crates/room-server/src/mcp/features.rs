@@ -100,6 +100,22 @@ and call room_done with the task.",
     },
 ];
 
+/// The one argument prompt `name` takes, if it is one of Room's.
+pub fn prompt_argument(name: &str) -> Option<&'static str> {
+    PROMPTS.iter().find(|p| p.name == name).map(|p| p.arg.0)
+}
+
+/// The template every room resource follows (its `room` completes to the caller's rooms).
+pub const ROOM_TEMPLATE: &str = "room://{room}";
+
+/// `resources/templates/list`: one template, a room.
+pub fn room_template() -> rmcp::model::ResourceTemplate {
+    rmcp::model::ResourceTemplate::new(ROOM_TEMPLATE, "room")
+        .with_title("A room")
+        .with_description("A room you are a member of: its next page of events after your confirmed position (reading confirms nothing).")
+        .with_mime_type("application/json")
+}
+
 pub fn prompts() -> Vec<Prompt> {
     PROMPTS
         .iter()

@@ -14,11 +14,12 @@ use features::SessionState;
 #[allow(deprecated)]
 use rmcp::model::SetLevelRequestParams;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, GetPromptRequestParams,
-    GetPromptResponse, Implementation, JsonObject, ListPromptsResult, ListResourcesResult,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CompleteRequestParams, CompleteResult,
+    CompletionInfo, ContentBlock, GetPromptRequestParams, GetPromptResponse, Implementation,
+    JsonObject, ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult,
     ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse,
-    ReadResourceResult, ResourceUpdatedNotificationParam, ServerCapabilities, ServerConfig,
-    SubscribeRequestParams, Tool, UnsubscribeRequestParams,
+    ReadResourceResult, Reference, ResourceUpdatedNotificationParam, ServerCapabilities,
+    ServerConfig, SubscribeRequestParams, Tool, UnsubscribeRequestParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -365,6 +366,7 @@ impl ServerHandler for RoomMcp {
             .enable_resources()
             .enable_resources_subscribe()
             .enable_logging()
+            .enable_completions()
             .build();
         ServerConfig::new(capabilities)
             .with_server_info(Implementation::new("room", env!("CARGO_PKG_VERSION")))
@@ -416,6 +418,65 @@ impl ServerHandler for RoomMcp {
         _c: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, McpError> {
         Ok(features::prompt(&request.name, request.arguments.as_ref())?.into())
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _r: Option<PaginatedRequestParams>,
+        _c: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, McpError> {
+        Ok(ListResourceTemplatesResult::with_all_items(vec![
+            features::room_template(),
+        ]))
+    }
+
+    /// Completions for the prompts' arguments and the room template's `room`: room names
+    /// the caller is a member of; task ids its queued wakes name. What the caller may not
+    /// see is never offered (the daemon answers as the caller).
+    async fn complete(
+        &self,
+        request: CompleteRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CompleteResult, McpError> {
+        let what = match (&request.r#ref, request.argument.name.as_str()) {
+            (Reference::Prompt(p), arg) if features::prompt_argument(&p.name) == Some(arg) => {
+                arg.to_string()
+            }
+            (Reference::Resource(r), "room") if r.uri == features::ROOM_TEMPLATE => "room".into(),
+            _ => return Ok(CompleteResult::new(CompletionInfo::default())),
+        };
+        let prefix = request.argument.value.as_str();
+        let mut values: Vec<String> = if what == "task" {
+            let (req, bearer) = self.request("whoami", json!({}), &context);
+            let me = self.run(req, bearer).await?.result.unwrap_or(Value::Null);
+            me["wakes"]["queued"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|w| w["task"].as_str().map(String::from))
+                .collect()
+        } else {
+            let (req, bearer) = self.request("list", json!({}), &context);
+            let listing = self.listing(req, bearer).await?;
+            listing["rooms"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|r| r["room"].as_str().map(String::from))
+                .collect()
+        };
+        values.retain(|v| v.starts_with(prefix));
+        values.sort();
+        values.dedup();
+        let total = values.len();
+        values.truncate(CompletionInfo::MAX_VALUES);
+        let info = CompletionInfo::with_pagination(
+            values,
+            Some(u32::try_from(total).unwrap_or(u32::MAX)),
+            total > CompletionInfo::MAX_VALUES,
+        )
+        .map_err(|e| McpError::internal_error(e, None))?;
+        Ok(CompleteResult::new(info))
     }
 
     async fn list_resources(
