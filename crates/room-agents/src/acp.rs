@@ -18,7 +18,7 @@ use agent_client_protocol::v1::schema::{
     AuthenticateRequest, CancelNotification, ContentBlock, EnvVariable, InitializeRequest,
     LoadSessionRequest, McpServer, McpServerStdio, NewSessionRequest, PermissionOptionKind,
     PromptRequest, RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
-    SelectedPermissionOutcome, SessionId, SessionNotification, TextContent,
+    SelectedPermissionOutcome, SessionId, SessionNotification, SessionUpdate, TextContent,
 };
 use agent_client_protocol::{Agent, ByteStreams, Client};
 use serde::Serialize;
@@ -140,6 +140,9 @@ pub struct Report {
     pub cancel_sent: bool,
     pub timed_out: bool,
     pub error: Option<String>,
+    /// What the turn cost, if the agent reported it (`usage_update`); none: not reported.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<Cost>,
 }
 
 /// What the report proves about delivery, in the ladder's words.
@@ -179,6 +182,10 @@ struct Seen {
     /// Set just before the prompt is sent: updates before it are replays.
     prompting: bool,
     replayed: u64,
+    /// The session's cumulative cost the agent last reported (`usage_update`), per session:
+    /// before the prompt (a loaded session's history) and since.
+    cost_before: BTreeMap<String, (f64, String)>,
+    cost_after: BTreeMap<String, (f64, String)>,
 }
 
 fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -223,7 +230,37 @@ where
         }
     }
     r.updates_foreign += seen.others;
+    // this turn's cost: the bound session's cumulative cost after the prompt, less what it
+    // stood at before (a new session starts at nothing; a loaded one that reported nothing
+    // before leaves this turn's share unknown)
+    if let Some(session) = r.session.clone()
+        && let Some((after, currency)) = seen.cost_after.get(&session)
+    {
+        let before = match seen.cost_before.get(&session) {
+            Some((b, c)) if c == currency => Some(*b),
+            Some(_) => None,
+            None if !r.loaded => Some(0.0),
+            None => None,
+        };
+        if let Some(b) = before
+            && *after >= b
+            && after.is_finite()
+        {
+            r.cost = Some(Cost {
+                amount: after - b,
+                currency: crate::api::clip(currency, 16),
+            });
+        }
+    }
     r
+}
+
+/// What a turn cost, as the agent reported it (`usage_update`'s cumulative cost, this turn's
+/// share): an amount in its unit (an ISO 4217 currency, or another unit such as credits).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Cost {
+    pub amount: f64,
+    pub currency: String,
 }
 
 async fn connect(
@@ -240,11 +277,23 @@ async fn connect(
         .on_receive_notification(
             async move |n: SessionNotification, _cx| {
                 let mut s = locked(&on_update);
+                let key = n.session_id.0.to_string();
+                if let SessionUpdate::UsageUpdate(u) = &n.update
+                    && let Some(c) = &u.cost
+                {
+                    let to = if s.prompting {
+                        &mut s.cost_after
+                    } else {
+                        &mut s.cost_before
+                    };
+                    if to.len() < SESSIONS_SEEN_MAX || to.contains_key(&key) {
+                        to.insert(key.clone(), (c.amount, c.currency.clone()));
+                    }
+                }
                 if !s.prompting {
                     s.replayed += 1;
                     return Ok(());
                 }
-                let key = n.session_id.0.to_string();
                 if let Some(c) = s.updates.get_mut(&key) {
                     *c += 1;
                 } else if s.updates.len() < SESSIONS_SEEN_MAX {

@@ -50,7 +50,8 @@ pub struct Capabilities {
     /// A warm resume of the agent's own conversation: `conditional` (where it offers one) or
     /// `none`.
     pub warm_resume: &'static str,
-    /// What its cost is known from: `usage_records` (tokens per call) or `none`.
+    /// What its cost is known from: `usage_records` (tokens per call), `agent_reported` (the
+    /// agent's own `usage_update` with a cost, when it sends one) or `none`.
     pub cost: &'static str,
     /// How the agent asks before acting: `permission_requests` (answered by the route) or
     /// `none`.
@@ -156,7 +157,7 @@ pub fn all() -> Vec<Coverage> {
                 interrupt: "session_cancel",
                 cancel: "zero_processes",
                 warm_resume: "conditional",
-                cost: "none",
+                cost: "agent_reported",
                 approval: "permission_requests",
             },
         },

@@ -331,6 +331,14 @@ async fn probe_acp(cli: &Cli, command: &[String], scratch: &Path) -> Observed {
         (asked > 0).then_some("permission_requests"),
         format!("{asked} permission requests"),
     );
+    o.saw(
+        "cost",
+        r.cost.as_ref().map(|_| "agent_reported"),
+        match &r.cost {
+            Some(c) => format!("the agent reported {} {}", c.amount, c.currency),
+            None => "the agent reported no cost (usage_update)".into(),
+        },
+    );
     if let Some(e) = &r.error {
         o.note = Some(format!("the turn: {e}"));
     }

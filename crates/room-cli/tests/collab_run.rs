@@ -2232,6 +2232,13 @@ reads = ["diff", "findings"]
         .collect();
     assert!(by.contains(&format!("{id}-orchestrator").as_str()), "{s:#}");
     assert!(by.contains(&format!("{id}-review").as_str()), "{s:#}");
+    // the ACP implementer's own report of what its turn cost (usage_update, in US dollars)
+    let reported = &s["cost"]["by_agent_reported"][0];
+    assert_eq!(reported["agent"], format!("{id}-reasoning"), "{s:#}");
+    assert!(
+        (reported["usd"].as_f64().unwrap() - 0.0421).abs() < 1e-9,
+        "{reported}"
+    );
     assert_eq!(
         std::fs::read_to_string(project.join("greet.sh")).unwrap(),
         "#!/bin/sh\necho hello\n",

@@ -511,7 +511,9 @@ impl Engine {
 
     /// Rolled up from the adapters' usage records of every launch of the collaboration's
     /// agents (tokens in and out per call, per model), per agent and model; money only from
-    /// `[prices]`, and `unknown` wherever a launch reported no usage or a model has no price.
+    /// `[prices]`, or from what an ACP agent reported its turn cost in US dollars
+    /// (`by_agent_reported`), and `unknown` wherever a launch reported neither or a model has
+    /// no price.
     /// Each child's live state as its launches prove it (the owner's view; the orchestrator's
     /// through `collab_children`): `alive` (a launch claimed with its pid runs now, in its
     /// job), `idle` (nothing runs for it: never launched, or its last launch ended as it
@@ -580,6 +582,9 @@ impl Engine {
         let mut rows: std::collections::BTreeMap<(String, String), (u64, u64, u64, u64)> =
             Default::default();
         let mut unreported = 0u64;
+        // (agent, the agent's name for itself) -> (launches, US dollars it reported)
+        let mut reported: std::collections::BTreeMap<(String, String), (u64, f64)> =
+            Default::default();
         // agent -> (launches ended, of them without usage records)
         let mut launches_by: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
         for agent in &members {
@@ -596,18 +601,34 @@ impl Engine {
                 let report = &detail["adapter"];
                 let counts = launches_by.entry(agent.clone()).or_default();
                 counts.0 += 1;
-                if report["usage"].as_array().is_none() || report["model"].as_str().is_none() {
-                    counts.1 += 1;
-                }
-                match (report["model"].as_str(), report["usage"].as_array()) {
-                    (Some(model), Some(usage)) => {
+                // an ACP agent's own report of what its turn cost (`usage_update`), in US
+                // dollars only: another unit is never converted
+                let agent_usd = report["cost"]["amount"]
+                    .as_f64()
+                    .filter(|a| a.is_finite() && *a >= 0.0)
+                    .filter(|_| report["cost"]["currency"] == "USD");
+                match (
+                    report["model"].as_str(),
+                    report["usage"].as_array(),
+                    agent_usd,
+                ) {
+                    (Some(model), Some(usage), _) => {
                         let e = rows.entry((agent.clone(), model.to_string())).or_default();
                         e.0 += usage.len() as u64;
                         e.1 += report["prompt_tokens"].as_u64().unwrap_or(0);
                         e.2 += report["completion_tokens"].as_u64().unwrap_or(0);
                         e.3 += report["tool_calls"].as_u64().unwrap_or(0);
                     }
-                    _ => unreported += 1,
+                    (_, _, Some(usd)) => {
+                        let name = report["agent"].as_str().unwrap_or("acp").to_string();
+                        let e = reported.entry((agent.clone(), name)).or_default();
+                        e.0 += 1;
+                        e.1 += usd;
+                    }
+                    _ => {
+                        counts.1 += 1;
+                        unreported += 1;
+                    }
                 }
             }
         }
@@ -633,6 +654,13 @@ impl Engine {
                     "usd": usd.map_or(json!("unknown"), |u| json!(u))})
             })
             .collect();
+        let by_agent_reported: Vec<Value> = reported
+            .iter()
+            .map(|((agent, name), (launches, usd))| {
+                total_usd += usd;
+                json!({"agent": agent, "reported_by": name, "launches": launches, "usd": usd})
+            })
+            .collect();
         let by_agent: Vec<Value> = launches_by
             .iter()
             .map(|(agent, (n, without))| {
@@ -641,6 +669,7 @@ impl Engine {
             .collect();
         Ok(json!({
             "by_agent_and_model": by,
+            "by_agent_reported": by_agent_reported,
             "by_agent": by_agent,
             "tokens_in": tin, "tokens_out": tout,
             "launches_without_usage": unreported,

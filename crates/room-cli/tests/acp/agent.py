@@ -16,7 +16,7 @@ argument:
 - implement: a collaboration's implementer: catches up, claims the wake's task, makes
   `greet.sh` in its session's directory (its working tree) say `hello, verbosely`, has Room
   take its diff (`diff_from_tree`) and closes the task (`room_done`), reading through whenever
-  the room moved on.
+  the room moved on; it reports what its session cost (`usage_update`: 0.0421 USD).
 
 With a second argument (a file that keeps its sessions across processes) it offers
 `session/load`: a loaded session replays one update of its history before the prompt.
@@ -40,7 +40,7 @@ from acp import (
     text_block,
     update_agent_message,
 )
-from acp.schema import AgentCapabilities, PermissionOption, ToolCallUpdate
+from acp.schema import AgentCapabilities, Cost, PermissionOption, ToolCallUpdate, UsageUpdate
 import os
 from mcp import Client, StdioServerParameters
 
@@ -183,6 +183,8 @@ class TestAgent(Agent):
             r = await gated("room_done", {"room": room, "task": task})
             assert not r.is_error, r.structured_content
             log(step="done", task=task)
+        await self.conn.session_update(session_id=session_id, update=UsageUpdate(
+            session_update="usage_update", used=1200, size=200000, cost=Cost(amount=0.0421, currency="USD")))
         await self.conn.session_update(session_id=session_id, update=update_agent_message(text_block("implemented")))
 
     async def answer(self, session_id, wake):
