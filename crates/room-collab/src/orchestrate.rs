@@ -48,8 +48,8 @@ pub fn settled(state: &str) -> bool {
 }
 
 /// The items the orchestrator would be told now: `ready:PHASE#RUN` for each phase ready for
-/// its next run, `settled:PHASE#RUN:STATE` for each run that ended, and `all_done` once every
-/// phase's newest run is done. Sorted, bounded by `NEWS_ITEMS_MAX`.
+/// its next run, `settled:PHASE#RUN:STATE` for each phase whose newest run has ended, and
+/// `all_done` once every phase's newest run is done. Sorted, bounded by `NEWS_ITEMS_MAX`.
 pub fn news(pack: &Pack, ready: &[&str], runs: &[RunState<'_>]) -> Vec<String> {
     let next = |phase: &str| {
         runs.iter()
@@ -63,8 +63,17 @@ pub fn news(pack: &Pack, ready: &[&str], runs: &[RunState<'_>]) -> Vec<String> {
         .iter()
         .map(|p| format!("ready:{p}#{}", next(p)))
         .collect();
+    // each phase's newest run only: the list stays bounded by the phases, whatever the
+    // collaboration's history
+    let mut newest: std::collections::BTreeMap<&str, &RunState<'_>> = Default::default();
+    for r in runs {
+        if newest.get(r.phase).is_none_or(|n| r.run > n.run) {
+            newest.insert(r.phase, r);
+        }
+    }
     out.extend(
-        runs.iter()
+        newest
+            .values()
             .filter(|r| settled(r.state))
             .map(|r| format!("settled:{}#{}:{}", r.phase, r.run, r.state)),
     );
@@ -162,21 +171,15 @@ pub fn pick<'p>(
 }
 
 /// Words that announce a dispatch when they lead a clause about a phase or a role.
-const ANNOUNCING: [&str; 14] = [
+/// Only the present and near future: a past tense may recap an earlier turn's dispatch.
+const ANNOUNCING: [&str; 7] = [
     "dispatching",
-    "dispatched",
     "delegating",
-    "delegated",
     "handing",
-    "handed",
     "assigning",
-    "assigned",
     "sending",
-    "sent",
     "starting",
-    "started",
     "launching",
-    "launched",
 ];
 /// Verbs that announce a dispatch after `will`, `'ll`, `am`, `now`, `i`, `let me`.
 const ANNOUNCING_BARE: [&str; 7] = [
@@ -198,7 +201,10 @@ pub fn announced<'p>(pack: &'p Pack, text: &str) -> Vec<&'p str> {
     while !text.is_char_boundary(cut) {
         cut -= 1;
     }
-    let text = text[..cut].to_lowercase();
+    // typographic apostrophes read as plain ones (won’t is won't)
+    let text = text[..cut]
+        .to_lowercase()
+        .replace(['\u{2019}', '\u{2018}'], "'");
     let mut out: BTreeSet<&'p str> = BTreeSet::new();
     for sentence in text.split(['.', '!', '?', ';', '\n']) {
         let words: Vec<&str> = sentence
@@ -299,7 +305,7 @@ mod tests {
     #[test]
     fn announcements_name_phases_roles_and_purposes() {
         let p = pack();
-        let cases: [(&str, &[&str]); 11] = [
+        let cases: [(&str, &[&str]); 13] = [
             ("Dispatching spec now.", &["spec"]),
             (
                 "I will delegate the implementation to reasoning.",
@@ -318,6 +324,9 @@ mod tests {
             ("Spec looks good.", &[]),
             ("If the gate fails, I will send the fix to reasoning.", &[]),
             ("", &[]),
+            // a recap of an earlier turn is no announcement; a typographic apostrophe hedges
+            ("The spec I dispatched is done.", &[]),
+            ("I won\u{2019}t dispatch review yet.", &[]),
         ];
         for (text, want) in cases {
             assert_eq!(announced(&p, text), want.to_vec(), "{text:?}");

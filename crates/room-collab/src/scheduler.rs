@@ -83,12 +83,25 @@ impl Host for InlineHost {
     fn remove(&self, _: &Engine, _: &str) {}
 }
 
-/// The gates being measured in the background, by collaboration, phase and run: a pass
-/// leaves a gate alone while its job runs (a restart forgets them, and measures again).
+/// The collaborations with a gate being measured in the background: a pass leaves their
+/// gates alone while the job runs (a restart forgets them, and measures again).
 fn gates_measuring() -> &'static Mutex<std::collections::HashSet<String>> {
     static GATES: std::sync::LazyLock<Mutex<std::collections::HashSet<String>>> =
         std::sync::LazyLock::new(Default::default);
     &GATES
+}
+
+/// A collaboration's key in `gates_measuring`, given back when dropped: when its job ends,
+/// panics, or never starts (a host that drops the job).
+struct Measuring(String);
+
+impl Drop for Measuring {
+    fn drop(&mut self) {
+        gates_measuring()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.0);
+    }
 }
 
 /// What a collaboration runs, as its record keeps it.
@@ -224,7 +237,8 @@ impl Scheduler {
     /// One pass over one running collaboration (what `tick` does for each).
     pub fn pass(&self, engine: &Engine, c: &CollabRow) -> Result<(), Refusal> {
         let lock = steer::lock(&c.id);
-        let _held = lock.lock().expect("collaboration lock");
+        // the lock guards no data: a pass that panicked leaves nothing half-held
+        let _held = lock.lock().unwrap_or_else(|e| e.into_inner());
         let spec: Spec = serde_json::from_str(&c.spec)
             .map_err(|e| Refusal::storage(format!("collaboration {}: its spec: {e}", c.id)))?;
         let pack = load(&spec.pack, &spec.roles)?;
@@ -512,6 +526,10 @@ impl Cx<'_> {
             .expect("an agent phase names its role (checked at load)");
         let agent = self.spec.agents.get(role).cloned().unwrap_or_default();
         match row.state.as_str() {
+            // a plan is a run of its child like any other: the guards hold it back too
+            "dispatching" if row.task.is_none() && self.held(role)?.is_some() => {
+                self.put(&row)?;
+            }
             "dispatching" => {
                 let task = self.plan_task(phase, &agent, &mut row)?;
                 let text = format!(
@@ -1235,8 +1253,9 @@ Keep every disagreement visible and do not vote: the person decides. Then done.\
     }
 
     /// A panel's debate round (`debate = true`): each seat that wrote findings is given the
-    /// others' findings once (a seat run `<phase>@<seat>.debate`, the same run number), to
-    /// revise its own (a new version under its key) or keep them; settled like the first
+    /// others' findings once (a seat run `<phase>@<seat>.debate`, the same run number), and
+    /// writes its own again for the round (revised, or unchanged: its task's acceptance is a
+    /// version written for it); settled like the first
     /// round (failed, timed out and blocked shown, never dropped). Whether it has settled.
     pub(crate) fn debate(
         &self,
@@ -1295,7 +1314,7 @@ Keep every disagreement visible and do not vote: the person decides. Then done.\
                     .collect();
                 let text = format!(
                     "Debate round of the review panel {}: the other reviewers' findings follow, given to you once. \
-Revise your own findings if they change your view (artifact_put kind findings, key {seat}, expected_version the newest), or keep them as they are; then done.\n\n{}",
+Write your findings again for this round (artifact_put kind findings, key {seat}, expected_version the newest): revised where the others change your view, unchanged where they do not; then done.\n\n{}",
                     phase.name,
                     others.join("\n\n")
                 );
@@ -1501,13 +1520,30 @@ Fix them in your working tree, then write the diff again (diff_from_tree, expect
         if !self.host.measures_gates() {
             return Ok(());
         }
-        let key = format!("{}/{}#{}", self.c.id, phase.name, row.run);
+        // one gate of a collaboration measured at a time: its gates share one tree
+        let key = self.c.id.clone();
         if !gates_measuring()
             .lock()
-            .expect("gates lock")
+            .unwrap_or_else(|e| e.into_inner())
             .insert(key.clone())
         {
             return Ok(());
+        }
+        let guard = Measuring(key);
+        // read again now the key is held: a job that just ended may have settled the run
+        // this pass read as running (measuring it twice would run its commands twice)
+        let fresh = self
+            .engine
+            .collab_runs(self.me, &self.c.id)?
+            .into_iter()
+            .find(|r| r.phase == row.phase && r.run == row.run);
+        match fresh {
+            Some(f) if matches!(f.state.as_str(), "dispatching" | "running") => *row = f,
+            Some(f) => {
+                *row = f;
+                return Ok(());
+            }
+            None => return Ok(()),
         }
         // its own conversation: it reads and writes beside the passes, never in their stead
         let me = AgentCaller {
@@ -1519,6 +1555,8 @@ Fix them in your working tree, then write the diff again (diff_from_tree, expect
         self.host.spawn(
             self.engine,
             Box::new(move |engine: &Engine| {
+                // the key goes with the job, however it ends (a panic included)
+                let _guard = guard;
                 let cx = Cx {
                     engine,
                     me: &me,
@@ -1530,7 +1568,6 @@ Fix them in your working tree, then write the diff again (diff_from_tree, expect
                 if let Err(r) = cx.measure_gate(&phase_name, &task, &mut row) {
                     tracing::warn!(collab = %c.id, "gate {phase_name}: {r}");
                 }
-                gates_measuring().lock().expect("gates lock").remove(&key);
             }),
         );
         Ok(())

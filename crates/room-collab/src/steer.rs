@@ -74,7 +74,7 @@ pub fn status(engine: &Engine, caller: &AgentCaller, id: &str) -> Result<Value, 
     let host: Arc<dyn Host> = Arc::new(crate::scheduler::InlineHost);
     let s = steered(engine, caller, id, "session:read")?;
     let l = lock(id);
-    let _held = l.lock().expect("collaboration lock");
+    let _held = l.lock().unwrap_or_else(|e| e.into_inner());
     let cx = Cx {
         engine,
         me: &s.me,
@@ -168,7 +168,7 @@ pub fn dispatch(
 ) -> Result<Value, Refusal> {
     let s = steered(engine, caller, id, "session:dispatch")?;
     let l = lock(id);
-    let _held = l.lock().expect("collaboration lock");
+    let _held = l.lock().unwrap_or_else(|e| e.into_inner());
     let cx = Cx {
         engine,
         me: &s.me,
@@ -190,10 +190,15 @@ pub fn dispatch(
         .max()
         .unwrap_or(0)
         + 1;
-    let row = if approve {
-        cx.begin_approval(p, run, &versions)?
-    } else {
-        cx.begin(p, run, &versions)?
+    // a phase that plans first plans first, whichever way it is begun
+    let planned = match p.plan {
+        true => cx.plan(p)?,
+        false => None,
+    };
+    let row = match (planned, approve) {
+        (Some(plan), _) => plan,
+        (None, true) => cx.begin_approval(p, run, &versions)?,
+        (None, false) => cx.begin(p, run, &versions)?,
     };
     Ok(
         json!({"collab": id, "phase": name, "run": row.run, "state": row.state, "task": row.task,
@@ -215,7 +220,7 @@ pub fn close(
 ) -> Result<Value, Refusal> {
     let s = steered(engine, caller, id, "session:dispatch")?;
     let l = lock(id);
-    let _held = l.lock().expect("collaboration lock");
+    let _held = l.lock().unwrap_or_else(|e| e.into_inner());
     let runs = engine.collab_runs(&s.me, id)?;
     if !all_done(&s.pack, &runs) {
         let open: Vec<Value> = s

@@ -721,3 +721,53 @@ fn an_api_orchestrator_announcing_a_dispatch_it_did_not_make_is_flagged() {
     );
     assert_eq!(phase_state(&s, "spec"), "waiting", "{s:#}");
 }
+
+/// A phase that plans first plans first however the orchestrator begins it: asked for the
+/// person's approval, it starts its plan run (`plan@PHASE`), not the phase itself.
+#[test]
+fn a_planned_phase_begins_with_its_plan_even_through_an_approval_request() {
+    let mut fx = Fx::new();
+    let pack = STEERED.replacen("approve = false\n", "approve = false\nplan = true\n", 1);
+    let v = fx.ok(
+        None,
+        "collab_start",
+        json!({"goal": "add a flag", "pack": pack,
+            "prompts": {"p.md": "do it", "o.md": "you orchestrate"},
+            "roles": ["orchestrator=script:read,reply:noted", "reasoning=script:read",
+                "search=script:read"]}),
+    );
+    let id = v["collab"].as_str().unwrap().to_string();
+    settled(&mut fx, &id);
+    let orch = fx.ok(
+        None,
+        "agent_rotate",
+        json!({"name": format!("{id}-orchestrator")}),
+    )["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let d = fx.ok(
+        Some(&orch),
+        "collab_request_approval",
+        json!({"id": id, "phase": "spec"}),
+    );
+    assert_eq!(d["phase"], "spec", "{d}");
+    let s = fx.ok(None, "collab_status", json!({"id": id}));
+    let runs = s["runs"].as_array().unwrap();
+    assert!(
+        runs.iter().any(|r| r["phase"] == "plan@spec"),
+        "the plan run began: {s:#}"
+    );
+    assert!(
+        !runs.iter().any(|r| r["phase"] == "spec"),
+        "the phase itself waits for its plan: {s:#}"
+    );
+    assert!(
+        !s["approvals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["phase"] == "spec"),
+        "no approval of the phase before its plan: {s:#}"
+    );
+}
