@@ -1212,9 +1212,7 @@ Your findings reach the orchestrator and the person alone: no other reviewer rea
                     self.c.id
                 ))
             })?;
-            let found = self
-                .engine
-                .collab_findings(self.me, &self.c.id, &phase.seats())?;
+            let found = self.round_findings(phase, row.run)?;
             let by_seat: BTreeMap<String, Value> = found
                 .iter()
                 .map(|(k, v)| (k.clone(), v["content"].clone()))
@@ -1301,11 +1299,7 @@ Keep every disagreement visible and do not vote: the person decides. Then done.\
             if s.state == "dispatching" {
                 let found = match &found {
                     Some(f) => f,
-                    None => found.insert(self.engine.collab_findings(
-                        self.me,
-                        &self.c.id,
-                        &phase.seats(),
-                    )?),
+                    None => found.insert(self.round_findings(phase, row.run)?),
                 };
                 let others: Vec<String> = found
                     .iter()
@@ -1328,13 +1322,31 @@ Write your findings again for this round (artifact_put kind findings, key {seat}
         Ok(!open)
     }
 
+    /// The findings of this panel run: each seat whose run `row.run` ended `done` (a seat
+    /// that failed or timed out this round gives none, whatever it wrote in an earlier one).
+    pub(crate) fn round_findings(
+        &self,
+        phase: &Phase,
+        run: u32,
+    ) -> Result<Vec<(String, Value)>, Refusal> {
+        let runs = self.engine.collab_runs(self.me, &self.c.id)?;
+        let done: Vec<String> = phase
+            .seats()
+            .into_iter()
+            .filter(|seat| {
+                runs.iter().any(|r| {
+                    r.phase == seat_run(&phase.name, seat) && r.run == run && r.state == "done"
+                })
+            })
+            .collect();
+        self.engine.collab_findings(self.me, &self.c.id, &done)
+    }
+
     /// The barrier has joined: the blocking findings (any reviewer's) go back to the
     /// implementer as a fix run, until the panel's loop cap; none left, the panel is done.
     /// The collaboration never merges: a clean panel leads to the person's approval.
     pub(crate) fn join(&self, phase: &Phase, row: &mut CollabRunRow) -> Result<(), Refusal> {
-        let found = self
-            .engine
-            .collab_findings(self.me, &self.c.id, &phase.seats())?;
+        let found = self.round_findings(phase, row.run)?;
         let by_seat: BTreeMap<String, Value> = found
             .into_iter()
             .map(|(k, v)| (k, v["content"].clone()))

@@ -28,6 +28,11 @@ use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
 
+/// How long an orchestrator told something to act on may leave it before it is told again.
+pub const RETELL_MS: u64 = 10 * 60_000;
+/// Times in a row it is told the same again, at most.
+pub const RETELLS_MAX: u32 = 3;
+
 /// The run rows that record each wake told to the orchestrator (`@`: no phase is so named).
 pub const TELL: &str = "tell@orchestrator";
 
@@ -286,16 +291,21 @@ impl Cx<'_> {
             Some(r) if r.state == "telling" => r.clone(),
             _ => {
                 let new = orchestrate::untold(&told, &now);
-                if new.is_empty() {
+                let retell = match newest {
+                    Some(r) if new.is_empty() => self.retell(r, &now),
+                    _ => Some(0),
+                };
+                let Some(retell) = retell.filter(|n| *n > 0 || !new.is_empty()) else {
                     return Ok(());
-                }
+                };
                 let row = CollabRunRow {
                     collab: self.c.id.clone(),
                     phase: TELL.into(),
                     run: newest.map_or(0, |r| r.run) + 1,
                     task: Some(self.spec.goal_task.clone()),
                     state: "telling".into(),
-                    reads: json!({"told": now, "new": new, "ready": ready}).to_string(),
+                    reads: json!({"told": now, "new": new, "ready": ready, "retell": retell})
+                        .to_string(),
                     started_ms: self.engine.now_ms(),
                     ended_ms: None,
                 };
@@ -335,6 +345,22 @@ impl Cx<'_> {
         self.put(&row)
     }
 
+    /// Nothing new, but something to act on (a phase ready, or every phase done) that the
+    /// orchestrator was told `RETELL_MS` ago and has not acted on (its turn failed, or ended
+    /// without a word): it is told again, at most `RETELLS_MAX` times in a row. The retell's
+    /// number, if one is due.
+    fn retell(&self, last: &CollabRunRow, now: &[String]) -> Option<u32> {
+        let actionable = now
+            .iter()
+            .any(|i| i.starts_with("ready:") || i == "all_done");
+        let since = self.engine.now_ms().saturating_sub(last.ended_ms?);
+        let before: u32 = serde_json::from_str::<Value>(&last.reads)
+            .ok()
+            .and_then(|v| v["retell"].as_u64())
+            .unwrap_or(0) as u32;
+        (actionable && since >= RETELL_MS && before < RETELLS_MAX).then_some(before + 1)
+    }
+
     /// What a wake tells the orchestrator: its choreography (the pack's prompt file), the
     /// collaboration, what is new, what is ready.
     fn news_text(&self, v: &Value) -> String {
@@ -365,7 +391,12 @@ impl Cx<'_> {
             "{prompt}\n\nCollaboration: {} (the id for the collab_* tools)\nGoal: {}\nNew since your last wake: {}\nReady now: {}{}",
             self.c.id,
             self.c.goal,
-            list("new"),
+            match v["retell"].as_u64() {
+                Some(n) if n > 0 => format!(
+                    "nothing (reminder {n} of {RETELLS_MAX}: what is ready has waited since your last wake)"
+                ),
+                _ => list("new"),
+            },
             list("ready"),
             if done {
                 "\nEvery phase is done: close the collaboration with collab_close."

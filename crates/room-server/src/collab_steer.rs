@@ -143,6 +143,9 @@ fn check_turn(engine: &Engine, l: &Launch, turn: &Turn) -> Result<(), Refusal> {
     let me = caller(engine.collab_orchestrator_token(&c.id)?);
     let said: String = turn.said.join("\n").chars().take(1024).collect();
     tracing::warn!(collab = %c.id, agent = %turn.agent, "{ANNOUNCED_NOT_MADE}: {missing:?}");
+    // under the collaboration's lock: two turns ending together number their flags apart
+    let lock = room_collab::steer::lock(&c.id);
+    let _held = lock.lock().unwrap_or_else(|e| e.into_inner());
     engine.collab_flag(
         &me,
         &c.id,

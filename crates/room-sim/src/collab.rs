@@ -76,6 +76,8 @@ pub struct CollabReport {
     pub agent_orchestrated: bool,
     pub steered_dispatches: u64,
     pub wakes_told: u64,
+    /// Of them, reminders of what waited (`steer::RETELL_MS`).
+    pub retells: u64,
 }
 
 /// The simulation's host: no working trees, every job (a gate's measurement) inline.
@@ -1091,6 +1093,14 @@ impl CollabSim {
         self.report.wakes_told = runs
             .iter()
             .filter(|r| r.phase == room_collab::steer::TELL)
+            .count() as u64;
+        self.report.retells = runs
+            .iter()
+            .filter(|r| {
+                r.phase == room_collab::steer::TELL
+                    && serde_json::from_str::<Value>(&r.reads)
+                        .is_ok_and(|v| v["retell"].as_u64().is_some_and(|n| n > 0))
+            })
             .count() as u64;
         self.report.fixes = runs.iter().filter(|r| r.state == "fixed").count() as u64;
         self.report.timed_out = runs.iter().filter(|r| r.state == "timed_out").count() as u64;

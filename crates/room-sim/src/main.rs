@@ -157,8 +157,8 @@ fn collab(seeds: &[u64], steps: u64) -> i32 {
                 r.state,
                 if r.agent_orchestrated {
                     format!(
-                        " (agent-orchestrated: {} dispatches, {} wakes)",
-                        r.steered_dispatches, r.wakes_told
+                        " (agent-orchestrated: {} dispatches, {} wakes, {} reminders)",
+                        r.steered_dispatches, r.wakes_told, r.retells
                     )
                 } else {
                     String::new()
