@@ -140,6 +140,11 @@ pub struct Report {
     pub cancel_sent: bool,
     pub timed_out: bool,
     pub error: Option<String>,
+    /// What the agent said in its own words in the bound session over the turn (its message
+    /// chunks, cut at `api::SAID_BYTES_MAX`): what a caller compares with what the turn did.
+    /// Not part of the recorded report.
+    #[serde(skip)]
+    pub said: String,
     /// What the turn cost, if the agent reported it (`usage_update`); none: not reported.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cost: Option<Cost>,
@@ -186,6 +191,9 @@ struct Seen {
     /// before the prompt (a loaded session's history) and since.
     cost_before: BTreeMap<String, (f64, String)>,
     cost_after: BTreeMap<String, (f64, String)>,
+    /// The agent's own words in each session since the prompt (its message chunks' text),
+    /// and the message id of the last chunk (a new message starts a new line).
+    said: BTreeMap<String, (String, Option<String>)>,
 }
 
 fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -230,6 +238,13 @@ where
         }
     }
     r.updates_foreign += seen.others;
+    if let Some(session) = &r.session {
+        r.said = seen
+            .said
+            .get(session)
+            .map(|(t, _)| t.clone())
+            .unwrap_or_default();
+    }
     // this turn's cost: the bound session's cumulative cost after the prompt, less what it
     // stood at before (a new session starts at nothing; a loaded one that reported nothing
     // before leaves this turn's share unknown)
@@ -293,6 +308,22 @@ async fn connect(
                 if !s.prompting {
                     s.replayed += 1;
                     return Ok(());
+                }
+                if let SessionUpdate::AgentMessageChunk(chunk) = &n.update
+                    && let ContentBlock::Text(t) = &chunk.content
+                    && (s.said.contains_key(&key) || s.said.len() < SESSIONS_SEEN_MAX)
+                {
+                    let (said, last) = s.said.entry(key.clone()).or_default();
+                    let id = chunk.message_id.as_ref().map(|m| m.0.to_string());
+                    // chunks of one message run on; another message is another line
+                    if !said.is_empty() && *last != id {
+                        said.push('\n');
+                    }
+                    *last = id;
+                    if said.len() < crate::api::SAID_BYTES_MAX {
+                        let room = crate::api::SAID_BYTES_MAX - said.len();
+                        said.push_str(&crate::api::clip(&t.text, room));
+                    }
                 }
                 if let Some(c) = s.updates.get_mut(&key) {
                     *c += 1;

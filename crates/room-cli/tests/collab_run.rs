@@ -2321,3 +2321,59 @@ fn a_slow_gate_holds_no_other_collaboration_back() {
         "the slow gate still runs while the other finished: {slow_now:#}"
     );
 }
+
+/// An orchestrator on the ACP adapter (the ACP SDK test agent) whose streamed words announce
+/// a dispatch it never makes is flagged `dispatch_announced_not_made`, as an API model's are.
+#[test]
+fn an_acp_orchestrator_announcing_a_dispatch_it_did_not_make_is_flagged() {
+    let d = Dirs::new();
+    let agent = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/acp/agent.py");
+    std::fs::write(
+        d.state.join("config.toml"),
+        format!(
+            "[backends.acp]\ncommand = [{:?}, {:?}, \"announce\"]\ntimeout_ms = 120000\n",
+            venv_python().display().to_string(),
+            agent.display().to_string()
+        ),
+    )
+    .unwrap();
+    let _daemon = spawn(&d);
+    let pack = steered_pack(&d);
+    let spec = role(
+        &d,
+        "reasoning",
+        "spec",
+        json!({"title": "a flag", "goal": "add --verbose", "requirements": ["prints each step"]}),
+    );
+    let mut args = vec![
+        "collab".to_string(),
+        "start".into(),
+        "--goal".into(),
+        "add a --verbose flag".into(),
+        "--pack".into(),
+        pack.display().to_string(),
+        "--role".into(),
+        "orchestrator=acp:claude".into(),
+        "--role".into(),
+        spec,
+    ];
+    for r in ["search", "architecture"] {
+        args.extend(["--role".into(), format!("{r}=script:read")]);
+    }
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let id = d.ok(&refs)["collab"].as_str().unwrap().to_string();
+    let s = until(&d, &id, "the flag", |s| {
+        s["flags"].as_array().is_some_and(|f| !f.is_empty())
+    });
+    let flag = &s["flags"][0];
+    assert_eq!(flag["code"], "dispatch_announced_not_made", "{s:#}");
+    assert_eq!(flag["detail"]["announced"], json!(["spec"]));
+    assert!(
+        flag["detail"]["said"]
+            .as_str()
+            .unwrap()
+            .contains("Dispatching spec to reasoning now."),
+        "the streamed chunks are read whole: {flag}"
+    );
+    assert_eq!(phase(&s, "spec")["state"], "waiting", "{s:#}");
+}

@@ -1138,6 +1138,8 @@ async fn acp_turn(
         cancel_grace_ms: grace,
     };
     let report = acp::run(stdin, stdout, turn).await;
+    // the agent's own words, for an orchestrator's turn to be checked against its dispatches
+    crate::collab::steer::turn_said(&l.token, &report.said);
     let code = child.try_wait().ok().flatten().and_then(|s| s.code());
     if let Some(e) = &report.error {
         tracing::warn!(launch = %l.id, "acp turn: {e}");

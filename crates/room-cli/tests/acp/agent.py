@@ -16,7 +16,9 @@ argument:
 - implement: a collaboration's implementer: catches up, claims the wake's task, makes
   `greet.sh` in its session's directory (its working tree) say `hello, verbosely`, has Room
   take its diff (`diff_from_tree`) and closes the task (`room_done`), reading through whenever
-  the room moved on; it reports what its session cost (`usage_update`: 0.0421 USD).
+  the room moved on; it reports what its session cost (`usage_update`: 0.0421 USD);
+- announce: streams "Dispatching spec to reasoning now." in two chunks and ends its turn,
+  dispatching nothing (an orchestrator whose words announce what it did not do).
 
 With a second argument (a file that keeps its sessions across processes) it offers
 `session/load`: a loaded session replays one update of its history before the prompt.
@@ -137,6 +139,13 @@ class TestAgent(Agent):
         if MODE == "reply":
             wake = next(json.loads(t) for t in texts if t.startswith("{"))
             await self.answer(session_id, wake)
+        if MODE == "announce":
+            # one message in two chunks, after the untagged "reading" above
+            for part in ("Dispatching spec ", "to reasoning now."):
+                chunk = update_agent_message(text_block(part))
+                chunk.message_id = "announce-1"
+                await self.conn.session_update(session_id=session_id, update=chunk)
+            return PromptResponse(stop_reason="end_turn")
         if MODE == "implement":
             wake = next(json.loads(t) for t in texts if t.startswith("{"))
             await self.implement(session_id, wake)
