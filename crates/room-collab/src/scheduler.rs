@@ -116,10 +116,10 @@ pub struct Spec {
     /// The start's money ceiling (over the pack's).
     #[serde(default)]
     pub usd_max: Option<f64>,
-    /// Per child, the write scopes held back until the person approves its plan (a phase
-    /// with `plan = true`); the engine reads them from the record when a plan is approved.
+    /// Per child and planned phase, the write scopes held back until the person approves that
+    /// phase's plan (`plan = true`); the engine reads them from the record when it is.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub held_scopes: BTreeMap<String, Vec<String>>,
+    pub held_scopes: BTreeMap<String, BTreeMap<String, Vec<String>>>,
 }
 
 /// The pack with its roles bound (`Pack::bind_roles`: a panel's role once per reviewer).
@@ -723,7 +723,7 @@ The person approves it before you may write {}; until then you cannot.\n\nGoal: 
         Ok(json!({
             "kind": "plan", "collab": self.c.id, "goal": self.c.goal, "phase": phase.name,
             "role": phase.role, "agent": agent, "plan": plan,
-            "gives": self.spec.held_scopes.get(agent),
+            "gives": self.spec.held_scopes.get(agent).and_then(|h| h.get(&phase.name)),
         }))
     }
 

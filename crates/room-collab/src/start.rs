@@ -170,34 +170,91 @@ pub fn scopes_of(pack: &Pack, role: &Role) -> Vec<String> {
     out
 }
 
-/// What a role's child holds at start, and what is held back until its plan is approved:
-/// a role running a phase with `plan = true` may write its plan and nothing that phase
-/// writes, nor the project, until then.
-pub fn scopes_split(pack: &Pack, role: &Role) -> (Vec<String>, Vec<String>) {
+/// What a role's child holds at start, and what is held back, per planned phase, until that
+/// phase's plan is approved: a role running a phase with `plan = true` may write its plan
+/// and nothing that phase writes (but what its phases that plan nothing write), nor the
+/// project while every phase it runs plans first.
+pub fn scopes_split(pack: &Pack, role: &Role) -> (Vec<String>, BTreeMap<String, Vec<String>>) {
     let full = scopes_of(pack, role);
-    let planned: Vec<&Phase> = pack
+    let runs = |p: &&Phase| p.run_by(&role.name);
+    let planned: Vec<&Phase> = pack.phases.iter().filter(runs).filter(|p| p.plan).collect();
+    if planned.is_empty() {
+        return (full, BTreeMap::new());
+    }
+    // what the role's phases that plan nothing write, it holds from the start
+    let unplanned: Vec<&Phase> = pack
         .phases
         .iter()
-        .filter(|p| p.plan && p.run_by(&role.name))
+        .filter(runs)
+        .filter(|p| !p.plan)
         .collect();
-    if planned.is_empty() {
-        return (full, Vec::new());
-    }
-    let held: Vec<String> = full
-        .iter()
-        .filter(|s| {
-            s.as_str() == "project:write"
-                || planned.iter().any(|p| {
-                    p.writes
-                        .iter()
-                        .any(|k| **s == format!("artifact:write:{k}"))
-                })
+    let needed = |scope: &str| {
+        unplanned.iter().any(|p| {
+            p.writes
+                .iter()
+                .any(|k| scope == format!("artifact:write:{k}"))
         })
+    };
+    let mut held: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for p in &planned {
+        let mut mine: Vec<String> = p
+            .writes
+            .iter()
+            .map(|k| format!("artifact:write:{k}"))
+            .filter(|s| full.contains(s) && !needed(s))
+            .collect();
+        // the project is written by the role's phases: held while every one of them plans
+        if unplanned.is_empty() && full.iter().any(|s| s == "project:write") {
+            mine.push("project:write".into());
+        }
+        mine.sort();
+        held.insert(p.name.clone(), mine);
+    }
+    let all_held: Vec<&String> = held.values().flatten().collect();
+    let mut now: Vec<String> = full
+        .iter()
+        .filter(|s| !all_held.contains(s))
         .cloned()
         .collect();
-    let mut now: Vec<String> = full.into_iter().filter(|s| !held.contains(s)).collect();
     now.push(format!("artifact:write:{PLAN_KIND}"));
     now.sort();
     now.dedup();
     (now, held)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::Profile;
+
+    fn pack(text: &str) -> Pack {
+        let mut p = Pack::load(text, &Profile::default()).unwrap();
+        p.bind_roles("roles", &["reasoning=script:a".into()])
+            .unwrap();
+        p.keep_used_roles();
+        p
+    }
+
+    const TWO_PLANNED: &str = "name = \"x\"\n\n[[phases]]\nname = \"a\"\nkind = \"agent\"\nrole = \"reasoning\"\nwrites = [\"spec\"]\nplan = true\n\n[[phases]]\nname = \"b\"\nkind = \"agent\"\nrole = \"reasoning\"\nreads = [\"spec\"]\nwrites = [\"diff\"]\nplan = true\n";
+
+    #[test]
+    fn each_planned_phase_holds_back_its_own_writes() {
+        let p = pack(TWO_PLANNED);
+        let role = p.profile.role("reasoning").unwrap();
+        let (now, held) = scopes_split(&p, role);
+        assert_eq!(held["a"], ["artifact:write:spec", "project:write"]);
+        assert_eq!(held["b"], ["artifact:write:diff", "project:write"]);
+        assert!(now.contains(&"artifact:write:extra/plan".to_string()));
+        assert!(
+            !now.iter()
+                .any(|s| s == "artifact:write:diff" || s == "project:write")
+        );
+        // a phase that plans nothing keeps what it writes, and the project, from the start
+        let one = TWO_PLANNED.replacen("plan = true\n", "", 1);
+        let p = pack(&one);
+        let (now, held) = scopes_split(&p, p.profile.role("reasoning").unwrap());
+        assert_eq!(held["b"], ["artifact:write:diff"]);
+        assert!(now.contains(&"project:write".to_string()), "{now:?}");
+        assert!(now.contains(&"artifact:write:spec".to_string()), "{now:?}");
+    }
 }

@@ -351,7 +351,8 @@ impl Engine {
     }
 
     /// A plan the person approved gives its child the scopes the collaboration's record held
-    /// back from it (the spec's `held_scopes`, which the owner recorded at start): only once
+    /// back from it for that phase (the spec's `held_scopes`, which the owner recorded at
+    /// start): only once
     /// the newest approval of the run `plan@PHASE`#`run` is `approved`, only to a child of
     /// this collaboration's orchestrator, and journaled (`identity`, action `widened`).
     /// Idempotent: a child that holds them already is left as it is. The scopes it now holds.
@@ -382,8 +383,12 @@ impl Engine {
         }
         let spec: Value = serde_json::from_str(&c.spec)
             .map_err(|e| Refusal::storage(format!("collaboration {id}: its spec: {e}")))?;
-        let held: Vec<String> =
-            serde_json::from_value(spec["held_scopes"][agent].clone()).unwrap_or_default();
+        // per phase (a list for the whole child in records made before)
+        let by_agent = &spec["held_scopes"][agent];
+        let held: Vec<String> = match by_agent {
+            Value::Array(_) => serde_json::from_value(by_agent.clone()).unwrap_or_default(),
+            _ => serde_json::from_value(by_agent[phase].clone()).unwrap_or_default(),
+        };
         let row = self
             .control()
             .agent(agent)

@@ -119,8 +119,8 @@ struct Child {
     token: String,
     /// What the oracle expects it to hold.
     scopes: BTreeSet<String>,
-    /// Held back until its plan is approved.
-    held: Vec<String>,
+    /// Held back until each phase's plan is approved, by phase.
+    held: BTreeMap<String, Vec<String>>,
 }
 
 struct CollabSim {
@@ -983,7 +983,7 @@ impl CollabSim {
                 && let Some(role) = self.pack().phase(&phase).and_then(|p| p.role.clone())
                 && let Some(c) = self.children.iter_mut().find(|c| c.role == role)
             {
-                let held = c.held.clone();
+                let held = c.held.get(&phase).cloned().unwrap_or_default();
                 c.scopes.extend(held);
             }
         }
