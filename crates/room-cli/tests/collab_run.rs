@@ -90,14 +90,22 @@ impl Drop for Daemon {
 }
 
 fn spawn(d: &Dirs) -> Daemon {
+    // the daemon's warnings go to a file beside the state dir, shown when a wait runs out
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(d.root.join("daemon.log"))
+        .unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_room"))
         .args(["serve", "--state-dir"])
         .arg(&d.state)
         .env("XDG_CONFIG_HOME", &d.config_home)
         .env(
             "ROOM_LOG",
-            std::env::var("ROOM_TEST_DAEMON_LOG").unwrap_or("error".into()),
+            std::env::var("ROOM_TEST_DAEMON_LOG").unwrap_or("warn".into()),
         )
+        .env("NO_COLOR", "1")
+        .stderr(log)
         .spawn()
         .expect("room serve starts");
     for _ in 0..3_000 {
@@ -124,10 +132,17 @@ fn until(d: &Dirs, id: &str, what: &str, pred: impl Fn(&Value) -> bool) -> Value
         if pred(&s) {
             return s;
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(180),
-            "{what} never came: {s:#}"
-        );
+        if start.elapsed() >= Duration::from_secs(180) {
+            let log = std::fs::read_to_string(d.root.join("daemon.log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(80).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            let wakes = d.room(&["wakes", "list", id]);
+            panic!(
+                "{what} never came: {s:#}\nwakes: {}\nthe daemon's last warnings:\n{}",
+                String::from_utf8_lossy(&wakes.stdout),
+                tail.join("\n")
+            );
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
 }
