@@ -14,7 +14,9 @@
 //! - `put:KIND[@KEY]=PATH`: the JSON file at PATH as the next version of the blackboard
 //!   artifact KIND (key KEY, else main), for the wake's task (a collaboration's role);
 //! - `fulfil:PATH`: every artifact the wake's task's acceptance names (kind and key), each
-//!   with the JSON file at PATH;
+//!   with the JSON file at PATH; where PATH is a directory, each from its file there:
+//!   `KIND@KEY.json` if there is one, else `KIND.json` (`/` in a kind spelled `_`), so one
+//!   script serves a role that runs several phases;
 //! - `diff`: the `diff` artifact from the working tree it was started in (`diff_from_tree`),
 //!   for the wake's task;
 //! - `reply:TEXT`: answer each obligation of the wake with TEXT;
@@ -32,6 +34,23 @@ use std::io::BufRead;
 
 /// Pages one `read` step follows before it gives up on reaching the tip.
 const READ_PAGES_MAX: usize = 10_000;
+
+/// What `fulfil:PATH` puts as artifact `kind` (key `key`): PATH itself, or from a directory.
+fn fulfil_content(path: &std::path::Path, kind: &str, key: &str) -> Result<Value, String> {
+    let file = if path.is_dir() {
+        let kind = kind.replace('/', "_");
+        let keyed = path.join(format!("{kind}@{key}.json"));
+        if keyed.is_file() {
+            keyed
+        } else {
+            path.join(format!("{kind}.json"))
+        }
+    } else {
+        path.to_path_buf()
+    };
+    let text = std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", file.display()))
+}
 
 pub fn run(steps: &str) -> i32 {
     match script(steps) {
@@ -153,10 +172,7 @@ fn script(steps: &str) -> Result<i32, String> {
                 }
             }
             f if room_engine::policy::is_fulfil_step(f) => {
-                let path = &f["fulfil:".len()..];
-                let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
-                let content: Value =
-                    serde_json::from_str(&text).map_err(|e| format!("{path}: {e}"))?;
+                let path = std::path::Path::new(&f["fulfil:".len()..]);
                 let task = wake_task(&prompt)?;
                 let shown = call("task_show", json!({"task": task}))?;
                 let shown = shown
@@ -168,7 +184,8 @@ fn script(steps: &str) -> Result<i32, String> {
                     }
                     let kind = check["artifact"].as_str().unwrap_or_default();
                     let key = check["key"].as_str().unwrap_or("main");
-                    put_artifact(&mut call, &room, task, (kind, key), content.clone())?;
+                    let content = fulfil_content(path, kind, key)?;
+                    put_artifact(&mut call, &room, task, (kind, key), content)?;
                 }
             }
             "exit" => return Ok(0),

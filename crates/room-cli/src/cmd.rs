@@ -92,6 +92,9 @@ pub enum Cmd {
         #[arg(long)]
         max_tier: Option<String>,
     },
+    /// Print a one-time login link to the dashboard (the daemon's page on its HTTP listener);
+    /// the link works once, within two minutes, and sets a session cookie in that browser.
+    Dashboard,
     /// Play a short scene on a throw-away state dir that shows the Work Gate at work;
     /// `room demo collab` runs a collaboration end to end instead.
     Demo {
@@ -745,7 +748,8 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
         | Cmd::Doctor
         | Cmd::Man
         | Cmd::Mcp { .. }
-        | Cmd::Connect { .. } => {
+        | Cmd::Connect { .. }
+        | Cmd::Dashboard => {
             unreachable!("local commands")
         }
     })
@@ -816,6 +820,7 @@ pub fn run(cli: Cli) -> i32 {
             agent,
             max_tier,
         } => return connect(&cli, *host, agent, max_tier.as_deref()),
+        Cmd::Dashboard => return dashboard(&cli),
         _ => {}
     }
     let mut req = match request(&cli.cmd) {
@@ -1109,6 +1114,42 @@ fn verify_room(
         ));
     }
     v
+}
+
+/// `room dashboard`: a login code from the daemon, printed as a link to its HTTP listener.
+fn dashboard(cli: &Cli) -> i32 {
+    let state = state_dir(cli);
+    let Some(addr) = std::fs::read_to_string(state.join("http.addr"))
+        .ok()
+        .map(|a| a.trim().to_string())
+    else {
+        eprintln!(
+            "error[invalid_argument]: the daemon has no HTTP listener, so there is no page to open"
+        );
+        eprintln!("hint: start it with `room serve --listen 127.0.0.1:7878`");
+        return EXIT_REFUSED;
+    };
+    let resp = Client::connect(&state.join("room.sock"))
+        .and_then(|mut c| c.request(&Request::new("dashboard_login", json!({}))));
+    let v = match resp {
+        Ok(v) => v,
+        other => return print_response(other, cli.json),
+    };
+    let code = v["code"].as_str().unwrap_or_default();
+    let url = format!("http://{addr}/login?code={code}");
+    if cli.json {
+        println!(
+            "{}",
+            json!({"url": url, "expires_ms": v["expires_ms"], "ttl_ms": v["ttl_ms"]})
+        );
+    } else {
+        println!("{url}");
+        eprintln!(
+            "open it in a browser on this machine within {} s; it works once",
+            v["ttl_ms"].as_u64().unwrap_or(0) / 1000
+        );
+    }
+    0
 }
 
 fn connect(cli: &Cli, host: crate::connect::Host, agent: &str, max_tier: Option<&str>) -> i32 {

@@ -40,6 +40,8 @@ codes! {
     VerbDenied => "verb_denied",
     ActorMismatch => "actor_mismatch",
     OwnerRequired => "owner_required",
+    // a browser session's request to act came without its csrf token
+    CsrfInvalid => "csrf_invalid",
     // rooms and shards
     GraphProjectRebindRefused => "graph_project_rebind_refused",
     RoomNotMember => "room_not_member",

@@ -9,6 +9,7 @@ pub mod blackboard;
 pub mod collab;
 pub mod completion;
 pub mod compose;
+pub mod console;
 pub mod delegation;
 pub mod dispatch;
 pub mod event;
@@ -155,6 +156,8 @@ pub struct Engine {
     /// The next turnstile ticket: counts up from a random start drawn at construction, so
     /// that tickets are unique across the daemon's runs (`turnstile::first_ticket`).
     pub(crate) tickets: std::sync::atomic::AtomicU64,
+    /// The owner's browser sessions (in memory only).
+    pub(crate) consoles: console::Consoles,
 }
 
 pub type Outcome<T> = Result<T, Refusal>;
@@ -182,6 +185,7 @@ impl Engine {
             evaluations: Default::default(),
             turn_waits: Default::default(),
             tickets: std::sync::atomic::AtomicU64::new(turnstile::first_ticket(&*env.entropy)),
+            consoles: Default::default(),
             state,
             env,
             config,

@@ -27,6 +27,8 @@ use std::sync::{Arc, Mutex};
 pub const TITLE_BYTES_MAX: usize = 256;
 const PREVIEW_CHARS: usize = 256;
 const LOG_PAGE_MAX: usize = 1000;
+/// Conversations of one member `room_members` shows at most.
+pub const MEMBER_CONVERSATIONS_MAX: usize = 16;
 /// How many causal links an audit walks.
 const AUDIT_DEPTH_MAX: u32 = 1000;
 /// Open mentions and obligations listed with each sync page, oldest first (the total is always
@@ -507,6 +509,31 @@ impl Engine {
         v["open_now"] = json!(open);
         v["open_max"] = json!(open_max);
         Ok(v)
+    }
+
+    /// A room's members and what each has confirmed: its position in each conversation it
+    /// read in (newest first, at most `MEMBER_CONVERSATIONS_MAX`) and its lag behind the tip.
+    pub fn room_members(&self, _owner: &crate::Owner, room: &str) -> Outcome<Value> {
+        let members = self.control().members(room).map_err(store_err)?;
+        let handle = self.room_handle(room)?;
+        let h = lock_room(&handle);
+        let tip = h.tip().seq;
+        let mut out = Vec::new();
+        for m in members {
+            let cps = h
+                .index
+                .checkpoints_of(&m, MEMBER_CONVERSATIONS_MAX)
+                .map_err(store_err)?;
+            let confirmed = cps.iter().map(|c| c.confirmed_seq).max();
+            out.push(json!({
+                "agent": m,
+                "confirmed_seq": confirmed,
+                "lag": tip.saturating_sub(confirmed.unwrap_or(0)),
+                "conversations": cps.iter().map(|c| json!({"conversation": c.conversation,
+                    "confirmed_seq": c.confirmed_seq, "updated_ms": c.updated_ms})).collect::<Vec<_>>(),
+            }));
+        }
+        Ok(json!({"room": room, "tip_seq": tip, "members": out}))
     }
 
     pub(crate) fn rooms_listing(&self, only_member: Option<&str>) -> Outcome<Value> {

@@ -488,7 +488,9 @@ pub fn status(engine: &Engine, owner: &Owner, id: &str) -> Result<Value, Refusal
                         runs.iter().filter(|r| r.phase == ph.name).collect();
                     let state = mine.last().map_or("waiting", |r| r.state.as_str());
                     let mut v = json!({"phase": ph.name, "kind": ph.kind.as_str(), "role": ph.role,
-                        "state": state, "runs": mine.len(),
+                        "state": state, "runs": mine.len(), "after": ph.after,
+                        "reads": ph.reads.iter().map(|k| k.as_str()).collect::<Vec<_>>(),
+                        "writes": ph.writes.iter().map(|k| k.as_str()).collect::<Vec<_>>(),
                         "task": mine.last().and_then(|r| r.task.clone())});
                     if ph.kind == PhaseKind::Panel {
                         let run = mine.last().map_or(0, |r| r.run);
@@ -646,4 +648,38 @@ pub fn list(engine: &Engine, owner: &Owner) -> Result<Value, Refusal> {
         json!({"collabs": all.iter().map(|c| json!({"collab": c.id, "room": c.room,
         "goal": c.goal, "state": c.state, "created_ms": c.created_ms})).collect::<Vec<_>>()}),
     )
+}
+
+/// `collab_profile`: what a create dialog offers: the default pack's seats (each role an agent
+/// phase runs, each panel seat) with the phases each serves, the orchestrator seat, the
+/// adapters with their capability matrix, the ACP presets and the owner's model routes.
+pub fn profile(engine: &Engine, _owner: &Owner) -> Result<Value, Refusal> {
+    let pack = Pack::default_pack();
+    let mut seats: Vec<(String, Vec<String>)> = Vec::new();
+    let mut add = |seat: String, phase: &str| match seats.iter_mut().find(|(s, _)| *s == seat) {
+        Some((_, phases)) => phases.push(phase.to_string()),
+        None => seats.push((seat, vec![phase.to_string()])),
+    };
+    for ph in &pack.phases {
+        match ph.kind {
+            PhaseKind::Panel => ph.seats().into_iter().for_each(|s| add(s, &ph.name)),
+            _ => {
+                if let Some(r) = &ph.role {
+                    add(r.clone(), &ph.name);
+                }
+            }
+        }
+        if let Some(j) = &ph.judge {
+            add(j.clone(), &format!("judge@{}", ph.name));
+        }
+    }
+    let policy = engine.policy();
+    Ok(json!({
+        "pack": pack.name,
+        "seats": seats.iter().map(|(s, p)| json!({"seat": s, "phases": p})).collect::<Vec<_>>(),
+        "orchestrator": room_collab::pack::ORCHESTRATOR,
+        "adapters": room_agents::coverage::all(),
+        "presets": room_agents::acp::PRESETS.iter().map(|p| p.name).collect::<Vec<_>>(),
+        "model_routes": policy.model_routes.keys().collect::<Vec<_>>(),
+    }))
 }

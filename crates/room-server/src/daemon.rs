@@ -1071,7 +1071,7 @@ pub mod http {
     }
 
     /// `Host` values a loopback listener on `port` answers (DNS rebinding defence).
-    fn allowed_hosts(port: u16) -> Vec<String> {
+    pub(crate) fn allowed_hosts(port: u16) -> Vec<String> {
         vec![
             format!("localhost:{port}"),
             format!("127.0.0.1:{port}"),
@@ -1080,7 +1080,7 @@ pub mod http {
     }
 
     /// `Origin` values a browser page may send (a request without one is not from a page).
-    fn allowed_origins(port: u16) -> Vec<String> {
+    pub(crate) fn allowed_origins(port: u16) -> Vec<String> {
         allowed_hosts(port)
             .into_iter()
             .map(|h| format!("http://{h}"))
@@ -1101,6 +1101,7 @@ pub mod http {
             }
         };
         let mcp_routes = crate::mcp::http::routes(engine.clone(), port);
+        let dashboard = crate::dashboard::routes(engine.clone(), port);
         let state = CallState {
             engine,
             hosts: allowed_hosts(port).into(),
@@ -1111,7 +1112,8 @@ pub mod http {
             .route("/healthz", get(|| async { "ok" }))
             .layer(DefaultBodyLimit::max(REQUEST_BYTES_MAX))
             .with_state(state)
-            .merge(mcp_routes);
+            .merge(mcp_routes)
+            .merge(dashboard);
         let conns = Conns::new("http", &limits, nofile);
         let mut backoff = Backoff::new();
         loop {
@@ -1227,11 +1229,21 @@ pub mod http {
 
     /// A Host and an Origin (if any) that the listener answers, as `/mcp` checks them.
     fn check_origin(state: &CallState, headers: &HeaderMap) -> Result<(), Refusal> {
+        check_host_origin(&state.hosts, &state.origins, headers)
+    }
+
+    /// A Host in `hosts` and an Origin (if any) in `origins`: the listener's DNS rebinding and
+    /// cross-site defence, the same for `/v1/call` and the dashboard.
+    pub(crate) fn check_host_origin(
+        hosts: &[String],
+        origins: &[String],
+        headers: &HeaderMap,
+    ) -> Result<(), Refusal> {
         let host = headers
             .get(header::HOST)
             .and_then(|v| v.to_str().ok())
             .map(str::to_ascii_lowercase);
-        if !host.as_ref().is_some_and(|h| state.hosts.contains(h)) {
+        if !host.as_ref().is_some_and(|h| hosts.contains(h)) {
             return Err(Refusal::invalid(
                 "host",
                 format!("Host {host:?} is not this loopback listener"),
@@ -1240,7 +1252,7 @@ pub mod http {
         }
         if let Some(origin) = headers.get(header::ORIGIN) {
             let origin = origin.to_str().map(str::to_ascii_lowercase).ok();
-            if !origin.as_ref().is_some_and(|o| state.origins.contains(o)) {
+            if !origin.as_ref().is_some_and(|o| origins.contains(o)) {
                 return Err(Refusal::invalid(
                     "origin",
                     format!("Origin {origin:?} is not this loopback listener"),

@@ -40,6 +40,7 @@ const OWNER_OPS: &[&str] = &[
     "room_archive",
     "room_log",
     "room_audit",
+    "room_members",
     "rooms",
     "index_rebuild",
     "wakes_list",
@@ -64,6 +65,8 @@ const OWNER_OPS: &[&str] = &[
     "collab_decide",
     "collab_cancel",
     "collab_rerun",
+    "collab_profile",
+    "dashboard_login",
     "ping",
 ];
 
@@ -414,6 +417,7 @@ const READ_OPS: &[&str] = &[
     "rooms",
     "room_log",
     "room_audit",
+    "room_members",
     "wakes_list",
     "wakes_show",
     "wakes_obligations",
@@ -515,6 +519,16 @@ fn egress(engine: &Engine, out: Result<Value, Refusal>) -> Response {
     }
 }
 
+/// One owner operation for a caller the engine already found to be the owner (the dashboard's
+/// browser session), answered through the egress redactor as an agent's call is: a page is
+/// an egress too.
+pub fn owner_call(engine: &Engine, owner: &Owner, op: &str, args: Value) -> Response {
+    let _call = engine.one_call();
+    let resp = egress(engine, owner_op(engine, owner, op, args));
+    announce(op, &resp);
+    resp
+}
+
 fn owner_op(engine: &Engine, owner: &Owner, op: &str, a: Value) -> Result<Value, Refusal> {
     match op {
         "ping" => Ok(
@@ -536,9 +550,19 @@ fn owner_op(engine: &Engine, owner: &Owner, op: &str, a: Value) -> Result<Value,
             )
         }
         "agent_revoke" => engine.revoke(owner, &args::<NameArgs>(a)?.name),
+        "dashboard_login" => {
+            args::<Empty>(a)?;
+            let c = engine.console_code(owner);
+            Ok(json!({"code": c.code, "expires_ms": c.expires_ms,
+                "ttl_ms": room_engine::console::LOGIN_CODE_TTL_MS}))
+        }
         "search" => engine.search_owner(owner, args::<SearchArgs>(a)?.engine()),
         "collab_start" => crate::collab::start(engine, owner, args(a)?),
         "collab_status" => crate::collab::status(engine, owner, &args::<IdArgs>(a)?.id),
+        "collab_profile" => {
+            args::<Empty>(a)?;
+            crate::collab::profile(engine, owner)
+        }
         "collab_list" => {
             args::<Empty>(a)?;
             crate::collab::list(engine, owner)
@@ -633,6 +657,7 @@ fn owner_op(engine: &Engine, owner: &Owner, op: &str, a: Value) -> Result<Value,
             engine.room_log(owner, &a.room, a.from.unwrap_or(1), a.limit.unwrap_or(200))
         }
         "rooms" => engine.rooms_view(owner),
+        "room_members" => engine.room_members(owner, &args::<RoomArgs>(a)?.room),
         "room_audit" => {
             let a: AuditArgs = args(a)?;
             engine.room_audit(owner, &a.room, &a.event)

@@ -6,6 +6,7 @@ mod api_worker;
 pub mod client;
 pub mod collab;
 pub mod daemon;
+pub mod dashboard;
 pub mod dispatch;
 pub mod error;
 pub mod mcp;

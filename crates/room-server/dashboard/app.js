@@ -1,0 +1,876 @@
+// Room's dashboard. Plain JavaScript, no build step and nothing fetched from elsewhere: the
+// daemon compiles this file into its binary. Every value from the daemon is set as text
+// (never as markup), so nothing an agent wrote can run here.
+"use strict";
+
+const S = {
+  csrf: null,
+  ops: [],
+  es: null,
+  route: null,
+  refreshTimer: null,
+  pending: 0,
+  reachable: true,
+  logPage: 50,
+};
+
+// ---------- small helpers
+
+function h(tag, attrs, ...kids) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === "class") el.className = v;
+    else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else if (v === true) el.setAttribute(k, "");
+    else el.setAttribute(k, String(v));
+  }
+  for (const kid of kids.flat(Infinity)) {
+    if (kid === null || kid === undefined || kid === false) continue;
+    el.append(kid instanceof Node ? kid : document.createTextNode(String(kid)));
+  }
+  return el;
+}
+
+function state(s) {
+  const v = s === null || s === undefined ? "unknown" : String(s);
+  return h("span", { class: "state " + v.replace(/[^a-z_]/g, "") }, v);
+}
+
+function when(ms) {
+  if (!ms) return "";
+  return new Date(ms).toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z");
+}
+
+function table(head, rows, caption) {
+  return h("table", {},
+    caption ? h("caption", { class: "muted" }, caption) : null,
+    h("thead", {}, h("tr", {}, head.map((c) => h("th", { scope: "col" }, c)))),
+    h("tbody", {}, rows.length ? rows.map((r) => h("tr", {}, r.map((c) => h("td", {}, c))))
+      : h("tr", {}, h("td", { colspan: head.length, class: "muted" }, "none"))));
+}
+
+function kv(pairs) {
+  return h("dl", { class: "kv" }, pairs.filter((p) => p[1] !== undefined && p[1] !== null && p[1] !== "")
+    .map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
+}
+
+function pretty(v) {
+  return h("pre", {}, JSON.stringify(v, null, 2));
+}
+
+function link(href, text) {
+  return h("a", { href }, text);
+}
+
+function enc(s) {
+  return encodeURIComponent(s);
+}
+
+class Refused extends Error {
+  constructor(r) {
+    super(r ? `${r.code}: ${r.message}` : "refused");
+    this.refusal = r;
+  }
+}
+
+function refusalBox(e) {
+  const r = e.refusal;
+  if (!r) return h("p", { class: "error", role: "alert" }, String(e.message || e));
+  return h("div", { class: "error", role: "alert" },
+    h("p", {}, h("strong", {}, r.code), ": ", r.message),
+    r.hint ? h("p", {}, "hint: ", r.hint) : null);
+}
+
+function banner(text) {
+  const b = document.getElementById("banner");
+  if (text) {
+    b.textContent = text;
+    b.hidden = false;
+  } else {
+    b.hidden = true;
+    b.textContent = "";
+  }
+}
+
+function setConn(text, cls) {
+  const c = document.getElementById("conn");
+  c.textContent = text;
+  c.className = "conn " + (cls || "");
+}
+
+// ---------- the daemon
+
+async function api(op, args) {
+  let r;
+  try {
+    r = await fetch("/api/call", {
+      method: "POST",
+      credentials: "same-origin",
+      headers: { "content-type": "application/json", "x-room-csrf": S.csrf || "" },
+      body: JSON.stringify({ op, args: args || {} }),
+    });
+  } catch (e) {
+    unreachable();
+    throw new Error("the daemon is unreachable");
+  }
+  reached();
+  let j;
+  try {
+    j = await r.json();
+  } catch (e) {
+    throw new Error(`the daemon answered ${r.status} without JSON`);
+  }
+  if (r.status === 401) loggedOut(j.refusal);
+  if (!j.ok) throw new Refused(j.refusal);
+  return j.result;
+}
+
+function unreachable() {
+  if (!S.reachable) return;
+  S.reachable = false;
+  setConn("daemon unreachable", "down");
+  banner("The Room daemon is not answering. Is it running? Start it with `room serve --listen 127.0.0.1:PORT`; this page reconnects by itself.");
+}
+
+function reached() {
+  if (S.reachable) return;
+  S.reachable = true;
+  banner(null);
+}
+
+function loggedOut(refusal) {
+  S.csrf = null;
+  if (S.es) S.es.close();
+  setConn("logged out", "down");
+  const main = document.getElementById("main");
+  main.replaceChildren(
+    h("h1", {}, "Not logged in"),
+    h("p", {}, refusal ? refusal.message : "This browser has no session."),
+    h("p", {}, "Run ", h("code", {}, "room dashboard"), " on the machine where Room runs and open the link it prints. Each link works once and expires in two minutes."));
+}
+
+async function boot() {
+  document.getElementById("logout").addEventListener("click", logout);
+  window.addEventListener("hashchange", () => render());
+  let r;
+  try {
+    r = await fetch("/api/session", { credentials: "same-origin" });
+  } catch (e) {
+    unreachable();
+    setTimeout(boot, 3000);
+    return;
+  }
+  const j = await r.json().catch(() => ({}));
+  if (r.status === 401 || !j.ok) {
+    loggedOut(j.refusal);
+    return;
+  }
+  reached();
+  S.csrf = j.result.csrf;
+  S.ops = j.result.ops || [];
+  openEvents();
+  if (!location.hash) location.hash = "#/rooms";
+  else render();
+  refreshApprovalCount();
+}
+
+async function logout() {
+  try {
+    await fetch("/api/logout", {
+      method: "POST", credentials: "same-origin",
+      headers: { "content-type": "application/json", "x-room-csrf": S.csrf || "" }, body: "{}",
+    });
+  } finally {
+    loggedOut(null);
+  }
+}
+
+// ---------- live events
+
+const live = [];
+
+function openEvents() {
+  if (S.es) S.es.close();
+  const es = new EventSource("/api/events");
+  S.es = es;
+  const onItem = (kind) => (m) => {
+    let d = {};
+    try { d = JSON.parse(m.data); } catch (e) { /* a keep-alive or a malformed item: skip */ }
+    live.unshift({ kind, d, id: m.lastEventId });
+    live.length = Math.min(live.length, 100);
+    onLive(kind, d);
+  };
+  for (const k of ["event", "task", "wake", "room", "collab", "phase", "approval"]) {
+    es.addEventListener(k, onItem(k));
+  }
+  es.addEventListener("hello", () => { setConn("live", "live"); reached(); });
+  es.addEventListener("reset", () => { setConn("live", "live"); reached(); scheduleRefresh(0); });
+  es.addEventListener("ended", (m) => {
+    es.close();
+    let d = {};
+    try { d = JSON.parse(m.data); } catch (e) { /* empty */ }
+    loggedOut({ message: d.message || "the session ended" });
+  });
+  es.onopen = () => { setConn("live", "live"); reached(); };
+  es.onerror = () => {
+    if (es.readyState === EventSource.CLOSED) {
+      // the stream was refused outright (a session that ended): ask why
+      fetch("/api/session", { credentials: "same-origin" })
+        .then((r) => (r.status === 401 ? loggedOut(null) : setTimeout(openEvents, 3000)))
+        .catch(() => { unreachable(); setTimeout(openEvents, 3000); });
+    } else {
+      setConn("reconnecting", "down");
+      fetch("/api/session", { credentials: "same-origin" }).then(reached).catch(unreachable);
+    }
+  };
+}
+
+// What an item means for the view on screen: reload it (debounced) if it shows what moved.
+function onLive(kind, d) {
+  const r = S.route || {};
+  if (kind === "approval") refreshApprovalCount();
+  const log = document.getElementById("live-log");
+  if (log) log.prepend(h("div", {}, `${kind}: ${summary(kind, d)}`));
+  const touches =
+    (r.view === "rooms" && (kind === "event" || kind === "room")) ||
+    (r.view === "room" && (kind === "event" || kind === "task") && d.room === r.arg) ||
+    (r.view === "task" && kind === "task" && d.task === r.arg) ||
+    (r.view === "wakes" && kind === "wake") ||
+    (r.view === "collabs" && (kind === "collab" || kind === "phase")) ||
+    (r.view === "collab" && (kind === "phase" || kind === "approval" || kind === "collab") && d.collab === r.arg) ||
+    (r.view === "collab" && kind === "event" && S.collabRoom === d.room) ||
+    (r.view === "approvals" && kind === "approval") ||
+    (r.view === "identity" && kind === "event" && d.kind === "revoke");
+  if (touches) scheduleRefresh(150);
+}
+
+function summary(kind, d) {
+  switch (kind) {
+    case "event": return `${d.room} #${d.seq} ${d.actor} ${d.kind}`;
+    case "task": return `${d.room} task ${d.task} ${d.kind}`;
+    case "wake": return `${d.wake} ${d.state}`;
+    case "phase": return `${d.collab} ${d.phase} ${d.state}`;
+    case "approval": return `${d.collab} approval ${d.phase} ${d.state}`;
+    case "collab": return `${d.collab} ${d.state}`;
+    default: return JSON.stringify(d);
+  }
+}
+
+function scheduleRefresh(ms) {
+  clearTimeout(S.refreshTimer);
+  S.refreshTimer = setTimeout(() => render({ keep: true }), ms);
+}
+
+async function refreshApprovalCount() {
+  try {
+    const n = (await pendingApprovals()).length;
+    document.getElementById("approval-count").textContent = n ? String(n) : "";
+  } catch (e) { /* shown where it matters */ }
+}
+
+// ---------- routing
+
+const VIEWS = {
+  rooms: viewRooms, room: viewRoom, task: viewTask, wakes: viewWakes, wake: viewWake,
+  sessions: viewSessions, identity: viewIdentity, collabs: viewCollabs, collab: viewCollab,
+  approvals: viewApprovals,
+};
+
+function parseRoute() {
+  const parts = location.hash.replace(/^#\/?/, "").split("/");
+  const view = VIEWS[parts[0]] ? parts[0] : "rooms";
+  const arg = parts.slice(1).map(decodeURIComponent).join("/") || null;
+  return { view, arg };
+}
+
+async function render(opts) {
+  if (!S.csrf) return;
+  const route = parseRoute();
+  const same = S.route && S.route.view === route.view && S.route.arg === route.arg;
+  S.route = route;
+  for (const a of document.querySelectorAll("nav a")) {
+    const on = a.dataset.view === route.view || (a.dataset.view + "s") === route.view ||
+      (route.view === "room" && a.dataset.view === "rooms") || (route.view === "collab" && a.dataset.view === "collabs") ||
+      (route.view === "wake" && a.dataset.view === "wakes");
+    if (on) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
+  }
+  const main = document.getElementById("main");
+  const keep = opts && opts.keep && same;
+  const scroll = window.scrollY;
+  let content;
+  try {
+    content = await VIEWS[route.view](route.arg, keep);
+  } catch (e) {
+    content = [h("h1", {}, "Could not load this view"), refusalBox(e)];
+  }
+  if (parseRoute().view !== route.view || parseRoute().arg !== route.arg) return; // moved on
+  main.replaceChildren(...[content].flat());
+  if (keep) window.scrollTo(0, scroll);
+  else {
+    const h1 = main.querySelector("h1");
+    if (h1) { h1.tabIndex = -1; h1.focus({ preventScroll: true }); }
+  }
+  if (route.view === "room") drawEdges();
+}
+
+// A button that runs an action, shows its refusal in place and re-renders after it.
+function act(label, cls, run, confirmText) {
+  const out = h("span", { class: "act-out", role: "status" });
+  const b = h("button", {
+    type: "button", class: cls,
+    onclick: async () => {
+      if (confirmText && !window.confirm(confirmText)) return;
+      b.disabled = true;
+      out.replaceChildren();
+      try {
+        await run();
+        scheduleRefresh(0);
+      } catch (e) {
+        out.replaceChildren(refusalBox(e));
+      } finally {
+        b.disabled = false;
+      }
+    },
+  }, label);
+  return h("span", {}, b, out);
+}
+
+// ---------- rooms
+
+async function viewRooms() {
+  const v = await api("rooms");
+  const rows = v.rooms.map((r) => [
+    link(`#/room/${enc(r.room)}`, r.room),
+    (r.members || []).join(", "),
+    r.tip_seq ?? "",
+    [r.archived ? state("archived") : null, r.read_only ? state("read_only") : null,
+      r.quarantined ? state("quarantined") : null, r.unusable ? state("unusable") : null],
+  ]);
+  return [
+    h("h1", {}, "Rooms"),
+    h("p", { class: "muted" }, `${v.rooms.length} rooms, ${v.open_now} open of at most ${v.open_max}.`),
+    table(["Room", "Members", "Events", "State"], rows),
+    h("h2", {}, "Live"),
+    h("div", { id: "live-log", class: "live-log", "aria-live": "off" },
+      live.slice(0, 30).map((l) => h("div", {}, `${l.kind}: ${summary(l.kind, l.d)}`))),
+  ];
+}
+
+async function viewRoom(room, keep) {
+  const [members, obligations, wakes] = await Promise.all([
+    api("room_members", { room }),
+    api("wakes_obligations", { room }).catch((e) => ({ error: e })),
+    api("wakes_list", { room }).catch(() => ({ wakes: [] })),
+  ]);
+  const tip = members.tip_seq;
+  if (!keep || !S.logFrom || S.logRoom !== room) {
+    S.logRoom = room;
+    S.logFrom = Math.max(1, tip - S.logPage + 1);
+  }
+  const log = await api("room_log", { room, from: S.logFrom, limit: Math.min(1000, tip - S.logFrom + 1 || 1) });
+  const tasks = new Map();
+  for (const e of log.events) {
+    const t = e.event && e.event.task;
+    if (t) tasks.set(t, e.kind);
+  }
+  const head = [
+    h("h1", {}, "Room ", h("code", {}, room)),
+    h("div", { class: "actions" },
+      act("Cancel all work", "danger", () => api("room_cancel", { room }),
+        `Cancel every task, wake and worker in ${room}? Work stops and is confirmed at zero processes.`),
+      act("Resume", "quiet", () => api("room_resume", { room })),
+      act("Show holds", "quiet", async () => {
+        const v = await api("room_reconcile", { room });
+        S.holds = v;
+      })),
+    S.holds && S.holds.room === room ? [h("h2", {}, "Held until reconciled"), pretty(S.holds)] : null,
+    h("h2", {}, "Members"),
+    table(["Member", "Confirmed", "Lag", "Conversations"], members.members.map((m) => [
+      m.agent, m.confirmed_seq ?? h("span", { class: "muted" }, "nothing yet"), String(m.lag),
+      m.conversations.map((c) => `${c.conversation} @${c.confirmed_seq}`).join(", "),
+    ]), `tip #${tip}`),
+    h("h2", {}, "Tasks on this page"),
+    tasks.size ? h("ul", {}, [...tasks].map(([t, k]) => h("li", {}, link(`#/task/${enc(t)}`, t), " ", h("span", { class: "muted" }, `last: ${k}`))))
+      : h("p", { class: "muted" }, "none on this page"),
+    h("h2", {}, "Obligations"),
+    obligations.error ? refusalBox(obligations.error) : obligationsTable(obligations),
+    h("h2", {}, "Wakes"),
+    wakesTable(wakes.wakes || []),
+  ];
+  return [head, timeline(room, log, tip)];
+}
+
+function obligationsTable(v) {
+  const list = v.obligations || v.items || [];
+  if (!Array.isArray(list)) return pretty(v);
+  return table(["Obligation", "Owed by", "State", "Proof"], list.map((o) => [
+    h("code", {}, o.id || o.obligation || ""), o.agent || o.owner || o.to || "",
+    state(o.state || o.status), o.proof || o.ladder || "",
+  ]));
+}
+
+function timeline(room, log, tip) {
+  const evs = log.events;
+  const first = evs.length ? evs[0].seq : S.logFrom;
+  const list = h("ol", { class: "timeline-list", style: "list-style:none;padding:0;margin:0" },
+    evs.map((e) => eventRow(e)));
+  const wrap = h("div", { class: "timeline", id: "timeline" },
+    h("svg", { class: "edges", id: "edges", "aria-hidden": "true" }), list);
+  return [
+    h("h2", {}, "Timeline"),
+    h("p", { class: "muted" }, `events #${first}–#${evs.length ? evs[evs.length - 1].seq : first} of ${tip}; causal parents on this page are drawn on the left`),
+    h("div", { class: "actions" },
+      first > 1 ? h("button", {
+        type: "button", onclick: () => { S.logFrom = Math.max(1, first - S.logPage); render({ keep: true }); },
+      }, `Older ${S.logPage}`) : null,
+      S.logFrom + evs.length <= tip ? h("button", {
+        type: "button", onclick: () => { S.logFrom = Math.max(1, tip - S.logPage + 1); render({ keep: true }); },
+      }, "Newest") : null),
+    wrap,
+  ];
+}
+
+function eventRow(e) {
+  const b = e.event || {};
+  const k = String(e.kind || "");
+  const cls = ["ev", k.includes("refus") ? "refusal" : "", k.includes("violation") || k.includes("invariant") ? "violation" : "",
+    k.includes("flag") ? "flag" : ""].join(" ");
+  const parents = Array.isArray(b.parents) ? b.parents : [];
+  return h("li", { class: cls, id: `ev-${e.id}`, "data-id": e.id, "data-parents": parents.join(" ") },
+    h("div", { class: "meta" }, `#${e.seq} · ${e.actor} · `, h("strong", {}, k), b.task ? [" · task ", link(`#/task/${enc(b.task)}`, b.task)] : null,
+      parents.length ? [" · after ", parents.map((p, i) => [i ? ", " : "", h("a", {
+        href: `#ev-${p}`,
+        onclick: (ev) => { ev.preventDefault(); highlight(p); },
+      }, p.slice(0, 10))])] : null),
+    b.text ? h("div", { class: "text" }, b.text) : null,
+    !b.text && k !== "message" ? h("details", {}, h("summary", {}, "body"), pretty(b)) : null);
+}
+
+function highlight(id) {
+  const el = document.getElementById(`ev-${id}`);
+  if (!el) return;
+  el.classList.add("highlight");
+  el.scrollIntoView({ block: "center" });
+  setTimeout(() => el.classList.remove("highlight"), 1500);
+}
+
+// Draw each event's edges to its parents that are on this page.
+function drawEdges() {
+  const wrap = document.getElementById("timeline");
+  const svg = document.getElementById("edges");
+  if (!wrap || !svg) return;
+  const ns = "http://www.w3.org/2000/svg";
+  svg.replaceChildren();
+  svg.setAttribute("height", String(wrap.scrollHeight));
+  const top = wrap.getBoundingClientRect().top;
+  const y = (el) => el.getBoundingClientRect().top - top + 12;
+  let lane = 0;
+  for (const li of wrap.querySelectorAll("li.ev")) {
+    for (const p of (li.dataset.parents || "").split(" ").filter(Boolean)) {
+      const target = document.getElementById(`ev-${p}`);
+      if (!target) continue;
+      const x = 54 - (lane % 5) * 10;
+      lane += 1;
+      const path = document.createElementNS(ns, "path");
+      path.setAttribute("d", `M60 ${y(li)} C ${x} ${y(li)}, ${x} ${y(target)}, 60 ${y(target)}`);
+      path.setAttribute("fill", "none");
+      path.setAttribute("stroke", "#4a5058");
+      path.setAttribute("stroke-width", "1.5");
+      svg.append(path);
+    }
+  }
+}
+
+// ---------- tasks
+
+async function viewTask(task) {
+  const v = await api("owner_task_show", { task });
+  const t = v.task || v;
+  const checks = (t.acceptance || v.acceptance || []);
+  return [
+    h("h1", {}, "Task ", h("code", {}, task)),
+    kv([
+      ["Title", t.title], ["Status", state(t.status)], ["Room", t.room ? link(`#/room/${enc(t.room)}`, t.room) : ""],
+      ["Parent", t.parent ? link(`#/task/${enc(t.parent)}`, t.parent) : null],
+      ["Children", Array.isArray(t.children) && t.children.length ? t.children.map((c, i) => [i ? ", " : "", link(`#/task/${enc(c.id || c)}`, c.id || c)]) : null],
+      ["Lease", t.lease ? `${t.lease.holder || t.lease.agent || ""} until ${when(t.lease.expires_ms)} (fence ${t.lease.fence ?? ""})` : null],
+      ["Assignee", t.assignee || t.claimed_by],
+    ]),
+    h("h2", {}, "Acceptance"),
+    Array.isArray(checks) && checks.length ? table(["Check", "Result", "Detail"], checks.map((c) => [
+      h("code", {}, c.kind || c.check || JSON.stringify(c.spec || c)), state(c.result || c.state || c.status || (c.passed === true ? "passed" : c.passed === false ? "failed" : "")),
+      c.detail ? (typeof c.detail === "string" ? c.detail : pretty(c.detail)) : "",
+    ])) : h("p", { class: "muted" }, "no checks recorded"),
+    h("div", { class: "actions" }, act("Measure acceptance now", "primary", async () => {
+      S.lastCheck = await api("owner_task_check", { task });
+    })),
+    S.lastCheck ? [h("h2", {}, "Measured now"), evaluation(S.lastCheck)] : null,
+    h("details", {}, h("summary", {}, "Everything recorded"), pretty(v)),
+  ];
+}
+
+function evaluation(v) {
+  const results = v.results || (v.evaluation && v.evaluation.results) || [];
+  if (!Array.isArray(results) || !results.length) return pretty(v);
+  return table(["Check", "Passed", "Evidence"], results.map((r) => [
+    h("code", {}, r.check || r.kind || ""), state(r.passed ? "passed" : "failed"),
+    r.evidence ? pretty(r.evidence) : (r.detail || ""),
+  ]));
+}
+
+// ---------- wakes
+
+function wakesTable(wakes) {
+  return table(["Wake", "Agent", "Task", "State", "Permit", "Deferred"], wakes.map((w) => {
+    const b = w.binding || {};
+    const path = `wakes/${b.room}/${b.agent}/${b.source_event}.json`;
+    return [link(`#/wake/${enc(path)}`, b.source_event ? b.source_event.slice(0, 12) : "?"), b.agent, b.task || "",
+      state(w.state), w.intact ? "intact" : h("strong", { class: "error" }, "digest mismatch"),
+      w.deferred ? h("code", {}, w.deferred) : ""];
+  }));
+}
+
+async function viewWakes() {
+  const v = await api("wakes_list", {});
+  return [h("h1", {}, "Wakes"),
+    h("p", { class: "muted" }, "Sealed permits and their dispatch: queued, dispatched, delivered, replied or dead."),
+    v.truncated ? h("p", { class: "flag" }, "Only the oldest permits are listed.") : null,
+    wakesTable(v.wakes)];
+}
+
+async function viewWake(path) {
+  const v = await api("wakes_show", { wake: path });
+  const w = v.wake;
+  const b = w.binding || {};
+  return [
+    h("h1", {}, "Wake permit"),
+    kv([["Path", h("code", {}, path)], ["State", state(w.state)], ["Intact", w.intact ? "the sealed fields match their digest" : "DIGEST MISMATCH: it will not dispatch"],
+      ["Room", link(`#/room/${enc(b.room)}`, b.room)], ["Agent", b.agent], ["Task", b.task ? link(`#/task/${enc(b.task)}`, b.task) : ""],
+      ["Deadline", `${b.deadline_ms} ms`], ["Not after", b.not_after], ["Control epoch", b.control_epoch],
+      ["Deferred", w.deferred], ["Dead letter", w.dead ? JSON.stringify(w.dead) : null]]),
+    h("h2", {}, "Launches and their dispatch checks"),
+    pretty(w.launches || []),
+    h("h2", {}, "The sealed binding"),
+    pretty(b),
+  ];
+}
+
+// ---------- sessions and workers
+
+async function viewSessions() {
+  const [v, stops] = await Promise.all([api("sessions_list", {}), api("stops_list", {}).catch(() => null)]);
+  return [
+    h("h1", {}, "Sessions and workers"),
+    table(["Session", "Agent", "Host", "Launch (owned job)", "Proof", "Updated"], v.sessions.map((s) => [
+      h("code", {}, s.id), s.agent, s.host || "", s.lease && s.lease.launch ? h("code", {}, s.lease.launch) : h("span", { class: "muted" }, "idle"),
+      s.proof || "", when(s.updated_ms),
+    ])),
+    h("h2", {}, "Stops"),
+    stops ? pretty(stops) : h("p", { class: "muted" }, "unavailable"),
+  ];
+}
+
+// ---------- identity
+
+async function viewIdentity() {
+  const v = await api("agent_list");
+  const byParent = new Map();
+  for (const a of v.agents) {
+    const p = a.parent || "";
+    if (!byParent.has(p)) byParent.set(p, []);
+    byParent.get(p).push(a);
+  }
+  const names = new Set(v.agents.map((a) => a.name));
+  const node = (a) => h("li", {},
+    h("strong", {}, a.name), " ", h("span", { class: "muted" }, `${a.max_tier} · ${a.host} · gen ${a.generation}`), " ",
+    a.revoked ? state("revoked") : act(`Revoke ${a.name}`, "danger", () => api("agent_revoke", { name: a.name }),
+      `Revoke ${a.name}${byParent.has(a.name) ? " and every agent delegated from it" : ""}? Its next call is refused.`),
+    a.scopes ? h("div", { class: "muted mono" }, a.scopes.join(" ")) : null,
+    byParent.has(a.name) ? h("ul", {}, byParent.get(a.name).map(node)) : null);
+  const roots = v.agents.filter((a) => !a.parent || !names.has(a.parent));
+  return [
+    h("h1", {}, "Identity"),
+    h("p", { class: "muted" }, "Enrolled agents and the children delegated from them. Enrolling and rotating credentials stays on the owner console: no token ever reaches this page."),
+    h("ul", { class: "tree" }, roots.map(node)),
+  ];
+}
+
+// ---------- collaborations
+
+async function viewCollabs() {
+  const v = await api("collab_list");
+  return [
+    h("h1", {}, "Collaborations"),
+    h("div", { class: "actions" }, h("button", { type: "button", class: "primary", onclick: openCreate }, "New collaboration")),
+    table(["Collaboration", "Goal", "State", "Room", "Started"], v.collabs.map((c) => [
+      link(`#/collab/${enc(c.collab)}`, c.collab), c.goal, state(c.state), link(`#/room/${enc(c.room)}`, c.room), when(c.created_ms),
+    ])),
+  ];
+}
+
+async function openCreate() {
+  const dlg = document.getElementById("dialog");
+  let prof, projects;
+  try {
+    [prof, projects] = await Promise.all([api("collab_profile"), api("project_list")]);
+  } catch (e) {
+    dlg.replaceChildren(h("h2", { id: "dialog-title" }, "New collaboration"), refusalBox(e),
+      h("button", { type: "button", onclick: () => dlg.close() }, "Close"));
+    dlg.showModal();
+    return;
+  }
+  const adapters = prof.adapters.map((a) => a.adapter);
+  const caps = Object.fromEntries(prof.adapters.map((a) => [a.adapter, a.capabilities || {}]));
+  const out = h("div", { role: "status" });
+  const toggle = h("input", { type: "checkbox", id: "collaborative", checked: true, role: "switch" });
+  const goal = h("textarea", { id: "goal", name: "goal", required: true });
+  const project = h("select", { id: "project", name: "project" },
+    h("option", { value: "" }, "(no project)"),
+    (projects.projects || []).map((p) => h("option", { value: p.id }, `${p.name || p.id} ${p.root ? "— " + p.root : ""}`)));
+  const seatRow = (seat, phases, optional) => {
+    const sel = h("select", { id: `adapter-${seat}`, "aria-label": `${seat} backend`, "data-seat": seat },
+      h("option", { value: "" }, optional ? "(not bound: Room's scheduler)" : "(choose a backend)"),
+      adapters.map((a) => h("option", { value: a }, a)));
+    const model = h("input", { type: "text", id: `model-${seat}`, "aria-label": `${seat} model`, placeholder: "model, preset or script" });
+    const flag = h("div", { class: "flag", "aria-live": "polite" });
+    sel.addEventListener("change", () => {
+      const c = caps[sel.value] || {};
+      flag.textContent = c.tool_deny === "advisory"
+        ? "advisory confinement: the agent's own tools are held only by the worker's confinement" : "";
+    });
+    return h("div", { class: "row" },
+      h("label", { for: `adapter-${seat}` }, seat, h("div", { class: "muted", style: "font-weight:400" }, phases.join(", "))),
+      sel, h("div", {}, model, flag));
+  };
+  const roles = h("fieldset", {}, h("legend", {}, "Roles: a backend and model for each"),
+    seatRow(prof.orchestrator, ["plans and dispatches"], true),
+    prof.seats.map((s) => seatRow(s.seat, s.phases, false)));
+  const roomName = h("input", { type: "text", id: "room-name", name: "room" });
+  const plain = h("div", { hidden: true },
+    h("label", { for: "room-name" }, "Room name"), roomName,
+    h("p", { class: "muted" }, "Without Collaborative: a plain room; add members from the owner console."));
+  toggle.addEventListener("change", () => { roles.hidden = !toggle.checked; plain.hidden = toggle.checked; });
+  const form = h("form", {
+    method: "dialog",
+    onsubmit: async (ev) => {
+      ev.preventDefault();
+      out.replaceChildren();
+      try {
+        if (!toggle.checked) {
+          await api("room_create", { name: roomName.value.trim() });
+          dlg.close();
+          location.hash = `#/room/${enc(roomName.value.trim())}`;
+          return;
+        }
+        const bindings = [];
+        for (const sel of roles.querySelectorAll("select")) {
+          const seat = sel.dataset.seat;
+          if (!sel.value) continue;
+          const model = document.getElementById(`model-${seat}`).value.trim();
+          bindings.push(`${seat}=${sel.value}${model ? ":" + model : ""}`);
+        }
+        const args = { goal: goal.value, roles: bindings };
+        if (project.value) args.project = project.value;
+        const r = await api("collab_start", args);
+        dlg.close();
+        location.hash = `#/collab/${enc(r.collab)}`;
+      } catch (e) {
+        out.replaceChildren(refusalBox(e));
+      }
+    },
+  },
+  h("h2", { id: "dialog-title" }, "New collaboration"),
+  h("div", { class: "switch" }, toggle, h("label", { for: "collaborative" }, "Collaborative: several models in roles")),
+  h("label", { for: "goal" }, "Goal"), goal,
+  h("label", { for: "project" }, "Project"), project,
+  roles, plain,
+  out,
+  h("div", { class: "actions" },
+    h("button", { type: "submit", class: "primary" }, "Start"),
+    h("button", { type: "button", onclick: () => dlg.close() }, "Cancel")));
+  dlg.replaceChildren(form);
+  dlg.showModal();
+  goal.focus();
+}
+
+function layers(phases) {
+  const depth = new Map();
+  const by = new Map(phases.map((p) => [p.phase, p]));
+  const d = (p, seen) => {
+    if (depth.has(p.phase)) return depth.get(p.phase);
+    if (seen.has(p.phase)) return 0;
+    seen.add(p.phase);
+    const after = (p.after || []).map((a) => by.get(a)).filter(Boolean);
+    const v = after.length ? Math.max(...after.map((a) => d(a, seen) + 1)) : 0;
+    depth.set(p.phase, v);
+    return v;
+  };
+  phases.forEach((p) => d(p, new Set()));
+  const out = [];
+  for (const p of phases) (out[depth.get(p.phase)] ||= []).push(p);
+  return out.filter(Boolean);
+}
+
+async function viewCollab(id) {
+  const s = await api("collab_status", { id });
+  S.collabRoom = s.room;
+  const arts = await api("collab_artifacts", { room: s.room }).catch(() => ({ artifacts: [] }));
+  const pending = (s.approvals || []).filter((a) => a.state === "pending");
+  const graph = h("div", { class: "graph", role: "list", "aria-label": "phases" },
+    layers(s.phases || []).map((layer, i) => h("div", { class: "layer", role: "listitem", "aria-label": `step ${i + 1}` },
+      layer.map((p) => h("div", { class: `phase ${p.state}`, "data-phase": p.phase },
+        h("div", { class: "name" }, p.phase, " ", state(p.state)),
+        h("div", { class: "sub" }, `${p.kind}${p.role ? " · " + p.role : ""} · runs ${p.runs}`),
+        (p.reads || []).length ? h("div", { class: "sub" }, "reads ", p.reads.join(", ")) : null,
+        (p.writes || []).length ? h("div", { class: "sub" }, "writes ", p.writes.join(", ")) : null,
+        p.refusal ? h("div", { class: "error" }, p.refusal.code) : null,
+        act("Rerun", "quiet", () => api("collab_rerun", { id, phase: p.phase })))))));
+  const artifactList = (arts.artifacts || arts.entries || []);
+  return [
+    h("h1", {}, "Collaboration ", h("code", {}, id)),
+    kv([["Goal", s.goal], ["State", state(s.state)], ["Room", link(`#/room/${enc(s.room)}`, s.room)],
+      ["Orchestrated by", typeof s.orchestrated_by === "string" ? s.orchestrated_by : (s.orchestrated_by && s.orchestrated_by.agent)],
+      ["Goal task", s.goal_task ? link(`#/task/${enc(s.goal_task)}`, s.goal_task) : null]]),
+    s.state === "running" ? h("div", { class: "actions" },
+      act("Cancel collaboration", "danger", () => api("collab_cancel", { id }), "Cancel this collaboration? Its workers are stopped.")) : null,
+    pending.length ? [h("h2", {}, `Waiting for you (${pending.length})`), pending.map((a) => approvalCard(a, id))] : null,
+    (s.flags || []).length ? [h("h2", {}, "Flags"), table(["Flag", "Detail"], s.flags.map((f) => [h("code", {}, f.code || f.flag || ""), f.message || JSON.stringify(f)]))] : null,
+    h("h2", {}, "Phases"),
+    graph,
+    (s.phases || []).filter((p) => p.panel).map((p) => panelView(p)),
+    h("h2", {}, "Artifacts"),
+    table(["Kind", "Key", "Version", "By", ""], artifactList.map((a) => [
+      h("code", {}, a.kind), a.key || "", String(a.version ?? ""), a.author || a.actor || "",
+      h("button", { type: "button", class: "quiet", onclick: () => showArtifact(s.room, a) }, `View ${a.kind}${a.key ? " " + a.key : ""}`),
+    ])),
+    h("div", { id: "artifact" }),
+    h("h2", {}, "Cost"),
+    costView(s.cost),
+    s.guards ? [h("h2", {}, "Guards"), pretty(s.guards)] : null,
+  ];
+}
+
+function costView(c) {
+  if (!c) return h("p", { class: "muted" }, "no cost recorded");
+  const rows = [];
+  const by = c.by_agent || c.agents || {};
+  for (const [agent, v] of Object.entries(by)) {
+    rows.push([agent, v.usd !== undefined && v.usd !== null ? `$${Number(v.usd).toFixed(4)}` : "unknown",
+      String(v.input_tokens ?? v.tokens_in ?? ""), String(v.output_tokens ?? v.tokens_out ?? "")]);
+  }
+  return [table(["Agent", "USD", "Input tokens", "Output tokens"], rows),
+    h("p", {}, "Total: ", c.usd !== undefined && c.usd !== null ? `$${Number(c.usd).toFixed(4)}` : "unknown", c.complete === false ? " (incomplete: some costs are not known)" : ""),
+    h("details", {}, h("summary", {}, "the roll-up as recorded"), pretty(c))];
+}
+
+function approvalCard(a, collab) {
+  const prompt = h("textarea", { id: `revise-${a.approval}`, "aria-label": "revised prompt" });
+  prompt.value = (a.input && (a.input.prompt || a.input.text)) || "";
+  const decide = (verdict, extra) => api("collab_decide", { approval: a.approval, digest: a.digest, verdict, ...extra });
+  return h("section", { class: "approval", "aria-label": `approval for ${a.phase}` },
+    h("h3", {}, `${a.phase} (run ${a.run})`, " ", state(a.state)),
+    collab ? h("p", {}, "Collaboration ", link(`#/collab/${enc(collab)}`, collab)) : null,
+    h("p", { class: "muted" }, "The full delegation input, as the child will receive it; the decision is bound to its digest ", h("code", {}, String(a.digest).slice(0, 16)), "."),
+    pretty(a.input),
+    h("div", { class: "actions" },
+      act("Approve", "primary", () => decide("approve")),
+      act("Reject", "danger", () => decide("reject"), "Reject this dispatch?")),
+    h("details", {}, h("summary", {}, "Revise the prompt"),
+      h("label", { for: `revise-${a.approval}` }, "Prompt to approve instead"), prompt,
+      h("div", { class: "actions" }, act("Approve revised", "primary", () => decide("revise", { prompt: prompt.value })))));
+}
+
+function panelView(p) {
+  const panel = p.panel;
+  const merged = panel.merged || {};
+  const reviewers = (panel.seats || []).map((s) => s.seat);
+  return [
+    h("h2", {}, `Panel ${p.phase}: run ${panel.run}, fix loops ${panel.fix_loops}/${panel.fix_loops_max ?? "∞"}`),
+    table(["Seat", "Agent", "Backend", "Family", "State", "Debate"], (panel.seats || []).map((s) => [
+      s.seat, s.agent || "", s.backend || "", s.family || "", state(s.state), s.debate || "",
+    ])),
+    findingsSides(merged, reviewers),
+    panel.judge ? [h("h3", {}, `Judge: ${panel.judge.role}`), state(panel.judge.state),
+      panel.judge.synthesis ? pretty(panel.judge.synthesis.content) : null] : null,
+  ];
+}
+
+// The merged findings: every reviewer's column side by side, disagreements marked.
+function findingsSides(merged, reviewers) {
+  const by = merged.by_reviewer || merged.reviewers || merged.seats || null;
+  const dis = merged.disagreements || [];
+  return [
+    by ? h("div", { class: "sides" }, Object.entries(by).map(([seat, f]) => h("div", { class: "side" },
+      h("h3", {}, seat), findingsList(f)))) : null,
+    dis.length ? [h("h3", {}, `Disagreements (${dis.length}): kept, never voted`),
+      dis.map((d) => h("div", { class: "disagree" }, pretty(d)))] : null,
+    !by && !dis.length ? h("details", {}, h("summary", {}, `merged findings of ${reviewers.join(", ")}`), pretty(merged)) : null,
+  ];
+}
+
+function findingsList(f) {
+  if (!f || typeof f !== "object") return h("p", { class: "muted" }, "none");
+  const group = (name) => {
+    const items = f[name] || [];
+    if (!items.length) return null;
+    return [h("h4", {}, `${name.replace("_", " ")} (${items.length})`), h("ul", {}, items.map((i) => h("li", {},
+      typeof i === "string" ? i : [i.file ? h("code", {}, `${i.file}${i.line ? ":" + i.line : ""}`) : null, " ", i.message || i.text || i.summary || JSON.stringify(i)])))];
+  };
+  return [group("blocking"), group("non_blocking"), group("suggestions")];
+}
+
+async function showArtifact(room, a) {
+  const box = document.getElementById("artifact");
+  box.replaceChildren(h("p", { class: "muted" }, "loading"));
+  try {
+    const v = await api("collab_artifact", { room, kind: a.kind, key: a.key || undefined });
+    const c = v.content;
+    let body;
+    if (a.kind === "diff") body = diffView(typeof c === "string" ? c : (c && (c.diff || c.patch)) || "");
+    else if (a.kind === "findings") body = h("div", { class: "side" }, findingsList(c));
+    else body = typeof c === "string" ? h("pre", {}, c) : pretty(c);
+    box.replaceChildren(h("h3", { tabindex: "-1" }, `${a.kind}${a.key ? " " + a.key : ""} v${v.version}`), body);
+    box.querySelector("h3").focus();
+  } catch (e) {
+    box.replaceChildren(refusalBox(e));
+  }
+}
+
+function diffView(text) {
+  return h("div", { class: "diff mono", role: "region", "aria-label": "diff" },
+    String(text).split("\n").map((l) => {
+      const cls = l.startsWith("+++") || l.startsWith("---") || l.startsWith("diff ") ? "file"
+        : l.startsWith("@@") ? "hunk" : l.startsWith("+") ? "add" : l.startsWith("-") ? "del" : "";
+      return h("div", { class: cls }, l || " ");
+    }));
+}
+
+// ---------- approvals
+
+async function pendingApprovals() {
+  const v = await api("collab_list");
+  const running = v.collabs.filter((c) => c.state === "running");
+  const all = [];
+  for (const c of running) {
+    const s = await api("collab_status", { id: c.collab });
+    for (const a of s.approvals || []) if (a.state === "pending") all.push({ a, collab: c.collab, goal: c.goal, cost: s.cost });
+  }
+  return all;
+}
+
+async function viewApprovals() {
+  const all = await pendingApprovals();
+  document.getElementById("approval-count").textContent = all.length ? String(all.length) : "";
+  return [
+    h("h1", {}, "Approvals"),
+    all.length ? null : h("p", { class: "muted" }, "Nothing waits for you."),
+    all.map(({ a, collab, goal, cost }) => [
+      h("p", {}, h("strong", {}, goal)),
+      approvalCard(a, collab),
+      h("details", {}, h("summary", {}, "cost so far"), costView(cost)),
+    ]),
+  ];
+}
+
+document.addEventListener("DOMContentLoaded", boot);
