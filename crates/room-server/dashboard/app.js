@@ -56,7 +56,8 @@ function kv(pairs) {
 }
 
 function pretty(v) {
-  return h("pre", {}, JSON.stringify(v, null, 2));
+  // scrollable regions take the keyboard's focus, so they can be scrolled without a mouse
+  return h("pre", { tabindex: "0" }, JSON.stringify(v, null, 2));
 }
 
 function link(href, text) {
@@ -305,7 +306,7 @@ async function render(opts) {
     content = [h("h1", {}, "Could not load this view"), refusalBox(e)];
   }
   if (parseRoute().view !== route.view || parseRoute().arg !== route.arg) return; // moved on
-  main.replaceChildren(...[content].flat());
+  main.replaceChildren(...[content].flat(Infinity).filter((x) => x !== null && x !== undefined && x !== false));
   if (keep) window.scrollTo(0, scroll);
   else {
     const h1 = main.querySelector("h1");
@@ -352,7 +353,7 @@ async function viewRooms() {
     h("p", { class: "muted" }, `${v.rooms.length} rooms, ${v.open_now} open of at most ${v.open_max}.`),
     table(["Room", "Members", "Events", "State"], rows),
     h("h2", {}, "Live"),
-    h("div", { id: "live-log", class: "live-log", "aria-live": "off" },
+    h("div", { id: "live-log", class: "live-log", "aria-live": "off", tabindex: "0", role: "log", "aria-label": "live events" },
       live.slice(0, 30).map((l) => h("div", {}, `${l.kind}: ${summary(l.kind, l.d)}`))),
   ];
 }
@@ -364,11 +365,13 @@ async function viewRoom(room, keep) {
     api("wakes_list", { room }).catch(() => ({ wakes: [] })),
   ]);
   const tip = members.tip_seq;
-  if (!keep || !S.logFrom || S.logRoom !== room) {
+  // the newest page follows the tip as events arrive; an older page stays where it is
+  if (!keep || !S.logFrom || S.logRoom !== room) S.logFollow = true;
+  if (S.logFollow) {
     S.logRoom = room;
     S.logFrom = Math.max(1, tip - S.logPage + 1);
   }
-  const log = await api("room_log", { room, from: S.logFrom, limit: Math.min(1000, tip - S.logFrom + 1 || 1) });
+  const log = await api("room_log", { room, from: S.logFrom, limit: S.logPage });
   const tasks = new Map();
   for (const e of log.events) {
     const t = e.event && e.event.task;
@@ -422,10 +425,10 @@ function timeline(room, log, tip) {
     h("p", { class: "muted" }, `events #${first}–#${evs.length ? evs[evs.length - 1].seq : first} of ${tip}; causal parents on this page are drawn on the left`),
     h("div", { class: "actions" },
       first > 1 ? h("button", {
-        type: "button", onclick: () => { S.logFrom = Math.max(1, first - S.logPage); render({ keep: true }); },
+        type: "button", onclick: () => { S.logFollow = false; S.logFrom = Math.max(1, first - S.logPage); render({ keep: true }); },
       }, `Older ${S.logPage}`) : null,
       S.logFrom + evs.length <= tip ? h("button", {
-        type: "button", onclick: () => { S.logFrom = Math.max(1, tip - S.logPage + 1); render({ keep: true }); },
+        type: "button", onclick: () => { S.logFollow = true; render({ keep: true }); },
       }, "Newest") : null),
     wrap,
   ];
@@ -436,7 +439,7 @@ function eventRow(e) {
   const k = String(e.kind || "");
   const cls = ["ev", k.includes("refus") ? "refusal" : "", k.includes("violation") || k.includes("invariant") ? "violation" : "",
     k.includes("flag") ? "flag" : ""].join(" ");
-  const parents = Array.isArray(b.parents) ? b.parents : [];
+  const parents = [...new Set([...(Array.isArray(b.parents) ? b.parents : []), ...(b.reply_to ? [b.reply_to] : [])])];
   return h("li", { class: cls, id: `ev-${e.id}`, "data-id": e.id, "data-parents": parents.join(" ") },
     h("div", { class: "meta" }, `#${e.seq} · ${e.actor} · `, h("strong", {}, k), b.task ? [" · task ", link(`#/task/${enc(b.task)}`, b.task)] : null,
       parents.length ? [" · after ", parents.map((p, i) => [i ? ", " : "", h("a", {
@@ -694,15 +697,18 @@ async function openCreate() {
   goal.focus();
 }
 
+// Phases in columns by how far they stand from the start: a phase comes after the phases it
+// names in `after` and after those that write what it reads.
 function layers(phases) {
   const depth = new Map();
-  const by = new Map(phases.map((p) => [p.phase, p]));
+  const deps = (p) => phases.filter((q) => q !== p && ((p.after || []).includes(q.phase) ||
+    (q.writes || []).some((w) => (p.reads || []).includes(w))));
   const d = (p, seen) => {
     if (depth.has(p.phase)) return depth.get(p.phase);
-    if (seen.has(p.phase)) return 0;
+    if (seen.has(p.phase)) return 0; // a loop (a fix loop reads what it writes): cut here
     seen.add(p.phase);
-    const after = (p.after || []).map((a) => by.get(a)).filter(Boolean);
-    const v = after.length ? Math.max(...after.map((a) => d(a, seen) + 1)) : 0;
+    const before = deps(p);
+    const v = before.length ? Math.max(...before.map((q) => d(q, seen) + 1)) : 0;
     depth.set(p.phase, v);
     return v;
   };
@@ -717,7 +723,7 @@ async function viewCollab(id) {
   S.collabRoom = s.room;
   const arts = await api("collab_artifacts", { room: s.room }).catch(() => ({ artifacts: [] }));
   const pending = (s.approvals || []).filter((a) => a.state === "pending");
-  const graph = h("div", { class: "graph", role: "list", "aria-label": "phases" },
+  const graph = h("div", { class: "graph", role: "list", "aria-label": "phases", tabindex: "0" },
     layers(s.phases || []).map((layer, i) => h("div", { class: "layer", role: "listitem", "aria-label": `step ${i + 1}` },
       layer.map((p) => h("div", { class: `phase ${p.state}`, "data-phase": p.phase },
         h("div", { class: "name" }, p.phase, " ", state(p.state)),
@@ -740,8 +746,8 @@ async function viewCollab(id) {
     graph,
     (s.phases || []).filter((p) => p.panel).map((p) => panelView(p)),
     h("h2", {}, "Artifacts"),
-    table(["Kind", "Key", "Version", "By", ""], artifactList.map((a) => [
-      h("code", {}, a.kind), a.key || "", String(a.version ?? ""), a.author || a.actor || "",
+    table(["Kind", "Key", "Version", "Written by", ""], artifactList.map((a) => [
+      h("code", {}, a.kind), a.key || "", String(a.version ?? ""), a.producer || "",
       h("button", { type: "button", class: "quiet", onclick: () => showArtifact(s.room, a) }, `View ${a.kind}${a.key ? " " + a.key : ""}`),
     ])),
     h("div", { id: "artifact" }),
@@ -751,17 +757,24 @@ async function viewCollab(id) {
   ];
 }
 
+function money(v) {
+  return typeof v === "number" ? `$${v.toFixed(4)}` : "unknown";
+}
+
 function costView(c) {
   if (!c) return h("p", { class: "muted" }, "no cost recorded");
-  const rows = [];
-  const by = c.by_agent || c.agents || {};
-  for (const [agent, v] of Object.entries(by)) {
-    rows.push([agent, v.usd !== undefined && v.usd !== null ? `$${Number(v.usd).toFixed(4)}` : "unknown",
-      String(v.input_tokens ?? v.tokens_in ?? ""), String(v.output_tokens ?? v.tokens_out ?? "")]);
-  }
-  return [table(["Agent", "USD", "Input tokens", "Output tokens"], rows),
-    h("p", {}, "Total: ", c.usd !== undefined && c.usd !== null ? `$${Number(c.usd).toFixed(4)}` : "unknown", c.complete === false ? " (incomplete: some costs are not known)" : ""),
-    h("details", {}, h("summary", {}, "the roll-up as recorded"), pretty(c))];
+  const models = c.by_agent_and_model || [];
+  const reported = c.by_agent_reported || [];
+  return [
+    table(["Agent", "Model", "Calls", "Tokens in", "Tokens out", "USD"], models.map((r) => [
+      r.agent, r.model, String(r.calls), String(r.tokens_in), String(r.tokens_out), money(r.usd),
+    ]), "from the adapters' usage records"),
+    reported.length ? table(["Agent", "Reported by", "Launches", "USD"], reported.map((r) => [
+      r.agent, r.reported_by, String(r.launches), money(r.usd),
+    ]), "as the agents reported their turns' cost") : null,
+    h("p", {}, h("strong", {}, "Total: ", money(c.usd)), ` · ${c.tokens_in ?? 0} tokens in, ${c.tokens_out ?? 0} out`,
+      c.launches_without_usage ? ` · ${c.launches_without_usage} launches reported no usage, so money is unknown` : ""),
+  ];
 }
 
 function approvalCard(a, collab) {
@@ -796,16 +809,29 @@ function panelView(p) {
   ];
 }
 
-// The merged findings: every reviewer's column side by side, disagreements marked.
+// The merged findings: each reviewer's column side by side, then every disagreement (a
+// finding one reviewer reports and another does not, or classes differently) kept and shown.
 function findingsSides(merged, reviewers) {
-  const by = merged.by_reviewer || merged.reviewers || merged.seats || null;
-  const dis = merged.disagreements || [];
+  const seats = merged.reviewers || reviewers;
+  const items = merged.findings || [];
+  const where = (f) => (f.file ? `${f.file}${f.line ? ":" + f.line : ""}` : "");
+  const columns = h("div", { class: "sides" }, seats.map((seat) => {
+    const mine = items.filter((f) => f.classes && f.classes[seat]);
+    const byClass = (cls) => mine.filter((f) => f.classes[seat] === cls);
+    return h("section", { class: "side", "aria-label": `findings of ${seat}` }, h("h3", {}, seat),
+      mine.length ? ["blocking", "non_blocking", "suggestions"].map((cls) => byClass(cls).length
+        ? [h("h4", {}, `${cls.replace("_", " ")} (${byClass(cls).length})`),
+          h("ul", {}, byClass(cls).map((f) => h("li", {}, where(f) ? [h("code", {}, where(f)), " "] : null, f.title)))]
+        : null) : h("p", { class: "muted" }, "no findings"));
+  }));
+  const dis = items.filter((f) => f.disagreement);
   return [
-    by ? h("div", { class: "sides" }, Object.entries(by).map(([seat, f]) => h("div", { class: "side" },
-      h("h3", {}, seat), findingsList(f)))) : null,
+    columns,
     dis.length ? [h("h3", {}, `Disagreements (${dis.length}): kept, never voted`),
-      dis.map((d) => h("div", { class: "disagree" }, pretty(d)))] : null,
-    !by && !dis.length ? h("details", {}, h("summary", {}, `merged findings of ${reviewers.join(", ")}`), pretty(merged)) : null,
+      table(["Finding", ...seats], dis.map((f) => [
+        [where(f) ? [h("code", {}, where(f)), " "] : null, f.title],
+        ...seats.map((seat) => (f.classes[seat] ? f.classes[seat].replace("_", " ") : h("span", { class: "muted" }, "not reported"))),
+      ]))] : h("p", { class: "muted" }, "The reviewers agree."),
   ];
 }
 
@@ -829,7 +855,7 @@ async function showArtifact(room, a) {
     let body;
     if (a.kind === "diff") body = diffView(typeof c === "string" ? c : (c && (c.diff || c.patch)) || "");
     else if (a.kind === "findings") body = h("div", { class: "side" }, findingsList(c));
-    else body = typeof c === "string" ? h("pre", {}, c) : pretty(c);
+    else body = typeof c === "string" ? h("pre", { tabindex: "0" }, c) : pretty(c);
     box.replaceChildren(h("h3", { tabindex: "-1" }, `${a.kind}${a.key ? " " + a.key : ""} v${v.version}`), body);
     box.querySelector("h3").focus();
   } catch (e) {
@@ -838,7 +864,7 @@ async function showArtifact(room, a) {
 }
 
 function diffView(text) {
-  return h("div", { class: "diff mono", role: "region", "aria-label": "diff" },
+  return h("div", { class: "diff mono", role: "region", "aria-label": "diff", tabindex: "0" },
     String(text).split("\n").map((l) => {
       const cls = l.startsWith("+++") || l.startsWith("---") || l.startsWith("diff ") ? "file"
         : l.startsWith("@@") ? "hunk" : l.startsWith("+") ? "add" : l.startsWith("-") ? "del" : "";
