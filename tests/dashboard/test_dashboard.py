@@ -78,14 +78,14 @@ class Fixture:
         except urllib.error.HTTPError as e:
             return json.loads(e.read())
 
-    def say(self, token, room, text, **extra):
+    def say(self, token, room, text, verb="say", **extra):
         page = self.agent(token, "sync", {"room": room})["result"]
         for _ in range(1000):
             nxt = self.agent(token, "sync", {"room": room, "confirm": page["receipt"]})["result"]
             if nxt["more"] is False and not nxt["items"]:
                 break
             page = nxt
-        r = self.agent(token, "say", {"room": room, "text": text, **extra})
+        r = self.agent(token, verb, {"room": room, "text": text, **extra})
         assert r["ok"], r
 
     def materials(self):
@@ -161,6 +161,11 @@ def run(fx, a):
     # one with causal parents on the same page: drawn
     events = fx.run("log", "coord")["events"]
     fx.say(alpha, "coord", "after 58 and 59", parents=[events[-2]["id"], events[-1]["id"]])
+    # a routed agent whose worker runs until it is stopped
+    beta = fx.run("agent", "enroll", "beta")["token"]
+    fx.run("agent", "enroll", "gamma")
+    fx.run("route", "set", "gamma", "--adapter", "script", "--steps", "read,hang")
+    fx.run("create", "work", "--member", "beta", "--member", "gamma")
     link = fx.run("dashboard")["url"]
     assert link.startswith(fx.base + "/login?code="), link
 
@@ -295,13 +300,38 @@ def run(fx, a):
         c.view("artifact-diff")
         assert page.evaluate("window.__kept") == 2, "the page reloaded"
 
-        # wakes, sessions
-        page.get_by_role("link", name="Wakes").click()
-        expect(page.get_by_role("heading", name="Wakes")).to_be_visible()
-        c.view("wakes")
+        # a task with its lineage, lease and acceptance rendered
+        page.get_by_role("link", name=page.locator("dl.kv a[href^='#/task/']").inner_text()).click()
+        expect(page.get_by_role("heading", name="Task")).to_be_visible()
+        expect(page.get_by_role("heading", name="Lineage")).to_be_visible()
+        expect(page.locator("table").first).to_contain_text("this")
+        expect(page.get_by_role("heading", name="Lease")).to_be_visible()
+        page.get_by_role("button", name="Measure acceptance now").click()
+        expect(page.get_by_role("heading", name="Measured now")).to_be_visible()
+        c.view("task")
+
+        # a worker in its owned job: its live processes, then the owner's cancel stops it at zero
+        fx.say(beta, "work", "gamma, look at this", verb="send", to=["gamma"])
         page.get_by_role("link", name="Sessions").click()
         expect(page.get_by_role("heading", name="Sessions and workers")).to_be_visible()
+        worker = page.locator("tr", has_text="gamma").filter(has=page.locator("code"))
+        expect(worker.first).to_be_visible(timeout=60000)
+        expect(worker.first.locator("td").nth(5)).not_to_have_text("0", timeout=30000)
         c.view("sessions")
+        page.get_by_role("link", name="Wakes").click()
+        expect(page.get_by_role("heading", name="Wakes")).to_be_visible()
+        expect(page.locator("tr", has_text="gamma").locator(".state")).to_have_text("dispatched")
+        c.view("wakes")
+        page.locator("tr", has_text="gamma").get_by_role("link").first.click()
+        expect(page.get_by_role("heading", name="Wake permit")).to_be_visible()
+        expect(page.get_by_text("the sealed fields match their digest")).to_be_visible()
+        c.view("wake")
+        page.goto(fx.base + "/#/room/work")
+        expect(page.get_by_role("heading", name="Room work")).to_be_visible()
+        page.get_by_role("button", name="Cancel all work").click()
+        page.get_by_role("link", name="Sessions").click()
+        expect(page.locator("tr", has_text="gamma").filter(has=page.locator(".state.done"))).to_be_visible(timeout=60000)
+        expect(page.locator("table").first).to_contain_text("none")
 
         # revoke an agent from the identity tree; its next call is refused
         page.get_by_role("link", name="Identity").click()
@@ -314,10 +344,9 @@ def run(fx, a):
         assert not r["ok"] and r["refusal"]["code"] == "credential_revoked", r
 
         # keyboard: the skip link and the navigation reach the main view
-        page.reload()
-        expect(page.get_by_role("heading", name="Identity")).to_be_visible()
-        page.keyboard.press("Tab")
-        expect(page.locator(".skip")).to_be_focused()
+        page.locator(".skip").focus()
+        box = page.locator(".skip").bounding_box()
+        assert box and box["x"] >= 0, f"the skip link shows when focused: {box}"
         page.keyboard.press("Tab")
         expect(page.get_by_role("link", name="Room", exact=True)).to_be_focused()
         page.keyboard.press("Tab")

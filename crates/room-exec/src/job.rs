@@ -44,6 +44,15 @@ pub struct Membership {
 }
 
 impl Membership {
+    /// The job's live processes now (zombies excluded), as `Job::members` sees them.
+    pub fn members(&self) -> Vec<u32> {
+        match (&self.leaf, &self.shim) {
+            (Some(leaf), _) => cgroup_members(leaf),
+            (None, Some(shim)) if shim.outcome().is_none() => descendants(shim.pid),
+            (None, _) => Vec::new(),
+        }
+    }
+
     pub fn contains(&self, pid: u32) -> bool {
         if pid == 0 {
             return false;

@@ -237,7 +237,8 @@ function onLive(kind, d) {
     (r.view === "rooms" && (kind === "event" || kind === "room")) ||
     (r.view === "room" && (kind === "event" || kind === "task") && d.room === r.arg) ||
     (r.view === "task" && kind === "task" && d.task === r.arg) ||
-    (r.view === "wakes" && kind === "wake") ||
+    ((r.view === "wakes" || r.view === "sessions") && kind === "wake") ||
+    (r.view === "wake" && kind === "wake" && d.wake === r.arg) ||
     (r.view === "collabs" && (kind === "collab" || kind === "phase")) ||
     (r.view === "collab" && (kind === "phase" || kind === "approval" || kind === "collab") && d.collab === r.arg) ||
     (r.view === "collab" && kind === "event" && S.collabRoom === d.room) ||
@@ -257,6 +258,11 @@ function summary(kind, d) {
     default: return JSON.stringify(d);
   }
 }
+
+// Live process counts are no events: the workers' view looks again every two seconds.
+setInterval(() => {
+  if (S.csrf && S.route && S.route.view === "sessions" && !document.hidden) render({ keep: true });
+}, 2000);
 
 function scheduleRefresh(ms) {
   clearTimeout(S.refreshTimer);
@@ -387,7 +393,7 @@ async function viewRoom(room, keep) {
         const v = await api("room_reconcile", { room });
         S.holds = v;
       })),
-    S.holds && S.holds.room === room ? [h("h2", {}, "Held until reconciled"), pretty(S.holds)] : null,
+    S.holds && S.holds.room === room ? holdsView(room, S.holds) : null,
     h("h2", {}, "Members"),
     table(["Member", "Confirmed", "Lag", "Conversations"], members.members.map((m) => [
       m.agent, m.confirmed_seq ?? h("span", { class: "muted" }, "nothing yet"), String(m.lag),
@@ -404,13 +410,39 @@ async function viewRoom(room, keep) {
   return [head, timeline(room, log, tip)];
 }
 
+// What a cancel held until the owner reconciles it with what the destination shows.
+function holdsView(room, v) {
+  const holds = v.holds || [];
+  return [
+    h("h2", {}, `Held until reconciled (${v.unresolved} unresolved)`),
+    table(["Hold", "Kind", "Item", "Agent", "Task", "State", ""], holds.map((x) => [
+      h("code", {}, x.hold), x.kind, h("code", {}, x.item || ""), x.agent || "", x.task || "",
+      x.held_until_reconciled ? state("held") : [state("done"), " ", x.reconciled.outcome, " by ", x.reconciled.by || ""],
+      x.held_until_reconciled ? reconcileForm(room, x) : "",
+    ])),
+  ];
+}
+
+function reconcileForm(room, x) {
+  const id = `rec-${x.hold}`;
+  const outcome = h("select", { id: `${id}-outcome`, "aria-label": `outcome of ${x.hold}` },
+    ["accepted", "not_accepted", "compensated"].map((o) => h("option", { value: o }, o.replace("_", " "))));
+  const evidence = h("input", { type: "text", id: `${id}-evidence`, "aria-label": `evidence for ${x.hold}`, placeholder: "what the destination shows" });
+  return h("div", {}, outcome, evidence, act(`Reconcile ${x.hold}`, "primary", async () => {
+    await api("room_reconcile", { room, hold: x.hold, outcome: outcome.value, evidence: evidence.value });
+    S.holds = await api("room_reconcile", { room });
+  }));
+}
+
 function obligationsTable(v) {
-  const list = v.obligations || v.items || [];
-  if (!Array.isArray(list)) return pretty(v);
-  return table(["Obligation", "Owed by", "State", "Proof"], list.map((o) => [
-    h("code", {}, o.id || o.obligation || ""), o.agent || o.owner || o.to || "",
-    state(o.state || o.status), o.proof || o.ladder || "",
-  ]));
+  const list = v.obligations || [];
+  return [
+    table(["Obligation", "From", "Owed by", "Task", "Reply due", "State"], list.map((o) => [
+      h("code", {}, o.id), o.from || "", o.to || "", o.task ? link(`#/task/${enc(o.task)}`, o.task) : "",
+      when(o.not_after_ms), state(o.fold),
+    ]), `${v.dead || 0} dead${v.truncated ? "; only the oldest are listed" : ""}`),
+    (v.circular_waits || []).length ? h("p", { class: "flag" }, `circular waits: ${JSON.stringify(v.circular_waits)}`) : null,
+  ];
 }
 
 function timeline(room, log, tip) {
@@ -489,49 +521,79 @@ function drawEdges() {
 
 async function viewTask(task) {
   const v = await api("owner_task_show", { task });
-  const t = v.task || v;
-  const checks = (t.acceptance || v.acceptance || []);
+  const t = v.task || {};
+  const lin = v.lineage || {};
+  const checks = Array.isArray(t.acceptance) ? t.acceptance : [];
   return [
     h("h1", {}, "Task ", h("code", {}, task)),
     kv([
-      ["Title", t.title], ["Status", state(t.status)], ["Room", t.room ? link(`#/room/${enc(t.room)}`, t.room) : ""],
-      ["Parent", t.parent ? link(`#/task/${enc(t.parent)}`, t.parent) : null],
-      ["Children", Array.isArray(t.children) && t.children.length ? t.children.map((c, i) => [i ? ", " : "", link(`#/task/${enc(c.id || c)}`, c.id || c)]) : null],
-      ["Lease", t.lease ? `${t.lease.holder || t.lease.agent || ""} until ${when(t.lease.expires_ms)} (fence ${t.lease.fence ?? ""})` : null],
-      ["Assignee", t.assignee || t.claimed_by],
+      ["Title", t.title], ["Status", state(t.status)], ["Stage", t.stage],
+      ["Room", t.room ? link(`#/room/${enc(t.room)}`, t.room) : ""],
+      ["Owner", t.owner], ["Recipient", t.recipient], ["Revision", t.revision],
+      ["Successor", t.successor ? link(`#/task/${enc(t.successor)}`, t.successor) : null],
+      ["Acceptance overridden", t.acceptance_override],
     ]),
+    h("h2", {}, "Lineage"),
+    table(["", "Task", "Status", "Recipient"], [
+      ...(lin.ancestors || []).slice().reverse().map((a) => ["ancestor", link(`#/task/${enc(a.id)}`, a.id), state(a.status), a.recipient || ""]),
+      ["this", h("code", {}, task), state(t.status), t.recipient || ""],
+      ...(lin.children || []).map((c) => ["child", link(`#/task/${enc(c.id)}`, c.id), state(c.status), c.recipient || ""]),
+    ]),
+    h("h2", {}, "Lease"),
+    v.lease ? kv([["Holder", v.lease.holder], ["Generation (fence)", v.lease.generation], ["Since", when(v.lease.since_ms)],
+      ["Scopes", (v.lease.scopes || []).join(" ")]]) : h("p", { class: "muted" }, "no lease held"),
     h("h2", {}, "Acceptance"),
-    Array.isArray(checks) && checks.length ? table(["Check", "Result", "Detail"], checks.map((c) => [
-      h("code", {}, c.kind || c.check || JSON.stringify(c.spec || c)), state(c.result || c.state || c.status || (c.passed === true ? "passed" : c.passed === false ? "failed" : "")),
-      c.detail ? (typeof c.detail === "string" ? c.detail : pretty(c.detail)) : "",
-    ])) : h("p", { class: "muted" }, "no checks recorded"),
+    checks.length ? table(["#", "Check"], checks.map((c, i) => [String(i + 1), h("code", {}, checkText(c))]))
+      : h("p", { class: "muted" }, "the task declares no checks"),
+    h("h3", {}, "Last measured"),
+    v.last_acceptance ? evaluation(v.last_acceptance) : h("p", { class: "muted" }, "not measured yet"),
     h("div", { class: "actions" }, act("Measure acceptance now", "primary", async () => {
-      S.lastCheck = await api("owner_task_check", { task });
+      S.lastCheck = { task, v: await api("owner_task_check", { task }) };
     })),
-    S.lastCheck ? [h("h2", {}, "Measured now"), evaluation(S.lastCheck)] : null,
+    S.lastCheck && S.lastCheck.task === task ? [h("h3", {}, "Measured now"), evaluation(S.lastCheck.v)] : null,
     h("details", {}, h("summary", {}, "Everything recorded"), pretty(v)),
   ];
 }
 
+function checkText(c) {
+  if (typeof c !== "object" || !c) return String(c);
+  const k = c.kind || "check";
+  const rest = Object.entries(c).filter(([key]) => key !== "kind").map(([key, val]) => `${key}=${typeof val === "string" ? val : JSON.stringify(val)}`);
+  return `${k} ${rest.join(" ")}`;
+}
+
+// An evaluation (the seed's Exhibit 4): a verdict and each check's result, rendered.
 function evaluation(v) {
-  const results = v.results || (v.evaluation && v.evaluation.results) || [];
-  if (!Array.isArray(results) || !results.length) return pretty(v);
-  return table(["Check", "Passed", "Evidence"], results.map((r) => [
-    h("code", {}, r.check || r.kind || ""), state(r.passed ? "passed" : "failed"),
-    r.evidence ? pretty(r.evidence) : (r.detail || ""),
-  ]));
+  const results = v.acceptance_results || [];
+  return [
+    h("p", {}, "Verdict: ", state(v.acceptance_pass ? "passed" : "failed")),
+    table(["Check", "Result", "Detail"], results.map((r) => [
+      h("code", {}, r.kind), state(r.pass ? "passed" : "failed"),
+      typeof r.detail === "string" ? r.detail : h("details", {}, h("summary", {}, detailLine(r.detail)), pretty(r.detail)),
+    ])),
+  ];
+}
+
+function detailLine(d) {
+  if (!d || typeof d !== "object") return String(d ?? "");
+  const keys = ["reason", "path", "command", "exit_code", "artifact", "why"].filter((k) => d[k] !== undefined);
+  return keys.length ? keys.map((k) => `${k}: ${typeof d[k] === "string" ? d[k] : JSON.stringify(d[k])}`).join(" · ") : "detail";
 }
 
 // ---------- wakes
 
+// Wakes newest first, at most WAKES_SHOWN (the permit's binding is flattened into it).
+const WAKES_SHOWN = 200;
+
 function wakesTable(wakes) {
-  return table(["Wake", "Agent", "Task", "State", "Permit", "Deferred"], wakes.map((w) => {
-    const b = w.binding || {};
-    const path = `wakes/${b.room}/${b.agent}/${b.source_event}.json`;
-    return [link(`#/wake/${enc(path)}`, b.source_event ? b.source_event.slice(0, 12) : "?"), b.agent, b.task || "",
+  const shown = wakes.slice(-WAKES_SHOWN).reverse();
+  return table(["Wake", "Room", "Agent", "Task", "State", "Permit", "Deferred"], shown.map((w) => {
+    const path = `wakes/${w.room}/${w.agent}/${w.source_event}.json`;
+    return [link(`#/wake/${enc(path)}`, w.source_event ? w.source_event.slice(0, 16) : "?"), w.room, w.agent,
+      w.task ? link(`#/task/${enc(w.task)}`, w.task) : "",
       state(w.state), w.intact ? "intact" : h("strong", { class: "error" }, "digest mismatch"),
       w.deferred ? h("code", {}, w.deferred) : ""];
-  }));
+  }), wakes.length > WAKES_SHOWN ? `the newest ${WAKES_SHOWN} of ${wakes.length}` : null);
 }
 
 async function viewWakes() {
@@ -545,32 +607,46 @@ async function viewWakes() {
 async function viewWake(path) {
   const v = await api("wakes_show", { wake: path });
   const w = v.wake;
-  const b = w.binding || {};
+  const binding = Object.fromEntries(Object.entries(w).filter(([k]) => !["state", "intact", "launches", "deferred", "dead_letter", "reason", "detail"].includes(k)));
   return [
     h("h1", {}, "Wake permit"),
-    kv([["Path", h("code", {}, path)], ["State", state(w.state)], ["Intact", w.intact ? "the sealed fields match their digest" : "DIGEST MISMATCH: it will not dispatch"],
-      ["Room", link(`#/room/${enc(b.room)}`, b.room)], ["Agent", b.agent], ["Task", b.task ? link(`#/task/${enc(b.task)}`, b.task) : ""],
-      ["Deadline", `${b.deadline_ms} ms`], ["Not after", b.not_after], ["Control epoch", b.control_epoch],
-      ["Deferred", w.deferred], ["Dead letter", w.dead ? JSON.stringify(w.dead) : null]]),
+    kv([["Path", h("code", {}, path)], ["State", state(w.state)],
+      ["Intact", w.intact ? "the sealed fields match their digest" : "DIGEST MISMATCH: it will not dispatch"],
+      ["Room", link(`#/room/${enc(w.room)}`, w.room)], ["Agent", w.agent], ["From", w.from],
+      ["Task", w.task ? link(`#/task/${enc(w.task)}`, w.task) : ""],
+      ["Deadline", `${w.deadline_ms} ms`], ["Not after", w.not_after], ["Control epoch", w.control_epoch],
+      ["Deferred (why it waits)", w.deferred], ["Reason", w.reason]]),
     h("h2", {}, "Launches and their dispatch checks"),
     pretty(w.launches || []),
+    w.dead_letter ? [h("h2", {}, "Dead letter"), pretty(w.dead_letter)] : null,
     h("h2", {}, "The sealed binding"),
-    pretty(b),
+    pretty(binding),
   ];
 }
 
 // ---------- sessions and workers
 
 async function viewSessions() {
-  const [v, stops] = await Promise.all([api("sessions_list", {}), api("stops_list", {}).catch(() => null)]);
+  const [v, workers, stops] = await Promise.all([
+    api("sessions_list", {}), api("workers_list", {}), api("stops_list", {}).catch(() => ({ stops: [] })),
+  ]);
   return [
     h("h1", {}, "Sessions and workers"),
-    table(["Session", "Agent", "Host", "Launch (owned job)", "Proof", "Updated"], v.sessions.map((s) => [
+    h("h2", {}, "Workers running now"),
+    table(["Launch", "Room", "Agent", "Adapter", "Owned job", "Live processes", "Since"], workers.workers.map((w) => [
+      h("code", {}, w.launch), link(`#/room/${enc(w.room)}`, w.room), w.agent, w.adapter, w.job,
+      [String(w.processes), w.pids.length ? h("span", { class: "muted" }, ` (pids ${w.pids.join(", ")})`) : null], when(w.since_ms),
+    ])),
+    h("h2", {}, "Sessions"),
+    table(["Session", "Agent", "Host", "Launch", "Proof", "Updated"], v.sessions.map((s) => [
       h("code", {}, s.id), s.agent, s.host || "", s.lease && s.lease.launch ? h("code", {}, s.lease.launch) : h("span", { class: "muted" }, "idle"),
       s.proof || "", when(s.updated_ms),
-    ])),
+    ]), v.truncated ? "the newest sessions only" : null),
     h("h2", {}, "Stops"),
-    stops ? pretty(stops) : h("p", { class: "muted" }, "unavailable"),
+    table(["Stop", "Launch", "Room", "Agent", "Reason", "Confirmed at zero processes"], (stops.stops || []).map((x) => [
+      h("code", {}, x.stop), h("code", {}, x.launch || ""), x.room || "", x.agent || "", x.reason || "",
+      x.termination_confirmed ? state("done") : state("pending"),
+    ])),
   ];
 }
 

@@ -57,6 +57,7 @@ const OWNER_OPS: &[&str] = &[
     "owner_task_check",
     "owner_task_override",
     "stops_list",
+    "workers_list",
     "collab_artifacts",
     "collab_artifact",
     "collab_start",
@@ -650,6 +651,10 @@ fn owner_op(engine: &Engine, owner: &Owner, op: &str, a: Value) -> Result<Value,
         "stops_list" => {
             args::<Empty>(a)?;
             crate::workers::stops_view(engine)
+        }
+        "workers_list" => {
+            args::<Empty>(a)?;
+            Ok(crate::workers::workers_view())
         }
         "room_archive" => engine.room_archive(owner, &args::<RoomArgs>(a)?.room),
         "room_log" => {

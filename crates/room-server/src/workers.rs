@@ -22,7 +22,7 @@ use room_engine::lifecycle::{StopEnvelope, Trip};
 use room_exec::job::{Job, Jobs};
 use room_exec::stop::Outbox;
 use serde_json::{Value, json};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -45,6 +45,42 @@ impl Running {
         // a panic while holding it leaves a map that is still a map
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// A running launch's job as the owner's view shows it (`workers_list`).
+struct LiveJob {
+    kind: room_exec::job::JobKind,
+    membership: room_exec::job::Membership,
+    room: String,
+    agent: String,
+    adapter: String,
+    since_ms: u64,
+}
+
+/// The jobs of this daemon's launches, from their start until they were seen empty (a job
+/// whose stop is unconfirmed stays listed: its processes may still be there).
+fn live_jobs() -> std::sync::MutexGuard<'static, BTreeMap<String, LiveJob>> {
+    static LIVE: std::sync::LazyLock<Mutex<BTreeMap<String, LiveJob>>> =
+        std::sync::LazyLock::new(Default::default);
+    LIVE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Live processes listed per worker at most.
+const WORKER_PIDS_SHOWN_MAX: usize = 16;
+
+/// `workers_list`: each running worker, its owned job and the processes in it now.
+pub(crate) fn workers_view() -> Value {
+    let rows: Vec<Value> = live_jobs()
+        .iter()
+        .map(|(launch, j)| {
+            let pids = j.membership.members();
+            json!({"launch": launch, "room": j.room, "agent": j.agent, "adapter": j.adapter,
+                "job": j.kind.as_str(), "processes": pids.len(),
+                "pids": pids.iter().take(WORKER_PIDS_SHOWN_MAX).collect::<Vec<_>>(),
+                "since_ms": j.since_ms})
+        })
+        .collect();
+    json!({"workers": rows})
 }
 
 /// A crash injected for the stop outbox's tests (`ROOM_FAULT`): the daemon aborts at the
@@ -492,6 +528,7 @@ async fn run_launch_inner(
     running.map().remove(&l.id);
     if let Some(t) = tripped {
         stop_with_outbox(&engine, &env, &l, job, t).await;
+        live_jobs().remove(&l.id);
         return;
     }
     let mut exit = ran.unwrap_or_else(|why| {
@@ -508,6 +545,7 @@ async fn run_launch_inner(
             None => return,
         }
     }
+    live_jobs().remove(&l.id);
     let id = l.id.clone();
     match tokio::task::spawn_blocking(move || engine.launch_ended(&id, exit)).await {
         Ok(Ok(v)) => tracing::info!(launch = %l.id, agent = %l.agent, "launch ended: {v}"),
@@ -661,6 +699,17 @@ async fn start_inner(
         Err(e) => return (Ran::Done(Err(e)), job),
     };
     job.started(pid);
+    live_jobs().insert(
+        l.id.clone(),
+        LiveJob {
+            kind: job.kind(),
+            membership: job.membership(),
+            room: l.room.clone(),
+            agent: l.agent.clone(),
+            adapter: l.route.adapter.clone(),
+            since_ms: engine.now_ms(),
+        },
+    );
     let cwd = launch_cwd(env, l);
     match broker {
         Some((listener, pinned)) => {

@@ -116,6 +116,12 @@ impl Fx {
 
     /// `alpha` says `text` in `coord`, after reading up to the tip (the Work Gate's loop).
     fn say(&self, token: &str, text: &str) {
+        self.say_as(token, "say", json!({"text": text}));
+    }
+
+    /// A turn of `verb` in `coord` with `args`, after reading up to the tip.
+    fn say_as(&self, token: &str, verb: &str, mut args: Value) {
+        args["room"] = json!("coord");
         let ok = |r: Response| -> Value {
             assert!(r.ok, "{:?}", r.refusal);
             r.result.unwrap()
@@ -133,7 +139,7 @@ impl Fx {
             }
             page = next;
         }
-        ok(self.agent_call(token, "say", json!({"room": "coord", "text": text})));
+        ok(self.agent_call(token, verb, args));
     }
 
     /// What a refused dashboard call could have changed.
@@ -616,6 +622,36 @@ fn events_stream_resumes_without_gap_or_duplicate() {
         let first: u64 = last.rsplit_once('-').unwrap().1.parse().unwrap();
         assert_eq!(ids[0], first + 1, "nothing between");
     }
+
+    // a send to another member seals a wake: its state changes are items too
+    fx.ok("agent_enroll", json!({"name": "beta"}));
+    fx.ok(
+        "room_members_add",
+        json!({"room": "coord", "agent": "beta"}),
+    );
+    let mut st = Stream::open(&fx, &s, None);
+    assert_eq!(st.next().event, "hello");
+    fx.say_as(
+        &token,
+        "send",
+        json!({"text": "beta, look", "to": ["beta"]}),
+    );
+    loop {
+        let e = st.next();
+        if e.event == "wake" {
+            assert_eq!(e.data["agent"], "beta", "{e:?}");
+            assert_eq!(e.data["room"], "coord", "{e:?}");
+            assert_eq!(e.data["state"], "queued", "{e:?}");
+            assert!(
+                e.data["wake"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("wakes/coord/beta/")
+            );
+            break;
+        }
+    }
+    drop(st);
 
     // an id from no epoch of this feed: told to reset, never skipped silently
     let mut st = Stream::open(&fx, &s, Some("feedfeedfeed-3"));

@@ -495,7 +495,8 @@ fn scan_wakes(
         return;
     };
     for w in v["wakes"].as_array().into_iter().flatten() {
-        let b = &w["binding"];
+        // the permit's binding is flattened into it
+        let b = w;
         let (Some(room), Some(agent), Some(event)) = (
             b["room"].as_str(),
             b["agent"].as_str(),

@@ -59,6 +59,7 @@ pub const OPS: &[&str] = &[
     "owner_task_show",
     "owner_task_check",
     "stops_list",
+    "workers_list",
     "collab_list",
     "collab_status",
     "collab_profile",
