@@ -25,7 +25,9 @@ pub struct BenchArgs {
     /// processes are observed against killing one) or `collab` (a collaboration's per-phase
     /// overhead with instant agents against a raw SQLite commit, phases per second with 100
     /// collaborations in parallel, memory per live collaboration) or `search` (full-text
-    /// query latency at 100,000 and 1,000,000 events, and the index's size per 100,000).
+    /// query latency at 100,000 and 1,000,000 events, and the index's size per 100,000) or
+    /// `dashboard` (64 writers committing while 50 dashboard event streams read: events
+    /// delivered per second and the lag from commit to delivery, against the writers alone).
     #[arg(default_value = "core")]
     pub what: String,
     /// Seconds each measurement runs.
@@ -88,9 +90,10 @@ pub fn run(a: &BenchArgs) -> i32 {
         "wakes" => crate::bench_wakes::bench(a),
         "collab" => crate::bench_collab::bench(a),
         "search" => crate::bench_search::bench(a),
+        "dashboard" => crate::bench_dashboard::bench(a),
         other => {
             eprintln!(
-                "error[invalid_argument]: what: {other:?} is not core, mcp, swarm, acceptance, wakes, collab or search"
+                "error[invalid_argument]: what: {other:?} is not core, mcp, swarm, acceptance, wakes, collab, search or dashboard"
             );
             return crate::cmd::EXIT_REFUSED;
         }

@@ -7,6 +7,7 @@ mod api;
 mod bench;
 mod bench_accept;
 mod bench_collab;
+mod bench_dashboard;
 mod bench_mcp;
 mod bench_search;
 mod bench_wakes;
