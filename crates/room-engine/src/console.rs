@@ -1,9 +1,12 @@
 //! The owner's browser sessions (the dashboard). The owner console (a Unix socket peer with the
 //! owner's uid) mints a one-time login code; a browser exchanges it, once and within
 //! [`LOGIN_CODE_TTL_MS`], for a session secret (the daemon sets it as an HttpOnly cookie) and a
-//! CSRF token (which the page sends with every request). The session then stands for the owner
-//! until it expires or is ended. Held in memory only: a daemon restart ends every session, and
-//! only digests of the secrets are kept.
+//! page key (handed to the page once, in the login redirect's fragment, which the page keeps in
+//! its origin's storage and sends with every request). Both are needed: a browser sends the
+//! cookie to every server on the same host, whatever its port, so the cookie alone must not
+//! stand for the owner; the key is random, never derived from the secret, and never served
+//! again. The session then stands for the owner until it expires or is ended. Held in memory
+//! only: a daemon restart ends every session, and only digests of the secrets are kept.
 //!
 //! This is an authority decision, so it lives here: the server turns cookies and headers into
 //! the two strings and asks.
@@ -35,20 +38,10 @@ pub struct LoginCode {
 pub struct ConsoleSession {
     /// The cookie's value.
     pub secret: String,
-    /// Sent back by the page with each request that acts, in a header a cross-site page cannot
-    /// set.
-    pub csrf: String,
+    /// The page key: sent back by the page with each request (a header, or the event
+    /// stream's query), which neither a cross-site page nor another server on this host can.
+    pub key: String,
     pub expires_ms: u64,
-}
-
-/// What a request through a browser session asks for.
-#[derive(Debug, Clone, Copy)]
-pub enum Access<'a> {
-    /// Reading: the session cookie suffices (the event stream, which a browser opens
-    /// without custom headers).
-    Read,
-    /// Anything else: the session's CSRF token too.
-    Act { csrf: Option<&'a str> },
 }
 
 #[derive(Default)]
@@ -66,13 +59,8 @@ struct Held {
 
 struct Held1 {
     secret_sha256: String,
+    key_sha256: String,
     expires_ms: u64,
-}
-
-/// A session's CSRF token: derived from its secret, so only a holder of the secret (the page,
-/// through its cookie) can learn it, and nothing but the secret's digest is kept.
-fn csrf_of(secret: &str) -> String {
-    sha256_hex(format!("room-console-csrf\0{secret}").as_bytes())
 }
 
 impl Consoles {
@@ -121,7 +109,7 @@ impl Engine {
             return Err(login_refused("expired"));
         }
         let secret = self.env.entropy.hex(SECRET_BYTES);
-        let csrf = csrf_of(&secret);
+        let key = self.env.entropy.hex(SECRET_BYTES);
         let expires_ms = now + SESSION_TTL_MS;
         held.sessions.retain(|s| s.expires_ms > now);
         if held.sessions.len() >= SESSIONS_MAX {
@@ -129,17 +117,24 @@ impl Engine {
         }
         held.sessions.push(Held1 {
             secret_sha256: sha256_hex(secret.as_bytes()),
+            key_sha256: sha256_hex(key.as_bytes()),
             expires_ms,
         });
         Ok(ConsoleSession {
             secret,
-            csrf,
+            key,
             expires_ms,
         })
     }
 
-    /// The owner, if `secret` is a live browser session (and, to act, `csrf` its token).
-    pub fn console_owner(&self, secret: Option<&str>, access: Access<'_>) -> Outcome<Owner> {
+    /// The owner, if `secret` is a live browser session and `key` its page key.
+    pub fn console_owner(&self, secret: Option<&str>, key: Option<&str>) -> Outcome<Owner> {
+        self.console_session(secret, key)
+            .map(|_| Owner { _private: () })
+    }
+
+    /// When a live session (its secret and its page key) expires.
+    pub fn console_session(&self, secret: Option<&str>, key: Option<&str>) -> Outcome<u64> {
         let Some(secret) = secret else {
             return Err(session_refused("missing: log in first"));
         };
@@ -152,35 +147,15 @@ impl Engine {
         if s.expires_ms <= now {
             return Err(session_refused("expired"));
         }
-        if let Access::Act { csrf } = access
-            && csrf != Some(csrf_of(secret).as_str())
-        {
+        if key.map(|k| sha256_hex(k.as_bytes())).as_deref() != Some(s.key_sha256.as_str()) {
             return Err(Refusal::new(
                 Code::CsrfInvalid,
-                "request without this session's csrf token",
+                "request without this session's page key",
             )
             .detail(serde_json::json!({"field": "x-room-csrf"}))
-            .hint("reload the dashboard; a request from another site is never accepted"));
+            .hint("open the dashboard from its login link again; a request from another site or server is never accepted"));
         }
-        Ok(Owner { _private: () })
-    }
-
-    /// A live session's CSRF token and expiry, for its page.
-    pub fn console_csrf(&self, secret: &str) -> Outcome<(String, u64)> {
-        let expires_ms = {
-            let digest = sha256_hex(secret.as_bytes());
-            let held = self.consoles.held();
-            let s = held
-                .sessions
-                .iter()
-                .find(|s| s.secret_sha256 == digest)
-                .ok_or_else(|| session_refused("unknown or ended"))?;
-            if s.expires_ms <= self.now_ms() {
-                return Err(session_refused("expired"));
-            }
-            s.expires_ms
-        };
-        Ok((csrf_of(secret), expires_ms))
+        Ok(s.expires_ms)
     }
 
     /// End a browser session (a log-out); ending one that is gone is no error.
@@ -243,31 +218,28 @@ mod tests {
         assert_eq!(r.code, Code::CredentialInvalid);
         assert!(r.message.contains("expired"), "{r}");
 
-        // reading needs the session; acting its csrf token too
-        e.console_owner(Some(&s.secret), Access::Read).unwrap();
-        e.console_owner(
-            Some(&s.secret),
-            Access::Act {
-                csrf: Some(&s.csrf),
-            },
-        )
-        .unwrap();
-        for csrf in [None, Some("nope"), Some(s.secret.as_str())] {
-            let r = e
-                .console_owner(Some(&s.secret), Access::Act { csrf })
-                .unwrap_err();
-            assert_eq!(r.code, Code::CsrfInvalid, "{csrf:?}");
+        // the cookie's secret and the page key together, never one alone
+        e.console_owner(Some(&s.secret), Some(&s.key)).unwrap();
+        for key in [None, Some("nope"), Some(s.secret.as_str())] {
+            let r = e.console_owner(Some(&s.secret), key).unwrap_err();
+            assert_eq!(r.code, Code::CsrfInvalid, "{key:?}");
         }
+        assert_ne!(s.key, s.secret);
         assert_eq!(
-            e.console_owner(None, Access::Read).unwrap_err().code,
+            e.console_owner(None, Some(&s.key)).unwrap_err().code,
             Code::CredentialInvalid
         );
-        assert_eq!(e.console_csrf(&s.secret).unwrap().0, s.csrf);
+        assert_eq!(
+            e.console_owner(Some(&s.key), Some(&s.key))
+                .unwrap_err()
+                .code,
+            Code::CredentialInvalid
+        );
 
         // a log-out ends it; an expiry ends the next
         e.console_logout(&s.secret);
         assert_eq!(
-            e.console_owner(Some(&s.secret), Access::Read)
+            e.console_owner(Some(&s.secret), Some(&s.key))
                 .unwrap_err()
                 .code,
             Code::CredentialInvalid
@@ -275,7 +247,7 @@ mod tests {
         let next = e.console_login(&e.console_code(&owner).code).unwrap();
         advance(SESSION_TTL_MS);
         let r = e
-            .console_owner(Some(&next.secret), Access::Read)
+            .console_owner(Some(&next.secret), Some(&next.key))
             .unwrap_err();
         assert!(r.message.contains("expired"), "{r}");
 
@@ -285,6 +257,19 @@ mod tests {
             e.console_login(&codes[0].code).is_err(),
             "the oldest was dropped"
         );
-        assert!(e.console_login(&codes[CODES_MAX + 1].code).is_ok());
+        let newest = e.console_login(&codes[CODES_MAX + 1].code).unwrap();
+        let mut sessions = vec![newest];
+        for _ in 0..SESSIONS_MAX {
+            sessions.push(e.console_login(&e.console_code(&owner).code).unwrap());
+        }
+        let oldest = &sessions[0];
+        assert!(
+            e.console_owner(Some(&oldest.secret), Some(&oldest.key))
+                .is_err(),
+            "the oldest session was ended for the newest"
+        );
+        let last = sessions.last().unwrap();
+        e.console_owner(Some(&last.secret), Some(&last.key))
+            .unwrap();
     }
 }

@@ -3,6 +3,10 @@
 // (never as markup), so nothing an agent wrote can run here.
 "use strict";
 
+// The page key: handed over once in the login redirect's fragment, kept in this origin's
+// storage (which no other port's page can read), sent with every request beside the cookie.
+const KEY_STORE = "room-dashboard-key";
+
 const S = {
   csrf: null,
   ops: [],
@@ -110,6 +114,7 @@ async function api(op, args) {
       credentials: "same-origin",
       headers: { "content-type": "application/json", "x-room-csrf": S.csrf || "" },
       body: JSON.stringify({ op, args: args || {} }),
+      cache: "no-store",
     });
   } catch (e) {
     unreachable();
@@ -122,7 +127,7 @@ async function api(op, args) {
   } catch (e) {
     throw new Error(`the daemon answered ${r.status} without JSON`);
   }
-  if (r.status === 401) loggedOut(j.refusal);
+  if (r.status === 401 || (r.status === 403 && j.refusal && j.refusal.code === "csrf_invalid")) loggedOut(j.refusal);
   if (!j.ok) throw new Refused(j.refusal);
   return j.result;
 }
@@ -142,6 +147,7 @@ function reached() {
 
 function loggedOut(refusal) {
   S.csrf = null;
+  try { localStorage.removeItem(KEY_STORE); } catch (e) { /* storage refused: nothing kept */ }
   if (S.es) S.es.close();
   setConn("logged out", "down");
   const main = document.getElementById("main");
@@ -151,24 +157,46 @@ function loggedOut(refusal) {
     h("p", {}, "Run ", h("code", {}, "room dashboard"), " on the machine where Room runs and open the link it prints. Each link works once and expires in two minutes."));
 }
 
+function session() {
+  return fetch("/api/session", { credentials: "same-origin", cache: "no-store", headers: { "x-room-csrf": S.csrf || "" } });
+}
+
+let booted = false;
+
 async function boot() {
-  document.getElementById("logout").addEventListener("click", logout);
-  window.addEventListener("hashchange", () => render());
+  if (!booted) {
+    booted = true;
+    document.getElementById("logout").addEventListener("click", logout);
+    window.addEventListener("hashchange", () => render());
+    // the skip link moves focus, not the route
+    document.querySelector(".skip").addEventListener("click", (ev) => {
+      ev.preventDefault();
+      document.getElementById("main").focus();
+    });
+    if (location.hash.startsWith("#k=")) {
+      try { localStorage.setItem(KEY_STORE, location.hash.slice(3)); } catch (e) { /* below */ }
+      history.replaceState(null, "", "/#/rooms");
+    }
+  }
+  try { S.csrf = localStorage.getItem(KEY_STORE); } catch (e) { S.csrf = null; }
+  if (!S.csrf) {
+    loggedOut(null);
+    return;
+  }
   let r;
   try {
-    r = await fetch("/api/session", { credentials: "same-origin" });
+    r = await session();
   } catch (e) {
     unreachable();
     setTimeout(boot, 3000);
     return;
   }
   const j = await r.json().catch(() => ({}));
-  if (r.status === 401 || !j.ok) {
+  if (!j.ok) {
     loggedOut(j.refusal);
     return;
   }
   reached();
-  S.csrf = j.result.csrf;
   S.ops = j.result.ops || [];
   openEvents();
   if (!location.hash) location.hash = "#/rooms";
@@ -193,7 +221,8 @@ const live = [];
 
 function openEvents() {
   if (S.es) S.es.close();
-  const es = new EventSource("/api/events");
+  // an EventSource sends no header of its own: the page key rides in the query
+  const es = new EventSource(`/api/events?k=${encodeURIComponent(S.csrf || "")}`);
   S.es = es;
   const onItem = (kind) => (m) => {
     let d = {};
@@ -205,7 +234,8 @@ function openEvents() {
   for (const k of ["event", "task", "wake", "room", "collab", "phase", "approval"]) {
     es.addEventListener(k, onItem(k));
   }
-  es.addEventListener("hello", () => { setConn("live", "live"); reached(); });
+  // what the view loaded before the stream's start is read again: nothing falls between
+  es.addEventListener("hello", () => { setConn("live", "live"); reached(); scheduleRefresh(0); });
   es.addEventListener("reset", () => { setConn("live", "live"); reached(); scheduleRefresh(0); });
   es.addEventListener("ended", (m) => {
     es.close();
@@ -217,12 +247,12 @@ function openEvents() {
   es.onerror = () => {
     if (es.readyState === EventSource.CLOSED) {
       // the stream was refused outright (a session that ended): ask why
-      fetch("/api/session", { credentials: "same-origin" })
-        .then((r) => (r.status === 401 ? loggedOut(null) : setTimeout(openEvents, 3000)))
+      session()
+        .then((r) => (r.status === 401 || r.status === 403 ? loggedOut(null) : setTimeout(openEvents, 3000)))
         .catch(() => { unreachable(); setTimeout(openEvents, 3000); });
     } else {
       setConn("reconnecting", "down");
-      fetch("/api/session", { credentials: "same-origin" }).then(reached).catch(unreachable);
+      session().then(reached).catch(unreachable);
     }
   };
 }
@@ -286,8 +316,13 @@ const VIEWS = {
 
 function parseRoute() {
   const parts = location.hash.replace(/^#\/?/, "").split("/");
-  const view = VIEWS[parts[0]] ? parts[0] : "rooms";
-  const arg = parts.slice(1).map(decodeURIComponent).join("/") || null;
+  const view = Object.hasOwn(VIEWS, parts[0]) ? parts[0] : "rooms";
+  let arg = null;
+  try {
+    arg = parts.slice(1).map(decodeURIComponent).join("/") || null;
+  } catch (e) {
+    arg = null; // a malformed escape: the view without its argument
+  }
   return { view, arg };
 }
 
@@ -448,10 +483,14 @@ function obligationsTable(v) {
 function timeline(room, log, tip) {
   const evs = log.events;
   const first = evs.length ? evs[0].seq : S.logFrom;
-  const list = h("ol", { class: "timeline-list", style: "list-style:none;padding:0;margin:0" },
+  const list = h("ol", { class: "timeline-list" },
     evs.map((e) => eventRow(e)));
-  const wrap = h("div", { class: "timeline", id: "timeline" },
-    h("svg", { class: "edges", id: "edges", "aria-hidden": "true" }), list);
+  // an SVG element, not an HTML one of that name: only it draws its paths
+  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  svg.setAttribute("class", "edges");
+  svg.setAttribute("id", "edges");
+  svg.setAttribute("aria-hidden", "true");
+  const wrap = h("div", { class: "timeline", id: "timeline" }, svg, list);
   return [
     h("h2", {}, "Timeline"),
     h("p", { class: "muted" }, `events #${first}–#${evs.length ? evs[evs.length - 1].seq : first} of ${tip}; causal parents on this page are drawn on the left`),
@@ -719,7 +758,7 @@ async function openCreate() {
         ? "advisory confinement: the agent's own tools are held only by the worker's confinement" : "";
     });
     return h("div", { class: "row" },
-      h("label", { for: `adapter-${seat}` }, seat, h("div", { class: "muted", style: "font-weight:400" }, phases.join(", "))),
+      h("label", { for: `adapter-${seat}` }, seat, h("div", { class: "muted sub-label" }, phases.join(", "))),
       sel, h("div", {}, model, flag));
   };
   const roles = h("fieldset", {}, h("legend", {}, "Roles: a backend and model for each"),

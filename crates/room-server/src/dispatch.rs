@@ -429,6 +429,14 @@ const READ_OPS: &[&str] = &[
     "owner_task_check",
     "agent_list",
     "project_list",
+    "stops_list",
+    "workers_list",
+    "collab_list",
+    "collab_status",
+    "collab_profile",
+    "collab_artifacts",
+    "collab_artifact",
+    "search",
 ];
 
 /// A counter bumped after every call that may have moved a room, so MCP sessions subscribed

@@ -21,10 +21,19 @@ struct Fx {
     _tmp: tempfile::TempDir,
 }
 
-/// A browser's session: its cookie and CSRF token.
+/// A browser's session: its cookie and the page key.
 struct Session {
     cookie: String,
     csrf: String,
+}
+
+impl Session {
+    fn headers(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("Cookie", self.cookie.clone()),
+            ("X-Room-CSRF", self.csrf.clone()),
+        ]
+    }
 }
 
 struct Answer {
@@ -165,6 +174,10 @@ impl Fx {
         format!("http://{}", self.host())
     }
 
+    fn cookie_name(&self) -> String {
+        format!("room_session_{}", self.http.port())
+    }
+
     /// One exchange on a fresh connection (`Connection: close`).
     fn http(&self, method: &str, path: &str, headers: &[(&str, String)], body: &str) -> Answer {
         let mut s = TcpStream::connect(self.http).unwrap();
@@ -211,6 +224,21 @@ impl Fx {
             .to_string();
         let a = self.http("GET", &format!("/login?code={code}"), &[], "");
         assert_eq!(a.status, 303, "{}", a.body);
+        // the page key rides in the redirect's fragment, which no server ever receives
+        let location = a
+            .head
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("location: ")
+                    .or(l.strip_prefix("Location: "))
+            })
+            .expect("a redirect")
+            .trim()
+            .to_string();
+        let key = location
+            .strip_prefix("/#k=")
+            .unwrap_or_else(|| panic!("{location}"))
+            .to_string();
         let set = a
             .head
             .lines()
@@ -225,10 +253,15 @@ impl Fx {
             .unwrap()
             .trim()
             .to_string();
-        let s = self.http("GET", "/api/session", &[("Cookie", cookie.clone())], "");
-        assert_eq!(s.status, 200, "{}", s.body);
-        let csrf = s.json()["result"]["csrf"].as_str().unwrap().to_string();
-        Session { cookie, csrf }
+        assert!(
+            cookie.starts_with(&format!("{}=", self.cookie_name())),
+            "{cookie}"
+        );
+        let s = Session { cookie, csrf: key };
+        let a = self.http("GET", "/api/session", &s.headers(), "");
+        assert_eq!(a.status, 200, "{}", a.body);
+        assert!(!a.body.contains(&s.csrf), "the key is never served again");
+        s
     }
 
     fn call_with(&self, headers: &[(&str, String)], op: &str, args: Value) -> Answer {
@@ -287,7 +320,8 @@ impl Stream {
         let mut t = TcpStream::connect(fx.http).unwrap();
         t.set_read_timeout(Some(WITHIN)).unwrap();
         let mut head = format!(
-            "GET /api/events HTTP/1.1\r\nHost: {}\r\nCookie: {}\r\nAccept: text/event-stream\r\n",
+            "GET /api/events?k={} HTTP/1.1\r\nHost: {}\r\nCookie: {}\r\nAccept: text/event-stream\r\n",
+            s.csrf,
             fx.host(),
             s.cookie
         );
@@ -365,13 +399,23 @@ fn every_api_route_wants_a_session() {
     let fx = Fx::new();
     fx.alpha();
     let before = fx.snapshot();
-    let bogus = ("Cookie", "room_session=0000".to_string());
+    let bogus = ("Cookie", format!("{}=0000", fx.cookie_name()));
     for cookie in [None, Some(bogus)] {
         let h: Vec<(&str, String)> = cookie.into_iter().collect();
         let mut acting = h.clone();
-        acting.push(("Origin", fx.origin()));
         acting.push(("X-Room-CSRF", "x".into()));
         acting.push(("Content-Type", "application/json".into()));
+        // without a session, a post that names no origin is refused for the session first
+        fx.http(
+            "POST",
+            "/api/call",
+            &acting,
+            r#"{"op":"agent_revoke","args":{"name":"alpha"}}"#,
+        )
+        .refused(401, "credential_invalid");
+        acting.push(("Origin", fx.origin()));
+        fx.http("GET", "/api/nothing-here", &h, "")
+            .refused(401, "credential_invalid");
         fx.http("GET", "/api/session", &h, "")
             .refused(401, "credential_invalid");
         fx.http("GET", "/api/events", &h, "")
@@ -431,6 +475,15 @@ fn cross_site_and_forged_requests_change_nothing() {
     let before = fx.snapshot();
     let revoke =
         |h: Vec<(&str, String)>| fx.call_with(&h, "agent_revoke", json!({"name": "alpha"}));
+    // the cookie alone (what any other server on this host receives from the browser) reads
+    // nothing and does nothing
+    let only_cookie = vec![("Cookie", s.cookie.clone())];
+    fx.http("GET", "/api/session", &only_cookie, "")
+        .refused(403, "csrf_invalid");
+    fx.http("GET", "/api/events", &only_cookie, "")
+        .refused(403, "csrf_invalid");
+    fx.http("GET", "/api/events?k=0000", &only_cookie, "")
+        .refused(403, "csrf_invalid");
     let cookie = ("Cookie", s.cookie.clone());
     let csrf = ("X-Room-CSRF", s.csrf.clone());
     let origin = ("Origin", fx.origin());
@@ -506,13 +559,8 @@ fn cross_site_and_forged_requests_change_nothing() {
     assert_eq!(r["detail"]["field"], "extra", "{r}");
     let r = bad(r#"{"args":{}}"#).refused(400, "invalid_argument");
     assert_eq!(r["detail"]["field"], "op", "{r}");
-    fx.http(
-        "GET",
-        "/api/nothing-here",
-        std::slice::from_ref(&cookie),
-        "",
-    )
-    .refused(404, "not_found");
+    fx.http("GET", "/api/nothing-here", &s.headers(), "")
+        .refused(404, "not_found");
     assert_eq!(fx.snapshot(), before, "a refused call changed something");
     let ok = fx.agent_call(&token, "whoami", json!({}));
     assert!(ok.ok, "alpha still stands: {:?}", ok.refusal);
@@ -532,8 +580,9 @@ fn cross_site_and_forged_requests_change_nothing() {
         "{}",
     );
     assert_eq!(out.status, 200, "{}", out.body);
-    fx.http("GET", "/api/session", &[cookie], "")
+    fx.http("GET", "/api/session", &s.headers(), "")
         .refused(401, "credential_invalid");
+    drop(cookie);
 }
 
 #[test]
@@ -545,7 +594,7 @@ fn no_agent_credential_reaches_the_page() {
     let s = fx.login();
     let mut bodies = Vec::new();
     for path in ["/", "/assets/app.js", "/assets/app.css", "/api/session"] {
-        let a = fx.http("GET", path, &[("Cookie", s.cookie.clone())], "");
+        let a = fx.http("GET", path, &s.headers(), "");
         assert_eq!(a.status, 200, "{path}");
         bodies.push((path.to_string(), a.body));
     }
@@ -589,8 +638,20 @@ fn events_stream_resumes_without_gap_or_duplicate() {
     let hello = st.next();
     assert_eq!(hello.event, "hello", "{hello:?}");
     fx.say(&token, "one");
-    let seen = st.until_text("one");
-    let last = seen.last().unwrap().id.clone().expect("items carry ids");
+    st.until_text("one");
+
+    // a secret that straddles the item's cut is redacted whole before the cut
+    fx.say(&token, &format!("{} {token}", "x".repeat(270)));
+    let long = loop {
+        let e = st.next();
+        if e.event == "event" {
+            break e;
+        }
+    };
+    let text = long.data["text"].as_str().unwrap_or_default().to_string();
+    assert!(text.chars().count() <= 280, "{text}");
+    assert!(!text.contains(&token["room_tok_".len()..][..8]), "{text}");
+    let last = long.id.clone().expect("items carry ids");
     drop(st);
 
     // what commits while the browser is away

@@ -11,14 +11,13 @@
 //! views. The producer stops [`IDLE_STOP_MS`] after its last stream ends; the next starts a
 //! new epoch, because what happened in between was not recorded.
 
-use super::{COOKIE, Dash, cookie, refused, withhold_credentials};
+use super::{Ask, Dash, KEY_QUERY, cookie, hardened, refused, withhold_credentials};
 use crate::wire::Response;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response as HttpResponse};
 use room_core::{Code, Refusal};
-use room_engine::console::Access;
 use room_engine::{Engine, Owner};
 use serde_json::{Value, json};
 use std::collections::{HashMap, VecDeque};
@@ -44,8 +43,11 @@ pub const STREAMS_MAX: usize = 256;
 pub const SEND_BATCH_MAX: usize = 256;
 /// A stream checks its session at least this often (a log-out ends it).
 pub const SESSION_CHECK_MS: u64 = 5_000;
-/// How much of an event's text an item carries (the page reads the rest from the log).
+/// How much of an event's text an item carries (the page reads the rest from the log); cut
+/// after the redactor has read the whole text, so no secret is cut in two past its notice.
 pub const TEXT_CHARS_MAX: usize = 280;
+/// The wake queue is read at most this often (each read flushes every room's new permits).
+pub const WAKES_SCAN_EVERY_MS: u64 = 1_000;
 
 #[derive(Clone)]
 struct Item {
@@ -121,13 +123,9 @@ impl Feed {
         }
         let owner = Arc::new(owner);
         let (e, o) = (self.engine.clone(), owner.clone());
-        let seen = tokio::task::spawn_blocking(move || {
-            let mut seen = Seen::default();
-            scan(&e, &o, &mut seen, true);
-            seen
-        })
-        .await
-        .map_err(|e| Refusal::storage(format!("event feed: {e}")))?;
+        let seen = tokio::task::spawn_blocking(move || prime(&e, &o))
+            .await
+            .map_err(|e| Refusal::storage(format!("event feed: {e}")))??;
         {
             let mut ring = self.ring();
             ring.epoch = new_epoch();
@@ -160,9 +158,10 @@ impl Feed {
                 idle_since = None;
             }
             let (e, o) = (self.engine.clone(), owner.clone());
+            let mut mine = std::mem::take(&mut seen);
             let scanned = tokio::task::spawn_blocking(move || {
-                let items = scan(&e, &o, &mut seen, false);
-                (items, seen)
+                let items = scan(&e, &o, &mut mine, false);
+                (items, mine)
             })
             .await;
             match scanned {
@@ -171,13 +170,35 @@ impl Feed {
                     self.push(items);
                 }
                 Err(e) => {
-                    tracing::error!("the dashboard's event feed stopped: {e}");
-                    *self.running.lock().await = false;
-                    return;
+                    // what that scan saw is lost: a new epoch, and every stream is told to
+                    // reset, rather than a gap none of them would know of
+                    tracing::error!("the dashboard's event feed scan failed, starting over: {e}");
+                    let (e, o) = (self.engine.clone(), owner.clone());
+                    match tokio::task::spawn_blocking(move || prime(&e, &o)).await {
+                        Ok(Ok(s)) => seen = s,
+                        _ => {
+                            self.new_epoch();
+                            *self.running.lock().await = false;
+                            return;
+                        }
+                    }
+                    self.new_epoch();
                 }
             }
             tokio::time::sleep(Duration::from_millis(SCAN_GAP_MS)).await;
         }
+    }
+
+    /// A new epoch: every stream's next look finds its epoch gone and says `reset`.
+    fn new_epoch(&self) {
+        let newest = {
+            let mut ring = self.ring();
+            ring.epoch = new_epoch();
+            ring.items.clear();
+            ring.next - 1
+        };
+        // wakes every stream (a send marks the value changed even when it is the same)
+        self.newest.send_replace(newest);
     }
 
     fn push(&self, items: Vec<(&'static str, Value)>) {
@@ -190,13 +211,12 @@ impl Feed {
             let mut ring = self.ring();
             for (kind, mut v) in items {
                 match redactor {
-                    Some(r) => r.redact_in_place(&mut v),
-                    // without an egress policy nothing that agents wrote leaves
-                    None => {
-                        if let Some(m) = v.as_object_mut() {
-                            m.remove("text");
-                        }
+                    Some(r) => {
+                        r.redact_in_place(&mut v);
+                        cut_text(&mut v);
                     }
+                    // without an egress policy nothing leaves, as no answer does
+                    None => v = json!({"withheld": Code::ToolResultWithheld.as_str()}),
                 }
                 let v = withhold_credentials(Response::ok(v))
                     .result
@@ -268,6 +288,7 @@ impl Feed {
 struct Tail {
     feed: Arc<Feed>,
     secret: String,
+    key: String,
     epoch: String,
     cursor: u64,
     pending: VecDeque<Event>,
@@ -293,7 +314,7 @@ impl Tail {
             if let Err(r) = self
                 .feed
                 .engine
-                .console_owner(Some(&self.secret), Access::Read)
+                .console_owner(Some(&self.secret), Some(&self.key))
             {
                 self.ended = true;
                 self.pending.push_back(
@@ -340,13 +361,18 @@ impl Tail {
     }
 }
 
-/// `GET /api/events`.
-pub(crate) async fn events(State(d): State<Dash>, headers: HeaderMap) -> HttpResponse {
-    let owner = match d.admit(&headers, false) {
+/// `GET /api/events?k=KEY`.
+pub(crate) async fn events(
+    State(d): State<Dash>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> HttpResponse {
+    let key = q.get(KEY_QUERY).cloned().unwrap_or_default();
+    let owner = match d.admit(&headers, Some(&key), Ask::Read) {
         Ok(o) => o,
         Err(r) => return *r,
     };
-    let secret = cookie(&headers, COOKIE).unwrap_or_default();
+    let secret = cookie(&headers, &d.cookie).unwrap_or_default();
     if d.feed.streams.fetch_add(1, Ordering::AcqRel) >= STREAMS_MAX {
         d.feed.streams.fetch_sub(1, Ordering::AcqRel);
         return refused(
@@ -361,6 +387,7 @@ pub(crate) async fn events(State(d): State<Dash>, headers: HeaderMap) -> HttpRes
     let mut tail = Tail {
         feed: d.feed.clone(),
         secret,
+        key,
         epoch: String::new(),
         cursor: 0,
         pending: VecDeque::new(),
@@ -390,12 +417,25 @@ pub(crate) async fn events(State(d): State<Dash>, headers: HeaderMap) -> HttpRes
         header::CACHE_CONTROL,
         axum::http::HeaderValue::from_static("no-store"),
     );
-    r
+    hardened(r)
+}
+
+/// The priming pass: what stands now, recorded without items; a view that cannot be read
+/// refuses the stream (503) rather than have the next pass take all history for new.
+fn prime(engine: &Engine, owner: &Owner) -> Result<Seen, Refusal> {
+    engine.rooms_view(owner)?;
+    engine.wakes_view(owner, None)?;
+    crate::collab::list(engine, owner)?;
+    let mut seen = Seen::default();
+    scan(engine, owner, &mut seen, true);
+    Ok(seen)
 }
 
 /// What the producer has seen, to tell what changed.
 #[derive(Default)]
 struct Seen {
+    /// When the wake queue was last read (its reads are throttled).
+    wakes_at: Option<std::time::Instant>,
     /// Room → the newest seq seen.
     rooms: HashMap<String, u64>,
     /// Wake path → state.
@@ -477,11 +517,19 @@ fn scan_rooms(
 
 fn event_item(room: &str, e: &Value) -> Value {
     let body = &e["event"];
-    let text: Option<String> = body["text"]
-        .as_str()
-        .map(|t| t.chars().take(TEXT_CHARS_MAX).collect());
     json!({"room": room, "seq": e["seq"], "id": e["id"], "actor": e["actor"], "kind": e["kind"],
-        "hlc": e["hlc"], "text": text, "parents": body["parents"], "task": body["task"]})
+        "hlc": e["hlc"], "text": body["text"], "parents": body["parents"],
+        "reply_to": body["reply_to"], "task": body["task"]})
+}
+
+/// An item's text cut to [`TEXT_CHARS_MAX`] (after redaction).
+fn cut_text(v: &mut Value) {
+    if let Some(t) = v.get_mut("text")
+        && let Some(text) = t.as_str()
+        && text.chars().count() > TEXT_CHARS_MAX
+    {
+        *t = json!(text.chars().take(TEXT_CHARS_MAX).collect::<String>());
+    }
 }
 
 fn scan_wakes(
@@ -491,6 +539,14 @@ fn scan_wakes(
     prime: bool,
     out: &mut Vec<(&'static str, Value)>,
 ) {
+    if !prime
+        && seen
+            .wakes_at
+            .is_some_and(|t| t.elapsed() < Duration::from_millis(WAKES_SCAN_EVERY_MS))
+    {
+        return;
+    }
+    seen.wakes_at = Some(std::time::Instant::now());
     let Ok(v) = engine.wakes_view(owner, None) else {
         return;
     };

@@ -4,10 +4,13 @@
 //!
 //! Who may use it is the engine's decision (`room_engine::console`): `room dashboard` (the
 //! owner console) mints a one-time login code, `/login` exchanges it for a session cookie
-//! (HttpOnly, SameSite=Strict), and every API request presents that cookie; a request that
-//! acts also presents the session's CSRF token in `x-room-csrf`, a header no cross-site page
-//! can set without a preflight this listener never grants, and an `Origin` of this listener.
-//! Host and Origin are pinned as on `/mcp`. The page reaches owner operations through [`OPS`]
+//! (HttpOnly, SameSite=Strict, named for this listener's port) and hands the page its key in
+//! the redirect's fragment, which never reaches a server. Every API request presents both: the
+//! cookie, and the key in `x-room-csrf` (a header no cross-site page can set without a
+//! preflight this listener never grants; the event stream, which a browser opens without
+//! headers, in its query). A browser sends the cookie to every server on this host whatever
+//! its port, so the cookie alone is worth nothing. A request that acts also names an `Origin`
+//! of this listener. Host and Origin are pinned as on `/mcp`. The page reaches owner operations through [`OPS`]
 //! only: none mints or shows a credential, and every answer passes the egress redactor and
 //! [`withhold_credentials`], so an agent's token never reaches the page.
 
@@ -23,7 +26,6 @@ use axum::response::{IntoResponse, Response as HttpResponse};
 use axum::routing::{get, post};
 use room_core::{Code, Refusal};
 use room_engine::Engine;
-use room_engine::console::Access;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -32,10 +34,13 @@ const PAGE: &str = include_str!("../../dashboard/index.html");
 const APP_JS: &str = include_str!("../../dashboard/app.js");
 const APP_CSS: &str = include_str!("../../dashboard/app.css");
 
-/// The session cookie's name.
-pub const COOKIE: &str = "room_session";
-/// The header carrying the session's CSRF token.
-pub const CSRF_HEADER: &str = "x-room-csrf";
+/// The session cookie's name, before the listener's port (`room_session_7878`): two daemons
+/// on one host keep a cookie each.
+pub const COOKIE_PREFIX: &str = "room_session_";
+/// The header carrying the session's page key.
+pub const KEY_HEADER: &str = "x-room-csrf";
+/// The event stream's query parameter carrying the page key.
+pub const KEY_QUERY: &str = "k";
 
 /// What the page may call: the owner's views and the actions the page offers. Nothing that
 /// mints or prints a credential (`agent_enroll`, `agent_rotate`, `agent_delegate`): those
@@ -84,6 +89,7 @@ pub(crate) struct Dash {
     hosts: Arc<[String]>,
     origins: Arc<[String]>,
     feed: Arc<feed::Feed>,
+    cookie: Arc<str>,
 }
 
 /// The dashboard's routes on the listener at `port`.
@@ -93,6 +99,7 @@ pub fn routes(engine: Arc<Engine>, port: u16) -> Router {
         engine,
         hosts: allowed_hosts(port).into(),
         origins: allowed_origins(port).into(),
+        cookie: format!("{COOKIE_PREFIX}{port}").into(),
     };
     Router::new()
         .route("/", get(page))
@@ -137,37 +144,48 @@ fn status_of(r: &Refusal) -> StatusCode {
     match r.code {
         Code::CredentialInvalid | Code::CredentialRevoked => StatusCode::UNAUTHORIZED,
         Code::CsrfInvalid => StatusCode::FORBIDDEN,
+        Code::StorageFailed => StatusCode::INTERNAL_SERVER_ERROR,
         _ => StatusCode::OK,
     }
 }
 
+/// What a request to the API must show beyond its session.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ask {
+    /// Reading.
+    Read,
+    /// Acting: an `Origin` of this listener too.
+    Act,
+}
+
 impl Dash {
-    /// Host and Origin pinned (403), then the session (401), and to act its CSRF token (403).
+    /// Host and Origin pinned (403), then the session's cookie (401), an acting request's
+    /// Origin (403), and the page key with it (403).
     fn admit(
         &self,
         headers: &HeaderMap,
-        act: bool,
+        key: Option<&str>,
+        ask: Ask,
     ) -> Result<room_engine::Owner, Box<HttpResponse>> {
         check_host_origin(&self.hosts, &self.origins, headers)
             .map_err(|r| Box::new(refused(StatusCode::FORBIDDEN, r)))?;
-        let secret = cookie(headers, COOKIE);
-        let access = if act {
-            if headers.get(header::ORIGIN).is_none() {
-                return Err(Box::new(refused(
-                    StatusCode::FORBIDDEN,
-                    Refusal::new(Code::CsrfInvalid, "a request that acts names its origin")
-                        .detail(json!({"field": "origin"})),
-                )));
-            }
-            Access::Act {
-                csrf: headers.get(CSRF_HEADER).and_then(|v| v.to_str().ok()),
-            }
-        } else {
-            Access::Read
-        };
-        self.engine
-            .console_owner(secret.as_deref(), access)
-            .map_err(|r| Box::new(refused(status_of(&r), r)))
+        let secret = cookie(headers, &self.cookie);
+        let key = key.or_else(|| headers.get(KEY_HEADER).and_then(|v| v.to_str().ok()));
+        let owner = self.engine.console_owner(secret.as_deref(), key);
+        // no session at all is told first, whatever else the request lacks
+        if let Err(r) = &owner
+            && r.code != Code::CsrfInvalid
+        {
+            return Err(Box::new(refused(status_of(r), r.clone())));
+        }
+        if ask == Ask::Act && headers.get(header::ORIGIN).is_none() {
+            return Err(Box::new(refused(
+                StatusCode::FORBIDDEN,
+                Refusal::new(Code::CsrfInvalid, "a request that acts names its origin")
+                    .detail(json!({"field": "origin"})),
+            )));
+        }
+        owner.map_err(|r| Box::new(refused(status_of(&r), r)))
     }
 }
 
@@ -204,7 +222,10 @@ async fn app_css() -> HttpResponse {
     hardened(([(header::CONTENT_TYPE, "text/css; charset=utf-8")], APP_CSS).into_response())
 }
 
-async fn unknown() -> HttpResponse {
+async fn unknown(State(d): State<Dash>, headers: HeaderMap) -> HttpResponse {
+    if let Err(r) = d.admit(&headers, None, Ask::Read) {
+        return *r;
+    }
     refused(
         StatusCode::NOT_FOUND,
         Refusal::new(Code::NotFound, "no such dashboard API route")
@@ -246,10 +267,15 @@ async fn login(
     };
     let max_age = room_engine::console::SESSION_TTL_MS / 1000;
     let set = format!(
-        "{COOKIE}={}; HttpOnly; SameSite=Strict; Path=/; Max-Age={max_age}",
-        s.secret
+        "{}={}; HttpOnly; SameSite=Strict; Path=/; Max-Age={max_age}",
+        d.cookie, s.secret
     );
-    let mut r = (StatusCode::SEE_OTHER, [(header::LOCATION, "/")]).into_response();
+    // the page key in the fragment: the browser keeps it from every server, this one too
+    let mut r = (
+        StatusCode::SEE_OTHER,
+        [(header::LOCATION, format!("/#k={}", s.key))],
+    )
+        .into_response();
     match HeaderValue::from_str(&set) {
         Ok(v) => {
             r.headers_mut().insert(header::SET_COOKIE, v);
@@ -271,18 +297,17 @@ fn html_escape(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
-/// `GET /api/session`: who the page is, and the CSRF token it sends with each request
-/// (derived from the session secret, which the page never sees: the cookie is HttpOnly).
+/// `GET /api/session`: whether the page's session stands, until when, and what it may call.
 async fn session(State(d): State<Dash>, headers: HeaderMap) -> HttpResponse {
-    if let Err(r) = d.admit(&headers, false) {
+    if let Err(r) = d.admit(&headers, None, Ask::Read) {
         return *r;
     }
-    let secret = cookie(&headers, COOKIE).unwrap_or_default();
-    match d.engine.console_csrf(&secret) {
-        Ok((csrf, expires_ms)) => hardened(
+    let secret = cookie(&headers, &d.cookie);
+    let key = headers.get(KEY_HEADER).and_then(|v| v.to_str().ok());
+    match d.engine.console_session(secret.as_deref(), key) {
+        Ok(expires_ms) => hardened(
             axum::Json(Response::ok(json!({
                 "owner": true,
-                "csrf": csrf,
                 "expires_ms": expires_ms,
                 "instance": d.engine.state().instance_id,
                 "version": env!("CARGO_PKG_VERSION"),
@@ -304,7 +329,7 @@ struct CallBody {
 
 /// `POST /api/call {op, args}`: one owner operation of [`OPS`], answered as `/v1/call` answers.
 async fn call(State(d): State<Dash>, headers: HeaderMap, body: Bytes) -> HttpResponse {
-    let owner = match d.admit(&headers, true) {
+    let owner = match d.admit(&headers, None, Ask::Act) {
         Ok(o) => o,
         Err(r) => return *r,
     };
@@ -356,6 +381,7 @@ async fn call(State(d): State<Dash>, headers: HeaderMap, body: Bytes) -> HttpRes
     })
     .await
     .unwrap_or_else(|e| Response::refused(Refusal::storage(format!("call failed: {e}"))));
+    // a call that panicked is the daemon's failure, not an answer
     let resp = withhold_credentials(resp);
     let status = resp.refusal.as_ref().map_or(StatusCode::OK, status_of);
     hardened((status, axum::Json(resp)).into_response())
@@ -363,17 +389,19 @@ async fn call(State(d): State<Dash>, headers: HeaderMap, body: Bytes) -> HttpRes
 
 /// `POST /api/logout`: ends this browser's session.
 async fn logout(State(d): State<Dash>, headers: HeaderMap) -> HttpResponse {
-    if let Err(r) = d.admit(&headers, true) {
+    if let Err(r) = d.admit(&headers, None, Ask::Act) {
         return *r;
     }
-    if let Some(s) = cookie(&headers, COOKIE) {
+    if let Some(s) = cookie(&headers, &d.cookie) {
         d.engine.console_logout(&s);
     }
     let mut r = axum::Json(Response::ok(json!({"logged_out": true}))).into_response();
-    r.headers_mut().insert(
-        header::SET_COOKIE,
-        HeaderValue::from_static("room_session=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0"),
-    );
+    if let Ok(v) = HeaderValue::from_str(&format!(
+        "{}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0",
+        d.cookie
+    )) {
+        r.headers_mut().insert(header::SET_COOKIE, v);
+    }
     hardened(r)
 }
 
@@ -448,9 +476,9 @@ mod tests {
         let mut h = HeaderMap::new();
         h.append(
             header::COOKIE,
-            HeaderValue::from_static("a=1; room_session=xyz"),
+            HeaderValue::from_static("a=1; room_session_7=abc; room_session_78=xyz"),
         );
-        assert_eq!(cookie(&h, COOKIE).as_deref(), Some("xyz"));
+        assert_eq!(cookie(&h, "room_session_78").as_deref(), Some("xyz"));
         assert_eq!(cookie(&h, "b"), None);
     }
 }
