@@ -280,8 +280,15 @@ def run(fx, a):
         expect(page.locator(".approval")).to_have_count(1)
         expect(page.locator(".approval pre")).to_contain_text("research")
         c.view("approvals")
-        page.locator(".approval").get_by_role("button", name="Approve", exact=True).click()
+        # this one is approved with a revised prompt: the child gets the person's words
+        card = page.locator(".approval")
+        card.get_by_text("Revise the prompt").click()
+        card.get_by_label("Prompt to approve instead").fill("Research how shell scripts take a --verbose flag.")
+        card.get_by_role("button", name="Approve revised").click()
         expect(page.get_by_text("Nothing waits for you.")).to_be_visible(timeout=30000)
+        decided = fx.run("collab", "status", collab)["approvals"]
+        assert [(x["state"], x["note"].split(":")[0]) for x in decided] == [("approved", "revised")], decided
+        assert "a --verbose flag" in decided[0]["note"], decided
         page.go_back()
         # every dispatch that waits for the person is approved here, as it comes, until the
         # last phase (the person's approval of the diff) is done

@@ -893,7 +893,7 @@ function costView(c) {
 }
 
 function approvalCard(a, collab) {
-  const prompt = h("textarea", { id: `revise-${a.approval}`, "aria-label": "revised prompt" });
+  const prompt = h("textarea", { id: `revise-${a.approval}` });
   prompt.value = (a.input && (a.input.prompt || a.input.text)) || "";
   const decide = (verdict, extra) => api("collab_decide", { approval: a.approval, digest: a.digest, verdict, ...extra });
   return h("section", { class: "approval", "aria-label": `approval for ${a.phase}` },
