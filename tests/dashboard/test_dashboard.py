@@ -169,6 +169,9 @@ def run(fx, a):
     fx.run("create", "work", "--member", "beta", "--member", "gamma")
     link = fx.run("dashboard")["url"]
     assert link.startswith(fx.base + "/login?code="), link
+    # room doctor finds the listener the dashboard is on
+    checks = {c["check"]: c for c in fx.run("doctor", check=False)["checks"]}
+    assert checks["http"]["status"] == "ok" and fx.base[len("http://"):] in checks["http"]["detail"], checks["http"]
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=a.chromium, args=[

@@ -59,7 +59,9 @@ pub fn run(cli: &Cli) -> i32 {
     if state.is_dir() {
         checks.push(modes(&state));
         checks.push(free_space(&state));
-        checks.push(daemon(&state));
+        let answers = daemon(&state);
+        checks.push(http(&state, answers.status == Status::Ok));
+        checks.push(answers);
         checks.push(routes(&state));
     }
     checks.push(jobs());
@@ -186,6 +188,68 @@ fn daemon(state: &Path) -> Check {
         Ok(v) => check("daemon", Status::Ok, format!("answers (pid {})", v["pid"])),
         Err(_) => check("daemon", Status::Warn, "no daemon answers on the socket")
             .fix("room serve (agents and wakes need it; verify and doctor do not)"),
+    }
+}
+
+/// The port `room serve --listen` suggests when none is given.
+const HTTP_PORT_DEFAULT: u16 = 7878;
+
+/// The HTTP listener (MCP over HTTP at `/mcp`, the dashboard at `/`): the one `http.addr`
+/// names answers, or, with none, whether the usual port is free to listen on.
+fn http(state: &Path, daemon_answers: bool) -> Check {
+    use std::io::{Read, Write};
+    let recorded = std::fs::read_to_string(state.join("http.addr"))
+        .ok()
+        .and_then(|a| a.trim().parse::<std::net::SocketAddr>().ok());
+    if let Some(addr) = recorded {
+        let answered =
+            std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(2))
+                .and_then(|mut t| {
+                    t.set_read_timeout(Some(std::time::Duration::from_secs(2)))?;
+                    write!(
+                        t,
+                        "GET /healthz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+                    )?;
+                    let mut out = String::new();
+                    t.read_to_string(&mut out)?;
+                    Ok(out)
+                });
+        return match answered {
+            Ok(out) if out.starts_with("HTTP/1.1 200") => check(
+                "http",
+                Status::Ok,
+                format!("listening on {addr}: MCP at http://{addr}/mcp, the dashboard at http://{addr}/ (room dashboard)"),
+            ),
+            Ok(_) | Err(_) => check(
+                "http",
+                Status::Warn,
+                format!("http.addr names {addr} but Room does not answer there (a daemon that stopped left it, or another program holds the port)"),
+            )
+            .fix(format!("room serve --listen {addr}")),
+        };
+    }
+    let free = std::net::TcpListener::bind(("127.0.0.1", HTTP_PORT_DEFAULT)).is_ok();
+    let (status, detail) = match (daemon_answers, free) {
+        (true, _) => (
+            Status::Warn,
+            "the daemon has no HTTP listener: MCP over HTTP and the dashboard need one".to_string(),
+        ),
+        (false, true) => (
+            Status::Ok,
+            format!("no HTTP listener yet; 127.0.0.1:{HTTP_PORT_DEFAULT} is free for one"),
+        ),
+        (false, false) => (
+            Status::Warn,
+            format!("127.0.0.1:{HTTP_PORT_DEFAULT} is taken by another program"),
+        ),
+    };
+    let c = check("http", status, detail);
+    match (status, free) {
+        (Status::Ok, _) => c,
+        (_, true) => c.fix(format!("room serve --listen 127.0.0.1:{HTTP_PORT_DEFAULT}")),
+        (_, false) => c.fix(
+            "room serve --listen 127.0.0.1:PORT with a free PORT (ss -ltn lists the taken ones)",
+        ),
     }
 }
 

@@ -83,6 +83,22 @@ fn each_planted_problem_is_reported_with_its_fix() {
     assert_eq!(c["status"], "fail");
     assert!(c["fix"].as_str().unwrap().starts_with("chmod 700"), "{c}");
     std::fs::set_permissions(env.state(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    // an HTTP listener a stopped daemon left recorded: nothing answers there
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = closed.local_addr().unwrap();
+    drop(closed);
+    std::fs::write(env.state().join("http.addr"), addr.to_string()).unwrap();
+    let (code, v) = env.doctor("", &[]);
+    assert_eq!(code, 0, "a warning: {v}");
+    let c = named(&v, "http");
+    assert_eq!(c["status"], "warn", "{c}");
+    assert_eq!(c["fix"], format!("room serve --listen {addr}"), "{c}");
+    std::fs::remove_file(env.state().join("http.addr")).unwrap();
+    let (_, v) = env.doctor("", &[]);
+    assert_ne!(
+        named(&v, "http")["fix"],
+        format!("room serve --listen {addr}")
+    );
     // no cgroup delegation, as ROOM_JOB_KIND says
     let (code, v) = env.doctor("", &[("ROOM_JOB_KIND", "subreaper")]);
     assert_eq!(code, 0, "subreaper jobs work: a warning");
