@@ -37,6 +37,7 @@ def option(name, n=1):
 
 GEMINI = [os.path.abspath(p) for p in option("--gemini") or []]
 INSPECTOR = [os.path.abspath(p) for p in option("--inspector", 2) or []]
+CONFORMANCE = [os.path.abspath(p) for p in option("--conformance", 2) or []]
 ONLY = option("--only")
 
 
@@ -387,6 +388,25 @@ async def inspector_cli_lists_and_calls_tools_prompts_and_resources_over_stdio_a
         read, _ = cli("--method", "resources/read", "--uri", "room://lobby")
         page = json.loads(read["contents"][0]["text"])
         assert "receipt" in page and "open_items" in page, page
+
+
+@test
+async def the_mcp_conformance_suites_completion_scenario_passes(fx):
+    """The official conformance suite's `completion-complete` server scenario over streamable
+    HTTP (its CLI sends no header of its own: a preload adds the bearer credential)."""
+    if not CONFORMANCE:
+        raise RuntimeError("no --conformance NODE SCRIPT given (scripts/test installs @modelcontextprotocol/conformance)")
+    node, script = CONFORMANCE
+    out_dir = os.path.join(fx.root, "conformance")
+    preload = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conformance_auth.mjs")
+    out = subprocess.run([node, "--import", preload, script, "server", "--url", fx.url,
+                          "--scenario", "completion-complete", "-o", out_dir],
+                         capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, MCP_BEARER_TOKEN=fx.token, NO_COLOR="1"))
+    assert out.returncode == 0, f"{out.stdout[-3000:]}\n{out.stderr[-2000:]}"
+    [run] = os.listdir(out_dir)
+    checks = json.load(open(os.path.join(out_dir, run, "checks.json")))
+    assert [(c["id"], c["status"]) for c in checks] == [("completion-complete", "SUCCESS")], checks
 
 
 def main():

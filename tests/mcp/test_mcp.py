@@ -770,6 +770,31 @@ async def prompts_resources_subscriptions_and_logging(fx):
             assert updates == [], f"no update after unsubscribe: {updates}"
 
 
+@test
+async def a_session_is_told_when_its_rooms_change(fx):
+    """notifications/resources/list_changed: a session that can carry notifications (stdio, a
+    streamable HTTP session) is told when the agent is added to a room, without polling."""
+    toks = setup_room(fx, ["alpha"])
+    for transport in ("stdio", "http"):
+        changed = []
+
+        async def on_message(m):
+            if isinstance(m, types.ResourceListChangedNotification):
+                changed.append(m)
+
+        target = Http(fx.url, toks["alpha"]).transport() if transport == "http" else stdio(fx, toks["alpha"])
+        async with Client(target, mode="legacy", message_handler=on_message) as alpha:
+            caps = alpha.server_capabilities
+            assert caps.resources is not None and caps.resources.list_changed, caps
+            before = [str(r.uri) for r in (await alpha.list_resources()).resources]
+            await asyncio.sleep(0.5)
+            assert changed == [], f"nothing changed yet: {changed}"
+            fx.run("create", f"added-{transport}", "--member", "alpha")
+            await wait_for(lambda: changed, f"notifications/resources/list_changed over {transport}")
+            after = [str(r.uri) for r in (await alpha.list_resources()).resources]
+            assert set(after) - set(before) == {f"room://added-{transport}"}, (before, after)
+
+
 def main():
     passed = failed = 0
     only = sys.argv[2] if len(sys.argv) > 2 else None

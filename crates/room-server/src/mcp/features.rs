@@ -206,6 +206,29 @@ pub struct Inner {
     pub bearer: Option<String>,
     pub conversation: Option<String>,
     pub watching: bool,
+    /// What the session's resource list holds now, for `list_changed` (set once it is
+    /// initialized on a transport that can carry notifications).
+    pub lists: Option<Lists>,
+}
+
+/// The caller's resources: its rooms.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Lists {
+    pub rooms: std::collections::BTreeSet<String>,
+}
+
+impl Lists {
+    /// From a `list` answer.
+    pub fn of(me: &Value) -> Lists {
+        Lists {
+            rooms: me["rooms"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|r| r["room"].as_str().map(String::from))
+                .collect(),
+        }
+    }
 }
 
 impl SessionState {

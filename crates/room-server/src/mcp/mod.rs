@@ -21,7 +21,7 @@ use rmcp::model::{
     ReadResourceResult, Reference, ResourceUpdatedNotificationParam, ServerCapabilities,
     ServerConfig, SubscribeRequestParams, Tool, UnsubscribeRequestParams,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use room_core::Refusal;
 use room_engine::Engine;
@@ -318,6 +318,9 @@ impl RoomMcp {
                         .notify_resource_updated(ResourceUpdatedNotificationParam::new(uri))
                         .await;
                 }
+                if this.rooms_moved(&listing) {
+                    let _ = peer.notify_resource_list_changed().await;
+                }
             }
         });
     }
@@ -327,7 +330,7 @@ impl RoomMcp {
     fn watched(&self) -> Option<(rmcp::Peer<RoleServer>, Option<String>, Option<String>)> {
         let mut g = self.session.lock();
         match &g.peer {
-            Some(p) if !g.subs.is_empty() && !p.is_transport_closed() => {
+            Some(p) if (!g.subs.is_empty() || g.lists.is_some()) && !p.is_transport_closed() => {
                 Some((p.clone(), g.bearer.clone(), g.conversation.clone()))
             }
             _ => {
@@ -335,6 +338,18 @@ impl RoomMcp {
                 None
             }
         }
+    }
+
+    /// Whether the caller's rooms (its resources) changed since last seen (and now seen).
+    fn rooms_moved(&self, me: &Value) -> bool {
+        let mut g = self.session.lock();
+        let Some(seen) = g.lists.as_mut() else {
+            return false;
+        };
+        let now = features::Lists::of(me);
+        let moved = now != *seen;
+        *seen = now;
+        moved
     }
 
     /// The subscribed rooms whose tip moved since last seen (and now seen).
@@ -365,6 +380,7 @@ impl ServerHandler for RoomMcp {
             .enable_prompts()
             .enable_resources()
             .enable_resources_subscribe()
+            .enable_resources_list_changed()
             .enable_logging()
             .enable_completions()
             .build();
@@ -374,6 +390,41 @@ impl ServerHandler for RoomMcp {
                 "Room coordinates agents. Read a room with room_sync and confirm each page's receipt before acting in it; \
                  refusals carry a stable code and, for room_sync_required, the next page to read.",
             )
+    }
+
+    /// A session that can carry notifications (stdio, or a streamable HTTP session) is told
+    /// when its resource list (its rooms) changes. (Its tool list changes only when its scopes
+    /// do, which no session of a running agent sees happen: no `tools` `listChanged`.)
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        let parts = context.extensions.get::<::http::request::Parts>();
+        let bearer = parts.and_then(|p| http::bearer_token(&p.headers));
+        let session = parts
+            .and_then(|p| p.headers.get("mcp-session-id"))
+            .and_then(|v| v.to_str().ok())
+            .map(|s| format!("mcp-session:{s}"));
+        // over HTTP without a session there is no stream to notify on
+        if parts.is_some() && session.is_none() {
+            return;
+        }
+        let conversation = Some(session.unwrap_or_else(|| self.fallback_conversation.clone()));
+        let mut req = Request::new("list", json!({}));
+        req.conversation = conversation.clone();
+        let Ok(me) = self.listing(req, bearer.clone()).await else {
+            return;
+        };
+        let start = {
+            let mut g = self.session.lock();
+            g.lists = Some(features::Lists::of(&me));
+            if g.peer.is_none() {
+                g.peer = Some(context.peer.clone());
+                g.bearer = bearer;
+                g.conversation = conversation;
+            }
+            !std::mem::replace(&mut g.watching, true)
+        };
+        if start {
+            self.start_watcher();
+        }
     }
 
     async fn list_tools(
