@@ -795,6 +795,45 @@ async def a_session_is_told_when_its_rooms_change(fx):
             assert set(after) - set(before) == {f"room://added-{transport}"}, (before, after)
 
 
+@test
+async def a_2026_session_listens_to_its_rooms(fx):
+    """2026-07-28's subscriptions/listen on both transports: a subscribed room that moves and a
+    change of the agent's rooms arrive as events without polling by the host; a room the agent
+    is not a member of ends the stream with an error."""
+    from mcp.client.subscriptions import ResourcesListChanged, ResourceUpdated, SubscriptionLost
+
+    toks = setup_room(fx, ["alpha", "beta"])
+    fx.run("create", "private", "--member", "beta")
+    for transport in ("stdio", "http"):
+        target = Http(fx.url, toks["alpha"]).transport() if transport == "http" else stdio(fx, toks["alpha"])
+        async with Client(target, mode="auto") as alpha:
+            # the server ends it with an error (which this SDK reports as a lost stream, not
+            # the graceful close of a stream that ran its course)
+            try:
+                async with alpha.listen(resource_subscriptions=["room://private"]) as sub:
+                    async with asyncio.timeout(15):
+                        async for _ in sub:
+                            pass
+                raise AssertionError("listened to a room alpha is not a member of")
+            except SubscriptionLost:
+                pass
+            async with alpha.listen(resources_list_changed=True, resource_subscriptions=["room://lobby"]) as sub:
+                assert sub.honored.resource_subscriptions == ["room://lobby"], sub.honored
+                async with Client(stdio(fx, toks["beta"]), mode="auto") as beta:
+                    await catch_up(beta, "lobby")
+                    r = await beta.call_tool("room_note", {"room": "lobby", "text": f"listen over {transport}"})
+                    assert not r.is_error, r.structured_content
+                async with asyncio.timeout(15):
+                    async for ev in sub:
+                        if ev == ResourceUpdated(uri="room://lobby"):
+                            break
+                fx.run("create", f"heard-{transport}", "--member", "alpha")
+                async with asyncio.timeout(15):
+                    async for ev in sub:
+                        if isinstance(ev, ResourcesListChanged):
+                            break
+
+
 def main():
     passed = failed = 0
     only = sys.argv[2] if len(sys.argv) > 2 else None

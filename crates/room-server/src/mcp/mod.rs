@@ -19,13 +19,14 @@ use rmcp::model::{
     JsonObject, ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult,
     ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse,
     ReadResourceResult, Reference, ResourceUpdatedNotificationParam, ServerCapabilities,
-    ServerConfig, SubscribeRequestParams, Tool, UnsubscribeRequestParams,
+    ServerConfig, SubscribeRequestParams, SubscriptionFilter, Tool, UnsubscribeRequestParams,
 };
-use rmcp::service::{NotificationContext, RequestContext};
+use rmcp::service::{NotificationContext, RequestContext, SubscriptionContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use room_core::Refusal;
 use room_engine::Engine;
 use serde_json::{Value, json};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 pub use tools::ToolsMode;
@@ -556,6 +557,102 @@ impl ServerHandler for RoomMcp {
         let resp = self.run(req, bearer).await?;
         let page = self.answer("resources/read", resp).await?;
         Ok(ReadResourceResult::new(vec![features::contents(&request.uri, &page)]).into())
+    }
+
+    /// 2026-07-28's `subscriptions/listen`: room resources (at most `SUBSCRIPTIONS_MAX`, each
+    /// a well-formed `room://` URI; membership is checked when the stream starts) and the
+    /// resource list. Tools and prompts never change for a session (see `on_initialized`).
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        let mut accepted = SubscriptionFilter::new();
+        accepted.resources_list_changed = requested.resources_list_changed;
+        accepted.resource_subscriptions = requested.resource_subscriptions.as_ref().map(|uris| {
+            uris.iter()
+                .filter(|u| features::room_of(u).is_ok())
+                .take(features::SUBSCRIPTIONS_MAX)
+                .cloned()
+                .collect()
+        });
+        Some(accepted)
+    }
+
+    /// One `subscriptions/listen` stream: a subscribed room that moves is announced, and so is
+    /// a change of the caller's rooms, until the client cancels. A subscribed room the caller
+    /// is not a member of ends the stream with an error naming it.
+    async fn listen(&self, context: SubscriptionContext) -> Result<(), McpError> {
+        let (req, bearer) = self.request("list", json!({}), context.request_context());
+        let conversation = req.conversation.clone();
+        let listing = self.listing(req, bearer.clone()).await?;
+        let tip_of = |listing: &Value, room: &str| {
+            listing["rooms"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|r| r["room"] == room)
+                .and_then(|r| r["tip_seq"].as_u64())
+        };
+        let mut tips = BTreeMap::new();
+        for uri in context.accepted().resource_subscriptions.iter().flatten() {
+            let room = features::room_of(uri)?;
+            let tip = tip_of(&listing, room).ok_or_else(|| {
+                McpError::resource_not_found(format!("{uri}: not a room you are a member of"), None)
+            })?;
+            tips.insert(uri.clone(), tip);
+        }
+        let lists = context.accepted().resources_list_changed == Some(true);
+        let mut rooms = features::Lists::of(&listing);
+        let mut changes = self.backend.changes();
+        let poll = std::time::Duration::from_millis(if changes.is_some() {
+            features::SAFETY_POLL_MS
+        } else {
+            features::BRIDGE_POLL_MS
+        });
+        loop {
+            let moved = async {
+                match &mut changes {
+                    Some(rx) => {
+                        let _ = tokio::time::timeout(poll, rx.changed()).await;
+                    }
+                    None => tokio::time::sleep(poll).await,
+                }
+            };
+            tokio::select! {
+                _ = context.cancelled() => return Ok(()),
+                _ = moved => {}
+            }
+            let mut req = Request::new("list", json!({}));
+            req.conversation = conversation.clone();
+            let Ok(listing) = self.listing(req, bearer.clone()).await else {
+                continue;
+            };
+            for (uri, seen) in tips.iter_mut() {
+                let now = features::room_of(uri)
+                    .ok()
+                    .and_then(|room| tip_of(&listing, room));
+                if let Some(now) = now
+                    && now != *seen
+                {
+                    *seen = now;
+                    if context
+                        .sink()
+                        .notify_resource_updated(uri.clone())
+                        .await
+                        .is_err()
+                    {
+                        return Ok(());
+                    }
+                }
+            }
+            let now = features::Lists::of(&listing);
+            if lists && now != rooms {
+                rooms = now;
+                if context.sink().notify_resource_list_changed().await.is_err() {
+                    return Ok(());
+                }
+            }
+        }
     }
 
     async fn subscribe(
