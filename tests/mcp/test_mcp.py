@@ -834,6 +834,31 @@ async def a_2026_session_listens_to_its_rooms(fx):
                             break
 
 
+@test
+async def a_2026_request_opts_in_to_its_own_log(fx):
+    """2026-07-28's logging: a request carrying `io.modelcontextprotocol/logLevel` in `_meta`
+    gets its refusals logged at or above that level; without it, nothing is logged."""
+    toks = setup_room(fx, ["alpha"])
+    for transport in ("stdio", "http"):
+        for opt_in, expect in ((None, False), ("error", False), ("info", True)):
+            logs = []
+
+            async def on_log(params):
+                logs.append(params)
+
+            target = Http(fx.url, toks["alpha"]).transport() if transport == "http" else stdio(fx, toks["alpha"])
+            async with Client(target, mode="auto", logging_callback=on_log, log_level=opt_in) as alpha:
+                r = await alpha.call_tool("room_say", {"room": "lobby", "text": "blind"})
+                assert refusal(r)["code"] == "room_sync_required"
+                if expect:
+                    await wait_for(lambda: any(l.data.get("code") == "room_sync_required" for l in logs),
+                                   f"the refusal log over {transport}")
+                    assert logs[-1].level == "info" and logs[-1].logger == "room", logs[-1]
+                else:
+                    await asyncio.sleep(0.5)
+                    assert logs == [], f"{transport} {opt_in}: {logs}"
+
+
 def main():
     passed = failed = 0
     only = sys.argv[2] if len(sys.argv) > 2 else None

@@ -256,6 +256,17 @@ pub async fn log(state: &SessionState, level: LoggingLevel, data: Value) {
     }
 }
 
+/// Send one log message to `peer` (the request's own stream) if `level` is at or above
+/// `min`, the level the request opted in to (2026-07-28's `_meta` form).
+#[allow(deprecated)]
+pub async fn log_to(peer: &Peer<RoleServer>, min: LoggingLevel, level: LoggingLevel, data: Value) {
+    if rank(level) >= rank(min) {
+        let msg =
+            rmcp::model::LoggingMessageNotificationParam::new(level, data).with_logger("room");
+        let _ = peer.notify_logging_message(msg).await;
+    }
+}
+
 /// A refusal as a log record.
 pub fn refusal_record(tool: &str, r: &room_core::Refusal) -> Value {
     json!({"tool": tool, "code": r.code, "message": r.message, "hint": r.hint})

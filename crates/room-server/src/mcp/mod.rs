@@ -768,7 +768,12 @@ impl ServerHandler for RoomMcp {
                 .peer
                 .get_or_insert_with(|| context.peer.clone());
             let level = features::refusal_level(r.code.as_str());
-            features::log(&self.session, level, features::refusal_record(def.name, r)).await;
+            let record = features::refusal_record(def.name, r);
+            // 2026-07-28: a request opts in to its own log with `_meta`'s log level
+            if let Some(min) = context.meta.log_level() {
+                features::log_to(&context.peer, min, level, record.clone()).await;
+            }
+            features::log(&self.session, level, record).await;
         }
         let text = render(&resp);
         let result = match (resp.result, resp.refusal) {
