@@ -674,6 +674,18 @@ async def prompts_resources_subscriptions_and_logging(fx):
     warnings.simplefilter("ignore")  # subscribe and setLevel are deprecated from 2026-07-28 on
     toks = setup_room(fx, ["alpha", "beta"])
     fx.run("create", "private", "--member", "beta")
+    # a task in a room alpha is not in
+    gamma = fx.enroll("gamma", tier="coordinator")
+    fx.run("create", "elsewhere", "--member", "gamma", "--member", "beta")
+    fx.run("members", "add", "lobby", "gamma")
+    async with Client(stdio(fx, gamma), mode="auto") as g:
+        made = {}
+        for room in ("elsewhere", "lobby"):
+            await catch_up(g, room)
+            r = await g.call_tool("task_create", {"room": room, "title": f"a task in {room}", "to": "beta"})
+            assert not r.is_error, r.structured_content
+            made[room] = r.structured_content["task"]["id"]
+        hidden, mine = made["elsewhere"], made["lobby"]
     for transport in ("stdio", "http"):
         updates, logs = [], []
 
@@ -730,7 +742,13 @@ async def prompts_resources_subscriptions_and_logging(fx):
             assert got.completion.values == [], f"private is not alpha's: {got}"
             got = await alpha.complete(types.ResourceTemplateReference(uri="room://{room}"), {"name": "room", "value": ""})
             assert got.completion.values == ["lobby"] and got.completion.total == 1, got
-            got = await alpha.complete(types.PromptReference(name="finish_task"), {"name": "task", "value": "tsk_"})
+            # a task argument completes to the tasks of alpha's rooms, never another room's
+            finish = types.PromptReference(name="finish_task")
+            got = await alpha.complete(finish, {"name": "task", "value": "tsk_"})
+            assert mine in got.completion.values and hidden not in got.completion.values, (got, hidden)
+            got = await alpha.complete(finish, {"name": "task", "value": mine[:-2]})
+            assert got.completion.values == [mine], got
+            got = await alpha.complete(finish, {"name": "task", "value": "x"})
             assert got.completion.values == [], got
             # logging: nothing before a level is set; then refusals at or above it
             await alpha.call_tool("room_say", {"room": "lobby", "text": "blind"})

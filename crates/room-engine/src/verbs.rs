@@ -27,6 +27,8 @@ use std::sync::{Arc, Mutex};
 pub const TITLE_BYTES_MAX: usize = 256;
 const PREVIEW_CHARS: usize = 256;
 const LOG_PAGE_MAX: usize = 1000;
+/// Task ids `task_ids` lists at most.
+pub const TASK_IDS_MAX: usize = 100;
 /// Conversations of one member `room_members` shows at most.
 pub const MEMBER_CONVERSATIONS_MAX: usize = 16;
 /// How many causal links an audit walks.
@@ -679,6 +681,32 @@ impl Engine {
     pub fn list(&self, caller: &AgentCaller) -> Outcome<Value> {
         let p = self.authorize(caller, Verb::List)?;
         self.rooms_listing(Some(&p.name))
+    }
+
+    /// Ids of the tasks in the caller's rooms that start with `prefix` (at most
+    /// `TASK_IDS_MAX`, and whether there are more): what a host completes a task argument
+    /// from. A listing of what the caller may read anyway (its rooms' tasks); confirms nothing.
+    pub fn task_ids(&self, caller: &AgentCaller, prefix: &str) -> Outcome<Value> {
+        let p = self.authorize(caller, Verb::List)?;
+        if prefix.len() > name::NAME_BYTES_MAX || prefix.contains('\0') {
+            return Err(Refusal::invalid(
+                "prefix",
+                format!("at most {} bytes of text", name::NAME_BYTES_MAX),
+            ));
+        }
+        let rooms: Vec<String> = self.rooms_listing(Some(&p.name))?["rooms"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r["room"].as_str().map(String::from))
+            .collect();
+        let mut ids = self
+            .control()
+            .task_ids_in(&rooms, prefix, TASK_IDS_MAX + 1)
+            .map_err(store_err)?;
+        let more = ids.len() > TASK_IDS_MAX;
+        ids.truncate(TASK_IDS_MAX);
+        Ok(json!({"tasks": ids, "more": more}))
     }
 
     /// Read the next page, optionally confirming a receipt first.

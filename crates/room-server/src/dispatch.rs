@@ -410,6 +410,7 @@ const READ_OPS: &[&str] = &[
     "routes_list",
     "whoami",
     "list",
+    "task_ids",
     "sync",
     "task_show",
     "task_check",
@@ -891,6 +892,11 @@ fn agent_op(
         return engine
             .delegate(caller, &a.name, &a.scopes, tier)
             .map(TurnStep::Done);
+    }
+    // the caller's task ids by prefix, for a host's completions (reads, confirms nothing)
+    if op == "task_ids" {
+        let a: TaskIdsArgs = args(a)?;
+        return engine.task_ids(caller, &a.prefix).map(TurnStep::Done);
     }
     if ARTIFACT_OPS.contains(&op) {
         return artifact_op(engine, caller, op, a, ticket);

@@ -931,6 +931,14 @@ pub struct ArtifactIndexArgs {
     pub limit: Option<usize>,
 }
 
+/// `task_ids`: the caller's tasks whose ids start with `prefix` (completions).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskIdsArgs {
+    #[serde(default)]
+    pub prefix: String,
+}
+
 /// `collab_decide`: the person's decision on one approval request, bound to the digest of
 /// what it was shown.
 #[derive(Debug, Serialize, Deserialize)]

@@ -243,6 +243,9 @@ pub trait ControlStore: Send {
     fn archive_room(&mut self, name: &str, at_ms: u64) -> Result<bool>;
     /// Tasks `owner` created in `room` that are not settled (open, claimed or blocked).
     fn tasks_open_count(&self, room: &str, owner: &str) -> Result<u64>;
+    /// Ids of the tasks in `rooms` that start with `prefix`, in id order, at most `limit`
+    /// (what a host completes a task argument from).
+    fn task_ids_in(&self, rooms: &[String], prefix: &str, limit: usize) -> Result<Vec<String>>;
     /// Rooms that hold a claimed task, in name order (their lifecycles may lapse).
     fn rooms_with_claims(&self) -> Result<Vec<String>>;
     /// Remove a room whose creation failed before it was acknowledged, with its roster; false

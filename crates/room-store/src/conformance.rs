@@ -634,6 +634,29 @@ pub fn control_tasks(h: &mut dyn Harness) {
     assert_eq!((a.status.as_str(), a.updated_ms), ("claimed", 40));
     assert_eq!(a.scopes, ["file:src/"]);
     assert_eq!(c.task("tsk_b").unwrap().unwrap().status, TaskStatus::Done);
+    // task ids by room and prefix, for completions
+    let rooms = |r: &[&str]| r.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        c.task_ids_in(&rooms(&["build", "chat"]), "tsk_", 10)
+            .unwrap(),
+        ["tsk_a", "tsk_c", "tsk_d"]
+    );
+    assert_eq!(
+        c.task_ids_in(&rooms(&["build"]), "tsk_d", 10).unwrap(),
+        ["tsk_d"]
+    );
+    assert_eq!(
+        c.task_ids_in(&rooms(&["build", "test"]), "", 2).unwrap(),
+        ["tsk_a", "tsk_b"],
+        "bounded"
+    );
+    assert!(
+        c.task_ids_in(&rooms(&["test"]), "tsk%", 10)
+            .unwrap()
+            .is_empty(),
+        "a prefix is no pattern"
+    );
+    assert!(c.task_ids_in(&[], "", 10).unwrap().is_empty());
     let kids: Vec<String> = c
         .children("tsk_a")
         .unwrap()

@@ -1431,6 +1431,18 @@ impl ControlStore for SqliteControl {
         Ok(n as u64)
     }
 
+    fn task_ids_in(&self, rooms: &[String], prefix: &str, limit: usize) -> Result<Vec<String>> {
+        // the rooms as one JSON array (no bound on their number from SQLite's parameters); the
+        // prefix compared as a prefix, not as a LIKE pattern (ids hold `_`)
+        let rooms = serde_json::to_string(rooms).expect("names serialize");
+        let mut st = self.conn.prepare_cached(
+            "SELECT id FROM tasks WHERE room IN (SELECT value FROM json_each(?1))
+               AND substr(id, 1, length(?2)) = ?2 ORDER BY id LIMIT ?3",
+        )?;
+        let ids = st.query_map(params![rooms, prefix, limit as i64], |r| r.get(0))?;
+        Ok(ids.collect::<rusqlite::Result<_>>()?)
+    }
+
     fn rooms_with_claims(&self) -> Result<Vec<String>> {
         Ok(self
             .conn

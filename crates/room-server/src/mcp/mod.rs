@@ -498,14 +498,18 @@ impl ServerHandler for RoomMcp {
             _ => return Ok(CompleteResult::new(CompletionInfo::default())),
         };
         let prefix = request.argument.value.as_str();
+        // past the daemon's bound on task ids the total is not known, only that there are more
+        let mut more = false;
         let mut values: Vec<String> = if what == "task" {
-            let (req, bearer) = self.request("whoami", json!({}), &context);
-            let me = self.run(req, bearer).await?.result.unwrap_or(Value::Null);
-            me["wakes"]["queued"]
+            // the tasks of the caller's rooms, by the prefix typed so far
+            let (req, bearer) = self.request("task_ids", json!({"prefix": prefix}), &context);
+            let ids = self.run(req, bearer).await?.result.unwrap_or(Value::Null);
+            more = ids["more"] == true;
+            ids["tasks"]
                 .as_array()
                 .into_iter()
                 .flatten()
-                .filter_map(|w| w["task"].as_str().map(String::from))
+                .filter_map(|t| t.as_str().map(String::from))
                 .collect()
         } else {
             let (req, bearer) = self.request("list", json!({}), &context);
@@ -524,8 +528,8 @@ impl ServerHandler for RoomMcp {
         values.truncate(CompletionInfo::MAX_VALUES);
         let info = CompletionInfo::with_pagination(
             values,
-            Some(u32::try_from(total).unwrap_or(u32::MAX)),
-            total > CompletionInfo::MAX_VALUES,
+            (!more).then(|| u32::try_from(total).unwrap_or(u32::MAX)),
+            more || total > CompletionInfo::MAX_VALUES,
         )
         .map_err(|e| McpError::internal_error(e, None))?;
         Ok(CompleteResult::new(info))
