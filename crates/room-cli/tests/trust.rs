@@ -188,8 +188,25 @@ fn refuse_then_accept(env: &Env, token: &str, missing: (u64, u64)) {
     );
     assert!(env.room_listed()["quarantined"].is_object());
 
-    let accepted = env.run(&["index", "rebuild", "r", "--accept-loss", "--json"], None);
+    let accepted = env.run(
+        &[
+            "index",
+            "rebuild",
+            "r",
+            "--accept-loss",
+            "--json",
+            "--progress",
+        ],
+        None,
+    );
     assert!(accepted.status.success(), "{}", stderr(&accepted));
+    // --progress says what is rebuilt and when it is done, on stderr (stdout stays the answer)
+    let said = stderr(&accepted);
+    assert!(
+        said.contains("rebuilding the index of r from its journal (")
+            && said.contains("rebuilt the index of r in"),
+        "{said}"
+    );
     let a = json(&accepted);
     assert_eq!(a["loss_accepted"]["missing_from"], missing.0);
     assert_eq!(a["loss_accepted"]["missing_to"], missing.1);
