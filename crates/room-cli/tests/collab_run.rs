@@ -2392,3 +2392,223 @@ fn an_acp_orchestrator_announcing_a_dispatch_it_did_not_make_is_flagged() {
     );
     assert_eq!(phase(&s, "spec")["state"], "waiting", "{s:#}");
 }
+
+/// A pack of three agent phases on model roles, none waiting for the person: spec → research
+/// ∥ architecture.
+fn model_pack(d: &Dirs) -> PathBuf {
+    d.write("mpack/p.md", "Do your part of the goal.\n");
+    d.write(
+        "mpack/pack.toml",
+        r#"name = "m"
+
+[[phases]]
+name = "spec"
+kind = "agent"
+role = "reasoning"
+writes = ["spec"]
+prompt = "p.md"
+approve = false
+
+[[phases]]
+name = "research"
+kind = "agent"
+role = "search"
+reads = ["spec"]
+writes = ["research"]
+prompt = "p.md"
+approve = false
+
+[[phases]]
+name = "architecture"
+kind = "agent"
+role = "architecture"
+reads = ["spec"]
+writes = ["adr"]
+prompt = "p.md"
+approve = false
+"#,
+    )
+}
+
+/// The conversations the model server was asked to start, per task: a request whose messages
+/// hold no assistant turn yet is the first of a launch's conversation.
+fn conversations(d: &Dirs) -> std::collections::BTreeMap<String, usize> {
+    let log = std::fs::read_to_string(d.root.join("model.jsonl")).unwrap_or_default();
+    let mut per_task = std::collections::BTreeMap::new();
+    for line in log.lines() {
+        let v: Value = serde_json::from_str(line).unwrap();
+        let messages = v["body"]["messages"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if messages.iter().any(|m| m["role"] == "assistant") {
+            continue;
+        }
+        let user = messages
+            .iter()
+            .find(|m| m["role"] == "user")
+            .and_then(|m| m["content"].as_str())
+            .unwrap_or_default();
+        let wake: Value = user
+            .split_once("The wake, as JSON:\n")
+            .and_then(|(_, w)| serde_json::from_str(w).ok())
+            .unwrap_or(Value::Null);
+        if let Some(task) = wake["task"].as_str() {
+            *per_task.entry(task.to_string()).or_insert(0) += 1;
+        }
+    }
+    per_task
+}
+
+/// kill -9 of the daemon at seeded points of a goal whose roles are models (the suite's local
+/// model server, which logs every request): once spec is stored, once a later phase's model is
+/// at work, once every phase is stored. Each restart resumes (a run whose launch the daemon
+/// died under is `interrupted` and runs again), the goal finishes, and the model server was
+/// never asked again about a phase whose output was stored: one conversation for each such
+/// phase's task, across every restart.
+#[test]
+fn no_model_is_asked_again_for_a_stored_phase_after_kill_9() {
+    let d = Dirs::new();
+    let server = model_server(&d, "collab");
+    std::fs::write(
+        d.state.join("config.toml"),
+        format!(
+            "[backends.openai]\nbase_url = \"http://127.0.0.1:{}/v1\"\ntimeout_ms = 60000\n",
+            server.port
+        ),
+    )
+    .unwrap();
+    let mut daemon = spawn(&d);
+    let pack = model_pack(&d);
+    let id = d.ok(&[
+        "collab",
+        "start",
+        "--goal",
+        "g",
+        "--pack",
+        pack.to_str().unwrap(),
+        "--role",
+        "reasoning=openai:test-model",
+        "--role",
+        "search=openai:test-model",
+        "--role",
+        "architecture=openai:test-model",
+    ])["collab"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let done = |s: &Value, p: &str| phase(s, p)["state"] == "done";
+    let mut kills = 0;
+    let mut stored: Vec<(String, String)> = Vec::new();
+    // seeded points: spec stored; a later phase's model at work (its first request logged,
+    // its output not yet stored); every phase stored
+    let s = until(&d, &id, "spec stored", |s| done(s, "spec"));
+    stored.push((
+        "spec".into(),
+        phase(&s, "spec")["task"].as_str().unwrap().into(),
+    ));
+    drop(daemon);
+    kills += 1;
+    daemon = spawn(&d);
+    let s = until(&d, &id, "a later phase at work", |s| {
+        ["research", "architecture"]
+            .iter()
+            .any(|p| phase(s, p)["task"].is_string())
+    });
+    for p in ["research", "architecture"] {
+        if done(&s, p) {
+            stored.push((p.into(), phase(&s, p)["task"].as_str().unwrap().into()));
+        }
+    }
+    drop(daemon);
+    kills += 1;
+    daemon = spawn(&d);
+    let s = until(&d, &id, "every phase stored", |s| {
+        ["spec", "research", "architecture"]
+            .iter()
+            .all(|p| done(s, p))
+    });
+    for p in ["research", "architecture"] {
+        if !stored.iter().any(|(q, _)| q == p) {
+            stored.push((p.into(), phase(&s, p)["task"].as_str().unwrap().into()));
+        }
+    }
+    drop(daemon);
+    kills += 1;
+    let _daemon = spawn(&d);
+    let s = until(&d, &id, "the goal done", |s| s["state"] == "done");
+    assert!(kills >= 3);
+    let asked = conversations(&d);
+    for (p, task) in &stored {
+        assert_eq!(
+            asked.get(task),
+            Some(&1),
+            "phase {p} (task {task}) was stored before a kill: one conversation, never a second: {asked:?}"
+        );
+        assert_eq!(
+            phase(&s, p)["task"],
+            task.as_str(),
+            "{p} never ran again once stored: {s}"
+        );
+    }
+    // a phase whose model was at work when the daemon died ran again, its first run shown
+    // `interrupted`, never counted a failure
+    for r in s["runs"].as_array().unwrap() {
+        if r["state"] == "interrupted" {
+            let p = r["phase"].as_str().unwrap();
+            assert_eq!(phase(&s, p)["state"], "done", "{p} ran again: {s}");
+        }
+    }
+    assert!(
+        s["cost"]["tokens_in"].as_u64().unwrap_or(0) > 0,
+        "{}",
+        s["cost"]
+    );
+}
+
+/// A child whose work ends without closing its task (its process exits, or fails): where
+/// what the phase writes was stored and passes, the run is done and its model is not asked
+/// again; where nothing was stored, the run failed (counted as a failure); either way its task
+/// is withdrawn.
+#[test]
+fn a_child_that_ends_without_closing_its_task_is_settled_by_what_it_stored() {
+    let d = Dirs::new();
+    let _daemon = spawn(&d);
+    let pack = model_pack(&d);
+    let spec = d.write(
+        "canned/spec.json",
+        &json!({"title": "t", "goal": "g", "requirements": ["r"]}).to_string(),
+    );
+    let id = d.ok(&[
+        "collab",
+        "start",
+        "--goal",
+        "g",
+        "--pack",
+        pack.to_str().unwrap(),
+        "--role",
+        &format!(
+            "reasoning=script:read,claim,put:spec={},exit",
+            spec.display()
+        ),
+        "--role",
+        "search=script:read,claim,fail",
+        "--role",
+        "architecture=script:read,claim,exit",
+    ])["collab"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let s = until(&d, &id, "every phase settled", |s| {
+        phase(s, "spec")["state"] == "done"
+            && ["research", "architecture"]
+                .iter()
+                .all(|p| phase(s, p)["state"] == "failed")
+    });
+    assert_eq!(phase(&s, "spec")["runs"], 1, "stored: not run again: {s}");
+    for p in ["spec", "research", "architecture"] {
+        let task = phase(&s, p)["task"].as_str().unwrap().to_string();
+        let t = d.ok(&["task", "show", &task]);
+        assert_eq!(t["task"]["status"], "cancelled", "{p}: withdrawn: {t}");
+    }
+}

@@ -1685,6 +1685,45 @@ Fix them in your working tree, then write the diff again (diff_from_tree, expect
         ))
     }
 
+    /// A run whose task is still open although its child's work ended (the wake that carried
+    /// it failed or was dead-lettered, or its launch ended with no reply, and it asked the
+    /// person nothing it waits on): `done` if what the phase writes was stored and passes
+    /// the task's acceptance (measured now, so a phase whose output is stored never asks its
+    /// model again), else `interrupted` where a daemon died under the launch (the phase runs
+    /// again, no failure counted), else `failed`. The task is withdrawn (cancelled) either way,
+    /// so that nothing acts on it late. None while the work may still go on.
+    fn ended_unclosed(&self, task: &str) -> Result<Option<&'static str>, Refusal> {
+        let Some(w) = self.engine.collab_task_wake(self.me, &self.c.id, task)? else {
+            return Ok(None);
+        };
+        // failed or dead-lettered; or waiting for a reply that cannot come: its launch ended
+        // (a routed child's credential ends with its launch)
+        let ended = matches!(w.state.as_str(), "failed" | "dead")
+            || (w.state == "pending_reply" && w.outcome.is_some());
+        if !ended {
+            return Ok(None);
+        }
+        let stored = self
+            .engine
+            .task_check(self.me, task)
+            .is_ok_and(|v| v["acceptance_pass"] == true);
+        let (to, why) = if stored {
+            (
+                "done",
+                "its launch ended before it closed the task; what it wrote was stored and passes",
+            )
+        } else if w.outcome.as_deref() == Some("interrupted") {
+            (
+                "interrupted",
+                "its launch was interrupted (the daemon stopped under it); the phase runs again",
+            )
+        } else {
+            ("failed", "its launch ended without closing the task")
+        };
+        self.engine.task_cancel(self.me, task, Some(why))?;
+        Ok(Some(to))
+    }
+
     /// Move each waiting or running run on: a task done is a run done; a task cancelled or
     /// declined is a run failed; an approval decided starts or ends its run, and one still
     /// pending is asked again with what it shows now (a changed input makes the old one
@@ -1695,6 +1734,12 @@ Fix them in your working tree, then write the diff again (diff_from_tree, expect
         _versions: &BTreeMap<ArtifactKind, u64>,
     ) -> Result<(), Refusal> {
         let approvals = self.engine.collab_approvals(self.me, &self.c.id)?;
+        // tasks whose child asked the person and waits for the answer (a new wake brings it)
+        let asking: std::collections::BTreeSet<String> = runs
+            .iter()
+            .filter(|r| r.phase.starts_with("ask@") && r.state == "asked")
+            .filter_map(|r| r.task.clone())
+            .collect();
         for r in runs.iter_mut() {
             // a panel's seat runs are settled by its barrier's
             if r.phase.contains('@') {
@@ -1730,7 +1775,11 @@ Fix them in your working tree, then write the diff again (diff_from_tree, expect
                     let to = match t["task"]["status"].as_str() {
                         Some("done") => "done",
                         Some("cancelled" | "declined" | "superseded") => "failed",
-                        _ => continue,
+                        _ if asking.contains(&task) => continue,
+                        _ => match self.ended_unclosed(&task)? {
+                            Some(to) => to,
+                            None => continue,
+                        },
                     };
                     r.state = to.into();
                     r.ended_ms = Some(self.engine.now_ms());

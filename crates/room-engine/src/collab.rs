@@ -107,6 +107,14 @@ fn daemon() -> Owner {
     Owner { _private: () }
 }
 
+/// How a wake that carried a task stands (`Engine::collab_task_wake`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskWake {
+    pub state: String,
+    /// The outcome of its newest launch, if one ended.
+    pub outcome: Option<String>,
+}
+
 impl Engine {
     /// A new collaboration id (its room's name, its agents' prefix).
     pub fn collab_new_id(&self) -> String {
@@ -533,6 +541,43 @@ impl Engine {
     pub fn collab_children(&self, caller: &AgentCaller, id: &str) -> Outcome<Value> {
         let c = self.orchestrating(caller, id)?;
         self.children_of(&c)
+    }
+
+    /// How the newest wake that carried `task` to a child of the collaboration stands: its
+    /// state (`queued`, `dispatched`, `replied`, `failed`, `dead`) and the outcome of its
+    /// newest launch (`interrupted` where a daemon died under it). For the orchestrator, which
+    /// settles a run whose child's work ended without closing its task.
+    pub fn collab_task_wake(
+        &self,
+        caller: &AgentCaller,
+        id: &str,
+        task: &str,
+    ) -> Outcome<Option<TaskWake>> {
+        let c = self.orchestrating(caller, id)?;
+        self.flush_wakes();
+        let wakes = self.control().wakes(Some(&c.room)).map_err(store_err)?;
+        let newest = wakes
+            .into_iter()
+            .filter(|w| w.agent != c.orchestrator && w.permit.contains(task))
+            .filter(|w| {
+                serde_json::from_str::<room_core::wake::WakePermit>(&w.permit)
+                    .is_ok_and(|p| p.binding.task.as_deref() == Some(task))
+            })
+            .max_by_key(|w| w.created_ms);
+        let Some(w) = newest else {
+            return Ok(None);
+        };
+        let outcome = self
+            .control()
+            .launches_of_wake(&w.room, &w.agent, &w.source_event)
+            .map_err(store_err)?
+            .into_iter()
+            .max_by_key(|l| l.created_ms)
+            .and_then(|l| l.outcome);
+        Ok(Some(TaskWake {
+            state: w.state,
+            outcome,
+        }))
     }
 
     fn children_of(&self, c: &CollabRow) -> Outcome<Value> {
