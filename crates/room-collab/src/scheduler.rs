@@ -1474,7 +1474,14 @@ Fix them in your working tree, then write the diff again (diff_from_tree, expect
                 }
                 "timed_out"
             }
-            _ => return Ok(()),
+            // a seat's launch that ended without closing its task settles now, not at the
+            // panel's deadline; a seat is never run again alone, so an interrupted one is
+            // shown failed
+            _ => match self.ended_unclosed(&task)? {
+                Some("interrupted") => "failed",
+                Some(to) => to,
+                None => return Ok(()),
+            },
         };
         s.state = to.into();
         s.ended_ms = Some(self.engine.now_ms());
