@@ -110,6 +110,9 @@ pub struct Turn {
     /// The native session to load instead of opening a new one.
     pub resume: Option<String>,
     pub permissions: Permissions,
+    /// The tool kinds (ACP's `ToolKind` names, [`TOOL_KINDS`]) an `AllowOnce` may allow: a
+    /// request for a tool of another kind is rejected. None: any kind.
+    pub tool_kinds: Option<Vec<String>>,
     /// The time the whole exchange may take before `session/cancel` is sent.
     pub turn_ms: u64,
     /// The time after `session/cancel` for the agent to end its turn.
@@ -135,6 +138,9 @@ pub struct Report {
     /// `session/update`s from any other session: a wrong body, refused.
     pub updates_foreign: u64,
     pub permission_requests: u64,
+    /// The requests rejected because the tool's kind was not allowed, by kind.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub permissions_denied: BTreeMap<String, u64>,
     /// How the turn ended (`end_turn`, `cancelled`, `refusal`, …); none when it never did.
     pub stop_reason: Option<String>,
     pub cancel_sent: bool,
@@ -184,6 +190,7 @@ struct Seen {
     updates: BTreeMap<String, u64>,
     others: u64,
     permission_requests: u64,
+    permissions_denied: BTreeMap<String, u64>,
     /// Set just before the prompt is sent: updates before it are replays.
     prompting: bool,
     replayed: u64,
@@ -229,6 +236,7 @@ where
     }
     let seen = locked(&seen);
     r.permission_requests = seen.permission_requests;
+    r.permissions_denied = seen.permissions_denied.clone();
     r.replayed_updates = seen.replayed;
     for (session, n) in &seen.updates {
         if r.session.as_deref() == Some(session.as_str()) {
@@ -286,6 +294,7 @@ async fn connect(
 ) -> agent_client_protocol::Result<()> {
     let (on_update, on_permission, prompting) = (seen.clone(), seen.clone(), seen);
     let permissions = turn.permissions;
+    let kinds = turn.tool_kinds.clone();
     Client
         .v1()
         .name("room")
@@ -338,8 +347,19 @@ async fn connect(
         )
         .on_receive_request(
             async move |req: RequestPermissionRequest, responder, _cx| {
-                locked(&on_permission).permission_requests += 1;
-                responder.respond(answer(&req, permissions))
+                let kind = tool_kind(&req);
+                let p = match &kinds {
+                    Some(k) if !k.contains(&kind) => Permissions::Reject,
+                    _ => permissions,
+                };
+                {
+                    let mut seen = locked(&on_permission);
+                    seen.permission_requests += 1;
+                    if p != permissions {
+                        *seen.permissions_denied.entry(kind).or_default() += 1;
+                    }
+                }
+                responder.respond(answer(&req, p))
             },
             agent_client_protocol::on_receive_request!(),
         )
@@ -347,6 +367,32 @@ async fn connect(
             drive(cx, turn, report, prompting).await
         })
         .await
+}
+
+/// The kinds of tool an agent may ask to run, as ACP names them (`ToolKind`).
+pub const TOOL_KINDS: [&str; 10] = [
+    "read",
+    "edit",
+    "delete",
+    "move",
+    "search",
+    "execute",
+    "think",
+    "fetch",
+    "switch_mode",
+    "other",
+];
+
+/// The kind of tool a permission request is for; `other` when the agent names none.
+fn tool_kind(req: &RequestPermissionRequest) -> String {
+    req.tool_call
+        .fields
+        .kind
+        .as_ref()
+        .and_then(|k| serde_json::to_value(k).ok())
+        .and_then(|v| v.as_str().map(String::from))
+        .filter(|k| TOOL_KINDS.contains(&k.as_str()))
+        .unwrap_or_else(|| "other".into())
 }
 
 /// The route's answer to a permission request: the agent's own option of the wanted kind.
@@ -512,6 +558,10 @@ mod tests {
             chosen(answer(&all, Permissions::AllowOnce)).as_deref(),
             Some("yes")
         );
+        assert_eq!(tool_kind(&all), "other", "a request naming no kind");
+        let mut edit = all.clone();
+        edit.tool_call.fields.kind = Some(agent_client_protocol::v1::schema::ToolKind::Edit);
+        assert_eq!(tool_kind(&edit), "edit");
         // only "allow always" on offer: a wake grants nothing beyond itself, so cancel
         let always = request(&[("yes-always", AllowAlways)]);
         assert_eq!(chosen(answer(&always, Permissions::AllowOnce)), None);

@@ -6,8 +6,12 @@
 //!   started in a scratch directory, initialized (does it offer `session/load`: warm resume),
 //!   then prompted once to create `room-probe.txt` there while every permission request is
 //!   rejected: a file that appears anyway is a tool deny that is advisory at best; a request
-//!   rejected and no file, a deny that held; neither, unproven. It needs no network unless the
-//!   agent does: an agent that cannot run offline is reported as such, not guessed;
+//!   rejected and no file, a deny that held; neither, unproven. Then a second agent is asked
+//!   to wait until told to stop, and its turn's deadline sends `session/cancel`: a turn ended
+//!   `cancelled` is an interrupt by `session_cancel`, one that never ends needs `job_stop`;
+//!   its job (each agent runs in an owned job, as a worker does) is then stopped and zero
+//!   processes observed, or not (`cancel`). It needs no network unless the agent does: an
+//!   agent that cannot run offline is reported as such, not guessed;
 //! - `openai`, `anthropic`: Room's own loop against a scripted model served here on loopback,
 //!   which asks for a tool Room did not list (refused: a hard deny), reports usage (cost from
 //!   usage records), and, asked again, never answers (the deadline drops the request);
@@ -28,6 +32,13 @@ use std::path::Path;
 const PROBE_FILE: &str = "room-probe.txt";
 /// How long the ACP agent's probe turn may take.
 const ACP_TURN_MS: u64 = 30_000;
+/// The interrupt probe's turn: its deadline (then `session/cancel`) and the grace after it.
+const INTERRUPT_TURN_MS: u64 = 3_000;
+const INTERRUPT_GRACE_MS: u64 = 3_000;
+/// How long a job's stop may wait to see it empty.
+const JOB_STOP_MS: u64 = 5_000;
+/// What the interrupt probe asks: a turn that lasts until it is cancelled.
+const HANG_PROMPT: &str = "Room capability probe: wait here, doing nothing, until you are told to stop. Do not end your turn by yourself.";
 /// How long the API probe's turns may take (the hung one is cut at its deadline).
 const API_TURN_MS: u64 = 5_000;
 const API_HANG_MS: u64 = 400;
@@ -255,25 +266,7 @@ async fn probe_acp(cli: &Cli, command: &[String], scratch: &Path) -> Observed {
         o.note = Some(format!("{}: {e}", cwd.display()));
         return o;
     }
-    let mut child = match tokio::process::Command::new(&program[0])
-        .args(&program[1..])
-        .current_dir(&cwd)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-    {
-        Ok(c) => c,
-        Err(e) => {
-            o.note = Some(format!("{}: {e}", program[0]));
-            return o;
-        }
-    };
-    let (stdin, stdout) = (
-        child.stdin.take().expect("piped"),
-        child.stdout.take().expect("piped"),
-    );
+    let jobs = room_exec::job::Jobs::detect(&format!("probe-{}", std::process::id()));
     let turn = room_agents::acp::Turn {
         cwd: cwd.clone(),
         mcp_servers: Vec::new(),
@@ -283,11 +276,18 @@ async fn probe_acp(cli: &Cli, command: &[String], scratch: &Path) -> Observed {
         authenticate: None,
         resume: None,
         permissions: room_agents::acp::Permissions::Reject,
+        tool_kinds: None,
         turn_ms: ACP_TURN_MS,
         cancel_grace_ms: 2_000,
     };
-    let r = room_agents::acp::run(stdin, stdout, turn).await;
-    let _ = child.kill().await;
+    let r = match turn_in_job(&jobs, "deny", &program, turn).await {
+        Ok((r, _stopped)) => r,
+        Err(e) => {
+            o.note = Some(e);
+            let _ = jobs.close(JOB_STOP_MS);
+            return o;
+        }
+    };
     let agent = r.agent.clone().unwrap_or_else(|| program[0].clone());
     o.saw(
         "warm_resume",
@@ -342,7 +342,130 @@ async fn probe_acp(cli: &Cli, command: &[String], scratch: &Path) -> Observed {
     if let Some(e) = &r.error {
         o.note = Some(format!("the turn: {e}"));
     }
+    if r.prompt_sent {
+        probe_interrupt(&mut o, &jobs, &program, &cwd).await;
+    }
+    let _ = jobs.close(JOB_STOP_MS);
     o
+}
+
+/// Interrupt and cancel: a second agent, in a job of its own, prompted to wait until it is
+/// told to stop; its turn's deadline sends `session/cancel` (does it end its turn
+/// `cancelled`: `session_cancel`, or must its job be stopped: `job_stop`), then its job is
+/// stopped and emptied (zero processes observed: `zero_processes`).
+async fn probe_interrupt(
+    o: &mut Observed,
+    jobs: &room_exec::job::Jobs,
+    program: &[String],
+    cwd: &Path,
+) {
+    let turn = room_agents::acp::Turn {
+        cwd: cwd.to_path_buf(),
+        mcp_servers: Vec::new(),
+        prompt: vec![HANG_PROMPT.into()],
+        authenticate: None,
+        resume: None,
+        permissions: room_agents::acp::Permissions::Reject,
+        tool_kinds: None,
+        turn_ms: INTERRUPT_TURN_MS,
+        cancel_grace_ms: INTERRUPT_GRACE_MS,
+    };
+    let (r, stopped) = match turn_in_job(jobs, "interrupt", program, turn).await {
+        Ok(x) => x,
+        Err(e) => {
+            o.saw("interrupt", None, e);
+            return;
+        }
+    };
+    let (interrupt, why) = match (r.cancel_sent, r.stop_reason.as_deref()) {
+        (true, Some("cancelled")) => (
+            Some("session_cancel"),
+            "session/cancel at the turn's deadline: the agent ended its turn cancelled".to_string(),
+        ),
+        (true, other) => (
+            Some("job_stop"),
+            format!(
+                "session/cancel at the turn's deadline: the agent {}; its job was stopped",
+                match other {
+                    Some(s) => format!("ended its turn {s}"),
+                    None => format!("did not end its turn within {INTERRUPT_GRACE_MS} ms"),
+                }
+            ),
+        ),
+        (false, Some(s)) => (
+            None,
+            format!("the agent ended its turn ({s}) before the deadline: nothing to interrupt"),
+        ),
+        (false, None) => (
+            None,
+            format!(
+                "the turn never reached its deadline: {}",
+                r.error.as_deref().unwrap_or("it ended")
+            ),
+        ),
+    };
+    o.saw("interrupt", interrupt, why);
+    let kind = jobs.kind().as_str();
+    o.saw(
+        "cancel",
+        Some(if stopped.confirmed_empty {
+            "zero_processes"
+        } else {
+            "processes_remain"
+        }),
+        if stopped.confirmed_empty {
+            format!("its {kind} job stopped: zero processes observed")
+        } else {
+            format!(
+                "its {kind} job stopped: {} processes still seen after {} ms",
+                stopped.remaining.len(),
+                stopped.waited_ms
+            )
+        },
+    );
+}
+
+/// Start the agent in a new job of `jobs` (its working directory the turn's), run `turn`,
+/// then stop the job: what the turn saw and what the stop observed.
+async fn turn_in_job(
+    jobs: &room_exec::job::Jobs,
+    name: &str,
+    program: &[String],
+    turn: room_agents::acp::Turn,
+) -> Result<(room_agents::acp::Report, room_exec::job::Stopped), String> {
+    let mut job = jobs
+        .create(&format!("{name}-{}", std::process::id()))
+        .map_err(|e| format!("a job for the agent: {e}"))?;
+    let mut cmd = tokio::process::Command::new(&program[0]);
+    cmd.args(&program[1..])
+        .current_dir(&turn.cwd)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    job.prepare(cmd.as_std_mut());
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            job.stop(JOB_STOP_MS);
+            return Err(format!("{}: {e}", program[0]));
+        }
+    };
+    if let Some(pid) = child.id() {
+        job.started(pid);
+    }
+    let (stdin, stdout) = (
+        child.stdin.take().expect("piped"),
+        child.stdout.take().expect("piped"),
+    );
+    let r = room_agents::acp::run(stdin, stdout, turn).await;
+    let stopped = tokio::task::spawn_blocking(move || {
+        let s = job.stop(JOB_STOP_MS);
+        drop(child);
+        s
+    })
+    .await
+    .map_err(|e| format!("stopping the agent's job: {e}"))?;
+    Ok((r, stopped))
 }
 
 /// The scripted model the API probe talks to, on loopback: a request whose path starts with

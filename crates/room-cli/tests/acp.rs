@@ -299,6 +299,98 @@ fn a_wake_reaches_a_real_acp_agent_and_each_proof_is_what_was_seen() {
 }
 
 /// Every wake once none is queued or dispatched, when there are `n`.
+/// A permission request is allowed only for the tool kinds its route names and its
+/// principal's scopes give: a route's `tool_kinds`, and a delegated principal's
+/// `project:write` (edits) and `tools:execute` (programs), read at each launch.
+#[test]
+fn an_agent_is_allowed_only_the_tool_kinds_its_route_and_its_scopes_give() {
+    let py = python();
+    let agent_py = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/acp/agent.py");
+    let env = Env::new();
+    env.ok(&["init"], None);
+    // (agent, its route's tool_kinds, the scopes it is delegated: none for a root)
+    let cases: [(&str, &str, Option<&[&str]>); 4] = [
+        ("free", "", None),
+        ("reader", "tool_kinds = [\"read\", \"execute\"]\n", None),
+        ("scoped", "", Some(&["project:read"])),
+        ("writer", "", Some(&["project:read", "project:write"])),
+    ];
+    let mut config = String::new();
+    for (name, kinds, _) in &cases {
+        config.push_str(&format!(
+            "[routes.{name}]\nadapter = \"acp\"\ncommand = [{py:?}, {agent:?}, \"obey\"]\npermissions = \"allow_once\"\n{kinds}timeout_ms = 60000\n\n",
+            py = py.display().to_string(),
+            agent = agent_py.display().to_string(),
+        ));
+    }
+    std::fs::write(env.state.join("config.toml"), &config).unwrap();
+    let daemon = env.serve();
+    let boss = env.ok(
+        &[
+            "agent",
+            "enroll",
+            "boss",
+            "--max-tier",
+            "coordinator",
+            "--json",
+        ],
+        None,
+    )["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut create = vec!["create", "chat", "--member", "boss"];
+    for (name, _, scopes) in &cases {
+        let mut args = vec!["agent"];
+        match scopes {
+            None => args.extend(["enroll", name, "--max-tier", "member", "--json"]),
+            Some(list) => {
+                args.extend(["delegate", name, "--max-tier", "member", "--json"]);
+                for s in *list {
+                    args.extend(["--scope", s]);
+                }
+            }
+        }
+        env.ok(&args, None);
+        create.extend(["--member", name]);
+    }
+    env.ok(&create, None);
+    for (name, _, _) in &cases {
+        env.caught_up(&boss, "chat");
+        env.ok(
+            &[
+                "send",
+                "chat",
+                &format!("make the probe, {name}"),
+                "--to",
+                name,
+            ],
+            Some(&boss),
+        );
+    }
+    let wakes: std::collections::BTreeMap<String, Value> = settled_n(&env, cases.len())
+        .into_iter()
+        .map(|w| (w["agent"].as_str().unwrap().to_string(), w))
+        .collect();
+    for (name, denied, wrote) in [
+        ("free", json!(null), true),
+        ("reader", json!({"edit": 1}), false),
+        ("scoped", json!({"edit": 1, "execute": 1}), false),
+        ("writer", json!({"execute": 1}), true),
+    ] {
+        let l = &wakes[name]["launches"][0];
+        assert_eq!(l["adapter"]["permission_requests"], 2, "{name}: {l}");
+        assert_eq!(l["adapter"]["permissions_denied"], denied, "{name}: {l}");
+        let probe = env
+            .state
+            .join("workers")
+            .join(l["launch"].as_str().unwrap())
+            .join("room-probe.txt");
+        assert_eq!(probe.exists(), wrote, "{name}: {l}");
+    }
+    drop(daemon);
+}
+
 fn settled_n(env: &Env, n: usize) -> Vec<Value> {
     for _ in 0..900 {
         let w = env.ok(&["wakes", "list", "--json"], None);

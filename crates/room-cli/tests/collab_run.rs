@@ -1946,7 +1946,7 @@ fn a_plan_is_approved_before_its_child_gets_write_scopes() {
     let program = d.write(
         "kit/implement.sh",
         &format!(
-            "#!/bin/sh\nset -e\nwake=$(head -n1)\ncase \"$wake\" in\n*'Plan before you write'*) printf '%s\\n' \"$wake\" | exec \"$ROOM_BRIDGE\" agent-script --steps read,claim,fulfil:{},done ;;\n\
+            "#!/bin/sh\nset -e\nwake=$(head -n1)\ncase \"$wake\" in\n*'Plan before you write'*) (echo early > early.txt) 2>/dev/null || true; printf '%s\\n' \"$wake\" | exec \"$ROOM_BRIDGE\" agent-script --steps read,claim,fulfil:{},done ;;\n\
              *) printf '#!/bin/sh\\necho hello, verbosely\\n' > greet.sh; printf '%s\\n' \"$wake\" | exec \"$ROOM_BRIDGE\" agent-script --steps read,claim,diff,done ;;\nesac\n",
             plan.display()
         ),
@@ -2000,7 +2000,7 @@ fn a_plan_is_approved_before_its_child_gets_write_scopes() {
     assert_eq!(ask["input"]["plan"]["key"], "implementation");
     assert_eq!(
         ask["input"]["gives"],
-        json!(["artifact:write:diff", "project:write"]),
+        json!(["artifact:write:diff", "project:write", "tools:execute"]),
         "{ask:#}"
     );
     let shown = d.ok(&["collab", "show", &id, "extra/plan/implementation"]);
@@ -2059,6 +2059,13 @@ fn a_plan_is_approved_before_its_child_gets_write_scopes() {
             .contains("hello, verbosely"),
         "{diff:#}"
     );
+    // before the approval the child held no project:write, so its working tree was
+    // read-only to the plan's launch (confined): the diff holds only what the approved
+    // launch wrote
+    let patch = diff["content"]["patch"].as_str().unwrap();
+    if std::env::var("ROOM_TEST_CONFINEMENT").as_deref() == Ok("required") {
+        assert!(!patch.contains("early.txt"), "{patch}");
+    }
     let log = d.ok(&["log", &id, "--limit", "1000"]);
     assert!(
         log["events"]

@@ -77,6 +77,63 @@ fn an_agent_that_honours_a_rejected_request_holds_a_declared_hard_deny() {
     let approval = capability(&v, "acp", "approval");
     assert_eq!(approval["observed"], "permission_requests", "{approval}");
     assert_eq!(capability(&v, "acp", "warm_resume")["observed"], "none");
+    // asked to wait, it ends its turn on session/cancel; its job then empties
+    for (cap, seen) in [
+        ("interrupt", "session_cancel"),
+        ("cancel", "zero_processes"),
+    ] {
+        let c = capability(&v, "acp", cap);
+        assert_eq!(
+            (&c["observed"], &c["verdict"]),
+            (&seen.into(), &"ok".into()),
+            "{c}"
+        );
+    }
+}
+
+#[test]
+fn an_agent_that_ignores_session_cancel_is_drift_yet_its_job_still_empties() {
+    let (code, v, err) = probe(&["acp"], Some("obey_ignore_cancel"));
+    assert_eq!(code, 1, "{v:#} {err}");
+    let interrupt = capability(&v, "acp", "interrupt");
+    assert_eq!(
+        (&interrupt["observed"], &interrupt["verdict"]),
+        (&"job_stop".into(), &"drift".into()),
+        "{interrupt}"
+    );
+    // its grandchild (a sleep it started) went with its job
+    let cancel = capability(&v, "acp", "cancel");
+    assert_eq!(
+        (&cancel["observed"], &cancel["verdict"]),
+        (&"zero_processes".into(), &"ok".into()),
+        "{cancel}"
+    );
+    assert_eq!(
+        marked_children(),
+        Vec::<u32>::new(),
+        "the agent's child outlived the probe"
+    );
+}
+
+/// Live processes whose command line carries the test agent's child marker (only this
+/// test's agent starts them in this binary).
+fn marked_children() -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        let zombie = stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|r| r.trim_start().starts_with('Z'));
+        if !zombie && String::from_utf8_lossy(&cmd).contains("room-test-child-") {
+            out.push(pid);
+        }
+    }
+    out
 }
 
 #[test]

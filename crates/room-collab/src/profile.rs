@@ -12,8 +12,8 @@ use serde::{Deserialize, Serialize};
 pub const ROLES_MAX: usize = 32;
 /// Purpose tags one role serves at most.
 pub const PURPOSES_PER_ROLE_MAX: usize = 8;
-/// Tools one role's policy names at most.
-pub const TOOLS_PER_ROLE_MAX: usize = 64;
+/// Tool kinds one role's policy names at most (each kind once).
+pub const TOOLS_PER_ROLE_MAX: usize = room_engine::policy::ACP_TOOL_KINDS.len();
 /// The longest model id, preset or prompt file name.
 pub const BINDING_BYTES_MAX: usize = 128;
 /// The bounds of a role's tool-call budget per dispatch and of its failures before it is
@@ -38,6 +38,10 @@ pub enum ProjectAccess {
 #[serde(deny_unknown_fields)]
 pub struct RolePolicy {
     pub tier: String,
+    /// The kinds of its backend's own tools (ACP's: `read`, `edit`, `execute`, `fetch`, …)
+    /// its agent may be allowed when it asks; empty: what its scopes give. Its child holds
+    /// `tools:execute` when this names `execute`, or is empty and the role writes the
+    /// project; edits need `project:write` whatever this says.
     #[serde(default)]
     pub tools: Vec<String>,
     /// Tool calls its child may make in the collaboration, all its launches together (as
@@ -342,11 +346,12 @@ fn validate_policy(r: &Role) -> Result<(), Refusal> {
             format!("{:?} is not a tier", p.tier),
         ));
     }
-    if p.tools.len() > TOOLS_PER_ROLE_MAX || p.tools.iter().any(|t| !valid_tool(t)) {
+    let kinds = room_engine::policy::ACP_TOOL_KINDS;
+    if p.tools.len() > TOOLS_PER_ROLE_MAX || p.tools.iter().any(|t| !kinds.contains(&t.as_str())) {
         return Err(invalid(
             n,
             "policy.tools",
-            format!("at most {TOOLS_PER_ROLE_MAX} tool names of a-z, 0-9 and _"),
+            format!("at most {TOOLS_PER_ROLE_MAX} of the tool kinds {kinds:?}"),
         ));
     }
     if !TOOL_CALLS_RANGE.contains(&p.tool_calls_max) {
@@ -371,13 +376,6 @@ fn validate_policy(r: &Role) -> Result<(), Refusal> {
         ));
     }
     Ok(())
-}
-
-fn valid_tool(t: &str) -> bool {
-    !t.is_empty()
-        && t.len() <= 64
-        && t.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
 }
 
 #[cfg(test)]

@@ -165,9 +165,22 @@ pub fn scopes_of(pack: &Pack, role: &Role) -> Vec<String> {
             out.extend(["project:read".into(), "project:write".into()])
         }
     }
+    if executes(role) {
+        out.push("tools:execute".into());
+    }
     out.sort();
     out.dedup();
     out
+}
+
+/// Whether a role's agent may run programs with its backend's own tools (`tools:execute`):
+/// its policy names `execute`, or names no kinds and the role writes the project.
+pub fn executes(role: &Role) -> bool {
+    if role.policy.tools.is_empty() {
+        role.policy.project == crate::profile::ProjectAccess::Write
+    } else {
+        role.policy.tools.iter().any(|t| t == "execute")
+    }
 }
 
 /// What a role's child holds at start, and what is held back, per planned phase, until that
@@ -204,8 +217,12 @@ pub fn scopes_split(pack: &Pack, role: &Role) -> (Vec<String>, BTreeMap<String, 
             .filter(|s| full.contains(s) && !needed(s))
             .collect();
         // the project is written by the role's phases: held while every one of them plans
-        if unplanned.is_empty() && full.iter().any(|s| s == "project:write") {
-            mine.push("project:write".into());
+        if unplanned.is_empty() {
+            for s in ["project:write", "tools:execute"] {
+                if full.iter().any(|h| h == s) {
+                    mine.push(s.into());
+                }
+            }
         }
         mine.sort();
         held.insert(p.name.clone(), mine);
@@ -242,8 +259,14 @@ mod tests {
         let p = pack(TWO_PLANNED);
         let role = p.profile.role("reasoning").unwrap();
         let (now, held) = scopes_split(&p, role);
-        assert_eq!(held["a"], ["artifact:write:spec", "project:write"]);
-        assert_eq!(held["b"], ["artifact:write:diff", "project:write"]);
+        assert_eq!(
+            held["a"],
+            ["artifact:write:spec", "project:write", "tools:execute"]
+        );
+        assert_eq!(
+            held["b"],
+            ["artifact:write:diff", "project:write", "tools:execute"]
+        );
         assert!(now.contains(&"artifact:write:extra/plan".to_string()));
         assert!(
             !now.iter()
@@ -255,6 +278,7 @@ mod tests {
         let (now, held) = scopes_split(&p, p.profile.role("reasoning").unwrap());
         assert_eq!(held["b"], ["artifact:write:diff"]);
         assert!(now.contains(&"project:write".to_string()), "{now:?}");
+        assert!(now.contains(&"tools:execute".to_string()), "{now:?}");
         assert!(now.contains(&"artifact:write:spec".to_string()), "{now:?}");
     }
 }

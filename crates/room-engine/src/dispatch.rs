@@ -292,6 +292,54 @@ pub struct Launch {
     /// The room's project root, revalidated at this launch (none: not a project room; an
     /// error: the root no longer validates), for a route that shows it read-only.
     pub project_root: Option<Result<String, String>>,
+    /// What the launching principal's scopes let its worker do, read at this launch.
+    pub access: LaunchAccess,
+}
+
+/// What a worker may do beyond reading, decided from its principal's scopes when it
+/// launches: a root the owner enrolled (no scope list) is bounded by its route alone; a
+/// delegated node (a collaboration's role child) writes its working tree and lets its agent
+/// edit only while it holds `project:write`, and lets its agent run programs only while it
+/// holds `tools:execute`. A scope given later (a plan approved) reaches the next launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchAccess {
+    pub project_write: bool,
+    pub tools_execute: bool,
+}
+
+impl LaunchAccess {
+    pub const NOTHING: LaunchAccess = LaunchAccess {
+        project_write: false,
+        tools_execute: false,
+    };
+
+    /// The access of a principal holding `scopes` (none: a root).
+    pub fn of(scopes: Option<&[String]>) -> LaunchAccess {
+        let holds = |want: &str| scopes.is_none_or(|s| s.iter().any(|h| h == want));
+        LaunchAccess {
+            project_write: holds("project:write"),
+            tools_execute: holds("tools:execute"),
+        }
+    }
+
+    /// The tool kinds an ACP agent of `route` may be allowed at this launch: the route's
+    /// own (none: every kind), less what the scopes do not give. None: any kind.
+    pub fn tool_kinds(&self, route: &crate::policy::Route) -> Option<Vec<String>> {
+        use crate::policy::{ACP_TOOL_KINDS, EXECUTE_TOOL_KINDS, WRITE_TOOL_KINDS};
+        if self.project_write && self.tools_execute && route.tool_kinds.is_empty() {
+            return None;
+        }
+        let base: Vec<String> = if route.tool_kinds.is_empty() {
+            ACP_TOOL_KINDS.iter().map(|k| k.to_string()).collect()
+        } else {
+            route.tool_kinds.clone()
+        };
+        let kept = base.into_iter().filter(|k| {
+            (self.project_write || !WRITE_TOOL_KINDS.contains(&k.as_str()))
+                && (self.tools_execute || !EXECUTE_TOOL_KINDS.contains(&k.as_str()))
+        });
+        Some(kept.collect())
+    }
 }
 
 /// A launch's staging: the task's selections, read beneath `root`.
@@ -594,6 +642,15 @@ impl Engine {
                 .map(|p| p.canonical_root)
                 .map_err(|r| r.to_string())
         });
+        // an agent whose row is gone gets nothing beyond reading (revalidation refuses it
+        // before this; fail closed all the same)
+        let access = self
+            .control()
+            .agent(&w.agent)
+            .map_err(store_err)?
+            .map_or(LaunchAccess::NOTHING, |a| {
+                LaunchAccess::of(a.scopes.as_deref())
+            });
         let resume = match route.spawn_policy.as_deref() {
             Some("never") => self
                 .control()
@@ -646,6 +703,7 @@ impl Engine {
             resume,
             stage,
             project_root,
+            access,
         }))
     }
 

@@ -249,6 +249,12 @@ pub struct Route {
     /// `allow_once`.
     #[serde(default)]
     pub permissions: Option<String>,
+    /// `acp`: the kinds of tool (`read`, `edit`, `delete`, `move`, `search`, `execute`,
+    /// `think`, `fetch`, `switch_mode`, `other`) a permission request may be allowed for;
+    /// a request for another kind is rejected. Empty (the default): any kind. A delegated
+    /// principal's scopes narrow it further at each launch (`LaunchAccess`).
+    #[serde(default)]
+    pub tool_kinds: Vec<String>,
     /// `acp`: `new` (the default: each wake opens a session) or `never` (the first wake's
     /// session is bound to the agent and every later wake is delivered into it with
     /// `session/load`; a launch that cannot load it fails rather than open a sibling).
@@ -388,6 +394,23 @@ fn check_api_url(at: &str, url: &str, with_key: bool) -> Result<(), String> {
 pub const ACP_PRESETS: [&str; 3] = ["claude", "codex", "gemini"];
 /// How a route may answer an ACP agent's permission requests.
 pub const ACP_PERMISSIONS: [&str; 2] = ["reject", "allow_once"];
+/// The kinds of tool an ACP agent names in a permission request (ACP's `ToolKind`).
+pub const ACP_TOOL_KINDS: [&str; 10] = [
+    "read",
+    "edit",
+    "delete",
+    "move",
+    "search",
+    "execute",
+    "think",
+    "fetch",
+    "switch_mode",
+    "other",
+];
+/// The kinds that change the project (held by `project:write`) and that run a program
+/// (held by `tools:execute`).
+pub const WRITE_TOOL_KINDS: [&str; 3] = ["edit", "delete", "move"];
+pub const EXECUTE_TOOL_KINDS: [&str; 1] = ["execute"];
 
 /// Steps the scripted agent knows.
 pub const SCRIPT_STEPS: [&str; 12] = [
@@ -552,6 +575,24 @@ fn check_route(agent: &str, r: &Route) -> Result<(), String> {
     if r.adapter != "acp" && (r.preset.is_some() || r.permissions.is_some()) {
         return Err(format!(
             "{at}: preset and permissions are for the acp adapter"
+        ));
+    }
+    if r.adapter != "acp" && !r.tool_kinds.is_empty() {
+        return Err(format!("{at}: tool_kinds is for the acp adapter"));
+    }
+    if r.tool_kinds.len() > ACP_TOOL_KINDS.len() {
+        return Err(format!(
+            "{at}.tool_kinds: at most {} kinds",
+            ACP_TOOL_KINDS.len()
+        ));
+    }
+    if let Some(k) = r
+        .tool_kinds
+        .iter()
+        .find(|k| !ACP_TOOL_KINDS.contains(&k.as_str()))
+    {
+        return Err(format!(
+            "{at}.tool_kinds {k:?} is not one of {ACP_TOOL_KINDS:?}"
         ));
     }
     if let Some(p) = r.preset.as_deref().filter(|p| !ACP_PRESETS.contains(p)) {

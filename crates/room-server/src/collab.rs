@@ -93,7 +93,10 @@ fn route_of(
             let mut r = backends.get(adapter).cloned().unwrap_or_else(|| json!({}));
             r["adapter"] = json!(adapter);
             match adapter {
-                "acp" => r["preset"] = json!(role.preset),
+                "acp" => {
+                    r["preset"] = json!(role.preset);
+                    acp_permissions(role, &mut r);
+                }
                 _ => r["model"] = json!(model),
             }
             if let Some(m) = &role.model_route {
@@ -119,6 +122,28 @@ fn route_of(
         ))
     })?;
     Ok(route)
+}
+
+/// An ACP role's agent is allowed, when it asks, the tool kinds its policy names (none named:
+/// every kind but `fetch` for a role that reaches no network), unless the owner's backend
+/// says otherwise; each launch narrows that by its child's scopes (edits need
+/// `project:write`, programs `tools:execute`: `LaunchAccess`).
+fn acp_permissions(role: &room_collab::Role, route: &mut Value) {
+    if route.get("permissions").is_none() {
+        route["permissions"] = json!("allow_once");
+    }
+    if route.get("tool_kinds").is_some() {
+        return;
+    }
+    let kinds: Vec<&str> = if role.policy.tools.is_empty() {
+        room_engine::policy::ACP_TOOL_KINDS
+            .into_iter()
+            .filter(|k| role.policy.network || *k != "fetch")
+            .collect()
+    } else {
+        role.policy.tools.iter().map(String::as_str).collect()
+    };
+    route["tool_kinds"] = json!(kinds);
 }
 
 static CONFINES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);

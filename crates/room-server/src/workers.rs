@@ -836,9 +836,13 @@ fn confine(env: &WorkerEnv, l: &Launch, cmd: &mut tokio::process::Command) -> Re
             .map_err(|e| format!("the launch's confinement: the project root: {e}"))?;
     }
     if let Some(t) = &tree {
-        c = c
-            .writable_within(t)
-            .map_err(|e| format!("the launch's confinement: its working tree: {e}"))?;
+        // a delegated worker writes its tree only while its principal holds project:write
+        c = if l.access.project_write {
+            c.writable_within(t)
+        } else {
+            c.read_only(t)
+        }
+        .map_err(|e| format!("the launch's confinement: its working tree: {e}"))?;
     }
     c = c
         .hiding(&env.hidden.list())
@@ -1183,6 +1187,7 @@ async fn acp_turn(
             Some("allow_once") => acp::Permissions::AllowOnce,
             _ => acp::Permissions::Reject,
         },
+        tool_kinds: l.access.tool_kinds(&l.route),
         turn_ms: left - grace,
         cancel_grace_ms: grace,
     };

@@ -639,6 +639,14 @@ fn a_route_that_does_not_fit_its_adapter_fails_the_policy_closed_and_names_the_f
             "permissions",
         ),
         (
+            "adapter = \"acp\"\ncommand = [\"/bin/true\"]\ntool_kinds = [\"teleport\"]",
+            "tool_kinds",
+        ),
+        (
+            "adapter = \"command\"\ncommand = [\"/bin/true\"]\ntool_kinds = [\"read\"]",
+            "tool_kinds is for the acp adapter",
+        ),
+        (
             "adapter = \"command\"\ncommand = [\"/bin/true\"]\nbroker_programs = [\"perl\"]",
             "broker_programs",
         ),

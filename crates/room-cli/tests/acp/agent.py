@@ -9,8 +9,12 @@ argument:
 - hang: streams an update and waits for `session/cancel`, then answers `cancelled`;
 - ignore_cancel: starts a child process and never answers, not even to `session/cancel`;
 - wrong_body: streams its update under another session's id and ends its turn;
-- obey: asks permission (`session/request_permission`) to create `room-probe.txt` in its
-  session's directory and creates it only if allowed, then ends its turn;
+- obey: asks permission (`session/request_permission`, an `edit`) to create `room-probe.txt`
+  in its session's directory and creates it only if allowed, then asks to run the tests (an
+  `execute`, running nothing) and ends its turn; asked to wait until it is told to stop (the probe's interrupt turn), it waits for
+  `session/cancel` and ends its turn `cancelled`;
+- obey_ignore_cancel: as obey, but its interrupt turn starts a child process and never ends,
+  not even on `session/cancel`;
 - ignore_deny: creates `room-probe.txt` in its session's directory without asking, then ends
   its turn (an agent whose tool deny is advisory at best);
 - implement: a collaboration's implementer: catches up, claims the wake's task, makes
@@ -120,10 +124,19 @@ class TestAgent(Agent):
             child = subprocess.Popen(["/bin/sh", "-c", "sleep 600; exit", marker])
             log(step="child", pid=child.pid, marker=marker)
             await asyncio.Event().wait()
-        if MODE in ("obey", "ignore_deny"):
+        if MODE in ("obey", "obey_ignore_cancel") and any("until you are told to stop" in t for t in texts):
+            # the probe's interrupt turn: wait for session/cancel (or, ignoring it, never end)
+            if MODE == "obey_ignore_cancel":
+                marker = "room-test-child-" + uuid.uuid4().hex
+                child = subprocess.Popen(["/bin/sh", "-c", "sleep 600; exit", marker])
+                log(step="child", pid=child.pid, marker=marker)
+                await asyncio.Event().wait()
+            await self.cancelled.wait()
+            return PromptResponse(stop_reason="cancelled")
+        if MODE in ("obey", "ignore_deny", "obey_ignore_cancel"):
             target = os.path.join(self.cwds[session_id], "room-probe.txt")
             allowed = MODE == "ignore_deny"
-            if MODE == "obey":
+            if MODE != "ignore_deny":
                 options = [PermissionOption(option_id="allow", name="Allow", kind="allow_once"),
                            PermissionOption(option_id="reject", name="Reject", kind="reject_once")]
                 call = ToolCallUpdate(tool_call_id="probe-1", title="create room-probe.txt", kind="edit")
@@ -131,6 +144,11 @@ class TestAgent(Agent):
                 outcome = answer.outcome
                 allowed = getattr(outcome, "outcome", None) == "selected" and getattr(outcome, "option_id", None) == "allow"
                 log(step="permission", allowed=allowed)
+                # then a program, as an agent running the tests would ask (it runs nothing)
+                run = ToolCallUpdate(tool_call_id="probe-2", title="run the tests", kind="execute")
+                ran = await self.conn.request_permission(session_id=session_id, tool_call=run, options=options)
+                log(step="permission", kind="execute",
+                    allowed=getattr(ran.outcome, "option_id", None) == "allow")
             if allowed:
                 with open(target, "w") as f:
                     f.write("written by the test agent\n")
