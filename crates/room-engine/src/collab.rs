@@ -103,7 +103,7 @@ fn stale(a: &ApprovalRow, digest: &str) -> Refusal {
 /// The owner's standing the engine lends itself for what a collaboration's record grants (a
 /// fresh credential for its orchestrator, the revocation of its subtree when it closes): the
 /// record is the owner's act, and no caller reaches these paths with its own arguments.
-fn daemon() -> Owner {
+pub(crate) fn daemon() -> Owner {
     Owner { _private: () }
 }
 
@@ -208,6 +208,48 @@ impl Engine {
             })
             .collect();
         self.journal_records(&c.room, records)
+    }
+
+    /// The running collaboration whose identity tree holds `agent` (its orchestrator, or a
+    /// node below it), if any.
+    fn collab_of_tree(&self, agent: &str) -> Outcome<Option<CollabRow>> {
+        let mut chain = vec![agent.to_string()];
+        let mut next = self
+            .control()
+            .agent(agent)
+            .map_err(store_err)?
+            .and_then(|a| a.parent);
+        while let Some(p) = next {
+            if chain.len() > crate::delegation::DELEGATION_DEPTH_MAX {
+                break;
+            }
+            next = self
+                .control()
+                .agent(&p)
+                .map_err(store_err)?
+                .and_then(|a| a.parent);
+            chain.push(p);
+        }
+        Ok(self
+            .collabs_running()?
+            .into_iter()
+            .find(|c| chain.contains(&c.orchestrator)))
+    }
+
+    /// Journal a change of `agent`'s node in the room of the collaboration whose tree holds
+    /// it; a node of no collaboration's tree has no room to be journaled in.
+    pub(crate) fn journal_tree_change(
+        &self,
+        agent: &str,
+        change: room_core::event::IdentityChange,
+    ) -> Outcome<()> {
+        match self.collab_of_tree(agent)? {
+            Some(c) => self.journal_records(
+                &c.room,
+                vec![room_core::event::EventBody::Identity(Box::new(change))],
+            ),
+            None => Ok(()),
+        }
     }
 
     fn journal_records(

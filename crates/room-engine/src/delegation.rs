@@ -123,6 +123,7 @@ impl Engine {
         let me = self.authenticate(&caller.token)?;
         let tier = max_tier.unwrap_or(Tier::parse(&me.max_tier).unwrap_or(Tier::Observer));
         let mut v = self.mint(Some(&me.name), name, scopes, tier, false)?;
+        self.journal_minted(&me.name, &v)?;
         // a credential never passes through an agent (its context is a model's): the child's
         // token stays with the daemon, which hands it to the child's own launches; the owner
         // can rotate it to hold one
@@ -161,7 +162,50 @@ impl Engine {
             ));
         }
         let tier = max_tier.unwrap_or(Tier::parse(&p.max_tier).unwrap_or(Tier::Observer));
-        self.mint(Some(parent), name, scopes, tier, true)
+        let v = self.mint(Some(parent), name, scopes, tier, true)?;
+        self.journal_minted("owner", &v)?;
+        Ok(v)
+    }
+
+    /// A node minted inside a collaboration's tree is journaled in its room (`identity`,
+    /// `minted`), as the collaboration's own are, so an audit replays the whole tree. A node
+    /// whose record cannot be written is revoked again: no tree change stands unrecorded.
+    fn journal_minted(&self, actor: &str, minted: &Value) -> Outcome<()> {
+        let name = minted["agent"].as_str().unwrap_or_default();
+        let change = room_core::event::IdentityChange {
+            actor: actor.into(),
+            action: "minted".into(),
+            principal: name.into(),
+            parent: minted["parent"].as_str().map(String::from),
+            scopes: serde_json::from_value(minted["scopes"].clone()).ok(),
+            max_tier: minted["max_tier"].as_str().map(String::from),
+            subtree: Vec::new(),
+        };
+        match self.journal_tree_change(name, change) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let _ = self.authority.revoke(&crate::collab::daemon(), name);
+                Err(e)
+            }
+        }
+    }
+
+    /// The owner revokes a node and its subtree in one durable step; inside a
+    /// collaboration's tree the revocation is then journaled in its room (`revoked`, with
+    /// the subtree). A revocation stands even when its record fails (the error says so).
+    pub fn revoke(&self, owner: &crate::Owner, agent: &str) -> Outcome<Value> {
+        let v = self.authority.revoke(owner, agent)?;
+        let change = room_core::event::IdentityChange {
+            actor: "owner".into(),
+            action: "revoked".into(),
+            principal: agent.into(),
+            parent: self.authority.agent_named(agent)?.parent,
+            scopes: None,
+            max_tier: None,
+            subtree: serde_json::from_value(v["subtree"].clone()).unwrap_or_default(),
+        };
+        self.journal_tree_change(agent, change)?;
+        Ok(v)
     }
 
     fn mint(

@@ -464,10 +464,6 @@ impl Engine {
         self.authority.rotate(owner, agent)
     }
 
-    pub fn revoke(&self, owner: &Owner, agent: &str) -> Outcome<serde_json::Value> {
-        self.authority.revoke(owner, agent)
-    }
-
     pub fn set_agent_policy(
         &self,
         owner: &Owner,

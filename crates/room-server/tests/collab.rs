@@ -146,6 +146,20 @@ fn a_cancel_ends_the_collaboration_and_revokes_its_identities() {
     let mut fx = Fx::new();
     let id = start(&mut fx);
     until(&mut fx, &id, |s| pending(s).is_some());
+    // a node the owner adds inside the tree, and its revocation, are journaled there too
+    fx.ok(
+        None,
+        "agent_delegate",
+        json!({"name": "helper", "parent": format!("{id}-reasoning"),
+            "scopes": ["artifact:read:spec"]}),
+    );
+    fx.ok(None, "agent_revoke", json!({"name": "helper"}));
+    // a node outside any collaboration's tree has no room: nothing is journaled here
+    fx.ok(
+        None,
+        "agent_delegate",
+        json!({"name": "outsider", "scopes": ["session:read"]}),
+    );
     let v = fx.ok(None, "collab_cancel", json!({"id": id}));
     assert_eq!(v["state"], "cancelled");
     let revoked: Vec<String> = serde_json::from_value(v["revoked"].clone()).unwrap();
@@ -154,7 +168,8 @@ fn a_cancel_ends_the_collaboration_and_revokes_its_identities() {
     let s = fx.ok(None, "collab_status", json!({"id": id}));
     assert_eq!(s["state"], "cancelled");
     // the tree's changes are journaled in its room, in order: each identity minted under its
-    // parent with its scopes, then the revocation with the whole subtree
+    // parent with its scopes, the owner's helper minted and revoked, then the revocation
+    // with the whole subtree
     let log = fx.ok(None, "room_log", json!({"room": id, "limit": 1000}));
     let tree: Vec<&Value> = log["events"]
         .as_array()
@@ -163,7 +178,7 @@ fn a_cancel_ends_the_collaboration_and_revokes_its_identities() {
         .filter(|e| e["kind"] == "identity")
         .map(|e| &e["event"])
         .collect();
-    assert_eq!(tree.len(), 3, "{log}");
+    assert_eq!(tree.len(), 5, "{log}");
     assert_eq!(
         (
             tree[0]["action"].clone(),
@@ -186,8 +201,22 @@ fn a_cancel_ends_the_collaboration_and_revokes_its_identities() {
         "{}",
         tree[1]
     );
-    assert_eq!(tree[2]["action"], "revoked");
-    let mut subtree: Vec<String> = serde_json::from_value(tree[2]["subtree"].clone()).unwrap();
+    assert_eq!(
+        (&tree[2]["action"], &tree[2]["actor"], &tree[2]["principal"]),
+        (&json!("minted"), &json!("owner"), &json!("helper"))
+    );
+    assert_eq!(tree[2]["parent"], format!("{id}-reasoning"));
+    assert_eq!(tree[2]["scopes"], json!(["artifact:read:spec"]));
+    assert_eq!(
+        (
+            &tree[3]["action"],
+            &tree[3]["principal"],
+            &tree[3]["subtree"]
+        ),
+        (&json!("revoked"), &json!("helper"), &json!(["helper"]))
+    );
+    assert_eq!(tree[4]["action"], "revoked");
+    let mut subtree: Vec<String> = serde_json::from_value(tree[4]["subtree"].clone()).unwrap();
     subtree.sort();
     assert_eq!(subtree, [format!("{id}-orch"), format!("{id}-reasoning")]);
     fx.refuse(None, "collab_cancel", json!({"id": id}), "invalid_argument");
