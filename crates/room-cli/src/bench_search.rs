@@ -3,7 +3,8 @@
 //! words from a 2,000-word vocabulary, through the same projection path turns take; then one-
 //! and two-word queries ask for a first page of 50. Reported: query p50 and p99 as ratios to one
 //! raw SQLite commit on the same disk, and the search index's size per 100,000 events (its
-//! shadow tables, by `dbstat`).
+//! shadow tables, by `dbstat`). Then semantic search's side: a 768-dimension vector for each
+//! of the first 100,000 events, their size, and one query ranked against all of them.
 
 use crate::bench::{BenchArgs, pct};
 use room_store::backend::RoomIndex;
@@ -144,5 +145,75 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<()> {
             p99 / raw
         );
     }
+    semantic(&mut idx, &path, filled.min(100_000), raw, &mut rng)?;
+    Ok(())
+}
+
+/// Dimensions of the vectors the semantic rows use (a common embedding model's).
+const DIMS: usize = 768;
+const SEMANTIC_QUERIES: usize = 20;
+
+/// Semantic search's side: a vector for each of `n` events, their size per 100,000 events
+/// (the `embeddings` table, by `dbstat`), and one query ranked against all of them as the
+/// engine does (read by pages, cosine of each, sorted).
+fn semantic(
+    idx: &mut Index,
+    path: &std::path::Path,
+    n: u64,
+    raw: f64,
+    rng: &mut Rng,
+) -> anyhow::Result<()> {
+    let vector = |rng: &mut Rng| -> Vec<i8> {
+        let v: Vec<f32> = (0..DIMS).map(|_| rng.below(2001) as f32 - 1000.0).collect();
+        room_engine::search::quantize(&v).expect("a random vector has a length")
+    };
+    let mut seq = 0;
+    while seq < n {
+        let rows: Vec<(u64, Vec<i8>)> = (seq + 1..=(seq + BATCH).min(n))
+            .map(|s| (s, vector(rng)))
+            .collect();
+        idx.put_embeddings("bench", &rows)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        seq += rows.len() as u64;
+    }
+    let mut lat = Vec::with_capacity(SEMANTIC_QUERIES);
+    for _ in 0..SEMANTIC_QUERIES {
+        let q = vector(rng);
+        let t = Instant::now();
+        let mut ranked = Vec::with_capacity(n as usize);
+        let mut after = 0;
+        loop {
+            let page = idx
+                .embeddings("bench", after, 4_096)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let Some(last) = page.last() else { break };
+            after = last.0;
+            ranked.extend(
+                page.iter()
+                    .map(|(s, v)| (room_engine::search::cosine(&q, v), *s)),
+            );
+        }
+        ranked.sort_by(|x, y| y.0.total_cmp(&x.0));
+        lat.push(t.elapsed());
+        std::hint::black_box(ranked);
+    }
+    let (p50, p99) = (
+        pct(&mut lat, 0.5).unwrap_or(0.0),
+        pct(&mut lat, 0.99).unwrap_or(0.0),
+    );
+    let conn = rusqlite::Connection::open(path)?;
+    let bytes: i64 = conn.query_row(
+        "SELECT COALESCE(SUM(pgsize), 0) FROM dbstat WHERE name = 'embeddings'",
+        [],
+        |r| r.get(0),
+    )?;
+    let per_100k = bytes as f64 / (n as f64 / 100_000.0);
+    println!(
+        "{:<40} {p50:>10.0} {p99:>10.0} {:>12.1} MiB  {:.1}x / {:.1}x",
+        format!("{n} vectors of {DIMS} (one semantic query)"),
+        per_100k / (1 << 20) as f64,
+        p50 / raw,
+        p99 / raw
+    );
     Ok(())
 }

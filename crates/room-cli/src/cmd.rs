@@ -220,8 +220,9 @@ pub enum Cmd {
     /// Evidence handles.
     #[command(subcommand)]
     Evidence(EvidenceCmd),
-    /// Find events of a room by the words they say, best first: as an agent (ROOM_TOKEN) only
-    /// what it may read; as the owner, everything. Confirms nothing.
+    /// Find events of a room by the words they say (or, --mode semantic, by what they mean),
+    /// best first: as an agent (ROOM_TOKEN) only what it may read; as the owner, everything.
+    /// Confirms nothing.
     Search {
         room: String,
         query: String,
@@ -229,6 +230,10 @@ pub enum Cmd {
         cursor: Option<u64>,
         #[arg(long)]
         limit: Option<usize>,
+        /// `text` (every word must appear) or `semantic` (ranked by meaning through the
+        /// embeddings endpoint of config.toml's [search.embeddings]).
+        #[arg(long, value_parser = ["text", "semantic"])]
+        mode: Option<String>,
     },
     /// Who the current ROOM_TOKEN acts as.
     Whoami,
@@ -738,9 +743,10 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
             query,
             cursor,
             limit,
+            mode,
         } => req(
             "search",
-            json!({"room": room, "query": query, "cursor": cursor, "limit": limit}),
+            json!({"room": room, "query": query, "cursor": cursor, "limit": limit, "mode": mode}),
         ),
         Cmd::Init
         | Cmd::Api

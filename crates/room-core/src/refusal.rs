@@ -144,6 +144,8 @@ codes! {
     DelegationTooDeep => "delegation_too_deep",
     // egress
     ToolResultWithheld => "tool_result_withheld",
+    // semantic search: the owner's embeddings endpoint did not give the query a vector
+    EmbeddingsUnavailable => "embeddings_unavailable",
     // generic
     InvalidArgument => "invalid_argument",
     PayloadTooLarge => "payload_too_large",

@@ -40,6 +40,67 @@ struct ConfigFile {
     /// Per model, its price: money in a cost roll-up comes only from here.
     #[serde(default)]
     prices: BTreeMap<String, Price>,
+    #[serde(default)]
+    search: SearchConfig,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct SearchConfig {
+    #[serde(default)]
+    embeddings: Option<Embeddings>,
+}
+
+/// `[search.embeddings]`: the owner's OpenAI-compatible embeddings endpoint, which semantic
+/// search uses (the daemon sends it the redacted text of events, away from any write, and
+/// each semantic query). Without one, semantic search is refused, saying so.
+#[derive(Debug, Deserialize, Clone, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Embeddings {
+    /// The API's base URL up to its version (`http://127.0.0.1:11434/v1`): `/embeddings` is
+    /// posted there. https, or http to this machine when a key is sent.
+    pub base_url: String,
+    /// The embedding model to ask (1–256 bytes); its vectors are kept per model.
+    pub model: String,
+    /// The daemon environment variable holding the API key (none: no key sent).
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// Texts one request carries at most (1..=256, default 32).
+    #[serde(default = "embeddings_batch_default")]
+    pub batch_max: usize,
+    /// The longest one request may take (1 s to 10 min, default 30 s).
+    #[serde(default = "embeddings_timeout_default")]
+    pub timeout_ms: u64,
+}
+
+fn embeddings_batch_default() -> usize {
+    32
+}
+
+fn embeddings_timeout_default() -> u64 {
+    30_000
+}
+
+fn check_embeddings(e: &Embeddings) -> Result<(), String> {
+    let at = "config.toml: search.embeddings";
+    check_api_url(at, &e.base_url, e.api_key_env.is_some())?;
+    if e.model.is_empty() || e.model.len() > 256 || e.model.chars().any(char::is_control) {
+        return Err(format!("{at}.model must name a model (1-256 bytes)"));
+    }
+    if let Some(k) = &e.api_key_env
+        && (k.is_empty() || !k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
+    {
+        return Err(format!(
+            "{at}.api_key_env must be an environment variable name"
+        ));
+    }
+    if !(1..=256).contains(&e.batch_max) {
+        return Err(format!("{at}.batch_max must be within 1..=256"));
+    }
+    if !(1_000..=600_000).contains(&e.timeout_ms) {
+        return Err(format!("{at}.timeout_ms must be within 1000..=600000"));
+    }
+    Ok(())
 }
 
 /// A model's price, in US dollars per million tokens in and out.
@@ -779,6 +840,8 @@ pub struct Policy {
     pub backends: Arc<BTreeMap<String, serde_json::Value>>,
     /// `[prices."<model>"]`.
     pub prices: Arc<BTreeMap<String, Price>>,
+    /// `[search.embeddings]`, if the owner configured an endpoint.
+    pub embeddings: Option<Arc<Embeddings>>,
 }
 
 impl Policy {
@@ -883,6 +946,7 @@ fn failed(why: String) -> Policy {
         blackboard: room_core::artifact::ArtifactLimits::default(),
         backends: Arc::new(BTreeMap::new()),
         prices: Arc::new(BTreeMap::new()),
+        embeddings: None,
     }
 }
 
@@ -974,6 +1038,9 @@ pub(crate) fn check_config(bytes: &[u8]) -> Result<Policy, String> {
         .check()
         .map_err(|why| format!("config.toml: {why}"))?;
     let backends = check_backends(&cfg)?;
+    if let Some(e) = &cfg.search.embeddings {
+        check_embeddings(e)?;
+    }
     match Redactor::new(&cfg.redaction.patterns) {
         Ok(r) => Ok(Policy {
             ceiling,
@@ -995,6 +1062,7 @@ pub(crate) fn check_config(bytes: &[u8]) -> Result<Policy, String> {
             blackboard: cfg.blackboard,
             backends: Arc::new(backends),
             prices: Arc::new(cfg.prices),
+            embeddings: cfg.search.embeddings.map(Arc::new),
         }),
         Err(e) => Err(format!("config.toml: {e}")),
     }

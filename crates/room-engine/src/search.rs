@@ -5,7 +5,13 @@
 //! checkpoint. The query is words, each matched as a term (no FTS5 syntax reaches the index: a
 //! quote, an operator or a column filter in the input is just text).
 //!
-//! A semantic mode (embeddings) is not built: asking for it is refused, saying so.
+//! The semantic mode ranks events by how close their meaning is to the query's: each event's
+//! redacted text gets a vector from the owner's embeddings endpoint (`[search.embeddings]`),
+//! fetched by the daemon's indexer away from any write (`embedding_work`, `embeddings_put`),
+//! kept in the sync index per model; the daemon asks the endpoint for the query's vector and
+//! the engine ranks the room's vectors by cosine similarity, then filters by audience as the
+//! text mode does. Without an endpoint it is refused, saying so; a room not yet wholly
+//! embedded says how much is (`coverage`).
 
 use crate::principal::AgentCaller;
 use crate::room::RoomHandle;
@@ -35,6 +41,61 @@ pub struct SearchArgs {
     pub limit: Option<usize>,
     /// `text` (the default) or `semantic`.
     pub mode: Option<String>,
+}
+
+/// What gives a semantic query its vector: the daemon, asking the owner's endpoint (the
+/// engine makes no request of its own). Called only once the caller may search the room.
+pub trait QueryEmbedder: Send + Sync {
+    /// The embedding model and the query's vector from it.
+    fn embed(&self, query: &str) -> Outcome<(String, Vec<f32>)>;
+}
+
+/// The most dimensions a vector may have.
+pub const EMBED_DIMS_MAX: usize = 8_192;
+/// The longest text sent to be embedded, in characters (the rest of a long turn is cut).
+pub const EMBED_TEXT_CHARS: usize = 2_000;
+/// Vectors one semantic query ranks at most (the newest events' beyond it are not reached:
+/// the answer says so).
+pub const SEMANTIC_SCAN_MAX: usize = 200_000;
+const VECTORS_PAGE: usize = 4_096;
+
+/// A vector as it is kept: unit length, each component scaled to an i8; none when it has no
+/// length or a component is not a finite number.
+pub fn quantize(v: &[f32]) -> Option<Vec<i8>> {
+    if v.is_empty() || v.len() > EMBED_DIMS_MAX || v.iter().any(|x| !x.is_finite()) {
+        return None;
+    }
+    let norm = v
+        .iter()
+        .map(|x| f64::from(*x) * f64::from(*x))
+        .sum::<f64>()
+        .sqrt();
+    if norm == 0.0 {
+        return None;
+    }
+    Some(
+        v.iter()
+            .map(|x| (f64::from(*x) / norm * 127.0).round().clamp(-127.0, 127.0) as i8)
+            .collect(),
+    )
+}
+
+/// Cosine similarity of two kept vectors (0 for vectors of different lengths).
+pub fn cosine(a: &[i8], b: &[i8]) -> f64 {
+    if a.len() != b.len() {
+        return 0.0;
+    }
+    let (mut dot, mut na, mut nb) = (0i64, 0i64, 0i64);
+    for (x, y) in a.iter().zip(b) {
+        let (x, y) = (i64::from(*x), i64::from(*y));
+        dot += x * y;
+        na += x * x;
+        nb += y * y;
+    }
+    if na == 0 || nb == 0 {
+        return 0.0;
+    }
+    dot as f64 / ((na as f64).sqrt() * (nb as f64).sqrt())
 }
 
 /// The words of `q` as an FTS5 query: each a quoted term, all required.
@@ -72,17 +133,27 @@ fn said(body: &Value) -> Option<&str> {
 
 impl Engine {
     /// An agent searches a room it is a member of, seeing only what it may read.
-    pub fn search(&self, caller: &AgentCaller, a: SearchArgs) -> Outcome<Value> {
+    pub fn search(
+        &self,
+        caller: &AgentCaller,
+        a: SearchArgs,
+        embedder: Option<&dyn QueryEmbedder>,
+    ) -> Outcome<Value> {
         let p = self.authorize(caller, Verb::Sync)?;
         let (handle, _) = self.member_handle(&p, &a.room)?;
-        self.search_in(&handle, Some(&p.name), &a)
+        self.search_in(&handle, Some(&p.name), &a, embedder)
     }
 
     /// The owner searches any room, every event.
-    pub fn search_owner(&self, _owner: &crate::Owner, a: SearchArgs) -> Outcome<Value> {
+    pub fn search_owner(
+        &self,
+        _owner: &crate::Owner,
+        a: SearchArgs,
+        embedder: Option<&dyn QueryEmbedder>,
+    ) -> Outcome<Value> {
         name::validate("room", &a.room)?;
         let handle = self.room_handle(&a.room)?;
-        self.search_in(&handle, None, &a)
+        self.search_in(&handle, None, &a, embedder)
     }
 
     fn search_in(
@@ -90,15 +161,11 @@ impl Engine {
         handle: &Arc<Mutex<RoomHandle>>,
         reader: Option<&str>,
         a: &SearchArgs,
+        embedder: Option<&dyn QueryEmbedder>,
     ) -> Outcome<Value> {
         match a.mode.as_deref() {
             None | Some("text") => {}
-            Some("semantic") => {
-                return Err(Refusal::invalid(
-                    "mode",
-                    "semantic search needs an embeddings endpoint, which Room does not have yet: only text search is built",
-                ));
-            }
+            Some("semantic") => return self.search_semantic(handle, reader, a, embedder),
             Some(m) => {
                 return Err(Refusal::invalid(
                     "mode",
@@ -158,6 +225,154 @@ impl Engine {
     }
 }
 
+impl Engine {
+    /// Rank the room's events by their vectors' closeness to the query's, best first, and
+    /// page through those the reader may read.
+    fn search_semantic(
+        &self,
+        handle: &Arc<Mutex<RoomHandle>>,
+        reader: Option<&str>,
+        a: &SearchArgs,
+        embedder: Option<&dyn QueryEmbedder>,
+    ) -> Outcome<Value> {
+        if a.query.trim().is_empty() || a.query.len() > QUERY_BYTES_MAX || a.query.contains('\0') {
+            return Err(Refusal::invalid(
+                "query",
+                format!("1..={QUERY_BYTES_MAX} bytes of text"),
+            ));
+        }
+        let Some(embedder) = embedder else {
+            return Err(Refusal::invalid(
+                "mode",
+                "semantic search needs an embeddings endpoint, and none is configured",
+            )
+            .hint("set [search.embeddings] base_url and model in config.toml (an OpenAI-compatible /embeddings API), or search as text"));
+        };
+        let (model, vector) = embedder.embed(&a.query)?;
+        let model = &model;
+        let query = quantize(&vector).ok_or_else(|| {
+            Refusal::invalid("query", "the endpoint gave the query no usable vector")
+        })?;
+        let limit = a.limit.unwrap_or(20).clamp(1, PAGE_MAX);
+        let redactor = self.policy().redactor()?.clone();
+        let h = lock_room(handle);
+        let mut ranked: Vec<(f64, u64)> = Vec::new();
+        let mut after = 0;
+        let mut cut = false;
+        loop {
+            let page = h
+                .index
+                .embeddings(model, after, VECTORS_PAGE)
+                .map_err(store_err)?;
+            let Some(last) = page.last() else { break };
+            after = last.0;
+            ranked.extend(page.iter().map(|(seq, v)| (cosine(&query, v), *seq)));
+            if ranked.len() >= SEMANTIC_SCAN_MAX {
+                cut = true;
+                break;
+            }
+        }
+        ranked.sort_by(|x, y| y.0.total_cmp(&x.0).then(y.1.cmp(&x.1)));
+        let (embedded, with_text) = h.index.embedding_counts(model).map_err(store_err)?;
+        let mut at = a.cursor.unwrap_or(0) as usize;
+        let start = at;
+        let mut hits = Vec::new();
+        while hits.len() < limit && at < ranked.len() && at - start < SCAN_MAX {
+            let (score, seq) = ranked[at];
+            at += 1;
+            let Some(e) = h.index.event_by_seq(seq).map_err(store_err)? else {
+                continue;
+            };
+            if let Some(r) = reader
+                && !crate::visibility::reads(&e, r)?
+            {
+                continue;
+            }
+            let body: Value = serde_json::from_str(&e.body).unwrap_or(Value::Null);
+            let excerpt: String = said(&body)
+                .unwrap_or("")
+                .chars()
+                .take(EXCERPT_CHARS)
+                .collect();
+            hits.push(
+                json!({"seq": e.seq, "id": e.id, "actor": e.actor, "kind": e.kind,
+                "task": e.task, "score": (score * 1e4).round() / 1e4,
+                "excerpt": redactor.redact(&excerpt)}),
+            );
+        }
+        let mut coverage = json!({"embedded": embedded, "events_with_text": with_text});
+        if cut {
+            coverage["ranked"] = json!(SEMANTIC_SCAN_MAX);
+        }
+        Ok(json!({
+            "room": h.name, "query": a.query, "mode": "semantic", "model": model,
+            "results": hits,
+            "next": (at < ranked.len()).then_some(at as u64),
+            "coverage": coverage,
+            "confirms": "nothing: searching moves no reading position",
+        }))
+    }
+
+    /// The daemon's indexer: rooms whose events it embeds (every room not archived).
+    pub fn embedding_rooms(&self) -> Outcome<Vec<String>> {
+        Ok(self
+            .control()
+            .rooms()
+            .map_err(store_err)?
+            .into_iter()
+            .filter(|r| r.archived_ms.is_none())
+            .map(|r| r.name)
+            .collect())
+    }
+
+    /// The daemon's indexer: events of `room` after `after` with no vector for `model` yet,
+    /// each with its text as every egress shows it (redacted, cut at `EMBED_TEXT_CHARS`).
+    pub fn embedding_work(
+        &self,
+        room: &str,
+        model: &str,
+        after: u64,
+        limit: usize,
+    ) -> Outcome<Vec<(u64, String)>> {
+        let redactor = self.policy().redactor()?.clone();
+        let handle = self.room_handle(room)?;
+        let h = lock_room(&handle);
+        let todo = h
+            .index
+            .embedding_todo(model, after, limit)
+            .map_err(store_err)?;
+        Ok(todo
+            .into_iter()
+            .map(|(seq, text)| {
+                let cut: String = text.chars().take(EMBED_TEXT_CHARS).collect();
+                (seq, redactor.redact(&cut).into_owned())
+            })
+            .collect())
+    }
+
+    /// The daemon's indexer keeps the vectors the endpoint gave; the events whose vector is
+    /// no vector (empty, too long, not finite, of no length) are skipped and named.
+    pub fn embeddings_put(
+        &self,
+        room: &str,
+        model: &str,
+        rows: Vec<(u64, Vec<f32>)>,
+    ) -> Outcome<Vec<u64>> {
+        let mut kept = Vec::with_capacity(rows.len());
+        let mut skipped = Vec::new();
+        for (seq, v) in rows {
+            match quantize(&v) {
+                Some(q) => kept.push((seq, q)),
+                None => skipped.push(seq),
+            }
+        }
+        let handle = self.room_handle(room)?;
+        let mut h = lock_room(&handle);
+        h.index.put_embeddings(model, &kept).map_err(store_err)?;
+        Ok(skipped)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,5 +387,19 @@ mod tests {
         assert!(fts_query("  ***  ").is_err());
         assert!(fts_query(&"a ".repeat(17)).is_err());
         assert!(fts_query(&"a".repeat(300)).is_err());
+    }
+
+    #[test]
+    fn vectors_are_kept_at_unit_length_and_compared_by_angle() {
+        let a = quantize(&[3.0, 4.0]).unwrap();
+        assert_eq!(a, [76, 102]);
+        let b = quantize(&[6.0, 8.0]).unwrap();
+        assert!((cosine(&a, &b) - 1.0).abs() < 1e-9);
+        let c = quantize(&[-4.0, 3.0]).unwrap();
+        assert!(cosine(&a, &c).abs() < 0.01);
+        assert!(quantize(&[]).is_none());
+        assert!(quantize(&[0.0, 0.0]).is_none());
+        assert!(quantize(&[f32::NAN]).is_none());
+        assert_eq!(cosine(&a, &[1, 2, 3]), 0.0);
     }
 }

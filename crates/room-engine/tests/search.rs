@@ -65,6 +65,7 @@ fn search(e: &Engine, who: &AgentCaller, query: &str, cursor: Option<u64>) -> Va
             limit: Some(PAGE_MAX),
             mode: None,
         },
+        None,
     )
     .unwrap()
 }
@@ -181,6 +182,7 @@ fn search_sees_what_its_reader_may_read_in_bounded_ranked_pages() {
                         limit: Some(PAGE_MAX),
                         mode: None,
                     },
+                    None,
                 )
                 .unwrap();
             out.extend(
@@ -201,7 +203,7 @@ fn search_sees_what_its_reader_may_read_in_bounded_ranked_pages() {
     e.index_rebuild(&o, "r", false).unwrap();
     assert_eq!(owner_hits(&e), before_rebuild);
     assert_eq!(all(&e, gamma, "parser"), seen);
-    // semantic search is not built, and says so
+    // semantic search without an endpoint says so
     let r = e
         .search(
             gamma,
@@ -211,8 +213,164 @@ fn search_sees_what_its_reader_may_read_in_bounded_ranked_pages() {
                 mode: Some("semantic".into()),
                 ..SearchArgs::default()
             },
+            None,
         )
         .unwrap_err();
     assert_eq!(r.code.as_str(), "invalid_argument");
     assert_eq!(r.detail["field"], "mode");
+}
+
+/// A stand-in for an embeddings model: words to axes, a few words meaning the same.
+struct Words;
+
+fn words_vector(text: &str) -> Vec<f32> {
+    let mut v = vec![0.0f32; 8];
+    for w in text
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+    {
+        let axis = match w.to_lowercase().as_str() {
+            "bug" | "defect" | "fault" => 0,
+            "parser" | "lexer" => 1,
+            "lunch" | "meal" => 2,
+            "secret" => 3,
+            _ => 4 + w.len() % 4,
+        };
+        v[axis] += 1.0;
+    }
+    v
+}
+
+impl room_engine::search::QueryEmbedder for Words {
+    fn embed(&self, query: &str) -> room_engine::Outcome<(String, Vec<f32>)> {
+        Ok(("words".into(), words_vector(query)))
+    }
+}
+
+/// Semantic search ranks by meaning over the vectors the indexer kept (found by a word the
+/// event never says), filters by audience as text search does, pages, and says how much of
+/// the room has vectors.
+#[test]
+fn semantic_search_ranks_by_meaning_within_what_its_reader_may_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let e = engine(&tmp);
+    let o = owner(&e);
+    let mut tok = std::collections::BTreeMap::new();
+    for n in ["alpha", "beta", "gamma"] {
+        tok.insert(
+            n,
+            caller(e.enroll(&o, n, Tier::Member, "generic").unwrap().token),
+        );
+    }
+    e.room_create(
+        &o,
+        "r",
+        None,
+        &["alpha".into(), "beta".into(), "gamma".into()],
+    )
+    .unwrap();
+    let alpha = &tok["alpha"];
+    let page = e.sync(alpha, "r", None).unwrap();
+    e.sync(alpha, "r", page["receipt"].as_str()).unwrap();
+    let mut seqs = std::collections::BTreeMap::new();
+    for (text, audience) in [
+        ("the parser has a bug", vec![]),
+        ("lunch at noon", vec![]),
+        ("a secret fault in the lexer", vec!["beta".to_string()]),
+        ("tests pass", vec![]),
+    ] {
+        let v = e
+            .turn(
+                alpha,
+                Verb::Note,
+                TurnArgs {
+                    room: "r".into(),
+                    text: Some(text.into()),
+                    audience,
+                    ..TurnArgs::default()
+                },
+            )
+            .unwrap();
+        seqs.insert(text, v["seq"].as_u64().unwrap());
+    }
+    let semantic = |who: &AgentCaller, q: &str, cursor: Option<u64>, limit: usize| {
+        e.search(
+            who,
+            SearchArgs {
+                room: "r".into(),
+                query: q.into(),
+                cursor,
+                limit: Some(limit),
+                mode: Some("semantic".into()),
+            },
+            Some(&Words),
+        )
+        .unwrap()
+    };
+    // nothing has a vector yet: nothing is found, and the answer says so
+    let none = semantic(alpha, "defect", None, 10);
+    assert_eq!(none["results"], serde_json::json!([]));
+    assert_eq!(none["coverage"]["embedded"], 0);
+    assert_eq!(none["coverage"]["events_with_text"], 4);
+    // the indexer's part: the texts (redacted), then their vectors
+    let work = e.embedding_work("r", "words", 0, 100).unwrap();
+    assert_eq!(work.len(), 4, "{work:?}");
+    let rows = work.iter().map(|(s, t)| (*s, words_vector(t))).collect();
+    assert_eq!(
+        e.embeddings_put("r", "words", rows).unwrap(),
+        Vec::<u64>::new()
+    );
+    assert!(e.embedding_work("r", "words", 0, 100).unwrap().is_empty());
+    let gamma = &tok["gamma"];
+    let hits = semantic(gamma, "defect", None, 10);
+    let found: Vec<u64> = hits["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(found[0], seqs["the parser has a bug"], "{hits:#}");
+    assert!(
+        !found.contains(&seqs["a secret fault in the lexer"]),
+        "withheld from gamma: {hits:#}"
+    );
+    assert_eq!(hits["coverage"]["embedded"], 4);
+    // beta, in its audience, finds it first: both a fault and in the lexer
+    let beta = semantic(&tok["beta"], "lexer defect", None, 10);
+    assert_eq!(
+        beta["results"][0]["seq"].as_u64(),
+        Some(seqs["a secret fault in the lexer"]),
+        "{beta:#}"
+    );
+    let scores: Vec<f64> = beta["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["score"].as_f64().unwrap())
+        .collect();
+    assert!(scores.windows(2).all(|w| w[0] >= w[1]), "{scores:?}");
+    // paged: one at a time, the same order
+    let mut paged = Vec::new();
+    let mut cursor = None;
+    loop {
+        let p = semantic(gamma, "defect", cursor, 1);
+        paged.extend(
+            p["results"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r["seq"].as_u64().unwrap()),
+        );
+        match p["next"].as_u64() {
+            Some(n) => cursor = Some(n),
+            None => break,
+        }
+    }
+    assert_eq!(paged, found);
+    // a vector that is none is skipped and named, the rest kept
+    assert_eq!(
+        e.embeddings_put("r", "other", vec![(1, vec![0.0, 0.0]), (2, vec![1.0])])
+            .unwrap(),
+        vec![1]
+    );
 }

@@ -669,6 +669,8 @@ pub async fn serve(
             }
         }
     });
+    // semantic search's vectors, away from every write (idle while no endpoint is configured)
+    let indexer = tokio::spawn(crate::embeddings::indexer(engine.clone()));
     let conns = Conns::new("socket", &limits, nofile);
     let accept = async {
         let mut backoff = Backoff::new();
@@ -722,6 +724,7 @@ pub async fn serve(
         h.abort();
     }
     flusher.abort();
+    indexer.abort();
     collabs.abort();
     sweeper.abort();
     dispatcher.abort();

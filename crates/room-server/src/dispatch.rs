@@ -566,7 +566,13 @@ fn owner_op(engine: &Engine, owner: &Owner, op: &str, a: Value) -> Result<Value,
             Ok(json!({"code": c.code, "expires_ms": c.expires_ms,
                 "ttl_ms": room_engine::console::LOGIN_CODE_TTL_MS}))
         }
-        "search" => engine.search_owner(owner, args::<SearchArgs>(a)?.engine()),
+        "search" => {
+            let ep = crate::embeddings::endpoint(engine);
+            let ep = ep
+                .as_ref()
+                .map(|e| e as &dyn room_engine::search::QueryEmbedder);
+            engine.search_owner(owner, args::<SearchArgs>(a)?.engine(), ep)
+        }
         "collab_start" => crate::collab::start(engine, owner, args(a)?),
         "collab_status" => crate::collab::status(engine, owner, &args::<IdArgs>(a)?.id),
         "collab_profile" => {
@@ -786,9 +792,15 @@ fn artifact_op(
             };
             engine.turn_step(caller, Verb::Note, turn, ticket)
         }
-        "search" => engine
-            .search(caller, args::<SearchArgs>(a)?.engine())
-            .map(TurnStep::Done),
+        "search" => {
+            let ep = crate::embeddings::endpoint(engine);
+            let ep = ep
+                .as_ref()
+                .map(|e| e as &dyn room_engine::search::QueryEmbedder);
+            engine
+                .search(caller, args::<SearchArgs>(a)?.engine(), ep)
+                .map(TurnStep::Done)
+        }
         "collab_status" => {
             let a: CollabSteerArgs = args(a)?;
             room_collab::steer::status(engine, caller, &a.id).map(TurnStep::Done)

@@ -8,6 +8,7 @@ pub mod collab;
 pub mod daemon;
 pub mod dashboard;
 pub mod dispatch;
+pub mod embeddings;
 pub mod error;
 pub mod mcp;
 mod proposals;

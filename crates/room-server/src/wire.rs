@@ -977,7 +977,7 @@ pub struct SearchArgs {
     #[serde(default)]
     #[schemars(range(min = 1, max = room_engine::search::PAGE_MAX))]
     pub limit: Option<usize>,
-    /// text (the default); semantic is not built and is refused.
+    /// text (the default) or semantic (by meaning).
     #[serde(default)]
     pub mode: Option<String>,
 }

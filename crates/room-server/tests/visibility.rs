@@ -8,6 +8,7 @@
 mod common;
 use common::*;
 use serde_json::{Value, json};
+use std::time::{Duration, Instant};
 
 /// Every item `token` reads in `room` from its checkpoint on, confirming each page.
 fn read(fx: &mut Fx, token: &str, room: &str) -> Vec<Value> {
@@ -460,4 +461,154 @@ fn search_through_the_daemon_keeps_to_what_its_reader_may_read() {
             assert_eq!(r.detail["field"], field, "{args}: {r}");
         }
     }
+}
+
+/// The suite's local model API (tests/workers/openai_server.py), which also serves a
+/// stand-in embeddings model; its log holds every request body.
+struct ModelServer {
+    child: std::process::Child,
+    port: u16,
+    log: std::path::PathBuf,
+}
+
+impl Drop for ModelServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn model_server(fx: &Fx) -> ModelServer {
+    use std::io::BufRead;
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/workers/openai_server.py");
+    let log = fx.root.join("embeddings.jsonl");
+    let mut child = std::process::Command::new("/usr/bin/python3")
+        .arg(script)
+        .arg("reply")
+        .arg(&log)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    ModelServer {
+        port: line.trim().parse().expect("the server prints its port"),
+        child,
+        log,
+    }
+}
+
+/// Semantic search through the daemon against a real HTTP embeddings endpoint: the indexer
+/// embeds each event's redacted text away from the writes (and keeps up with new ones), a
+/// query finds by meaning what no word of it matches, within what its reader may read; an
+/// endpoint that is down delays only the vectors (writes go on) and a semantic query then
+/// is `embeddings_unavailable`, changing nothing.
+#[test]
+fn semantic_search_finds_by_meaning_through_the_owner_s_endpoint() {
+    let mut fx = Fx::new();
+    let (a, b, g) = fx.team("lobby");
+    fx.sync_all(&a, "lobby");
+    for (text, audience) in [
+        ("the parser has a bug", json!([])),
+        ("a secret fault in the lexer", json!(["beta"])),
+        ("lunch at noon, the password is hunter2", json!([])),
+    ] {
+        fx.ok(
+            Some(&a),
+            "note",
+            json!({"room": "lobby", "text": text, "audience": audience}),
+        );
+    }
+    let server = model_server(&fx);
+    fx.write_config(&format!(
+        "[redaction]\npatterns = [\"hunter[0-9]\"]\n\n[search.embeddings]\nbase_url = \"http://127.0.0.1:{}/v1\"\nmodel = \"stand-in\"\nbatch_max = 2\n",
+        server.port
+    ));
+    let semantic = |fx: &mut Fx, who: &str, q: &str| {
+        fx.ok(
+            Some(who),
+            "search",
+            json!({"room": "lobby", "query": q, "mode": "semantic"}),
+        )
+    };
+    let settled = |fx: &mut Fx| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let v = semantic(fx, &g, "defect");
+            let c = &v["coverage"];
+            if c["embedded"] == c["events_with_text"] && c["embedded"].as_u64() > Some(0) {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "never embedded: {v:#}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let v = settled(&mut fx);
+    let excerpts: Vec<&str> = v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["excerpt"].as_str().unwrap())
+        .collect();
+    assert_eq!(excerpts[0], "the parser has a bug", "{v:#}");
+    assert!(
+        !excerpts.iter().any(|e| e.contains("secret")),
+        "withheld from gamma: {v:#}"
+    );
+    assert_eq!(v["model"], "stand-in");
+    // no word of the query is in the event: text search finds nothing
+    let text = fx.ok(
+        Some(&g),
+        "search",
+        json!({"room": "lobby", "query": "defect"}),
+    );
+    assert_eq!(text["results"], json!([]), "{text:#}");
+    // beta, in its audience, finds the lexer's fault first
+    let v = semantic(&mut fx, &b, "lexer flaw");
+    assert_eq!(
+        v["results"][0]["excerpt"], "a secret fault in the lexer",
+        "{v:#}"
+    );
+    // a new event gets its vector too; the endpoint saw only redacted text
+    fx.ok(
+        Some(&a),
+        "note",
+        json!({"room": "lobby", "text": "dinner is served"}),
+    );
+    let before = semantic(&mut fx, &g, "meal")["coverage"]["embedded"].as_u64();
+    let v = settled(&mut fx);
+    assert!(v["coverage"]["embedded"].as_u64() > before, "{v:#}");
+    let v = semantic(&mut fx, &g, "meal");
+    assert_eq!(v["results"][0]["excerpt"], "dinner is served", "{v:#}");
+    let sent = std::fs::read_to_string(&server.log).unwrap();
+    assert!(sent.contains("/v1/embeddings"), "{sent}");
+    assert!(
+        !sent.contains("hunter2"),
+        "unredacted text reached the endpoint: {sent}"
+    );
+    // the endpoint goes away: writes go on, a semantic query is refused and changes nothing
+    drop(server);
+    fx.ok(
+        Some(&a),
+        "note",
+        json!({"room": "lobby", "text": "written while the endpoint is down"}),
+    );
+    let r = fx.refuse(
+        Some(&g),
+        "search",
+        json!({"room": "lobby", "query": "defect", "mode": "semantic"}),
+        "embeddings_unavailable",
+    );
+    assert!(r.hint.is_some(), "{r}");
+    // a non-member is refused before any endpoint is asked
+    let outsider = fx.enroll("outsider", "member");
+    fx.refuse(
+        Some(&outsider),
+        "search",
+        json!({"room": "lobby", "query": "defect", "mode": "semantic"}),
+        "room_not_member",
+    );
 }

@@ -111,6 +111,15 @@ pub trait RoomIndex: Send {
     /// the caller builds), best first, with their rank (lower is better).
     fn search(&self, query: &str, offset: usize, limit: usize) -> Result<Vec<(u64, f64)>>;
     /// How many artifacts (kind and key) the room holds.
+    /// Events after `after` that say something (text, a spilled text's preview, a task's
+    /// title) and have no vector for `model` yet, oldest first: `(seq, text)`.
+    fn embedding_todo(&self, model: &str, after: u64, limit: usize) -> Result<Vec<(u64, String)>>;
+    /// Keep `model`'s vector of each event (a vector already kept is replaced).
+    fn put_embeddings(&mut self, model: &str, rows: &[(u64, Vec<i8>)]) -> Result<()>;
+    /// `model`'s vectors of events after `after`, by seq.
+    fn embeddings(&self, model: &str, after: u64, limit: usize) -> Result<Vec<(u64, Vec<i8>)>>;
+    /// How many events have a vector for `model`, and how many say something at all.
+    fn embedding_counts(&self, model: &str) -> Result<(u64, u64)>;
     fn artifact_keys(&self) -> Result<u64>;
     fn ops_of_task(&self, task: &str, limit: usize) -> Result<Vec<OpRow>>;
     fn lapsed_ops(&self, now_ms: u64, limit: usize) -> Result<Vec<OpRow>>;

@@ -75,6 +75,7 @@ pub const CASES: &[(&str, Case)] = &[
     ("index_audience", index_audience),
     ("index_artifacts", index_artifacts),
     ("index_search", index_search),
+    ("index_embeddings", index_embeddings),
     ("index_idempotency_fifo", index_idempotency_fifo),
     (
         "index_sync_state_survives_reopen_and_rebuild",
@@ -1920,6 +1921,79 @@ pub fn index_search(h: &mut dyn Harness) {
     })
     .unwrap();
     assert_eq!(seqs(idx.search("\"parser\"", 0, 10).unwrap()), [1, 3, 4]);
+}
+
+/// Semantic search's vectors: the events that say something and lack one for a model, kept
+/// per model (another model's vectors are another set), replaced when kept again, paged by
+/// seq, counted; kept across a reopen and a rebuild (they are derived from the journal's
+/// immutable text).
+pub fn index_embeddings(h: &mut dyn Harness) {
+    let said = |seq: u64, body: serde_json::Value| {
+        let mut e = event(seq, "alpha", "turn");
+        e.body = body.to_string();
+        e
+    };
+    let events = vec![
+        said(1, json!({"kind": "turn", "text": "the parser has a bug"})),
+        said(2, json!({"kind": "room_created"})),
+        said(3, json!({"kind": "task", "created": {"title": "fix it"}})),
+        said(4, json!({"kind": "turn", "text_blob": {"preview": "long"}})),
+    ];
+    {
+        let store = h.fresh();
+        store.create_shard("g_em", b"{}", b"{}", &[]).unwrap();
+        let mut idx = store.open_index("g_em").unwrap();
+        idx.apply(&Batch {
+            events: events.clone(),
+            ..Batch::default()
+        })
+        .unwrap();
+        let todo = idx.embedding_todo("m1", 0, 10).unwrap();
+        assert_eq!(
+            todo,
+            [
+                (1, "the parser has a bug".to_string()),
+                (3, "fix it".to_string()),
+                (4, "long".to_string())
+            ]
+        );
+        assert_eq!(
+            idx.embedding_todo("m1", 1, 1).unwrap(),
+            [(3, "fix it".into())]
+        );
+        idx.put_embeddings("m1", &[(1, vec![1, -2, 3]), (3, vec![0, 0, 127])])
+            .unwrap();
+        assert_eq!(
+            idx.embedding_todo("m1", 0, 10).unwrap(),
+            [(4, "long".into())]
+        );
+        // another model has none of them
+        assert_eq!(idx.embedding_todo("m2", 0, 10).unwrap().len(), 3);
+        assert_eq!(idx.embedding_counts("m1").unwrap(), (2, 3));
+        assert_eq!(idx.embedding_counts("m2").unwrap(), (0, 3));
+        idx.put_embeddings("m1", &[(1, vec![-128, 127, 0])])
+            .unwrap();
+    }
+    let store = h.reopen();
+    let mut idx = store.open_index("g_em").unwrap();
+    assert_eq!(
+        idx.embeddings("m1", 0, 10).unwrap(),
+        [(1, vec![-128, 127, 0]), (3, vec![0, 0, 127])]
+    );
+    assert_eq!(idx.embeddings("m1", 1, 10).unwrap(), [(3, vec![0, 0, 127])]);
+    assert_eq!(idx.embeddings("m1", 0, 1).unwrap().len(), 1);
+    assert_eq!(idx.embeddings("m2", 0, 10).unwrap(), vec![]);
+    idx.clear_projection().unwrap();
+    idx.apply(&Batch {
+        events,
+        ..Batch::default()
+    })
+    .unwrap();
+    assert_eq!(idx.embedding_counts("m1").unwrap(), (2, 3));
+    assert_eq!(
+        idx.embedding_todo("m1", 0, 10).unwrap(),
+        [(4, "long".into())]
+    );
 }
 
 /// The blackboard's index: each version by kind, key and number (the newest when none is

@@ -271,6 +271,17 @@ INSERT INTO events_fts(rowid, text)
         json_extract(body, '$.text_blob.preview'), json_extract(body, '$.created.title')) AS t
         FROM events) WHERE t IS NOT NULL;
 "#,
+    // Semantic search: one vector per event and embedding model, computed by the daemon away
+    // from any write from the event's redacted text (unit length, each component scaled to
+    // an i8). Derived from the journal's immutable text, so a rebuild keeps them.
+    r#"
+CREATE TABLE embeddings (
+    seq INTEGER NOT NULL,
+    model TEXT NOT NULL,
+    vector BLOB NOT NULL,
+    PRIMARY KEY (model, seq)
+) STRICT, WITHOUT ROWID;
+"#,
 ];
 
 /// What of an event's body is searched: its text, a spilled text's preview, a task's title.
@@ -1612,6 +1623,65 @@ impl RoomIndex for Index {
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
+    fn embedding_todo(&self, model: &str, after: u64, limit: usize) -> Result<Vec<(u64, String)>> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT e.seq, COALESCE(json_extract(e.body, '$.text'),
+                    json_extract(e.body, '$.text_blob.preview'),
+                    json_extract(e.body, '$.created.title')) AS t
+             FROM events e
+             WHERE e.seq > ?2 AND t IS NOT NULL
+               AND NOT EXISTS (SELECT 1 FROM embeddings m WHERE m.model = ?1 AND m.seq = e.seq)
+             ORDER BY e.seq LIMIT ?3",
+        )?;
+        let rows = st.query_map(params![model, after as i64, limit as i64], |r| {
+            Ok((r.get::<_, i64>(0)? as u64, r.get::<_, String>(1)?))
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    fn put_embeddings(&mut self, model: &str, rows: &[(u64, Vec<i8>)]) -> Result<()> {
+        self.isolated(|conn| {
+            let mut st = conn.prepare_cached(
+                "INSERT OR REPLACE INTO embeddings (seq, model, vector) VALUES (?1, ?2, ?3)",
+            )?;
+            for (seq, v) in rows {
+                let bytes: Vec<u8> = v.iter().map(|x| *x as u8).collect();
+                st.execute(params![*seq as i64, model, bytes])?;
+            }
+            Ok(())
+        })
+    }
+
+    fn embeddings(&self, model: &str, after: u64, limit: usize) -> Result<Vec<(u64, Vec<i8>)>> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT seq, vector FROM embeddings WHERE model = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+        )?;
+        let rows = st.query_map(params![model, after as i64, limit as i64], |r| {
+            let bytes: Vec<u8> = r.get(1)?;
+            Ok((
+                r.get::<_, i64>(0)? as u64,
+                bytes.into_iter().map(|b| b as i8).collect(),
+            ))
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    fn embedding_counts(&self, model: &str) -> Result<(u64, u64)> {
+        let embedded: i64 = self
+            .conn
+            .prepare_cached("SELECT COUNT(*) FROM embeddings WHERE model = ?1")?
+            .query_row([model], |r| r.get(0))?;
+        let with_text: i64 = self
+            .conn
+            .prepare_cached(
+                "SELECT COUNT(*) FROM events WHERE COALESCE(json_extract(body, '$.text'),
+                    json_extract(body, '$.text_blob.preview'),
+                    json_extract(body, '$.created.title')) IS NOT NULL",
+            )?
+            .query_row([], |r| r.get(0))?;
+        Ok((embedded as u64, with_text as u64))
+    }
+
     fn artifact_keys(&self) -> Result<u64> {
         Ok(self
             .conn
@@ -2123,10 +2193,10 @@ mod tests {
         // as an index the build before the rendering change left it
         let old = Connection::open(&p).unwrap();
         old.execute_batch(
-            "ALTER TABLE events DROP COLUMN audience; DROP TABLE artifacts; DROP TABLE events_fts",
+            "ALTER TABLE events DROP COLUMN audience; DROP TABLE artifacts; DROP TABLE events_fts; DROP TABLE embeddings",
         )
         .unwrap();
-        old.pragma_update(None, "user_version", (MIGRATIONS.len() - 4) as i64)
+        old.pragma_update(None, "user_version", (MIGRATIONS.len() - 5) as i64)
             .unwrap();
         drop(old);
         let idx = Index::open(&p).unwrap();
@@ -2193,10 +2263,10 @@ mod tests {
         // as an index the build before the column left it
         let old = Connection::open(&p).unwrap();
         old.execute_batch(
-            "ALTER TABLE events DROP COLUMN audience; DROP TABLE artifacts; DROP TABLE events_fts",
+            "ALTER TABLE events DROP COLUMN audience; DROP TABLE artifacts; DROP TABLE events_fts; DROP TABLE embeddings",
         )
         .unwrap();
-        old.pragma_update(None, "user_version", (MIGRATIONS.len() - 3) as i64)
+        old.pragma_update(None, "user_version", (MIGRATIONS.len() - 4) as i64)
             .unwrap();
         drop(old);
         let mut idx = Index::open(&p).unwrap();

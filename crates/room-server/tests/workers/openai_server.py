@@ -19,7 +19,10 @@ each) to the file named by its second; its port is its first stdout line.
   again while the room moved on), then an answer saying what it dispatched; any other wake
   is a role, as in collab mode;
 - steer_announce: as steer, but the orchestrator only replies "noted" and ends its turn
-  announcing a dispatch it never made."""
+  announcing a dispatch it never made.
+
+In every mode it also serves embeddings at /v1/embeddings (a stand-in model: words on axes,
+"defect", "fault" and "flaw" on the axis of "bug")."""
 
 import json
 import sys
@@ -168,6 +171,28 @@ def steer_mode(messages, announce_only):
     return answer(text="Nothing new to dispatch: waiting.")
 
 
+# A stand-in embeddings model (any mode, at /v1/embeddings): each word on an axis of its own,
+# a few words meaning the same on one axis, so a search for one finds the others.
+SAME = {"defect": "bug", "fault": "bug", "flaw": "bug", "meal": "lunch", "dinner": "lunch"}
+DIMS = 32
+
+
+def embed_one(text):
+    import hashlib
+    v = [0.0] * DIMS
+    for w in "".join(c if c.isalnum() else " " for c in text.lower()).split():
+        w = SAME.get(w, w)
+        v[int(hashlib.sha256(w.encode()).hexdigest(), 16) % DIMS] += 1.0
+    return v
+
+
+def embeddings(body):
+    texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
+    return {"object": "list", "model": body.get("model"),
+            "data": [{"object": "embedding", "index": i, "embedding": embed_one(t)} for i, t in enumerate(texts)],
+            "usage": {"prompt_tokens": 0, "total_tokens": 0}}
+
+
 class Handler(BaseHTTPRequestHandler):
     def log_message(self, *a):
         pass
@@ -186,6 +211,8 @@ class Handler(BaseHTTPRequestHandler):
             f.write(json.dumps({"path": self.path, "auth": self.headers.get("Authorization"),
                                 "x_api_key": self.headers.get("x-api-key"),
                                 "anthropic_version": self.headers.get("anthropic-version"), "body": body}) + "\n")
+        if self.path == "/v1/embeddings":
+            return self.send(200, json.dumps(embeddings(body)).encode())
         if self.path == "/v1/messages" and MODE == "reply":
             return self.send(200, json.dumps(messages_answer(body["messages"])).encode())
         if self.path not in ("/v1/chat/completions", "/v1/messages"):
