@@ -306,6 +306,13 @@ fn routes(state: &Path) -> Check {
             problems.push(format!("backends.{adapter}: {var} is not set here"));
         }
     }
+    // semantic search's endpoint and its key
+    if let Some(e) = &policy.embeddings
+        && let Some(var) = &e.api_key_env
+        && std::env::var_os(var).is_none()
+    {
+        problems.push(format!("search.embeddings: {var} is not set here"));
+    }
     if problems.is_empty() {
         check(
             "routes",

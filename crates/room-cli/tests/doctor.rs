@@ -118,7 +118,7 @@ fn each_planted_problem_is_reported_with_its_fix() {
     // a route whose program is not there, and one whose API key is not set
     std::fs::write(
         env.state().join("config.toml"),
-        "[routes.beta]\nadapter = \"command\"\ncommand = [\"/nonexistent/agent\"]\n\n[routes.gamma]\nadapter = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\nmodel = \"m\"\napi_key_env = \"ROOM_DOCTOR_TEST_KEY_UNSET\"\n\n[backends.acp]\ncommand = [\"/nonexistent/acp-bridge\"]\n\n[backends.anthropic]\napi_key_env = \"ROOM_DOCTOR_TEST_BACKEND_KEY_UNSET\"\n",
+        "[routes.beta]\nadapter = \"command\"\ncommand = [\"/nonexistent/agent\"]\n\n[routes.gamma]\nadapter = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\nmodel = \"m\"\napi_key_env = \"ROOM_DOCTOR_TEST_KEY_UNSET\"\n\n[backends.acp]\ncommand = [\"/nonexistent/acp-bridge\"]\n\n[backends.anthropic]\napi_key_env = \"ROOM_DOCTOR_TEST_BACKEND_KEY_UNSET\"\n\n[search.embeddings]\nbase_url = \"https://embed.example/v1\"\nmodel = \"e\"\napi_key_env = \"ROOM_DOCTOR_TEST_EMBED_KEY_UNSET\"\n",
     )
     .unwrap();
     let (_, v) = env.doctor("", &[]);
@@ -134,6 +134,8 @@ fn each_planted_problem_is_reported_with_its_fix() {
         d.contains("/nonexistent/acp-bridge") && d.contains("ROOM_DOCTOR_TEST_BACKEND_KEY_UNSET"),
         "{c}"
     );
+    // and semantic search's endpoint key
+    assert!(d.contains("ROOM_DOCTOR_TEST_EMBED_KEY_UNSET"), "{c}");
     // a config the daemon cannot load
     std::fs::write(
         env.state().join("config.toml"),
