@@ -178,3 +178,99 @@ fn a_probe_refuses_what_it_cannot_check() {
     );
     assert_eq!(capability(&v, "acp", "tool_deny")["verdict"], "not_probed");
 }
+
+/// The published ACP bridges (installed by scripts/test into tests/mcp/npm), each probed in a
+/// network namespace with no interface: the handshake is observed (warm resume), what an
+/// offline agent cannot show is said, never guessed, and wherever a turn ran its job is
+/// stopped with zero processes observed; the probe ends within its bounds.
+#[test]
+fn the_published_bridges_are_probed_offline_and_their_jobs_empty() {
+    assert!(
+        Command::new("/usr/bin/unshare")
+            .args(["--net", "--", "/bin/true"])
+            .status()
+            .is_ok_and(|s| s.success()),
+        "unshare --net is not available here"
+    );
+    let nm = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/mcp/npm/node_modules");
+    let nm = std::fs::canonicalize(&nm).unwrap_or(nm);
+    let home = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(home.path().join(".gemini")).unwrap();
+    std::fs::write(
+        home.path().join(".gemini/settings.json"),
+        r#"{"privacy":{"usageStatisticsEnabled":false},"telemetry":{"enabled":false},
+            "general":{"enableAutoUpdate":false,"enableAutoUpdateNotification":false}}"#,
+    )
+    .unwrap();
+    let node = "/usr/bin/node".to_string();
+    let bridges: [(&str, Vec<String>); 3] = [
+        (
+            "claude",
+            vec![
+                node.clone(),
+                nm.join("@zed-industries/claude-agent-acp/dist/index.js")
+                    .display()
+                    .to_string(),
+            ],
+        ),
+        (
+            "codex",
+            vec![
+                nm.join("@zed-industries/codex-acp-linux-x64/bin/codex-acp")
+                    .display()
+                    .to_string(),
+            ],
+        ),
+        (
+            "gemini",
+            vec![
+                node,
+                nm.join("@google/gemini-cli/bundle/gemini.js")
+                    .display()
+                    .to_string(),
+                "--acp".into(),
+            ],
+        ),
+    ];
+    for (name, argv) in bridges {
+        assert!(
+            Path::new(argv.last().unwrap()).exists() || Path::new(&argv[1]).exists(),
+            "{name}: {argv:?} is missing\nhint: run scripts/test once (it installs tests/mcp/npm)"
+        );
+        let state = tempfile::tempdir().unwrap();
+        let o = Command::new(env!("CARGO_BIN_EXE_room"))
+            .args(["adapters", "probe", "acp", "--json", "--state-dir"])
+            .arg(state.path())
+            .args(["--", "/usr/bin/unshare", "--net", "--"])
+            .args(&argv)
+            .env("HOME", home.path())
+            .env("CODEX_API_KEY", "dummy-key-for-tests")
+            .env("GEMINI_API_KEY", "dummy-key-for-tests")
+            .env_remove("ANTHROPIC_API_KEY")
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            matches!(o.status.code(), Some(0 | 1)),
+            "{name}: {v:#} {err}"
+        );
+        // the handshake answered: initialize's loadSession was seen
+        let warm = capability(&v, "acp", "warm_resume");
+        assert_eq!(warm["verdict"], "ok", "{name}: {warm}");
+        // nothing offline is taken for a hard deny or a proven cost
+        for cap in ["tool_deny", "cost"] {
+            let c = capability(&v, "acp", cap);
+            assert!(
+                matches!(c["verdict"].as_str(), Some("unproven" | "not_probed")),
+                "{name}: {c}"
+            );
+        }
+        // wherever the interrupt turn ran, its job emptied
+        let cancel = capability(&v, "acp", "cancel");
+        if cancel["verdict"] != "not_probed" {
+            assert_eq!(cancel["observed"], "zero_processes", "{name}: {cancel}");
+        }
+        eprintln!("{name}: {}", v["adapters"][0]);
+    }
+}
