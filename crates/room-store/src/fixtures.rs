@@ -9,7 +9,7 @@ use std::path::Path;
 /// destination ledger).
 pub fn index_back_to_schema_1(path: &Path) -> Result<()> {
     Connection::open(path)?.execute_batch(
-        "DROP TABLE events_fts; DROP TABLE artifacts; ALTER TABLE events DROP COLUMN audience; DROP INDEX causal_edges_parent; ALTER TABLE receipts DROP COLUMN page_bytes; ALTER TABLE receipts DROP COLUMN base; DROP INDEX obligations_open_all; DROP TABLE source_reads; DROP INDEX evidence_task; DROP TABLE evidence; DROP TABLE ops; DROP TABLE idempotency; DROP TABLE lifecycles;
+        "DROP TABLE embeddings; DROP TABLE events_fts; DROP TABLE artifacts; ALTER TABLE events DROP COLUMN audience; DROP INDEX causal_edges_parent; ALTER TABLE receipts DROP COLUMN page_bytes; ALTER TABLE receipts DROP COLUMN base; DROP INDEX obligations_open_all; DROP TABLE source_reads; DROP INDEX evidence_task; DROP TABLE evidence; DROP TABLE ops; DROP TABLE idempotency; DROP TABLE lifecycles;
          DROP INDEX mentions_open; DROP INDEX obligations_open;
          DROP INDEX mentions_task_open; DROP INDEX obligations_task_open;
          DROP TABLE open_counts;
