@@ -77,6 +77,11 @@ pub enum Cmd {
         /// Threads that run engine calls (default: 4 per core); more for a disk with slow fsyncs.
         #[arg(long, value_parser = clap::value_parser!(u16).range(1..=512))]
         engine_threads: Option<u16>,
+        /// Where Room keeps its state: the state dir's embedded SQLite store (the default).
+        /// A PostgreSQL url (postgres://…) is refused for now: only rooms' journals, shards
+        /// and blobs are on PostgreSQL so far.
+        #[arg(long, value_name = "URL")]
+        store: Option<String>,
     },
     /// The stdio MCP server for agent hosts (needs ROOM_TOKEN; starts a daemon if none runs).
     Mcp {
@@ -780,7 +785,13 @@ pub fn run(cli: Cli) -> i32 {
         Cmd::Serve {
             listen,
             engine_threads,
-        } => return serve(&cli, *listen, *engine_threads),
+            store,
+        } => {
+            if let Some(url) = store {
+                return store_refused(url);
+            }
+            return serve(&cli, *listen, *engine_threads);
+        }
         Cmd::Demo { scene } => {
             return match scene.as_deref() {
                 Some("collab") => crate::demo_collab::run(),
@@ -912,6 +923,22 @@ fn init(cli: &Cli) -> i32 {
             EXIT_STATE
         }
     }
+}
+
+/// `--store URL`: the daemon runs on the embedded store only, for now.
+fn store_refused(url: &str) -> i32 {
+    let postgres = url.starts_with("postgres://") || url.starts_with("postgresql://");
+    if postgres {
+        eprintln!(
+            "error[invalid_argument]: store: Room cannot run on PostgreSQL yet: rooms' journals, shards and blobs are on it (room-store-pg, with its conformance cases), principals, rooms, tasks, wakes, collaborations and the sync indexes are not"
+        );
+    } else {
+        eprintln!("error[invalid_argument]: store: {url:?} is not a postgres:// url");
+    }
+    eprintln!(
+        "hint: run room serve without --store: the state dir's embedded store needs no set-up"
+    );
+    EXIT_REFUSED
 }
 
 fn serve(cli: &Cli, listen: Option<std::net::SocketAddr>, engine_threads: Option<u16>) -> i32 {

@@ -785,3 +785,30 @@ fn cancel_reconcile_and_break_glass_from_the_command_line() {
     let _ = daemon.kill();
     let _ = daemon.wait();
 }
+
+/// `room serve --store postgres://…` is refused, saying what of Room is on PostgreSQL and
+/// what is not, and starts nothing; a url of another kind is refused too.
+#[test]
+fn serving_on_postgres_is_refused_until_the_whole_store_is_there() {
+    let env = Env::new();
+    for (url, says) in [
+        (
+            "postgres://room@db.example/room",
+            "cannot run on PostgreSQL yet",
+        ),
+        ("mysql://x", "is not a postgres:// url"),
+    ] {
+        let o = env.run(&["serve", "--store", url], None);
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        let err = stderr(&o);
+        assert!(
+            err.contains("error[invalid_argument]: store") && err.contains(says),
+            "{err}"
+        );
+        assert!(
+            err.contains("hint: run room serve without --store"),
+            "{err}"
+        );
+    }
+    assert!(!env.state.join("room.sock").exists(), "no daemon started");
+}

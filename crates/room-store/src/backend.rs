@@ -528,6 +528,25 @@ impl WriterGuard {
     }
 }
 
+/// Each room's in-process writer lock, made on first use: what one daemon's writers of a room
+/// wait on (a database shared by several daemons serializes them further itself).
+#[derive(Default)]
+pub struct RoomWriters(Mutex<HashMap<String, Arc<InProcessLock>>>);
+
+impl RoomWriters {
+    /// The right to write `graph_id` until the guard drops; blocks while another holds it.
+    pub fn acquire(&self, graph_id: &str) -> Result<WriterGuard> {
+        let lock = self
+            .0
+            .lock()
+            .map_err(|_| StoreError::Corrupt("writer map lock poisoned".into()))?
+            .entry(graph_id.to_string())
+            .or_default()
+            .clone();
+        Ok(WriterGuard::new(Box::new(lock.acquire())))
+    }
+}
+
 /// A lock whose guard owns a reference to it, so a guard can outlive the map it came from.
 #[derive(Default)]
 struct InProcessLock {
@@ -589,7 +608,7 @@ pub struct SqliteBackend {
     /// The commit log's directory.
     commit: PathBuf,
     config: SqliteBackendConfig,
-    writers: Mutex<HashMap<String, Arc<InProcessLock>>>,
+    writers: RoomWriters,
     /// Opened (and replayed) before the first journal is.
     pipeline: Mutex<Option<Arc<CommitLog>>>,
 }
@@ -602,7 +621,7 @@ impl SqliteBackend {
             debris: state.debris(),
             commit: state.commit_log(),
             config,
-            writers: Mutex::new(HashMap::new()),
+            writers: RoomWriters::default(),
             pipeline: Mutex::new(None),
         }
     }
@@ -755,14 +774,7 @@ impl Backend for SqliteBackend {
     }
 
     fn room_writer(&self, graph_id: &str) -> Result<WriterGuard> {
-        let lock = self
-            .writers
-            .lock()
-            .map_err(|_| StoreError::Corrupt("writer map lock poisoned".into()))?
-            .entry(graph_id.to_string())
-            .or_default()
-            .clone();
-        Ok(WriterGuard::new(Box::new(lock.acquire())))
+        self.writers.acquire(graph_id)
     }
 
     fn close_clean(&self) -> Result<()> {

@@ -43,6 +43,16 @@ pub enum StoreError {
     /// The bytes were written but their fsync failed: they may or may not survive a power cut.
     #[error("append in doubt: {0}")]
     InDoubt(String),
+    /// A shared database's error (the PostgreSQL backend).
+    #[error("postgres: {0}")]
+    Postgres(String),
+    /// Another writer (another daemon on a shared database) appended to the room first: the
+    /// append wrote nothing, and the writer reads what landed before it writes again.
+    #[error("concurrent arrival: {0}")]
+    Conflict(String),
+    /// A part of the store this backend does not have yet.
+    #[error("not supported: {0}")]
+    Unsupported(String),
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;

@@ -1,0 +1,449 @@
+//! Room's PostgreSQL storage backend (issue 44), behind the same [`Backend`] traits as the
+//! embedded SQLite one and held to the same conformance suite. What it stores so far: each
+//! room's shard (binding and manifest), its journal (a table of the very lines the file
+//! journal holds, with the same hash chain, offsets and marks) and its blobs. A room's head
+//! row is locked in each append's transaction, so writers on several daemons sharing one
+//! database keep each chain linear: the one that finds the head moved gets
+//! `StoreError::Conflict`, never a fork. A commit whose answer was lost is read back before
+//! anything is claimed (`InDoubt` only when even that cannot tell).
+//!
+//! Not yet on PostgreSQL, and refused with [`StoreError::Unsupported`] naming the part: the
+//! control store (principals, grants, rooms, tasks, wakes, collaborations) and the rooms'
+//! sync indexes. `room serve --store postgres://…` refuses until they are.
+//!
+//! The traits are synchronous (the engine runs on blocking threads); every call here runs
+//! on this backend's own small tokio runtime and is waited for on the caller's thread, so a
+//! caller on any thread works.
+
+mod log;
+
+pub use log::PgLog;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use room_core::Sealed;
+use room_core::chain::ChainTip;
+use room_store::backend::{
+    Backend, BlobStore, ControlStore, RoomIndex, RoomLog, RoomWriters, ScanEach, ShardCreated,
+    WriterGuard,
+};
+use room_store::journal::{ChainPos, JournalMark, VerifyReport};
+use room_store::{Result, StoreError};
+use std::future::Future;
+use std::sync::Arc;
+
+/// Connections one backend keeps at most.
+pub const POOL_MAX: usize = 16;
+/// The advisory lock key migrations run under (daemons starting together apply them once).
+const MIGRATION_LOCK: i64 = 0x526f_6f6d_4d69_6731; // "RoomMig1"
+
+/// The schema, one step per entry; `room_migrations` records the steps applied.
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE shards (
+    graph_id text PRIMARY KEY,
+    id bigserial UNIQUE NOT NULL,
+    binding bytea NOT NULL,
+    manifest bytea NOT NULL
+);
+CREATE TABLE room_heads (
+    graph_id text PRIMARY KEY REFERENCES shards (graph_id) ON UPDATE CASCADE ON DELETE CASCADE,
+    seq bigint NOT NULL,
+    len bigint NOT NULL,
+    hash text NOT NULL,
+    hlc_ms bigint NOT NULL,
+    hlc_c bigint NOT NULL
+);
+CREATE TABLE journal (
+    graph_id text NOT NULL REFERENCES shards (graph_id) ON UPDATE CASCADE ON DELETE CASCADE,
+    seq bigint NOT NULL,
+    "offset" bigint NOT NULL,
+    line bytea NOT NULL,
+    PRIMARY KEY (graph_id, seq)
+);
+CREATE TABLE journal_cut (
+    graph_id text NOT NULL,
+    seq bigint NOT NULL,
+    "offset" bigint NOT NULL,
+    line bytea NOT NULL,
+    cut_id bigint NOT NULL
+);
+CREATE SEQUENCE journal_cuts;
+CREATE TABLE blobs (
+    graph_id text NOT NULL REFERENCES shards (graph_id) ON UPDATE CASCADE ON DELETE CASCADE,
+    name text NOT NULL,
+    bytes bytea NOT NULL,
+    PRIMARY KEY (graph_id, name)
+);
+"#];
+
+/// The prefix of a shard kept aside (set aside, or a stray swept): never read as a room.
+const ASIDE: &str = "aside:";
+
+/// Map a driver error to the store's.
+pub(crate) fn pg(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Postgres(e.to_string())
+}
+
+/// The PostgreSQL backend.
+pub struct PgBackend {
+    rt: Arc<tokio::runtime::Runtime>,
+    pool: Pool,
+    writers: RoomWriters,
+}
+
+impl PgBackend {
+    /// Connect to `url` (`postgres://user@host:port/db`, or libpq's `key=value` form) and
+    /// apply the schema's missing steps under an advisory lock.
+    pub fn connect(url: &str) -> Result<PgBackend> {
+        let config: tokio_postgres::Config = url
+            .parse()
+            .map_err(|e| StoreError::Postgres(format!("the store url: {e}")))?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("room-postgres")
+            .enable_all()
+            .build()?;
+        let manager = Manager::from_config(
+            config,
+            tokio_postgres::NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(POOL_MAX)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()
+            .map_err(pg)?;
+        let b = PgBackend {
+            rt: Arc::new(rt),
+            pool,
+            writers: RoomWriters::default(),
+        };
+        let pool = b.pool.clone();
+        b.run(async move { migrate(&pool).await })?;
+        Ok(b)
+    }
+
+    /// Run `f` on this backend's runtime and wait for it here.
+    pub(crate) fn run<T: Send + 'static>(
+        &self,
+        f: impl Future<Output = Result<T>> + Send + 'static,
+    ) -> Result<T> {
+        run_on(&self.rt, f)
+    }
+}
+
+pub(crate) fn run_on<T: Send + 'static>(
+    rt: &tokio::runtime::Runtime,
+    f: impl Future<Output = Result<T>> + Send + 'static,
+) -> Result<T> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    rt.spawn(async move {
+        let _ = tx.send(f.await);
+    });
+    rx.recv()
+        .map_err(|_| StoreError::Postgres("the backend's runtime dropped a call".into()))?
+}
+
+async fn migrate(pool: &Pool) -> Result<()> {
+    let mut c = pool.get().await.map_err(pg)?;
+    let tx = c.transaction().await.map_err(pg)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await
+        .map_err(pg)?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS room_migrations (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())",
+    )
+    .await
+    .map_err(pg)?;
+    let applied: i32 = tx
+        .query_one("SELECT COALESCE(MAX(version), 0) FROM room_migrations", &[])
+        .await
+        .map_err(pg)?
+        .get(0);
+    let applied = usize::try_from(applied).unwrap_or(usize::MAX);
+    if applied > MIGRATIONS.len() {
+        return Err(StoreError::Postgres(format!(
+            "the database's schema is at step {applied}, newer than this build's {}: upgrade Room",
+            MIGRATIONS.len()
+        )));
+    }
+    for (i, step) in MIGRATIONS.iter().enumerate().skip(applied) {
+        tx.batch_execute(step).await.map_err(pg)?;
+        let v = i32::try_from(i + 1).expect("a few steps");
+        tx.execute("INSERT INTO room_migrations (version) VALUES ($1)", &[&v])
+            .await
+            .map_err(pg)?;
+    }
+    tx.commit().await.map_err(pg)
+}
+
+fn not_yet(part: &str) -> StoreError {
+    StoreError::Unsupported(format!(
+        "{part} is not on PostgreSQL yet (its journals, shards and blobs are)"
+    ))
+}
+
+fn not_found(graph_id: &str) -> StoreError {
+    StoreError::Io(std::io::Error::new(
+        std::io::ErrorKind::NotFound,
+        format!("no shard {graph_id} in the database"),
+    ))
+}
+
+impl Backend for PgBackend {
+    fn open_control(&self) -> Result<Box<dyn ControlStore>> {
+        Err(not_yet("the control store"))
+    }
+
+    fn create_shard(
+        &self,
+        graph_id: &str,
+        binding: &[u8],
+        manifest: &[u8],
+        first: &[Sealed],
+    ) -> Result<ShardCreated> {
+        if graph_id.starts_with(ASIDE) {
+            return Err(StoreError::Corrupt(format!(
+                "{graph_id:?} is no room's graph id"
+            )));
+        }
+        // checked before anything is written: a shard is whole or absent
+        let lines = log::lines_after(&ChainTip::genesis(graph_id), 0, first)?;
+        let (pool, g, b, m) = (
+            self.pool.clone(),
+            graph_id.to_string(),
+            binding.to_vec(),
+            manifest.to_vec(),
+        );
+        self.run(async move {
+            let mut c = pool.get().await.map_err(pg)?;
+            let tx = c.transaction().await.map_err(pg)?;
+            let made = tx
+                .execute(
+                    "INSERT INTO shards (graph_id, binding, manifest) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+                    &[&g, &b, &m],
+                )
+                .await
+                .map_err(pg)?;
+            if made == 0 {
+                return Ok(ShardCreated::Exists);
+            }
+            let genesis = ChainTip::genesis(&g);
+            log::insert_head(&tx, &g, &genesis, 0).await?;
+            log::insert_lines(&tx, &g, &lines.rows).await?;
+            log::set_head(&tx, &g, &lines.tip, lines.end).await?;
+            tx.commit().await.map_err(pg)?;
+            Ok(ShardCreated::Ready)
+        })
+    }
+
+    fn set_aside(&self, graph_id: &str, now_ms: u64) -> Result<String> {
+        let (pool, g) = (self.pool.clone(), graph_id.to_string());
+        self.run(async move {
+            let c = pool.get().await.map_err(pg)?;
+            set_aside(&c, &g, now_ms).await
+        })
+    }
+
+    fn sweep_strays(
+        &self,
+        known: &std::collections::BTreeSet<String>,
+        now_ms: u64,
+    ) -> Result<Vec<String>> {
+        let (pool, known) = (self.pool.clone(), known.clone());
+        self.run(async move {
+            let c = pool.get().await.map_err(pg)?;
+            let rows = c
+                .query(
+                    "SELECT graph_id FROM shards WHERE graph_id NOT LIKE 'aside:%' ORDER BY graph_id",
+                    &[],
+                )
+                .await
+                .map_err(pg)?;
+            let mut out = Vec::new();
+            for r in rows {
+                let g: String = r.get(0);
+                if !known.contains(&g) {
+                    out.push(set_aside(&c, &g, now_ms).await?);
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    fn read_binding(&self, graph_id: &str) -> Result<Vec<u8>> {
+        let (pool, g) = (self.pool.clone(), graph_id.to_string());
+        self.run(async move {
+            let c = pool.get().await.map_err(pg)?;
+            c.query_opt("SELECT binding FROM shards WHERE graph_id = $1", &[&g])
+                .await
+                .map_err(pg)?
+                .map(|r| r.get::<_, Vec<u8>>(0))
+                .ok_or_else(|| not_found(&g))
+        })
+    }
+
+    fn open_index(&self, _graph_id: &str) -> Result<Box<dyn RoomIndex>> {
+        Err(not_yet("a room's sync index"))
+    }
+
+    fn open_log(
+        &self,
+        graph_id: &str,
+        known: Option<&JournalMark>,
+        each: ScanEach<'_>,
+    ) -> Result<Box<dyn RoomLog>> {
+        Ok(Box::new(PgLog::open(
+            self.rt.clone(),
+            self.pool.clone(),
+            graph_id,
+            known,
+            each,
+        )?))
+    }
+
+    fn open_blobs(&self, graph_id: &str) -> Result<Arc<dyn BlobStore>> {
+        Ok(Arc::new(PgBlobs {
+            rt: self.rt.clone(),
+            pool: self.pool.clone(),
+            graph_id: graph_id.to_string(),
+        }))
+    }
+
+    fn verify_log(&self, graph_id: &str) -> Result<VerifyReport> {
+        let r = self.verify_log_from(graph_id, None, None)?;
+        match &r.damage {
+            Some(d) => Err(StoreError::Corrupt(format!("{graph_id}: {d}"))),
+            None => Ok(r),
+        }
+    }
+
+    fn verify_log_from(
+        &self,
+        graph_id: &str,
+        from: Option<&ChainPos>,
+        stop: Option<u64>,
+    ) -> Result<VerifyReport> {
+        let (pool, g, from) = (self.pool.clone(), graph_id.to_string(), from.cloned());
+        self.run(async move { log::verify(&pool, &g, from, stop).await })
+    }
+
+    fn cut_log(&self, graph_id: &str, len: u64) -> Result<String> {
+        let (pool, g) = (self.pool.clone(), graph_id.to_string());
+        self.run(async move { log::cut(&pool, &g, len).await })
+    }
+
+    fn room_writer(&self, graph_id: &str) -> Result<WriterGuard> {
+        self.writers.acquire(graph_id)
+    }
+}
+
+/// Keep a shard aside under a name no room has (its rows follow by cascade); that name.
+async fn set_aside(c: &deadpool_postgres::Object, graph_id: &str, now_ms: u64) -> Result<String> {
+    let row = c
+        .query_opt("SELECT id FROM shards WHERE graph_id = $1", &[&graph_id])
+        .await
+        .map_err(pg)?
+        .ok_or_else(|| not_found(graph_id))?;
+    let id: i64 = row.get(0);
+    let to = format!("{ASIDE}{graph_id}:{now_ms}:{id}");
+    c.execute(
+        "UPDATE shards SET graph_id = $2 WHERE graph_id = $1",
+        &[&graph_id, &to],
+    )
+    .await
+    .map_err(pg)?;
+    Ok(format!("postgres shard {to}"))
+}
+
+/// A room's blobs: content-addressed rows, verified against their digest when read.
+struct PgBlobs {
+    rt: Arc<tokio::runtime::Runtime>,
+    pool: Pool,
+    graph_id: String,
+}
+
+fn io(e: StoreError) -> std::io::Error {
+    match e {
+        StoreError::Io(e) => e,
+        other => std::io::Error::other(other.to_string()),
+    }
+}
+
+fn is_digest(sha: &str) -> bool {
+    sha.len() == 64
+        && sha
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+}
+
+fn valid_ext(ext: &str) -> bool {
+    !ext.is_empty() && ext.len() <= 16 && ext.bytes().all(|b| b.is_ascii_alphanumeric())
+}
+
+impl BlobStore for PgBlobs {
+    fn put(&self, bytes: &[u8], ext: &str) -> std::io::Result<String> {
+        if !valid_ext(ext) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{ext:?} is not a blob extension"),
+            ));
+        }
+        let sha = room_core::sha256_hex(bytes);
+        let name = format!("{sha}.{ext}");
+        let (pool, g, b) = (self.pool.clone(), self.graph_id.clone(), bytes.to_vec());
+        run_on(&self.rt, async move {
+            let c = pool.get().await.map_err(pg)?;
+            c.execute(
+                "INSERT INTO blobs (graph_id, name, bytes) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+                &[&g, &name, &b],
+            )
+            .await
+            .map_err(pg)?;
+            Ok(())
+        })
+        .map_err(io)?;
+        Ok(sha)
+    }
+
+    fn get(&self, sha: &str, ext: &str) -> std::io::Result<Vec<u8>> {
+        if !is_digest(sha) || !valid_ext(ext) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{sha:?}.{ext:?} is not a blob's name"),
+            ));
+        }
+        let name = format!("{sha}.{ext}");
+        let (pool, g) = (self.pool.clone(), self.graph_id.clone());
+        let bytes = run_on(&self.rt, async move {
+            let c = pool.get().await.map_err(pg)?;
+            c.query_opt(
+                "SELECT bytes FROM blobs WHERE graph_id = $1 AND name = $2",
+                &[&g, &name],
+            )
+            .await
+            .map_err(pg)?
+            .map(|r| r.get::<_, Vec<u8>>(0))
+            .ok_or_else(|| {
+                StoreError::Io(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    format!("no blob {name}"),
+                ))
+            })
+        })
+        .map_err(io)?;
+        if room_core::sha256_hex(&bytes) != sha {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("blob {sha}.{ext} does not match its digest"),
+            ));
+        }
+        Ok(bytes)
+    }
+
+    fn sweep_temps(&self) -> std::io::Result<usize> {
+        // a put is one statement: nothing half-written to sweep
+        Ok(0)
+    }
+}
