@@ -222,18 +222,41 @@ fn gated(
     args: Value,
 ) -> Result<Response, String> {
     let mut r = call(op, args.clone())?;
-    for _ in 1..GATED_ATTEMPTS_MAX {
+    for attempt in 1..GATED_ATTEMPTS_MAX {
         let behind = r
             .refusal
             .as_ref()
             .is_some_and(|x| x.code == room_core::Code::RoomSyncRequired);
-        if r.ok || !behind {
+        if transient(&r) {
+            pause(attempt);
+        } else if r.ok || !behind {
             break;
+        } else {
+            read(call, room)?;
         }
-        read(call, room)?;
         r = call(op, args.clone())?;
     }
     Ok(r)
+}
+
+/// A refusal that says "not now" (a busy room's turn queue, an acceptance evaluation already
+/// running, a concurrent arrival): the same call again after a pause, as an agent would.
+fn transient(r: &Response) -> bool {
+    r.refusal.as_ref().is_some_and(|x| {
+        matches!(
+            x.code,
+            room_core::Code::RoomTurnQueueExceeded
+                | room_core::Code::AcceptanceEvaluationBusy
+                | room_core::Code::RoomSyncConcurrentArrival
+        )
+    })
+}
+
+/// The pause before the `attempt`th try of a transient refusal (25 ms more each time, at
+/// most half a second).
+fn pause(attempt: usize) {
+    let ms = (25 * attempt as u64).min(500);
+    std::thread::sleep(std::time::Duration::from_millis(ms));
 }
 
 /// The task a wake is for (a collaboration's phase run).
@@ -272,7 +295,7 @@ fn diff_from_tree(
     task: &str,
 ) -> Result<(), String> {
     let mut last = None;
-    for _ in 0..GATED_ATTEMPTS_MAX {
+    for attempt in 1..=GATED_ATTEMPTS_MAX {
         let current = current_version(call, room, ("diff", "main"))?;
         let r = call(
             "diff_from_tree",
@@ -281,6 +304,10 @@ fn diff_from_tree(
         )?;
         if r.ok {
             return Ok(());
+        }
+        if transient(&r) {
+            pause(attempt);
+            continue;
         }
         if !retryable(&r) {
             return Err(format!("diff: the write was refused: {:?}", r.refusal));
@@ -300,7 +327,7 @@ fn put_artifact(
     (kind, key): (&str, &str),
     content: Value,
 ) -> Result<(), String> {
-    for _ in 0..GATED_ATTEMPTS_MAX {
+    for attempt in 1..=GATED_ATTEMPTS_MAX {
         let current = current_version(call, room, (kind, key))?;
         let r = call(
             "artifact_put",
@@ -309,6 +336,10 @@ fn put_artifact(
         )?;
         if r.ok {
             return Ok(());
+        }
+        if transient(&r) {
+            pause(attempt);
+            continue;
         }
         if !retryable(&r) {
             return Err(format!("{kind}: the write was refused: {:?}", r.refusal));
@@ -334,13 +365,21 @@ fn read(
     call: &mut impl FnMut(&str, Value) -> Result<Response, String>,
     room: &str,
 ) -> Result<(), String> {
-    for _ in 0..READ_PAGES_MAX {
+    for attempt in 1..=READ_PAGES_MAX {
         let r = call("sync", json!({"room": room}))?;
+        if transient(&r) {
+            pause(attempt);
+            continue;
+        }
         let page = r
             .result
             .ok_or_else(|| format!("sync refused: {:?}", r.refusal))?;
         let receipt = page["receipt"].clone();
         let c = call("sync", json!({"room": room, "confirm": receipt}))?;
+        if transient(&c) {
+            pause(attempt);
+            continue;
+        }
         if !c.ok {
             return Err(format!("confirm refused: {:?}", c.refusal));
         }
