@@ -169,8 +169,9 @@ fn semantic(
     };
     let mut seq = 0;
     while seq < n {
-        let rows: Vec<(u64, Vec<i8>)> = (seq + 1..=(seq + BATCH).min(n))
-            .map(|s| (s, vector(rng)))
+        // each vector for the record the index holds (the bench's events' hashes)
+        let rows: Vec<(u64, String, Vec<i8>)> = (seq + 1..=(seq + BATCH).min(n))
+            .map(|s| (s, format!("{s:064x}"), vector(rng)))
             .collect();
         idx.put_embeddings("bench", &rows)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -181,13 +182,13 @@ fn semantic(
         let q = vector(rng);
         let t = Instant::now();
         let mut ranked = Vec::with_capacity(n as usize);
-        let mut after = 0;
+        let mut before = u64::MAX;
         loop {
             let page = idx
-                .embeddings("bench", after, 4_096)
+                .embeddings("bench", before, 4_096)
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
             let Some(last) = page.last() else { break };
-            after = last.0;
+            before = last.0;
             ranked.extend(
                 page.iter()
                     .map(|(s, v)| (room_engine::search::cosine(&q, v), *s)),

@@ -372,14 +372,19 @@ fn an_agent_is_allowed_only_the_tool_kinds_its_route_and_its_scopes_give() {
         .into_iter()
         .map(|w| (w["agent"].as_str().unwrap().to_string(), w))
         .collect();
+    // a tool the agent names no kind for is `other`: never allowed without every scope
     for (name, denied, wrote) in [
         ("free", json!(null), true),
-        ("reader", json!({"edit": 1}), false),
-        ("scoped", json!({"edit": 1, "execute": 1}), false),
-        ("writer", json!({"execute": 1}), true),
+        ("reader", json!({"edit": 1, "other": 1}), false),
+        (
+            "scoped",
+            json!({"edit": 1, "execute": 1, "other": 1}),
+            false,
+        ),
+        ("writer", json!({"execute": 1, "other": 1}), true),
     ] {
         let l = &wakes[name]["launches"][0];
-        assert_eq!(l["adapter"]["permission_requests"], 2, "{name}: {l}");
+        assert_eq!(l["adapter"]["permission_requests"], 3, "{name}: {l}");
         assert_eq!(l["adapter"]["permissions_denied"], denied, "{name}: {l}");
         let probe = env
             .state

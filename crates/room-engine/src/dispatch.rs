@@ -296,6 +296,9 @@ pub struct Launch {
     pub access: LaunchAccess,
 }
 
+/// Tool kinds that say nothing of what the tool does: allowed only with every scope.
+const UNKNOWABLE_TOOL_KINDS: [&str; 2] = ["other", "switch_mode"];
+
 /// What a worker may do beyond reading, decided from its principal's scopes when it
 /// launches: a root the owner enrolled (no scope list) is bounded by its route alone; a
 /// delegated node (a collaboration's role child) writes its working tree and lets its agent
@@ -324,9 +327,15 @@ impl LaunchAccess {
 
     /// The tool kinds an ACP agent of `route` may be allowed at this launch: the route's
     /// own (none: every kind), less what the scopes do not give. None: any kind.
+    ///
+    /// The kind is the agent's own label, and an agent labels a tool it has no kind for
+    /// `other` (a shell of an MCP server, a multi-file edit): a principal that does not hold
+    /// both `project:write` and `tools:execute` is never allowed `other`, nor `switch_mode`
+    /// (a mode may be one that asks no more).
     pub fn tool_kinds(&self, route: &crate::policy::Route) -> Option<Vec<String>> {
         use crate::policy::{ACP_TOOL_KINDS, EXECUTE_TOOL_KINDS, WRITE_TOOL_KINDS};
-        if self.project_write && self.tools_execute && route.tool_kinds.is_empty() {
+        let full = self.project_write && self.tools_execute;
+        if full && route.tool_kinds.is_empty() {
             return None;
         }
         let base: Vec<String> = if route.tool_kinds.is_empty() {
@@ -337,6 +346,7 @@ impl LaunchAccess {
         let kept = base.into_iter().filter(|k| {
             (self.project_write || !WRITE_TOOL_KINDS.contains(&k.as_str()))
                 && (self.tools_execute || !EXECUTE_TOOL_KINDS.contains(&k.as_str()))
+                && (full || !UNKNOWABLE_TOOL_KINDS.contains(&k.as_str()))
         });
         Some(kept.collect())
     }

@@ -43,6 +43,15 @@ pub struct SearchArgs {
     pub mode: Option<String>,
 }
 
+/// One event for the indexer to embed: its seq and record hash (a vector is kept for that
+/// record only: a seq a cut journal gives again is another record) and its text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EmbeddingWork {
+    pub seq: u64,
+    pub hash: String,
+    pub text: String,
+}
+
 /// What gives a semantic query its vector: the daemon, asking the owner's endpoint (the
 /// engine makes no request of its own). Called only once the caller may search the room.
 pub trait QueryEmbedder: Send + Sync {
@@ -54,9 +63,9 @@ pub trait QueryEmbedder: Send + Sync {
 pub const EMBED_DIMS_MAX: usize = 8_192;
 /// The longest text sent to be embedded, in characters (the rest of a long turn is cut).
 pub const EMBED_TEXT_CHARS: usize = 2_000;
-/// Vectors one semantic query ranks at most (the newest events' beyond it are not reached:
-/// the answer says so).
-pub const SEMANTIC_SCAN_MAX: usize = 200_000;
+/// Vectors one semantic query ranks at most, the newest events' (older ones are not reached:
+/// the owner's answer says so).
+pub const SEMANTIC_SCAN_MAX: usize = 100_000;
 const VECTORS_PAGE: usize = 4_096;
 
 /// A vector as it is kept: unit length, each component scaled to an i8; none when it has no
@@ -121,6 +130,13 @@ fn fts_query(q: &str) -> Outcome<String> {
         ));
     }
     Ok(words.join(" "))
+}
+
+/// An event's excerpt: its text redacted whole, then cut (a secret across the cut is never
+/// left half-matched).
+fn excerpt(body: &Value, redactor: &room_core::redact::Redactor) -> String {
+    let text = said(body).unwrap_or("");
+    redactor.redact(text).chars().take(EXCERPT_CHARS).collect()
 }
 
 /// What an event says, for its excerpt.
@@ -202,15 +218,9 @@ impl Engine {
                     continue;
                 }
                 let body: Value = serde_json::from_str(&e.body).unwrap_or(Value::Null);
-                let excerpt: String = said(&body)
-                    .unwrap_or("")
-                    .chars()
-                    .take(EXCERPT_CHARS)
-                    .collect();
                 hits.push(
                     json!({"seq": e.seq, "id": e.id, "actor": e.actor, "kind": e.kind,
-                    "task": e.task, "rank": rank,
-                    "excerpt": redactor.redact(&excerpt)}),
+                    "task": e.task, "rank": rank, "excerpt": excerpt(&body, redactor)}),
                 );
                 if hits.len() == limit {
                     break;
@@ -256,16 +266,17 @@ impl Engine {
         let limit = a.limit.unwrap_or(20).clamp(1, PAGE_MAX);
         let redactor = self.policy().redactor()?.clone();
         let h = lock_room(handle);
+        // the newest `SEMANTIC_SCAN_MAX` vectors (the answer says when there were more)
         let mut ranked: Vec<(f64, u64)> = Vec::new();
-        let mut after = 0;
+        let mut before = u64::MAX;
         let mut cut = false;
         loop {
             let page = h
                 .index
-                .embeddings(model, after, VECTORS_PAGE)
+                .embeddings(model, before, VECTORS_PAGE)
                 .map_err(store_err)?;
             let Some(last) = page.last() else { break };
-            after = last.0;
+            before = last.0;
             ranked.extend(page.iter().map(|(seq, v)| (cosine(&query, v), *seq)));
             if ranked.len() >= SEMANTIC_SCAN_MAX {
                 cut = true;
@@ -273,13 +284,17 @@ impl Engine {
             }
         }
         ranked.sort_by(|x, y| y.0.total_cmp(&x.0).then(y.1.cmp(&x.1)));
-        let (embedded, with_text) = h.index.embedding_counts(model).map_err(store_err)?;
-        let mut at = a.cursor.unwrap_or(0) as usize;
-        let start = at;
-        let mut hits = Vec::new();
-        while hits.len() < limit && at < ranked.len() && at - start < SCAN_MAX {
-            let (score, seq) = ranked[at];
-            at += 1;
+        // the cursor counts results this reader was given, never what it may not read (a
+        // position among every event would tell how many hidden ones rank above); pages go
+        // as deep as the first `SCAN_MAX` ranked events
+        let skip = a.cursor.unwrap_or(0) as usize;
+        let (mut seen, mut hits, mut examined) = (0usize, Vec::new(), 0usize);
+        let mut more = false;
+        for &(score, seq) in &ranked {
+            if examined == SCAN_MAX {
+                break;
+            }
+            examined += 1;
             let Some(e) = h.index.event_by_seq(seq).map_err(store_err)? else {
                 continue;
             };
@@ -288,26 +303,38 @@ impl Engine {
             {
                 continue;
             }
+            seen += 1;
+            if seen <= skip {
+                continue;
+            }
+            if hits.len() == limit {
+                more = true;
+                break;
+            }
             let body: Value = serde_json::from_str(&e.body).unwrap_or(Value::Null);
-            let excerpt: String = said(&body)
-                .unwrap_or("")
-                .chars()
-                .take(EXCERPT_CHARS)
-                .collect();
             hits.push(
                 json!({"seq": e.seq, "id": e.id, "actor": e.actor, "kind": e.kind,
                 "task": e.task, "score": (score * 1e4).round() / 1e4,
-                "excerpt": redactor.redact(&excerpt)}),
+                "excerpt": excerpt(&body, &redactor)}),
             );
         }
-        let mut coverage = json!({"embedded": embedded, "events_with_text": with_text});
-        if cut {
-            coverage["ranked"] = json!(SEMANTIC_SCAN_MAX);
-        }
+        // how much of the room has vectors: counts for the owner, only whether it is all for
+        // an agent (counts would include what it may not read)
+        let (embedded, with_text) = h.index.embedding_counts(model).map_err(store_err)?;
+        let coverage = match reader {
+            None => {
+                let mut c = json!({"embedded": embedded, "events_with_text": with_text});
+                if cut {
+                    c["ranked"] = json!(SEMANTIC_SCAN_MAX);
+                }
+                c
+            }
+            Some(_) => json!({"complete": embedded >= with_text && !cut}),
+        };
         Ok(json!({
             "room": h.name, "query": a.query, "mode": "semantic", "model": model,
             "results": hits,
-            "next": (at < ranked.len()).then_some(at as u64),
+            "next": more.then_some((skip + limit) as u64),
             "coverage": coverage,
             "confirms": "nothing: searching moves no reading position",
         }))
@@ -333,7 +360,7 @@ impl Engine {
         model: &str,
         after: u64,
         limit: usize,
-    ) -> Outcome<Vec<(u64, String)>> {
+    ) -> Outcome<Vec<EmbeddingWork>> {
         let redactor = self.policy().redactor()?.clone();
         let handle = self.room_handle(room)?;
         let h = lock_room(&handle);
@@ -343,9 +370,15 @@ impl Engine {
             .map_err(store_err)?;
         Ok(todo
             .into_iter()
-            .map(|(seq, text)| {
-                let cut: String = text.chars().take(EMBED_TEXT_CHARS).collect();
-                (seq, redactor.redact(&cut).into_owned())
+            .map(|(seq, hash, text)| EmbeddingWork {
+                seq,
+                hash,
+                // redacted whole, then cut: no secret across the cut goes out half-matched
+                text: redactor
+                    .redact(&text)
+                    .chars()
+                    .take(EMBED_TEXT_CHARS)
+                    .collect(),
             })
             .collect())
     }
@@ -356,14 +389,14 @@ impl Engine {
         &self,
         room: &str,
         model: &str,
-        rows: Vec<(u64, Vec<f32>)>,
+        rows: Vec<(EmbeddingWork, Vec<f32>)>,
     ) -> Outcome<Vec<u64>> {
         let mut kept = Vec::with_capacity(rows.len());
         let mut skipped = Vec::new();
-        for (seq, v) in rows {
+        for (w, v) in rows {
             match quantize(&v) {
-                Some(q) => kept.push((seq, q)),
-                None => skipped.push(seq),
+                Some(q) => kept.push((w.seq, w.hash, q)),
+                None => skipped.push(w.seq),
             }
         }
         let handle = self.room_handle(room)?;

@@ -307,15 +307,35 @@ fn semantic_search_ranks_by_meaning_within_what_its_reader_may_read() {
         )
         .unwrap()
     };
-    // nothing has a vector yet: nothing is found, and the answer says so
+    // nothing has a vector yet: nothing is found, and the answer says so (an agent learns
+    // only whether the room is all embedded; the owner, how much)
     let none = semantic(alpha, "defect", None, 10);
     assert_eq!(none["results"], serde_json::json!([]));
-    assert_eq!(none["coverage"]["embedded"], 0);
-    assert_eq!(none["coverage"]["events_with_text"], 4);
+    assert_eq!(none["coverage"], serde_json::json!({"complete": false}));
+    let owners = e
+        .search_owner(
+            &o,
+            SearchArgs {
+                room: "r".into(),
+                query: "defect".into(),
+                mode: Some("semantic".into()),
+                ..SearchArgs::default()
+            },
+            Some(&Words),
+        )
+        .unwrap();
+    assert_eq!(owners["coverage"]["embedded"], 0);
+    assert_eq!(owners["coverage"]["events_with_text"], 4);
     // the indexer's part: the texts (redacted), then their vectors
     let work = e.embedding_work("r", "words", 0, 100).unwrap();
     assert_eq!(work.len(), 4, "{work:?}");
-    let rows = work.iter().map(|(s, t)| (*s, words_vector(t))).collect();
+    let rows = work
+        .into_iter()
+        .map(|w| {
+            let v = words_vector(&w.text);
+            (w, v)
+        })
+        .collect();
     assert_eq!(
         e.embeddings_put("r", "words", rows).unwrap(),
         Vec::<u64>::new()
@@ -334,7 +354,7 @@ fn semantic_search_ranks_by_meaning_within_what_its_reader_may_read() {
         !found.contains(&seqs["a secret fault in the lexer"]),
         "withheld from gamma: {hits:#}"
     );
-    assert_eq!(hits["coverage"]["embedded"], 4);
+    assert_eq!(hits["coverage"]["complete"], true);
     // beta, in its audience, finds it first: both a fault and in the lexer
     let beta = semantic(&tok["beta"], "lexer defect", None, 10);
     assert_eq!(
@@ -368,9 +388,14 @@ fn semantic_search_ranks_by_meaning_within_what_its_reader_may_read() {
     }
     assert_eq!(paged, found);
     // a vector that is none is skipped and named, the rest kept
-    assert_eq!(
-        e.embeddings_put("r", "other", vec![(1, vec![0.0, 0.0]), (2, vec![1.0])])
-            .unwrap(),
-        vec![1]
-    );
+    let work = e.embedding_work("r", "other", 0, 2).unwrap();
+    let (first, second) = (work[0].clone(), work[1].clone());
+    let skipped = e
+        .embeddings_put(
+            "r",
+            "other",
+            vec![(first.clone(), vec![0.0, 0.0]), (second, vec![1.0])],
+        )
+        .unwrap();
+    assert_eq!(skipped, vec![first.seq]);
 }

@@ -22,6 +22,8 @@ const ANSWER_BYTES_MAX: usize = 64 << 20;
 const IDLE_MS: u64 = 1_000;
 /// After an endpoint failed, how long the indexer waits before asking it again.
 const BACKOFF_MS: u64 = 10_000;
+/// The longest a semantic query waits for its own vector.
+const QUERY_TIMEOUT_MS: u64 = 10_000;
 /// Requests one indexer pass makes at most (the rest waits for the next pass).
 const REQUESTS_PER_PASS_MAX: usize = 8;
 
@@ -123,7 +125,11 @@ pub fn query_vector(e: &Embeddings, query: &str) -> Result<Vec<f32>, Refusal> {
         .ok_or_else(|| unavailable("no runtime for its requests".into()))?;
     let http = room_agents::api::client().map_err(unavailable)?;
     let (tx, rx) = std::sync::mpsc::channel();
-    let (e2, text) = (e.clone(), vec![query.to_string()]);
+    // a query holds one of the engine's threads while it waits: never long
+    let mut e2 = e.clone();
+    e2.timeout_ms = e2.timeout_ms.min(QUERY_TIMEOUT_MS);
+    let e = &e2.clone();
+    let text = vec![query.to_string()];
     rt.spawn(async move {
         let _ = tx.send(embed(&http, &e2, &text).await);
     });
@@ -136,7 +142,9 @@ pub fn query_vector(e: &Embeddings, query: &str) -> Result<Vec<f32>, Refusal> {
 }
 
 /// The indexer: while an endpoint is configured, embed every room's events that have no
-/// vector for its model yet, a bounded number of requests per pass.
+/// vector for its model yet, a bounded number of requests per pass, the rooms taken in turn.
+/// A room whose batch fails is left for the next pass (its error logged once); the others go
+/// on.
 pub async fn indexer(engine: Arc<Engine>) {
     let http = match room_agents::api::client() {
         Ok(h) => h,
@@ -145,20 +153,12 @@ pub async fn indexer(engine: Arc<Engine>) {
             return;
         }
     };
-    // where each room's todo list was read up to, per model (from the start after a restart)
-    let mut after: BTreeMap<(String, String), u64> = BTreeMap::new();
-    let mut last_error: Option<String> = None;
+    let mut state = Indexer::default();
     loop {
-        let pause = match pass(&engine, &http, &mut after).await {
-            Ok(true) => 0,
-            Ok(false) => IDLE_MS,
-            Err(why) => {
-                if last_error.as_ref() != Some(&why) {
-                    tracing::warn!("semantic search's indexer: {why} (retrying)");
-                    last_error = Some(why);
-                }
-                BACKOFF_MS
-            }
+        let pause = match pass(&engine, &http, &mut state).await {
+            Pass::Busy => 0,
+            Pass::Idle => IDLE_MS,
+            Pass::Failed => BACKOFF_MS,
         };
         if pause > 0 {
             tokio::time::sleep(Duration::from_millis(pause)).await;
@@ -166,51 +166,112 @@ pub async fn indexer(engine: Arc<Engine>) {
     }
 }
 
-/// One pass: whether it embedded anything (then the next pass follows at once).
-async fn pass(
-    engine: &Arc<Engine>,
-    http: &reqwest::Client,
-    after: &mut BTreeMap<(String, String), u64>,
-) -> Result<bool, String> {
+/// What the indexer keeps between passes.
+#[derive(Default)]
+struct Indexer {
+    /// Per room and model, the highest seq embedded (from the start after a restart).
+    after: BTreeMap<(String, String), u64>,
+    /// The room the next pass starts with (each pass starts one further on).
+    turn: usize,
+    /// The last error logged per room (each logged once until it changes).
+    errors: BTreeMap<String, String>,
+}
+
+enum Pass {
+    Busy,
+    Idle,
+    Failed,
+}
+
+async fn pass(engine: &Arc<Engine>, http: &reqwest::Client, st: &mut Indexer) -> Pass {
     let Some(cfg) = engine.policy().embeddings.clone() else {
-        return Ok(false);
+        return Pass::Idle;
     };
     let e = engine.clone();
-    let rooms = blocking(move || e.embedding_rooms()).await?;
-    let mut requests = 0;
+    let mut rooms = match blocking(move || e.embedding_rooms()).await {
+        Ok(r) => r,
+        Err(why) => {
+            tracing::warn!("semantic search's indexer: the rooms: {why}");
+            return Pass::Failed;
+        }
+    };
+    if rooms.is_empty() {
+        return Pass::Idle;
+    }
+    st.turn = (st.turn + 1) % rooms.len();
+    rooms.rotate_left(st.turn);
+    let (mut requests, mut failed) = (0, false);
     for room in rooms {
-        let key = (room.clone(), cfg.model.clone());
-        loop {
-            if requests >= REQUESTS_PER_PASS_MAX {
-                return Ok(true);
+        if requests >= REQUESTS_PER_PASS_MAX {
+            break;
+        }
+        match embed_room(
+            engine,
+            http,
+            &cfg,
+            &room,
+            st,
+            REQUESTS_PER_PASS_MAX - requests,
+        )
+        .await
+        {
+            Ok(n) => {
+                requests += n;
+                st.errors.remove(&room);
             }
-            let from = after.get(&key).copied().unwrap_or(0);
-            let (e, r, m, n) = (
-                engine.clone(),
-                room.clone(),
-                cfg.model.clone(),
-                cfg.batch_max,
-            );
-            let work = blocking(move || e.embedding_work(&r, &m, from, n)).await?;
-            let Some(last) = work.last().map(|(seq, _)| *seq) else {
-                break;
-            };
-            requests += 1;
-            let texts: Vec<String> = work.iter().map(|(_, t)| t.clone()).collect();
-            let vectors = embed(http, &cfg, &texts).await?;
-            let rows: Vec<(u64, Vec<f32>)> =
-                work.iter().map(|(seq, _)| *seq).zip(vectors).collect();
-            let (e, r, m) = (engine.clone(), room.clone(), cfg.model.clone());
-            let skipped = blocking(move || e.embeddings_put(&r, &m, rows)).await?;
-            if !skipped.is_empty() {
-                tracing::warn!(
-                    "semantic search's indexer: room {room}: the endpoint gave events {skipped:?} no usable vector"
-                );
+            Err(why) => {
+                failed = true;
+                if st.errors.get(&room) != Some(&why) {
+                    tracing::warn!("semantic search's indexer: room {room}: {why} (retrying)");
+                    st.errors.insert(room, why);
+                }
             }
-            after.insert(key.clone(), last);
         }
     }
-    Ok(requests > 0)
+    match (requests, failed) {
+        (0, true) => Pass::Failed,
+        (0, false) => Pass::Idle,
+        _ => Pass::Busy,
+    }
+}
+
+/// Embed `room`'s events without a vector, at most `budget` requests: how many were made.
+async fn embed_room(
+    engine: &Arc<Engine>,
+    http: &reqwest::Client,
+    cfg: &Arc<Embeddings>,
+    room: &str,
+    st: &mut Indexer,
+    budget: usize,
+) -> Result<usize, String> {
+    let key = (room.to_string(), cfg.model.clone());
+    let mut requests = 0;
+    while requests < budget {
+        let from = st.after.get(&key).copied().unwrap_or(0);
+        let (e, r, m, n) = (
+            engine.clone(),
+            room.to_string(),
+            cfg.model.clone(),
+            cfg.batch_max,
+        );
+        let work = blocking(move || e.embedding_work(&r, &m, from, n)).await?;
+        let Some(last) = work.last().map(|w| w.seq) else {
+            break;
+        };
+        requests += 1;
+        let texts: Vec<String> = work.iter().map(|w| w.text.clone()).collect();
+        let vectors = embed(http, cfg, &texts).await?;
+        let rows: Vec<_> = work.into_iter().zip(vectors).collect();
+        let (e, r, m) = (engine.clone(), room.to_string(), cfg.model.clone());
+        let skipped = blocking(move || e.embeddings_put(&r, &m, rows)).await?;
+        if !skipped.is_empty() {
+            tracing::warn!(
+                "semantic search's indexer: room {room}: the endpoint gave events {skipped:?} no usable vector"
+            );
+        }
+        st.after.insert(key.clone(), last);
+    }
+    Ok(requests)
 }
 
 async fn blocking<T: Send + 'static>(

@@ -112,13 +112,22 @@ pub trait RoomIndex: Send {
     fn search(&self, query: &str, offset: usize, limit: usize) -> Result<Vec<(u64, f64)>>;
     /// How many artifacts (kind and key) the room holds.
     /// Events after `after` that say something (text, a spilled text's preview, a task's
-    /// title) and have no vector for `model` yet, oldest first: `(seq, text)`.
-    fn embedding_todo(&self, model: &str, after: u64, limit: usize) -> Result<Vec<(u64, String)>>;
-    /// Keep `model`'s vector of each event (a vector already kept is replaced).
-    fn put_embeddings(&mut self, model: &str, rows: &[(u64, Vec<i8>)]) -> Result<()>;
-    /// `model`'s vectors of events after `after`, by seq.
-    fn embeddings(&self, model: &str, after: u64, limit: usize) -> Result<Vec<(u64, Vec<i8>)>>;
-    /// How many events have a vector for `model`, and how many say something at all.
+    /// title) and have no vector for `model` made from their record yet, oldest first:
+    /// `(seq, record hash, text)`.
+    fn embedding_todo(
+        &self,
+        model: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, String, String)>>;
+    /// Keep `model`'s vector of each event, made from the record with that hash (a vector
+    /// already kept for the seq is replaced).
+    fn put_embeddings(&mut self, model: &str, rows: &[(u64, String, Vec<i8>)]) -> Result<()>;
+    /// `model`'s vectors of events before `before`, newest first; only those made from the
+    /// record the index holds at their seq.
+    fn embeddings(&self, model: &str, before: u64, limit: usize) -> Result<Vec<(u64, Vec<i8>)>>;
+    /// How many events have a vector for `model` (of their record), and how many say
+    /// something at all.
     fn embedding_counts(&self, model: &str) -> Result<(u64, u64)>;
     fn artifact_keys(&self) -> Result<u64>;
     fn ops_of_task(&self, task: &str, limit: usize) -> Result<Vec<OpRow>>;

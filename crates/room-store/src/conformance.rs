@@ -1924,9 +1924,10 @@ pub fn index_search(h: &mut dyn Harness) {
 }
 
 /// Semantic search's vectors: the events that say something and lack one for a model, kept
-/// per model (another model's vectors are another set), replaced when kept again, paged by
-/// seq, counted; kept across a reopen and a rebuild (they are derived from the journal's
-/// immutable text).
+/// per model (another model's vectors are another set), replaced when kept again, paged newest
+/// first, counted; kept across a reopen and a rebuild (they are derived from the journal's
+/// immutable text), and counted only for the record they were made from (a seq a cut journal
+/// gives again is another record, embedded again).
 pub fn index_embeddings(h: &mut dyn Harness) {
     let said = |seq: u64, body: serde_json::Value| {
         let mut e = event(seq, "alpha", "turn");
@@ -1939,6 +1940,16 @@ pub fn index_embeddings(h: &mut dyn Harness) {
         said(3, json!({"kind": "task", "created": {"title": "fix it"}})),
         said(4, json!({"kind": "turn", "text_blob": {"preview": "long"}})),
     ];
+    let todo = |idx: &dyn crate::backend::RoomIndex, model: &str, after: u64, n: usize| {
+        idx.embedding_todo(model, after, n)
+            .unwrap()
+            .into_iter()
+            .map(|(seq, hash, text)| {
+                assert_eq!(hash, format!("h{seq}"), "the record's hash comes with it");
+                (seq, text)
+            })
+            .collect::<Vec<_>>()
+    };
     {
         let store = h.fresh();
         store.create_shard("g_em", b"{}", b"{}", &[]).unwrap();
@@ -1948,52 +1959,66 @@ pub fn index_embeddings(h: &mut dyn Harness) {
             ..Batch::default()
         })
         .unwrap();
-        let todo = idx.embedding_todo("m1", 0, 10).unwrap();
         assert_eq!(
-            todo,
+            todo(idx.as_ref(), "m1", 0, 10),
             [
                 (1, "the parser has a bug".to_string()),
                 (3, "fix it".to_string()),
                 (4, "long".to_string())
             ]
         );
-        assert_eq!(
-            idx.embedding_todo("m1", 1, 1).unwrap(),
-            [(3, "fix it".into())]
-        );
-        idx.put_embeddings("m1", &[(1, vec![1, -2, 3]), (3, vec![0, 0, 127])])
-            .unwrap();
-        assert_eq!(
-            idx.embedding_todo("m1", 0, 10).unwrap(),
-            [(4, "long".into())]
-        );
+        assert_eq!(todo(idx.as_ref(), "m1", 1, 1), [(3, "fix it".into())]);
+        idx.put_embeddings(
+            "m1",
+            &[
+                (1, "h1".into(), vec![1, -2, 3]),
+                (3, "h3".into(), vec![0, 0, 127]),
+            ],
+        )
+        .unwrap();
+        assert_eq!(todo(idx.as_ref(), "m1", 0, 10), [(4, "long".into())]);
         // another model has none of them
-        assert_eq!(idx.embedding_todo("m2", 0, 10).unwrap().len(), 3);
+        assert_eq!(todo(idx.as_ref(), "m2", 0, 10).len(), 3);
         assert_eq!(idx.embedding_counts("m1").unwrap(), (2, 3));
         assert_eq!(idx.embedding_counts("m2").unwrap(), (0, 3));
-        idx.put_embeddings("m1", &[(1, vec![-128, 127, 0])])
+        idx.put_embeddings("m1", &[(1, "h1".into(), vec![-128, 127, 0])])
             .unwrap();
     }
     let store = h.reopen();
     let mut idx = store.open_index("g_em").unwrap();
     assert_eq!(
-        idx.embeddings("m1", 0, 10).unwrap(),
-        [(1, vec![-128, 127, 0]), (3, vec![0, 0, 127])]
+        idx.embeddings("m1", u64::MAX, 10).unwrap(),
+        [(3, vec![0, 0, 127]), (1, vec![-128, 127, 0])],
+        "newest first"
     );
-    assert_eq!(idx.embeddings("m1", 1, 10).unwrap(), [(3, vec![0, 0, 127])]);
-    assert_eq!(idx.embeddings("m1", 0, 1).unwrap().len(), 1);
-    assert_eq!(idx.embeddings("m2", 0, 10).unwrap(), vec![]);
+    assert_eq!(
+        idx.embeddings("m1", 3, 10).unwrap(),
+        [(1, vec![-128, 127, 0])]
+    );
+    assert_eq!(idx.embeddings("m1", u64::MAX, 1).unwrap().len(), 1);
+    assert_eq!(idx.embeddings("m2", u64::MAX, 10).unwrap(), vec![]);
     idx.clear_projection().unwrap();
+    // the rebuilt index holds another record at seq 3 (a journal cut and written again)
+    let mut again = events;
+    again[2].hash = "h3-again".into();
     idx.apply(&Batch {
-        events,
+        events: again,
         ..Batch::default()
     })
     .unwrap();
-    assert_eq!(idx.embedding_counts("m1").unwrap(), (2, 3));
+    assert_eq!(idx.embedding_counts("m1").unwrap(), (1, 3));
     assert_eq!(
-        idx.embedding_todo("m1", 0, 10).unwrap(),
-        [(4, "long".into())]
+        idx.embeddings("m1", u64::MAX, 10).unwrap(),
+        [(1, vec![-128, 127, 0])],
+        "no vector of another record"
     );
+    let left: Vec<u64> = idx
+        .embedding_todo("m1", 0, 10)
+        .unwrap()
+        .into_iter()
+        .map(|(seq, _, _)| seq)
+        .collect();
+    assert_eq!(left, [3, 4]);
 }
 
 /// The blackboard's index: each version by kind, key and number (the newest when none is

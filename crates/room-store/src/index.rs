@@ -273,11 +273,13 @@ INSERT INTO events_fts(rowid, text)
 "#,
     // Semantic search: one vector per event and embedding model, computed by the daemon away
     // from any write from the event's redacted text (unit length, each component scaled to
-    // an i8). Derived from the journal's immutable text, so a rebuild keeps them.
+    // an i8), kept with the record's hash: a rebuild keeps them, and a vector counts only for
+    // the record it was made from (a seq a cut journal gives again is another record).
     r#"
 CREATE TABLE embeddings (
     seq INTEGER NOT NULL,
     model TEXT NOT NULL,
+    hash TEXT NOT NULL,
     vector BLOB NOT NULL,
     PRIMARY KEY (model, seq)
 ) STRICT, WITHOUT ROWID;
@@ -1623,40 +1625,48 @@ impl RoomIndex for Index {
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
-    fn embedding_todo(&self, model: &str, after: u64, limit: usize) -> Result<Vec<(u64, String)>> {
+    fn embedding_todo(
+        &self,
+        model: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, String, String)>> {
         let mut st = self.conn.prepare_cached(
-            "SELECT e.seq, COALESCE(json_extract(e.body, '$.text'),
+            "SELECT e.seq, e.hash, COALESCE(json_extract(e.body, '$.text'),
                     json_extract(e.body, '$.text_blob.preview'),
                     json_extract(e.body, '$.created.title')) AS t
              FROM events e
              WHERE e.seq > ?2 AND t IS NOT NULL
-               AND NOT EXISTS (SELECT 1 FROM embeddings m WHERE m.model = ?1 AND m.seq = e.seq)
+               AND NOT EXISTS (SELECT 1 FROM embeddings m
+                               WHERE m.model = ?1 AND m.seq = e.seq AND m.hash = e.hash)
              ORDER BY e.seq LIMIT ?3",
         )?;
         let rows = st.query_map(params![model, after as i64, limit as i64], |r| {
-            Ok((r.get::<_, i64>(0)? as u64, r.get::<_, String>(1)?))
+            Ok((r.get::<_, i64>(0)? as u64, r.get(1)?, r.get(2)?))
         })?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
-    fn put_embeddings(&mut self, model: &str, rows: &[(u64, Vec<i8>)]) -> Result<()> {
+    fn put_embeddings(&mut self, model: &str, rows: &[(u64, String, Vec<i8>)]) -> Result<()> {
         self.isolated(|conn| {
             let mut st = conn.prepare_cached(
-                "INSERT OR REPLACE INTO embeddings (seq, model, vector) VALUES (?1, ?2, ?3)",
+                "INSERT OR REPLACE INTO embeddings (seq, model, hash, vector) VALUES (?1, ?2, ?3, ?4)",
             )?;
-            for (seq, v) in rows {
+            for (seq, hash, v) in rows {
                 let bytes: Vec<u8> = v.iter().map(|x| *x as u8).collect();
-                st.execute(params![*seq as i64, model, bytes])?;
+                st.execute(params![*seq as i64, model, hash, bytes])?;
             }
             Ok(())
         })
     }
 
-    fn embeddings(&self, model: &str, after: u64, limit: usize) -> Result<Vec<(u64, Vec<i8>)>> {
+    fn embeddings(&self, model: &str, before: u64, limit: usize) -> Result<Vec<(u64, Vec<i8>)>> {
         let mut st = self.conn.prepare_cached(
-            "SELECT seq, vector FROM embeddings WHERE model = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+            "SELECT m.seq, m.vector FROM embeddings m JOIN events e ON e.seq = m.seq AND e.hash = m.hash
+             WHERE m.model = ?1 AND m.seq < ?2 ORDER BY m.seq DESC LIMIT ?3",
         )?;
-        let rows = st.query_map(params![model, after as i64, limit as i64], |r| {
+        let before = i64::try_from(before).unwrap_or(i64::MAX);
+        let rows = st.query_map(params![model, before, limit as i64], |r| {
             let bytes: Vec<u8> = r.get(1)?;
             Ok((
                 r.get::<_, i64>(0)? as u64,
@@ -1669,7 +1679,10 @@ impl RoomIndex for Index {
     fn embedding_counts(&self, model: &str) -> Result<(u64, u64)> {
         let embedded: i64 = self
             .conn
-            .prepare_cached("SELECT COUNT(*) FROM embeddings WHERE model = ?1")?
+            .prepare_cached(
+                "SELECT COUNT(*) FROM embeddings m JOIN events e ON e.seq = m.seq AND e.hash = m.hash
+                 WHERE m.model = ?1",
+            )?
             .query_row([model], |r| r.get(0))?;
         let with_text: i64 = self
             .conn

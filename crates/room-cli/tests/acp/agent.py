@@ -11,7 +11,7 @@ argument:
 - wrong_body: streams its update under another session's id and ends its turn;
 - obey: asks permission (`session/request_permission`, an `edit`) to create `room-probe.txt`
   in its session's directory and creates it only if allowed, then asks to run the tests (an
-  `execute`, running nothing) and ends its turn; asked to wait until it is told to stop (the probe's interrupt turn), it waits for
+  `execute`, running nothing) and to run a tool it names no kind for, and ends its turn; asked to wait until it is told to stop (the probe's interrupt turn), it waits for
   `session/cancel` and ends its turn `cancelled`;
 - obey_ignore_cancel: as obey, but its interrupt turn starts a child process and never ends,
   not even on `session/cancel`;
@@ -149,6 +149,11 @@ class TestAgent(Agent):
                 ran = await self.conn.request_permission(session_id=session_id, tool_call=run, options=options)
                 log(step="permission", kind="execute",
                     allowed=getattr(ran.outcome, "option_id", None) == "allow")
+                # and a tool it names no kind for (as bridges label a tool they do not know)
+                unknown = ToolCallUpdate(tool_call_id="probe-3", title="a tool of another server")
+                got = await self.conn.request_permission(session_id=session_id, tool_call=unknown, options=options)
+                log(step="permission", kind=None,
+                    allowed=getattr(got.outcome, "option_id", None) == "allow")
             if allowed:
                 with open(target, "w") as f:
                     f.write("written by the test agent\n")
