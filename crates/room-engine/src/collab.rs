@@ -230,10 +230,20 @@ impl Engine {
                 .and_then(|a| a.parent);
             chain.push(p);
         }
-        Ok(self
-            .collabs_running()?
-            .into_iter()
-            .find(|c| chain.contains(&c.orchestrator)))
+        // a collaboration's orchestrator is named `<id>-orch`: looked up by id, whatever
+        // the number of collaborations running
+        for name in &chain {
+            let Some(id) = name.strip_suffix("-orch") else {
+                continue;
+            };
+            if let Some(c) = self.control().collab(id).map_err(store_err)?
+                && c.orchestrator == *name
+                && c.state == "running"
+            {
+                return Ok(Some(c));
+            }
+        }
+        Ok(None)
     }
 
     /// Journal a change of `agent`'s node in the room of the collaboration whose tree holds

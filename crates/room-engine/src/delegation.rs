@@ -184,8 +184,13 @@ impl Engine {
         match self.journal_tree_change(name, change) {
             Ok(()) => Ok(()),
             Err(e) => {
-                let _ = self.authority.revoke(&crate::collab::daemon(), name);
-                Err(e)
+                let undone = match self.authority.revoke(&crate::collab::daemon(), name) {
+                    Ok(_) => "it is revoked again".to_string(),
+                    Err(r) => format!("and revoking it again failed too ({r}): revoke it"),
+                };
+                Err(Refusal::storage(format!(
+                    "{name} was minted but its record could not be journaled ({e}); {undone}"
+                )))
             }
         }
     }
@@ -204,7 +209,11 @@ impl Engine {
             max_tier: None,
             subtree: serde_json::from_value(v["subtree"].clone()).unwrap_or_default(),
         };
-        self.journal_tree_change(agent, change)?;
+        self.journal_tree_change(agent, change).map_err(|e| {
+            Refusal::storage(format!(
+                "{agent} is revoked (with its subtree), but the revocation's record could not be journaled: {e}"
+            ))
+        })?;
         Ok(v)
     }
 

@@ -30,9 +30,16 @@ use room_store::journal::{ChainPos, JournalMark, VerifyReport};
 use room_store::{Result, StoreError};
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Connections one backend keeps at most.
 pub const POOL_MAX: usize = 16;
+/// The longest a connection may take to open.
+const CONNECT_TIMEOUT_MS: u64 = 10_000;
+/// The longest one statement may run on the server.
+const STATEMENT_TIMEOUT_MS: u64 = 60_000;
+/// The longest a caller waits for one call (a pool connection and its statements).
+pub(crate) const CALL_TIMEOUT_MS: u64 = 90_000;
 /// The advisory lock key migrations run under (daemons starting together apply them once).
 const MIGRATION_LOCK: i64 = 0x526f_6f6d_4d69_6731; // "RoomMig1"
 
@@ -94,9 +101,16 @@ impl PgBackend {
     /// Connect to `url` (`postgres://user@host:port/db`, or libpq's `key=value` form) and
     /// apply the schema's missing steps under an advisory lock.
     pub fn connect(url: &str) -> Result<PgBackend> {
-        let config: tokio_postgres::Config = url
+        let mut config: tokio_postgres::Config = url
             .parse()
             .map_err(|e| StoreError::Postgres(format!("the store url: {e}")))?;
+        // every write durable before it is acknowledged, and nothing waits for ever
+        config
+            .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
+            .keepalives(true)
+            .options(format!(
+                "-c synchronous_commit=on -c statement_timeout={STATEMENT_TIMEOUT_MS}"
+            ));
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("room-postgres")
@@ -112,6 +126,9 @@ impl PgBackend {
         let pool = Pool::builder(manager)
             .max_size(POOL_MAX)
             .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(Duration::from_millis(CALL_TIMEOUT_MS)))
+            .create_timeout(Some(Duration::from_millis(CONNECT_TIMEOUT_MS)))
+            .recycle_timeout(Some(Duration::from_millis(CONNECT_TIMEOUT_MS)))
             .build()
             .map_err(pg)?;
         let b = PgBackend {
@@ -137,12 +154,30 @@ pub(crate) fn run_on<T: Send + 'static>(
     rt: &tokio::runtime::Runtime,
     f: impl Future<Output = Result<T>> + Send + 'static,
 ) -> Result<T> {
+    run_within(rt, f).unwrap_or_else(|| {
+        Err(StoreError::Postgres(format!(
+            "no answer within {CALL_TIMEOUT_MS} ms"
+        )))
+    })
+}
+
+/// `f` on `rt`, waited for here at most `CALL_TIMEOUT_MS`: none when it did not end in time
+/// (it may still end: an append then does not know what it did).
+pub(crate) fn run_within<T: Send + 'static>(
+    rt: &tokio::runtime::Runtime,
+    f: impl Future<Output = Result<T>> + Send + 'static,
+) -> Option<Result<T>> {
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
     rt.spawn(async move {
         let _ = tx.send(f.await);
     });
-    rx.recv()
-        .map_err(|_| StoreError::Postgres("the backend's runtime dropped a call".into()))?
+    match rx.recv_timeout(Duration::from_millis(CALL_TIMEOUT_MS)) {
+        Ok(r) => Some(r),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => None,
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Some(Err(StoreError::Postgres(
+            "the backend's runtime dropped a call".into(),
+        ))),
+    }
 }
 
 async fn migrate(pool: &Pool) -> Result<()> {
@@ -241,8 +276,8 @@ impl Backend for PgBackend {
     fn set_aside(&self, graph_id: &str, now_ms: u64) -> Result<String> {
         let (pool, g) = (self.pool.clone(), graph_id.to_string());
         self.run(async move {
-            let c = pool.get().await.map_err(pg)?;
-            set_aside(&c, &g, now_ms).await
+            let mut c = pool.get().await.map_err(pg)?;
+            set_aside(&mut c, &g, now_ms).await
         })
     }
 
@@ -253,7 +288,7 @@ impl Backend for PgBackend {
     ) -> Result<Vec<String>> {
         let (pool, known) = (self.pool.clone(), known.clone());
         self.run(async move {
-            let c = pool.get().await.map_err(pg)?;
+            let mut c = pool.get().await.map_err(pg)?;
             let rows = c
                 .query(
                     "SELECT graph_id FROM shards WHERE graph_id NOT LIKE 'aside:%' ORDER BY graph_id",
@@ -265,7 +300,7 @@ impl Backend for PgBackend {
             for r in rows {
                 let g: String = r.get(0);
                 if !known.contains(&g) {
-                    out.push(set_aside(&c, &g, now_ms).await?);
+                    out.push(set_aside(&mut c, &g, now_ms).await?);
                 }
             }
             Ok(out)
@@ -339,21 +374,37 @@ impl Backend for PgBackend {
     }
 }
 
-/// Keep a shard aside under a name no room has (its rows follow by cascade); that name.
-async fn set_aside(c: &deadpool_postgres::Object, graph_id: &str, now_ms: u64) -> Result<String> {
-    let row = c
-        .query_opt("SELECT id FROM shards WHERE graph_id = $1", &[&graph_id])
+/// Keep a shard aside under a name no room has (its rows follow by cascade), in one
+/// transaction; that name.
+async fn set_aside(
+    c: &mut deadpool_postgres::Object,
+    graph_id: &str,
+    now_ms: u64,
+) -> Result<String> {
+    let tx = c.transaction().await.map_err(pg)?;
+    let row = tx
+        .query_opt(
+            "SELECT id FROM shards WHERE graph_id = $1 FOR UPDATE",
+            &[&graph_id],
+        )
         .await
         .map_err(pg)?
         .ok_or_else(|| not_found(graph_id))?;
     let id: i64 = row.get(0);
     let to = format!("{ASIDE}{graph_id}:{now_ms}:{id}");
-    c.execute(
-        "UPDATE shards SET graph_id = $2 WHERE graph_id = $1",
-        &[&graph_id, &to],
-    )
-    .await
-    .map_err(pg)?;
+    let moved = tx
+        .execute(
+            "UPDATE shards SET graph_id = $2 WHERE graph_id = $1 AND id = $3",
+            &[&graph_id, &to, &id],
+        )
+        .await
+        .map_err(pg)?;
+    if moved != 1 {
+        return Err(StoreError::Corrupt(format!(
+            "{graph_id}: set aside moved {moved} shards, not one"
+        )));
+    }
+    tx.commit().await.map_err(pg)?;
     Ok(format!("postgres shard {to}"))
 }
 

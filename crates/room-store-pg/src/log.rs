@@ -5,7 +5,7 @@
 //! moved (`StoreError::Conflict`). Every record is checked against the chain before a byte is
 //! sent, and again when read back.
 
-use crate::{not_found, pg, run_on};
+use crate::{not_found, pg, run_on, run_within};
 use deadpool_postgres::{GenericClient, Pool};
 use room_core::chain::ChainTip;
 use room_core::{Hlc, Record, Sealed};
@@ -19,6 +19,9 @@ use std::sync::Arc;
 
 /// Records read per query when scanning.
 const SCAN_PAGE: i64 = 1_000;
+/// How often, and how many times, a lost commit's transaction is asked after.
+const READ_BACK_POLL_MS: u64 = 50;
+const READ_BACK_POLLS_MAX: usize = 600;
 
 /// Records ready to insert: `(seq, offset, line with its newline)`, the tip after them and
 /// the end offset.
@@ -149,27 +152,30 @@ fn check_line(line: &[u8], tip: &ChainTip) -> std::result::Result<(Record, Chain
     Ok((sealed.into_record(), next))
 }
 
-/// The anchor of the journal's bytes before `len` (its last `ANCHOR_BYTES_MAX` of them).
-async fn anchor(c: &impl GenericClient, graph_id: &str, len: u64) -> Result<Anchor> {
-    let rows = c
-        .query(
-            "SELECT line FROM journal WHERE graph_id = $1 AND \"offset\" < $2 ORDER BY seq DESC LIMIT 64",
-            &[&graph_id, &i(len)],
-        )
-        .await
-        .map_err(pg)?;
+/// The journal's last `ANCHOR_BYTES_MAX` bytes before `len` (each line's tail only is read).
+async fn tail_before(c: &impl GenericClient, graph_id: &str, len: u64) -> Result<Vec<u8>> {
+    let sql = format!(
+        "SELECT substring(line FROM greatest(length(line) - {ANCHOR_BYTES_MAX} + 1, 1)) FROM journal
+         WHERE graph_id = $1 AND \"offset\" < $2 ORDER BY seq DESC LIMIT {ANCHOR_BYTES_MAX}"
+    );
+    let rows = c.query(&sql, &[&graph_id, &i(len)]).await.map_err(pg)?;
     let mut tail: Vec<u8> = Vec::new();
     for r in rows {
-        let line: Vec<u8> = r.get(0);
-        let mut joined = line;
+        let mut joined: Vec<u8> = r.get(0);
         joined.extend_from_slice(&tail);
         tail = joined;
         if tail.len() as u64 >= ANCHOR_BYTES_MAX {
             break;
         }
     }
-    let keep = (tail.len() as u64).min(ANCHOR_BYTES_MAX) as usize;
-    Ok(Anchor::of_tail(&tail[tail.len() - keep..]))
+    Ok(keep_tail(tail))
+}
+
+/// The last `ANCHOR_BYTES_MAX` bytes of `bytes`.
+fn keep_tail(mut bytes: Vec<u8>) -> Vec<u8> {
+    let cut = bytes.len().saturating_sub(ANCHOR_BYTES_MAX as usize);
+    bytes.drain(..cut);
+    bytes
 }
 
 /// A room's journal, open for appends.
@@ -178,6 +184,9 @@ pub struct PgLog {
     pool: Pool,
     graph_id: String,
     mark: JournalMark,
+    /// The journal's last `ANCHOR_BYTES_MAX` bytes: what the mark's anchor hashes, kept here
+    /// so an append that committed never needs the server again to say where it stands.
+    tail: Vec<u8>,
     poisoned: Option<String>,
 }
 
@@ -200,7 +209,7 @@ impl PgLog {
                 None => (ChainTip::genesis(&g), 0),
                 Some(m) => {
                     let ours = m.ino == u(shard) && m.len <= len && {
-                        let a = anchor(&c, &g, m.len).await?;
+                        let a = Anchor::of_tail(&tail_before(&c, &g, m.len).await?);
                         a == m.anchor_sha256
                     };
                     if !ours {
@@ -261,15 +270,16 @@ impl PgLog {
             )));
         }
         let (p, g) = (pool.clone(), graph_id.to_string());
-        let anchor = run_on(&rt, async move {
+        let tail = run_on(&rt, async move {
             let c = p.get().await.map_err(pg)?;
-            anchor(&c, &g, len).await
+            tail_before(&c, &g, len).await
         })?;
         Ok(PgLog {
             rt,
             pool,
             graph_id: graph_id.to_string(),
-            mark: mark(u(shard), len, anchor, &tip),
+            mark: mark(u(shard), len, Anchor::of_tail(&tail), &tip),
+            tail,
             poisoned: None,
         })
     }
@@ -287,12 +297,6 @@ fn mark(shard: u64, len: u64, anchor: Anchor, tip: &ChainTip) -> JournalMark {
     }
 }
 
-/// How an append's commit came out, once read back.
-enum Landed {
-    Yes,
-    No(String),
-}
-
 impl room_store::backend::RoomLog for PgLog {
     fn append(&mut self, records: &[Sealed]) -> Result<Vec<(u64, u64)>> {
         if let Some(why) = &self.poisoned {
@@ -305,45 +309,58 @@ impl room_store::backend::RoomLog for PgLog {
             .iter()
             .map(|(_, off, line)| (u(*off), line.len() as u64))
             .collect();
-        let (pool, g) = (self.pool.clone(), self.graph_id.clone());
+        let added: Vec<u8> = lines
+            .rows
+            .iter()
+            .flat_map(|r| r.2.iter().copied())
+            .collect();
+        let (pool, g, shard) = (self.pool.clone(), self.graph_id.clone(), self.mark.ino);
         let (rows, new_tip, end) = (lines.rows, lines.tip.clone(), lines.end);
         let expect = old.clone();
-        let committed = run_on(&self.rt, async move {
+        // Ok(xid, the commit's own outcome): only a commit whose answer was lost leaves the
+        // outcome to be read back; every earlier failure rolled the transaction back
+        let sent = run_within(&self.rt, async move {
             let mut c = pool.get().await.map_err(pg)?;
             let tx = c.transaction().await.map_err(pg)?;
-            // an acknowledged turn is on the server's disk: never a weaker commit
-            tx.batch_execute("SET LOCAL synchronous_commit = on")
-                .await
-                .map_err(pg)?;
-            let (_, at, _) = head(&tx, &g, true).await?;
+            let (id, at, _) = head(&tx, &g, true).await?;
+            if u(id) != shard {
+                return Err(StoreError::Rotated(format!(
+                    "{g}: the room's journal was replaced since this writer opened it"
+                )));
+            }
             if at != expect {
                 return Err(StoreError::Conflict(format!(
                     "{g}: another writer appended first (the head is at seq {}, this writer's at {})",
                     at.seq, expect.seq
                 )));
             }
+            let xid: i64 = tx
+                .query_one("SELECT txid_current()", &[])
+                .await
+                .map_err(pg)?
+                .get(0);
             insert_lines(&tx, &g, &rows).await?;
             set_head(&tx, &g, &new_tip, end).await?;
-            // only the commit's own failure leaves the outcome unknown
-            Ok(tx.commit().await.map_err(|e| e.to_string()))
-        })?;
-        if let Err(why) = committed {
-            match self.read_back(&lines.tip, &old)? {
-                Landed::Yes => {}
-                Landed::No(now) => {
-                    return Err(StoreError::Postgres(format!(
-                        "{}: the append did not commit ({why}); the head is at {now}",
-                        self.graph_id
-                    )));
-                }
+            Ok((xid, tx.commit().await.map_err(|e| e.to_string())))
+        });
+        match sent {
+            Some(Ok((_, Ok(())))) => {}
+            Some(Ok((xid, Err(why)))) => self.read_back(xid, &why)?,
+            Some(Err(e)) => return Err(e),
+            None => {
+                // no answer at all: the transaction may still commit on the server
+                let why = format!(
+                    "{}: an append got no answer within {} ms; what it did is unknown",
+                    self.graph_id,
+                    crate::CALL_TIMEOUT_MS
+                );
+                self.poisoned = Some(why.clone());
+                return Err(StoreError::InDoubt(why));
             }
         }
-        let (p, g) = (self.pool.clone(), self.graph_id.clone());
-        let anchor = run_on(&self.rt, async move {
-            let c = p.get().await.map_err(pg)?;
-            anchor(&c, &g, end).await
-        })?;
-        self.mark = mark(self.mark.ino, end, anchor, &lines.tip);
+        self.tail.extend_from_slice(&added);
+        self.tail = keep_tail(std::mem::take(&mut self.tail));
+        self.mark = mark(self.mark.ino, end, Anchor::of_tail(&self.tail), &lines.tip);
         Ok(ranges)
     }
 
@@ -374,33 +391,44 @@ impl room_store::backend::RoomLog for PgLog {
 }
 
 impl PgLog {
-    /// After a commit whose answer was lost: read the head on a fresh connection. At the new
-    /// tip, it landed; at the old one, it did not; anything else, or no answer at all, is in
-    /// doubt and the log takes no more appends.
-    fn read_back(&mut self, new: &ChainTip, old: &ChainTip) -> Result<Landed> {
-        let (pool, g) = (self.pool.clone(), self.graph_id.clone());
-        let seen = run_on(&self.rt, async move {
+    /// After a commit whose answer was lost: ask the server what became of its transaction
+    /// (`txid_status`), on a fresh connection, waiting while it is still in progress.
+    /// Committed: it landed. Aborted: it did not (an error, nothing written). Unknown, or no
+    /// answer: in doubt, and the log takes no more appends.
+    fn read_back(&mut self, xid: i64, why: &str) -> Result<()> {
+        let pool = self.pool.clone();
+        let status = run_on(&self.rt, async move {
             let c = pool.get().await.map_err(pg)?;
-            head(&c, &g, false).await
-        });
-        match seen {
-            Ok((_, at, _)) if at == *new => Ok(Landed::Yes),
-            Ok((_, at, _)) if at == *old => Ok(Landed::No(format!("seq {}", at.seq))),
-            Ok((_, at, _)) => {
-                let why = format!(
-                    "{}: after a lost commit the head is at seq {}, neither before nor after it",
-                    self.graph_id, at.seq
-                );
-                self.poisoned = Some(why.clone());
-                Err(StoreError::InDoubt(why))
+            for _ in 0..READ_BACK_POLLS_MAX {
+                let s: Option<String> = c
+                    .query_one("SELECT txid_status($1)", &[&xid])
+                    .await
+                    .map_err(pg)?
+                    .get(0);
+                if s.as_deref() != Some("in progress") {
+                    return Ok(s);
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(READ_BACK_POLL_MS)).await;
             }
-            Err(e) => {
-                let why = format!(
-                    "{}: a commit's answer was lost and the head cannot be read back: {e}",
+            Ok(Some("in progress".into()))
+        });
+        match status.as_ref().map(|s| s.as_deref()) {
+            Ok(Some("committed")) => Ok(()),
+            Ok(Some("aborted")) => Err(StoreError::Postgres(format!(
+                "{}: the append did not commit ({why})",
+                self.graph_id
+            ))),
+            other => {
+                let seen = match other {
+                    Ok(s) => format!("its transaction is {}", s.unwrap_or("unknown")),
+                    Err(e) => format!("it cannot be read back: {e}"),
+                };
+                let doubt = format!(
+                    "{}: a commit's answer was lost ({why}) and {seen}",
                     self.graph_id
                 );
-                self.poisoned = Some(why.clone());
-                Err(StoreError::InDoubt(why))
+                self.poisoned = Some(doubt.clone());
+                Err(StoreError::InDoubt(doubt))
             }
         }
     }
@@ -453,7 +481,14 @@ pub(crate) async fn verify(
                 }
                 Err(why) => {
                     damage = Some(format!("record {seq} at byte {offset}: {why}"));
-                    let left = rows.len() - n;
+                    // the damaged record and the rest of this page that ends before `stop`
+                    let left = rows[n..]
+                        .iter()
+                        .filter(|r| {
+                            let end = u(r.get::<_, i64>(1)) + r.get::<_, Vec<u8>>(2).len() as u64;
+                            stop.is_none_or(|s| end <= s)
+                        })
+                        .count();
                     damaged = left as u64
                         + count_after(&c, graph_id, rows.last().map_or(0, |r| r.get(0)), stop)
                             .await?;

@@ -199,3 +199,25 @@ fn what_is_not_on_postgres_yet_is_refused_by_name() {
     // a bad url is refused before anything is tried
     assert!(PgBackend::connect("postgres://[::1").is_err());
 }
+
+#[test]
+fn a_writer_whose_journal_was_replaced_is_refused() {
+    let server = server::Server::start();
+    let store = PgBackend::connect(&server.fresh_database()).unwrap();
+    store.create_shard("g_r", b"{}", b"{}", &[]).unwrap();
+    let mut stale = store.open_log("g_r", None, &mut |_| Ok(())).unwrap();
+    let mark = stale.mark().clone();
+    store.set_aside("g_r", 1).unwrap();
+    store.create_shard("g_r", b"{}", b"{}", &[]).unwrap();
+    // the new journal's head is the old one's (both at genesis): only the shard tells
+    let r = stale.append(&chain("g_r", &stale.tip(), 1, "x"));
+    assert!(matches!(r, Err(StoreError::Rotated(_))), "{r:?}");
+    assert_eq!(
+        store.verify_log("g_r").unwrap().records,
+        0,
+        "nothing written"
+    );
+    // an index's mark of the old journal is not this one's
+    let reopened = store.open_log("g_r", Some(&mark), &mut |_| Ok(()));
+    assert!(matches!(reopened, Err(StoreError::Rotated(_))));
+}

@@ -2,14 +2,14 @@
 //! on a free loopback port, stopped when dropped (Debian's binaries under
 //! `/usr/lib/postgresql/<version>/bin`; as root they run as the `postgres` user, which
 //! initdb requires). `ROOM_TEST_PG_URL` (a server's url without a database) uses that server
-//! instead.
+//! instead (a key=value connection string without `dbname`).
 
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 pub struct Server {
-    /// `postgres://postgres@127.0.0.1:PORT` (no database).
+    /// `host=SOCKET_DIR port=PORT user=postgres` (no database).
     base: String,
     dir: Option<tempfile::TempDir>,
     bin: PathBuf,
@@ -78,9 +78,16 @@ impl Server {
                 .success();
             assert!(ok, "chown to postgres");
         }
+        // only through a Unix socket in a directory no one else may enter: the server trusts
+        // whoever reaches it
         let port = free_port();
+        let sock = dir.path().display().to_string();
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        }
         let s = Server {
-            base: format!("postgres://postgres@127.0.0.1:{port}"),
+            base: format!("host={sock} port={port} user=postgres"),
             dir: Some(dir),
             bin,
             as_root,
@@ -95,10 +102,7 @@ impl Server {
             "postgres",
             "--no-sync",
         ]);
-        let opts = format!(
-            "-p {port} -c listen_addresses=127.0.0.1 -k {} -c fsync=on",
-            s.dir.as_ref().unwrap().path().display()
-        );
+        let opts = format!("-p {port} -c listen_addresses='' -k {sock} -c fsync=on");
         s.pg(&[
             "pg_ctl",
             "-D",
@@ -147,7 +151,7 @@ impl Server {
             .enable_all()
             .build()
             .unwrap();
-        let base = format!("{}/postgres", self.base);
+        let base = format!("{} dbname=postgres", self.base);
         rt.block_on(async {
             let (client, conn) = tokio_postgres::connect(&base, tokio_postgres::NoTls)
                 .await
@@ -160,7 +164,7 @@ impl Server {
             drop(client);
             let _ = task.await;
         });
-        format!("{}/{name}", self.base)
+        format!("{} dbname={name}", self.base)
     }
 
     fn data(&self) -> Option<PathBuf> {
