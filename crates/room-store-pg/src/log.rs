@@ -19,7 +19,8 @@ use std::sync::Arc;
 
 /// Records read per query when scanning.
 const SCAN_PAGE: i64 = 1_000;
-/// How often, and how many times, a lost commit's transaction is asked after.
+/// How often, and how many times, a lost commit's transaction is asked after (half a minute
+/// in all, so a server that restarts meanwhile still answers).
 const READ_BACK_POLL_MS: u64 = 50;
 const READ_BACK_POLLS_MAX: usize = 600;
 
@@ -397,20 +398,27 @@ impl PgLog {
     /// answer: in doubt, and the log takes no more appends.
     fn read_back(&mut self, xid: i64, why: &str) -> Result<()> {
         let pool = self.pool.clone();
+        // a server that went down with the commit is asked again once it is back (a
+        // transaction it was running then is aborted by its recovery)
         let status = run_on(&self.rt, async move {
-            let c = pool.get().await.map_err(pg)?;
+            let mut last = String::from("no answer");
             for _ in 0..READ_BACK_POLLS_MAX {
-                let s: Option<String> = c
-                    .query_one("SELECT txid_status($1)", &[&xid])
-                    .await
-                    .map_err(pg)?
-                    .get(0);
-                if s.as_deref() != Some("in progress") {
-                    return Ok(s);
+                let asked = match pool.get().await {
+                    Ok(c) => c
+                        .query_one("SELECT txid_status($1)", &[&xid])
+                        .await
+                        .map(|r| r.get::<_, Option<String>>(0))
+                        .map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
+                match asked {
+                    Ok(s) if s.as_deref() != Some("in progress") => return Ok(s),
+                    Ok(_) => last = "in progress".into(),
+                    Err(e) => last = e,
                 }
                 tokio::time::sleep(std::time::Duration::from_millis(READ_BACK_POLL_MS)).await;
             }
-            Ok(Some("in progress".into()))
+            Err(StoreError::Postgres(last))
         });
         match status.as_ref().map(|s| s.as_deref()) {
             Ok(Some("committed")) => Ok(()),

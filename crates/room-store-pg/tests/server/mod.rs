@@ -1,8 +1,8 @@
 //! A private PostgreSQL server for one test: `initdb` in a temporary directory, `pg_ctl`
 //! on a free loopback port, stopped when dropped (Debian's binaries under
 //! `/usr/lib/postgresql/<version>/bin`; as root they run as the `postgres` user, which
-//! initdb requires). `ROOM_TEST_PG_URL` (a server's url without a database) uses that server
-//! instead (a key=value connection string without `dbname`).
+//! initdb requires). `ROOM_TEST_PG_URL` (libpq's `key=value` form without `dbname`) uses that server
+//! instead.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -14,6 +14,8 @@ pub struct Server {
     dir: Option<tempfile::TempDir>,
     bin: PathBuf,
     as_root: bool,
+    /// The server's options (`pg_ctl -o`), kept for a restart.
+    opts: String,
 }
 
 static DATABASES: AtomicU32 = AtomicU32::new(0);
@@ -52,10 +54,11 @@ impl Server {
     pub fn start() -> Server {
         if let Ok(url) = std::env::var("ROOM_TEST_PG_URL") {
             return Server {
-                base: url.trim_end_matches('/').to_string(),
+                base: url,
                 dir: None,
                 bin: PathBuf::new(),
                 as_root: false,
+                opts: String::new(),
             };
         }
         let bin = binaries();
@@ -86,11 +89,12 @@ impl Server {
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
         }
-        let s = Server {
+        let mut s = Server {
             base: format!("host={sock} port={port} user=postgres"),
             dir: Some(dir),
             bin,
             as_root,
+            opts: String::new(),
         };
         s.pg(&[
             "initdb",
@@ -102,25 +106,43 @@ impl Server {
             "postgres",
             "--no-sync",
         ]);
-        let opts = format!("-p {port} -c listen_addresses='' -k {sock} -c fsync=on");
-        s.pg(&[
+        s.opts = format!("-p {port} -c listen_addresses='' -k {sock} -c fsync=on");
+        s.up();
+        s
+    }
+
+    /// Start the server (again).
+    fn up(&self) {
+        let data = self.data().expect("a server this test started");
+        let log = data.with_file_name("log");
+        self.pg(&[
             "pg_ctl",
             "-D",
             &data.display().to_string(),
             "-o",
-            &opts,
+            &self.opts,
             "-l",
-            &s.dir
-                .as_ref()
-                .unwrap()
-                .path()
-                .join("log")
-                .display()
-                .to_string(),
+            &log.display().to_string(),
             "-w",
             "start",
         ]);
-        s
+    }
+
+    /// Stop the server as a crash would (`immediate`: no checkpoint), leave it down for
+    /// `down`, and start it again: what a restart mid-load looks like to its clients.
+    pub fn crash_and_restart(&self, down: std::time::Duration) {
+        let data = self.data().expect("a server this test started");
+        self.pg(&[
+            "pg_ctl",
+            "-D",
+            &data.display().to_string(),
+            "-m",
+            "immediate",
+            "-w",
+            "stop",
+        ]);
+        std::thread::sleep(down);
+        self.up();
     }
 
     /// Run one of the server's programs (as `postgres` when this test is root).
