@@ -10,7 +10,9 @@
 //! - phases per second with 100 collaborations in parallel on one engine;
 //! - the resident memory each live collaboration adds;
 //! - a panel's wall time, dispatch to barrier, with three instant reviewers (acting in parallel,
-//!   as reviewers on distinct backends do) against one reviewer alone.
+//!   as reviewers on distinct backends do) against one reviewer alone: Room's own part;
+//! - the same panel in a daemon with scripted reviewers, each a real worker process launched
+//!   by its wake, wall time and the CPU time a panel takes.
 
 use crate::bench::{BenchArgs, owner, pct};
 use room_engine::Engine;
@@ -235,6 +237,104 @@ fn panel_wall_us(e: &Engine, n: usize) -> anyhow::Result<f64> {
         walls.push(t.elapsed());
     }
     pct(&mut walls, 0.5).ok_or_else(|| anyhow::anyhow!("no panel measured"))
+}
+
+/// Rounds of each panel size in the daemon's panel row.
+const DAEMON_PANEL_ROUNDS: usize = 7;
+
+/// CPU time this process and its reaped children have used (the daemon runs in this
+/// process; its workers are its children), from `/proc/self/stat` in clock ticks of 10 ms.
+fn cpu_ms() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // the fields after the command name's closing parenthesis: utime, stime, cutime and
+    // cstime are the 14th to 17th of the whole line
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let ticks: u64 = rest
+        .split_whitespace()
+        .skip(11)
+        .take(4)
+        .filter_map(|f| f.parse::<u64>().ok())
+        .sum();
+    ticks * 10
+}
+
+/// A panel's wall time in the daemon, from the start's answer until the collaboration has
+/// finished, with `n` scripted reviewers: each seat's child a real `room agent-script`
+/// process launched by its sealed wake in an owned job (confined where the machine can),
+/// which reads, claims, writes its canned findings and closes its task at once. p50 over
+/// `DAEMON_PANEL_ROUNDS`, and the CPU time a panel takes (the daemon's and its workers').
+fn panel_daemon_wall_us(dir: &Path, n: usize) -> anyhow::Result<(f64, f64)> {
+    use room_server::client::Client;
+    use room_server::daemon::{Background, ServeConfig};
+    use room_server::wire::Request;
+    let tmp = tempfile::tempdir_in(dir)?;
+    let root = std::fs::canonicalize(tmp.path())?;
+    let (state_dir, boot) = (root.join("state"), root.join("boot.toml"));
+    room_store::statedir::init(&state_dir, &boot, "bench-panel")?;
+    let daemon = Background::start_with(ServeConfig {
+        state_dir,
+        bootstrap: boot,
+        listen: None,
+        engine_threads: room_server::daemon::engine_threads_default(),
+        limits: Default::default(),
+        room_exe: Some(std::env::current_exe()?),
+    })?;
+    let call = |op: &str, args: Value| -> anyhow::Result<Value> {
+        let r = Client::connect(&daemon.socket)?.call(&Request::new(op, args))?;
+        r.result
+            .ok_or_else(|| anyhow::anyhow!("{op} refused: {:?}", r.refusal))
+    };
+    let findings = root.join("findings.json");
+    std::fs::write(
+        &findings,
+        json!({"blocking": [], "non_blocking": [], "suggestions": []}).to_string(),
+    )?;
+    let roles: Vec<String> = (0..n)
+        .map(|i| {
+            let seat = if i == 0 {
+                "review".to_string()
+            } else {
+                format!("review-{}", i + 1)
+            };
+            format!(
+                "review=script:read,claim,put:findings@{seat}={},done",
+                findings.display()
+            )
+        })
+        .collect();
+    let mut walls = Vec::new();
+    // the first launch stages the bridge (Room's binary copied and hashed once per daemon)
+    let mut cpu_before = None;
+    for _ in 0..=DAEMON_PANEL_ROUNDS {
+        let started = call(
+            "collab_start",
+            json!({"goal": "measure", "pack": PANEL_PACK.replace("REVIEWERS", &n.to_string()),
+                "roles": roles}),
+        )?;
+        let t = Instant::now();
+        let id = started["collab"].as_str().unwrap_or_default().to_string();
+        loop {
+            let st = call("collab_status", json!({"id": id}))?;
+            match st["state"].as_str() {
+                Some("running") => {}
+                Some("done") => break,
+                other => anyhow::bail!("the panel ended {other:?}: {st}"),
+            }
+            anyhow::ensure!(
+                t.elapsed() < Duration::from_secs(60),
+                "the panel did not finish"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        match cpu_before {
+            None => cpu_before = Some(cpu_ms()),
+            Some(_) => walls.push(t.elapsed()),
+        }
+    }
+    let cpu = cpu_ms().saturating_sub(cpu_before.unwrap_or(0)) as f64 / walls.len() as f64;
+    daemon.stop()?;
+    let wall = pct(&mut walls, 0.5).ok_or_else(|| anyhow::anyhow!("no panel measured"))?;
+    Ok((wall, cpu * 1000.0))
 }
 
 fn ok(r: Result<Value, room_core::Refusal>) -> anyhow::Result<Value> {
@@ -498,6 +598,17 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<()> {
         "panel of 3 instant reviewers, dispatch to barrier",
         three,
         three / one
+    );
+    let (one, one_cpu) = panel_daemon_wall_us(&dir, 1)?;
+    let (three, three_cpu) = panel_daemon_wall_us(&dir, 3)?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!(
+        "{:<52} {:>10.0} us p50 (one reviewer {one:.0} us): {:.2}x; CPU per panel {:.0} ms (one reviewer {:.0} ms) on {cores} cores",
+        "panel of 3 scripted reviewers in the daemon",
+        three,
+        three / one,
+        three_cpu / 1000.0,
+        one_cpu / 1000.0,
     );
     Ok(())
 }

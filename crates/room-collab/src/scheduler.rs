@@ -71,6 +71,10 @@ pub trait Host: Send + Sync {
     fn measures_gates(&self) -> bool {
         true
     }
+    /// A send that wakes a child was committed: a host whose workers start when it is told
+    /// of a change starts that child now, not once the whole pass has ended (a panel's first
+    /// reviewer works while the others are dispatched).
+    fn sent(&self) {}
 }
 
 /// A host without working trees that runs every job inline (a simulation's: deterministic).
@@ -1066,7 +1070,7 @@ Your findings reach the orchestrator and the person alone: no other reviewer rea
             )
         });
         match sent {
-            Ok(_) => {}
+            Ok(_) => self.host.sent(),
             Err(r) if is_repeat(&r) => {}
             Err(r) => return Err(r),
         }
@@ -1864,8 +1868,10 @@ Fix them in your working tree, then write the diff again (diff_from_tree, expect
                 )
             })?;
         }
-        self.engine.collab_finish(self.me, &self.c.id, "done")?;
+        // the trees go before the record says done, so that whoever sees it done finds them
+        // gone (a crash between the two finds the goal done and finishes again)
         self.host.remove(self.engine, &self.c.id);
+        self.engine.collab_finish(self.me, &self.c.id, "done")?;
         Ok(())
     }
 }

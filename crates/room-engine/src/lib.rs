@@ -158,6 +158,8 @@ pub struct Engine {
     pub(crate) tickets: std::sync::atomic::AtomicU64,
     /// The owner's browser sessions (in memory only).
     pub(crate) consoles: console::Consoles,
+    /// Journal appends this engine has made (see [`Engine::commits`]).
+    pub(crate) commits: std::sync::atomic::AtomicU64,
 }
 
 pub type Outcome<T> = Result<T, Refusal>;
@@ -186,6 +188,7 @@ impl Engine {
             turn_waits: Default::default(),
             tickets: std::sync::atomic::AtomicU64::new(turnstile::first_ticket(&*env.entropy)),
             consoles: Default::default(),
+            commits: Default::default(),
             state,
             env,
             config,
@@ -357,6 +360,13 @@ impl Engine {
     /// Commit every room's pending projection rows. The daemon calls this on a short timer and
     /// at shutdown; correctness does not depend on it (the journal is the commit point), only
     /// how much catching up the next start does.
+    /// How many journal appends this engine has made since it opened: a change counter for
+    /// callers that act on their own (the collaborations' scheduler), whose writes no request
+    /// announces. It promises only to move whenever a room does.
+    pub fn commits(&self) -> u64 {
+        self.commits.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     pub fn flush_indexes(&self) {
         self.flush_wakes();
         for h in self.room_handles() {

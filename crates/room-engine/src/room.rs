@@ -1286,7 +1286,11 @@ impl RoomHandle {
             sealed.push(s);
         }
         match journal.append(&sealed) {
-            Ok(_) => {}
+            Ok(_) => {
+                engine
+                    .commits
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
             Err(StoreError::InDoubt(why)) => {
                 let id = sealed[0].record().id.clone();
                 self.halt(format!("append of {id} is in doubt: {why}"));

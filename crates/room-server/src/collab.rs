@@ -374,6 +374,10 @@ impl Host for DaemonHost {
     fn measures_gates(&self) -> bool {
         self.engine.is_some()
     }
+
+    fn sent(&self) {
+        crate::dispatch::changes().send_modify(|n| *n = n.wrapping_add(1));
+    }
 }
 
 /// The daemon's scheduler: `room_collab::scheduler` on the daemon as its host.

@@ -661,10 +661,21 @@ pub async fn serve(
                     changes.changed(),
                 )
                 .await;
-                let engine = engine.clone();
+                let e = engine.clone();
                 let scheduler = scheduler.clone();
-                if let Err(e) = tokio::task::spawn_blocking(move || scheduler.tick(&engine)).await {
+                let before = engine.commits();
+                if let Err(e) = tokio::task::spawn_blocking(move || scheduler.tick(&e)).await {
                     tracing::error!("the collaborations' scheduler panicked: {e}");
+                }
+                // what a pass wrote (a task, a send whose wake a worker waits on) reaches the
+                // dispatcher and the subscribers now, not at their next tick; the pass's own
+                // announcement does not wake it again (one that arrived meanwhile does)
+                if engine.commits() != before {
+                    let others = changes.has_changed().unwrap_or(false);
+                    crate::dispatch::changes().send_modify(|n| *n = n.wrapping_add(1));
+                    if !others {
+                        changes.borrow_and_update();
+                    }
                 }
             }
         }
