@@ -15,8 +15,10 @@
 //! on this backend's own small tokio runtime and is waited for on the caller's thread, so a
 //! caller on any thread works.
 
+mod control;
 mod log;
 
+pub use control::PgControl;
 pub use log::PgLog;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
@@ -44,7 +46,8 @@ pub(crate) const CALL_TIMEOUT_MS: u64 = 90_000;
 const MIGRATION_LOCK: i64 = 0x526f_6f6d_4d69_6731; // "RoomMig1"
 
 /// The schema, one step per entry; `room_migrations` records the steps applied.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE shards (
     graph_id text PRIMARY KEY,
     id bigserial UNIQUE NOT NULL,
@@ -80,7 +83,9 @@ CREATE TABLE blobs (
     bytes bytea NOT NULL,
     PRIMARY KEY (graph_id, name)
 );
-"#];
+"#,
+    control::SCHEMA,
+];
 
 /// The prefix of a shard kept aside (set aside, or a stray swept): never read as a room.
 const ASIDE: &str = "aside:";
@@ -227,8 +232,10 @@ fn not_found(graph_id: &str) -> StoreError {
 }
 
 impl Backend for PgBackend {
+    /// Principals, grants, rooms and rosters so far; its other methods are refused
+    /// (`StoreError::Unsupported`, naming each).
     fn open_control(&self) -> Result<Box<dyn ControlStore>> {
-        Err(not_yet("the control store"))
+        Ok(Box::new(PgControl::new(self.rt.clone(), self.pool.clone())))
     }
 
     fn create_shard(

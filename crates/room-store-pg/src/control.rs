@@ -1,0 +1,1160 @@
+//! The control store on PostgreSQL (issue 44): principals and their credential digests, verb
+//! policy, project grants, rooms and rosters, the control epoch and break-glass. Several
+//! daemons may share one database, so nothing is cached across calls as SQLite's store does
+//! (it owns its file alone): every read asks the database, and a room's view generation is
+//! computed again whenever what it is made of (the room's row, its members' standing, the
+//! control epoch) reads differently. Every write is one transaction, committed with
+//! `synchronous_commit = on` before the call returns.
+//!
+//! Not yet here, each refused with [`StoreError::Unsupported`] naming the method: tasks and
+//! leases, wakes and launches, sessions, holds and cancellation, collaborations and
+//! approvals. `room serve --store` stays refused until they are.
+
+use crate::{pg, run_on};
+use deadpool_postgres::{Object, Pool};
+use room_store::backend::{CancelEffect, ChangeStamp, ControlStore};
+use room_store::control::{
+    AgentRow, MemberStanding, ProjectRow, RoomRow, RoomWitnesses, TaskCheckRow, TaskRow, WakeRow,
+};
+use room_store::{Result, StoreError};
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+
+/// The control tables, the schema's second step (`crate::MIGRATIONS`).
+pub(crate) const SCHEMA: &str = r#"
+CREATE TABLE control_meta (key text PRIMARY KEY, value bigint NOT NULL);
+INSERT INTO control_meta (key, value) VALUES ('control_epoch', 1), ('break_glass', 0), ('writes', 0);
+CREATE TABLE agents (
+    name text PRIMARY KEY,
+    secret_sha256 text NOT NULL UNIQUE,
+    registration_sha256 text NOT NULL,
+    generation bigint NOT NULL,
+    max_tier text NOT NULL,
+    host_kind text NOT NULL,
+    created_ms bigint NOT NULL,
+    revoked_ms bigint,
+    parent text,
+    scopes text,
+    revoked_by text
+);
+CREATE INDEX agents_parent ON agents (parent) WHERE parent IS NOT NULL;
+CREATE TABLE retired_secrets (
+    secret_sha256 text PRIMARY KEY,
+    agent text NOT NULL,
+    retired_ms bigint NOT NULL,
+    why text NOT NULL
+);
+CREATE TABLE denied_verbs (
+    agent text NOT NULL REFERENCES agents (name),
+    verb text NOT NULL,
+    PRIMARY KEY (agent, verb)
+);
+CREATE TABLE projects (
+    id text PRIMARY KEY,
+    name text NOT NULL,
+    requested_root text NOT NULL,
+    canonical_root text NOT NULL UNIQUE,
+    dev bigint NOT NULL,
+    ino bigint NOT NULL,
+    mnt_id bigint NOT NULL,
+    opened_ms bigint NOT NULL
+);
+CREATE TABLE rooms (
+    name text PRIMARY KEY,
+    graph_id text NOT NULL UNIQUE,
+    project_id text REFERENCES projects (id),
+    created_ms bigint NOT NULL,
+    revision bigint NOT NULL,
+    reset_gen bigint NOT NULL,
+    reset_ms bigint,
+    admission_gen bigint NOT NULL,
+    admission_open boolean NOT NULL,
+    archived_ms bigint,
+    cancel_gen bigint NOT NULL DEFAULT 0,
+    cancelled boolean NOT NULL DEFAULT false
+);
+CREATE TABLE members (
+    room text NOT NULL REFERENCES rooms (name),
+    agent text NOT NULL REFERENCES agents (name),
+    PRIMARY KEY (room, agent)
+);
+"#;
+
+/// Agents' descendants `revoke_subtree` looks at most this many levels down, whatever the
+/// caller asks (the engine's own bound is smaller).
+const SUBTREE_DEPTH_MAX: u32 = 64;
+
+fn not_yet(method: &str) -> StoreError {
+    StoreError::Unsupported(format!(
+        "the control store's {method} is not on PostgreSQL yet (principals, grants, rooms and rosters are)"
+    ))
+}
+
+/// A stored integer that must not be negative (every count, time and generation here).
+fn u(v: i64, what: &str) -> Result<u64> {
+    u64::try_from(v).map_err(|_| StoreError::Corrupt(format!("{what} {v} is negative")))
+}
+
+fn i(v: u64) -> i64 {
+    i64::try_from(v).expect("stored values stay below 2^63")
+}
+
+const AGENT_COLS: &str = "name, secret_sha256, registration_sha256, generation, max_tier, host_kind, created_ms, revoked_ms, parent, scopes, revoked_by";
+
+fn agent_from(r: &tokio_postgres::Row) -> Result<AgentRow> {
+    let name: String = r.get(0);
+    let scopes = match r.get::<_, Option<String>>(9) {
+        None => None,
+        Some(t) => Some(
+            serde_json::from_str(&t)
+                .map_err(|e| StoreError::Corrupt(format!("agent {name}: scopes {t:?}: {e}")))?,
+        ),
+    };
+    Ok(AgentRow {
+        secret_sha256: r.get(1),
+        registration_sha256: r.get(2),
+        generation: u(r.get(3), "generation")?,
+        max_tier: r.get(4),
+        host_kind: r.get(5),
+        created_ms: u(r.get(6), "created_ms")?,
+        revoked_ms: r
+            .get::<_, Option<i64>>(7)
+            .map(|v| u(v, "revoked_ms"))
+            .transpose()?,
+        parent: r.get(8),
+        scopes,
+        revoked_by: r.get(10),
+        name,
+    })
+}
+
+const PROJECT_COLS: &str = "id, name, requested_root, canonical_root, dev, ino, mnt_id, opened_ms";
+
+fn project_from(r: &tokio_postgres::Row) -> Result<ProjectRow> {
+    Ok(ProjectRow {
+        id: r.get(0),
+        name: r.get(1),
+        requested_root: r.get(2),
+        canonical_root: r.get(3),
+        dev: u(r.get(4), "dev")?,
+        ino: u(r.get(5), "ino")?,
+        mnt_id: u(r.get(6), "mnt_id")?,
+        opened_ms: u(r.get(7), "opened_ms")?,
+    })
+}
+
+const ROOM_COLS: &str = "name, graph_id, project_id, created_ms, revision, reset_gen, reset_ms, admission_gen, admission_open, archived_ms, cancel_gen, cancelled";
+
+fn room_from(r: &tokio_postgres::Row) -> Result<RoomRow> {
+    Ok(RoomRow {
+        name: r.get(0),
+        graph_id: r.get(1),
+        project_id: r.get(2),
+        created_ms: u(r.get(3), "created_ms")?,
+        revision: u(r.get(4), "revision")?,
+        reset_gen: u(r.get(5), "reset_gen")?,
+        reset_ms: r
+            .get::<_, Option<i64>>(6)
+            .map(|v| u(v, "reset_ms"))
+            .transpose()?,
+        admission_gen: u(r.get(7), "admission_gen")?,
+        admission_open: r.get(8),
+        archived_ms: r
+            .get::<_, Option<i64>>(9)
+            .map(|v| u(v, "archived_ms"))
+            .transpose()?,
+        cancel_gen: u(r.get(10), "cancel_gen")?,
+        cancelled: r.get(11),
+    })
+}
+
+/// What a room's view generation is computed from, as read together: the key its cached
+/// digest is kept under.
+#[derive(PartialEq, Eq)]
+struct ViewInputs {
+    epoch: u64,
+    room: RoomRow,
+    members: Vec<(String, Option<AgentRow>, Vec<String>)>,
+}
+
+/// The control store on PostgreSQL.
+pub struct PgControl {
+    rt: Arc<tokio::runtime::Runtime>,
+    pool: Pool,
+    /// Writes attempted through this handle (the change stamp's local part).
+    writes: u64,
+    /// Each room's view generation with what it was computed from.
+    view_gens: HashMap<String, (ViewInputs, String)>,
+}
+
+impl PgControl {
+    pub(crate) fn new(rt: Arc<tokio::runtime::Runtime>, pool: Pool) -> PgControl {
+        PgControl {
+            rt,
+            pool,
+            writes: 0,
+            view_gens: HashMap::new(),
+        }
+    }
+
+    /// `f` with a connection of the pool, on the backend's runtime, waited for here.
+    fn call<T, F, Fut>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(Object) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T>> + Send + 'static,
+    {
+        let pool = self.pool.clone();
+        run_on(&self.rt, async move {
+            let c = pool.get().await.map_err(pg)?;
+            f(c).await
+        })
+    }
+
+    /// A write: `call`, counted for the change stamp whether or not it succeeds. Each write
+    /// bumps the database's own write counter in its transaction (`bump`), which another
+    /// daemon's change stamp reads.
+    fn write<T, F, Fut>(&mut self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(Object) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T>> + Send + 'static,
+    {
+        self.writes += 1;
+        self.call(f)
+    }
+
+    fn view_inputs(&self, room: &str) -> Result<Option<ViewInputs>> {
+        let room = room.to_string();
+        self.call(move |mut c| async move {
+            // one snapshot: the row, the roster and each member's standing read together
+            let tx = c
+                .build_transaction()
+                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                .read_only(true)
+                .start()
+                .await
+                .map_err(pg)?;
+            let Some(row) = tx
+                .query_opt(
+                    &format!("SELECT {ROOM_COLS} FROM rooms WHERE name = $1"),
+                    &[&room],
+                )
+                .await
+                .map_err(pg)?
+            else {
+                return Ok(None);
+            };
+            let epoch: i64 = tx
+                .query_one(
+                    "SELECT value FROM control_meta WHERE key = 'control_epoch'",
+                    &[],
+                )
+                .await
+                .map_err(pg)?
+                .get(0);
+            let names: Vec<String> = tx
+                .query(
+                    "SELECT agent FROM members WHERE room = $1 ORDER BY agent",
+                    &[&room],
+                )
+                .await
+                .map_err(pg)?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            let mut members = Vec::with_capacity(names.len());
+            for n in names {
+                let agent = tx
+                    .query_opt(
+                        &format!("SELECT {AGENT_COLS} FROM agents WHERE name = $1"),
+                        &[&n],
+                    )
+                    .await
+                    .map_err(pg)?
+                    .map(|r| agent_from(&r))
+                    .transpose()?;
+                let denied: Vec<String> = tx
+                    .query(
+                        "SELECT verb FROM denied_verbs WHERE agent = $1 ORDER BY verb",
+                        &[&n],
+                    )
+                    .await
+                    .map_err(pg)?
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect();
+                members.push((n, agent, denied));
+            }
+            tx.commit().await.map_err(pg)?;
+            Ok(Some(ViewInputs {
+                epoch: u(epoch, "control_epoch")?,
+                room: room_from(&row)?,
+                members,
+            }))
+        })
+    }
+}
+
+/// Count a write in the database (what `change_stamp` reads across daemons).
+async fn bump(tx: &deadpool_postgres::Transaction<'_>) -> Result<()> {
+    tx.execute(
+        "UPDATE control_meta SET value = value + 1 WHERE key = 'writes'",
+        &[],
+    )
+    .await
+    .map_err(pg)?;
+    Ok(())
+}
+
+/// One statement and the write count, in one transaction; the rows it changed.
+async fn exec1(
+    mut c: Object,
+    sql: &'static str,
+    params: Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>>,
+) -> Result<u64> {
+    let tx = c.transaction().await.map_err(pg)?;
+    let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+        params.iter().map(|p| p.as_ref() as _).collect();
+    let n = tx.execute(sql, &refs).await.map_err(pg)?;
+    bump(&tx).await?;
+    tx.commit().await.map_err(pg)?;
+    Ok(n)
+}
+
+fn boxed<T: tokio_postgres::types::ToSql + Sync + Send + 'static>(
+    v: T,
+) -> Box<dyn tokio_postgres::types::ToSql + Sync + Send> {
+    Box::new(v)
+}
+
+/// Retire `secret` and mark `name` revoked by `by`, in `tx`.
+async fn revoke_in(
+    tx: &deadpool_postgres::Transaction<'_>,
+    name: &str,
+    secret: &str,
+    by: &str,
+    now_ms: i64,
+) -> Result<()> {
+    tx.execute(
+        "INSERT INTO retired_secrets (secret_sha256, agent, retired_ms, why) VALUES ($1, $2, $3, 'revoked') ON CONFLICT DO NOTHING",
+        &[&secret, &name, &now_ms],
+    )
+    .await
+    .map_err(pg)?;
+    tx.execute(
+        "UPDATE agents SET revoked_ms = $2, revoked_by = $3 WHERE name = $1",
+        &[&name, &now_ms, &by],
+    )
+    .await
+    .map_err(pg)?;
+    Ok(())
+}
+
+impl ControlStore for PgControl {
+    fn change_stamp(&self) -> Result<ChangeStamp> {
+        let external = self.call(|c| async move {
+            let v: i64 = c
+                .query_one("SELECT value FROM control_meta WHERE key = 'writes'", &[])
+                .await
+                .map_err(pg)?
+                .get(0);
+            u(v, "writes")
+        })?;
+        Ok(ChangeStamp {
+            external,
+            local: self.writes,
+        })
+    }
+
+    // nothing is cached across calls: nothing is ever stale
+    fn refresh_if_stale(&mut self) {}
+
+    fn is_stale(&self) -> bool {
+        false
+    }
+
+    fn control_epoch(&self) -> Result<u64> {
+        self.call(|c| async move {
+            let v: i64 = c
+                .query_one(
+                    "SELECT value FROM control_meta WHERE key = 'control_epoch'",
+                    &[],
+                )
+                .await
+                .map_err(pg)?
+                .get(0);
+            u(v, "control_epoch")
+        })
+    }
+
+    fn agent(&self, name: &str) -> Result<Option<AgentRow>> {
+        let name = name.to_string();
+        self.call(move |c| async move {
+            c.query_opt(
+                &format!("SELECT {AGENT_COLS} FROM agents WHERE name = $1"),
+                &[&name],
+            )
+            .await
+            .map_err(pg)?
+            .map(|r| agent_from(&r))
+            .transpose()
+        })
+    }
+
+    fn agent_by_secret(&self, secret_sha256: &str) -> Result<Option<AgentRow>> {
+        let s = secret_sha256.to_string();
+        self.call(move |c| async move {
+            c.query_opt(
+                &format!("SELECT {AGENT_COLS} FROM agents WHERE secret_sha256 = $1"),
+                &[&s],
+            )
+            .await
+            .map_err(pg)?
+            .map(|r| agent_from(&r))
+            .transpose()
+        })
+    }
+
+    fn agents(&self) -> Result<Vec<AgentRow>> {
+        self.call(|c| async move {
+            c.query(
+                &format!("SELECT {AGENT_COLS} FROM agents ORDER BY name"),
+                &[],
+            )
+            .await
+            .map_err(pg)?
+            .iter()
+            .map(agent_from)
+            .collect()
+        })
+    }
+
+    fn denied_verbs(&self, agent: &str) -> Result<Vec<String>> {
+        let a = agent.to_string();
+        self.call(move |c| async move {
+            Ok(c.query(
+                "SELECT verb FROM denied_verbs WHERE agent = $1 ORDER BY verb",
+                &[&a],
+            )
+            .await
+            .map_err(pg)?
+            .iter()
+            .map(|r| r.get(0))
+            .collect())
+        })
+    }
+
+    fn projects(&self) -> Result<Vec<ProjectRow>> {
+        self.call(|c| async move {
+            c.query(
+                &format!("SELECT {PROJECT_COLS} FROM projects ORDER BY opened_ms, id"),
+                &[],
+            )
+            .await
+            .map_err(pg)?
+            .iter()
+            .map(project_from)
+            .collect()
+        })
+    }
+
+    fn project(&self, id: &str) -> Result<Option<ProjectRow>> {
+        let id = id.to_string();
+        self.call(move |c| async move {
+            c.query_opt(
+                &format!("SELECT {PROJECT_COLS} FROM projects WHERE id = $1"),
+                &[&id],
+            )
+            .await
+            .map_err(pg)?
+            .map(|r| project_from(&r))
+            .transpose()
+        })
+    }
+
+    fn rooms(&self) -> Result<Vec<RoomRow>> {
+        self.call(|c| async move {
+            c.query(&format!("SELECT {ROOM_COLS} FROM rooms ORDER BY name"), &[])
+                .await
+                .map_err(pg)?
+                .iter()
+                .map(room_from)
+                .collect()
+        })
+    }
+
+    fn room(&self, name: &str) -> Result<Option<RoomRow>> {
+        let n = name.to_string();
+        self.call(move |c| async move {
+            c.query_opt(
+                &format!("SELECT {ROOM_COLS} FROM rooms WHERE name = $1"),
+                &[&n],
+            )
+            .await
+            .map_err(pg)?
+            .map(|r| room_from(&r))
+            .transpose()
+        })
+    }
+
+    /// Computed by `digest` again only when what it is made of reads differently (another
+    /// daemon's change included). `None`: no such room, or the database did not answer (the
+    /// caller refuses either way: a view is never served unread).
+    fn view_gen(
+        &mut self,
+        room: &str,
+        digest: &dyn Fn(&RoomRow, &[MemberStanding<'_>]) -> String,
+    ) -> Option<String> {
+        let inputs = self.view_inputs(room).ok()??;
+        if let Some((seen, v)) = self.view_gens.get(room)
+            && *seen == inputs
+        {
+            return Some(v.clone());
+        }
+        let standings: Vec<MemberStanding<'_>> = inputs
+            .members
+            .iter()
+            .map(|(name, agent, denied)| MemberStanding {
+                name,
+                agent: agent.as_ref(),
+                denied,
+            })
+            .collect();
+        let v = digest(&inputs.room, &standings);
+        drop(standings);
+        self.view_gens.insert(room.to_string(), (inputs, v.clone()));
+        Some(v)
+    }
+
+    fn members(&self, room: &str) -> Result<Vec<String>> {
+        let r = room.to_string();
+        self.call(move |c| async move {
+            Ok(c.query(
+                "SELECT agent FROM members WHERE room = $1 ORDER BY agent",
+                &[&r],
+            )
+            .await
+            .map_err(pg)?
+            .iter()
+            .map(|r| r.get(0))
+            .collect())
+        })
+    }
+
+    fn is_member(&self, room: &str, agent: &str) -> Result<bool> {
+        let (r, a) = (room.to_string(), agent.to_string());
+        self.call(move |c| async move {
+            Ok(c.query_opt(
+                "SELECT 1 FROM members WHERE room = $1 AND agent = $2",
+                &[&r, &a],
+            )
+            .await
+            .map_err(pg)?
+            .is_some())
+        })
+    }
+
+    fn retired_secret(&self, secret_sha256: &str) -> Result<Option<(String, String)>> {
+        let s = secret_sha256.to_string();
+        self.call(move |c| async move {
+            Ok(c.query_opt(
+                "SELECT agent, why FROM retired_secrets WHERE secret_sha256 = $1",
+                &[&s],
+            )
+            .await
+            .map_err(pg)?
+            .map(|r| (r.get(0), r.get(1))))
+        })
+    }
+
+    fn insert_agent(&mut self, a: &AgentRow) -> Result<()> {
+        let scopes = a
+            .scopes
+            .as_ref()
+            .map(|s| serde_json::to_string(s).expect("a list of strings serializes"));
+        let p = vec![
+            boxed(a.name.clone()),
+            boxed(a.secret_sha256.clone()),
+            boxed(a.registration_sha256.clone()),
+            boxed(i(a.generation)),
+            boxed(a.max_tier.clone()),
+            boxed(a.host_kind.clone()),
+            boxed(i(a.created_ms)),
+            boxed(a.parent.clone()),
+            boxed(scopes),
+        ];
+        self.write(move |c| {
+            exec1(
+                c,
+                "INSERT INTO agents (name, secret_sha256, registration_sha256, generation, max_tier, host_kind, created_ms, revoked_ms, parent, scopes)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, NULL, $8, $9)",
+                p,
+            )
+        })?;
+        Ok(())
+    }
+
+    fn replace_secret(
+        &mut self,
+        old: &AgentRow,
+        new_secret: &str,
+        new_registration: &str,
+        now_ms: u64,
+    ) -> Result<()> {
+        let (name, old_secret) = (old.name.clone(), old.secret_sha256.clone());
+        let (secret, registration) = (new_secret.to_string(), new_registration.to_string());
+        self.write(move |mut c| async move {
+            let tx = c.transaction().await.map_err(pg)?;
+            tx.execute(
+                "INSERT INTO retired_secrets (secret_sha256, agent, retired_ms, why) VALUES ($1, $2, $3, 'rotated') ON CONFLICT DO NOTHING",
+                &[&old_secret, &name, &i(now_ms)],
+            )
+            .await
+            .map_err(pg)?;
+            tx.execute(
+                "UPDATE agents SET secret_sha256 = $2, registration_sha256 = $3, generation = generation + 1, revoked_ms = NULL WHERE name = $1",
+                &[&name, &secret, &registration],
+            )
+            .await
+            .map_err(pg)?;
+            bump(&tx).await?;
+            tx.commit().await.map_err(pg)
+        })
+    }
+
+    fn revoke(&mut self, a: &AgentRow, now_ms: u64) -> Result<()> {
+        let (name, secret) = (a.name.clone(), a.secret_sha256.clone());
+        self.write(move |mut c| async move {
+            let tx = c.transaction().await.map_err(pg)?;
+            revoke_in(&tx, &name, &secret, &name, i(now_ms)).await?;
+            bump(&tx).await?;
+            tx.commit().await.map_err(pg)
+        })
+    }
+
+    fn revoke_subtree(&mut self, root: &str, now_ms: u64, depth_max: u32) -> Result<Vec<String>> {
+        let root = root.to_string();
+        let depth = i64::from(depth_max.min(SUBTREE_DEPTH_MAX));
+        self.write(move |mut c| async move {
+            let tx = c.transaction().await.map_err(pg)?;
+            // the subtree's rows locked for the transaction: a node delegated meanwhile under
+            // one of them waits, and is then seen revoked by the credential check
+            let rows = tx
+                .query(
+                    "WITH RECURSIVE sub(name, depth) AS (
+                        SELECT $1::text, 0::bigint
+                        UNION ALL
+                        SELECT a.name, sub.depth + 1 FROM agents a JOIN sub ON a.parent = sub.name
+                        WHERE sub.depth < $2)
+                     SELECT a.name, a.secret_sha256, a.revoked_ms IS NOT NULL
+                     FROM agents a JOIN sub ON a.name = sub.name
+                     ORDER BY a.name FOR UPDATE OF a",
+                    &[&root, &depth],
+                )
+                .await
+                .map_err(pg)?;
+            let mut revoked = Vec::new();
+            for r in rows {
+                let (name, secret, already): (String, String, bool) =
+                    (r.get(0), r.get(1), r.get(2));
+                if already {
+                    continue;
+                }
+                revoke_in(&tx, &name, &secret, &root, i(now_ms)).await?;
+                revoked.push(name);
+            }
+            bump(&tx).await?;
+            tx.commit().await.map_err(pg)?;
+            Ok(revoked)
+        })
+    }
+
+    fn set_max_tier(&mut self, agent: &str, tier: &str) -> Result<()> {
+        let p = vec![boxed(agent.to_string()), boxed(tier.to_string())];
+        self.write(move |c| exec1(c, "UPDATE agents SET max_tier = $2 WHERE name = $1", p))?;
+        Ok(())
+    }
+
+    fn set_scopes(&mut self, agent: &str, scopes: &[String]) -> Result<()> {
+        let text = serde_json::to_string(scopes).expect("a list of strings serializes");
+        let p = vec![boxed(agent.to_string()), boxed(text)];
+        self.write(move |c| exec1(c, "UPDATE agents SET scopes = $2 WHERE name = $1", p))?;
+        Ok(())
+    }
+
+    fn set_verb_denied(&mut self, agent: &str, verb: &str, denied: bool) -> Result<()> {
+        let p = vec![boxed(agent.to_string()), boxed(verb.to_string())];
+        self.write(move |c| {
+            exec1(
+                c,
+                if denied {
+                    "INSERT INTO denied_verbs (agent, verb) VALUES ($1, $2) ON CONFLICT DO NOTHING"
+                } else {
+                    "DELETE FROM denied_verbs WHERE agent = $1 AND verb = $2"
+                },
+                p,
+            )
+        })?;
+        Ok(())
+    }
+
+    fn insert_project(&mut self, p: &ProjectRow) -> Result<()> {
+        let v = vec![
+            boxed(p.id.clone()),
+            boxed(p.name.clone()),
+            boxed(p.requested_root.clone()),
+            boxed(p.canonical_root.clone()),
+            boxed(i(p.dev)),
+            boxed(i(p.ino)),
+            boxed(i(p.mnt_id)),
+            boxed(i(p.opened_ms)),
+        ];
+        self.write(move |c| {
+            exec1(
+                c,
+                "INSERT INTO projects (id, name, requested_root, canonical_root, dev, ino, mnt_id, opened_ms)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                v,
+            )
+        })?;
+        Ok(())
+    }
+
+    fn insert_room(&mut self, r: &RoomRow, members: &[String]) -> Result<()> {
+        let (r, members) = (r.clone(), members.to_vec());
+        self.write(move |mut c| async move {
+            let tx = c.transaction().await.map_err(pg)?;
+            tx.execute(
+                &format!("INSERT INTO rooms ({ROOM_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"),
+                &[&r.name, &r.graph_id, &r.project_id, &i(r.created_ms), &i(r.revision), &i(r.reset_gen),
+                  &r.reset_ms.map(i), &i(r.admission_gen), &r.admission_open, &r.archived_ms.map(i),
+                  &i(r.cancel_gen), &r.cancelled],
+            )
+            .await
+            .map_err(pg)?;
+            for m in &members {
+                tx.execute(
+                    "INSERT INTO members (room, agent) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                    &[&r.name, m],
+                )
+                .await
+                .map_err(pg)?;
+            }
+            bump(&tx).await?;
+            tx.commit().await.map_err(pg)
+        })
+    }
+
+    fn archive_room(&mut self, name: &str, at_ms: u64) -> Result<bool> {
+        let p = vec![boxed(name.to_string()), boxed(i(at_ms))];
+        let n = self.write(move |c| {
+            exec1(
+                c,
+                "UPDATE rooms SET archived_ms = $2 WHERE name = $1 AND archived_ms IS NULL",
+                p,
+            )
+        })?;
+        Ok(n == 1)
+    }
+
+    fn add_member(&mut self, room: &str, agent: &str) -> Result<bool> {
+        let (room, agent) = (room.to_string(), agent.to_string());
+        self.write(move |mut c| async move {
+            let tx = c.transaction().await.map_err(pg)?;
+            let n = tx
+                .execute(
+                    "INSERT INTO members (room, agent) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                    &[&room, &agent],
+                )
+                .await
+                .map_err(pg)?;
+            if n > 0 {
+                tx.execute(
+                    "UPDATE rooms SET revision = revision + 1 WHERE name = $1",
+                    &[&room],
+                )
+                .await
+                .map_err(pg)?;
+            }
+            bump(&tx).await?;
+            tx.commit().await.map_err(pg)?;
+            Ok(n > 0)
+        })
+    }
+
+    fn reset_room_at(&mut self, room: &str, seq: u64, at_ms: u64) -> Result<()> {
+        let p = vec![boxed(room.to_string()), boxed(i(seq)), boxed(i(at_ms))];
+        self.write(move |c| {
+            exec1(
+                c,
+                "UPDATE rooms SET reset_gen = $2, revision = revision + 1, reset_ms = $3 WHERE name = $1 AND reset_gen < $2",
+                p,
+            )
+        })?;
+        Ok(())
+    }
+
+    fn set_admission(&mut self, room: &str, seq: u64, open: bool) -> Result<()> {
+        let p = vec![boxed(room.to_string()), boxed(i(seq)), boxed(open)];
+        self.write(move |c| {
+            exec1(
+                c,
+                "UPDATE rooms SET admission_gen = $2, admission_open = $3, revision = revision + 1
+                 WHERE name = $1 AND admission_gen < $2",
+                p,
+            )
+        })?;
+        Ok(())
+    }
+
+    fn break_glass(&self) -> Result<bool> {
+        self.call(|c| async move {
+            let v: i64 = c
+                .query_one(
+                    "SELECT value FROM control_meta WHERE key = 'break_glass'",
+                    &[],
+                )
+                .await
+                .map_err(pg)?
+                .get(0);
+            Ok(v != 0)
+        })
+    }
+
+    fn set_break_glass(&mut self, engaged: bool) -> Result<u64> {
+        let v = i64::from(engaged);
+        self.write(move |mut c| async move {
+            let tx = c.transaction().await.map_err(pg)?;
+            tx.execute(
+                "UPDATE control_meta SET value = $1 WHERE key = 'break_glass'",
+                &[&v],
+            )
+            .await
+            .map_err(pg)?;
+            let epoch: i64 = tx
+                .query_one(
+                    "UPDATE control_meta SET value = value + 1 WHERE key = 'control_epoch' RETURNING value",
+                    &[],
+                )
+                .await
+                .map_err(pg)?
+                .get(0);
+            bump(&tx).await?;
+            tx.commit().await.map_err(pg)?;
+            u(epoch, "control_epoch")
+        })
+    }
+
+    fn tasks_open_count(&self, _room: &str, _owner: &str) -> Result<u64> {
+        Err(not_yet("tasks_open_count"))
+    }
+
+    fn task_ids_in(&self, _rooms: &[String], _prefix: &str, _limit: usize) -> Result<Vec<String>> {
+        Err(not_yet("task_ids_in"))
+    }
+
+    fn rooms_with_claims(&self) -> Result<Vec<String>> {
+        Err(not_yet("rooms_with_claims"))
+    }
+
+    fn remove_room(&mut self, _name: &str) -> Result<bool> {
+        Err(not_yet("remove_room"))
+    }
+
+    fn set_cancelled(
+        &mut self,
+        _room: &str,
+        _seq: u64,
+        _cancel: Option<&CancelEffect<'_>>,
+    ) -> Result<()> {
+        Err(not_yet("set_cancelled"))
+    }
+
+    fn wakes_dead_count(&self, _room: &str, _reason: &str) -> Result<u64> {
+        Err(not_yet("wakes_dead_count"))
+    }
+
+    fn holds(&self, _room: &str, _limit: usize) -> Result<Vec<room_store::control::HoldRow>> {
+        Err(not_yet("holds"))
+    }
+
+    fn hold(&self, _id: &str) -> Result<Option<room_store::control::HoldRow>> {
+        Err(not_yet("hold"))
+    }
+
+    fn insert_collab(&mut self, _c: &room_store::control::CollabRow) -> Result<()> {
+        Err(not_yet("insert_collab"))
+    }
+
+    fn collab(&self, _id: &str) -> Result<Option<room_store::control::CollabRow>> {
+        Err(not_yet("collab"))
+    }
+
+    fn collabs(
+        &self,
+        _state: Option<&str>,
+        _limit: usize,
+    ) -> Result<Vec<room_store::control::CollabRow>> {
+        Err(not_yet("collabs"))
+    }
+
+    fn set_collab_state(
+        &mut self,
+        _id: &str,
+        _from: &str,
+        _to: &str,
+        _now_ms: u64,
+    ) -> Result<bool> {
+        Err(not_yet("set_collab_state"))
+    }
+
+    fn put_collab_run(&mut self, _r: &room_store::control::CollabRunRow) -> Result<()> {
+        Err(not_yet("put_collab_run"))
+    }
+
+    fn collab_runs(
+        &self,
+        _collab: &str,
+        _limit: usize,
+    ) -> Result<Vec<room_store::control::CollabRunRow>> {
+        Err(not_yet("collab_runs"))
+    }
+
+    fn insert_approval(&mut self, _a: &room_store::control::ApprovalRow) -> Result<()> {
+        Err(not_yet("insert_approval"))
+    }
+
+    fn approval(&self, _id: &str) -> Result<Option<room_store::control::ApprovalRow>> {
+        Err(not_yet("approval"))
+    }
+
+    fn approvals(
+        &self,
+        _collab: &str,
+        _limit: usize,
+    ) -> Result<Vec<room_store::control::ApprovalRow>> {
+        Err(not_yet("approvals"))
+    }
+
+    fn decide_approval(
+        &mut self,
+        _id: &str,
+        _digest: &str,
+        _to: &str,
+        _now_ms: u64,
+        _note: Option<&str>,
+    ) -> Result<bool> {
+        Err(not_yet("decide_approval"))
+    }
+
+    fn resolve_hold(
+        &mut self,
+        _id: &str,
+        _r: &room_store::control::HoldResolution<'_>,
+    ) -> Result<bool> {
+        Err(not_yet("resolve_hold"))
+    }
+
+    fn task(&self, _id: &str) -> Result<Option<TaskRow>> {
+        Err(not_yet("task"))
+    }
+
+    fn children(&self, _parent: &str) -> Result<Vec<TaskRow>> {
+        Err(not_yet("children"))
+    }
+
+    fn leased(&self, _project: Option<&str>, _room: &str) -> Result<Vec<TaskRow>> {
+        Err(not_yet("leased"))
+    }
+
+    fn leased_over(
+        &self,
+        _project: Option<&str>,
+        _room: &str,
+        _over: &[room_core::scope::Scope],
+    ) -> Result<Vec<TaskRow>> {
+        Err(not_yet("leased_over"))
+    }
+
+    fn insert_task(&mut self, _t: &TaskRow) -> Result<()> {
+        Err(not_yet("insert_task"))
+    }
+
+    fn amend_task(&mut self, _id: &str, _terms: &room_core::event::TaskTerms) -> Result<bool> {
+        Err(not_yet("amend_task"))
+    }
+
+    fn pin_claim(
+        &mut self,
+        _id: &str,
+        _pin: &std::collections::BTreeMap<String, String>,
+    ) -> Result<()> {
+        Err(not_yet("pin_claim"))
+    }
+
+    fn set_override(&mut self, _id: &str, _reason: &str) -> Result<()> {
+        Err(not_yet("set_override"))
+    }
+
+    fn set_successor(&mut self, _id: &str, _successor: &str) -> Result<()> {
+        Err(not_yet("set_successor"))
+    }
+
+    fn move_stage_pin(&mut self, _id: &str, _path: &str, _from: &str, _to: &str) -> Result<bool> {
+        Err(not_yet("move_stage_pin"))
+    }
+
+    fn project_source(&self, _project: &str) -> Result<Option<Vec<String>>> {
+        Err(not_yet("project_source"))
+    }
+
+    fn set_project_source(&mut self, _project: &str, _parts: Option<&[String]>) -> Result<()> {
+        Err(not_yet("set_project_source"))
+    }
+
+    fn superseded_by(&self, _successor: &str) -> Result<Vec<TaskRow>> {
+        Err(not_yet("superseded_by"))
+    }
+
+    fn update_task(
+        &mut self,
+        _id: &str,
+        _from_status: &str,
+        _status: &str,
+        _recipient: Option<&str>,
+        _now_ms: u64,
+        _lease_gen: Option<u64>,
+    ) -> Result<bool> {
+        Err(not_yet("update_task"))
+    }
+
+    fn release_lease(&mut self, _id: &str, _generation: u64) -> Result<bool> {
+        Err(not_yet("release_lease"))
+    }
+
+    fn lease_gen_max(&self) -> Result<u64> {
+        Err(not_yet("lease_gen_max"))
+    }
+
+    fn clear_room_tasks(&mut self, _room: &str) -> Result<u64> {
+        Err(not_yet("clear_room_tasks"))
+    }
+
+    fn record_task_check(&mut self, _row: &TaskCheckRow) -> Result<()> {
+        Err(not_yet("record_task_check"))
+    }
+
+    fn task_check(&self, _task: &str) -> Result<Option<TaskCheckRow>> {
+        Err(not_yet("task_check"))
+    }
+
+    fn wakes_to_check(&self, _limit: usize) -> Result<Vec<WakeRow>> {
+        Err(not_yet("wakes_to_check"))
+    }
+
+    fn wakes_checked(
+        &mut self,
+        _checked: &[room_store::control::WakeVerdict],
+        _at_ms: u64,
+    ) -> Result<Vec<bool>> {
+        Err(not_yet("wakes_checked"))
+    }
+
+    fn wake(&self, _room: &str, _agent: &str, _source_event: &str) -> Result<Option<WakeRow>> {
+        Err(not_yet("wake"))
+    }
+
+    fn wakes_queued_of(&self, _agents: &[String], _limit: usize) -> Result<Vec<WakeRow>> {
+        Err(not_yet("wakes_queued_of"))
+    }
+
+    fn insert_launch(&mut self, _l: &room_store::control::LaunchRow) -> Result<bool> {
+        Err(not_yet("insert_launch"))
+    }
+
+    fn launch(&self, _id: &str) -> Result<Option<room_store::control::LaunchRow>> {
+        Err(not_yet("launch"))
+    }
+
+    fn launch_by_secret(
+        &self,
+        _secret_sha256: &str,
+    ) -> Result<Option<room_store::control::LaunchRow>> {
+        Err(not_yet("launch_by_secret"))
+    }
+
+    fn launches_of(
+        &self,
+        _agent: &str,
+        _limit: usize,
+    ) -> Result<Vec<room_store::control::LaunchRow>> {
+        Err(not_yet("launches_of"))
+    }
+
+    fn launches_of_wake(
+        &self,
+        _room: &str,
+        _agent: &str,
+        _source_event: &str,
+    ) -> Result<Vec<room_store::control::LaunchRow>> {
+        Err(not_yet("launches_of_wake"))
+    }
+
+    fn launches_live(&self) -> Result<Vec<room_store::control::LaunchRow>> {
+        Err(not_yet("launches_live"))
+    }
+
+    fn launch_running(&mut self, _id: &str, _pid: Option<u32>, _at_ms: u64) -> Result<bool> {
+        Err(not_yet("launch_running"))
+    }
+
+    fn launch_severed(&mut self, _id: &str, _detail: &str) -> Result<bool> {
+        Err(not_yet("launch_severed"))
+    }
+
+    fn launch_unconfirmed(&mut self, _id: &str, _detail: &str) -> Result<bool> {
+        Err(not_yet("launch_unconfirmed"))
+    }
+
+    fn launch_ended(&mut self, _id: &str, _end: &room_store::control::LaunchEnd) -> Result<bool> {
+        Err(not_yet("launch_ended"))
+    }
+
+    fn sessions(
+        &self,
+        _agent: Option<&str>,
+        _limit: usize,
+    ) -> Result<Vec<room_store::control::SessionRow>> {
+        Err(not_yet("sessions"))
+    }
+
+    fn session(&self, _id: &str) -> Result<Option<room_store::control::SessionRow>> {
+        Err(not_yet("session"))
+    }
+
+    fn session_bound(&self, _agent: &str) -> Result<Option<room_store::control::SessionRow>> {
+        Err(not_yet("session_bound"))
+    }
+
+    fn insert_wakes(&mut self, _rows: &[WakeRow]) -> Result<()> {
+        Err(not_yet("insert_wakes"))
+    }
+
+    fn wakes_requeue_pending(&self) -> Result<bool> {
+        Err(not_yet("wakes_requeue_pending"))
+    }
+
+    fn wakes_requeue_done(&mut self) -> Result<()> {
+        Err(not_yet("wakes_requeue_done"))
+    }
+
+    fn room_witnesses(&self, _room: &str) -> Result<RoomWitnesses> {
+        Err(not_yet("room_witnesses"))
+    }
+
+    fn wakes(&self, _room: Option<&str>) -> Result<Vec<WakeRow>> {
+        Err(not_yet("wakes"))
+    }
+}
