@@ -1,14 +1,14 @@
-//! The control store on PostgreSQL (issue 44): principals and their credential digests, verb
-//! policy, project grants, rooms and rosters, the control epoch and break-glass. Several
-//! daemons may share one database, so nothing is cached across calls as SQLite's store does
-//! (it owns its file alone): every read asks the database, and a room's view generation is
-//! computed again whenever what it is made of (the room's row, its members' standing, the
-//! control epoch) reads differently. Every write is one transaction, committed with
-//! `synchronous_commit = on` before the call returns.
-//!
-//! Not yet here, each refused with [`StoreError::Unsupported`] naming the method: tasks and
-//! leases, wakes and launches, sessions, holds and cancellation, collaborations and
-//! approvals. `room serve --store` stays refused until they are.
+//! The control store on PostgreSQL (issue 44), whole: principals and their credential
+//! digests, verb policy, project grants, rooms and rosters, the control epoch and break-glass
+//! here; tasks and leases (`control_tasks`), wakes, launches and sessions (`control_wakes`),
+//! cancellation, holds and collaborations (`control_collab`). Several daemons may share one
+//! database, so nothing is cached across calls as SQLite's store does (it owns its file
+//! alone): every read asks the database, and a room's view generation is computed again
+//! whenever what it is made of (the room's row, its members' standing, the control epoch)
+//! reads differently. Every write is one transaction, committed with `synchronous_commit =
+//! on` before the call returns, and counted in `control_meta` for every daemon's change stamp.
+//! Text columns sort in byte order (`COLLATE "C"`), as SQLite's do, whatever the database's
+//! locale.
 
 use crate::{pg, run_on};
 use deadpool_postgres::{Object, Pool};
@@ -23,47 +23,47 @@ use std::sync::Arc;
 
 /// The control tables, the schema's second step (`crate::MIGRATIONS`).
 pub(crate) const SCHEMA: &str = r#"
-CREATE TABLE control_meta (key text PRIMARY KEY, value bigint NOT NULL);
+CREATE TABLE control_meta (key text COLLATE "C" PRIMARY KEY, value bigint NOT NULL);
 INSERT INTO control_meta (key, value) VALUES ('control_epoch', 1), ('break_glass', 0), ('writes', 0);
 CREATE TABLE agents (
-    name text PRIMARY KEY,
-    secret_sha256 text NOT NULL UNIQUE,
-    registration_sha256 text NOT NULL,
+    name text COLLATE "C" PRIMARY KEY,
+    secret_sha256 text COLLATE "C" NOT NULL UNIQUE,
+    registration_sha256 text COLLATE "C" NOT NULL,
     generation bigint NOT NULL,
-    max_tier text NOT NULL,
-    host_kind text NOT NULL,
+    max_tier text COLLATE "C" NOT NULL,
+    host_kind text COLLATE "C" NOT NULL,
     created_ms bigint NOT NULL,
     revoked_ms bigint,
-    parent text,
-    scopes text,
-    revoked_by text
+    parent text COLLATE "C",
+    scopes text COLLATE "C",
+    revoked_by text COLLATE "C"
 );
 CREATE INDEX agents_parent ON agents (parent) WHERE parent IS NOT NULL;
 CREATE TABLE retired_secrets (
-    secret_sha256 text PRIMARY KEY,
-    agent text NOT NULL,
+    secret_sha256 text COLLATE "C" PRIMARY KEY,
+    agent text COLLATE "C" NOT NULL,
     retired_ms bigint NOT NULL,
-    why text NOT NULL
+    why text COLLATE "C" NOT NULL
 );
 CREATE TABLE denied_verbs (
-    agent text NOT NULL REFERENCES agents (name),
-    verb text NOT NULL,
+    agent text COLLATE "C" NOT NULL REFERENCES agents (name),
+    verb text COLLATE "C" NOT NULL,
     PRIMARY KEY (agent, verb)
 );
 CREATE TABLE projects (
-    id text PRIMARY KEY,
-    name text NOT NULL,
-    requested_root text NOT NULL,
-    canonical_root text NOT NULL UNIQUE,
+    id text COLLATE "C" PRIMARY KEY,
+    name text COLLATE "C" NOT NULL,
+    requested_root text COLLATE "C" NOT NULL,
+    canonical_root text COLLATE "C" NOT NULL UNIQUE,
     dev bigint NOT NULL,
     ino bigint NOT NULL,
     mnt_id bigint NOT NULL,
     opened_ms bigint NOT NULL
 );
 CREATE TABLE rooms (
-    name text PRIMARY KEY,
-    graph_id text NOT NULL UNIQUE,
-    project_id text REFERENCES projects (id),
+    name text COLLATE "C" PRIMARY KEY,
+    graph_id text COLLATE "C" NOT NULL UNIQUE,
+    project_id text COLLATE "C" REFERENCES projects (id),
     created_ms bigint NOT NULL,
     revision bigint NOT NULL,
     reset_gen bigint NOT NULL,
@@ -75,8 +75,8 @@ CREATE TABLE rooms (
     cancelled boolean NOT NULL DEFAULT false
 );
 CREATE TABLE members (
-    room text NOT NULL REFERENCES rooms (name),
-    agent text NOT NULL REFERENCES agents (name),
+    room text COLLATE "C" NOT NULL REFERENCES rooms (name),
+    agent text COLLATE "C" NOT NULL REFERENCES agents (name),
     PRIMARY KEY (room, agent)
 );
 "#;
@@ -85,18 +85,12 @@ CREATE TABLE members (
 /// caller asks (the engine's own bound is smaller).
 const SUBTREE_DEPTH_MAX: u32 = 64;
 
-fn not_yet(method: &str) -> StoreError {
-    StoreError::Unsupported(format!(
-        "the control store's {method} is not on PostgreSQL yet (principals, grants, rooms and rosters are)"
-    ))
-}
-
 /// A stored integer that must not be negative (every count, time and generation here).
-fn u(v: i64, what: &str) -> Result<u64> {
+pub(crate) fn u(v: i64, what: &str) -> Result<u64> {
     u64::try_from(v).map_err(|_| StoreError::Corrupt(format!("{what} {v} is negative")))
 }
 
-fn i(v: u64) -> i64 {
+pub(crate) fn i(v: u64) -> i64 {
     i64::try_from(v).expect("stored values stay below 2^63")
 }
 
@@ -199,7 +193,7 @@ impl PgControl {
     }
 
     /// `f` with a connection of the pool, on the backend's runtime, waited for here.
-    fn call<T, F, Fut>(&self, f: F) -> Result<T>
+    pub(crate) fn call<T, F, Fut>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(Object) -> Fut + Send + 'static,
@@ -215,7 +209,7 @@ impl PgControl {
     /// A write: `call`, counted for the change stamp whether or not it succeeds. Each write
     /// bumps the database's own write counter in its transaction (`bump`), which another
     /// daemon's change stamp reads.
-    fn write<T, F, Fut>(&mut self, f: F) -> Result<T>
+    pub(crate) fn write<T, F, Fut>(&mut self, f: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(Object) -> Fut + Send + 'static,
@@ -298,7 +292,7 @@ impl PgControl {
 }
 
 /// Count a write in the database (what `change_stamp` reads across daemons).
-async fn bump(tx: &deadpool_postgres::Transaction<'_>) -> Result<()> {
+pub(crate) async fn bump(tx: &deadpool_postgres::Transaction<'_>) -> Result<()> {
     tx.execute(
         "UPDATE control_meta SET value = value + 1 WHERE key = 'writes'",
         &[],
@@ -309,7 +303,7 @@ async fn bump(tx: &deadpool_postgres::Transaction<'_>) -> Result<()> {
 }
 
 /// One statement and the write count, in one transaction; the rows it changed.
-async fn exec1(
+pub(crate) async fn exec1(
     mut c: Object,
     sql: &'static str,
     params: Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>>,
@@ -323,7 +317,7 @@ async fn exec1(
     Ok(n)
 }
 
-fn boxed<T: tokio_postgres::types::ToSql + Sync + Send + 'static>(
+pub(crate) fn boxed<T: tokio_postgres::types::ToSql + Sync + Send + 'static>(
     v: T,
 ) -> Box<dyn tokio_postgres::types::ToSql + Sync + Send> {
     Box::new(v)
@@ -644,7 +638,7 @@ impl ControlStore for PgControl {
             let rows = tx
                 .query(
                     "WITH RECURSIVE sub(name, depth) AS (
-                        SELECT $1::text, 0::bigint
+                        SELECT $1::text COLLATE \"C\", 0::bigint
                         UNION ALL
                         SELECT a.name, sub.depth + 1 FROM agents a JOIN sub ON a.parent = sub.name
                         WHERE sub.depth < $2)
@@ -847,314 +841,308 @@ impl ControlStore for PgControl {
         })
     }
 
-    fn tasks_open_count(&self, _room: &str, _owner: &str) -> Result<u64> {
-        Err(not_yet("tasks_open_count"))
+    fn tasks_open_count(&self, room: &str, owner: &str) -> Result<u64> {
+        self.tasks_open_count_pg(room, owner)
     }
 
-    fn task_ids_in(&self, _rooms: &[String], _prefix: &str, _limit: usize) -> Result<Vec<String>> {
-        Err(not_yet("task_ids_in"))
+    fn task_ids_in(&self, rooms: &[String], prefix: &str, limit: usize) -> Result<Vec<String>> {
+        self.task_ids_in_pg(rooms, prefix, limit)
     }
 
     fn rooms_with_claims(&self) -> Result<Vec<String>> {
-        Err(not_yet("rooms_with_claims"))
+        self.rooms_with_claims_pg()
     }
 
-    fn remove_room(&mut self, _name: &str) -> Result<bool> {
-        Err(not_yet("remove_room"))
+    fn remove_room(&mut self, name: &str) -> Result<bool> {
+        self.remove_room_pg(name)
     }
 
     fn set_cancelled(
         &mut self,
-        _room: &str,
-        _seq: u64,
-        _cancel: Option<&CancelEffect<'_>>,
+        room: &str,
+        seq: u64,
+        cancel: Option<&CancelEffect<'_>>,
     ) -> Result<()> {
-        Err(not_yet("set_cancelled"))
+        self.set_cancelled_pg(room, seq, cancel)
     }
 
-    fn wakes_dead_count(&self, _room: &str, _reason: &str) -> Result<u64> {
-        Err(not_yet("wakes_dead_count"))
+    fn wakes_dead_count(&self, room: &str, reason: &str) -> Result<u64> {
+        self.wakes_dead_count_pg(room, reason)
     }
 
-    fn holds(&self, _room: &str, _limit: usize) -> Result<Vec<room_store::control::HoldRow>> {
-        Err(not_yet("holds"))
+    fn holds(&self, room: &str, limit: usize) -> Result<Vec<room_store::control::HoldRow>> {
+        self.holds_pg(room, limit)
     }
 
-    fn hold(&self, _id: &str) -> Result<Option<room_store::control::HoldRow>> {
-        Err(not_yet("hold"))
+    fn hold(&self, id: &str) -> Result<Option<room_store::control::HoldRow>> {
+        self.hold_pg(id)
     }
 
-    fn insert_collab(&mut self, _c: &room_store::control::CollabRow) -> Result<()> {
-        Err(not_yet("insert_collab"))
+    fn insert_collab(&mut self, c: &room_store::control::CollabRow) -> Result<()> {
+        self.insert_collab_pg(c)
     }
 
-    fn collab(&self, _id: &str) -> Result<Option<room_store::control::CollabRow>> {
-        Err(not_yet("collab"))
+    fn collab(&self, id: &str) -> Result<Option<room_store::control::CollabRow>> {
+        self.collab_pg(id)
     }
 
     fn collabs(
         &self,
-        _state: Option<&str>,
-        _limit: usize,
+        state: Option<&str>,
+        limit: usize,
     ) -> Result<Vec<room_store::control::CollabRow>> {
-        Err(not_yet("collabs"))
+        self.collabs_pg(state, limit)
     }
 
-    fn set_collab_state(
-        &mut self,
-        _id: &str,
-        _from: &str,
-        _to: &str,
-        _now_ms: u64,
-    ) -> Result<bool> {
-        Err(not_yet("set_collab_state"))
+    fn set_collab_state(&mut self, id: &str, from: &str, to: &str, now_ms: u64) -> Result<bool> {
+        self.set_collab_state_pg(id, from, to, now_ms)
     }
 
-    fn put_collab_run(&mut self, _r: &room_store::control::CollabRunRow) -> Result<()> {
-        Err(not_yet("put_collab_run"))
+    fn put_collab_run(&mut self, r: &room_store::control::CollabRunRow) -> Result<()> {
+        self.put_collab_run_pg(r)
     }
 
     fn collab_runs(
         &self,
-        _collab: &str,
-        _limit: usize,
+        collab: &str,
+        limit: usize,
     ) -> Result<Vec<room_store::control::CollabRunRow>> {
-        Err(not_yet("collab_runs"))
+        self.collab_runs_pg(collab, limit)
     }
 
-    fn insert_approval(&mut self, _a: &room_store::control::ApprovalRow) -> Result<()> {
-        Err(not_yet("insert_approval"))
+    fn insert_approval(&mut self, a: &room_store::control::ApprovalRow) -> Result<()> {
+        self.insert_approval_pg(a)
     }
 
-    fn approval(&self, _id: &str) -> Result<Option<room_store::control::ApprovalRow>> {
-        Err(not_yet("approval"))
+    fn approval(&self, id: &str) -> Result<Option<room_store::control::ApprovalRow>> {
+        self.approval_pg(id)
     }
 
     fn approvals(
         &self,
-        _collab: &str,
-        _limit: usize,
+        collab: &str,
+        limit: usize,
     ) -> Result<Vec<room_store::control::ApprovalRow>> {
-        Err(not_yet("approvals"))
+        self.approvals_pg(collab, limit)
     }
 
     fn decide_approval(
         &mut self,
-        _id: &str,
-        _digest: &str,
-        _to: &str,
-        _now_ms: u64,
-        _note: Option<&str>,
+        id: &str,
+        digest: &str,
+        to: &str,
+        now_ms: u64,
+        note: Option<&str>,
     ) -> Result<bool> {
-        Err(not_yet("decide_approval"))
+        self.decide_approval_pg(id, digest, to, now_ms, note)
     }
 
     fn resolve_hold(
         &mut self,
-        _id: &str,
-        _r: &room_store::control::HoldResolution<'_>,
+        id: &str,
+        r: &room_store::control::HoldResolution<'_>,
     ) -> Result<bool> {
-        Err(not_yet("resolve_hold"))
+        self.resolve_hold_pg(id, r)
     }
 
-    fn task(&self, _id: &str) -> Result<Option<TaskRow>> {
-        Err(not_yet("task"))
+    fn task(&self, id: &str) -> Result<Option<TaskRow>> {
+        self.task_pg(id)
     }
 
-    fn children(&self, _parent: &str) -> Result<Vec<TaskRow>> {
-        Err(not_yet("children"))
+    fn children(&self, parent: &str) -> Result<Vec<TaskRow>> {
+        self.children_pg(parent)
     }
 
-    fn leased(&self, _project: Option<&str>, _room: &str) -> Result<Vec<TaskRow>> {
-        Err(not_yet("leased"))
+    fn leased(&self, project: Option<&str>, room: &str) -> Result<Vec<TaskRow>> {
+        self.leased_pg(project, room)
     }
 
     fn leased_over(
         &self,
-        _project: Option<&str>,
-        _room: &str,
-        _over: &[room_core::scope::Scope],
+        project: Option<&str>,
+        room: &str,
+        over: &[room_core::scope::Scope],
     ) -> Result<Vec<TaskRow>> {
-        Err(not_yet("leased_over"))
+        self.leased_over_pg(project, room, over)
     }
 
-    fn insert_task(&mut self, _t: &TaskRow) -> Result<()> {
-        Err(not_yet("insert_task"))
+    fn insert_task(&mut self, t: &TaskRow) -> Result<()> {
+        self.insert_task_pg(t)
     }
 
-    fn amend_task(&mut self, _id: &str, _terms: &room_core::event::TaskTerms) -> Result<bool> {
-        Err(not_yet("amend_task"))
+    fn amend_task(&mut self, id: &str, terms: &room_core::event::TaskTerms) -> Result<bool> {
+        self.amend_task_pg(id, terms)
     }
 
     fn pin_claim(
         &mut self,
-        _id: &str,
-        _pin: &std::collections::BTreeMap<String, String>,
+        id: &str,
+        pin: &std::collections::BTreeMap<String, String>,
     ) -> Result<()> {
-        Err(not_yet("pin_claim"))
+        self.pin_claim_pg(id, pin)
     }
 
-    fn set_override(&mut self, _id: &str, _reason: &str) -> Result<()> {
-        Err(not_yet("set_override"))
+    fn set_override(&mut self, id: &str, reason: &str) -> Result<()> {
+        self.set_override_pg(id, reason)
     }
 
-    fn set_successor(&mut self, _id: &str, _successor: &str) -> Result<()> {
-        Err(not_yet("set_successor"))
+    fn set_successor(&mut self, id: &str, successor: &str) -> Result<()> {
+        self.set_successor_pg(id, successor)
     }
 
-    fn move_stage_pin(&mut self, _id: &str, _path: &str, _from: &str, _to: &str) -> Result<bool> {
-        Err(not_yet("move_stage_pin"))
+    fn move_stage_pin(&mut self, id: &str, path: &str, from: &str, to: &str) -> Result<bool> {
+        self.move_stage_pin_pg(id, path, from, to)
     }
 
-    fn project_source(&self, _project: &str) -> Result<Option<Vec<String>>> {
-        Err(not_yet("project_source"))
+    fn project_source(&self, project: &str) -> Result<Option<Vec<String>>> {
+        self.project_source_pg(project)
     }
 
-    fn set_project_source(&mut self, _project: &str, _parts: Option<&[String]>) -> Result<()> {
-        Err(not_yet("set_project_source"))
+    fn set_project_source(&mut self, project: &str, parts: Option<&[String]>) -> Result<()> {
+        self.set_project_source_pg(project, parts)
     }
 
-    fn superseded_by(&self, _successor: &str) -> Result<Vec<TaskRow>> {
-        Err(not_yet("superseded_by"))
+    fn superseded_by(&self, successor: &str) -> Result<Vec<TaskRow>> {
+        self.superseded_by_pg(successor)
     }
 
     fn update_task(
         &mut self,
-        _id: &str,
-        _from_status: &str,
-        _status: &str,
-        _recipient: Option<&str>,
-        _now_ms: u64,
-        _lease_gen: Option<u64>,
+        id: &str,
+        from_status: &str,
+        status: &str,
+        recipient: Option<&str>,
+        now_ms: u64,
+        lease_gen: Option<u64>,
     ) -> Result<bool> {
-        Err(not_yet("update_task"))
+        self.update_task_pg(id, from_status, status, recipient, now_ms, lease_gen)
     }
 
-    fn release_lease(&mut self, _id: &str, _generation: u64) -> Result<bool> {
-        Err(not_yet("release_lease"))
+    fn release_lease(&mut self, id: &str, generation: u64) -> Result<bool> {
+        self.release_lease_pg(id, generation)
     }
 
     fn lease_gen_max(&self) -> Result<u64> {
-        Err(not_yet("lease_gen_max"))
+        self.lease_gen_max_pg()
     }
 
-    fn clear_room_tasks(&mut self, _room: &str) -> Result<u64> {
-        Err(not_yet("clear_room_tasks"))
+    fn clear_room_tasks(&mut self, room: &str) -> Result<u64> {
+        self.clear_room_tasks_pg(room)
     }
 
-    fn record_task_check(&mut self, _row: &TaskCheckRow) -> Result<()> {
-        Err(not_yet("record_task_check"))
+    fn record_task_check(&mut self, row: &TaskCheckRow) -> Result<()> {
+        self.record_task_check_pg(row)
     }
 
-    fn task_check(&self, _task: &str) -> Result<Option<TaskCheckRow>> {
-        Err(not_yet("task_check"))
+    fn task_check(&self, task: &str) -> Result<Option<TaskCheckRow>> {
+        self.task_check_pg(task)
     }
 
-    fn wakes_to_check(&self, _limit: usize) -> Result<Vec<WakeRow>> {
-        Err(not_yet("wakes_to_check"))
+    fn wakes_to_check(&self, limit: usize) -> Result<Vec<WakeRow>> {
+        self.wakes_to_check_pg(limit)
     }
 
     fn wakes_checked(
         &mut self,
-        _checked: &[room_store::control::WakeVerdict],
-        _at_ms: u64,
+        checked: &[room_store::control::WakeVerdict],
+        at_ms: u64,
     ) -> Result<Vec<bool>> {
-        Err(not_yet("wakes_checked"))
+        self.wakes_checked_pg(checked, at_ms)
     }
 
-    fn wake(&self, _room: &str, _agent: &str, _source_event: &str) -> Result<Option<WakeRow>> {
-        Err(not_yet("wake"))
+    fn wake(&self, room: &str, agent: &str, source_event: &str) -> Result<Option<WakeRow>> {
+        self.wake_pg(room, agent, source_event)
     }
 
-    fn wakes_queued_of(&self, _agents: &[String], _limit: usize) -> Result<Vec<WakeRow>> {
-        Err(not_yet("wakes_queued_of"))
+    fn wakes_queued_of(&self, agents: &[String], limit: usize) -> Result<Vec<WakeRow>> {
+        self.wakes_queued_of_pg(agents, limit)
     }
 
-    fn insert_launch(&mut self, _l: &room_store::control::LaunchRow) -> Result<bool> {
-        Err(not_yet("insert_launch"))
+    fn insert_launch(&mut self, l: &room_store::control::LaunchRow) -> Result<bool> {
+        self.insert_launch_pg(l)
     }
 
-    fn launch(&self, _id: &str) -> Result<Option<room_store::control::LaunchRow>> {
-        Err(not_yet("launch"))
+    fn launch(&self, id: &str) -> Result<Option<room_store::control::LaunchRow>> {
+        self.launch_pg(id)
     }
 
     fn launch_by_secret(
         &self,
-        _secret_sha256: &str,
+        secret_sha256: &str,
     ) -> Result<Option<room_store::control::LaunchRow>> {
-        Err(not_yet("launch_by_secret"))
+        self.launch_by_secret_pg(secret_sha256)
     }
 
     fn launches_of(
         &self,
-        _agent: &str,
-        _limit: usize,
+        agent: &str,
+        limit: usize,
     ) -> Result<Vec<room_store::control::LaunchRow>> {
-        Err(not_yet("launches_of"))
+        self.launches_of_pg(agent, limit)
     }
 
     fn launches_of_wake(
         &self,
-        _room: &str,
-        _agent: &str,
-        _source_event: &str,
+        room: &str,
+        agent: &str,
+        source_event: &str,
     ) -> Result<Vec<room_store::control::LaunchRow>> {
-        Err(not_yet("launches_of_wake"))
+        self.launches_of_wake_pg(room, agent, source_event)
     }
 
     fn launches_live(&self) -> Result<Vec<room_store::control::LaunchRow>> {
-        Err(not_yet("launches_live"))
+        self.launches_live_pg()
     }
 
-    fn launch_running(&mut self, _id: &str, _pid: Option<u32>, _at_ms: u64) -> Result<bool> {
-        Err(not_yet("launch_running"))
+    fn launch_running(&mut self, id: &str, pid: Option<u32>, at_ms: u64) -> Result<bool> {
+        self.launch_running_pg(id, pid, at_ms)
     }
 
-    fn launch_severed(&mut self, _id: &str, _detail: &str) -> Result<bool> {
-        Err(not_yet("launch_severed"))
+    fn launch_severed(&mut self, id: &str, detail: &str) -> Result<bool> {
+        self.launch_severed_pg(id, detail)
     }
 
-    fn launch_unconfirmed(&mut self, _id: &str, _detail: &str) -> Result<bool> {
-        Err(not_yet("launch_unconfirmed"))
+    fn launch_unconfirmed(&mut self, id: &str, detail: &str) -> Result<bool> {
+        self.launch_unconfirmed_pg(id, detail)
     }
 
-    fn launch_ended(&mut self, _id: &str, _end: &room_store::control::LaunchEnd) -> Result<bool> {
-        Err(not_yet("launch_ended"))
+    fn launch_ended(&mut self, id: &str, end: &room_store::control::LaunchEnd) -> Result<bool> {
+        self.launch_ended_pg(id, end)
     }
 
     fn sessions(
         &self,
-        _agent: Option<&str>,
-        _limit: usize,
+        agent: Option<&str>,
+        limit: usize,
     ) -> Result<Vec<room_store::control::SessionRow>> {
-        Err(not_yet("sessions"))
+        self.sessions_pg(agent, limit)
     }
 
-    fn session(&self, _id: &str) -> Result<Option<room_store::control::SessionRow>> {
-        Err(not_yet("session"))
+    fn session(&self, id: &str) -> Result<Option<room_store::control::SessionRow>> {
+        self.session_pg(id)
     }
 
-    fn session_bound(&self, _agent: &str) -> Result<Option<room_store::control::SessionRow>> {
-        Err(not_yet("session_bound"))
+    fn session_bound(&self, agent: &str) -> Result<Option<room_store::control::SessionRow>> {
+        self.session_bound_pg(agent)
     }
 
-    fn insert_wakes(&mut self, _rows: &[WakeRow]) -> Result<()> {
-        Err(not_yet("insert_wakes"))
+    fn insert_wakes(&mut self, rows: &[WakeRow]) -> Result<()> {
+        self.insert_wakes_pg(rows)
     }
 
     fn wakes_requeue_pending(&self) -> Result<bool> {
-        Err(not_yet("wakes_requeue_pending"))
+        self.wakes_requeue_pending_pg()
     }
 
     fn wakes_requeue_done(&mut self) -> Result<()> {
-        Err(not_yet("wakes_requeue_done"))
+        self.wakes_requeue_done_pg()
     }
 
-    fn room_witnesses(&self, _room: &str) -> Result<RoomWitnesses> {
-        Err(not_yet("room_witnesses"))
+    fn room_witnesses(&self, room: &str) -> Result<RoomWitnesses> {
+        self.room_witnesses_pg(room)
     }
 
-    fn wakes(&self, _room: Option<&str>) -> Result<Vec<WakeRow>> {
-        Err(not_yet("wakes"))
+    fn wakes(&self, room: Option<&str>) -> Result<Vec<WakeRow>> {
+        self.wakes_pg(room)
     }
 }

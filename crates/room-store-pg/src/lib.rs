@@ -16,6 +16,9 @@
 //! caller on any thread works.
 
 mod control;
+mod control_collab;
+mod control_tasks;
+mod control_wakes;
 mod log;
 
 pub use control::PgControl;
@@ -85,14 +88,24 @@ CREATE TABLE blobs (
 );
 "#,
     control::SCHEMA,
+    control_tasks::SCHEMA,
+    control_wakes::SCHEMA,
+    control_collab::SCHEMA,
 ];
 
 /// The prefix of a shard kept aside (set aside, or a stray swept): never read as a room.
 const ASIDE: &str = "aside:";
 
-/// Map a driver error to the store's.
-pub(crate) fn pg(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Postgres(e.to_string())
+/// Map a driver error to the store's, with the causes the driver keeps beneath it (the
+/// server's own message is one: "db error" alone says nothing).
+pub(crate) fn pg(e: impl std::error::Error) -> StoreError {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    StoreError::Postgres(text)
 }
 
 /// The PostgreSQL backend.
