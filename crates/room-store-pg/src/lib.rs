@@ -19,9 +19,11 @@ mod control;
 mod control_collab;
 mod control_tasks;
 mod control_wakes;
+mod index;
 mod log;
 
 pub use control::PgControl;
+pub use index::PgIndex;
 pub use log::PgLog;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
@@ -91,6 +93,10 @@ CREATE TABLE blobs (
     control_tasks::SCHEMA,
     control_wakes::SCHEMA,
     control_collab::SCHEMA,
+    index::META_SCHEMA,
+    index::events::SCHEMA,
+    index::items::SCHEMA,
+    index::ledger::SCHEMA,
 ];
 
 /// The prefix of a shard kept aside (set aside, or a stray swept): never read as a room.
@@ -231,12 +237,6 @@ async fn migrate(pool: &Pool) -> Result<()> {
     tx.commit().await.map_err(pg)
 }
 
-fn not_yet(part: &str) -> StoreError {
-    StoreError::Unsupported(format!(
-        "{part} is not on PostgreSQL yet (its journals, shards and blobs are)"
-    ))
-}
-
 fn not_found(graph_id: &str) -> StoreError {
     StoreError::Io(std::io::Error::new(
         std::io::ErrorKind::NotFound,
@@ -339,8 +339,12 @@ impl Backend for PgBackend {
         })
     }
 
-    fn open_index(&self, _graph_id: &str) -> Result<Box<dyn RoomIndex>> {
-        Err(not_yet("a room's sync index"))
+    fn open_index(&self, graph_id: &str) -> Result<Box<dyn RoomIndex>> {
+        Ok(Box::new(PgIndex::new(
+            self.rt.clone(),
+            self.pool.clone(),
+            graph_id,
+        )))
     }
 
     fn open_log(
