@@ -278,6 +278,7 @@ fn panel_daemon_wall_us(dir: &Path, n: usize) -> anyhow::Result<(f64, f64)> {
         engine_threads: room_server::daemon::engine_threads_default(),
         limits: Default::default(),
         room_exe: Some(std::env::current_exe()?),
+        store: None,
     })?;
     let call = |op: &str, args: Value| -> anyhow::Result<Value> {
         let r = Client::connect(&daemon.socket)?.call(&Request::new(op, args))?;

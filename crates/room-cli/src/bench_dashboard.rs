@@ -48,6 +48,7 @@ fn served(dir: &Path) -> anyhow::Result<Served> {
         engine_threads: room_server::daemon::engine_threads_default(),
         limits: Default::default(),
         room_exe: None,
+        store: None,
     })?;
     let http = std::fs::read_to_string(state.join("http.addr"))?
         .trim()

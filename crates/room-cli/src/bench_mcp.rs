@@ -121,6 +121,7 @@ fn served(dir: &Path, instance: &str, engine_threads: Option<u64>) -> anyhow::Re
             .unwrap_or_else(room_server::daemon::engine_threads_default),
         limits: Default::default(),
         room_exe: None,
+        store: None,
     })?;
     let sock = daemon.socket.clone();
     let url = format!(

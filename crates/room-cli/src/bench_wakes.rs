@@ -222,6 +222,7 @@ fn bench_daemon(
         engine_threads: room_server::daemon::engine_threads_default(),
         limits: Default::default(),
         room_exe: Some(exe.to_path_buf()),
+        store: None,
     })?;
     let sock = daemon.socket.clone();
     let boss = owner(

@@ -77,9 +77,8 @@ pub enum Cmd {
         /// Threads that run engine calls (default: 4 per core); more for a disk with slow fsyncs.
         #[arg(long, value_parser = clap::value_parser!(u16).range(1..=512))]
         engine_threads: Option<u16>,
-        /// Where Room keeps its state: the state dir's embedded SQLite store (the default).
-        /// A PostgreSQL url (postgres://…) is refused for now: only rooms' journals, shards
-        /// and blobs are on PostgreSQL so far.
+        /// Where Room keeps its state: a PostgreSQL url (postgres://user@host:port/db), or,
+        /// without one (nor `[store] url` in config.toml), the state dir's embedded store.
         #[arg(long, value_name = "URL")]
         store: Option<String>,
     },
@@ -114,6 +113,10 @@ pub enum Cmd {
         /// Say on stderr which room is being verified (the default when stderr is a terminal).
         #[arg(long)]
         progress: bool,
+        /// The PostgreSQL store to verify (default: config.toml's `[store] url`, else the
+        /// state dir's embedded store).
+        #[arg(long, value_name = "URL")]
+        store: Option<String>,
     },
     /// Check what Room needs of this machine and of the state dir, each with what to do about
     /// it; exits 1 when something required is missing (works without the daemon).
@@ -787,10 +790,11 @@ pub fn run(cli: Cli) -> i32 {
             engine_threads,
             store,
         } => {
-            if let Some(url) = store {
-                return store_refused(url);
-            }
-            return serve(&cli, *listen, *engine_threads);
+            let store = match store_of(&cli, store.as_deref()) {
+                Ok(s) => s,
+                Err(code) => return code,
+            };
+            return serve(&cli, *listen, *engine_threads, store);
         }
         Cmd::Demo { scene } => {
             return match scene.as_deref() {
@@ -807,7 +811,17 @@ pub fn run(cli: Cli) -> i32 {
             return crate::api::run(&sock);
         }
         Cmd::Bench(a) => return crate::bench::run(a),
-        Cmd::Verify { room, progress } => return verify(&cli, room.as_deref(), *progress),
+        Cmd::Verify {
+            room,
+            progress,
+            store,
+        } => {
+            return match store_of(&cli, store.as_deref()) {
+                Ok(Some(url)) => verify_store(&cli, &url, room.as_deref()),
+                Ok(None) => verify(&cli, room.as_deref(), *progress),
+                Err(code) => code,
+            };
+        }
         Cmd::Collab(c) => return crate::collab::run(&cli, c),
         Cmd::Doctor => return crate::doctor::run(&cli),
         Cmd::Adapters(AdaptersCmd::Probe {
@@ -925,23 +939,39 @@ fn init(cli: &Cli) -> i32 {
     }
 }
 
-/// `--store URL`: the daemon runs on the embedded store only, for now.
-fn store_refused(url: &str) -> i32 {
-    let postgres = url.starts_with("postgres://") || url.starts_with("postgresql://");
-    if postgres {
-        eprintln!(
-            "error[invalid_argument]: store: Room cannot run on PostgreSQL yet: rooms' journals, shards and blobs are on it (room-store-pg, with its conformance cases), principals, rooms, tasks, wakes, collaborations and the sync indexes are not"
-        );
-    } else {
-        eprintln!("error[invalid_argument]: store: {url:?} is not a postgres:// url");
+/// The store the daemon runs on: `--store`, else config.toml's `[store] url`, else the
+/// embedded one (None). A url of another kind is refused before anything starts.
+fn store_of(cli: &Cli, flag: Option<&str>) -> Result<Option<String>, i32> {
+    if let Some(url) = flag {
+        if !room_engine::policy::is_postgres_url(url) {
+            eprintln!("error[invalid_argument]: store: the url is not a postgres:// url");
+            eprintln!(
+                "hint: run room serve without --store: the state dir's embedded store needs no set-up"
+            );
+            return Err(EXIT_REFUSED);
+        }
+        return Ok(Some(url.to_string()));
     }
-    eprintln!(
-        "hint: run room serve without --store: the state dir's embedded store needs no set-up"
-    );
-    EXIT_REFUSED
+    let config = state_dir(cli).join("config.toml");
+    match std::fs::read(&config) {
+        Ok(bytes) => room_engine::policy::store_url(&bytes).map_err(|e| {
+            eprintln!("error[invalid_argument]: store: {e}");
+            EXIT_REFUSED
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => {
+            eprintln!("error: {}: {e}", config.display());
+            Err(EXIT_STATE)
+        }
+    }
 }
 
-fn serve(cli: &Cli, listen: Option<std::net::SocketAddr>, engine_threads: Option<u16>) -> i32 {
+fn serve(
+    cli: &Cli,
+    listen: Option<std::net::SocketAddr>,
+    engine_threads: Option<u16>,
+    store: Option<String>,
+) -> i32 {
     let cfg = room_server::daemon::ServeConfig {
         state_dir: state_dir(cli),
         bootstrap: statedir::default_bootstrap_path(),
@@ -950,6 +980,7 @@ fn serve(cli: &Cli, listen: Option<std::net::SocketAddr>, engine_threads: Option
             .map_or_else(room_server::daemon::engine_threads_default, usize::from),
         limits: Default::default(),
         room_exe: std::env::current_exe().ok(),
+        store,
     };
     let rt = room_server::daemon::runtime(cfg.engine_threads).expect("tokio runtime");
     let result = rt.block_on(room_server::daemon::serve(cfg, async {
@@ -1004,6 +1035,59 @@ pub fn verify(cli: &Cli, only: Option<&str>, progress: bool) -> i32 {
                             r["room"].as_str().unwrap_or("?"),
                             r["error"].as_str().unwrap_or("")
                         );
+                    }
+                }
+            }
+            if bad { EXIT_REFUSED } else { 0 }
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            EXIT_IO
+        }
+    }
+}
+
+/// `room verify` of a PostgreSQL store: every room the control store names (or `only`), its
+/// chain read back from the database and verified from its first record.
+fn verify_store(cli: &Cli, url: &str, only: Option<&str>) -> i32 {
+    use room_store::backend::Backend;
+    let report = (|| -> Result<Vec<Value>, String> {
+        let store = room_store_pg::PgBackend::connect(url).map_err(|e| e.to_string())?;
+        let rooms = store
+            .open_control()
+            .and_then(|c| c.rooms())
+            .map_err(|e| e.to_string())?;
+        let rooms: Vec<_> = rooms
+            .into_iter()
+            .filter(|r| only.is_none_or(|o| o == r.name))
+            .collect();
+        if let Some(o) = only
+            && rooms.is_empty()
+        {
+            return Err(format!("no room named {o:?} in the store"));
+        }
+        Ok(rooms
+            .iter()
+            .map(|r| match store.verify_log(&r.graph_id) {
+                Ok(v) => json!({"room": r.name, "ok": true, "records": v.records,
+                    "tip_hash": v.tip_hash}),
+                Err(e) => json!({"room": r.name, "ok": false, "error": e.to_string()}),
+            })
+            .collect())
+    })();
+    match report {
+        Ok(report) => {
+            let bad = report.iter().any(|r| r["ok"] == false);
+            if cli.json {
+                println!("{}", json!({"rooms": report, "ok": !bad}));
+            } else {
+                for r in &report {
+                    let room = r["room"].as_str().unwrap_or("?");
+                    if r["ok"] == true {
+                        let tip = r["tip_hash"].as_str().unwrap_or("");
+                        println!("ok   {room} {} records, tip {tip}", r["records"]);
+                    } else {
+                        println!("FAIL {room} {}", r["error"].as_str().unwrap_or(""));
                     }
                 }
             }

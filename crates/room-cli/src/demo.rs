@@ -116,6 +116,7 @@ fn scene() -> anyhow::Result<()> {
         engine_threads: room_server::daemon::engine_threads_default(),
         limits: Default::default(),
         room_exe: std::env::current_exe().ok(),
+        store: None,
     })?;
     let mut sc = Scene {
         client: Client::connect(&daemon.socket)?,

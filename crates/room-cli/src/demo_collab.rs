@@ -266,6 +266,7 @@ fn scene() -> anyhow::Result<()> {
         engine_threads: room_server::daemon::engine_threads_default(),
         limits: Default::default(),
         room_exe: std::env::current_exe().ok(),
+        store: None,
     })?;
     let mut c = Client::connect(&daemon.socket)?;
     let m = materials(&root)?;

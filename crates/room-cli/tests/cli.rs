@@ -786,29 +786,43 @@ fn cancel_reconcile_and_break_glass_from_the_command_line() {
     let _ = daemon.wait();
 }
 
-/// `room serve --store postgres://…` is refused, saying what of Room is on PostgreSQL and
-/// what is not, and starts nothing; a url of another kind is refused too.
+/// `room serve --store` takes a PostgreSQL url (the daemon on PostgreSQL is tested in
+/// room-server's `postgres` suite): a url of another kind is refused before anything starts,
+/// as is one in config.toml's `[store] url`, and a server that does not answer is an error
+/// that starts nothing.
 #[test]
-fn serving_on_postgres_is_refused_until_the_whole_store_is_there() {
+fn serve_store_urls_are_checked_before_anything_starts() {
     let env = Env::new();
-    for (url, says) in [
-        (
-            "postgres://room@db.example/room",
-            "cannot run on PostgreSQL yet",
-        ),
-        ("mysql://x", "is not a postgres:// url"),
-    ] {
-        let o = env.run(&["serve", "--store", url], None);
-        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
-        let err = stderr(&o);
-        assert!(
-            err.contains("error[invalid_argument]: store") && err.contains(says),
-            "{err}"
-        );
-        assert!(
-            err.contains("hint: run room serve without --store"),
-            "{err}"
-        );
-    }
+    assert!(env.run(&["init"], None).status.success());
+    let o = env.run(&["serve", "--store", "mysql://x"], None);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("error[invalid_argument]: store: the url is not a postgres:// url")
+            && err.contains("hint: run room serve without --store"),
+        "{err}"
+    );
+    let config = env.state.join("config.toml");
+    let kept = std::fs::read_to_string(&config).unwrap_or_default();
+    std::fs::write(&config, format!("{kept}\n[store]\nurl = \"sqlite:///x\"\n")).unwrap();
+    let o = env.run(&["serve"], None);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("error[invalid_argument]: store: config.toml: store.url"),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::write(&config, kept).unwrap();
+    // nothing listens on port 1: the engine does not open, and no socket appears
+    let o = env.run(
+        &["serve", "--store", "postgres://room@127.0.0.1:1/room"],
+        None,
+    );
+    assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("cannot open the engine") && stderr(&o).contains("postgres"),
+        "{}",
+        stderr(&o)
+    );
     assert!(!env.state.join("room.sock").exists(), "no daemon started");
 }

@@ -42,6 +42,35 @@ struct ConfigFile {
     prices: BTreeMap<String, Price>,
     #[serde(default)]
     search: SearchConfig,
+    #[serde(default)]
+    store: StoreConfig,
+}
+
+/// `[store]`: where the daemon keeps what it stores (read by `room serve` before the engine
+/// opens; the engine itself runs on whatever store it is given).
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct StoreConfig {
+    /// A PostgreSQL url; none: the state dir's embedded store.
+    url: Option<String>,
+}
+
+/// Whether `url` names a PostgreSQL server (the one store besides the embedded one).
+pub fn is_postgres_url(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+/// `[store] url` of a config.toml's text, checked: none when it names no store.
+pub fn store_url(bytes: &[u8]) -> Result<Option<String>, String> {
+    let text = std::str::from_utf8(bytes).map_err(|_| "config.toml is not UTF-8".to_string())?;
+    let cfg: ConfigFile = toml::from_str(text).map_err(|e| format!("config.toml: {e}"))?;
+    match cfg.store.url {
+        Some(u) if !is_postgres_url(&u) => Err(
+            "config.toml: store.url is not a postgres:// url (the embedded store needs none)"
+                .to_string(),
+        ),
+        other => Ok(other),
+    }
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -970,6 +999,17 @@ pub(crate) fn check_config(bytes: &[u8]) -> Result<Policy, String> {
         Ok(c) => c,
         Err(e) => return Err(format!("config.toml: {e}")),
     };
+    if cfg
+        .store
+        .url
+        .as_deref()
+        .is_some_and(|u| !is_postgres_url(u))
+    {
+        return Err(
+            "config.toml: store.url is not a postgres:// url (the embedded store needs none)"
+                .into(),
+        );
+    }
     let Some(ceiling) = Tier::parse(&cfg.fleet.ceiling) else {
         return Err(format!(
             "config.toml: fleet.ceiling {:?} is not a tier",

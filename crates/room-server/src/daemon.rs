@@ -170,6 +170,9 @@ pub struct ServeConfig {
     /// The `room` binary, for workers routed to the `script` adapter (none: that adapter is
     /// refused at launch).
     pub room_exe: Option<PathBuf>,
+    /// A PostgreSQL url (`postgres://…`): the store lives there (the state dir keeps the
+    /// daemon's own files: its socket, lock, workers and trees). None: the embedded store.
+    pub store: Option<String>,
 }
 
 /// What one connection may hold and for how long. The same limits apply to the Unix socket
@@ -504,13 +507,16 @@ pub fn open_engine(
             .collect(),
         ..EngineConfig::default()
     };
-    let engine = Engine::open(
-        state.clone(),
-        daemon_env(check),
-        embedded_store(&state),
-        config,
-    )
-    .map_err(ServerError::EngineOpen)?;
+    let store: Arc<dyn room_store::Backend> = match &cfg.store {
+        None => embedded_store(&state),
+        Some(url) => {
+            let pg = room_store_pg::PgBackend::connect(url).map_err(ServerError::EngineOpen)?;
+            pg.serve_alone().map_err(ServerError::EngineOpen)?;
+            Arc::new(pg)
+        }
+    };
+    let engine = Engine::open(state.clone(), daemon_env(check), store, config)
+        .map_err(ServerError::EngineOpen)?;
     Ok((state, lock, engine, workers))
 }
 
@@ -1002,6 +1008,7 @@ impl Background {
             engine_threads: engine_threads_default(),
             limits: Limits::default(),
             room_exe: None,
+            store: None,
         })
     }
 

@@ -74,6 +74,7 @@ impl Fx {
             engine_threads: engine_threads_default(),
             limits: Limits::default(),
             room_exe: None,
+            store: None,
         })
         .unwrap();
         let http = std::fs::read_to_string(s.root.join("http.addr"))

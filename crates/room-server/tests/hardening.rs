@@ -39,6 +39,7 @@ impl Fx {
             engine_threads: engine_threads_default(),
             limits,
             room_exe: None,
+            store: None,
         })
         .unwrap();
         let http = std::fs::read_to_string(s.root.join("http.addr"))

@@ -174,7 +174,7 @@ struct ViewInputs {
 
 /// The control store on PostgreSQL.
 pub struct PgControl {
-    rt: Arc<tokio::runtime::Runtime>,
+    rt: Arc<crate::Rt>,
     pool: Pool,
     /// Writes attempted through this handle (the change stamp's local part).
     writes: u64,
@@ -183,7 +183,7 @@ pub struct PgControl {
 }
 
 impl PgControl {
-    pub(crate) fn new(rt: Arc<tokio::runtime::Runtime>, pool: Pool) -> PgControl {
+    pub(crate) fn new(rt: Arc<crate::Rt>, pool: Pool) -> PgControl {
         PgControl {
             rt,
             pool,

@@ -108,17 +108,50 @@ pub(crate) fn pg(e: impl std::error::Error) -> StoreError {
     let mut text = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {
-        text.push_str(&format!(": {c}"));
+        let c_text = c.to_string();
+        // a wrapper often repeats its cause's words
+        if !text.contains(&c_text) {
+            text.push_str(&format!(": {c_text}"));
+        }
         cause = c.source();
     }
     StoreError::Postgres(text)
 }
 
+/// The backend's own runtime, shared by every part it opened. The last holder may drop it
+/// anywhere, a daemon's async context included, where a runtime's blocking shutdown panics:
+/// it is shut down in the background instead (its calls were each waited for already).
+pub(crate) struct Rt(Option<tokio::runtime::Runtime>);
+
+impl std::ops::Deref for Rt {
+    type Target = tokio::runtime::Runtime;
+    fn deref(&self) -> &tokio::runtime::Runtime {
+        self.0
+            .as_ref()
+            .expect("a runtime is taken only when dropped")
+    }
+}
+
+impl Drop for Rt {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// The advisory lock key a daemon holds for as long as it serves a database.
+const DAEMON_LOCK: i64 = 0x526f_6f6d_4461_656d; // "RoomDaem"
+
 /// The PostgreSQL backend.
 pub struct PgBackend {
-    rt: Arc<tokio::runtime::Runtime>,
+    rt: Arc<Rt>,
     pool: Pool,
     writers: RoomWriters,
+    config: tokio_postgres::Config,
+    /// The connection holding `DAEMON_LOCK`, once `serve_alone` took it: the lock lasts
+    /// while it is open (closed with the backend, or by the server when the process dies).
+    alone: std::sync::Mutex<Option<tokio_postgres::Client>>,
 }
 
 impl PgBackend {
@@ -141,7 +174,7 @@ impl PgBackend {
             .enable_all()
             .build()?;
         let manager = Manager::from_config(
-            config,
+            config.clone(),
             tokio_postgres::NoTls,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
@@ -156,13 +189,46 @@ impl PgBackend {
             .build()
             .map_err(pg)?;
         let b = PgBackend {
-            rt: Arc::new(rt),
+            rt: Arc::new(Rt(Some(rt))),
             pool,
             writers: RoomWriters::default(),
+            config,
+            alone: std::sync::Mutex::new(None),
         };
         let pool = b.pool.clone();
         b.run(async move { migrate(&pool).await })?;
         Ok(b)
+    }
+
+    /// Hold the database for this daemon alone, or refuse: a daemon keeps each open room's
+    /// tip and projection in memory, and one beside it on the same database would find its
+    /// rooms moved under it (its appends refused as conflicts, its views stale). Several
+    /// daemons on one database are not built yet; until they are, a second one does not
+    /// start. The lock is a session's: it goes with the connection, also when the process
+    /// dies.
+    pub fn serve_alone(&self) -> Result<()> {
+        let config = self.config.clone();
+        let client = self.run(async move {
+            let (client, conn) = config.connect(tokio_postgres::NoTls).await.map_err(pg)?;
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            let got: bool = client
+                .query_one("SELECT pg_try_advisory_lock($1)", &[&DAEMON_LOCK])
+                .await
+                .map_err(pg)?
+                .get(0);
+            Ok(got.then_some(client))
+        })?;
+        match client {
+            Some(c) => {
+                *self.alone.lock().unwrap_or_else(|e| e.into_inner()) = Some(c);
+                Ok(())
+            }
+            None => Err(StoreError::Unsupported(
+                "another daemon serves this database, and several daemons on one database are not built yet".into(),
+            )),
+        }
     }
 
     /// Run `f` on this backend's runtime and wait for it here.
@@ -434,7 +500,7 @@ async fn set_aside(
 
 /// A room's blobs: content-addressed rows, verified against their digest when read.
 struct PgBlobs {
-    rt: Arc<tokio::runtime::Runtime>,
+    rt: Arc<crate::Rt>,
     pool: Pool,
     graph_id: String,
 }

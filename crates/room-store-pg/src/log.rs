@@ -181,7 +181,7 @@ fn keep_tail(mut bytes: Vec<u8>) -> Vec<u8> {
 
 /// A room's journal, open for appends.
 pub struct PgLog {
-    rt: Arc<tokio::runtime::Runtime>,
+    rt: Arc<crate::Rt>,
     pool: Pool,
     graph_id: String,
     mark: JournalMark,
@@ -196,7 +196,7 @@ impl PgLog {
     /// to `each`; a `known` mark of another journal (one set aside and made again, or cut
     /// below it) is `Rotated`.
     pub(crate) fn open(
-        rt: Arc<tokio::runtime::Runtime>,
+        rt: Arc<crate::Rt>,
         pool: Pool,
         graph_id: &str,
         known: Option<&JournalMark>,

@@ -44,7 +44,7 @@ CREATE TABLE index_meta (
 
 /// One room's sync index.
 pub struct PgIndex {
-    rt: Arc<tokio::runtime::Runtime>,
+    rt: Arc<crate::Rt>,
     pool: Pool,
     graph: String,
     /// Writes attempted through this handle (the change stamp's local part).
@@ -99,7 +99,7 @@ async fn meta_put(tx: &Transaction<'_>, graph: &str, key: &str, value: &str) -> 
 }
 
 impl PgIndex {
-    pub(crate) fn new(rt: Arc<tokio::runtime::Runtime>, pool: Pool, graph: &str) -> PgIndex {
+    pub(crate) fn new(rt: Arc<crate::Rt>, pool: Pool, graph: &str) -> PgIndex {
         PgIndex {
             rt,
             pool,
