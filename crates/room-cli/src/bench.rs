@@ -65,6 +65,11 @@ pub struct BenchArgs {
     /// `[gate]` settings in one run).
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// `core` only: measure Room with its whole store on this PostgreSQL server
+    /// (postgres://…) against pgbench's insert rate there, each row in a database made for it
+    /// and dropped after (the user needs CREATEDB).
+    #[arg(long, value_name = "URL")]
+    pub store: Option<String>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -83,7 +88,10 @@ struct Row {
 
 pub fn run(a: &BenchArgs) -> i32 {
     let result = match a.what.as_str() {
-        "core" => bench(a),
+        "core" => match &a.store {
+            Some(url) => crate::bench_pg::bench(a, url),
+            None => bench(a),
+        },
         "mcp" => crate::bench_mcp::bench(a),
         "swarm" => crate::bench_mcp::swarm(a),
         "acceptance" => crate::bench_accept::bench(a),
@@ -138,18 +146,29 @@ fn raw_sqlite(dir: &Path, secs: f64) -> anyhow::Result<Row> {
     })
 }
 
+/// What a measured engine stores on.
+#[derive(Clone)]
+pub(crate) enum Store {
+    /// The state dir's embedded store, its journals synced this way.
+    Embedded(JournalSync),
+    /// A PostgreSQL server (each world in a scratch database of its own).
+    Postgres(String),
+}
+
 struct World {
     _tmp: tempfile::TempDir,
     engine: Arc<Engine>,
     store: Arc<dyn room_store::Backend>,
+    /// Dropped last: the engine's connections go first.
+    _db: Option<room_store_pg::ScratchDatabase>,
 }
 
-fn world(dir: &Path, sync: JournalSync) -> anyhow::Result<World> {
-    world_with(dir, None, sync)
+fn world(dir: &Path, store: &Store) -> anyhow::Result<World> {
+    world_with(dir, None, store)
 }
 
 /// A world whose state directory holds `config` as its config.toml.
-fn world_with(dir: &Path, config: Option<&Path>, sync: JournalSync) -> anyhow::Result<World> {
+fn world_with(dir: &Path, config: Option<&Path>, choice: &Store) -> anyhow::Result<World> {
     let tmp = tempfile::tempdir_in(dir)?;
     let root = std::fs::canonicalize(tmp.path())?;
     let state = room_store::statedir::init(&root.join("state"), &root.join("boot.toml"), "bench")?;
@@ -158,13 +177,25 @@ fn world_with(dir: &Path, config: Option<&Path>, sync: JournalSync) -> anyhow::R
             .map_err(|e| anyhow::anyhow!("--config {}: {e}", c.display()))?;
     }
     settle(&state.root.join("config.toml"))?;
-    let store: Arc<dyn room_store::Backend> = Arc::new(room_store::SqliteBackend::new(
-        &state,
-        room_store::SqliteBackendConfig {
-            journal_sync: sync,
-            ..Default::default()
-        },
-    ));
+    let (store, db): (Arc<dyn room_store::Backend>, _) = match choice {
+        Store::Embedded(sync) => (
+            Arc::new(room_store::SqliteBackend::new(
+                &state,
+                room_store::SqliteBackendConfig {
+                    journal_sync: *sync,
+                    ..Default::default()
+                },
+            )),
+            None,
+        ),
+        Store::Postgres(url) => {
+            let db = crate::bench_pg::scratch(url)?;
+            let pg = room_store_pg::PgBackend::connect_config(&db.config)?;
+            // as a daemon holds it
+            pg.serve_alone()?;
+            (Arc::new(pg), Some(db))
+        }
+    };
     // as many rooms open at once as a daemon would keep under this process's descriptor
     // limit (raised as `room serve` raises it): the multi-writer rows measure turns, not rooms
     // evicted and opened again for want of descriptors
@@ -182,6 +213,7 @@ fn world_with(dir: &Path, config: Option<&Path>, sync: JournalSync) -> anyhow::R
         _tmp: tmp,
         engine: Arc::new(engine),
         store,
+        _db: db,
     })
 }
 
@@ -276,9 +308,9 @@ pub(crate) fn own_rooms(
     dir: &Path,
     writers: usize,
     secs: f64,
-    sync: JournalSync,
+    store: &Store,
 ) -> anyhow::Result<Own> {
-    let w = world(dir, sync)?;
+    let w = world(dir, store)?;
     let mut callers = vec![];
     for i in 0..writers {
         let a = caller(&w.engine, &format!("w{i}"))?;
@@ -339,7 +371,7 @@ pub(crate) fn own_rooms(
 
 /// How agents sharing one room read and act.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Loop {
+pub(crate) enum Loop {
     /// Read a page, confirm it (a call), then act (another call); a refusal's page is confirmed
     /// before the next try.
     ConfirmThenAct,
@@ -349,10 +381,11 @@ enum Loop {
 }
 
 /// What agents sharing one room achieved.
-struct Shared {
-    per_s: f64,
-    /// Refusals each accepted turn met before it landed.
-    refusals: Vec<Duration>,
+pub(crate) struct Shared {
+    pub(crate) per_s: f64,
+    /// Refusals each accepted turn met before it landed (a count, kept as microseconds so
+    /// that `pct` ranks it).
+    pub(crate) refusals: Vec<Duration>,
     /// Bytes of pages handed back by refusals, in total.
     reread_bytes: u64,
     accepted: u64,
@@ -365,14 +398,15 @@ struct Shared {
 /// `writers` agents in one room, each looping: read its inbox (`sync`), then act on it; a
 /// refusal hands back the next page, read before the next try. Every turn goes through the
 /// room's turnstile, as the daemon's calls do.
-fn shared_room(
+pub(crate) fn shared_room(
     dir: &Path,
     config: Option<&Path>,
     writers: usize,
     secs: f64,
     how: Loop,
+    store: &Store,
 ) -> anyhow::Result<Shared> {
-    let w = world_with(dir, config, JournalSync::Pipeline)?;
+    let w = world_with(dir, config, store)?;
     let names: Vec<String> = (0..writers).map(|i| format!("w{i}")).collect();
     let mut callers = vec![];
     for n in &names {
@@ -626,7 +660,7 @@ fn bench(a: &BenchArgs) -> anyhow::Result<()> {
             mut lat,
             appends_per_sync,
             cpu_us_per_turn,
-        } = own_rooms(&dir, writers, secs, sync)?;
+        } = own_rooms(&dir, writers, secs, &Store::Embedded(sync))?;
         let batching = appends_per_sync
             .map(|(n, busy)| {
                 format!(
@@ -654,9 +688,10 @@ fn bench(a: &BenchArgs) -> anyhow::Result<()> {
             }
             // the one-writer rate again, right before: this disk drifts by a third within
             // minutes, and the ratio is to the rate under the same conditions
-            let single = own_rooms(&dir, 1, secs, JournalSync::Pipeline)?.per_s;
+            let pipeline = Store::Embedded(JournalSync::Pipeline);
+            let single = own_rooms(&dir, 1, secs, &pipeline)?.per_s;
             eprintln!("  {writers} agents in one room ({label}) …");
-            let sh = shared_room(&dir, a.config.as_deref(), writers, secs, how)?;
+            let sh = shared_room(&dir, a.config.as_deref(), writers, secs, how, &pipeline)?;
             rows.push(shared_row(writers, label, sh, single, base));
         }
     }

@@ -197,7 +197,13 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<()> {
     );
     for n in [1usize, 16, 64] {
         eprintln!("  {n} session(s) …");
-        let base = own_rooms(&dir, n, a.seconds, room_store::JournalSync::Pipeline)?.per_s;
+        let base = own_rooms(
+            &dir,
+            n,
+            a.seconds,
+            &crate::bench::Store::Embedded(room_store::JournalSync::Pipeline),
+        )?
+        .per_s;
         let (rate, mut lat) = over_http(&dir, n, a.seconds, a.engine_threads)?;
         let f = |v: Option<f64>| v.map(|x| format!("{x:.0}")).unwrap_or_else(|| "-".into());
         println!(

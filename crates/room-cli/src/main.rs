@@ -9,6 +9,7 @@ mod bench_accept;
 mod bench_collab;
 mod bench_dashboard;
 mod bench_mcp;
+mod bench_pg;
 mod bench_search;
 mod bench_wakes;
 mod cmd;

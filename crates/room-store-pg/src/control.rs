@@ -24,7 +24,9 @@ use std::sync::Arc;
 /// The control tables, the schema's second step (`crate::MIGRATIONS`).
 pub(crate) const SCHEMA: &str = r#"
 CREATE TABLE control_meta (key text COLLATE "C" PRIMARY KEY, value bigint NOT NULL);
-INSERT INTO control_meta (key, value) VALUES ('control_epoch', 1), ('break_glass', 0), ('writes', 0);
+INSERT INTO control_meta (key, value) VALUES ('control_epoch', 1), ('break_glass', 0);
+-- counts writes for the change stamp: a sequence, not a row, so writers never queue on it
+CREATE SEQUENCE control_writes;
 CREATE TABLE agents (
     name text COLLATE "C" PRIMARY KEY,
     secret_sha256 text COLLATE "C" NOT NULL UNIQUE,
@@ -172,6 +174,43 @@ struct ViewInputs {
     members: Vec<(String, Option<AgentRow>, Vec<String>)>,
 }
 
+/// What every call reads (principals and their policy, rooms and rosters, the epoch), kept
+/// while this daemon holds the database alone (`PgBackend::serve_alone`): then every write
+/// goes through this process, and each one empties the cache (writes are rare beside reads;
+/// each read fills what it misses). Shared by every control handle of one backend. Without
+/// the database to itself, a backend caches nothing and reads fresh on every call.
+#[derive(Default)]
+pub(crate) struct Cache {
+    epoch: Option<u64>,
+    agents: HashMap<String, Option<AgentRow>>,
+    /// A credential digest to its agent's name (none: no agent holds it).
+    by_secret: HashMap<String, Option<String>>,
+    denied: HashMap<String, Vec<String>>,
+    rooms: HashMap<String, Option<RoomRow>>,
+    members: HashMap<String, Vec<String>>,
+}
+
+/// The cache a backend's control handles share, and whether it is in use.
+#[derive(Default)]
+pub(crate) struct SharedCache {
+    pub(crate) enabled: std::sync::atomic::AtomicBool,
+    cache: std::sync::Mutex<Cache>,
+}
+
+impl SharedCache {
+    fn on(&self) -> bool {
+        self.enabled.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Cache> {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn clear(&self) {
+        *self.lock() = Cache::default();
+    }
+}
+
 /// The control store on PostgreSQL.
 pub struct PgControl {
     rt: Arc<crate::Rt>,
@@ -180,16 +219,51 @@ pub struct PgControl {
     writes: u64,
     /// Each room's view generation with what it was computed from.
     view_gens: HashMap<String, (ViewInputs, String)>,
+    cache: Arc<SharedCache>,
 }
 
 impl PgControl {
-    pub(crate) fn new(rt: Arc<crate::Rt>, pool: Pool) -> PgControl {
+    pub(crate) fn new(rt: Arc<crate::Rt>, pool: Pool, cache: Arc<SharedCache>) -> PgControl {
         PgControl {
             rt,
             pool,
             writes: 0,
             view_gens: HashMap::new(),
+            cache,
         }
+    }
+
+    /// `key`'s entry of the cache if it is in use and holds it, else `load` (kept when the
+    /// cache is in use).
+    fn cached<K: std::hash::Hash + Eq + Clone, V: Clone>(
+        &self,
+        map: impl Fn(&mut Cache) -> &mut HashMap<K, V>,
+        key: &K,
+        load: impl FnOnce() -> Result<V>,
+    ) -> Result<V> {
+        if !self.cache.on() {
+            return load();
+        }
+        if let Some(v) = map(&mut self.cache.lock()).get(key) {
+            return Ok(v.clone());
+        }
+        let v = load()?;
+        map(&mut self.cache.lock()).insert(key.clone(), v.clone());
+        Ok(v)
+    }
+
+    fn load_agent(&self, name: &str) -> Result<Option<AgentRow>> {
+        let name = name.to_string();
+        self.call(move |c| async move {
+            c.query_opt(
+                &format!("SELECT {AGENT_COLS} FROM agents WHERE name = $1"),
+                &[&name],
+            )
+            .await
+            .map_err(pg)?
+            .map(|r| agent_from(&r))
+            .transpose()
+        })
     }
 
     /// `f` with a connection of the pool, on the backend's runtime, waited for here.
@@ -216,7 +290,31 @@ impl PgControl {
         Fut: Future<Output = Result<T>> + Send + 'static,
     {
         self.writes += 1;
-        self.call(f)
+        // emptied before (no read meanwhile keeps what is being changed) and after (what a
+        // read filled while the write ran may be older than it)
+        self.cache.clear();
+        let out = self.call(f);
+        self.cache.clear();
+        out
+    }
+
+    /// `view_inputs` from the cache (filling what it misses): valid while every write goes
+    /// through this process.
+    fn view_inputs_cached(&self, room: &str) -> Result<Option<ViewInputs>> {
+        let Some(row) = self.room(room)? else {
+            return Ok(None);
+        };
+        let mut members = Vec::new();
+        for n in self.members(room)? {
+            let agent = self.agent(&n)?;
+            let denied = self.denied_verbs(&n)?;
+            members.push((n, agent, denied));
+        }
+        Ok(Some(ViewInputs {
+            epoch: self.control_epoch()?,
+            room: row,
+            members,
+        }))
     }
 
     fn view_inputs(&self, room: &str) -> Result<Option<ViewInputs>> {
@@ -291,14 +389,13 @@ impl PgControl {
     }
 }
 
-/// Count a write in the database (what `change_stamp` reads across daemons).
+/// Count a write in the database (what `change_stamp` reads across daemons). A sequence takes
+/// no lock that another writer waits on: a counter row would make every control write of
+/// every room queue behind one another's commit.
 pub(crate) async fn bump(tx: &deadpool_postgres::Transaction<'_>) -> Result<()> {
-    tx.execute(
-        "UPDATE control_meta SET value = value + 1 WHERE key = 'writes'",
-        &[],
-    )
-    .await
-    .map_err(pg)?;
+    tx.execute("SELECT nextval('control_writes')", &[])
+        .await
+        .map_err(pg)?;
     Ok(())
 }
 
@@ -350,7 +447,7 @@ impl ControlStore for PgControl {
     fn change_stamp(&self) -> Result<ChangeStamp> {
         let external = self.call(|c| async move {
             let v: i64 = c
-                .query_one("SELECT value FROM control_meta WHERE key = 'writes'", &[])
+                .query_one("SELECT last_value FROM control_writes", &[])
                 .await
                 .map_err(pg)?
                 .get(0);
@@ -370,7 +467,12 @@ impl ControlStore for PgControl {
     }
 
     fn control_epoch(&self) -> Result<u64> {
-        self.call(|c| async move {
+        if self.cache.on()
+            && let Some(e) = self.cache.lock().epoch
+        {
+            return Ok(e);
+        }
+        let e = self.call(|c| async move {
             let v: i64 = c
                 .query_one(
                     "SELECT value FROM control_meta WHERE key = 'control_epoch'",
@@ -380,35 +482,42 @@ impl ControlStore for PgControl {
                 .map_err(pg)?
                 .get(0);
             u(v, "control_epoch")
-        })
+        })?;
+        if self.cache.on() {
+            self.cache.lock().epoch = Some(e);
+        }
+        Ok(e)
     }
 
     fn agent(&self, name: &str) -> Result<Option<AgentRow>> {
-        let name = name.to_string();
-        self.call(move |c| async move {
-            c.query_opt(
-                &format!("SELECT {AGENT_COLS} FROM agents WHERE name = $1"),
-                &[&name],
-            )
-            .await
-            .map_err(pg)?
-            .map(|r| agent_from(&r))
-            .transpose()
-        })
+        self.cached(
+            |c| &mut c.agents,
+            &name.to_string(),
+            || self.load_agent(name),
+        )
     }
 
     fn agent_by_secret(&self, secret_sha256: &str) -> Result<Option<AgentRow>> {
         let s = secret_sha256.to_string();
-        self.call(move |c| async move {
-            c.query_opt(
-                &format!("SELECT {AGENT_COLS} FROM agents WHERE secret_sha256 = $1"),
-                &[&s],
-            )
-            .await
-            .map_err(pg)?
-            .map(|r| agent_from(&r))
-            .transpose()
-        })
+        let name = self.cached(
+            |c| &mut c.by_secret,
+            &s,
+            || {
+                let s = s.clone();
+                self.call(move |c| async move {
+                    Ok(
+                        c.query_opt("SELECT name FROM agents WHERE secret_sha256 = $1", &[&s])
+                            .await
+                            .map_err(pg)?
+                            .map(|r| r.get::<_, String>(0)),
+                    )
+                })
+            },
+        )?;
+        match name {
+            Some(n) => self.agent(&n),
+            None => Ok(None),
+        }
     }
 
     fn agents(&self) -> Result<Vec<AgentRow>> {
@@ -427,17 +536,24 @@ impl ControlStore for PgControl {
 
     fn denied_verbs(&self, agent: &str) -> Result<Vec<String>> {
         let a = agent.to_string();
-        self.call(move |c| async move {
-            Ok(c.query(
-                "SELECT verb FROM denied_verbs WHERE agent = $1 ORDER BY verb",
-                &[&a],
-            )
-            .await
-            .map_err(pg)?
-            .iter()
-            .map(|r| r.get(0))
-            .collect())
-        })
+        self.cached(
+            |c| &mut c.denied,
+            &a,
+            || {
+                let a = a.clone();
+                self.call(move |c| async move {
+                    Ok(c.query(
+                        "SELECT verb FROM denied_verbs WHERE agent = $1 ORDER BY verb",
+                        &[&a],
+                    )
+                    .await
+                    .map_err(pg)?
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect())
+                })
+            },
+        )
     }
 
     fn projects(&self) -> Result<Vec<ProjectRow>> {
@@ -481,16 +597,23 @@ impl ControlStore for PgControl {
 
     fn room(&self, name: &str) -> Result<Option<RoomRow>> {
         let n = name.to_string();
-        self.call(move |c| async move {
-            c.query_opt(
-                &format!("SELECT {ROOM_COLS} FROM rooms WHERE name = $1"),
-                &[&n],
-            )
-            .await
-            .map_err(pg)?
-            .map(|r| room_from(&r))
-            .transpose()
-        })
+        self.cached(
+            |c| &mut c.rooms,
+            &n,
+            || {
+                let n = n.clone();
+                self.call(move |c| async move {
+                    c.query_opt(
+                        &format!("SELECT {ROOM_COLS} FROM rooms WHERE name = $1"),
+                        &[&n],
+                    )
+                    .await
+                    .map_err(pg)?
+                    .map(|r| room_from(&r))
+                    .transpose()
+                })
+            },
+        )
     }
 
     /// Computed by `digest` again only when what it is made of reads differently (another
@@ -501,7 +624,11 @@ impl ControlStore for PgControl {
         room: &str,
         digest: &dyn Fn(&RoomRow, &[MemberStanding<'_>]) -> String,
     ) -> Option<String> {
-        let inputs = self.view_inputs(room).ok()??;
+        let inputs = if self.cache.on() {
+            self.view_inputs_cached(room).ok()??
+        } else {
+            self.view_inputs(room).ok()??
+        };
         if let Some((seen, v)) = self.view_gens.get(room)
             && *seen == inputs
         {
@@ -524,30 +651,28 @@ impl ControlStore for PgControl {
 
     fn members(&self, room: &str) -> Result<Vec<String>> {
         let r = room.to_string();
-        self.call(move |c| async move {
-            Ok(c.query(
-                "SELECT agent FROM members WHERE room = $1 ORDER BY agent",
-                &[&r],
-            )
-            .await
-            .map_err(pg)?
-            .iter()
-            .map(|r| r.get(0))
-            .collect())
-        })
+        self.cached(
+            |c| &mut c.members,
+            &r,
+            || {
+                let r = r.clone();
+                self.call(move |c| async move {
+                    Ok(c.query(
+                        "SELECT agent FROM members WHERE room = $1 ORDER BY agent",
+                        &[&r],
+                    )
+                    .await
+                    .map_err(pg)?
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect())
+                })
+            },
+        )
     }
 
     fn is_member(&self, room: &str, agent: &str) -> Result<bool> {
-        let (r, a) = (room.to_string(), agent.to_string());
-        self.call(move |c| async move {
-            Ok(c.query_opt(
-                "SELECT 1 FROM members WHERE room = $1 AND agent = $2",
-                &[&r, &a],
-            )
-            .await
-            .map_err(pg)?
-            .is_some())
-        })
+        Ok(self.members(room)?.iter().any(|m| m == agent))
     }
 
     fn retired_secret(&self, secret_sha256: &str) -> Result<Option<(String, String)>> {

@@ -25,6 +25,8 @@ mod log;
 pub use control::PgControl;
 pub use index::PgIndex;
 pub use log::PgLog;
+pub use tokio_postgres::Config as PgConfig;
+pub use tokio_postgres::config::Host as PgHost;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use room_core::Sealed;
@@ -142,6 +144,8 @@ impl Drop for Rt {
 
 /// The advisory lock key a daemon holds for as long as it serves a database.
 const DAEMON_LOCK: i64 = 0x526f_6f6d_4461_656d; // "RoomDaem"
+/// How long `serve_alone` waits for a lock another session holds.
+const ALONE_WAIT_MS: u64 = 2_000;
 
 /// The PostgreSQL backend.
 pub struct PgBackend {
@@ -152,15 +156,21 @@ pub struct PgBackend {
     /// The connection holding `DAEMON_LOCK`, once `serve_alone` took it: the lock lasts
     /// while it is open (closed with the backend, or by the server when the process dies).
     alone: std::sync::Mutex<Option<tokio_postgres::Client>>,
+    /// The control handles' cache, in use once `serve_alone` holds the database.
+    cache: Arc<control::SharedCache>,
 }
 
 impl PgBackend {
     /// Connect to `url` (`postgres://user@host:port/db`, or libpq's `key=value` form) and
     /// apply the schema's missing steps under an advisory lock.
     pub fn connect(url: &str) -> Result<PgBackend> {
-        let mut config: tokio_postgres::Config = url
+        let config: tokio_postgres::Config = url
             .parse()
             .map_err(|e| StoreError::Postgres(format!("the store url: {e}")))?;
+        Self::connect_with(config)
+    }
+
+    fn connect_with(mut config: tokio_postgres::Config) -> Result<PgBackend> {
         // every write durable before it is acknowledged, and nothing waits for ever
         config
             .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
@@ -194,6 +204,7 @@ impl PgBackend {
             writers: RoomWriters::default(),
             config,
             alone: std::sync::Mutex::new(None),
+            cache: Arc::default(),
         };
         let pool = b.pool.clone();
         b.run(async move { migrate(&pool).await })?;
@@ -213,16 +224,32 @@ impl PgBackend {
             tokio::spawn(async move {
                 let _ = conn.await;
             });
-            let got: bool = client
-                .query_one("SELECT pg_try_advisory_lock($1)", &[&DAEMON_LOCK])
-                .await
-                .map_err(pg)?
-                .get(0);
-            Ok(got.then_some(client))
+            // a daemon that just stopped (or died) ends its session a moment after its
+            // connection closes: its lock is waited for, briefly
+            let started = std::time::Instant::now();
+            loop {
+                let got: bool = client
+                    .query_one("SELECT pg_try_advisory_lock($1)", &[&DAEMON_LOCK])
+                    .await
+                    .map_err(pg)?
+                    .get(0);
+                if got {
+                    return Ok(Some(client));
+                }
+                if started.elapsed() >= Duration::from_millis(ALONE_WAIT_MS) {
+                    return Ok(None);
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
         })?;
         match client {
             Some(c) => {
                 *self.alone.lock().unwrap_or_else(|e| e.into_inner()) = Some(c);
+                // every write goes through this process now: its reads may be kept
+                self.cache.clear();
+                self.cache
+                    .enabled
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
                 Ok(())
             }
             None => Err(StoreError::Unsupported(
@@ -314,7 +341,11 @@ impl Backend for PgBackend {
     /// Principals, grants, rooms and rosters so far; its other methods are refused
     /// (`StoreError::Unsupported`, naming each).
     fn open_control(&self) -> Result<Box<dyn ControlStore>> {
-        Ok(Box::new(PgControl::new(self.rt.clone(), self.pool.clone())))
+        Ok(Box::new(PgControl::new(
+            self.rt.clone(),
+            self.pool.clone(),
+            self.cache.clone(),
+        )))
     }
 
     fn create_shard(
@@ -586,5 +617,78 @@ impl BlobStore for PgBlobs {
     fn sweep_temps(&self) -> std::io::Result<usize> {
         // a put is one statement: nothing half-written to sweep
         Ok(0)
+    }
+}
+
+/// A database made for a measurement and dropped with this value (`room bench core
+/// --store`): Room's tables need an empty database, and a person's must stay untouched.
+pub struct ScratchDatabase {
+    admin: tokio_postgres::Config,
+    name: String,
+    /// The scratch database's own connection settings.
+    pub config: tokio_postgres::Config,
+}
+
+/// Connect with `config` on a one-off runtime and run `sql` (no parameters).
+fn admin_execute(config: &tokio_postgres::Config, sql: &str) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let (client, conn) = config.connect(tokio_postgres::NoTls).await.map_err(pg)?;
+        let task = tokio::spawn(conn);
+        let out = client.batch_execute(sql).await.map_err(pg);
+        drop(client);
+        let _ = task.await;
+        out
+    })
+}
+
+impl ScratchDatabase {
+    /// Create an empty database `name` on the server `url` names (its user needs CREATEDB).
+    pub fn create(url: &str, name: &str) -> Result<ScratchDatabase> {
+        if !name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        {
+            return Err(StoreError::Postgres(format!(
+                "{name:?} is not a plain database name"
+            )));
+        }
+        let admin: tokio_postgres::Config = url
+            .parse()
+            .map_err(|e| StoreError::Postgres(format!("the store url: {e}")))?;
+        admin_execute(&admin, &format!("CREATE DATABASE {name}"))?;
+        let mut config = admin.clone();
+        config.dbname(name);
+        Ok(ScratchDatabase {
+            admin,
+            name: name.to_string(),
+            config,
+        })
+    }
+}
+
+impl ScratchDatabase {
+    /// Run `sql` (no parameters) in the scratch database.
+    pub fn execute(&self, sql: &str) -> Result<()> {
+        admin_execute(&self.config, sql)
+    }
+}
+
+impl Drop for ScratchDatabase {
+    fn drop(&mut self) {
+        // connections still open (a backend not yet dropped) are ended with it
+        let _ = admin_execute(
+            &self.admin,
+            &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
+        );
+    }
+}
+
+impl PgBackend {
+    /// `connect`, from connection settings already parsed.
+    pub fn connect_config(config: &tokio_postgres::Config) -> Result<PgBackend> {
+        Self::connect_with(config.clone())
     }
 }
