@@ -253,6 +253,11 @@ def run(fx, a):
         expect(orch.get_by_text("advisory confinement")).to_have_count(0)
         dlg.get_by_label("orchestrator backend").select_option("acp")
         expect(orch.get_by_text("advisory confinement")).to_be_visible()
+        # the model picker offers what the backend has: an ACP backend's presets
+        offered = page.eval_on_selector_all("#models-orchestrator option", "os => os.map(o => o.value)")
+        assert "claude" in offered, offered
+        dlg.get_by_label("orchestrator backend").select_option("script")
+        expect(page.locator("#models-orchestrator option")).to_have_count(0)
         dlg.get_by_label("orchestrator backend").select_option("")
         c.view("create-dialog")
         dlg.get_by_role("button", name="Start").click()
@@ -353,6 +358,11 @@ def run(fx, a):
         page.get_by_role("link", name="Sessions").click()
         expect(page.locator("tr", has_text="gamma").filter(has=page.locator(".state.done"))).to_be_visible(timeout=60000)
         expect(page.locator("table").first).to_contain_text("none")
+        # what the cancel held until reconciled (nothing reached a destination here: none)
+        page.goto(fx.base + "/#/room/work")
+        page.get_by_role("button", name="Show holds").click()
+        expect(page.get_by_role("heading", name="Held until reconciled (0 unresolved)")).to_be_visible()
+        c.view("holds")
 
         # revoke an agent from the identity tree; its next call is refused
         page.get_by_role("link", name="Identity").click()

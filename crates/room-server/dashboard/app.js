@@ -508,11 +508,16 @@ function timeline(room, log, tip) {
 function eventRow(e) {
   const b = e.event || {};
   const k = String(e.kind || "");
-  const cls = ["ev", k.includes("refus") ? "refusal" : "", k.includes("violation") || k.includes("invariant") ? "violation" : "",
+  // what the journal holds of refusals: an act an invariant rejected (recorded beside what
+  // was not committed) and an assignment its recipient declined
+  const declined = [b.transition, b.task_transition].some((t) => t && t.to === "declined");
+  const refused = (k === "invariant_violation" && b.severity === "reject") || declined;
+  const cls = ["ev", refused ? "refusal" : "", !refused && (k.includes("violation") || k.includes("invariant")) ? "violation" : "",
     k.includes("flag") ? "flag" : ""].join(" ");
+  const why = k === "invariant_violation" ? ` · ${b.invariant} (${b.severity}) on ${b.act}` : declined ? " · declined" : "";
   const parents = [...new Set([...(Array.isArray(b.parents) ? b.parents : []), ...(b.reply_to ? [b.reply_to] : [])])];
   return h("li", { class: cls, id: `ev-${e.id}`, "data-id": e.id, "data-parents": parents.join(" ") },
-    h("div", { class: "meta" }, `#${e.seq} · ${e.actor} · `, h("strong", {}, k), b.task ? [" · task ", link(`#/task/${enc(b.task)}`, b.task)] : null,
+    h("div", { class: "meta" }, `#${e.seq} · ${e.actor} · `, h("strong", {}, k), why, b.task ? [" · task ", link(`#/task/${enc(b.task)}`, b.task)] : null,
       parents.length ? [" · after ", parents.map((p, i) => [i ? ", " : "", h("a", {
         href: `#ev-${p}`,
         onclick: (ev) => { ev.preventDefault(); highlight(p); },
@@ -750,16 +755,23 @@ async function openCreate() {
     const sel = h("select", { id: `adapter-${seat}`, "aria-label": `${seat} backend`, "data-seat": seat },
       h("option", { value: "" }, optional ? "(not bound: Room's scheduler)" : "(choose a backend)"),
       adapters.map((a) => h("option", { value: a }, a)));
-    const model = h("input", { type: "text", id: `model-${seat}`, "aria-label": `${seat} model`, placeholder: "model, preset or script" });
+    // what the chosen backend offers: an ACP backend's presets, an API backend's model routes
+    // from config.toml; a script or a command is typed
+    const offered = h("datalist", { id: `models-${seat}` });
+    const model = h("input", { type: "text", id: `model-${seat}`, "aria-label": `${seat} model`,
+      placeholder: "model, preset or script", list: `models-${seat}` });
     const flag = h("div", { class: "flag", "aria-live": "polite" });
     sel.addEventListener("change", () => {
       const c = caps[sel.value] || {};
       flag.textContent = c.tool_deny === "advisory"
         ? "advisory confinement: the agent's own tools are held only by the worker's confinement" : "";
+      const names = sel.value === "acp" ? (prof.presets || [])
+        : ["openai", "anthropic"].includes(sel.value) ? (prof.model_routes || []) : [];
+      offered.replaceChildren(...names.map((n) => h("option", { value: n })));
     });
     return h("div", { class: "row" },
       h("label", { for: `adapter-${seat}` }, seat, h("div", { class: "muted sub-label" }, phases.join(", "))),
-      sel, h("div", {}, model, flag));
+      sel, h("div", {}, model, offered, flag));
   };
   const roles = h("fieldset", {}, h("legend", {}, "Roles: a backend and model for each"),
     seatRow(prof.orchestrator, ["plans and dispatches"], true),
