@@ -155,7 +155,7 @@ def main():
 def run(fx, a):
     project_dir, kits, implement = fx.materials()
     project = fx.run("project", "open", project_dir)["id"]
-    alpha = fx.run("agent", "enroll", "alpha")["token"]
+    alpha = fx.run("agent", "enroll", "alpha", "--max-tier", "coordinator")["token"]
     fx.run("create", "coord", "--member", "alpha")
     for i in range(60):
         fx.say(alpha, "coord", f"message {i + 1}")
@@ -228,6 +228,11 @@ def run(fx, a):
         page.get_by_role("button", name="Newest").click()
         fx.say(alpha, "coord", "said while you watch")
         expect(page.get_by_text("said while you watch")).to_be_visible(timeout=15000)
+        # a refusal the journal holds (an assignment declined) is marked in place
+        t = fx.agent(alpha, "task_create", {"room": "coord", "title": "not mine to do", "to": "alpha"})
+        assert t["ok"], t
+        fx.say(alpha, "coord", "this is not mine", verb="decline", task=t["result"]["task"]["id"])
+        expect(page.locator("li.ev.refusal", has_text="declined").first).to_be_visible(timeout=15000)
 
         # the create dialog: Collaborative first, a backend and model per seat
         page.get_by_role("link", name="Collaborations").click()
