@@ -317,6 +317,11 @@ impl room_store::backend::RoomLog for PgLog {
             .collect();
         let (pool, g, shard) = (self.pool.clone(), self.graph_id.clone(), self.mark.ino);
         let (rows, new_tip, end) = (lines.rows, lines.tip.clone(), lines.end);
+        // what a read-back compares the journal with: this append's first line
+        let first = rows
+            .first()
+            .map(|(seq, _, line)| (*seq, line.clone()))
+            .expect("an append writes at least one line");
         let expect = old.clone();
         // Ok(xid, the commit's own outcome): only a commit whose answer was lost leaves the
         // outcome to be read back; every earlier failure rolled the transaction back
@@ -346,7 +351,7 @@ impl room_store::backend::RoomLog for PgLog {
         });
         match sent {
             Some(Ok((_, Ok(())))) => {}
-            Some(Ok((xid, Err(why)))) => self.read_back(xid, &why)?,
+            Some(Ok((xid, Err(why)))) => self.read_back(xid, first, &why)?,
             Some(Err(e)) => return Err(e),
             None => {
                 // no answer at all: the transaction may still commit on the server
@@ -392,47 +397,35 @@ impl room_store::backend::RoomLog for PgLog {
 }
 
 impl PgLog {
-    /// After a commit whose answer was lost: ask the server what became of its transaction
-    /// (`txid_status`), on a fresh connection, waiting while it is still in progress.
-    /// Committed: it landed. Aborted: it did not (an error, nothing written). Unknown, or no
-    /// answer: in doubt, and the log takes no more appends.
-    fn read_back(&mut self, xid: i64, why: &str) -> Result<()> {
-        let pool = self.pool.clone();
-        // a server that went down with the commit is asked again once it is back (a
-        // transaction it was running then is aborted by its recovery)
-        let status = run_on(&self.rt, async move {
+    /// After a commit whose answer was lost: wait until its transaction is no longer in
+    /// progress on the server (`txid_status`, on a fresh connection, across a server
+    /// restart), then let the journal decide: the append landed if and only if the journal
+    /// holds its first line, byte for byte (a transaction id alone could, after a crash, be
+    /// given again to another transaction). No answer within the polls: in doubt, and the log
+    /// takes no more appends.
+    fn read_back(&mut self, xid: i64, first: (i64, Vec<u8>), why: &str) -> Result<()> {
+        let (pool, g) = (self.pool.clone(), self.graph_id.clone());
+        let landed = run_on(&self.rt, async move {
             let mut last = String::from("no answer");
             for _ in 0..READ_BACK_POLLS_MAX {
-                let asked = match pool.get().await {
-                    Ok(c) => c
-                        .query_one("SELECT txid_status($1)", &[&xid])
-                        .await
-                        .map(|r| r.get::<_, Option<String>>(0))
-                        .map_err(|e| e.to_string()),
-                    Err(e) => Err(e.to_string()),
-                };
-                match asked {
-                    Ok(s) if s.as_deref() != Some("in progress") => return Ok(s),
-                    Ok(_) => last = "in progress".into(),
+                match settled(&pool, xid, &g, &first).await {
+                    Ok(Some(landed)) => return Ok(landed),
+                    Ok(None) => last = "its transaction is in progress".into(),
                     Err(e) => last = e,
                 }
                 tokio::time::sleep(std::time::Duration::from_millis(READ_BACK_POLL_MS)).await;
             }
             Err(StoreError::Postgres(last))
         });
-        match status.as_ref().map(|s| s.as_deref()) {
-            Ok(Some("committed")) => Ok(()),
-            Ok(Some("aborted")) => Err(StoreError::Postgres(format!(
+        match landed {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(StoreError::Postgres(format!(
                 "{}: the append did not commit ({why})",
                 self.graph_id
             ))),
-            other => {
-                let seen = match other {
-                    Ok(s) => format!("its transaction is {}", s.unwrap_or("unknown")),
-                    Err(e) => format!("it cannot be read back: {e}"),
-                };
+            Err(e) => {
                 let doubt = format!(
-                    "{}: a commit's answer was lost ({why}) and {seen}",
+                    "{}: a commit's answer was lost ({why}) and it cannot be read back: {e}",
                     self.graph_id
                 );
                 self.poisoned = Some(doubt.clone());
@@ -440,6 +433,44 @@ impl PgLog {
             }
         }
     }
+}
+
+/// Whether a lost commit landed, once that can be told: none while its transaction is still
+/// in progress; an error while the server cannot be asked.
+async fn settled(
+    pool: &Pool,
+    xid: i64,
+    graph_id: &str,
+    first: &(i64, Vec<u8>),
+) -> std::result::Result<Option<bool>, String> {
+    let c = pool.get().await.map_err(|e| pg(e).to_string())?;
+    match c.query_one("SELECT txid_status($1)", &[&xid]).await {
+        Ok(r) if r.get::<_, Option<String>>(0).as_deref() == Some("in progress") => {
+            return Ok(None);
+        }
+        Ok(_) => {}
+        // an id the server calls "in the future" after a restart never reached its WAL, so
+        // it is not running: the journal below says it did not land
+        Err(e) if never_logged(&e) => {}
+        Err(e) => return Err(pg(e).to_string()),
+    }
+    let row = c
+        .query_opt(
+            "SELECT line FROM journal WHERE graph_id = $1 AND seq = $2",
+            &[&graph_id, &first.0],
+        )
+        .await
+        .map_err(|e| pg(e).to_string())?;
+    Ok(Some(row.is_some_and(|r| r.get::<_, Vec<u8>>(0) == first.1)))
+}
+
+/// `txid_status` refused a transaction id as one the server has not reached: after a crash
+/// and restart, the id of a transaction that wrote no WAL before the crash.
+fn never_logged(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error().is_some_and(|d| {
+        *d.code() == tokio_postgres::error::SqlState::INVALID_PARAMETER_VALUE
+            && d.message().contains("in the future")
+    })
 }
 
 /// Verify the records after `from` (the start when none) that end before `stop` (the end
