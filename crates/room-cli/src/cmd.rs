@@ -23,7 +23,9 @@ pub const EXIT_STATE: i32 = 4;
 pub fn exit_code(e: &ServerError) -> i32 {
     match e {
         ServerError::Refused(_) => EXIT_REFUSED,
-        ServerError::State(StoreError::SplitBrain(_) | StoreError::Locked { .. }) => EXIT_STATE,
+        ServerError::State(
+            StoreError::SplitBrain(_) | StoreError::Locked { .. } | StoreError::Migrated(_),
+        ) => EXIT_STATE,
         ServerError::DaemonUnreachable { .. }
         | ServerError::Connection(_)
         | ServerError::Protocol(_)
@@ -107,6 +109,17 @@ pub enum Cmd {
     },
     /// Measure throughput and latency against raw SQLite commits on the same disk.
     Bench(crate::bench::BenchArgs),
+    /// Copy a state dir's embedded store into an empty PostgreSQL database, verifying every
+    /// chain on the way; run it again to resume one that was interrupted (the daemon must be
+    /// stopped).
+    Migrate {
+        /// The state dir to copy (default: the state dir in use).
+        #[arg(long, value_name = "DIR")]
+        from: Option<PathBuf>,
+        /// The empty database to fill: postgres://user@host:port/db.
+        #[arg(long, value_name = "URL")]
+        to: String,
+    },
     /// Verify every room's hash chain (works without the daemon).
     Verify {
         room: Option<String>,
@@ -763,6 +776,7 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
         | Cmd::Demo { .. }
         | Cmd::Bench(_)
         | Cmd::Verify { .. }
+        | Cmd::Migrate { .. }
         | Cmd::Collab(_)
         | Cmd::Completions { .. }
         | Cmd::Doctor
@@ -822,6 +836,7 @@ pub fn run(cli: Cli) -> i32 {
                 Err(code) => code,
             };
         }
+        Cmd::Migrate { from, to } => return crate::migrate::run(&cli, from.as_deref(), to),
         Cmd::Collab(c) => return crate::collab::run(&cli, c),
         Cmd::Doctor => return crate::doctor::run(&cli),
         Cmd::Adapters(AdaptersCmd::Probe {
@@ -999,6 +1014,17 @@ fn serve(
                 eprintln!(
                     "hint: this directory is not the state dir the machine bootstrap knows; run `room init` on the right one"
                 );
+            }
+            if matches!(e, ServerError::State(StoreError::Migrated(_))) {
+                eprintln!(
+                    "hint: serve the database: room serve --store URL, or `[store] url` in config.toml"
+                );
+            }
+            if matches!(
+                e,
+                ServerError::EngineOpen(StoreError::MigrationUnfinished(_))
+            ) {
+                eprintln!("hint: run the same room migrate again: it resumes where it stopped");
             }
             exit_code(&e)
         }

@@ -20,6 +20,7 @@ mod demo_collab;
 mod doctor;
 mod mcp_cmd;
 mod mcp_http;
+mod migrate;
 mod probe;
 
 use clap::Parser;

@@ -825,4 +825,19 @@ fn serve_store_urls_are_checked_before_anything_starts() {
         stderr(&o)
     );
     assert!(!env.state.join("room.sock").exists(), "no daemon started");
+    // a migration's target is checked the same way, before the state dir is opened
+    let o = env.run(&["migrate", "--to", "sqlite:///x"], None);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("error[invalid_argument]: to: the url is not a postgres:// url"),
+        "{}",
+        stderr(&o)
+    );
+    // a server that does not answer leaves the state dir as it was
+    let o = env.run(
+        &["migrate", "--to", "postgres://room@127.0.0.1:1/room"],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(!env.state.join("store_migrated.json").exists());
 }

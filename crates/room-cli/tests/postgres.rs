@@ -91,10 +91,320 @@ fn a_daemon_on_postgres_keeps_its_rooms_there_and_verify_reads_them() {
     let verified = run(&state, &root, &["verify", "demo"]);
     assert!(verified.status.success(), "{verified:?}");
     assert!(String::from_utf8_lossy(&verified.stdout).starts_with("ok   demo 1 records"));
+    // a database a daemon has written to is no migration's target: refused, nothing written
+    let other = root.join("other");
+    assert!(run(&other, &root, &["init"]).status.success());
+    let refused = run(&other, &root, &["migrate", "--to", &url]);
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.starts_with(
+            "error[store_not_empty]: to: the database is not empty: its table shards holds rows"
+        ),
+        "{stderr}"
+    );
+    assert!(!other.join("store_migrated.json").exists());
+    let verified = run(&state, &root, &["verify", "--store", &url]);
+    assert!(String::from_utf8_lossy(&verified.stdout).starts_with("ok   demo 1 records"));
     let missing = run(&state, &root, &["verify", "nowhere"]);
     assert!(!missing.status.success());
     assert!(
         String::from_utf8_lossy(&missing.stderr).contains("no room named \"nowhere\""),
         "{missing:?}"
     );
+}
+
+/// Run statements on the test server's database `words` (libpq words), for what a test
+/// arranges or inspects beside Room.
+fn sql(words: &str, statements: &str) -> Vec<tokio_postgres::SimpleQueryMessage> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (client, conn) = tokio_postgres::connect(words, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        let conn = tokio::spawn(conn);
+        let out = client.simple_query(statements).await.unwrap();
+        drop(client);
+        let _ = conn.await;
+        out
+    })
+}
+
+/// The first column of the first row `query` returns.
+fn one(words: &str, query: &str) -> String {
+    sql(words, query)
+        .into_iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
+/// A daemon on the state dir (`store` its --store), once its socket answers.
+fn start_daemon(state: &Path, root: &Path, store: Option<&str>) -> std::process::Child {
+    let mut args = vec!["serve"];
+    if let Some(url) = store {
+        args.extend(["--store", url]);
+    }
+    let _ = std::fs::remove_file(state.join("room.sock"));
+    let mut daemon = room(state, root, &args).spawn().unwrap();
+    for _ in 0..400 {
+        if state.join("room.sock").exists() && run(state, root, &["list"]).status.success() {
+            return daemon;
+        }
+        if let Some(status) = daemon.try_wait().unwrap() {
+            panic!("the daemon exited: {status}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("the daemon did not answer");
+}
+
+fn stop_daemon(mut daemon: std::process::Child) {
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(daemon.id() as i32).unwrap(),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    assert!(daemon.wait().unwrap().success());
+}
+
+fn as_agent(state: &Path, root: &Path, token: &str, args: &[&str]) -> serde_json::Value {
+    let out = room(state, root, args)
+        .arg("--json")
+        .env("ROOM_TOKEN", token)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{args:?}: {out:?}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Every room's chain as `room verify --json` reports it: (room, records, tip hash).
+fn chains(state: &Path, root: &Path, store: Option<&str>) -> Vec<(String, u64, String)> {
+    let mut args = vec!["verify", "--json"];
+    if let Some(url) = store {
+        args.extend(["--store", url]);
+    }
+    let out = run(state, root, &args);
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["rooms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["room"].as_str().unwrap().to_string(),
+                r["records"].as_u64().unwrap(),
+                r["tip_hash"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn migrate_copies_a_state_dir_whole_resumes_a_cut_run_and_refuses_what_is_not_empty() {
+    let server = server::Server::start();
+    let words = server.fresh_database();
+    let url = as_url(&words);
+    let tmp = tempfile::tempdir().unwrap();
+    let root = std::fs::canonicalize(tmp.path()).unwrap();
+    let state = root.join("state");
+    assert!(run(&state, &root, &["init"]).status.success());
+
+    // an embedded state dir with rooms, turns, a blob, a confirmed reading and a task
+    let daemon = start_daemon(&state, &root, None);
+    let enrolled = run(
+        &state,
+        &root,
+        &[
+            "agent",
+            "enroll",
+            "alice",
+            "--max-tier",
+            "coordinator",
+            "--json",
+        ],
+    );
+    let token: serde_json::Value = serde_json::from_slice(&enrolled.stdout).unwrap();
+    let token = token["token"].as_str().unwrap().to_string();
+    for r in ["alpha", "beta", "gamma"] {
+        assert!(
+            run(&state, &root, &["create", r, "--member", "alice"])
+                .status
+                .success()
+        );
+    }
+    let read = |room: &str| {
+        let page = as_agent(&state, &root, &token, &["sync", room]);
+        let receipt = page["receipt"].as_str().unwrap().to_string();
+        as_agent(
+            &state,
+            &root,
+            &token,
+            &["sync", room, "--confirm", &receipt],
+        );
+        page["to_seq"].as_u64().unwrap()
+    };
+    read("alpha");
+    as_agent(
+        &state,
+        &root,
+        &token,
+        &["say", "alpha", &"a long turn ".repeat(1_000)],
+    );
+    for i in 0..30 {
+        read("gamma");
+        as_agent(
+            &state,
+            &root,
+            &token,
+            &["say", "gamma", &format!("turn {i}")],
+        );
+    }
+    let confirmed = read("alpha");
+    as_agent(
+        &state,
+        &root,
+        &token,
+        &["task", "create", "beta", "first task"],
+    );
+    stop_daemon(daemon);
+    let before = chains(&state, &root, None);
+    assert_eq!(before.len(), 3);
+    let blobs_dir = std::fs::read_dir(state.join("rooms"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path().join("blobs"))
+        .find(|b| std::fs::read_dir(b).is_ok_and(|mut d| d.next().is_some()))
+        .expect("the long turn went to a blob");
+    assert!(blobs_dir.exists());
+
+    // the whole store lands, each chain verified on both sides
+    let migrated = run(&state, &root, &["migrate", "--to", &url]);
+    let out = String::from_utf8_lossy(&migrated.stdout);
+    assert!(migrated.status.success(), "{migrated:?}");
+    assert!(
+        out.contains("room alpha:") && out.contains("1 blobs"),
+        "{out}"
+    );
+    assert!(out.contains("migrated 3 rooms to"), "{out}");
+    assert!(state.join("store_migrated.json").exists());
+
+    // its embedded copy is not served again, and a second migration of it is refused
+    let embedded = run(&state, &root, &["serve"]);
+    assert_eq!(embedded.status.code(), Some(4), "{embedded:?}");
+    assert!(String::from_utf8_lossy(&embedded.stderr).contains("store migrated"));
+    let again = run(&state, &root, &["migrate", "--to", &url]);
+    assert_eq!(again.status.code(), Some(4), "{again:?}");
+    assert!(String::from_utf8_lossy(&again.stderr).contains("migrated already"));
+
+    // a finished target is not empty: refused, and nothing in it changes
+    let count = |q: &str| one(&words, q);
+    let rows_before = (
+        count("SELECT count(*) FROM journal"),
+        count("SELECT count(*) FROM agents"),
+        count(
+            "SELECT string_agg(source_id || coalesce(finished_ms::text, '-'), ',') FROM migrate_runs",
+        ),
+    );
+    std::fs::remove_file(state.join("store_migrated.json")).unwrap();
+    let refused = run(&state, &root, &["migrate", "--to", &url]);
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.starts_with("error[store_not_empty]: to: the database already holds"),
+        "{stderr}"
+    );
+    let rows_after = (
+        count("SELECT count(*) FROM journal"),
+        count("SELECT count(*) FROM agents"),
+        count(
+            "SELECT string_agg(source_id || coalesce(finished_ms::text, '-'), ',') FROM migrate_runs",
+        ),
+    );
+    assert_eq!(rows_before, rows_after);
+    assert!(!state.join("store_migrated.json").exists());
+
+    // a run cut short, as a kill leaves it: one room's journal part-way (its head at seq
+    // 10, each batch being a transaction), another's blob and receipts not there yet, the
+    // control store not copied, the run open
+    let gamma = count("SELECT graph_id FROM rooms WHERE name = 'gamma'");
+    let alpha = count("SELECT graph_id FROM rooms WHERE name = 'alpha'");
+    sql(
+        &words,
+        &format!(
+            "UPDATE migrate_runs SET finished_ms = NULL;
+             TRUNCATE agents, retired_secrets, denied_verbs, projects, project_sources, rooms,
+                 members, tasks, task_scopes, task_checks, wakes, launches, sessions, holds,
+                 collabs, collab_runs, collab_approvals CASCADE;
+             DELETE FROM journal WHERE graph_id = '{gamma}' AND seq > 10;
+             UPDATE room_heads h SET seq = j.seq, len = j.\"offset\" + length(j.line),
+                 hash = convert_from(j.line, 'UTF8')::jsonb ->> 'hash',
+                 hlc_ms = (convert_from(j.line, 'UTF8')::jsonb -> 'hlc' ->> 'ms')::bigint,
+                 hlc_c = (convert_from(j.line, 'UTF8')::jsonb -> 'hlc' ->> 'c')::bigint
+               FROM journal j WHERE j.graph_id = h.graph_id AND h.graph_id = '{gamma}' AND j.seq = 10;
+             DELETE FROM blobs WHERE graph_id = '{alpha}';
+             DELETE FROM receipts WHERE graph_id = '{alpha}';"
+        ),
+    );
+    // nor does another state dir's migration take it over
+    let other = root.join("other");
+    assert!(run(&other, &root, &["init"]).status.success());
+    let journal_rows = count("SELECT count(*) FROM journal");
+    let taken = run(&other, &root, &["migrate", "--to", &url]);
+    assert_eq!(taken.status.code(), Some(1), "{taken:?}");
+    let stderr = String::from_utf8_lossy(&taken.stderr);
+    assert!(
+        stderr.starts_with("error[store_not_empty]: to: a migration from another state dir"),
+        "{stderr}"
+    );
+    assert_eq!(count("SELECT count(*) FROM journal"), journal_rows);
+    assert_eq!(count("SELECT count(*) FROM migrate_runs"), "1");
+    // no daemon serves a database a migration has not finished
+    let unfinished = run(&state, &root, &["serve", "--store", &url]);
+    assert_eq!(unfinished.status.code(), Some(3), "{unfinished:?}");
+    let stderr = String::from_utf8_lossy(&unfinished.stderr);
+    assert!(stderr.contains("migration unfinished"), "{stderr}");
+    assert!(
+        stderr.contains("hint: run the same room migrate again"),
+        "{stderr}"
+    );
+    let resumed = run(&state, &root, &["migrate", "--to", &url]);
+    let out = String::from_utf8_lossy(&resumed.stdout);
+    assert!(resumed.status.success(), "{resumed:?}");
+    let gamma_records = before.iter().find(|c| c.0 == "gamma").unwrap().1;
+    assert!(
+        out.contains(&format!(
+            "room gamma: {gamma_records} records ({} copied now)",
+            gamma_records - 10
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains("room beta:") && out.contains("(0 copied now)"),
+        "{out}"
+    );
+    assert!(out.contains("migrated 3 rooms (resumed)"), "{out}");
+
+    // the database serves what the state dir held: the same chains, the agent's token, its
+    // confirmed reading, the blob's text, the task
+    assert_eq!(chains(&state, &root, Some(&url)), before);
+    let daemon = start_daemon(&state, &root, Some(&url));
+    let page = as_agent(&state, &root, &token, &["sync", "alpha"]);
+    assert_eq!(page["confirmed_seq"].as_u64(), Some(confirmed), "{page}");
+    let log = run(&state, &root, &["log", "alpha", "--json"]);
+    assert!(String::from_utf8_lossy(&log.stdout).contains("a long turn a long turn"));
+    let search = as_agent(&state, &root, &token, &["search", "gamma", "turn"]);
+    assert!(
+        !search["results"].as_array().unwrap().is_empty(),
+        "{search}"
+    );
+    let tasks = run(&state, &root, &["log", "beta", "--json"]);
+    assert!(String::from_utf8_lossy(&tasks.stdout).contains("first task"));
+    stop_daemon(daemon);
 }

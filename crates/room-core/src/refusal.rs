@@ -31,6 +31,8 @@ macro_rules! codes {
 codes! {
     // territory and state
     StateDirSplitBrain => "state_dir_split_brain",
+    // `room migrate` fills only an empty database (or resumes its own unfinished run)
+    StoreNotEmpty => "store_not_empty",
     ProjectRootRedirected => "project_root_redirected",
     ProjectTerritoryRefused => "project_territory_refused",
     // principals

@@ -508,7 +508,20 @@ pub fn open_engine(
         ..EngineConfig::default()
     };
     let store: Arc<dyn room_store::Backend> = match &cfg.store {
-        None => embedded_store(&state),
+        None => {
+            if let Ok(marker) = std::fs::read(state.store_migrated()) {
+                let to = serde_json::from_slice::<serde_json::Value>(&marker)
+                    .ok()
+                    .and_then(|m| m["to"].as_str().map(str::to_string))
+                    .unwrap_or_else(|| "a database".into());
+                return Err(ServerError::State(room_store::StoreError::Migrated(
+                    format!(
+                        "this state dir's store was copied to {to}: serving its embedded copy would split the state in two"
+                    ),
+                )));
+            }
+            embedded_store(&state)
+        }
         Some(url) => {
             let pg = room_store_pg::PgBackend::connect(url).map_err(ServerError::EngineOpen)?;
             pg.serve_alone().map_err(ServerError::EngineOpen)?;

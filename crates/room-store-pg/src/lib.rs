@@ -1,15 +1,15 @@
 //! Room's PostgreSQL storage backend (issue 44), behind the same [`Backend`] traits as the
-//! embedded SQLite one and held to the same conformance suite. What it stores so far: each
-//! room's shard (binding and manifest), its journal (a table of the very lines the file
-//! journal holds, with the same hash chain, offsets and marks) and its blobs. A room's head
-//! row is locked in each append's transaction, so writers on several daemons sharing one
-//! database keep each chain linear: the one that finds the head moved gets
-//! `StoreError::Conflict`, never a fork. A commit whose answer was lost is read back before
-//! anything is claimed (`InDoubt` only when even that cannot tell).
+//! embedded SQLite one and held to the same conformance suite. It stores everything the
+//! embedded one does: each room's shard (binding and manifest), its journal (a table of the
+//! very lines the file journal holds, with the same hash chain, offsets and marks), its blobs
+//! and sync index, and the control store. A room's head row is locked in each append's
+//! transaction, so writers on several daemons sharing one database keep each chain linear:
+//! the one that finds the head moved gets `StoreError::Conflict`, never a fork. A commit
+//! whose answer was lost is read back before anything is claimed (`InDoubt` only when even
+//! that cannot tell). `migrate` copies an embedded state dir's store into an empty database.
 //!
-//! Not yet on PostgreSQL, and refused with [`StoreError::Unsupported`] naming the part: the
-//! control store (principals, grants, rooms, tasks, wakes, collaborations) and the rooms'
-//! sync indexes. `room serve --store postgres://…` refuses until they are.
+//! Several daemons on one database are not built yet: a daemon holds its database alone
+//! (`PgBackend::serve_alone`).
 //!
 //! The traits are synchronous (the engine runs on blocking threads); every call here runs
 //! on this backend's own small tokio runtime and is waited for on the caller's thread, so a
@@ -21,6 +21,7 @@ mod control_tasks;
 mod control_wakes;
 mod index;
 mod log;
+pub mod migrate;
 
 pub use control::PgControl;
 pub use index::PgIndex;
@@ -99,6 +100,7 @@ CREATE TABLE blobs (
     index::events::SCHEMA,
     index::items::SCHEMA,
     index::ledger::SCHEMA,
+    migrate::SCHEMA,
 ];
 
 /// The prefix of a shard kept aside (set aside, or a stray swept): never read as a room.
@@ -218,6 +220,28 @@ impl PgBackend {
     /// start. The lock is a session's: it goes with the connection, also when the process
     /// dies.
     pub fn serve_alone(&self) -> Result<()> {
+        self.hold_alone()?;
+        let pool = self.pool.clone();
+        let unfinished: Option<String> = self.run(async move {
+            let c = pool.get().await.map_err(pg)?;
+            Ok(c.query_opt(
+                "SELECT source_path FROM migrate_runs WHERE finished_ms IS NULL",
+                &[],
+            )
+            .await
+            .map_err(pg)?
+            .map(|r| r.get(0)))
+        })?;
+        match unfinished {
+            Some(from) => Err(StoreError::MigrationUnfinished(format!(
+                "the migration of {from} into this database has not finished"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Hold the database's daemon lock (what `serve_alone` and a migration take first).
+    pub(crate) fn hold_alone(&self) -> Result<()> {
         let config = self.config.clone();
         let client = self.run(async move {
             let (client, conn) = config.connect(tokio_postgres::NoTls).await.map_err(pg)?;
@@ -256,6 +280,15 @@ impl PgBackend {
                 "another daemon serves this database, and several daemons on one database are not built yet".into(),
             )),
         }
+    }
+
+    /// Run `f` on this backend's runtime and wait for it here, however long it takes (a
+    /// migration's copy of a large table; never on a runtime's thread).
+    pub(crate) fn run_unbounded<T: Send + 'static>(
+        &self,
+        f: impl Future<Output = Result<T>> + Send + 'static,
+    ) -> Result<T> {
+        self.rt.block_on(f)
     }
 
     /// Run `f` on this backend's runtime and wait for it here.
@@ -338,8 +371,6 @@ fn not_found(graph_id: &str) -> StoreError {
 }
 
 impl Backend for PgBackend {
-    /// Principals, grants, rooms and rosters so far; its other methods are refused
-    /// (`StoreError::Unsupported`, naming each).
     fn open_control(&self) -> Result<Box<dyn ControlStore>> {
         Ok(Box::new(PgControl::new(
             self.rt.clone(),

@@ -50,6 +50,14 @@ pub enum StoreError {
     /// append wrote nothing, and the writer reads what landed before it writes again.
     #[error("concurrent arrival: {0}")]
     Conflict(String),
+    /// A state dir whose store was migrated to a database: serving its embedded copy would
+    /// split the state in two.
+    #[error("store migrated: {0}")]
+    Migrated(String),
+    /// A database a migration has not finished filling: a daemon on it would miss what is
+    /// not copied yet.
+    #[error("migration unfinished: {0}")]
+    MigrationUnfinished(String),
     /// A part of the store this backend does not have yet.
     #[error("not supported: {0}")]
     Unsupported(String),

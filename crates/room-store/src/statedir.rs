@@ -77,6 +77,11 @@ impl StateDir {
     pub fn integrity_log(&self) -> PathBuf {
         self.root.join("integrity.jsonl")
     }
+    /// What `room migrate` leaves once this state dir's store is whole in a database: the
+    /// embedded copy is not served again (a split of the state in two).
+    pub fn store_migrated(&self) -> PathBuf {
+        self.root.join("store_migrated.json")
+    }
     pub fn control_db(&self) -> PathBuf {
         self.root.join("control.db")
     }
