@@ -215,8 +215,19 @@ pub enum Cmd {
         #[arg(long, default_value_t = 200)]
         limit: usize,
     },
-    /// Every causal ancestor of an event, by the recursive audit query (owner).
-    Audit { room: String, event: String },
+    /// `room audit TASK`: one assignment proved (its readiness map, its wake permits replayed
+    /// against today's authority, its checks measured again, its deliveries' proofs, what is
+    /// held) with a verdict; writes nothing. `room audit ROOM EVENT`: every causal ancestor
+    /// of an event (owner).
+    Audit {
+        /// A task id (tsk_…), or a room followed by an event id.
+        target: String,
+        event: Option<String>,
+        /// Also write the task's audit as one self-contained HTML file (no script, nothing
+        /// fetched).
+        #[arg(long, value_name = "FILE")]
+        html: Option<PathBuf>,
+    },
     /// The sync index (owner).
     #[command(subcommand)]
     Index(IndexCmd),
@@ -671,7 +682,28 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
             "room_log",
             json!({"room": room, "from": from, "limit": limit}),
         ),
-        Cmd::Audit { room, event } => req("room_audit", json!({"room": room, "event": event})),
+        Cmd::Audit {
+            target,
+            event: Some(event),
+            html: None,
+        } => req("room_audit", json!({"room": target, "event": event})),
+        Cmd::Audit {
+            event: Some(_),
+            html: Some(_),
+            ..
+        } => return Err("--html: only a task's audit (room audit TASK) is written as HTML".into()),
+        Cmd::Audit {
+            target,
+            event: None,
+            ..
+        } => {
+            if !room_core::id::is_task_id(target) {
+                return Err(format!(
+                    "target: {target:?} is not a task id (tsk_…); an event's audit is room audit ROOM EVENT"
+                ));
+            }
+            req("task_audit", json!({"task": target}))
+        }
         Cmd::Index(IndexCmd::Rebuild {
             room, accept_loss, ..
         }) => req(
@@ -890,6 +922,16 @@ pub fn run(cli: Cli) -> i32 {
     prune(&mut req.args);
     let sock = state_dir(&cli).join("room.sock");
     let resp = Client::connect(&sock).and_then(|mut c| c.request(&req));
+    if let Cmd::Audit {
+        html: Some(file), ..
+    } = &cli.cmd
+        && let Ok(report) = &resp
+        && let Err(e) =
+            room_store::fs::write_atomic(file, crate::audit_html::render(report).as_bytes())
+    {
+        eprintln!("error: {}: {e}", file.display());
+        return EXIT_IO;
+    }
     print_response(resp, cli.json)
 }
 

@@ -4,6 +4,7 @@
 
 mod agent_script;
 mod api;
+mod audit_html;
 mod bench;
 mod bench_accept;
 mod bench_collab;

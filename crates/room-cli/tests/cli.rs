@@ -841,3 +841,176 @@ fn serve_store_urls_are_checked_before_anything_starts() {
     assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
     assert!(!env.state.join("store_migrated.json").exists());
 }
+
+/// `room audit TASK`: a task finished honestly is `proven`; once its artifact is changed after
+/// acceptance the audit measures it again and says `failed`, naming the check; neither audit
+/// writes anything (the room's tip and the task's recorded evaluation stay). `--html` writes
+/// one self-contained page; a malformed target is refused before the daemon is asked.
+#[test]
+fn task_audit_proves_an_honest_task_and_flags_a_changed_artifact() {
+    let env = Env::new();
+    assert!(env.run(&["init"], None).status.success());
+    let mut daemon = env.serve(&env.state);
+    let token = |name: &str, tier: &str| {
+        let o = env.run(
+            &["agent", "enroll", name, "--max-tier", tier, "--json"],
+            None,
+        );
+        assert!(o.status.success(), "{}", stderr(&o));
+        json(&o)["token"].as_str().unwrap().to_string()
+    };
+    let (a, b) = (token("alpha", "coordinator"), token("beta", "member"));
+    let dir = env.root.join("project");
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = json(&env.run(&["project", "open", dir.to_str().unwrap(), "--json"], None));
+    let pid = p["id"].as_str().unwrap();
+    let made = env.run(
+        &[
+            "create",
+            "build",
+            "--project",
+            pid,
+            "--member",
+            "alpha",
+            "--member",
+            "beta",
+        ],
+        None,
+    );
+    assert!(made.status.success(), "{}", stderr(&made));
+    let report = "# report\n";
+    let digest = {
+        use sha2::Digest;
+        format!("{:x}", sha2::Sha256::digest(report.as_bytes()))
+    };
+    let check = format!(r#"{{"kind":"sha256","path":"report.md","expected":"{digest}"}}"#);
+    let created = env.run(
+        &[
+            "task",
+            "create",
+            "build",
+            "write the report",
+            "--to",
+            "beta",
+            "--accept",
+            &check,
+            "--json",
+        ],
+        Some(&a),
+    );
+    assert!(created.status.success(), "{}", stderr(&created));
+    let t = json(&created)["task"]["id"].as_str().unwrap().to_string();
+    // an assignment that seals a wake permit for beta
+    env.caught_up(&a, "build");
+    let sent = env.run(
+        &[
+            "send",
+            "build",
+            "@beta the report, please",
+            "--task",
+            &t,
+            "--to",
+            "beta",
+        ],
+        Some(&a),
+    );
+    assert!(sent.status.success(), "{}", stderr(&sent));
+    env.caught_up(&b, "build");
+    assert!(env.run(&["task", "claim", &t], Some(&b)).status.success());
+    std::fs::write(dir.join("report.md"), report).unwrap();
+    env.caught_up(&b, "build");
+    let done = env.run(&["done", "build", "--task", &t], Some(&b));
+    assert!(done.status.success(), "{}", stderr(&done));
+
+    let tip = |env: &Env| json(&env.run(&["log", "build", "--json"], None))["tip_seq"].clone();
+    let recorded = |env: &Env| {
+        json(&env.run(&["task", "show", &t, "--json"], None))["last_acceptance"].clone()
+    };
+    let (tip_before, recorded_before) = (tip(&env), recorded(&env));
+    let page = env.root.join("audit.html");
+    let audit = env.run(
+        &["audit", &t, "--html", page.to_str().unwrap(), "--json"],
+        None,
+    );
+    assert!(audit.status.success(), "{}", stderr(&audit));
+    let honest = json(&audit);
+    assert_eq!(honest["verdict"], "proven", "{honest:#}");
+    assert_eq!(honest["task"]["status"], "done");
+    assert_eq!(honest["acceptance"]["now"]["acceptance_pass"], true);
+    assert_eq!(honest["acceptance"]["changed"], serde_json::json!([]));
+    // the permit sealed for the task is replayed through dispatch's revalidation now
+    let wakes = honest["wakes"].as_array().unwrap();
+    assert_eq!(wakes.len(), 1, "{honest:#}");
+    assert_eq!(wakes[0]["agent"], "beta");
+    // a permit for a task already done would not dispatch today
+    assert_eq!(wakes[0]["replay"]["passes"], false, "{honest:#}");
+    assert_eq!(wakes[0]["replay"]["code"], "wake_task_authority_changed");
+    // the readiness map names every ancestor and who confirmed it
+    let ready = honest["readiness"].as_array().unwrap();
+    assert!(!ready.is_empty(), "{honest:#}");
+    assert!(
+        ready.iter().all(|r| r["unconfirmed_by"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|x| x != "beta")),
+        "{honest:#}"
+    );
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.contains("proven") && !html.to_lowercase().contains("<script"));
+
+    // the artifact changes after acceptance: the audit measures it again and says so
+    std::fs::write(dir.join("report.md"), "# report, edited later\n").unwrap();
+    let failed_page = env.root.join("audit-failed.html");
+    let changed = json(&env.run(
+        &[
+            "audit",
+            &t,
+            "--html",
+            failed_page.to_str().unwrap(),
+            "--json",
+        ],
+        None,
+    ));
+    // scripts/test opens both pages in Chromium (tests/audit/test_audit_html.py)
+    if let Some(out) = std::env::var_os("ROOM_AUDIT_HTML_OUT") {
+        let out = PathBuf::from(out);
+        std::fs::create_dir_all(&out).unwrap();
+        std::fs::copy(&page, out.join("audit-proven.html")).unwrap();
+        std::fs::copy(&failed_page, out.join("audit-failed.html")).unwrap();
+    }
+    assert_eq!(changed["verdict"], "failed", "{changed:#}");
+    assert_eq!(changed["acceptance"]["changed"], serde_json::json!([0]));
+    assert_eq!(changed["acceptance"]["now"]["acceptance_pass"], false);
+    let reasons = changed["reasons"].to_string();
+    assert!(reasons.contains("sha256 (accept[0])"), "{reasons}");
+    // neither audit wrote anything
+    assert_eq!(tip(&env), tip_before);
+    assert_eq!(recorded(&env), recorded_before);
+
+    // refusals: a target that is no task id, an unknown task, an agent asking
+    let bad = env.run(&["audit", "nonsense"], None);
+    assert_eq!(bad.status.code(), Some(1), "{}", stderr(&bad));
+    assert!(
+        stderr(&bad).starts_with("error[invalid_argument]: target"),
+        "{}",
+        stderr(&bad)
+    );
+    let unknown = env.run(&["audit", "tsk_0000000000000000"], None);
+    assert_eq!(unknown.status.code(), Some(1), "{}", stderr(&unknown));
+    assert!(
+        stderr(&unknown).starts_with("error[task_not_found]"),
+        "{}",
+        stderr(&unknown)
+    );
+    let agent = env.run(&["audit", &t], Some(&b));
+    assert_eq!(agent.status.code(), Some(1), "{}", stderr(&agent));
+    assert!(
+        stderr(&agent).starts_with("error[owner_required]"),
+        "{}",
+        stderr(&agent)
+    );
+    assert_eq!(tip(&env), tip_before);
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+}

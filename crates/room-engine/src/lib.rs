@@ -4,6 +4,7 @@
 //! thread, and knows nothing of HTTP, MCP or tokio, so it can run inside a seeded simulation.
 
 pub mod acceptance;
+pub mod audit;
 pub mod authority;
 pub mod blackboard;
 pub mod collab;

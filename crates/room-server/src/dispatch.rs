@@ -40,6 +40,7 @@ const OWNER_OPS: &[&str] = &[
     "room_archive",
     "room_log",
     "room_audit",
+    "task_audit",
     "room_members",
     "rooms",
     "index_rebuild",
@@ -419,6 +420,7 @@ const READ_OPS: &[&str] = &[
     "rooms",
     "room_log",
     "room_audit",
+    "task_audit",
     "room_members",
     "wakes_list",
     "wakes_show",
@@ -682,6 +684,7 @@ fn owner_op(engine: &Engine, owner: &Owner, op: &str, a: Value) -> Result<Value,
             let a: AuditArgs = args(a)?;
             engine.room_audit(owner, &a.room, &a.event)
         }
+        "task_audit" => engine.task_audit(owner, &args::<TaskArgs>(a)?.task),
         "index_rebuild" => {
             let a = args::<IndexRebuildArgs>(a)?;
             engine.index_rebuild(owner, &a.room, a.accept_loss)

@@ -148,6 +148,9 @@ pub trait RoomIndex: Send {
     /// A task's lifecycle records (kind `task`) after `after_seq`, oldest first, at most
     /// `limit`.
     fn task_events(&self, task: &str, after_seq: u64, limit: usize) -> Result<Vec<EventRow>>;
+    /// Every record naming a task (its lifecycle and the turns that carry it: a `done`, a
+    /// `send`) after `after_seq`, oldest first, at most `limit`.
+    fn task_records(&self, task: &str, after_seq: u64, limit: usize) -> Result<Vec<EventRow>>;
     /// The events that name `parent` as a causal parent, reply target or evidence, oldest
     /// first, at most `limit`.
     fn citing(&self, parent: &str, limit: usize) -> Result<Vec<EventRow>>;

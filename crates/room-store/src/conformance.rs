@@ -2279,6 +2279,13 @@ pub fn index_task_records_citations_and_readers(h: &mut dyn Harness) {
         [1],
         "bounded"
     );
+    assert_eq!(seqs(idx.task_records("tsk_a", 0, 8).unwrap()), [1, 2, 4]);
+    assert_eq!(seqs(idx.task_records("tsk_a", 1, 8).unwrap()), [2, 4]);
+    assert_eq!(
+        seqs(idx.task_records("tsk_a", 0, 2).unwrap()),
+        [1, 2],
+        "bounded"
+    );
     assert_eq!(seqs(idx.citing("evt_4", 8).unwrap()), [5, 6]);
     assert_eq!(seqs(idx.citing("evt_4", 1).unwrap()), [5], "bounded");
     assert_eq!(seqs(idx.citing("evt_2", 8).unwrap()), Vec::<u64>::new());

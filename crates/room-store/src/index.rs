@@ -1873,6 +1873,17 @@ impl RoomIndex for Index {
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
+    fn task_records(&self, task: &str, after_seq: u64, limit: usize) -> Result<Vec<EventRow>> {
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {EVENT_COLS} FROM events WHERE task = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3"
+        ))?;
+        let rows = st.query_map(
+            params![task, after_seq as i64, limit as i64],
+            event_from_row,
+        )?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
     fn citing(&self, parent: &str, limit: usize) -> Result<Vec<EventRow>> {
         let cols = EVENT_COLS
             .split(", ")

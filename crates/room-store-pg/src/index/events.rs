@@ -571,6 +571,30 @@ impl super::PgIndex {
         })
     }
 
+    pub(crate) fn task_records_pg(
+        &self,
+        task: &str,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<EventRow>> {
+        let (task, after, n) = (task.to_string(), bound(after_seq), lim(limit));
+        self.call(move |c, g| async move {
+            c.query(
+                &format!(
+                    "SELECT {EVENT_COLS} FROM events
+                     WHERE graph_id = $1 AND task = $2 AND seq > $3
+                     ORDER BY seq LIMIT $4"
+                ),
+                &[&g, &task, &after, &n],
+            )
+            .await
+            .map_err(pg)?
+            .iter()
+            .map(event_from)
+            .collect()
+        })
+    }
+
     pub(crate) fn task_events_pg(
         &self,
         task: &str,

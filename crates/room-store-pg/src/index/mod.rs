@@ -385,6 +385,10 @@ impl RoomIndex for PgIndex {
         self.task_events_pg(task, after_seq, limit)
     }
 
+    fn task_records(&self, task: &str, after_seq: u64, limit: usize) -> Result<Vec<EventRow>> {
+        self.task_records_pg(task, after_seq, limit)
+    }
+
     fn citing(&self, parent: &str, limit: usize) -> Result<Vec<EventRow>> {
         self.citing_pg(parent, limit)
     }
