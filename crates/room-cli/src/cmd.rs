@@ -109,6 +109,14 @@ pub enum Cmd {
     },
     /// Measure throughput and latency against raw SQLite commits on the same disk.
     Bench(crate::bench::BenchArgs),
+    /// Exercise the seed's bounded claims (04-C01 … 04-C12; all when none is named) on a
+    /// scratch state dir with a real daemon, and print the card: what was exercised, the
+    /// evidence, each claim's ceiling and what was not exercised here. Exit 0 only when every
+    /// claim asked for passed.
+    Prove {
+        /// Claims to run: 04-C05, C05 or 5.
+        claims: Vec<String>,
+    },
     /// Copy a state dir's embedded store into an empty PostgreSQL database, verifying every
     /// chain on the way; run it again to resume one that was interrupted (the daemon must be
     /// stopped).
@@ -809,6 +817,7 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
         | Cmd::Bench(_)
         | Cmd::Verify { .. }
         | Cmd::Migrate { .. }
+        | Cmd::Prove { .. }
         | Cmd::Collab(_)
         | Cmd::Completions { .. }
         | Cmd::Doctor
@@ -869,6 +878,7 @@ pub fn run(cli: Cli) -> i32 {
             };
         }
         Cmd::Migrate { from, to } => return crate::migrate::run(&cli, from.as_deref(), to),
+        Cmd::Prove { claims } => return crate::prove::run(claims, cli.json),
         Cmd::Collab(c) => return crate::collab::run(&cli, c),
         Cmd::Doctor => return crate::doctor::run(&cli),
         Cmd::Adapters(AdaptersCmd::Probe {

@@ -23,6 +23,7 @@ mod mcp_cmd;
 mod mcp_http;
 mod migrate;
 mod probe;
+mod prove;
 
 use clap::Parser;
 

@@ -1014,3 +1014,58 @@ fn task_audit_proves_an_honest_task_and_flags_a_changed_artifact() {
     daemon.kill().unwrap();
     daemon.wait().unwrap();
 }
+
+/// `room prove`: the claims this build has cards for pass on a scratch world with a real
+/// daemon and real worker processes, each step checked by its code and every chain verified;
+/// a claim without a card is `not_built` and the card `unproven` (exit 1), never proven; an
+/// unknown claim is refused. The user's state dir is never made.
+#[test]
+fn room_prove_runs_its_claims_and_never_calls_an_unbuilt_one_proven() {
+    let env = Env::new();
+    let o = env.run(
+        &["prove", "C01", "C02", "C05", "C06", "C07", "--json"],
+        None,
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    let card = json(&o);
+    assert_eq!(card["verdict"], "pass", "{card:#}");
+    assert_eq!(card["chains_ok"], true);
+    let claims = card["claims"].as_array().unwrap();
+    assert_eq!(claims.len(), 5);
+    for c in claims {
+        assert_eq!(c["status"], "pass", "{c:#}");
+        let steps = c["steps"].as_array().unwrap();
+        assert!(steps.len() >= 5, "{c:#}");
+        assert!(steps.iter().all(|s| s["pass"] == true), "{c:#}");
+        assert!(c["ceiling"].as_str().is_some_and(|s| !s.is_empty()));
+    }
+    // the Work Gate's card reaches all nine participant verbs blind
+    let gate = claims.iter().find(|c| c["id"] == "04-C05").unwrap();
+    let blind = gate["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| {
+            s["evidence"]
+                .as_str()
+                .unwrap()
+                .starts_with("room_sync_required")
+        })
+        .count();
+    assert_eq!(blind, 9, "{gate:#}");
+
+    let o = env.run(&["prove", "04-C03", "--json"], None);
+    assert_eq!(o.status.code(), Some(1));
+    let card = json(&o);
+    assert_eq!(card["verdict"], "unproven");
+    assert_eq!(card["claims"][0]["status"], "not_built");
+
+    let o = env.run(&["prove", "C13"], None);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).starts_with("error[invalid_argument]: claim"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!env.state.exists(), "the user's state dir is never made");
+}
