@@ -182,7 +182,11 @@ impl Engine {
         }
         let agent = self.control().agent(&b.agent).map_err(store_err)?;
         match agent {
-            Some(r) if r.revoked_ms.is_none() && r.registration_sha256 == b.registration_sha256 => {
+            Some(r)
+                if r.revoked_ms.is_none()
+                    && (r.registration_sha256 == b.registration_sha256
+                        || crate::planted::bug("04-C07")) =>
+            {
                 Ok(room)
             }
             _ => Err(refuse(

@@ -20,6 +20,7 @@ pub mod invariants;
 pub mod ledger;
 pub mod lifecycle;
 pub mod lineage;
+pub mod planted;
 pub mod policy;
 pub mod principal;
 pub mod proposal;

@@ -366,7 +366,7 @@ impl Authority {
         let owner_max = Tier::parse(&row.max_tier).unwrap_or(Tier::Observer);
         let declared = caller.declared_tier.unwrap_or(Tier::Operator);
         let tier = declared.min(owner_max).min(policy.ceiling);
-        if tier < verb.min_tier() {
+        if tier < verb.min_tier() && !crate::planted::bug("04-C02") {
             return Err(Refusal::new(
                 Code::TierInsufficient,
                 format!(

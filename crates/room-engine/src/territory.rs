@@ -159,6 +159,9 @@ impl Authority {
             .project(project_id)
             .map_err(store_err)?
             .ok_or_else(|| Refusal::new(Code::NotFound, format!("no project {project_id}")))?;
+        if crate::planted::bug("04-C01") {
+            return Ok(p);
+        }
         let fs = &self.env.fs;
         let canonical = fs
             .canonicalize(Path::new(&p.requested_root))

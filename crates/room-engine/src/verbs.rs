@@ -1765,7 +1765,7 @@ impl Engine {
 
     /// `note`: status telemetry. It addresses no one, and a visible @mention is refused.
     fn plan_note(&self, cx: &PlanCx<'_>, _turn: &mut Turn) -> Outcome<()> {
-        if !cx.mentioned.is_empty() {
+        if !cx.mentioned.is_empty() && !crate::planted::bug("04-C06") {
             return Err(Refusal::new(
                 Code::NoteMentionsRefused,
                 format!("a note cannot mention anyone ({})", cx.mentioned.join(", ")),
