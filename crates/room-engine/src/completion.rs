@@ -134,6 +134,9 @@ impl Engine {
         t: &TaskRow,
         ancestors: &[TaskRow],
     ) -> Outcome<()> {
+        if crate::planted::bug("04-C11") {
+            return Ok(());
+        }
         let hint = "claim the task again to take its current terms and authority, check the work, then done";
         let Some(pinned) = &t.claim_pin else {
             return Err(Refusal::new(

@@ -456,7 +456,7 @@ impl Delivery {
 
 /// The outcome, the proof rung and the permit's next state of an ended launch.
 pub(crate) fn judge(replied: bool, exit: &Exit) -> (&'static str, &'static str, &'static str) {
-    if replied {
+    if replied || (crate::planted::bug("04-C09") && exit.code == Some(0)) {
         return ("replied", "replied", "replied");
     }
     let proof = exit.delivery.as_str();

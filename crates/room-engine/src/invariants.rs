@@ -138,7 +138,7 @@ impl Engine {
         task: Option<&str>,
     ) -> Result<(), Check> {
         let Some(key) = key else { return Ok(()) };
-        if self.config.skip_invariants {
+        if self.config.skip_invariants || crate::planted::bug("04-C12") {
             return Ok(());
         }
         let found = h.index.idempotent(actor, key).map_err(failed)?;

@@ -199,7 +199,11 @@ impl Engine {
                     .hint(format!("resume it with room resume {room}")),
             );
         }
-        let held = self.inventory(&h, room)?;
+        let held = if crate::planted::bug("04-C10") {
+            Default::default()
+        } else {
+            self.inventory(&h, room)?
+        };
         let dead_before = self.cancelled_permits(room)?;
         let rec = h.commit(
             self,

@@ -1,0 +1,421 @@
+//! The cards of the claims about principals, the gate, the verbs and wakes (04-C01, C02,
+//! C05, C06, C07). Each card recruits the members it changes, so cards run in any order.
+
+use super::{Cast, Prover};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+/// 04-C01: a copied state dir is refused at start; a project root replaced or redirected is
+/// refused on the next project-scoped call, and the original restored works again.
+pub(super) fn c01(p: &mut Prover, cast: &Cast) -> Vec<&'static str> {
+    let copy = p.root.join("copied-state");
+    let copied = std::fs::create_dir_all(&copy)
+        .and_then(|()| {
+            std::fs::copy(
+                p.state.root.join("state_dir_id.json"),
+                copy.join("state_dir_id.json"),
+            )
+        })
+        .is_ok();
+    let out = p.room_bin(&["serve"], &copy);
+    let err = String::from_utf8_lossy(&out.stderr);
+    p.record(
+        "a state dir copied elsewhere is refused at start",
+        copied && out.status.code() == Some(4) && err.contains("state_dir_split_brain"),
+        format!(
+            "exit {}: {}",
+            out.status.code().map_or("none".into(), |c| c.to_string()),
+            err.lines().next().unwrap_or("")
+        ),
+    );
+    let a = cast.alpha.clone();
+    p.catch_up(&a, "build");
+    p.ok(
+        "a call in the granted project works",
+        Some(&a),
+        "say",
+        json!({"room": "build", "text": "in the project"}),
+    );
+    let aside = p.root.join("project-aside");
+    let moved = std::fs::rename(&p.project, &aside).and_then(|()| std::fs::create_dir(&p.project));
+    if moved.is_ok() {
+        p.refused(
+            "a project root replaced by another directory is refused",
+            Some(&a),
+            "say",
+            json!({"room": "build", "text": "after the swap"}),
+            "project_root_redirected",
+            Some("build"),
+        );
+        let back = std::fs::remove_dir(&p.project)
+            .and_then(|()| std::os::unix::fs::symlink(&aside, &p.project));
+        if back.is_ok() {
+            p.refused(
+                "a project root made a symbolic link to the original is refused",
+                Some(&a),
+                "say",
+                json!({"room": "build", "text": "through a link"}),
+                "project_root_redirected",
+                Some("build"),
+            );
+        }
+        let restored =
+            std::fs::remove_file(&p.project).and_then(|()| std::fs::rename(&aside, &p.project));
+        p.record(
+            "the original root restored",
+            restored.is_ok(),
+            "renamed back",
+        );
+        p.catch_up(&a, "build");
+        p.ok(
+            "the restored original works again",
+            Some(&a),
+            "say",
+            json!({"room": "build", "text": "restored"}),
+        );
+    } else {
+        p.record("move the project root aside", false, format!("{moved:?}"));
+    }
+    vec!["remote shares and a host administrator's changes below the file system"]
+}
+
+/// 04-C02: a call is its principal's: a tier below the verb's, a denied verb, a rotated or
+/// revoked credential are refused on the very next call.
+pub(super) fn c02(p: &mut Prover, cast: &Cast) -> Vec<&'static str> {
+    let _ = cast;
+    let b = p.recruit("c02-member", "member");
+    let g = p.recruit("c02-rotated", "member");
+    p.ok(
+        "an enrolled agent's call is its own",
+        Some(&b),
+        "whoami",
+        json!({}),
+    );
+    p.refused(
+        "a member creating a task (a coordinator's verb) is refused",
+        Some(&b),
+        "task_create",
+        json!({"room": "lobby", "title": "not mine to create"}),
+        "tier_insufficient",
+        Some("lobby"),
+    );
+    p.ok(
+        "the owner denies the verb say",
+        None,
+        "agent_policy",
+        json!({"name": "c02-rotated", "deny": ["say"]}),
+    );
+    p.catch_up(&g, "lobby");
+    p.refused(
+        "a denied verb is refused",
+        Some(&g),
+        "say",
+        json!({"room": "lobby", "text": "denied"}),
+        "verb_denied",
+        Some("lobby"),
+    );
+    p.ok(
+        "the owner allows it again",
+        None,
+        "agent_policy",
+        json!({"name": "c02-rotated", "allow": ["say"]}),
+    );
+    let rotated = p.ok(
+        "the owner rotates the credential",
+        None,
+        "agent_rotate",
+        json!({"name": "c02-rotated"}),
+    );
+    p.refused(
+        "the old credential is refused on its next call",
+        Some(&g),
+        "whoami",
+        json!({}),
+        "credential_revoked",
+        None,
+    );
+    if let Some(new) = rotated.and_then(|r| r["token"].as_str().map(String::from)) {
+        p.ok("the new credential works", Some(&new), "whoami", json!({}));
+        p.ok(
+            "the owner revokes it",
+            None,
+            "agent_revoke",
+            json!({"name": "c02-rotated"}),
+        );
+        p.refused(
+            "a revoked credential is refused on its next call",
+            Some(&new),
+            "whoami",
+            json!({}),
+            "credential_revoked",
+            None,
+        );
+    }
+    p.refused(
+        "no credential is no principal",
+        None,
+        "say",
+        json!({"room": "lobby", "text": "who?"}),
+        "credential_invalid",
+        Some("lobby"),
+    );
+    vec!["native conversation binding inside each MCP host (tests/mcp proves Room's side)"]
+}
+
+/// 04-C05: each of the nine participant verbs, called blind, is refused with the unread
+/// page and writes nothing; read and confirmed, the same call goes through.
+pub(super) fn c05(p: &mut Prover, cast: &Cast) -> Vec<&'static str> {
+    let a = cast.alpha.clone();
+    let b = p.recruit("c05-reader", "member");
+    p.recruit("c05-other", "member");
+    // a task for beta and an obligation on it, then news beta has not read
+    p.catch_up(&a, "build");
+    let task = p
+        .ok(
+            "alpha creates a task for the reader",
+            Some(&a),
+            "task_create",
+            json!({"room": "build", "title": "the gate's task", "to": "c05-reader"}),
+        )
+        .and_then(|t| t["task"]["id"].as_str().map(String::from))
+        .unwrap_or_default();
+    p.catch_up(&a, "build");
+    let sent = p
+        .ok(
+            "alpha sends it to the reader",
+            Some(&a),
+            "send",
+            json!({"room": "build", "to": ["c05-reader"], "task": task, "text": "@c05-reader the gate's task"}),
+        )
+        .unwrap_or_default();
+    let source = sent["event"].as_str().unwrap_or_default().to_string();
+    let obligation = sent["obligations"][0]["id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let blind: [(&str, Value); 9] = [
+        ("say", json!({"room": "build", "text": "blind"})),
+        ("note", json!({"room": "build", "text": "blind"})),
+        (
+            "reply",
+            json!({"room": "build", "reply_to": source, "text": "blind"}),
+        ),
+        (
+            "send",
+            json!({"room": "build", "to": ["alpha"], "task": task, "text": "@alpha blind"}),
+        ),
+        (
+            "handoff",
+            json!({"room": "build", "task": task, "to": ["c05-other"]}),
+        ),
+        ("done", json!({"room": "build", "task": task})),
+        (
+            "blocked",
+            json!({"room": "build", "task": task, "text": "blind"}),
+        ),
+        (
+            "decline",
+            json!({"room": "build", "task": task, "text": "blind"}),
+        ),
+        ("circle", json!({"room": "build", "obligation": obligation})),
+    ];
+    for (verb, args) in blind {
+        let r = p.refused(
+            &format!("{verb}, called blind, is refused with the unread page"),
+            Some(&b),
+            verb,
+            args,
+            "room_sync_required",
+            Some("build"),
+        );
+        if let Some(r) = r
+            && r.detail["next_page"]["receipt"].as_str().is_none()
+        {
+            p.record(
+                format!("{verb}'s refusal carries the page to read"),
+                false,
+                "no next_page",
+            );
+        }
+    }
+    p.catch_up(&b, "build");
+    p.ok(
+        "read and confirmed, the reply goes through",
+        Some(&b),
+        "reply",
+        json!({"room": "build", "reply_to": source, "text": "read it, on it"}),
+    );
+    vec!["recursive causal-parent confirmation of each cited parent across rooms"]
+}
+
+/// 04-C06: each verb does one thing; a call that would blur two is refused naming which.
+pub(super) fn c06(p: &mut Prover, cast: &Cast) -> Vec<&'static str> {
+    let a = cast.alpha.clone();
+    let b = p.recruit("c06-reader", "member");
+    p.catch_up(&a, "build");
+    let task = p
+        .ok(
+            "a task to speak about",
+            Some(&a),
+            "task_create",
+            json!({"room": "build", "title": "the verbs' task", "to": "c06-reader"}),
+        )
+        .and_then(|t| t["task"]["id"].as_str().map(String::from))
+        .unwrap_or_default();
+    p.catch_up(&a, "build");
+    p.refused(
+        "a note (status) may not mention anyone",
+        Some(&a),
+        "note",
+        json!({"room": "build", "text": "@c06-reader look"}),
+        "note_mentions_refused",
+        Some("build"),
+    );
+    p.refused(
+        "a say (conversation) does not carry a task",
+        Some(&a),
+        "say",
+        json!({"room": "build", "text": "about it", "task": task}),
+        "say_task_refused",
+        Some("build"),
+    );
+    p.refused(
+        "a send (assignment) in a project room names its task",
+        Some(&a),
+        "send",
+        json!({"room": "build", "to": ["c06-reader"], "text": "@c06-reader do something"}),
+        "send_task_required",
+        Some("build"),
+    );
+    let said = p
+        .ok(
+            "alpha says something to nobody in particular",
+            Some(&a),
+            "say",
+            json!({"room": "build", "text": "a plain remark"}),
+        )
+        .and_then(|v| v["event"].as_str().map(String::from))
+        .unwrap_or_default();
+    p.catch_up(&b, "build");
+    p.refused(
+        "a reply (response) answers only what was addressed to its author",
+        Some(&b),
+        "reply",
+        json!({"room": "build", "reply_to": said, "text": "not asked"}),
+        "reply_target_not_addressed",
+        Some("build"),
+    );
+    p.ok(
+        "a note (status) writes without waking anyone",
+        Some(&a),
+        "note",
+        json!({"room": "build", "text": "status: fine"}),
+    );
+    vec![
+        "successor tasks and their acknowledgments",
+        "cross-room evidence (`cross_room_evidence_refused`)",
+    ]
+}
+
+/// 04-C07: a permit sealed at send is checked again at dispatch: a routed worker is woken and
+/// replies; a rotated recipient, a passed deadline, a closed admission and a finished task
+/// are each refused at dispatch with their code, and the obligation stays open.
+pub(super) fn c07(p: &mut Prover, cast: &Cast) -> Vec<&'static str> {
+    let a = cast.alpha.clone();
+    p.recruit("c07_worker", "member");
+    p.catch_up(&a, "lobby");
+    let task = p
+        .ok(
+            "a task for the worker in the coordination room",
+            Some(&a),
+            "task_create",
+            json!({"room": "lobby", "title": "answer alpha", "to": "c07_worker"}),
+        )
+        .and_then(|t| t["task"]["id"].as_str().map(String::from))
+        .unwrap_or_default();
+    let ask = |p: &mut Prover, text: &str| -> String {
+        p.catch_up(&a, "lobby");
+        p.ok(
+            "alpha asks the worker (a sealed permit)",
+            Some(&a),
+            "send",
+            json!({"room": "lobby", "to": ["c07_worker"], "task": task, "text": format!("@c07_worker {text}")}),
+        )
+        .and_then(|v| v["event"].as_str().map(String::from))
+        .unwrap_or_default()
+    };
+    p.set_config("[routes.c07_worker]\nadapter = \"script\"\nsteps = [\"read\", \"reply\"]\n");
+    let source = ask(p, "which file first?");
+    let w = p.wake_settled(&source);
+    p.record(
+        "a routed worker process is woken, revalidated, and replies",
+        w["state"] == "replied",
+        format!(
+            "wake {} -> {}",
+            w["path"].as_str().unwrap_or("?"),
+            w["state"]
+        ),
+    );
+    p.set_config("");
+    let dead = |p: &mut Prover, what: &str, code: &str, source: &str| {
+        let w = p.wake_settled(source);
+        let got = w["dead_letter"]["code"]
+            .as_str()
+            .unwrap_or("none")
+            .to_string();
+        p.record(
+            what,
+            got == code,
+            format!(
+                "dead letter {got}: {}",
+                w["dead_letter"]["reason"].as_str().unwrap_or("")
+            ),
+        );
+    };
+    let source = ask(p, "and the lexer?");
+    p.ok(
+        "the owner rotates the worker",
+        None,
+        "agent_rotate",
+        json!({"name": "c07_worker"}),
+    );
+    dead(
+        p,
+        "a permit sealed before the recipient's rotation is refused at dispatch",
+        "wake_recipient_registration_changed",
+        &source,
+    );
+    p.set_config("[dispatch]\ntasked_deadline_ms = 1500\n");
+    let source = ask(p, "still there?");
+    std::thread::sleep(Duration::from_millis(1_600));
+    dead(
+        p,
+        "a permit past its original deadline is refused (queue time counts)",
+        "wake_job_expired",
+        &source,
+    );
+    p.set_config("");
+    let source = ask(p, "one more?");
+    p.ok(
+        "the owner closes the room's admission",
+        None,
+        "room_admission",
+        json!({"room": "lobby", "open": false}),
+    );
+    dead(
+        p,
+        "a permit in a room whose admission closed is refused",
+        "wake_admission_closed",
+        &source,
+    );
+    p.ok(
+        "the owner opens it again",
+        None,
+        "room_admission",
+        json!({"room": "lobby", "open": true}),
+    );
+    vec![
+        "the worker-claim revalidation (the one-launch credential's split lock) and its pid and path changes",
+        "a roster change (a member removed)",
+    ]
+}
