@@ -210,7 +210,7 @@ impl Engine {
                     "missing": shown, "missing_ranges": gaps.len()}));
             }
         }
-        if missing.is_empty() {
+        if missing.is_empty() || crate::planted::bug("04-C08") {
             return Ok(json!({"policy": "complete_text_v1", "view_sha256": view,
                 "parts": parts.len(), "covered": true}));
         }

@@ -372,7 +372,7 @@ impl Engine {
                     break 'outer;
                 }
                 next = e.seq + 1;
-                if !visible_to(&e.audience, reader) {
+                if !visible_to(&e.audience, reader) && !crate::planted::bug("04-C03") {
                     // never one a reader is inside (it read fragments of it, so it reads it)
                     debug_assert!(end.offset == 0, "a withheld event is passed over whole");
                     if end.offset != 0 || passed == PASSED_OVER_MAX {
@@ -617,7 +617,9 @@ impl Engine {
             .detail(json!({"tip_seq": r.tip_seq, "tip_hash": r.tip_hash}))
             .hint("sync again from your checkpoint"));
         }
-        if r.conversation_key != st.key.conversation_key || r.view_gen != st.key.view_gen {
+        if (r.conversation_key != st.key.conversation_key || r.view_gen != st.key.view_gen)
+            && !crate::planted::bug("04-C04")
+        {
             return Err(Refusal::new(
                 Code::RoomSyncViewChanged,
                 "the receipt belongs to an earlier view of this room (credential, conversation, reset or participants changed)",

@@ -6,11 +6,12 @@
 //! chain is verified at the end. The card names what was exercised, the evidence, the claim's
 //! stated ceiling and what was not exercised here; the exit status is the verdict.
 //!
-//! A claim this build cannot exercise yet is on the card as `not_built`: never counted as
-//! proven, so a card that asks for it is `unproven` (exit 1).
+//! Each card must be able to fail: `scripts/prove-planted` runs it against a build whose
+//! mechanism for that claim is broken on purpose (room-engine's `planted-bugs`).
 
 mod cards;
 mod tasks;
+mod views;
 mod wakes;
 
 use room_server::client::Client;
@@ -26,7 +27,7 @@ struct Claim {
     title: &'static str,
     /// The seed's own bound on what the claim covers.
     ceiling: &'static str,
-    run: Option<fn(&mut Prover, &Cast) -> Vec<&'static str>>,
+    run: fn(&mut Prover, &Cast) -> Vec<&'static str>,
 }
 
 const CLAIMS: &[Claim] = &[
@@ -34,73 +35,73 @@ const CLAIMS: &[Claim] = &[
         id: "04-C01",
         title: "split-brain state trees are refused, and project grants revalidate their path and kernel identity",
         ceiling: "local Linux file systems; not a remote-share or host-admin guarantee",
-        run: Some(cards::c01),
+        run: cards::c01,
     },
     Claim {
         id: "04-C02",
         title: "enrollment, tier clamping and verb policy bind every call to a principal",
         ceiling: "declared MCP and CLI paths; a host's own contract is its to keep",
-        run: Some(cards::c02),
+        run: cards::c02,
     },
     Claim {
         id: "04-C03",
         title: "room shards carry immutable scope bindings and parent-withholding closure",
         ceiling: "graph queries, compositions and exports; hash artifacts do not prove non-deletion",
-        run: None,
+        run: views::c03,
     },
     Claim {
         id: "04-C04",
         title: "the sync index reconciles handle-pinned journals and binds checkpoints to conversation and view",
         ceiling: "rotation, fork and delivery-policy refusal paths",
-        run: None,
+        run: views::c04,
     },
     Claim {
         id: "04-C05",
         title: "the Work Gate requires the live frontier before every participant verb",
         ceiling: "blind writes receive a sync page, not authority",
-        run: Some(cards::c05),
+        run: cards::c05,
     },
     Claim {
         id: "04-C06",
         title: "contribution verbs separate status, response, assignment, transfer and completion",
         ceiling: "ambiguity, cross-room evidence, successor and no-wake paths",
-        run: Some(cards::c06),
+        run: cards::c06,
     },
     Claim {
         id: "04-C07",
         title: "every wake is a sealed permit revalidated at dispatch",
         ceiling: "binding, roster, registration, task, epoch, path, pid and original-deadline changes",
-        run: Some(cards::c07),
+        run: cards::c07,
     },
     Claim {
         id: "04-C08",
         title: "wake-time evidence is recipient-specific and governing-source coverage is continuous",
         ceiling: "wake_delivery receipts and bounded time windows",
-        run: None,
+        run: wakes::c08,
     },
     Claim {
         id: "04-C09",
         title: "native delivery and reply are distinct proof states; process exit alone resolves nothing",
         ceiling: "declared adapters; not a universal UI or remote-session attestation",
-        run: Some(wakes::c09),
+        run: wakes::c09,
     },
     Claim {
         id: "04-C10",
         title: "cancellation holds in-flight work and confirms a stop only at zero processes",
         ceiling: "the two-phase durable stop outbox; accepted destination effects remain for reconciliation",
-        run: Some(wakes::c10),
+        run: wakes::c10,
     },
     Claim {
         id: "04-C11",
         title: "delegation and completion use bounded ancestry, acceptance kinds and final authority revalidation",
         ceiling: "acceptance is bounded by configured predicates and protected observation paths",
-        run: Some(tasks::c11),
+        run: tasks::c11,
     },
     Claim {
         id: "04-C12",
         title: "runtime invariants constrain event law and emit violation evidence",
         ceiling: "exactly-once event handling does not prove an exactly-once external effect",
-        run: Some(tasks::c12),
+        run: tasks::c12,
     },
 ];
 
@@ -128,7 +129,21 @@ pub(super) struct Cast {
 
 impl Prover {
     pub(super) fn call(&mut self, token: Option<&str>, op: &str, args: Value) -> Response {
-        let req = Request::new(op, args).with_token(token);
+        self.call_in(token, None, op, args)
+    }
+
+    /// A call made in the native conversation `conversation` (the default one when none).
+    pub(super) fn call_in(
+        &mut self,
+        token: Option<&str>,
+        conversation: Option<&str>,
+        op: &str,
+        args: Value,
+    ) -> Response {
+        let mut req = Request::new(op, args).with_token(token);
+        if let Some(c) = conversation {
+            req.conversation = Some(c.to_string());
+        }
         self.client.call(&req).unwrap_or_else(|e| Response {
             ok: false,
             result: None,
@@ -426,23 +441,17 @@ fn card(wanted: &[&'static Claim]) -> anyhow::Result<Value> {
     let cast = setup(&mut p)?;
     let mut claims = Vec::new();
     for c in wanted {
-        claims.push(match c.run {
-            None => json!({"id": c.id, "title": c.title, "ceiling": c.ceiling, "status": "not_built",
-                "steps": [], "not_exercised": ["the whole claim: this build has no card for it yet"]}),
-            Some(run) => {
-                p.steps.clear();
-                let not_exercised = run(&mut p, &cast);
-                let steps: Vec<Value> = p
-                    .steps
-                    .iter()
-                    .map(|s| json!({"what": s.what, "pass": s.pass, "evidence": s.evidence}))
-                    .collect();
-                let pass = !p.steps.is_empty() && p.steps.iter().all(|s| s.pass);
-                json!({"id": c.id, "title": c.title, "ceiling": c.ceiling,
-                    "status": if pass { "pass" } else { "fail" }, "steps": steps,
-                    "not_exercised": not_exercised})
-            }
-        });
+        p.steps.clear();
+        let not_exercised = (c.run)(&mut p, &cast);
+        let steps: Vec<Value> = p
+            .steps
+            .iter()
+            .map(|s| json!({"what": s.what, "pass": s.pass, "evidence": s.evidence}))
+            .collect();
+        let pass = !p.steps.is_empty() && p.steps.iter().all(|s| s.pass);
+        claims.push(json!({"id": c.id, "title": c.title, "ceiling": c.ceiling,
+            "status": if pass { "pass" } else { "fail" }, "steps": steps,
+            "not_exercised": not_exercised}));
     }
     let state_root = p.state.root.clone();
     drop(p);
@@ -451,8 +460,6 @@ fn card(wanted: &[&'static Claim]) -> anyhow::Result<Value> {
     let chains_ok = !chains.is_empty() && chains.iter().all(|r| r["ok"] == true);
     let verdict = if !chains_ok || claims.iter().any(|c| c["status"] == "fail") {
         "fail"
-    } else if claims.iter().any(|c| c["status"] == "not_built") {
-        "unproven"
     } else {
         "pass"
     };

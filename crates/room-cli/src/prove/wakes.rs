@@ -288,3 +288,164 @@ fn stopped_at_zero(p: &mut Prover, launch: &Value) {
         ),
     );
 }
+
+/// 04-C08: the evidence a wake cites is measured again when it is delivered, for that
+/// recipient (a file changed since it was registered is withheld, not served); a governed
+/// task closes only once its closer has read every part of its source whole since the claim.
+pub(super) fn c08(p: &mut Prover, cast: &Cast) -> Vec<&'static str> {
+    let a = cast.alpha.clone();
+    let r = p.recruit("c08-reader", "member");
+    let _ = std::fs::create_dir_all(p.project.join("c08"));
+    let _ = std::fs::write(p.project.join("c08/spec.md"), "the spec, as registered\n");
+    let t = p
+        .ok(
+            "a task for the reader",
+            Some(&a),
+            "task_create",
+            json!({"room": "build", "title": "review", "to": "c08-reader"}),
+        )
+        .and_then(|v| v["task"]["id"].as_str().map(String::from))
+        .unwrap_or_default();
+    let register = |p: &mut Prover, origin: &str| -> String {
+        p.ok(
+            &format!("alpha registers evidence {origin}"),
+            Some(&a),
+            "evidence_register",
+            json!({"room": "build", "task": t, "origin": origin, "summary": origin}),
+        )
+        .and_then(|v| v["evidence"].as_str().map(String::from))
+        .unwrap_or_default()
+    };
+    let web = register(p, "url:https://example.test/spec");
+    let file = register(p, "file:c08/spec.md");
+    p.catch_up(&a, "build");
+    let source = p
+        .ok(
+            "alpha sends the task citing both",
+            Some(&a),
+            "send",
+            json!({"room": "build", "to": ["c08-reader"], "task": t,
+                "text": "@c08-reader review against these", "evidence": [web, file]}),
+        )
+        .and_then(|v| v["event"].as_str().map(String::from))
+        .unwrap_or_default();
+    let _ = std::fs::write(p.project.join("c08/spec.md"), "the spec, changed since\n");
+    let taken = p
+        .ok(
+            "the reader's own session takes the wake",
+            Some(&r),
+            "wake_take",
+            json!({"room": "build", "source_event": source}),
+        )
+        .unwrap_or_default();
+    let ev = &taken["taken"]["evidence"];
+    let served = ev["served"].as_array().cloned().unwrap_or_default();
+    let withheld = ev["withheld"].as_array().cloned().unwrap_or_default();
+    p.record(
+        "the receipt is the recipient's, measured at delivery",
+        ev["recipient"] == "c08-reader" && ev["tool"] == "wake_delivery",
+        format!("receipt {} for {}", ev["id"], ev["recipient"]),
+    );
+    p.record(
+        "the unchanged origin is served, the file changed since registration is withheld",
+        served.iter().any(|s| s["evidence"] == web.as_str())
+            && withheld
+                .iter()
+                .any(|w| w["evidence"] == file.as_str() && w["reason"] == "content_mismatch"),
+        format!("served {}, withheld {}", served.len(), json!(withheld)),
+    );
+    if let Some(ob) = taken["taken"]["obligation_ids"][0].as_str() {
+        let ob = ob.to_string();
+        p.catch_up(&r, "build");
+        p.call(
+            Some(&r),
+            "reply",
+            json!({"room": "build", "reply_to": ob, "text": "reviewed"}),
+        );
+    }
+    coverage(p, &a);
+    vec![
+        "the seed's upper bound of a reading window (reads count from the claim on)",
+        "evidence withheld from a recipient by its audience is refused when the send is sealed, not at delivery",
+    ]
+}
+
+/// A governed task's `done` waits for every byte of its source to be read by its closer.
+fn coverage(p: &mut Prover, a: &str) {
+    let c = p.recruit("c08-closer", "member");
+    let _ = std::fs::write(
+        p.project.join("spec.md"),
+        "0123456789abcdefghijklmnopqrstuvwxyzABCD",
+    );
+    let _ = std::fs::write(p.project.join("annex.md"), "annex\n");
+    let pid = p
+        .call(None, "project_list", json!({}))
+        .result
+        .and_then(|v| v["projects"][0]["id"].as_str().map(String::from))
+        .unwrap_or_default();
+    p.ok(
+        "the owner names the project's governing source",
+        None,
+        "project_source",
+        json!({"project": pid, "parts": ["spec.md", "annex.md"]}),
+    );
+    let t = p
+        .ok(
+            "a governed task for the closer",
+            Some(a),
+            "task_create",
+            json!({"room": "build", "title": "renewal", "to": "c08-closer", "governed": true,
+                "accept": [{"kind": "file_exists", "path": "c08/out.txt"}]}),
+        )
+        .and_then(|v| v["task"]["id"].as_str().map(String::from))
+        .unwrap_or_default();
+    p.ok(
+        "the closer claims it",
+        Some(&c),
+        "task_claim",
+        json!({"task": t}),
+    );
+    let _ = std::fs::write(p.project.join("c08/out.txt"), "done\n");
+    p.catch_up(&c, "build");
+    p.refused(
+        "done before reading the source is refused, naming what is unread",
+        Some(&c),
+        "done",
+        json!({"room": "build", "task": t}),
+        "source_coverage_incomplete",
+        Some("build"),
+    );
+    for (part, offset, length) in [(0, 0, Some(10)), (0, 20, None)] {
+        p.call(
+            Some(&c),
+            "source_read",
+            json!({"task": t, "part": part, "offset": offset, "length": length}),
+        );
+    }
+    let gap = p.call(Some(&c), "done", json!({"room": "build", "task": t}));
+    let missing = gap
+        .refusal
+        .as_ref()
+        .map(|r| r.detail["missing"][0]["missing"].clone())
+        .unwrap_or_default();
+    p.record(
+        "a gap in the reading is named to the byte",
+        missing == json!([[10, 20]]),
+        format!("missing {missing}"),
+    );
+    for (part, offset) in [(0, 10), (1, 0)] {
+        p.call(
+            Some(&c),
+            "source_read",
+            json!({"task": t, "part": part, "offset": offset}),
+        );
+    }
+    p.catch_up(&c, "build");
+    p.ok(
+        "read whole, done passes",
+        Some(&c),
+        "done",
+        json!({"room": "build", "task": t}),
+    );
+    p.call(None, "project_source", json!({"project": pid, "parts": []}));
+}

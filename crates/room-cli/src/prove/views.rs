@@ -1,0 +1,287 @@
+//! The cards of the claims about what a reader sees: immutable scope bindings and the
+//! withholding closure (04-C03), and checkpoints bound to conversation and view (04-C04).
+
+use super::{Cast, Prover};
+use serde_json::{Value, json};
+
+/// Every item `token` reads in `room` from its checkpoint on, confirming page by page.
+fn read_all(p: &mut Prover, token: &str, room: &str) -> Vec<Value> {
+    let mut items = Vec::new();
+    let mut confirm: Option<String> = None;
+    for _ in 0..1_000 {
+        let page = p
+            .call(
+                Some(token),
+                "sync",
+                json!({"room": room, "confirm": confirm}),
+            )
+            .result
+            .unwrap_or_default();
+        let got = page["items"].as_array().cloned().unwrap_or_default();
+        let empty = got.is_empty();
+        items.extend(got);
+        if confirm.is_some() && page["more"] != true && empty {
+            break;
+        }
+        confirm = page["receipt"].as_str().map(String::from);
+        if confirm.is_none() {
+            break;
+        }
+    }
+    items
+}
+
+fn event_of(v: Option<Value>) -> String {
+    v.and_then(|v| v["event"].as_str().map(String::from))
+        .unwrap_or_default()
+}
+
+/// 04-C03: a room's binding never changes; an event for an audience is withheld from every
+/// other reader, and so is everything that cites it; a withheld event cannot be named or
+/// addressed past; a composition reads as its reader does and confers no authority.
+pub(super) fn c03(p: &mut Prover, cast: &Cast) -> Vec<&'static str> {
+    let a = cast.alpha.clone();
+    let b = p.recruit("c03-insider", "member");
+    let d = p.recruit("c03-outsider", "member");
+    rebinds(p);
+    p.ok(
+        "a coordination room of its own",
+        None,
+        "room_create",
+        json!({"name": "shards", "members": ["alpha", "c03-insider", "c03-outsider"]}),
+    );
+    for t in [&a, &b, &d] {
+        p.catch_up(t, "shards");
+    }
+    let secret = event_of(p.ok(
+        "alpha says something for the insider only",
+        Some(&a),
+        "say",
+        json!({"room": "shards", "text": "only for the insider", "audience": ["c03-insider"]}),
+    ));
+    p.ok(
+        "a withheld event holds no one at the gate",
+        Some(&d),
+        "note",
+        json!({"room": "shards", "text": "working"}),
+    );
+    p.catch_up(&b, "shards");
+    let answer = event_of(p.ok(
+        "the insider answers it (the answer inherits its audience)",
+        Some(&b),
+        "say",
+        json!({"room": "shards", "text": "ack", "reply_to": secret}),
+    ));
+    p.catch_up(&a, "shards");
+    p.ok(
+        "alpha writes for all",
+        Some(&a),
+        "note",
+        json!({"room": "shards", "text": "for everyone"}),
+    );
+    let seen = read_all(p, &d, "shards");
+    let text = serde_json::to_string(&seen).unwrap_or_default();
+    let leaked = [
+        secret.as_str(),
+        answer.as_str(),
+        "only for the insider",
+        "ack\"",
+    ]
+    .iter()
+    .filter(|s| text.contains(*s))
+    .count();
+    p.record(
+        "the outsider reads neither the event nor its descendant",
+        leaked == 0 && text.contains("for everyone"),
+        format!("{} items read, {leaked} withheld things seen", seen.len()),
+    );
+    p.refused(
+        "naming a withheld event is refused as naming nothing",
+        Some(&d),
+        "say",
+        json!({"room": "shards", "text": "me too", "reply_to": secret}),
+        "invalid_argument",
+        Some("shards"),
+    );
+    p.catch_up(&a, "shards");
+    p.refused(
+        "a turn cannot address anyone outside its audience",
+        Some(&a),
+        "send",
+        json!({"room": "shards", "text": "do it", "to": ["c03-outsider"], "audience": ["c03-insider"]}),
+        "audience_excludes_recipient",
+        Some("shards"),
+    );
+    p.refused(
+        "a composition across a project room and a coordination room is refused",
+        Some(&b),
+        "room_compose",
+        json!({"rooms": ["build", "lobby"]}),
+        "incomplete_source_set",
+        None,
+    );
+    vec!["exports: Room has no export beyond a composition's pages"]
+}
+
+/// A room's binding is fixed at creation: creating it again under another binding is refused.
+fn rebinds(p: &mut Prover) {
+    let other = p.root.join("project2");
+    let _ = std::fs::create_dir_all(&other);
+    let pid2 = p
+        .ok(
+            "the owner opens a second project",
+            None,
+            "project_open",
+            json!({"path": other.to_string_lossy(), "name": "prove2"}),
+        )
+        .and_then(|v| v["id"].as_str().map(String::from))
+        .unwrap_or_default();
+    p.refused(
+        "a coordination room cannot be bound to a project",
+        None,
+        "room_create",
+        json!({"name": "lobby", "project": pid2}),
+        "graph_project_rebind_refused",
+        Some("lobby"),
+    );
+    p.refused(
+        "a project room cannot become a coordination room",
+        None,
+        "room_create",
+        json!({"name": "build"}),
+        "graph_project_rebind_refused",
+        Some("build"),
+    );
+    p.refused(
+        "a project room cannot move to another project",
+        None,
+        "room_create",
+        json!({"name": "build", "project": pid2}),
+        "graph_project_rebind_refused",
+        Some("build"),
+    );
+}
+
+/// 04-C04: a receipt is its reader's, in its conversation and view: a reset, a new
+/// credential and a changed delivery policy each make an earlier reading stale, and a receipt
+/// of another reader or conversation is unknown.
+pub(super) fn c04(p: &mut Prover, cast: &Cast) -> Vec<&'static str> {
+    let a = cast.alpha.clone();
+    let b = p.recruit("c04-reader", "member");
+    let e = p.recruit("c04-other", "member");
+    p.ok(
+        "a room of its own",
+        None,
+        "room_create",
+        json!({"name": "sync4", "members": ["alpha", "c04-reader", "c04-other"]}),
+    );
+    let old = receipt(p, &b);
+    p.catch_up(&b, "sync4");
+    p.ok(
+        "the owner resets the room's view",
+        None,
+        "room_reset",
+        json!({"room": "sync4"}),
+    );
+    p.refused(
+        "a turn on the view before the reset is refused",
+        Some(&b),
+        "say",
+        json!({"room": "sync4", "text": "after reset"}),
+        "room_sync_view_changed",
+        Some("sync4"),
+    );
+    p.refused(
+        "a receipt of the view before the reset is refused",
+        Some(&b),
+        "sync",
+        json!({"room": "sync4", "confirm": old}),
+        "room_sync_view_changed",
+        None,
+    );
+    p.catch_up(&b, "sync4");
+    p.ok(
+        "read again, the turn goes through",
+        Some(&b),
+        "say",
+        json!({"room": "sync4", "text": "read it again"}),
+    );
+    let theirs = receipt(p, &e);
+    p.refused(
+        "another reader's receipt is unknown to this one",
+        Some(&b),
+        "sync",
+        json!({"room": "sync4", "confirm": theirs}),
+        "receipt_unknown",
+        None,
+    );
+    let mine = receipt(p, &b);
+    let other = p.call_in(
+        Some(&b),
+        Some("another-conversation"),
+        "sync",
+        json!({"room": "sync4", "confirm": mine}),
+    );
+    let code = other.refusal.map(|r| r.code.as_str().to_string());
+    p.record(
+        "its own receipt confirmed from another conversation is unknown",
+        code.as_deref() == Some("receipt_unknown"),
+        format!("{code:?}"),
+    );
+    let before = receipt(p, &e);
+    p.catch_up(&e, "sync4");
+    let rotated = p
+        .ok(
+            "the owner rotates a reader's credential",
+            None,
+            "agent_rotate",
+            json!({"name": "c04-other"}),
+        )
+        .and_then(|v| v["token"].as_str().map(String::from))
+        .unwrap_or_default();
+    p.refused(
+        "under its new credential, its old reading is stale",
+        Some(&rotated),
+        "sync",
+        json!({"room": "sync4", "confirm": before}),
+        "room_sync_view_changed",
+        None,
+    );
+    policy(p, &a, &b);
+    vec![
+        "a journal rotated or forked under the daemon (it needs a restart; the journal suite proves both)",
+    ]
+}
+
+/// A fresh receipt of `token`'s next page in `sync4` (not confirmed).
+fn receipt(p: &mut Prover, token: &str) -> String {
+    p.call(Some(token), "sync", json!({"room": "sync4"}))
+        .result
+        .and_then(|v| v["receipt"].as_str().map(String::from))
+        .unwrap_or_default()
+}
+
+/// A page delivered under one redaction policy cannot be confirmed under another.
+fn policy(p: &mut Prover, a: &str, b: &str) {
+    p.catch_up(a, "sync4");
+    p.catch_up(b, "sync4");
+    p.ok(
+        "alpha says a code",
+        Some(a),
+        "say",
+        json!({"room": "sync4", "text": "the code is secret-123"}),
+    );
+    let read = receipt(p, b);
+    p.set_config("[redaction]\npatterns = [\"secret-[0-9]+\"]\n");
+    std::thread::sleep(std::time::Duration::from_millis(2_100));
+    p.refused(
+        "a page read before the owner's redaction changed is refused",
+        Some(b),
+        "sync",
+        json!({"room": "sync4", "confirm": read}),
+        "room_sync_delivery_policy_changed",
+        None,
+    );
+    p.set_config("");
+    std::thread::sleep(std::time::Duration::from_millis(2_100));
+}
