@@ -39,6 +39,8 @@ impl Engine {
     /// The audit of one task (see the module comment). Owner only; writes nothing.
     pub fn task_audit(&self, _owner: &crate::Owner, task: &str) -> Outcome<Value> {
         let t = self.task_row(task)?;
+        // permits sealed so far go to the queue first, so that the replay finds every one
+        self.flush_wakes();
         let members = self.control().members(&t.room).map_err(store_err)?;
         let handle = self.room_handle(&t.room)?;
         let (events, readiness) = {
