@@ -1863,3 +1863,89 @@ fn a_sha256_check_hashes_outside_the_lock_and_rechecks_the_stamp_inside() {
         "hashed once, outside the lock, and never again under it"
     );
 }
+
+/// Every one of the fourteen authority keys a claim pins is compared at `done`: with any one
+/// of them standing otherwise than the claim pinned it, `done` is refused naming exactly that
+/// key (the terms' three with `task_acceptance_changed_before_completion`, the rest with
+/// `task_authority_changed`) and writes nothing. The keys a person can move are moved for real
+/// through the daemon elsewhere (an amendment, a reset, a source edit, a raised evidence
+/// minimum: `room prove 04-C11`, tests/completion.rs, tests/source.rs, tests/evidence.rs); the
+/// rest cannot move while a claim holds, so the pinned side stands in for the move here.
+#[test]
+fn every_authority_key_is_compared_at_done_and_named_when_it_moved() {
+    let f = Fixture::new();
+    let mut e = f.engine(13);
+    let a = agent(&e, "alpha", Tier::Coordinator);
+    let b = agent(&e, "beta", Tier::Member);
+    e.room_create(&owner(&e), "r", None, &["alpha".into(), "beta".into()])
+        .unwrap();
+    for (n, key) in room_engine::completion::AUTHORITY_KEYS.into_iter().enumerate() {
+        let t = e
+            .task_create(
+                &a,
+                room_engine::verbs::TaskCreateArgs {
+                    room: "r".into(),
+                    title: format!("moved: {key}"),
+                    to: Some("beta".into()),
+                    ..Default::default()
+                },
+            )
+            .unwrap()["task"]["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        e.task_claim(&b, &t, None).unwrap();
+        // the engine holds its control store alone: the pin is rewritten while it is closed
+        drop(e);
+        {
+            use room_store::Backend;
+            let s = statedir::validate(&f.state, &f.boot).unwrap();
+            let side_store = SqliteBackend::new(&s, SqliteBackendConfig::default());
+            let mut side = side_store.open_control().unwrap();
+            let mut pin = side.task(&t).unwrap().unwrap().claim_pin.unwrap();
+            let was = pin.get(key).cloned().unwrap_or_default();
+            assert!(pin.contains_key(key), "the claim pinned {key}");
+            pin.insert(
+                key.to_string(),
+                format!("{was} (as it stood at another time)"),
+            );
+            side.pin_claim(&t, &pin).unwrap();
+        }
+        // each engine draws its own ids (a seed of its own)
+        e = f.engine(1_000_003 * (n as u64 + 1));
+        catch_up(&e, &b, "r");
+        let before = tip(&e, "r");
+        let r = e
+            .turn(
+                &b,
+                Verb::Done,
+                TurnArgs {
+                    room: "r".into(),
+                    task: Some(t.clone()),
+                    ..Default::default()
+                },
+            )
+            .unwrap_err();
+        let want = if matches!(key, "acceptance" | "requirements" | "evidence_manifest") {
+            Code::TaskAcceptanceChangedBeforeCompletion
+        } else {
+            Code::TaskAuthorityChanged
+        };
+        assert_eq!(r.code, want, "{key}: {r}");
+        assert_eq!(r.detail["changed"], json!([key]), "{key}: {r}");
+        assert_eq!(tip(&e, "r"), before, "{key}: a refused done writes nothing");
+        // a fresh claim takes the authority as it stands, and done then passes
+        e.task_claim(&b, &t, None).unwrap();
+        catch_up(&e, &b, "r");
+        e.turn(
+            &b,
+            Verb::Done,
+            TurnArgs {
+                room: "r".into(),
+                task: Some(t.clone()),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    }
+}
