@@ -119,6 +119,19 @@ impl Engine {
                 ),
             ));
         }
+        // the room's authority revision moves with its roster, reset, admission and cancel
+        // (those with a code of their own are refused above): a permit sealed under another
+        // revision speaks for a room that is no longer there
+        let sealed = p.binding.room_authority.revision;
+        if sealed != room.revision {
+            return Err(refuse(
+                Code::WakeRoomAuthorityChanged,
+                format!(
+                    "room {}'s authority moved to revision {} since the permit was sealed at {sealed}",
+                    room.name, room.revision
+                ),
+            ));
+        }
         let due = w.created_ms.saturating_add(p.binding.deadline_ms);
         if now_ms > due {
             return Err(refuse(

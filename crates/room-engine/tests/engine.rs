@@ -1879,7 +1879,10 @@ fn every_authority_key_is_compared_at_done_and_named_when_it_moved() {
     let b = agent(&e, "beta", Tier::Member);
     e.room_create(&owner(&e), "r", None, &["alpha".into(), "beta".into()])
         .unwrap();
-    for (n, key) in room_engine::completion::AUTHORITY_KEYS.into_iter().enumerate() {
+    for (n, key) in room_engine::completion::AUTHORITY_KEYS
+        .into_iter()
+        .enumerate()
+    {
         let t = e
             .task_create(
                 &a,

@@ -160,6 +160,25 @@ fn a_closed_admission_dead_letters_queued_permits() {
 }
 
 #[test]
+fn a_roster_changed_after_sealing_is_wake_room_authority_changed() {
+    let mut fx = Fx::new();
+    let (a, _, _) = fx.team("coord");
+    let p = sent(&mut fx, &a, json!({}));
+    // a member joins: the room's authority revision moves past the sealed one
+    fx.ok(
+        None,
+        "agent_enroll",
+        json!({"name": "delta", "max_tier": "member"}),
+    );
+    fx.ok(
+        None,
+        "room_members_add",
+        json!({"room": "coord", "agent": "delta"}),
+    );
+    dead(&mut fx, &p, "wake_room_authority_changed");
+}
+
+#[test]
 fn a_task_that_closed_after_sealing_is_wake_task_authority_changed() {
     let mut fx = Fx::new();
     let (a, b, _) = fx.team("coord");

@@ -414,8 +414,16 @@ pub(super) fn c07(p: &mut Prover, cast: &Cast) -> Vec<&'static str> {
         "room_admission",
         json!({"room": "lobby", "open": true}),
     );
+    let source = ask(p, "after a newcomer?");
+    p.recruit("c07-newcomer", "member");
+    dead(
+        p,
+        "a permit sealed before the roster changed is refused",
+        "wake_room_authority_changed",
+        &source,
+    );
     vec![
         "the worker-claim revalidation (the one-launch credential's split lock) and its pid and path changes",
-        "a roster change (a member removed)",
+        "a member removed (Room has no removal; the roster only grows)",
     ]
 }
