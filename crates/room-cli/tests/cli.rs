@@ -958,6 +958,15 @@ fn task_audit_proves_an_honest_task_and_flags_a_changed_artifact() {
     );
     let html = std::fs::read_to_string(&page).unwrap();
     assert!(html.contains("proven") && !html.to_lowercase().contains("<script"));
+    // the same state audits the same, but for when the audit ran
+    let mut again = json(&env.run(&["audit", &t, "--json"], None));
+    let mut first = honest.clone();
+    first["audited_ms"] = serde_json::Value::Null;
+    again["audited_ms"] = serde_json::Value::Null;
+    assert_eq!(
+        first, again,
+        "an audit is deterministic given the same state"
+    );
 
     // the artifact changes after acceptance: the audit measures it again and says so
     std::fs::write(dir.join("report.md"), "# report, edited later\n").unwrap();

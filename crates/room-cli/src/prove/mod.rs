@@ -114,7 +114,11 @@ struct Step {
 
 /// The scratch world every claim runs in.
 pub(super) struct Prover {
-    client: Client,
+    /// The connection to the daemon (none only while it restarts).
+    client: Option<Client>,
+    /// The daemon and how it was started, for a card that restarts it.
+    daemon: Option<Daemon>,
+    serve: room_server::daemon::ServeConfig,
     pub(super) root: PathBuf,
     pub(super) state: room_store::statedir::StateDir,
     pub(super) project: PathBuf,
@@ -144,7 +148,11 @@ impl Prover {
         if let Some(c) = conversation {
             req.conversation = Some(c.to_string());
         }
-        self.client.call(&req).unwrap_or_else(|e| Response {
+        let answered = match self.client.as_mut() {
+            Some(c) => c.call(&req).map_err(|e| e.to_string()),
+            None => Err("no connection".into()),
+        };
+        answered.unwrap_or_else(|e| Response {
             ok: false,
             result: None,
             refusal: Some(room_core::Refusal::storage(format!(
@@ -238,6 +246,23 @@ impl Prover {
                 None
             }
         }
+    }
+
+    /// Stop the daemon cleanly, run `between` on the stopped state dir, and start it again
+    /// (what a card does to files only a stopped daemon may have changed under it).
+    pub(super) fn restart(
+        &mut self,
+        between: impl FnOnce() -> std::io::Result<()>,
+    ) -> anyhow::Result<()> {
+        self.client = None;
+        if let Some(d) = self.daemon.take() {
+            d.stop()?;
+        }
+        let changed = between();
+        let d = Daemon::start_with(self.serve.clone())?;
+        self.client = Some(Client::connect(&d.socket)?);
+        self.daemon = Some(d);
+        Ok(changed?)
     }
 
     /// A room's tip seq, as the owner reads it.
@@ -422,7 +447,7 @@ fn card(wanted: &[&'static Claim]) -> anyhow::Result<Value> {
     let project = root.join("project");
     std::fs::create_dir_all(&project)?;
     let state = room_store::statedir::init(&root.join("state"), &bootstrap, "prove-instance")?;
-    let daemon = Daemon::start_with(room_server::daemon::ServeConfig {
+    let serve = room_server::daemon::ServeConfig {
         state_dir: state.root.clone(),
         bootstrap,
         listen: None,
@@ -430,9 +455,12 @@ fn card(wanted: &[&'static Claim]) -> anyhow::Result<Value> {
         limits: Default::default(),
         room_exe: std::env::current_exe().ok(),
         store: None,
-    })?;
+    };
+    let daemon = Daemon::start_with(serve.clone())?;
     let mut p = Prover {
-        client: Client::connect(&daemon.socket)?,
+        client: Some(Client::connect(&daemon.socket)?),
+        daemon: Some(daemon),
+        serve,
         root: root.clone(),
         state,
         project,
@@ -454,8 +482,10 @@ fn card(wanted: &[&'static Claim]) -> anyhow::Result<Value> {
             "not_exercised": not_exercised}));
     }
     let state_root = p.state.root.clone();
-    drop(p);
-    daemon.stop()?;
+    p.client = None;
+    if let Some(d) = p.daemon.take() {
+        d.stop()?;
+    }
     let chains = crate::cmd::verify_dir(&state_root, None).map_err(anyhow::Error::msg)?;
     let chains_ok = !chains.is_empty() && chains.iter().all(|r| r["ok"] == true);
     let verdict = if !chains_ok || claims.iter().any(|c| c["status"] == "fail") {

@@ -248,9 +248,140 @@ pub(super) fn c04(p: &mut Prover, cast: &Cast) -> Vec<&'static str> {
         None,
     );
     policy(p, &a, &b);
-    vec![
-        "a journal rotated or forked under the daemon (it needs a restart; the journal suite proves both)",
-    ]
+    rotation(p, &a);
+    fork(p, &a, &b);
+    vec!["a fork the daemon meets while it runs (a journal is checked when it is opened)"]
+}
+
+/// A room of `members` with three turns by alpha; its graph id.
+fn room_with_turns(p: &mut Prover, a: &str, name: &str, members: &[&str]) -> String {
+    let g = p
+        .ok(
+            &format!("a room {name} with three turns"),
+            None,
+            "room_create",
+            json!({"name": name, "members": members}),
+        )
+        .and_then(|v| v["graph_id"].as_str().map(String::from))
+        .unwrap_or_default();
+    for i in 0..3 {
+        p.catch_up(a, name);
+        p.call(
+            Some(a),
+            "note",
+            json!({"room": name, "text": format!("turn {i}")}),
+        );
+    }
+    g
+}
+
+/// A journal replaced by a copy of itself while the daemon was stopped is a rotation: the
+/// room is read-only until the owner rebuilds, after which every reader reads again.
+fn rotation(p: &mut Prover, a: &str) {
+    let g = room_with_turns(p, a, "rotated", &["alpha"]);
+    let journal = p.state.shard(&g).journal();
+    let swapped = p.restart(|| {
+        // the copy is written beside the original first, so it cannot reuse its inode
+        let copy = journal.with_extension("copy");
+        std::fs::write(&copy, std::fs::read(&journal)?)?;
+        std::fs::rename(&copy, &journal)
+    });
+    p.record(
+        "the daemon restarts over a journal replaced by a copy of itself",
+        swapped.is_ok(),
+        format!("{swapped:?}"),
+    );
+    p.catch_up(a, "rotated");
+    p.refused(
+        "a write to the rotated journal is refused",
+        Some(a),
+        "note",
+        json!({"room": "rotated", "text": "after the swap"}),
+        "room_sync_journal_rotated",
+        Some("rotated"),
+    );
+    p.ok(
+        "the owner rebuilds the room's index from the journal",
+        None,
+        "index_rebuild",
+        json!({"room": "rotated"}),
+    );
+    p.refused(
+        "a reading from before the rebuild is stale",
+        Some(a),
+        "note",
+        json!({"room": "rotated", "text": "stale"}),
+        "room_sync_view_changed",
+        Some("rotated"),
+    );
+    p.catch_up(a, "rotated");
+    p.ok(
+        "read again, the write goes through",
+        Some(a),
+        "note",
+        json!({"room": "rotated", "text": "read again"}),
+    );
+}
+
+/// A journal cut back to its first record while the daemon was stopped is a fork: the room is
+/// quarantined until the owner accepts the loss, and a receipt of the lost tip is refused.
+fn fork(p: &mut Prover, a: &str, b: &str) {
+    let g = room_with_turns(p, a, "forked", &["alpha", "c04-reader"]);
+    let stale = p
+        .call(Some(b), "sync", json!({"room": "forked"}))
+        .result
+        .and_then(|v| v["receipt"].as_str().map(String::from))
+        .unwrap_or_default();
+    let journal = p.state.shard(&g).journal();
+    let cut = p.restart(|| {
+        let bytes = std::fs::read(&journal)?;
+        let first = bytes.iter().position(|&c| c == b'\n').map_or(0, |i| i + 1);
+        let side = journal.with_extension("cut");
+        std::fs::write(&side, &bytes[..first])?;
+        std::fs::rename(&side, &journal)
+    });
+    p.record(
+        "the daemon restarts over a journal cut back to its first record",
+        cut.is_ok(),
+        format!("{cut:?}"),
+    );
+    p.refused(
+        "a write to a room whose acknowledged records are missing is refused",
+        Some(a),
+        "note",
+        json!({"room": "forked", "text": "after the cut"}),
+        "room_quarantined",
+        Some("forked"),
+    );
+    p.refused(
+        "a rebuild that would write over the loss is refused",
+        None,
+        "index_rebuild",
+        json!({"room": "forked"}),
+        "journal_loss_unaccepted",
+        Some("forked"),
+    );
+    p.ok(
+        "the owner accepts the loss",
+        None,
+        "index_rebuild",
+        json!({"room": "forked", "accept_loss": true}),
+    );
+    p.refused(
+        "a receipt of the lost tip is refused as a fork",
+        Some(b),
+        "sync",
+        json!({"room": "forked", "confirm": stale}),
+        "room_sync_receipt_forked",
+        None,
+    );
+    p.catch_up(b, "forked");
+    p.ok(
+        "read again, the reader writes",
+        Some(b),
+        "note",
+        json!({"room": "forked", "text": "read again"}),
+    );
 }
 
 /// A fresh receipt of `token`'s next page in `sync4` (not confirmed).
