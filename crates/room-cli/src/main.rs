@@ -38,8 +38,15 @@ fn main() {
     // everything room creates (state dir, journals, control.db, bootstrap) is the owner's alone
     room_server::daemon::private_umask();
     let cli = cmd::Cli::parse();
+    // `room prove` drives its own daemon into the refusals and damage it checks: the card
+    // reports each, and the daemon's log lines about them would read as trouble here
+    let quiet = if matches!(cli.cmd, cmd::Cmd::Prove { .. }) {
+        "off"
+    } else {
+        "warn"
+    };
     let filter =
-        tracing_subscriber::EnvFilter::try_from_env("ROOM_LOG").unwrap_or_else(|_| "warn".into());
+        tracing_subscriber::EnvFilter::try_from_env("ROOM_LOG").unwrap_or_else(|_| quiet.into());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
