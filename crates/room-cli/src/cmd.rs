@@ -24,7 +24,10 @@ pub fn exit_code(e: &ServerError) -> i32 {
     match e {
         ServerError::Refused(_) => EXIT_REFUSED,
         ServerError::State(
-            StoreError::SplitBrain(_) | StoreError::Locked { .. } | StoreError::Migrated(_),
+            StoreError::SplitBrain(_)
+            | StoreError::Locked { .. }
+            | StoreError::Migrated(_)
+            | StoreError::RestorePending(_),
         ) => EXIT_STATE,
         ServerError::DaemonUnreachable { .. }
         | ServerError::Connection(_)
@@ -127,6 +130,20 @@ pub enum Cmd {
         /// The empty database to fill: postgres://user@host:port/db.
         #[arg(long, value_name = "URL")]
         to: String,
+    },
+    /// Copy the state dir into DIR with every file's digest and every chain's tip recorded
+    /// (the daemon must be stopped); a symbolic or hard link in the tree is refused.
+    Snapshot {
+        /// A new or empty directory outside the state dir.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
+    /// Put a snapshot back as the state dir it was taken of (the daemon must be stopped): the
+    /// snapshot is checked whole and staged, the current tree kept aside, then promoted; an
+    /// interrupted restore blocks the daemon until the same command runs again.
+    Restore {
+        /// The snapshot's directory (made by `room snapshot`).
+        snapshot: PathBuf,
     },
     /// Verify every room's hash chain (works without the daemon).
     Verify {
@@ -817,6 +834,8 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
         | Cmd::Bench(_)
         | Cmd::Verify { .. }
         | Cmd::Migrate { .. }
+        | Cmd::Snapshot { .. }
+        | Cmd::Restore { .. }
         | Cmd::Prove { .. }
         | Cmd::Collab(_)
         | Cmd::Completions { .. }
@@ -878,6 +897,8 @@ pub fn run(cli: Cli) -> i32 {
             };
         }
         Cmd::Migrate { from, to } => return crate::migrate::run(&cli, from.as_deref(), to),
+        Cmd::Snapshot { out } => return crate::snapshot::take(&cli, out),
+        Cmd::Restore { snapshot } => return crate::snapshot::restore(&cli, snapshot),
         Cmd::Prove { claims } => return crate::prove::run(claims, cli.json),
         Cmd::Collab(c) => return crate::collab::run(&cli, c),
         Cmd::Doctor => return crate::doctor::run(&cli),
@@ -1067,6 +1088,9 @@ fn serve(
                     "hint: this directory is not the state dir the machine bootstrap knows; run `room init` on the right one"
                 );
             }
+            if matches!(e, ServerError::State(StoreError::RestorePending(_))) {
+                eprintln!("hint: run the same `room restore` again: it resumes where it stopped");
+            }
             if matches!(e, ServerError::State(StoreError::Migrated(_))) {
                 eprintln!(
                     "hint: serve the database: room serve --store URL, or `[store] url` in config.toml"
@@ -1189,6 +1213,12 @@ pub fn verify_dir_with(
     only: Option<&str>,
     progress: &mut dyn FnMut(usize, usize, &str),
 ) -> Result<Vec<Value>, String> {
+    // a tree part old and part restored is no state to verify (or to replay into)
+    if let Some(why) = room_store::snapshot::pending_restore(dir) {
+        return Err(format!(
+            "restore pending: {why}\nhint: run the same `room restore` again: it resumes where it stopped"
+        ));
+    }
     replay_unclean_stop(dir)?;
     let rooms = dir.join("rooms");
     let shards: Vec<_> = room_store::shard::on_disk(&rooms)

@@ -24,6 +24,7 @@ mod mcp_http;
 mod migrate;
 mod probe;
 mod prove;
+mod snapshot;
 
 use clap::Parser;
 

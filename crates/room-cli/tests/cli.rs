@@ -1073,3 +1073,302 @@ fn room_prove_runs_every_claim_on_a_scratch_world() {
     );
     assert!(!env.state.exists(), "the user's state dir is never made");
 }
+
+/// Every file under `dir` (relative path → bytes): what a refused snapshot or restore must
+/// leave as it was.
+fn tree_of(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    fn walk(top: &Path, dir: &Path, out: &mut std::collections::BTreeMap<String, Vec<u8>>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            let rel = p.strip_prefix(top).unwrap().to_str().unwrap().to_string();
+            let meta = std::fs::symlink_metadata(&p).unwrap();
+            if meta.is_dir() {
+                walk(top, &p, out);
+            } else if meta.is_file() && !rel.ends_with("room.lock") {
+                out.insert(rel, std::fs::read(&p).unwrap());
+            }
+        }
+    }
+    let mut out = Default::default();
+    walk(dir, dir, &mut out);
+    out
+}
+
+fn same_tree(
+    a: &std::collections::BTreeMap<String, Vec<u8>>,
+    b: &std::collections::BTreeMap<String, Vec<u8>>,
+    what: &str,
+) {
+    let differ: Vec<_> = a
+        .keys()
+        .chain(b.keys())
+        .filter(|k| a.get(*k) != b.get(*k))
+        .collect();
+    assert!(
+        differ.is_empty(),
+        "{what} changed the state dir: {differ:?}"
+    );
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let p = e.unwrap().path();
+        let dest = to.join(p.file_name().unwrap());
+        if p.is_dir() {
+            copy_tree(&p, &dest);
+        } else {
+            std::fs::copy(&p, &dest).unwrap();
+        }
+    }
+}
+
+/// `room snapshot` and `room restore`: the state as it was at the snapshot comes back (the
+/// agent's token, its room, its place in the chain, the index accepted as it stood), the
+/// replaced tree is kept, and every refusal leaves the state dir byte for byte as it was:
+/// a running daemon, links in the live tree or in a snapshot, a changed file, an entry outside
+/// a store, a manifest naming a path outside, another state dir, another restore unfinished.
+/// A restore cut short at either step blocks the daemon and `room verify` until it is run
+/// again, and then finishes.
+#[test]
+fn snapshot_and_restore_bring_the_state_back_and_refuse_links_and_strangers() {
+    let env = Env::new();
+    assert!(env.run(&["init"], None).status.success());
+    let mut daemon = env.serve(&env.state);
+    let o = env.run(
+        &[
+            "agent",
+            "enroll",
+            "alpha",
+            "--max-tier",
+            "coordinator",
+            "--json",
+        ],
+        None,
+    );
+    let a = json(&o)["token"].as_str().unwrap().to_string();
+    assert!(
+        env.run(&["create", "lobby", "--member", "alpha"], None)
+            .status
+            .success()
+    );
+    env.caught_up(&a, "lobby");
+    let said = env.run(&["say", "lobby", "before the snapshot"], Some(&a));
+    assert!(said.status.success(), "{}", stderr(&said));
+    let snap = env.root.join("snap");
+    // the daemon holds the state dir: no snapshot, and nothing made
+    let held = env.run(&["snapshot", "--out", snap.to_str().unwrap()], None);
+    assert_eq!(held.status.code(), Some(4), "{}", stderr(&held));
+    assert!(
+        stderr(&held).contains("daemon already running"),
+        "{}",
+        stderr(&held)
+    );
+    assert!(!snap.exists());
+    // killed, not stopped: the snapshot replays what the commit log holds first
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    let taken = env.run(
+        &["snapshot", "--out", snap.to_str().unwrap(), "--json"],
+        None,
+    );
+    assert!(taken.status.success(), "{}", stderr(&taken));
+    let taken = json(&taken);
+    assert_eq!(taken["rooms"].as_array().unwrap().len(), 1);
+    let records_then = taken["rooms"][0]["records"].as_u64().unwrap();
+    let graph = taken["rooms"][0]["graph_id"].as_str().unwrap().to_string();
+    assert!(records_then >= 2, "{taken}");
+
+    // snapshot refusals, each leaving the state dir as it was
+    let before = tree_of(&env.state);
+    let refused = |args: &[&str], code: &str| {
+        let o = env.run(args, None);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).starts_with(&format!("error[{code}]")),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+        stderr(&o)
+    };
+    refused(
+        &["snapshot", "--out", snap.to_str().unwrap()],
+        "invalid_argument",
+    );
+    let inside = env.state.join("rooms").join("snap");
+    refused(
+        &["snapshot", "--out", inside.to_str().unwrap()],
+        "invalid_argument",
+    );
+    std::fs::remove_dir(&inside).unwrap();
+    let room_dir = env.state.join("rooms").join(&graph);
+    std::os::unix::fs::symlink("/etc/passwd", room_dir.join("evil")).unwrap();
+    let why = refused(
+        &["snapshot", "--out", env.root.join("s2").to_str().unwrap()],
+        "snapshot_link_refused",
+    );
+    assert!(why.contains("is a symbolic link"), "{why}");
+    std::fs::remove_file(room_dir.join("evil")).unwrap();
+    std::fs::hard_link(env.state.join("config.toml"), env.state.join("stops/extra")).unwrap();
+    let why = refused(
+        &["snapshot", "--out", env.root.join("s3").to_str().unwrap()],
+        "snapshot_link_refused",
+    );
+    assert!(why.contains("is a hard link"), "{why}");
+    std::fs::remove_file(env.state.join("stops/extra")).unwrap();
+    same_tree(&tree_of(&env.state), &before, "a refused snapshot");
+
+    // life goes on after the snapshot
+    let mut daemon = env.serve(&env.state);
+    env.caught_up(&a, "lobby");
+    let said = env.run(&["say", "lobby", "after the snapshot"], Some(&a));
+    assert!(said.status.success(), "{}", stderr(&said));
+    assert!(env.run(&["create", "second"], None).status.success());
+    // a restore while the daemon runs
+    let o = env.run(&["restore", snap.to_str().unwrap()], None);
+    assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    let now = tree_of(&env.state);
+
+    // restore refusals: damaged, linked or foreign snapshots change nothing
+    let variant = |name: &str, change: &dyn Fn(&Path)| {
+        let v = env.root.join(name);
+        copy_tree(&snap, &v);
+        change(&v);
+        v
+    };
+    let journal = format!("tree/rooms/{graph}/EVENTS.jsonl");
+    let changed = variant("changed", &|v| {
+        let p = v.join(&journal);
+        let mut bytes = std::fs::read(&p).unwrap();
+        let i = bytes.iter().position(|b| *b == b'{').unwrap();
+        bytes[i + 2] ^= 1;
+        std::fs::write(&p, bytes).unwrap();
+    });
+    let symlinked = variant("symlinked", &|v| {
+        std::os::unix::fs::symlink("/etc", v.join("tree/rooms/etc")).unwrap();
+    });
+    let outside_secret = env.root.join("secret");
+    std::fs::write(&outside_secret, "secret").unwrap();
+    let hard = variant("hard", &|v| {
+        std::fs::remove_file(v.join("tree/config.toml")).unwrap();
+        std::fs::hard_link(&outside_secret, v.join("tree/config.toml")).unwrap();
+    });
+    let stray = variant("stray", &|v| {
+        std::fs::write(v.join("tree/stray.txt"), "x").unwrap();
+    });
+    let escaping = variant("escaping", &|v| {
+        let p = v.join("snapshot.json");
+        let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+        m["files"].as_array_mut().unwrap().insert(
+            0,
+            serde_json::json!({"path": "../../outside", "bytes": 6,
+                "sha256": "2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b"}),
+        );
+        m["fingerprint"] = "".into();
+        m["fingerprint"] = room_core::canon::digest_of(&m).into();
+        std::fs::write(&p, serde_json::to_vec(&m).unwrap()).unwrap();
+    });
+    for (v, code, says) in [
+        (
+            &changed,
+            "snapshot_invalid",
+            "is not the file the manifest names",
+        ),
+        (&symlinked, "snapshot_link_refused", "is a symbolic link"),
+        (&hard, "snapshot_link_refused", "is a hard link"),
+        (
+            &stray,
+            "snapshot_path_outside",
+            "not part of a state dir's store",
+        ),
+        (&escaping, "snapshot_path_outside", "is not a path inside"),
+    ] {
+        let why = refused(&["restore", v.to_str().unwrap()], code);
+        assert!(why.contains(says), "{why}");
+        same_tree(&tree_of(&env.state), &now, code);
+    }
+    let other = env.root.join("other-state");
+    let o = env
+        .cmd(&other, &["restore", snap.to_str().unwrap()], None)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).starts_with("error[snapshot_other_state_dir]"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!other.exists());
+
+    // a restore cut short after staging, then after moving the live tree aside: the daemon
+    // and `room verify` refuse the state dir, another snapshot is refused, the same one
+    // finishes the restore
+    for fault in ["restore_after_staged", "restore_after_moved_aside"] {
+        let o = env
+            .cmd(&env.state, &["restore", snap.to_str().unwrap()], None)
+            .env("ROOM_FAULT", fault)
+            .output()
+            .unwrap();
+        assert!(!o.status.success(), "{fault}");
+        assert!(env.state.join("restore_pending.json").exists(), "{fault}");
+        let serve = env.cmd(&env.state, &["serve"], None).output().unwrap();
+        assert_eq!(serve.status.code(), Some(4), "{fault}: {}", stderr(&serve));
+        assert!(
+            stderr(&serve).contains("restore pending"),
+            "{}",
+            stderr(&serve)
+        );
+        let verify = env.run(&["verify"], None);
+        assert!(!verify.status.success(), "{fault}");
+        let foreign = variant(&format!("foreign-{fault}"), &|v| {
+            let p = v.join("snapshot.json");
+            let mut m: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+            m["taken_ms"] = (m["taken_ms"].as_u64().unwrap() + 1).into();
+            m["fingerprint"] = "".into();
+            m["fingerprint"] = room_core::canon::digest_of(&m).into();
+            std::fs::write(&p, serde_json::to_vec(&m).unwrap()).unwrap();
+        });
+        refused(&["restore", foreign.to_str().unwrap()], "restore_pending");
+        if fault == "restore_after_staged" {
+            // resumed by the next fault's run, which stages again
+            continue;
+        }
+        let done = env.run(&["restore", snap.to_str().unwrap(), "--json"], None);
+        assert!(done.status.success(), "{}", stderr(&done));
+        let done = json(&done);
+        assert_eq!(done["resumed"], true, "{done}");
+        assert_eq!(done["unpinned"], serde_json::json!([]), "{done}");
+        let previous = PathBuf::from(done["previous"].as_str().unwrap());
+        assert!(previous.join("control.db").exists(), "{done}");
+    }
+    assert!(!env.state.join("restore_pending.json").exists());
+
+    // the state as it was: one room, its chain where the snapshot left it, the agent at work
+    let verify = env.run(&["verify", "--json"], None);
+    assert!(verify.status.success(), "{}", stderr(&verify));
+    assert_eq!(
+        json(&verify)["rooms"][0]["records"].as_u64(),
+        Some(records_then)
+    );
+    let mut daemon = env.serve(&env.state);
+    let list = json(&env.run(&["list"], None));
+    let rooms: Vec<_> = list["rooms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["room"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(rooms, ["lobby"]);
+    // the index took the restored journal as the one it knew (not a rotation)
+    assert!(list["rooms"][0]["quarantined"].is_null(), "{list}");
+    assert!(list["rooms"][0]["read_only"].is_null(), "{list}");
+    assert_eq!(list["rooms"][0]["tip_seq"].as_u64(), Some(records_then));
+    env.caught_up(&a, "lobby");
+    let said = env.run(&["say", "lobby", "after the restore"], Some(&a));
+    assert!(said.status.success(), "{}", stderr(&said));
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+}

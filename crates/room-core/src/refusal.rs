@@ -33,6 +33,16 @@ codes! {
     StateDirSplitBrain => "state_dir_split_brain",
     // `room migrate` fills only an empty database (or resumes its own unfinished run)
     StoreNotEmpty => "store_not_empty",
+    // `room snapshot` / `room restore`: a symbolic or hard link in the tree copied
+    SnapshotLinkRefused => "snapshot_link_refused",
+    // a snapshot naming a path outside a state dir's store (absolute, `..`, an unknown top)
+    SnapshotPathOutside => "snapshot_path_outside",
+    // a snapshot that is not whole: its manifest, a file's digest, a chain's tip
+    SnapshotInvalid => "snapshot_invalid",
+    // a snapshot of another state dir than the one it would replace
+    SnapshotOtherStateDir => "snapshot_other_state_dir",
+    // an unfinished restore of another snapshot holds the state dir
+    RestorePending => "restore_pending",
     ProjectRootRedirected => "project_root_redirected",
     ProjectTerritoryRefused => "project_territory_refused",
     // principals

@@ -803,6 +803,34 @@ impl VerifyReport {
     }
 }
 
+/// The mark of a journal restored from a snapshot (`crate::snapshot`): the same bytes in a new
+/// file. The file must be at least as long as the mark and end, before the mark's length, with
+/// the mark's anchor; the mark is then the same one, on the restored file's (device, inode).
+/// Anything else is `Rotated`, as at an open.
+pub fn repin(path: &Path, mark: &JournalMark) -> Result<JournalMark> {
+    let file = File::open(path)?;
+    let meta = file.metadata()?;
+    if meta.len() < mark.len {
+        return Err(StoreError::Rotated(format!(
+            "{} is shorter ({} bytes) than the {} bytes its index recorded",
+            path.display(),
+            meta.len(),
+            mark.len
+        )));
+    }
+    if mark.len > 0 && anchor_of(&file, mark.len)? != mark.anchor_sha256.sha256() {
+        return Err(StoreError::Rotated(format!(
+            "{}: the trailing anchor before byte {} is not the one its index recorded",
+            path.display(),
+            mark.len
+        )));
+    }
+    let mut out = mark.clone();
+    out.dev = meta.dev();
+    out.ino = meta.ino();
+    Ok(out)
+}
+
 /// Verify a journal from its first record without modifying it.
 pub fn verify(path: &Path, graph_id: &str) -> Result<VerifyReport> {
     verify_with(path, graph_id, |_| Ok(()))

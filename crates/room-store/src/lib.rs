@@ -17,6 +17,7 @@ pub mod index;
 pub mod journal;
 pub mod pipeline;
 pub mod shard;
+pub mod snapshot;
 pub mod statedir;
 
 pub use backend::{
@@ -58,6 +59,10 @@ pub enum StoreError {
     /// not copied yet.
     #[error("migration unfinished: {0}")]
     MigrationUnfinished(String),
+    /// A `room restore` that has not finished: the tree is part old, part restored, and
+    /// nothing reads or serves it until the same restore runs again.
+    #[error("restore pending: {0}")]
+    RestorePending(String),
     /// A part of the store this backend does not have yet.
     #[error("not supported: {0}")]
     Unsupported(String),

@@ -125,7 +125,7 @@ fn split(reason: impl Into<String>) -> StoreError {
 }
 
 /// Absolute, lexically normalised, symlinks not resolved.
-fn lexical_absolute(dir: &Path) -> Result<PathBuf> {
+pub fn lexical_absolute(dir: &Path) -> Result<PathBuf> {
     let abs = if dir.is_absolute() {
         dir.to_path_buf()
     } else {
@@ -161,6 +161,40 @@ pub fn registered_roots(bootstrap: &Path) -> Vec<PathBuf> {
     read_bootstrap(bootstrap)
         .map(|b| b.instances.into_keys().map(PathBuf::from).collect())
         .unwrap_or_default()
+}
+
+/// The instance the bootstrap maps `root` to, if any.
+pub fn registered_id(bootstrap: &Path, root: &Path) -> Result<Option<String>> {
+    let canonical = root
+        .to_str()
+        .ok_or_else(|| split("state dir path is not UTF-8"))?;
+    Ok(read_bootstrap(bootstrap)?.instances.get(canonical).cloned())
+}
+
+/// Map `root` to `id` in the bootstrap (a restored state dir on a machine that lost its
+/// bootstrap). Another instance mapped there is a split brain.
+pub fn register(bootstrap: &Path, root: &Path, id: &str) -> Result<()> {
+    let canonical = root
+        .to_str()
+        .ok_or_else(|| split("state dir path is not UTF-8"))?
+        .to_string();
+    let mut boot = read_bootstrap(bootstrap)?;
+    match boot.instances.get(&canonical) {
+        Some(other) if other == id => return Ok(()),
+        Some(other) => {
+            return Err(split(format!(
+                "bootstrap already maps {canonical} to instance {other}"
+            )));
+        }
+        None => {}
+    }
+    boot.instances.insert(canonical, id.to_string());
+    if let Some(parent) = bootstrap.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let text = toml::to_string(&boot).map_err(std::io::Error::other)?;
+    write_atomic(bootstrap, text.as_bytes())?;
+    Ok(())
 }
 
 /// Create the layout (idempotent: an existing valid state dir is returned as it is).
@@ -214,6 +248,9 @@ pub fn validate(dir: &Path, bootstrap: &Path) -> Result<StateDir> {
             dir.display()
         ))
     })?;
+    if let Some(why) = crate::snapshot::pending_restore(&root) {
+        return Err(StoreError::RestorePending(why));
+    }
     if lexical != root {
         return Err(split(format!(
             "state dir {} is reached through a symlink (canonical {})",
