@@ -220,8 +220,12 @@ pub enum Cmd {
     /// A governed task's governing source.
     #[command(subcommand)]
     Source(SourceCmd),
-    /// Read several rooms together in causal order (as an agent; read only).
+    /// Read several rooms together in causal order (as an agent; read only; several rooms
+    /// need the owner's grant, `room composition grant`).
     Compose(ComposeArgs),
+    /// The owner's grants to read several rooms composed.
+    #[command(subcommand)]
+    Composition(CompositionCmd),
     /// Close or open a room's admission: while closed no agent writes to it (owner).
     Admission {
         room: String,
@@ -565,6 +569,23 @@ pub enum SourceCmd {
 }
 
 #[derive(Subcommand, Debug)]
+pub enum CompositionCmd {
+    /// Let AGENT read ROOMS (2 to 8, of one project) composed; it must still read each room.
+    Grant {
+        agent: String,
+        #[arg(required = true, num_args = 2..)]
+        rooms: Vec<String>,
+    },
+    /// Revoke a grant: a composition under it is refused from its next page.
+    Revoke { id: String },
+    /// The grants (of one agent, or all), revoked ones too.
+    List {
+        #[arg(long)]
+        agent: Option<String>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
 pub enum TaskCmd {
     Create(TaskCreateArgs),
     Claim(TaskClaimArgs),
@@ -700,6 +721,13 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
         Cmd::Archive { room } => req("room_archive", json!({"room": room})),
         Cmd::Compose(a) => wire("room_compose", a),
         Cmd::Source(SourceCmd::Read(a)) => wire("source_read", a),
+        Cmd::Composition(c) => match c {
+            CompositionCmd::Grant { agent, rooms } => {
+                req("compose_grant", json!({"agent": agent, "rooms": rooms}))
+            }
+            CompositionCmd::Revoke { id } => req("compose_revoke", json!({"id": id})),
+            CompositionCmd::List { agent } => req("compose_grants", json!({"agent": agent})),
+        },
         Cmd::Admission { room, open, .. } => {
             req("room_admission", json!({"room": room, "open": open}))
         }

@@ -121,6 +121,8 @@ codes! {
     SourcePartUnreadable => "source_part_unreadable",
     // composition: intersection, never a partial union
     IncompleteSourceSet => "incomplete_source_set",
+    // a read of several rooms composed without the owner's grant for that reader and rooms
+    CompositionNotGranted => "composition_not_granted",
     GraphPageSnapshotChanged => "graph_page_snapshot_changed",
     // visibility: a turn reaches only its audience
     AudienceExcludesRecipient => "audience_excludes_recipient",

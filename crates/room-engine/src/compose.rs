@@ -6,6 +6,12 @@
 //! and view): a source that moved between pages is `graph_page_snapshot_changed`, so an export
 //! never mixes generations. A composition reads only: it confirms nothing, moves no checkpoint
 //! and passes no Work Gate.
+//!
+//! Reading several rooms at once is the owner's to grant (`compose_grant`): a grant names one
+//! agent and the rooms (of one project) it may read composed, and is re-read on every page, so
+//! a revoked grant ends the export at its next page (`composition_not_granted`). The grant
+//! widens nothing: the reader must still read each room itself, and the effective scope is the
+//! intersection of the grant, each room's roster and admission, and the project.
 
 use crate::principal::{AgentCaller, Principal};
 use crate::{Engine, Outcome, lock_room, store_err};
@@ -18,6 +24,8 @@ use std::collections::BTreeMap;
 
 /// Rooms one composition may name.
 pub const COMPOSE_ROOMS_MAX: usize = 8;
+/// Grants one agent may hold unrevoked.
+pub const COMPOSE_GRANTS_PER_AGENT_MAX: usize = 64;
 /// Items one page may carry (and the default).
 pub const COMPOSE_ITEMS_MAX: usize = 200;
 const COMPOSE_ITEMS_DEFAULT: usize = 50;
@@ -67,9 +75,11 @@ impl Engine {
                 format!("must be 1..={COMPOSE_ITEMS_MAX}"),
             ));
         }
+        // each constituent first (which fails names each), then the grant over all of them
         let snapshot = self.admit_sources(&p, &rooms)?;
+        let grant = self.composition_granted(&p.name, &rooms)?;
         let request_sha256 = digest_of(&json!({"v": 1, "rooms": rooms, "reader": p.name,
-            "conversation": p.conversation, "limit": limit}));
+            "conversation": p.conversation, "limit": limit, "grant": grant}));
         let after = match a.cursor {
             None => rooms.iter().map(|r| (r.clone(), 0)).collect(),
             Some(c) => resume(c, &request_sha256, &snapshot)?,
@@ -91,9 +101,127 @@ impl Engine {
             })
             .expect("cursors serialize")
         });
-        Ok(json!({"rooms": rooms, "request_sha256": request_sha256,
+        Ok(
+            json!({"rooms": rooms, "grant": grant, "request_sha256": request_sha256,
             "snapshot_sha256": digest_of(&json!(snapshot)), "items": items, "more": more,
-            "next": next, "read_only": true, "confers_execution": false}))
+            "next": next, "read_only": true, "confers_execution": false}),
+        )
+    }
+
+    /// The owner's grant under which `reader` reads `rooms` composed: none is needed for one
+    /// room (a read it could make with sync); for several, an unrevoked grant to the reader
+    /// naming every one of them, or `composition_not_granted`.
+    fn composition_granted(&self, reader: &str, rooms: &[String]) -> Outcome<Option<String>> {
+        if rooms.len() < 2 {
+            return Ok(None);
+        }
+        let grants = self
+            .control()
+            .compositions(Some(reader), COMPOSITIONS_LISTED_MAX)
+            .map_err(store_err)?;
+        grants
+            .into_iter()
+            .find(|g| g.revoked_ms.is_none() && rooms.iter().all(|r| g.rooms.contains(r)))
+            .map(|g| Some(g.id))
+            .ok_or_else(|| {
+                Refusal::new(
+                    Code::CompositionNotGranted,
+                    format!(
+                        "{reader} holds no grant to read {} composed",
+                        rooms.join(", ")
+                    ),
+                )
+                .detail(json!({"rooms": rooms}))
+                .hint(format!(
+                    "the owner grants it: room composition grant {reader} {}",
+                    rooms.join(" ")
+                ))
+            })
+    }
+
+    /// The owner grants `agent` reading `rooms` composed: 2..=`COMPOSE_ROOMS_MAX` rooms that
+    /// exist and share one project binding.
+    pub fn compose_grant(
+        &self,
+        _owner: &crate::Owner,
+        agent: &str,
+        rooms: &[String],
+    ) -> Outcome<Value> {
+        name::validate("agent", agent)?;
+        let rooms = compose_rooms(rooms)?;
+        if rooms.len() < 2 {
+            return Err(Refusal::invalid(
+                "rooms",
+                format!("a grant names 2..={COMPOSE_ROOMS_MAX} rooms (one room is read with sync)"),
+            ));
+        }
+        let mut c = self.control();
+        if c.agent(agent).map_err(store_err)?.is_none() {
+            return Err(
+                Refusal::new(Code::NotFound, format!("no agent named {agent:?}"))
+                    .hint("run `room agent list`"),
+            );
+        }
+        let mut projects = std::collections::BTreeSet::new();
+        for r in &rooms {
+            let row = c
+                .room(r)
+                .map_err(store_err)?
+                .ok_or_else(|| crate::rooms::Rooms::not_found(r))?;
+            projects.insert(row.project_id);
+        }
+        if projects.len() > 1 {
+            return Err(Refusal::invalid(
+                "rooms",
+                "they are bound to different projects: a composition of them would be empty",
+            ));
+        }
+        let held = c
+            .compositions(Some(agent), COMPOSITIONS_LISTED_MAX)
+            .map_err(store_err)?
+            .into_iter()
+            .filter(|g| g.revoked_ms.is_none())
+            .count();
+        if held >= COMPOSE_GRANTS_PER_AGENT_MAX {
+            return Err(Refusal::new(
+                Code::QuotaExceeded,
+                format!("{agent} holds {held} composition grants already"),
+            )
+            .detail(json!({"quota": "compose_grants", "max": COMPOSE_GRANTS_PER_AGENT_MAX}))
+            .hint("revoke one first: room composition revoke ID"));
+        }
+        let row = room_store::control::CompositionRow {
+            id: format!("cmp_{}", self.env.entropy.hex(8)),
+            agent: agent.to_string(),
+            rooms,
+            project: projects.into_iter().next().flatten(),
+            created_ms: self.now_ms(),
+            revoked_ms: None,
+        };
+        c.insert_composition(&row).map_err(store_err)?;
+        Ok(grant_view(&row))
+    }
+
+    /// The owner revokes a grant: a composition under it is refused from its next page.
+    pub fn compose_revoke(&self, _owner: &crate::Owner, id: &str) -> Outcome<Value> {
+        let mut c = self.control();
+        let Some(g) = c.composition(id).map_err(store_err)? else {
+            return Err(
+                Refusal::new(Code::NotFound, format!("no composition grant {id:?}"))
+                    .hint("run `room composition list`"),
+            );
+        };
+        let revoked = c.revoke_composition(id, self.now_ms()).map_err(store_err)?;
+        Ok(json!({"id": id, "agent": g.agent, "revoked": true, "changed": revoked}))
+    }
+
+    /// The grants (of `agent`, or all), revoked ones too.
+    pub fn compose_grants(&self, _owner: &crate::Owner, agent: Option<&str>) -> Outcome<Value> {
+        let grants = self
+            .control()
+            .compositions(agent, COMPOSITIONS_LISTED_MAX)
+            .map_err(store_err)?;
+        Ok(json!({"grants": grants.iter().map(grant_view).collect::<Vec<_>>()}))
     }
 
     /// Every constituent admitted for the reader, or `incomplete_source_set` naming each that
@@ -239,6 +367,14 @@ fn compose_rooms(list: &[String]) -> Outcome<Vec<String>> {
         return Err(Refusal::invalid("rooms", "a room is named twice"));
     }
     Ok(rooms)
+}
+
+/// Grants read at once (the store's page ceiling).
+const COMPOSITIONS_LISTED_MAX: usize = room_store::control::COMPOSITIONS_PAGE_MAX;
+
+fn grant_view(g: &room_store::control::CompositionRow) -> Value {
+    json!({"id": g.id, "agent": g.agent, "rooms": g.rooms, "project": g.project,
+        "created_ms": g.created_ms, "revoked_ms": g.revoked_ms, "active": g.revoked_ms.is_none()})
 }
 
 /// The positions a cursor resumes from, after checking it belongs to this request and that

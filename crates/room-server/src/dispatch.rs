@@ -41,6 +41,9 @@ const OWNER_OPS: &[&str] = &[
     "room_log",
     "room_audit",
     "task_audit",
+    "compose_grant",
+    "compose_revoke",
+    "compose_grants",
     "room_members",
     "rooms",
     "index_rebuild",
@@ -421,6 +424,7 @@ const READ_OPS: &[&str] = &[
     "room_log",
     "room_audit",
     "task_audit",
+    "compose_grants",
     "room_members",
     "wakes_list",
     "wakes_show",
@@ -685,6 +689,12 @@ fn owner_op(engine: &Engine, owner: &Owner, op: &str, a: Value) -> Result<Value,
             engine.room_audit(owner, &a.room, &a.event)
         }
         "task_audit" => engine.task_audit(owner, &args::<TaskArgs>(a)?.task),
+        "compose_grant" => {
+            let a: ComposeGrantArgs = args(a)?;
+            engine.compose_grant(owner, &a.agent, &a.rooms)
+        }
+        "compose_revoke" => engine.compose_revoke(owner, &args::<IdArgs>(a)?.id),
+        "compose_grants" => engine.compose_grants(owner, args::<OptAgentArgs>(a)?.agent.as_deref()),
         "index_rebuild" => {
             let a = args::<IndexRebuildArgs>(a)?;
             engine.index_rebuild(owner, &a.room, a.accept_loss)

@@ -235,6 +235,14 @@ pub struct OptRoomArgs {
     pub room: Option<String>,
 }
 
+/// `compose_grant`: the agent and the rooms it may read composed.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ComposeGrantArgs {
+    pub agent: String,
+    pub rooms: Vec<String>,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OptAgentArgs {

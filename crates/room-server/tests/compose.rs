@@ -1,7 +1,8 @@
 //! Composition through a real daemon: several rooms read together in causal order, with the
 //! intersection of their authority (a constituent that fails refuses the whole request,
 //! `incomplete_source_set`), pages bound to a snapshot (`graph_page_snapshot_changed` when a
-//! source moved), and no execution authority (nothing is confirmed, the gate still holds).
+//! source moved), no execution authority (nothing is confirmed, the gate still holds), and
+//! several rooms read only under the owner's grant (`composition_not_granted`).
 
 mod common;
 use common::*;
@@ -23,6 +24,14 @@ fn rooms() -> (Fx, String, String, String) {
             Some(&a),
             "note",
             json!({"room": room, "text": format!("n{i}")}),
+        );
+    }
+    // reading both composed is the owner's to grant (gamma holds no grant)
+    for agent in ["alpha", "beta"] {
+        fx.ok(
+            None,
+            "compose_grant",
+            json!({"agent": agent, "rooms": ["one", "two"]}),
         );
     }
     (fx, a, b, g)
@@ -225,4 +234,165 @@ fn malformed_compositions_name_their_field() {
         let r = fx.refuse(Some(&b), "room_compose", args.clone(), "invalid_argument");
         assert_eq!(r.detail["field"], field, "{args}: {r}");
     }
+}
+
+#[test]
+fn several_rooms_are_read_composed_only_under_the_owners_grant() {
+    let (mut fx, a, _b, g) = rooms();
+    // gamma reads both rooms, yet holds no grant to read them composed; one room needs none
+    let r = fx.refuse(
+        Some(&g),
+        "room_compose",
+        json!({"rooms": ["one", "two"]}),
+        "composition_not_granted",
+    );
+    assert_eq!(r.detail["rooms"], json!(["one", "two"]));
+    let one = compose(&mut fx, &g, json!({"rooms": ["one"]}));
+    assert!(one["grant"].is_null());
+    // a grant of other rooms does not cover these
+    fx.ok(
+        None,
+        "room_create",
+        json!({"name": "three", "members": ["alpha", "beta", "gamma"]}),
+    );
+    fx.ok(
+        None,
+        "compose_grant",
+        json!({"agent": "gamma", "rooms": ["one", "three"]}),
+    );
+    fx.refuse(
+        Some(&g),
+        "room_compose",
+        json!({"rooms": ["one", "two"]}),
+        "composition_not_granted",
+    );
+    let granted = fx.ok(
+        None,
+        "compose_grant",
+        json!({"agent": "gamma", "rooms": ["two", "one"]}),
+    );
+    assert_eq!(granted["rooms"], json!(["one", "two"]));
+    let id = granted["id"].as_str().unwrap().to_string();
+    let first = compose(&mut fx, &g, json!({"rooms": ["one", "two"], "limit": 1}));
+    assert_eq!(first["grant"], id.as_str());
+    // revoked: the export ends at its next page
+    let revoked = fx.ok(None, "compose_revoke", json!({"id": id}));
+    assert_eq!(revoked["changed"], true);
+    let r = fx.refuse(
+        Some(&g),
+        "room_compose",
+        json!({"rooms": ["one", "two"], "limit": 1, "cursor": first["next"]}),
+        "composition_not_granted",
+    );
+    assert!(
+        r.hint
+            .as_deref()
+            .unwrap_or("")
+            .contains("room composition grant gamma one two")
+    );
+    let again = fx.ok(None, "compose_revoke", json!({"id": id}));
+    assert_eq!(again["changed"], false, "a revocation is said once");
+    let listed = fx.ok(None, "compose_grants", json!({"agent": "gamma"}));
+    let active: Vec<bool> = listed["grants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["active"].as_bool().unwrap())
+        .collect();
+    assert_eq!(active.iter().filter(|a| !**a).count(), 1, "{listed}");
+    assert_eq!(active.len(), 2, "{listed}");
+    // the grant widens nothing: a reader who left a room's roster... cannot be, so one who
+    // never read it: a grant to read a room gamma is no member of is refused at the read
+    fx.ok(
+        None,
+        "room_create",
+        json!({"name": "private", "members": ["alpha"]}),
+    );
+    fx.ok(
+        None,
+        "compose_grant",
+        json!({"agent": "gamma", "rooms": ["one", "private"]}),
+    );
+    fx.refuse(
+        Some(&g),
+        "room_compose",
+        json!({"rooms": ["one", "private"]}),
+        "incomplete_source_set",
+    );
+    // the grant's own refusals, each changing nothing
+    fx.refuse(
+        None,
+        "compose_grant",
+        json!({"agent": "nobody", "rooms": ["one", "two"]}),
+        "not_found",
+    );
+    fx.refuse(
+        None,
+        "compose_grant",
+        json!({"agent": "gamma", "rooms": ["one", "ghost"]}),
+        "room_not_found",
+    );
+    let r = fx.refuse(
+        None,
+        "compose_grant",
+        json!({"agent": "gamma", "rooms": ["one"]}),
+        "invalid_argument",
+    );
+    assert_eq!(r.detail["field"], "rooms");
+    let (_, pid) = fx.open_project("p1");
+    fx.ok(
+        None,
+        "room_create",
+        json!({"name": "build", "project": pid, "members": ["alpha", "gamma"]}),
+    );
+    let r = fx.refuse(
+        None,
+        "compose_grant",
+        json!({"agent": "gamma", "rooms": ["one", "build"]}),
+        "invalid_argument",
+    );
+    assert_eq!(r.detail["field"], "rooms");
+    fx.refuse(
+        None,
+        "compose_grant",
+        json!({"agent": "gamma", "rooms": ["one", "two"], "extra": 1}),
+        "invalid_argument",
+    );
+    fx.refuse(
+        None,
+        "compose_revoke",
+        json!({"id": "cmp_0000000000000000"}),
+        "not_found",
+    );
+    // an agent grants nothing, not even to itself
+    fx.refuse(
+        Some(&a),
+        "compose_grant",
+        json!({"agent": "alpha", "rooms": ["one", "three"]}),
+        "owner_required",
+    );
+    fx.refuse(Some(&a), "compose_grants", json!({}), "owner_required");
+    // at most 64 unrevoked grants an agent
+    let held = |fx: &mut Fx| {
+        fx.ok(None, "compose_grants", json!({"agent": "gamma"}))["grants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|g| g["active"] == true)
+            .count()
+    };
+    while held(&mut fx) < 64 {
+        fx.ok(
+            None,
+            "compose_grant",
+            json!({"agent": "gamma", "rooms": ["one", "three"]}),
+        );
+    }
+    let r = fx.refuse(
+        None,
+        "compose_grant",
+        json!({"agent": "gamma", "rooms": ["one", "three"]}),
+        "quota_exceeded",
+    );
+    assert_eq!(r.detail["quota"], "compose_grants");
 }

@@ -1003,6 +1003,26 @@ impl ControlStore for PgControl {
         self.hold_pg(id)
     }
 
+    fn insert_composition(&mut self, g: &room_store::control::CompositionRow) -> Result<()> {
+        self.insert_composition_pg(g)
+    }
+
+    fn composition(&self, id: &str) -> Result<Option<room_store::control::CompositionRow>> {
+        self.composition_pg(id)
+    }
+
+    fn revoke_composition(&mut self, id: &str, now_ms: u64) -> Result<bool> {
+        self.revoke_composition_pg(id, now_ms)
+    }
+
+    fn compositions(
+        &self,
+        agent: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<room_store::control::CompositionRow>> {
+        self.compositions_pg(agent, limit)
+    }
+
     fn insert_collab(&mut self, c: &room_store::control::CollabRow) -> Result<()> {
         self.insert_collab_pg(c)
     }

@@ -7,7 +7,7 @@ use crate::control::{PgControl, boxed, bump, exec1, i, u};
 use crate::pg;
 use room_store::backend::CancelEffect;
 use room_store::control::{
-    ApprovalRow, CollabRow, CollabRunRow, HOLDS_PAGE_MAX, HoldResolution, HoldRow,
+    ApprovalRow, CollabRow, CollabRunRow, CompositionRow, HOLDS_PAGE_MAX, HoldResolution, HoldRow,
 };
 use room_store::{Result, StoreError};
 
@@ -69,6 +69,35 @@ CREATE INDEX collab_approvals_collab ON collab_approvals (collab, created_ms);
 "#;
 
 const HOLD_COLS: &str = "id, room, kind, item, agent, task, cancel_seq, created_ms, resolved_seq, resolved_ms, resolved_by, outcome, evidence";
+/// The owner's composition grants (a step of `crate::MIGRATIONS` of its own, after the
+/// migration's table).
+pub(crate) const COMPOSITIONS_SCHEMA: &str = r#"
+CREATE TABLE compositions (
+    id text COLLATE "C" PRIMARY KEY,
+    agent text COLLATE "C" NOT NULL REFERENCES agents (name),
+    rooms text COLLATE "C" NOT NULL,
+    project text COLLATE "C",
+    created_ms bigint NOT NULL,
+    revoked_ms bigint
+);
+CREATE INDEX compositions_agent ON compositions (agent, id);
+"#;
+
+const COMPOSITION_COLS: &str = "id, agent, rooms, project, created_ms, revoked_ms";
+
+fn composition_from(r: &tokio_postgres::Row) -> Result<CompositionRow> {
+    let rooms: String = r.get(2);
+    Ok(CompositionRow {
+        id: r.get(0),
+        agent: r.get(1),
+        rooms: serde_json::from_str(&rooms)
+            .map_err(|e| StoreError::Corrupt(format!("composition rooms: {e}")))?,
+        project: r.get(3),
+        created_ms: u(r.get(4), "created_ms")?,
+        revoked_ms: opt_u(r.get(5), "revoked_ms")?,
+    })
+}
+
 const COLLAB_COLS: &str =
     "id, room, project, goal, orchestrator, spec, state, created_ms, updated_ms";
 const RUN_COLS: &str = "collab, phase, run, task, state, reads, started_ms, ended_ms";
@@ -312,6 +341,76 @@ impl PgControl {
             )
         })?;
         Ok(())
+    }
+
+    pub(crate) fn insert_composition_pg(&mut self, g: &CompositionRow) -> Result<()> {
+        let p = vec![
+            boxed(g.id.clone()),
+            boxed(g.agent.clone()),
+            boxed(serde_json::to_string(&g.rooms).expect("a list of names serializes")),
+            boxed(g.project.clone()),
+            boxed(i(g.created_ms)),
+            boxed(g.revoked_ms.map(i)),
+        ];
+        // no ON CONFLICT: an id already taken must fail, as the trait promises
+        self.write(move |c| {
+            exec1(
+                c,
+                "INSERT INTO compositions (id, agent, rooms, project, created_ms, revoked_ms)
+                 VALUES ($1, $2, $3, $4, $5, $6)",
+                p,
+            )
+        })?;
+        Ok(())
+    }
+
+    pub(crate) fn composition_pg(&self, id: &str) -> Result<Option<CompositionRow>> {
+        let id = id.to_string();
+        self.call(move |c| async move {
+            c.query_opt(
+                &format!("SELECT {COMPOSITION_COLS} FROM compositions WHERE id = $1"),
+                &[&id],
+            )
+            .await
+            .map_err(pg)?
+            .map(|r| composition_from(&r))
+            .transpose()
+        })
+    }
+
+    pub(crate) fn revoke_composition_pg(&mut self, id: &str, now_ms: u64) -> Result<bool> {
+        let p = vec![boxed(id.to_string()), boxed(i(now_ms))];
+        let n = self.write(move |c| {
+            exec1(
+                c,
+                "UPDATE compositions SET revoked_ms = $2 WHERE id = $1 AND revoked_ms IS NULL",
+                p,
+            )
+        })?;
+        Ok(n == 1)
+    }
+
+    pub(crate) fn compositions_pg(
+        &self,
+        agent: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<CompositionRow>> {
+        let agent = agent.map(str::to_string);
+        let limit = lim(limit.min(room_store::control::COMPOSITIONS_PAGE_MAX));
+        self.call(move |c| async move {
+            c.query(
+                &format!(
+                    "SELECT {COMPOSITION_COLS} FROM compositions WHERE $1::text IS NULL OR agent = $1
+                     ORDER BY id LIMIT $2"
+                ),
+                &[&agent, &limit],
+            )
+            .await
+            .map_err(pg)?
+            .iter()
+            .map(composition_from)
+            .collect()
+        })
     }
 
     pub(crate) fn collab_pg(&self, id: &str) -> Result<Option<CollabRow>> {

@@ -101,6 +101,7 @@ CREATE TABLE blobs (
     index::items::SCHEMA,
     index::ledger::SCHEMA,
     migrate::SCHEMA,
+    control_collab::COMPOSITIONS_SCHEMA,
 ];
 
 /// The prefix of a shard kept aside (set aside, or a stray swept): never read as a room.

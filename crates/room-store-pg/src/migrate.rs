@@ -59,6 +59,7 @@ const CONTROL_TABLES: &[&str] = &[
     "collabs",
     "collab_runs",
     "collab_approvals",
+    "compositions",
 ];
 
 /// control.db's own bookkeeping, which has a counterpart of its own in the target (`meta`)

@@ -39,6 +39,7 @@ const COVERED: &[&str] = &[
     "control_launches",
     "control_cancel_and_holds",
     "control_collaborations",
+    "control_compositions",
     "control_change_stamp",
     "control_room_witnesses",
     "index_source_reads",

@@ -293,6 +293,18 @@ pub trait ControlStore: Send {
     /// A room's holds, oldest first, at most `limit` (and `control::HOLDS_PAGE_MAX`).
     fn holds(&self, room: &str, limit: usize) -> Result<Vec<crate::control::HoldRow>>;
     fn hold(&self, id: &str) -> Result<Option<crate::control::HoldRow>>;
+    /// An owner's composition grant; an id already taken is an error.
+    fn insert_composition(&mut self, g: &crate::control::CompositionRow) -> Result<()>;
+    fn composition(&self, id: &str) -> Result<Option<crate::control::CompositionRow>>;
+    /// Revoke a grant; false when it is unknown or revoked already.
+    fn revoke_composition(&mut self, id: &str, now_ms: u64) -> Result<bool>;
+    /// Grants held by `agent` (every agent's when `None`), revoked ones too, by id, at most
+    /// `limit` (and `control::COMPOSITIONS_PAGE_MAX`).
+    fn compositions(
+        &self,
+        agent: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<crate::control::CompositionRow>>;
     /// A collaboration's record; an id already taken is an error.
     fn insert_collab(&mut self, c: &crate::control::CollabRow) -> Result<()>;
     fn collab(&self, id: &str) -> Result<Option<crate::control::CollabRow>>;

@@ -7,7 +7,8 @@
 
 use crate::backend::{Backend, ShardCreated};
 use crate::control::{
-    AgentRow, ApprovalRow, CollabRow, CollabRunRow, ProjectRow, RoomRow, TaskRow, WakeRow,
+    AgentRow, ApprovalRow, CollabRow, CollabRunRow, CompositionRow, ProjectRow, RoomRow, TaskRow,
+    WakeRow,
 };
 use crate::index::{
     ArtifactRow, Batch, CheckpointRow, EventRow, FoldAdvance, ItemKind, ItemRow, LifecycleChange,
@@ -54,6 +55,7 @@ pub const CASES: &[(&str, Case)] = &[
     ("control_launches", control_launches),
     ("control_cancel_and_holds", control_cancel_and_holds),
     ("control_collaborations", control_collaborations),
+    ("control_compositions", control_compositions),
     ("control_change_stamp", control_change_stamp),
     (
         "shard_creation_is_whole_or_nothing",
@@ -1269,6 +1271,59 @@ pub fn control_cancel_and_holds(h: &mut dyn Harness) {
 /// Collaborations: the record (an id once), its state moved only from the state asked, its
 /// runs replaced as they move on, and approvals decided once and only on the digest shown;
 /// all after a reopen.
+pub fn control_compositions(h: &mut dyn Harness) {
+    let grant = |id: &str, agent: &str| CompositionRow {
+        id: id.into(),
+        agent: agent.into(),
+        rooms: vec!["a".into(), "b".into()],
+        project: Some("prj_1".into()),
+        created_ms: 5,
+        revoked_ms: None,
+    };
+    let store = h.fresh();
+    {
+        let mut c = store.open_control().unwrap();
+        c.insert_agent(&agent("alpha", "s-a")).unwrap();
+        c.insert_agent(&agent("beta", "s-b")).unwrap();
+        c.insert_composition(&grant("cmp_2", "alpha")).unwrap();
+        c.insert_composition(&grant("cmp_1", "beta")).unwrap();
+        assert!(
+            c.insert_composition(&grant("cmp_1", "alpha")).is_err(),
+            "ids are unique"
+        );
+        assert!(
+            c.insert_composition(&grant("cmp_3", "nobody")).is_err(),
+            "a grant names an agent"
+        );
+        assert!(c.revoke_composition("cmp_2", 9).unwrap());
+        assert!(!c.revoke_composition("cmp_2", 10).unwrap(), "once");
+        assert!(!c.revoke_composition("cmp_none", 10).unwrap());
+    }
+    drop(store);
+    let store = h.reopen();
+    let c = store.open_control().unwrap();
+    let all = c.compositions(None, 10).unwrap();
+    assert_eq!(
+        all.iter().map(|g| g.id.as_str()).collect::<Vec<_>>(),
+        ["cmp_1", "cmp_2"],
+        "by id, revoked ones too"
+    );
+    let alpha = c.compositions(Some("alpha"), 10).unwrap();
+    assert_eq!(
+        alpha,
+        [CompositionRow {
+            revoked_ms: Some(9),
+            ..grant("cmp_2", "alpha")
+        }]
+    );
+    assert_eq!(c.compositions(None, 1).unwrap().len(), 1, "the limit holds");
+    assert_eq!(
+        c.composition("cmp_1").unwrap(),
+        Some(grant("cmp_1", "beta"))
+    );
+    assert_eq!(c.composition("cmp_none").unwrap(), None);
+}
+
 pub fn control_collaborations(h: &mut dyn Harness) {
     let collab = |id: &str| CollabRow {
         id: id.into(),

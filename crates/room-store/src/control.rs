@@ -308,7 +308,52 @@ CREATE TABLE collab_approvals (
 ) STRICT;
 CREATE INDEX collab_approvals_collab ON collab_approvals(collab, created_ms);
 "#,
+    // the owner's composition grants: which rooms an agent may read composed (rooms: a
+    // sorted JSON list)
+    r#"
+CREATE TABLE compositions (
+    id TEXT PRIMARY KEY,
+    agent TEXT NOT NULL REFERENCES agents(name),
+    rooms TEXT NOT NULL,
+    project TEXT,
+    created_ms INTEGER NOT NULL,
+    revoked_ms INTEGER
+) STRICT;
+CREATE INDEX compositions_agent ON compositions(agent, id);
+"#,
 ];
+
+/// An owner's grant to read a set of rooms composed (`room compose grant`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompositionRow {
+    pub id: String,
+    pub agent: String,
+    /// Sorted, each once.
+    pub rooms: Vec<String>,
+    /// The project the rooms share (none: coordination rooms).
+    pub project: Option<String>,
+    pub created_ms: u64,
+    pub revoked_ms: Option<u64>,
+}
+
+/// Grants listed at most.
+pub const COMPOSITIONS_PAGE_MAX: usize = 1000;
+
+const COMPOSITION_COLS: &str = "id, agent, rooms, project, created_ms, revoked_ms";
+
+fn composition_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<CompositionRow> {
+    let rooms: String = r.get(2)?;
+    Ok(CompositionRow {
+        id: r.get(0)?,
+        agent: r.get(1)?,
+        rooms: serde_json::from_str(&rooms).map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(2, rusqlite::types::Type::Text, Box::new(e))
+        })?,
+        project: r.get(3)?,
+        created_ms: u(r.get(4)?),
+        revoked_ms: r.get::<_, Option<i64>>(5)?.map(u),
+    })
+}
 
 /// A collaboration as the owner started it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1573,6 +1618,55 @@ impl ControlStore for SqliteControl {
             )?;
             Ok(())
         })
+    }
+
+    fn insert_composition(&mut self, g: &CompositionRow) -> Result<()> {
+        let rooms = serde_json::to_string(&g.rooms).expect("a list of names serializes");
+        self.write(|s| {
+            s.conn.execute(
+                &format!(
+                    "INSERT INTO compositions ({COMPOSITION_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6)"
+                ),
+                params![
+                    g.id,
+                    g.agent,
+                    rooms,
+                    g.project,
+                    g.created_ms as i64,
+                    g.revoked_ms.map(|v| v as i64)
+                ],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn composition(&self, id: &str) -> Result<Option<CompositionRow>> {
+        Ok(self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {COMPOSITION_COLS} FROM compositions WHERE id = ?1"
+            ))?
+            .query_row([id], composition_from_row)
+            .optional()?)
+    }
+
+    fn revoke_composition(&mut self, id: &str, now_ms: u64) -> Result<bool> {
+        self.write(|s| {
+            Ok(s.conn.execute(
+                "UPDATE compositions SET revoked_ms = ?2 WHERE id = ?1 AND revoked_ms IS NULL",
+                params![id, now_ms as i64],
+            )? == 1)
+        })
+    }
+
+    fn compositions(&self, agent: Option<&str>, limit: usize) -> Result<Vec<CompositionRow>> {
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {COMPOSITION_COLS} FROM compositions WHERE ?1 IS NULL OR agent = ?1
+             ORDER BY id LIMIT ?2"
+        ))?;
+        let limit = limit.min(COMPOSITIONS_PAGE_MAX) as i64;
+        let rows = st.query_map(params![agent, limit], composition_from_row)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
     fn collab(&self, id: &str) -> Result<Option<CollabRow>> {

@@ -120,7 +120,59 @@ pub(super) fn c03(p: &mut Prover, cast: &Cast) -> Vec<&'static str> {
         "incomplete_source_set",
         None,
     );
+    grants(p, &b);
     vec!["exports: Room has no export beyond a composition's pages"]
+}
+
+/// Several rooms are read composed only under the owner's grant, which a revocation ends at
+/// the next page; a composition still reads as the reader does (the outsider's view above).
+fn grants(p: &mut Prover, b: &str) {
+    p.ok(
+        "a second coordination room the insider reads",
+        None,
+        "room_create",
+        json!({"name": "shards2", "members": ["alpha", "c03-insider"]}),
+    );
+    let both = json!({"rooms": ["shards", "shards2"], "limit": 1});
+    p.refused(
+        "reading two rooms composed without the owner's grant is refused",
+        Some(b),
+        "room_compose",
+        both.clone(),
+        "composition_not_granted",
+        None,
+    );
+    let id = p
+        .ok(
+            "the owner grants the insider the two rooms composed",
+            None,
+            "compose_grant",
+            json!({"agent": "c03-insider", "rooms": ["shards", "shards2"]}),
+        )
+        .and_then(|g| g["id"].as_str().map(str::to_string))
+        .unwrap_or_default();
+    let first = p.ok(
+        "the insider reads them composed, a page at a time",
+        Some(b),
+        "room_compose",
+        both.clone(),
+    );
+    p.ok(
+        "the owner revokes the grant",
+        None,
+        "compose_revoke",
+        json!({"id": id}),
+    );
+    let mut next = both;
+    next["cursor"] = first.map(|f| f["next"].clone()).unwrap_or_default();
+    p.refused(
+        "the next page after the revocation is refused",
+        Some(b),
+        "room_compose",
+        next,
+        "composition_not_granted",
+        None,
+    );
 }
 
 /// A room's binding is fixed at creation: creating it again under another binding is refused.

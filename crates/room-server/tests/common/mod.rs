@@ -196,6 +196,7 @@ impl Fx {
         let wakes = self.ok(None, "wakes_list", json!({}));
         let projects = self.ok(None, "project_list", json!({}));
         let agents = self.ok(None, "agent_list", json!({}));
+        let grants = self.ok(None, "compose_grants", json!({}));
         let mut tasks = BTreeMap::new();
         for t in self.tasks.clone() {
             tasks.insert(
@@ -205,7 +206,7 @@ impl Fx {
         }
         json!({
             "rooms": rooms, "logs": logs, "journals": self.journal_lines(), "wakes": wakes,
-            "projects": projects, "agents": agents, "tasks": tasks,
+            "projects": projects, "agents": agents, "tasks": tasks, "grants": grants,
         })
     }
 
