@@ -75,14 +75,7 @@ impl Engine {
             Some(pid) => Some(self.revalidate_project(pid)?),
             None => None,
         };
-        // the governed task's source as it stands now: a document that changes under its
-        // worker moves the key (its reading must cover the new text)
-        let source = match (&t.project_id, t.governed) {
-            (Some(pid), true) => self
-                .source_view(pid)?
-                .map_or_else(|| "missing".to_string(), |(_, view)| view),
-            _ => none(),
-        };
+        let source = self.source_key(t)?;
         let files: Vec<&String> = t.scopes.iter().filter(|s| s.starts_with("file:")).collect();
         let origins: Vec<Value> = t
             .acceptance
@@ -126,6 +119,18 @@ impl Engine {
             .zip(values)
             .map(|(k, v)| ((*k).to_string(), v))
             .collect())
+    }
+
+    /// The `source` authority key: the governed task's source as it stands now. A document
+    /// that changes under its worker moves it (the reading must cover the new text), and so do
+    /// a source replaced or cleared by the owner.
+    pub(crate) fn source_key(&self, t: &TaskRow) -> Outcome<String> {
+        Ok(match (&t.project_id, t.governed) {
+            (Some(pid), true) => self
+                .source_view(pid)?
+                .map_or_else(|| "missing".to_string(), |(_, view)| view),
+            _ => none(),
+        })
     }
 
     /// `done`'s second step: every authority key the claim pinned must stand unchanged.

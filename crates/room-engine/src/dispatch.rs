@@ -244,6 +244,36 @@ impl Engine {
                 b.from
             )));
         }
+        self.pin_task_source(&t)
+    }
+
+    /// A governed task must still have its governing source, and a claimed one the very
+    /// source its claim pinned (the same parts at the same digests): a worker woken for a
+    /// claim whose source moved would act on a reading `done` no longer counts.
+    fn pin_task_source(&self, t: &room_store::control::TaskRow) -> Result<(), Refusal> {
+        if !t.governed {
+            return Ok(());
+        }
+        let changed = |why: String| refuse(Code::WakeTaskAuthorityChanged, why);
+        let now = self.source_key(t).map_err(|r| {
+            changed(format!(
+                "its governing source cannot be read: {}",
+                r.message
+            ))
+        })?;
+        if now == "missing" {
+            return Err(changed(format!(
+                "task {}'s governing source is gone: its project has none now",
+                t.id
+            )));
+        }
+        let pinned = t.claim_pin.as_ref().and_then(|p| p.get("source"));
+        if pinned.is_some_and(|p| *p != now) {
+            return Err(changed(format!(
+                "task {}'s governing source changed since its claim",
+                t.id
+            )));
+        }
         Ok(())
     }
 }

@@ -298,3 +298,73 @@ fn source_read_refusals_change_nothing() {
         "source_part_unreadable",
     );
 }
+
+/// The permit sealed for `source_event`, as the owner lists it after a revalidation pass.
+fn permit_after_check(fx: &mut Fx, source_event: &str) -> Value {
+    fx.ok(None, "wakes_check", json!({}));
+    let all = fx.ok(None, "wakes_list", json!({}));
+    all["wakes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["source_event"] == source_event)
+        .unwrap_or_else(|| panic!("no permit for {source_event}: {all}"))
+        .clone()
+}
+
+/// The newest send's event in `room` (what its permit is keyed by).
+fn last_send(fx: &mut Fx, room: &str) -> String {
+    let log = fx.ok(None, "room_log", json!({"room": room, "limit": 1000}));
+    log["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|e| e["event"]["verb"] == "send")
+        .and_then(|e| e["id"].as_str())
+        .unwrap_or_else(|| panic!("no send in {log}"))
+        .to_string()
+}
+
+/// Dispatch's third centre pins a governed task's source: a permit sealed for it stays queued
+/// while the source stands, and is dead-lettered `wake_task_authority_changed` once the source
+/// its claim pinned changed, or once the project has no source at all.
+#[test]
+fn a_wake_for_a_governed_task_is_refused_once_its_source_moved() {
+    let mut g = governed_project();
+    g.set_source();
+    g.governed_task();
+    let ev = last_send(&mut g.fx, "build");
+    let p = permit_after_check(&mut g.fx, &ev);
+    assert_eq!(p["state"], "queued", "{p}");
+    std::fs::write(g.dir.join("spec.md"), format!("{SPEC}amended\n")).unwrap();
+    let p = permit_after_check(&mut g.fx, &ev);
+    assert_eq!(p["state"], "dead", "{p}");
+    assert_eq!(
+        p["dead_letter"]["code"], "wake_task_authority_changed",
+        "{p}"
+    );
+    let why = p["dead_letter"]["reason"].to_string() + &p["dead_letter"].to_string();
+    assert!(
+        why.contains("governing source changed since its claim"),
+        "{p}"
+    );
+    // a second governed task, its permit sealed, then the owner clears the source
+    let t2 = g.governed_task();
+    let ev2 = last_send(&mut g.fx, "build");
+    assert_eq!(permit_after_check(&mut g.fx, &ev2)["state"], "queued");
+    let pid = g.pid.clone();
+    g.fx.ok(None, "project_source", json!({"project": pid, "parts": []}));
+    let p = permit_after_check(&mut g.fx, &ev2);
+    assert_eq!(
+        p["dead_letter"]["code"], "wake_task_authority_changed",
+        "{p}"
+    );
+    assert!(
+        p["dead_letter"]
+            .to_string()
+            .contains("governing source is gone"),
+        "{p}"
+    );
+    let _ = t2;
+}
