@@ -193,6 +193,7 @@ fn script(steps: &str) -> Result<i32, String> {
             "hang" => loop {
                 std::thread::sleep(std::time::Duration::from_secs(60));
             },
+            "stubborn" => return Err(stubborn()),
             w if room_engine::policy::is_write_step(w) => {
                 let rel = &w["write:".len()..];
                 let path = std::path::Path::new(rel);
@@ -388,4 +389,28 @@ fn read(
         }
     }
     Err("the room did not end within the page bound".into())
+}
+
+/// A hostile worker tree, for the stop's tests and `room prove`: a grandchild in a session of
+/// its own, and this process replaced by a shell, both ignoring SIGTERM and waiting. Each
+/// names `room-stubborn-LAUNCH` in its command line, so that a check outside the job can look
+/// for what is left of it. Returns only when it could not start (the reason).
+fn stubborn() -> String {
+    use std::os::unix::process::CommandExt;
+    let launch = std::env::var("ROOM_LAUNCH").unwrap_or_else(|_| "unknown".into());
+    let marker = format!("room-stubborn-{launch}");
+    let wait = "trap '' TERM; while :; do sleep 60; done";
+    let child = std::process::Command::new("/usr/bin/setsid")
+        .args(["/bin/sh", "-c", wait, &marker])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    if let Err(e) = child {
+        return format!("stubborn: setsid: {e}");
+    }
+    let e = std::process::Command::new("/bin/sh")
+        .args(["-c", wait, &marker])
+        .exec();
+    format!("stubborn: /bin/sh: {e}")
 }

@@ -137,11 +137,12 @@ pub(super) fn c10(p: &mut Prover, cast: &Cast) -> Vec<&'static str> {
     let a = cast.alpha.clone();
     let holder = p.recruit("c10-holder", "member");
     let worker = p.recruit("c10_worker", "member");
+    p.recruit("c10_stubborn", "member");
     p.ok(
         "a room of its own",
         None,
         "room_create",
-        json!({"name": "halt", "members": ["alpha", "c10-holder", "c10_worker"]}),
+        json!({"name": "halt", "members": ["alpha", "c10-holder", "c10_worker", "c10_stubborn"]}),
     );
     let t = p
         .ok(
@@ -174,6 +175,27 @@ pub(super) fn c10(p: &mut Prover, cast: &Cast) -> Vec<&'static str> {
         "a worker process runs",
         row["launches"][0]["state"] == "running",
         format!("launch {}", row["launches"][0]["launch"]),
+    );
+    // a hostile tree: the worker and a grandchild in a session of its own, both ignoring SIGTERM
+    route(p, "c10_stubborn", &["stubborn"]);
+    let hostile = ask(p, &a, "halt", "c10_stubborn", "work and do not stop");
+    let srow = wait_for(p, &hostile, |w| w["launches"][0]["state"] == "running");
+    let marker = format!(
+        "room-stubborn-{}",
+        srow["launches"][0]["launch"].as_str().unwrap_or("none")
+    );
+    let mut tree = 0;
+    for _ in 0..200 {
+        tree = marked(&marker);
+        if tree >= 2 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    p.record(
+        "a stubborn worker runs with a grandchild in a session of its own, both ignoring SIGTERM",
+        tree >= 2,
+        format!("{tree} processes named {marker}"),
     );
     let queued = ask(p, &a, "halt", "c10_worker", "and this after");
     p.refused(
@@ -229,6 +251,19 @@ pub(super) fn c10(p: &mut Prover, cast: &Cast) -> Vec<&'static str> {
         format!("launch outcome {}", r["launches"][0]["outcome"]),
     );
     stopped_at_zero(p, &r["launches"][0]["launch"]);
+    let h = wait_for(p, &hostile, |w| w["state"] == "dead");
+    p.record(
+        "the stubborn worker is stopped too",
+        h["launches"][0]["outcome"] == "stopped",
+        format!("launch outcome {}", h["launches"][0]["outcome"]),
+    );
+    stopped_at_zero(p, &h["launches"][0]["launch"]);
+    let left = marked(&marker);
+    p.record(
+        "no process of the hostile tree is left, as /proc sees it",
+        left == 0,
+        format!("{left} processes named {marker}"),
+    );
     let open = obligation_open(p, &worker, "halt");
     p.record(
         "the stopped worker's obligations stay open",
@@ -243,16 +278,30 @@ pub(super) fn c10(p: &mut Prover, cast: &Cast) -> Vec<&'static str> {
             "evidence": "the deploy api shows no release"}),
     );
     p.call(None, "route_remove", json!({"name": "c10_worker"}));
+    p.call(None, "route_remove", json!({"name": "c10_stubborn"}));
     p.ok(
         "the owner resumes the room",
         None,
         "room_resume",
         json!({"room": "halt"}),
     );
-    vec![
-        "a worker that ignores SIGTERM or leaves a grandchild (the cancel suite's stubborn agent proves it)",
-        "a crash between the stop outbox's phases (room-cli's stop_crash test proves it)",
-    ]
+    vec!["a crash between the stop outbox's phases (room-cli's stop_crash test proves it)"]
+}
+
+/// Processes whose command line names `marker`, as this machine's /proc shows them.
+fn marked(marker: &str) -> usize {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    dir.filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .filter(|c| c.split(|b| *b == 0).any(|arg| arg == marker.as_bytes()))
+        .count()
 }
 
 /// The stop outbox's record of `launch`: both phases committed, the second confirming an
