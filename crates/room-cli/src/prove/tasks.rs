@@ -72,12 +72,89 @@ pub(super) fn c11(p: &mut Prover, cast: &Cast) -> Vec<&'static str> {
     amended(p, &a, &w);
     reset(p, &a, &w);
     evidence_minimum(p, &a, &w);
+    source_moved(p, &a, &w);
     vec![
         "owner, scope, active scope pin and project id: nothing can move them after a claim",
         "the file scope and project root pins: moving the root is refused first (project_root_redirected, 04-C01)",
         "delegation and lock: an amended ancestor or a lapsed lease is refused first (task_ancestry_invalid, task_state_invalid)",
-        "the governing source (a source file changed under its worker)",
     ]
+}
+
+/// A governed task's source changes under its worker, who had read it whole: `done` names the
+/// `source` key, and the wake sealed for the task is refused at dispatch (its claim's source
+/// is not the source now).
+fn source_moved(p: &mut Prover, a: &str, w: &str) {
+    let _ = std::fs::create_dir_all(p.project.join("c11"));
+    let _ = std::fs::write(p.project.join("c11/brief.md"), "the brief, as claimed\n");
+    let _ = std::fs::write(p.project.join("c11/report.md"), "report\n");
+    let pid = p
+        .call(None, "project_list", json!({}))
+        .result
+        .and_then(|v| v["projects"][0]["id"].as_str().map(String::from))
+        .unwrap_or_default();
+    p.ok(
+        "the owner names the project's governing source",
+        None,
+        "project_source",
+        json!({"project": pid, "parts": ["c11/brief.md"]}),
+    );
+    let t = task_id(p.ok(
+        "a governed task for the worker",
+        Some(a),
+        "task_create",
+        json!({"room": "build", "title": "brief", "to": "c11-worker", "governed": true,
+            "accept": [{"kind": "file_exists", "path": "c11/report.md"}]}),
+    ));
+    p.catch_up(a, "build");
+    let sent = p
+        .ok(
+            "alpha sends it to the worker (a permit is sealed)",
+            Some(a),
+            "send",
+            json!({"room": "build", "to": ["c11-worker"], "task": t, "text": "@c11-worker the brief"}),
+        )
+        .and_then(|v| v["event"].as_str().map(String::from))
+        .unwrap_or_default();
+    p.ok(
+        "the worker claims it",
+        Some(w),
+        "task_claim",
+        json!({"task": t}),
+    );
+    p.call(
+        Some(w),
+        "source_read",
+        json!({"task": t, "part": 0, "offset": 0}),
+    );
+    let _ = std::fs::write(p.project.join("c11/brief.md"), "the brief, changed since\n");
+    p.catch_up(w, "build");
+    let r = p.refused(
+        "done after the source changed is refused, naming the source key",
+        Some(w),
+        "done",
+        json!({"room": "build", "task": t}),
+        "task_authority_changed",
+        Some("build"),
+    );
+    let named = r.is_some_and(|r| r.detail["changed"] == json!(["source"]));
+    p.record("the key named is the source", named, "changed [\"source\"]");
+    p.call(None, "wakes_check", json!({}));
+    let dead = p
+        .call(None, "wakes_list", json!({"room": "build"}))
+        .result
+        .and_then(|v| {
+            v["wakes"].as_array().and_then(|ws| {
+                ws.iter()
+                    .find(|w| w["source_event"] == sent.as_str())
+                    .cloned()
+            })
+        })
+        .unwrap_or_default();
+    p.record(
+        "the wake sealed for it is refused at dispatch: its claim's source is not the source now",
+        dead["state"] == "dead" && dead["dead_letter"]["code"] == "wake_task_authority_changed",
+        format!("permit {} {}", dead["state"], dead["dead_letter"]["code"]),
+    );
 }
 
 /// `done` refused until the artifact its check names exists, then passing.
