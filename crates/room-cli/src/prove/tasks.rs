@@ -382,7 +382,65 @@ pub(super) fn c12(p: &mut Prover, cast: &Cast) -> Vec<&'static str> {
         flags[0]["invariant"] == "causal",
         format!("flags {flags}"),
     );
-    vec![
-        "resolution: a claim past its ttl recorded in doubt (it lands at the sweep's time, not a step's)",
-    ]
+    lapse(p, &a, &w);
+    Vec::new()
+}
+
+/// `resolution`: a claim left unresolved past its ttl is recorded in doubt by the daemon's
+/// sweep (once a second), and its lease released.
+fn lapse(p: &mut Prover, a: &str, w: &str) {
+    let t = task_id(p.ok(
+        "a scoped task for the worker",
+        Some(a),
+        "task_create",
+        json!({"room": "build", "title": "lapse", "to": "c12-worker", "scopes": ["file:c12/lapse"]}),
+    ));
+    p.ok(
+        "the worker claims it for one second and does nothing",
+        Some(w),
+        "task_claim",
+        json!({"task": t, "ttl_ms": 1_000}),
+    );
+    // the room's tip now: the record lands after it
+    let from = p
+        .call(None, "room_log", json!({"room": "build", "limit": 1}))
+        .result
+        .and_then(|v| v["tip_seq"].as_u64())
+        .unwrap_or(1);
+    let mut found = Value::Null;
+    // the sweep runs once a second: the record lands within a few
+    for _ in 0..100 {
+        let log = p
+            .call(
+                None,
+                "room_log",
+                json!({"room": "build", "from": from, "limit": 1_000}),
+            )
+            .result
+            .unwrap_or_default();
+        if let Some(v) = log["events"].as_array().and_then(|es| {
+            es.iter()
+                .find(|e| {
+                    e["kind"] == "invariant_violation"
+                        && e["event"]["invariant"] == "resolution"
+                        && e["event"]["task"] == t.as_str()
+                })
+                .cloned()
+        }) {
+            found = v;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let body = &found["event"];
+    p.record(
+        "the claim past its ttl is recorded in doubt, its lease released",
+        body["severity"] == "in_doubt"
+            && body["detail"]["observation"] == "unresolved"
+            && body["detail"]["lease_released"] == true,
+        format!(
+            "{} {} {} after {} ms",
+            found["id"], body["invariant"], body["severity"], body["detail"]["elapsed_ms"]
+        ),
+    );
 }
