@@ -408,3 +408,165 @@ fn migrate_copies_a_state_dir_whole_resumes_a_cut_run_and_refuses_what_is_not_em
     assert!(String::from_utf8_lossy(&tasks.stdout).contains("first task"));
     stop_daemon(daemon);
 }
+
+/// PostgreSQL crashes and restarts under a daemon taking turns: turns are refused while it is
+/// down (never acknowledged), the daemon stays up and takes turns again once the server is
+/// back, and afterwards the chain verifies from the database and holds every acknowledged turn
+/// exactly once (a turn whose answer was lost with the connection lands at most once).
+#[test]
+fn a_postgres_restart_under_a_daemon_loses_no_acknowledged_turn() {
+    let server = server::Server::start();
+    if std::env::var_os("ROOM_TEST_PG_URL").is_some() {
+        eprintln!(
+            "ROOM_TEST_PG_URL names a server this test cannot restart: the crash is not exercised"
+        );
+        return;
+    }
+    let url = as_url(&server.fresh_database());
+    let tmp = tempfile::tempdir().unwrap();
+    let root = std::fs::canonicalize(tmp.path()).unwrap();
+    let state = root.join("state");
+    assert!(run(&state, &root, &["init"]).status.success());
+    let mut daemon = start_daemon(&state, &root, Some(&url));
+    let enrolled = run(&state, &root, &["agent", "enroll", "alice", "--json"]);
+    let token = serde_json::from_slice::<serde_json::Value>(&enrolled.stdout).unwrap()["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        run(&state, &root, &["create", "demo", "--member", "alice"])
+            .status
+            .success()
+    );
+    let sock = state.join("room.sock");
+    let call = |c: &mut room_server::client::Client, op: &str, args: serde_json::Value| {
+        c.call(&room_server::wire::Request::new(op, args).with_token(Some(&token)))
+    };
+    let mut c = room_server::client::Client::connect(&sock).unwrap();
+    // alice reads the room to its tip once; her own notes fold, so she stays caught up
+    let page = call(&mut c, "sync", serde_json::json!({"room": "demo"})).unwrap();
+    let receipt = page.result.unwrap()["receipt"].clone();
+    call(
+        &mut c,
+        "sync",
+        serde_json::json!({"room": "demo", "confirm": receipt}),
+    )
+    .unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let acked_now = std::sync::atomic::AtomicUsize::new(0);
+    let (acked, unknown, refused, at_crash) = std::thread::scope(|s| {
+        let writer = s.spawn(|| {
+            let mut c = room_server::client::Client::connect(&sock).unwrap();
+            let (mut acked, mut unknown, mut refused) = (Vec::new(), Vec::new(), 0);
+            let mut codes = std::collections::BTreeMap::<String, usize>::new();
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                i += 1;
+                let key = format!("k{i}");
+                let args = serde_json::json!({"room": "demo", "text": format!("n{i}"),
+                    "idempotency_key": key});
+                match call(&mut c, "note", args) {
+                    Ok(r) if r.ok => {
+                        acked.push(key);
+                        acked_now.store(acked.len(), std::sync::atomic::Ordering::SeqCst);
+                    }
+                    Ok(r) => {
+                        refused += 1;
+                        let why = r
+                            .refusal
+                            .map(|r| format!("{}: {}", r.code.as_str(), r.message));
+                        *codes.entry(why.unwrap_or_default()).or_default() += 1;
+                    }
+                    Err(_) => {
+                        // the answer was lost: the turn may or may not have landed
+                        unknown.push(key);
+                        c = loop {
+                            match room_server::client::Client::connect(&sock) {
+                                Ok(c) => break c,
+                                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+                            }
+                        };
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            eprintln!("refusals while the server was down: {codes:#?}");
+            (acked, unknown, refused)
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        let at_crash = acked_now.load(std::sync::atomic::Ordering::SeqCst);
+        server.crash_and_restart(Duration::from_millis(1_500));
+        // turns are taken again once the server is back
+        let mut recovered = false;
+        for _ in 0..600 {
+            std::thread::sleep(Duration::from_millis(50));
+            if acked_now.load(std::sync::atomic::Ordering::SeqCst) > at_crash + 10 {
+                recovered = true;
+                break;
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let (acked, unknown, refused) = writer.join().unwrap();
+        assert!(recovered, "no turn was acknowledged after the restart");
+        (acked, unknown, refused, at_crash)
+    });
+    eprintln!(
+        "{} turns acknowledged ({at_crash} before the crash), {refused} refused while the server was down, {} answers lost",
+        acked.len(),
+        unknown.len()
+    );
+    assert!(at_crash > 0, "the writer took turns before the crash");
+    assert!(refused + unknown.len() > 0, "the crash was felt");
+    assert!(daemon.try_wait().unwrap().is_none(), "the daemon stayed up");
+    // every note's text, as the owner reads the room from the database
+    let mut seen: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut from = 1;
+    loop {
+        let out = run(
+            &state,
+            &root,
+            &[
+                "log",
+                "demo",
+                "--from",
+                &from.to_string(),
+                "--limit",
+                "1000",
+                "--json",
+            ],
+        );
+        assert!(out.status.success(), "{out:?}");
+        let page: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let events = page["events"].as_array().unwrap();
+        for e in events {
+            if e["event"]["verb"] == "note" {
+                let text = e["event"]["text"].as_str().unwrap();
+                *seen.entry(format!("k{}", &text[1..])).or_default() += 1;
+            }
+        }
+        match events.last() {
+            Some(last) if events.len() == 1000 => from = last["seq"].as_u64().unwrap() + 1,
+            _ => break,
+        }
+    }
+    stop_daemon(daemon);
+    let verified = chains(&state, &root, Some(&url));
+    assert_eq!(verified.len(), 1, "{verified:?}");
+    for k in &acked {
+        assert_eq!(seen.get(k), Some(&1), "acknowledged turn {k}");
+    }
+    for k in &unknown {
+        assert!(
+            seen.get(k).copied().unwrap_or(0) <= 1,
+            "turn {k} landed twice"
+        );
+    }
+    let extra: Vec<_> = seen
+        .keys()
+        .filter(|k| !acked.contains(k) && !unknown.contains(k))
+        .collect();
+    assert!(
+        extra.is_empty(),
+        "turns landed that were refused: {extra:?}"
+    );
+}

@@ -374,12 +374,39 @@ impl Engine {
         for h in self.room_handles() {
             let mut room = lock_room(&h);
             if let Err(e) = room.index.flush() {
-                tracing::error!(room = %room.name, "index flush failed: {e}");
-                room.read_only = Some(format!(
-                    "index flush failed: {e}; restart to catch up from the journal"
-                ));
+                room.halt(format!("index flush failed: {e}"));
             }
         }
+    }
+
+    /// Close every halted room nobody holds, where the store says an open catches it up
+    /// (`Backend::reopen_heals_halts`): its next use opens it again from the store, as a
+    /// restart would, and a store still unreachable refuses that use and the next tries
+    /// again. The daemon calls this on its timer. How many rooms were closed.
+    pub fn heal_halted_rooms(&self) -> usize {
+        if !self.rooms.store.reopen_heals_halts() {
+            return 0;
+        }
+        let halted: Vec<String> = self
+            .rooms
+            .named()
+            .into_iter()
+            .filter(|(_, h)| {
+                h.try_lock()
+                    .is_ok_and(|r| r.halted || r.index.broken().is_some())
+            })
+            .map(|(name, _)| name)
+            .collect();
+        let _opening = self.rooms.opening_lock();
+        let mut closed = 0;
+        for name in halted {
+            if let Some(h) = self.rooms.take_if_idle(&name) {
+                tracing::warn!(room = %name, "closing a halted room: its next use opens it from the store");
+                self.close_room_handle(&h);
+                closed += 1;
+            }
+        }
+        closed
     }
 
     /// Write every room's newly sealed wake permits to the queue in control.db, in one

@@ -81,6 +81,9 @@ pub struct RoomHandle {
     /// True when `read_only` is a rotated or replaced journal (the owner's `index rebuild`
     /// accepts it); otherwise a restart catches the room up from its journal.
     pub rotated: bool,
+    /// Writes are refused until the room is caught up from its log: at a restart, or by
+    /// closing and opening it again where the store allows (`Engine::heal_halted_rooms`).
+    pub halted: bool,
     /// Set when the journal does not verify or lacks acknowledged records (`read_only` is set
     /// too): turns are refused `room_quarantined` until the owner restores or accepts.
     pub quarantine: Option<Quarantine>,
@@ -682,6 +685,7 @@ impl RoomHandle {
             archived: row.archived_ms.is_some(),
             written: Default::default(),
             rotated: false,
+            halted: false,
             quarantine: None,
             verified: None,
             scrub: Scrub::default(),
@@ -1051,6 +1055,7 @@ impl RoomHandle {
     pub(crate) fn halt(&mut self, why: String) {
         tracing::error!(room = %self.name, "{why}");
         self.read_only = Some(why);
+        self.halted = true;
     }
 
     fn open_journal(
@@ -1178,7 +1183,7 @@ impl RoomHandle {
             }
             return Err(
                 Refusal::storage(format!("room {} is read-only: {why}", self.name))
-                    .hint("restart the daemon: it catches the room up from its journal"),
+                    .hint("restart the daemon: it catches the room up from its journal (on a database store the room is opened anew by itself once the database answers)"),
             );
         }
         Ok(())

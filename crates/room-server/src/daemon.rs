@@ -646,6 +646,8 @@ pub async fn serve(
                 let engine = engine.clone();
                 // then one slice of the journal scrub (ARCHITECTURE.md states its rate)
                 match tokio::task::spawn_blocking(move || {
+                    // a room halted by a lost database connection opens anew at its next use
+                    engine.heal_halted_rooms();
                     // queued wake permits are revalidated too: a refused one is dead-lettered
                     if let Err(r) = engine.dispatch_sweep() {
                         tracing::error!("dispatch revalidation failed: {r}");

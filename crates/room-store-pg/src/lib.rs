@@ -372,6 +372,13 @@ fn not_found(graph_id: &str) -> StoreError {
 }
 
 impl Backend for PgBackend {
+    /// The database holds exactly what committed, and an open reads it back (a commit whose
+    /// answer was lost is found there, or not): a room halted by a lost connection is whole
+    /// again once opened anew.
+    fn reopen_heals_halts(&self) -> bool {
+        true
+    }
+
     fn open_control(&self) -> Result<Box<dyn ControlStore>> {
         Ok(Box::new(PgControl::new(
             self.rt.clone(),

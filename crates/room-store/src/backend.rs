@@ -533,6 +533,14 @@ pub trait Backend: Send + Sync {
     fn commit_stats(&self) -> Option<crate::pipeline::PipelineStats> {
         None
     }
+    /// Whether a room halted by a failed write (a lost connection, an append in doubt, an
+    /// index batch not committed) is caught up by closing it and opening it again, as a
+    /// restart would: true where the store alone holds what committed and reads it back at
+    /// the open (a database). The embedded store says no: its commit log is replayed only at
+    /// a start, so a halted room there waits for the restart.
+    fn reopen_heals_halts(&self) -> bool {
+        false
+    }
     /// Files besides the rooms' logs whose unsynced bytes a power cut may take, as (path,
     /// synced, written): the simulator's crash model.
     fn unsynced_files(&self) -> Vec<(PathBuf, u64, u64)> {

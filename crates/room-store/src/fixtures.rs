@@ -27,7 +27,8 @@ pub fn index_back_to_schema_1(path: &Path) -> Result<()> {
 /// task requirements or acceptance, no terms, pins or scope index).
 pub fn control_back_to_schema_2(path: &Path) -> Result<()> {
     Connection::open(path)?.execute_batch(
-        "DROP TABLE collabs; DROP TABLE collab_runs; DROP TABLE collab_approvals;
+        "DROP TABLE compositions;
+         DROP TABLE collabs; DROP TABLE collab_runs; DROP TABLE collab_approvals;
          DROP INDEX agents_parent; ALTER TABLE agents DROP COLUMN parent;
          ALTER TABLE agents DROP COLUMN scopes; ALTER TABLE agents DROP COLUMN revoked_by;
          DROP INDEX tasks_claimed_room;
