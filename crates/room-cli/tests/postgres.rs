@@ -570,3 +570,102 @@ fn a_postgres_restart_under_a_daemon_loses_no_acknowledged_turn() {
         "turns landed that were refused: {extra:?}"
     );
 }
+
+/// `room migrate` killed with SIGKILL as soon as its first room has landed: the database is
+/// refused to a daemon until the same command runs again, which resumes (rooms already whole
+/// are checked and kept, the one cut short continues from its head) and ends with every chain
+/// in the database exactly as in the state dir.
+#[test]
+fn migrate_killed_mid_copy_resumes_to_the_same_chains() {
+    use std::io::BufRead;
+    let server = server::Server::start();
+    let words = server.fresh_database();
+    let url = as_url(&words);
+    let tmp = tempfile::tempdir().unwrap();
+    let root = std::fs::canonicalize(tmp.path()).unwrap();
+    let state = root.join("state");
+    assert!(run(&state, &root, &["init"]).status.success());
+    let daemon = start_daemon(&state, &root, None);
+    let enrolled = run(&state, &root, &["agent", "enroll", "alice", "--json"]);
+    let token = serde_json::from_slice::<serde_json::Value>(&enrolled.stdout).unwrap()["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let rooms: Vec<String> = (0..6).map(|i| format!("r{i}")).collect();
+    for r in &rooms {
+        assert!(
+            run(&state, &root, &["create", r, "--member", "alice"])
+                .status
+                .success()
+        );
+    }
+    let mut c = room_server::client::Client::connect(&state.join("room.sock")).unwrap();
+    let mut call = |op: &str, args: serde_json::Value| {
+        let r = c
+            .call(&room_server::wire::Request::new(op, args).with_token(Some(&token)))
+            .unwrap();
+        assert!(r.ok, "{op}: {:?}", r.refusal);
+        r.result.unwrap_or_default()
+    };
+    for r in &rooms {
+        let page = call("sync", serde_json::json!({"room": r}));
+        call(
+            "sync",
+            serde_json::json!({"room": r, "confirm": page["receipt"]}),
+        );
+        for i in 0..400 {
+            call(
+                "note",
+                serde_json::json!({"room": r, "text": format!("note {i} of {r}")}),
+            );
+        }
+    }
+    stop_daemon(daemon);
+    let before = chains(&state, &root, None);
+    assert_eq!(before.len(), rooms.len());
+
+    // killed as soon as the first room has landed
+    let mut child = room(&state, &root, &["migrate", "--to", &url])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(first.starts_with("room "), "{first}");
+    assert_eq!(
+        one(
+            &words,
+            "SELECT count(*) FROM migrate_runs WHERE finished_ms IS NULL"
+        ),
+        "1",
+        "the kill came before the migration finished"
+    );
+    let landed = one(&words, "SELECT count(*) FROM journal");
+    let all: u64 = before.iter().map(|(_, n, _)| n).sum();
+    assert!(
+        landed.parse::<u64>().unwrap() < all,
+        "{landed} of {all} records had landed at the kill"
+    );
+    assert!(!state.join("store_migrated.json").exists());
+    // the database is refused to a daemon meanwhile
+    let refused = run(&state, &root, &["serve", "--store", &url]);
+    assert!(!refused.status.success(), "{refused:?}");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("migration unfinished"),
+        "{refused:?}"
+    );
+    // the same command resumes and finishes
+    let resumed = run(&state, &root, &["migrate", "--to", &url]);
+    assert!(resumed.status.success(), "{resumed:?}");
+    let text = String::from_utf8_lossy(&resumed.stdout);
+    assert!(text.contains("(resumed)"), "{text}");
+    assert_eq!(chains(&state, &root, Some(&url)), before);
+    assert_eq!(
+        one(&words, "SELECT count(*) FROM journal"),
+        all.to_string(),
+        "every record once"
+    );
+}
