@@ -573,7 +573,7 @@ pub enum CompositionCmd {
     /// Let AGENT read ROOMS (2 to 8, of one project) composed; it must still read each room.
     Grant {
         agent: String,
-        #[arg(required = true, num_args = 2..)]
+        #[arg(required = true)]
         rooms: Vec<String>,
     },
     /// Revoke a grant: a composition under it is refused from its next page.

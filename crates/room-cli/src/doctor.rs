@@ -7,7 +7,7 @@
 use crate::cmd::Cli;
 use serde_json::{Value, json};
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The rooms a daemon should be able to keep open at once for the descriptor limit to count
 /// as enough.
@@ -63,6 +63,7 @@ pub fn run(cli: &Cli) -> i32 {
         checks.push(http(&state, answers.status == Status::Ok));
         checks.push(answers);
         checks.push(routes(&state));
+        checks.push(restores(&state));
     }
     checks.push(jobs());
     checks.push(confinement());
@@ -113,10 +114,46 @@ fn state_dir(state: &Path) -> Check {
                 room_store::statedir::default_bootstrap_path().display()
             ),
         ),
+        Err(e @ room_store::StoreError::RestorePending(_)) => {
+            check("state_dir", Status::Fail, e.to_string()).fix(
+                "run the same `room restore SNAPSHOT` again: it resumes where it stopped",
+            )
+        }
         Err(e) => check("state_dir", Status::Fail, e.to_string()).fix(
             "a state dir copied or moved is refused on purpose; run `room init` on a fresh directory, or restore the bootstrap that registered this one",
         ),
     }
+}
+
+/// Trees earlier restores replaced, kept in `.restore/OP/previous` until the owner removes
+/// them: worth knowing about, since each can be as large as the state.
+fn restores(state: &Path) -> Check {
+    let work = state.join(room_store::snapshot::WORK);
+    let kept: Vec<PathBuf> = std::fs::read_dir(&work)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.path().join("previous"))
+                .filter(|p| p.is_dir())
+                .collect()
+        })
+        .unwrap_or_default();
+    if kept.is_empty() {
+        return check("restores", Status::Ok, "no replaced tree kept");
+    }
+    let names: Vec<String> = kept.iter().map(|p| p.display().to_string()).collect();
+    check(
+        "restores",
+        Status::Warn,
+        format!(
+            "{} tree(s) replaced by a restore are kept: {}",
+            kept.len(),
+            names.join(", ")
+        ),
+    )
+    .fix(format!(
+        "once the restored state serves, remove them: rm -r {}",
+        names.join(" ")
+    ))
 }
 
 /// The state directory is its owner's alone (journals hold what agents wrote, control.db their

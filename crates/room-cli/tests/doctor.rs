@@ -155,6 +155,30 @@ fn each_planted_problem_is_reported_with_its_fix() {
     assert_eq!(code, 1);
     assert_eq!(named(&v, "free_space")["status"], "fail");
     std::fs::remove_file(env.state().join("config.toml")).unwrap();
+    // a tree an earlier restore replaced, kept; then a restore left unfinished
+    assert_eq!(named(&v, "restores")["status"], "ok");
+    let kept = env.state().join(".restore/123-1/previous");
+    std::fs::create_dir_all(&kept).unwrap();
+    let (code, v) = env.doctor("", &[]);
+    assert_eq!(code, 0, "a warning: {v}");
+    let c = named(&v, "restores");
+    assert_eq!(c["status"], "warn", "{c}");
+    assert!(c["fix"].as_str().unwrap().contains("rm -r"), "{c}");
+    std::fs::write(
+        env.state().join("restore_pending.json"),
+        r#"{"op":"123-1","fingerprint":"f","snapshot":"/backup/s","started_ms":1,"phase":"promoting"}"#,
+    )
+    .unwrap();
+    let (code, v) = env.doctor("", &[]);
+    assert_eq!(code, 1);
+    let c = named(&v, "state_dir");
+    assert!(
+        c["detail"].as_str().unwrap().contains("restore pending"),
+        "{c}"
+    );
+    assert!(c["fix"].as_str().unwrap().contains("room restore"), "{c}");
+    std::fs::remove_file(env.state().join("restore_pending.json")).unwrap();
+    std::fs::remove_dir_all(env.state().join(".restore")).unwrap();
     // the bootstrap that registered the state dir is gone: a split brain, refused at start
     std::fs::remove_file(env.root.join("config/room/bootstrap.toml")).unwrap();
     let (code, v) = env.doctor("", &[]);
