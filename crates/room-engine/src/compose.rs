@@ -117,11 +117,11 @@ impl Engine {
         }
         let grants = self
             .control()
-            .compositions(Some(reader), COMPOSITIONS_LISTED_MAX)
+            .active_compositions(reader)
             .map_err(store_err)?;
         grants
             .into_iter()
-            .find(|g| g.revoked_ms.is_none() && rooms.iter().all(|r| g.rooms.contains(r)))
+            .find(|g| rooms.iter().all(|r| g.rooms.contains(r)))
             .map(|g| Some(g.id))
             .ok_or_else(|| {
                 Refusal::new(
@@ -176,12 +176,7 @@ impl Engine {
                 "they are bound to different projects: a composition of them would be empty",
             ));
         }
-        let held = c
-            .compositions(Some(agent), COMPOSITIONS_LISTED_MAX)
-            .map_err(store_err)?
-            .into_iter()
-            .filter(|g| g.revoked_ms.is_none())
-            .count();
+        let held = c.active_compositions(agent).map_err(store_err)?.len();
         if held >= COMPOSE_GRANTS_PER_AGENT_MAX {
             return Err(Refusal::new(
                 Code::QuotaExceeded,

@@ -1023,6 +1023,10 @@ impl ControlStore for PgControl {
         self.compositions_pg(agent, limit)
     }
 
+    fn active_compositions(&self, agent: &str) -> Result<Vec<room_store::control::CompositionRow>> {
+        self.active_compositions_pg(agent)
+    }
+
     fn insert_collab(&mut self, c: &room_store::control::CollabRow) -> Result<()> {
         self.insert_collab_pg(c)
     }

@@ -413,6 +413,25 @@ impl PgControl {
         })
     }
 
+    pub(crate) fn active_compositions_pg(&self, agent: &str) -> Result<Vec<CompositionRow>> {
+        let agent = agent.to_string();
+        let limit = lim(room_store::control::COMPOSITIONS_PAGE_MAX);
+        self.call(move |c| async move {
+            c.query(
+                &format!(
+                    "SELECT {COMPOSITION_COLS} FROM compositions WHERE agent = $1 AND revoked_ms IS NULL
+                     ORDER BY id LIMIT $2"
+                ),
+                &[&agent, &limit],
+            )
+            .await
+            .map_err(pg)?
+            .iter()
+            .map(composition_from)
+            .collect()
+        })
+    }
+
     pub(crate) fn collab_pg(&self, id: &str) -> Result<Option<CollabRow>> {
         let id = id.to_string();
         self.call(move |c| async move {

@@ -305,6 +305,9 @@ pub trait ControlStore: Send {
         agent: Option<&str>,
         limit: usize,
     ) -> Result<Vec<crate::control::CompositionRow>>;
+    /// `agent`'s unrevoked grants, by id, at most `control::COMPOSITIONS_PAGE_MAX` (however
+    /// many it holds revoked).
+    fn active_compositions(&self, agent: &str) -> Result<Vec<crate::control::CompositionRow>>;
     /// A collaboration's record; an id already taken is an error.
     fn insert_collab(&mut self, c: &crate::control::CollabRow) -> Result<()>;
     fn collab(&self, id: &str) -> Result<Option<crate::control::CollabRow>>;

@@ -1322,6 +1322,12 @@ pub fn control_compositions(h: &mut dyn Harness) {
         Some(grant("cmp_1", "beta"))
     );
     assert_eq!(c.composition("cmp_none").unwrap(), None);
+    assert_eq!(
+        c.active_compositions("beta").unwrap(),
+        [grant("cmp_1", "beta")],
+        "unrevoked only"
+    );
+    assert!(c.active_compositions("alpha").unwrap().is_empty());
 }
 
 pub fn control_collaborations(h: &mut dyn Harness) {

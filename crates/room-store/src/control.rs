@@ -1669,6 +1669,18 @@ impl ControlStore for SqliteControl {
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
+    fn active_compositions(&self, agent: &str) -> Result<Vec<CompositionRow>> {
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {COMPOSITION_COLS} FROM compositions WHERE agent = ?1 AND revoked_ms IS NULL
+             ORDER BY id LIMIT ?2"
+        ))?;
+        let rows = st.query_map(
+            params![agent, COMPOSITIONS_PAGE_MAX as i64],
+            composition_from_row,
+        )?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
     fn collab(&self, id: &str) -> Result<Option<CollabRow>> {
         Ok(self
             .conn
