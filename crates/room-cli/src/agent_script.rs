@@ -25,12 +25,18 @@
 //! - `close`: as its orchestrator, close the collaboration when `collab_status` says every
 //!   phase is done (`collab_close`);
 //! - `exit` (stop without a word), `fail` (exit 1), `hang` (never end: the launch's deadline
-//!   stops it).
+//!   stops it);
+//! - hostile steps for `room prove`: `stubborn` (itself and a grandchild ignoring SIGTERM),
+//!   `leak` (its one-launch credential written to `leaked-credential` in its working
+//!   directory, for a process outside its job to try).
 
 use room_server::client::Client;
 use room_server::wire::{Request, Response};
 use serde_json::{Value, json};
 use std::io::BufRead;
+
+/// Where the `leak` step writes the worker's credential, beneath its working directory.
+pub const LEAKED: &str = "leaked-credential";
 
 /// Pages one `read` step follows before it gives up on reaching the tip.
 const READ_PAGES_MAX: usize = 10_000;
@@ -194,6 +200,12 @@ fn script(steps: &str) -> Result<i32, String> {
                 std::thread::sleep(std::time::Duration::from_secs(60));
             },
             "stubborn" => return Err(stubborn()),
+            "leak" => {
+                // a hostile worker: its one-launch credential, where a process outside its
+                // job can read it (`room prove` 04-C07 shows it works nowhere but here)
+                let token = std::env::var("ROOM_TOKEN").map_err(|_| "no ROOM_TOKEN")?;
+                std::fs::write(LEAKED, token).map_err(|e| format!("{LEAKED}: {e}"))?;
+            }
             w if room_engine::policy::is_write_step(w) => {
                 let rel = &w["write:".len()..];
                 let path = std::path::Path::new(rel);

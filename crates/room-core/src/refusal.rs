@@ -103,6 +103,8 @@ codes! {
     ControlStandingRequired => "control_standing_required",
     // a launch's broker socket reached from outside its owned job
     BrokerPeerRefused => "broker_peer_refused",
+    // a running launch's one-launch credential presented outside its broker
+    LaunchCredentialOutsideBroker => "launch_credential_outside_broker",
     // a worker's proposal: a change to a staged projection that the daemon applies
     ProposalWithheld => "proposal_withheld",
     ProposalVersionConflict => "proposal_version_conflict",

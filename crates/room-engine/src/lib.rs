@@ -56,7 +56,7 @@ pub use policy::Policy;
 pub struct Owner {
     _private: (),
 }
-pub use principal::{Caller, Evidence, Principal};
+pub use principal::{Caller, CredentialVia, Evidence, Principal};
 
 /// No process has this uid (`(uid_t) -1`): the default owner uid, so that an engine whose
 /// configuration names no owner grants no real Unix peer owner standing.
@@ -339,6 +339,41 @@ impl Engine {
             Caller::Agent(a) => {
                 self.authenticate(&a.token)?;
                 Err(refused())
+            }
+        }
+    }
+
+    /// Where a launch's one-launch credential is presented: it works only through its own
+    /// launch's broker (a process of the launch's job running a pinned program; the broker
+    /// checks both) or inside the daemon (an API worker's tool calls). Presented anywhere
+    /// else while its launch runs (the owner's socket, HTTP), it is a credential that left
+    /// its job: `launch_credential_outside_broker`, whoever holds it. A credential that no
+    /// longer acts, and every other credential, is left to authentication.
+    pub fn credential_admits(&self, token: &str, via: CredentialVia<'_>) -> Outcome<()> {
+        match via {
+            CredentialVia::Broker(launch) => self.broker_admits(launch, token),
+            CredentialVia::Daemon => Ok(()),
+            CredentialVia::Elsewhere => {
+                // a credential that no longer acts (its launch ended, its task cancelled) gets
+                // authentication's own refusal, which says why
+                if !token.starts_with(dispatch::WORKER_TOKEN_PREFIX)
+                    || self.authenticate(token).is_err()
+                {
+                    return Ok(());
+                }
+                let digest = room_core::sha256_hex(token.as_bytes());
+                match self.control().launch_by_secret(&digest).map_err(store_err)? {
+                    Some(l) if l.state != "ended" => Err(Refusal::new(
+                        Code::LaunchCredentialOutsideBroker,
+                        format!(
+                            "the credential of launch {} works only through its own broker, from inside its job",
+                            l.id
+                        ),
+                    )
+                    .detail(serde_json::json!({"launch": l.id, "agent": l.agent}))
+                    .hint("a worker reaches Room through the ROOM_SOCKET its launch gave it (room mcp, room api)")),
+                    _ => Ok(()),
+                }
             }
         }
     }

@@ -503,9 +503,9 @@ pub const WRITE_TOOL_KINDS: [&str; 3] = ["edit", "delete", "move"];
 pub const EXECUTE_TOOL_KINDS: [&str; 1] = ["execute"];
 
 /// Steps the scripted agent knows.
-pub const SCRIPT_STEPS: [&str; 13] = [
+pub const SCRIPT_STEPS: [&str; 14] = [
     "read", "reply", "exit", "fail", "hang", "claim", "done", "diff", "decline", "ask", "dispatch",
-    "close", "stubborn",
+    "close", "stubborn", "leak",
 ];
 
 /// `reply:TEXT`: the scripted agent answers each obligation of its wake with TEXT (1..=256

@@ -31,6 +31,17 @@ pub enum Evidence {
     Worker { launch: Option<String>, pid: u32 },
 }
 
+/// Where an agent's credential arrived, as the transport knows it: a launch's broker (its
+/// peer already checked against the launch's job and pinned programs), the daemon's own
+/// in-process callers (an API worker's tool calls), or anywhere else (the owner's socket,
+/// HTTP). The engine decides what each admits ([`crate::Engine::credential_admits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CredentialVia<'a> {
+    Broker(&'a str),
+    Daemon,
+    Elsewhere,
+}
+
 /// Who is calling, as the transport established it. The engine decides what that allows.
 #[derive(Debug, Clone)]
 pub enum Caller {

@@ -47,7 +47,7 @@ fn blackboard_for(engine: &Arc<Engine>, token: &str) -> Vec<tools::ToolDef> {
         meta: None,
         page_bytes_max: None,
     };
-    let me = dispatch::handle(engine, Transport::Http, req, None).result;
+    let me = dispatch::handle(engine, Transport::Daemon, req, None).result;
     let scopes: Option<Vec<String>> = me
         .and_then(|v| serde_json::from_value(v["scopes"].clone()).ok())
         .flatten();
@@ -90,7 +90,7 @@ impl ToolHost for LaunchTools {
         };
         let engine = self.engine.clone();
         match tokio::task::spawn_blocking(move || {
-            dispatch::handle(&engine, Transport::Http, req, None)
+            dispatch::handle(&engine, Transport::Daemon, req, None)
         })
         .await
         {

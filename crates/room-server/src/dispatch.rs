@@ -20,6 +20,9 @@ pub enum Transport {
     UnixSocket(Evidence),
     /// HTTP with `Authorization: Bearer`.
     Http,
+    /// The daemon's own in-process callers: an API worker's tool calls under its launch's
+    /// credential. Never the owner: a call without a credential is refused.
+    Daemon,
 }
 
 /// The conversation an agent gets when its transport names none (one fixed one per agent).
@@ -381,14 +384,17 @@ fn resolve_caller(
     }
     Ok(match (token, transport) {
         (None, Transport::UnixSocket(evidence)) => Caller::Local(evidence),
-        (None, Transport::Http) => return Err(Box::new(no_credential())),
+        (None, Transport::Http | Transport::Daemon) => return Err(Box::new(no_credential())),
         (Some(token), transport) => {
-            if let Transport::UnixSocket(Evidence::Worker {
-                launch: Some(launch),
-                ..
-            }) = &transport
-                && let Err(r) = engine.broker_admits(launch, &token)
-            {
+            let via = match &transport {
+                Transport::UnixSocket(Evidence::Worker {
+                    launch: Some(launch),
+                    ..
+                }) => room_engine::CredentialVia::Broker(launch),
+                Transport::Daemon => room_engine::CredentialVia::Daemon,
+                _ => room_engine::CredentialVia::Elsewhere,
+            };
+            if let Err(r) = engine.credential_admits(&token, via) {
                 return Err(Box::new(Response::refused(r)));
             }
             let declared = match tier_arg("tier", req.tier.clone()) {

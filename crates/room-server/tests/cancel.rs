@@ -568,7 +568,13 @@ fn a_task_cancel_stops_the_running_work_of_the_task_and_its_subtasks() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let token = worker_token(&fx);
-    fx.ok(Some(&token), "whoami", json!({}));
+    // carried out of its job, the live credential works nowhere but its broker
+    fx.refuse(
+        Some(&token),
+        "whoami",
+        json!({}),
+        "launch_credential_outside_broker",
+    );
     let c = fx.ok(Some(&a), "task_cancel", json!({"task": parent}));
     assert_eq!(c["status"], "cancelled", "{c}");
     // from the cancel on, the worker's credential acts no more (before the observer's trip)

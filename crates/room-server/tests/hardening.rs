@@ -462,3 +462,80 @@ fn system_and_configuration_directories_are_refused_as_territory() {
     std::fs::create_dir_all(&work).unwrap();
     fx.ok("project_open", json!({"path": work.to_str().unwrap()}));
 }
+
+/// A running launch's one-launch credential carried out of its job (a worker that leaks it)
+/// is refused over HTTP as on the owner's socket: `launch_credential_outside_broker`, with
+/// nothing changed; it works only through its own launch's broker.
+#[test]
+fn a_launch_credential_is_refused_over_http_while_its_launch_runs() {
+    let fx = Fx::new(Limits::default());
+    let alpha = fx.agent();
+    fx.ok(
+        "agent_enroll",
+        json!({"name": "beta", "max_tier": "member"}),
+    );
+    fx.ok(
+        "room_members_add",
+        json!({"room": "coord", "agent": "beta"}),
+    );
+    let agent = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/workers/agent.py");
+    std::fs::write(
+        fx.root.join("state/config.toml"),
+        format!(
+            "[routes.beta]\nadapter = \"command\"\ncommand = [\"/usr/bin/python3\", {:?}, \"hang\"]\ntimeout_ms = 30000\n",
+            agent.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let mut c = Client::connect(&fx.daemon.socket).unwrap();
+    let call = |c: &mut Client, op: &str, args: Value| {
+        let r = c
+            .call(&Request::new(op, args).with_token(Some(&alpha)))
+            .unwrap();
+        assert!(r.ok, "{op}: {:?}", r.refusal);
+        r.result.unwrap()
+    };
+    let page = call(&mut c, "sync", json!({"room": "coord"}));
+    call(
+        &mut c,
+        "sync",
+        json!({"room": "coord", "confirm": page["receipt"]}),
+    );
+    call(
+        &mut c,
+        "send",
+        json!({"room": "coord", "to": ["beta"], "text": "@beta keep running"}),
+    );
+    // the worker prints its credential first (tests/workers/agent.py)
+    let start = Instant::now();
+    let token = loop {
+        let found = std::fs::read_dir(fx.root.join("state/workers"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|d| std::fs::read_to_string(d.path().join("stdout.log")).ok())
+            .find_map(|s| {
+                let first: Value = serde_json::from_str(s.lines().next()?).ok()?;
+                first["token"].as_str().map(String::from)
+            });
+        if let Some(t) = found {
+            break t;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "no worker ran");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let before = fx.snapshot();
+    let host = format!("127.0.0.1:{}", fx.http.port());
+    for body in [
+        json!({"op": "whoami", "args": {}}),
+        json!({"op": "note", "args": {"room": "coord", "text": "from outside the job"}}),
+    ] {
+        let (status, out) = post_call(fx.http, &host, None, &token, &body.to_string());
+        assert_eq!(status, 200);
+        let r: Response = serde_json::from_slice(&out).unwrap();
+        let refusal = expect_code(&r, "launch_credential_outside_broker");
+        assert_eq!(refusal["detail"]["agent"], "beta", "{refusal}");
+        assert_eq!(fx.snapshot(), before, "{body} changed state");
+    }
+    fx.ok("room_cancel", json!({"room": "coord"}));
+}

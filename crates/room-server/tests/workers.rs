@@ -1048,7 +1048,51 @@ fn a_broker_refuses_a_process_outside_its_launch_s_job() {
     // the refused connection changed nothing: the worker still runs, its permit dispatched
     let all = fx.ok(None, "wakes_list", json!({}));
     assert_eq!(all["wakes"][0]["launches"][0]["state"], "running");
+    // its credential, carried out of the job, does not work on the owner's socket while the
+    // launch runs (nor over HTTP: hardening.rs), and the refused calls changed nothing
+    let start = Instant::now();
+    let token = loop {
+        if let Some(t) = worker_out(&fx).first().and_then(|v| v["token"].as_str()) {
+            break t.to_string();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no token printed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let before = fx.snapshot();
+    for (op, args) in [
+        ("whoami", json!({})),
+        (
+            "note",
+            json!({"room": "coord", "text": "from outside the job"}),
+        ),
+    ] {
+        let r = fx.refuse(
+            Some(&token),
+            op,
+            args.clone(),
+            "launch_credential_outside_broker",
+        );
+        assert_eq!(r.detail["launch"], launch.as_str(), "{r}");
+        assert_eq!(r.detail["agent"], "beta", "{r}");
+    }
+    assert_eq!(
+        fx.snapshot(),
+        before,
+        "a refused credential changed nothing"
+    );
+    let all = fx.ok(None, "wakes_list", json!({}));
+    assert_eq!(all["wakes"][0]["launches"][0]["state"], "running");
     fx.ok(None, "room_cancel", json!({"room": "coord"}));
+    // once its launch ended the credential is simply revoked, wherever it is shown
+    let start = Instant::now();
+    while fx.ok(None, "wakes_list", json!({}))["wakes"][0]["launches"][0]["state"] != "ended" {
+        assert!(start.elapsed() < Duration::from_secs(30), "never ended");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    fx.refuse(Some(&token), "whoami", json!({}), "credential_revoked");
 }
 
 #[test]

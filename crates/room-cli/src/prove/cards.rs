@@ -422,8 +422,134 @@ pub(super) fn c07(p: &mut Prover, cast: &Cast) -> Vec<&'static str> {
         "wake_room_authority_changed",
         &source,
     );
+    leaked_credential(p, &a);
     vec![
-        "the worker-claim revalidation (the one-launch credential's split lock) and its pid and path changes",
+        "the split lock's own race (a permit changed between the claim's two reads): timing Room cannot force from outside",
+        "a program other than the pinned ones inside the job (crates/room-server/tests/workers.rs covers it); Room's permits are control-store rows, not files with a path to swap",
         "a member removed (Room has no removal; the roster only grows)",
     ]
+}
+
+/// The claim's worker binding: a running launch's one-launch credential, carried out of its
+/// job by a hostile worker (`leak`), is refused on the owner's socket and by the launch's own
+/// broker (the peer is no process of the job), changing nothing; once the launch is
+/// stopped it is revoked.
+fn leaked_credential(p: &mut Prover, a: &str) {
+    p.recruit("c07_leaker", "member");
+    p.ok(
+        "the owner opens a room for a hostile worker",
+        None,
+        "room_create",
+        json!({"name": "c07-leak", "members": ["alpha", "c07_leaker"]}),
+    );
+    p.ok(
+        "the owner routes c07_leaker to a scripted worker that leaks its credential (leak, hang)",
+        None,
+        "route_set",
+        json!({"agent": "c07_leaker", "route": {"adapter": "script", "steps": ["leak", "hang"]}}),
+    );
+    p.catch_up(a, "c07-leak");
+    let source = p
+        .ok(
+            "alpha asks the leaking worker",
+            Some(a),
+            "send",
+            json!({"room": "c07-leak", "to": ["c07_leaker"], "text": "@c07_leaker work"}),
+        )
+        .and_then(|v| v["event"].as_str().map(String::from))
+        .unwrap_or_default();
+    let workers = p.state.root.join("workers");
+    let mut found = None;
+    for _ in 0..600 {
+        let w = p
+            .call(None, "wakes_list", json!({"room": "c07-leak"}))
+            .result
+            .unwrap_or_default();
+        let launch = w["wakes"]
+            .as_array()
+            .and_then(|ws| ws.iter().find(|w| w["source_event"] == source.as_str()))
+            .filter(|w| w["launches"][0]["state"] == "running")
+            .and_then(|w| w["launches"][0]["launch"].as_str().map(String::from));
+        if let Some(l) = launch
+            && let Ok(t) =
+                std::fs::read_to_string(workers.join(&l).join(crate::agent_script::LEAKED))
+        {
+            found = Some((l, t));
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let Some((launch, token)) = found else {
+        p.record(
+            "the leaking worker runs and leaves its credential",
+            false,
+            "no running launch left a credential in 30 s",
+        );
+        return;
+    };
+    p.record(
+        "the leaking worker runs and leaves its credential",
+        true,
+        format!("launch {launch}"),
+    );
+    p.refused(
+        "its credential on the owner's socket, while its launch runs",
+        Some(&token),
+        "note",
+        json!({"room": "c07-leak", "text": "from outside the job"}),
+        "launch_credential_outside_broker",
+        Some("c07-leak"),
+    );
+    let before = p.tip("c07-leak");
+    let seen = broker_call(&workers.join(&launch).join("broker.sock"), &token);
+    let after = p.tip("c07-leak");
+    p.record(
+        "its credential on its own broker, from a process outside the job",
+        seen["refusal"]["code"] == "broker_peer_refused"
+            && seen["refusal"]["detail"]["reason"] == "outside_job"
+            && before == after,
+        format!(
+            "{} ({}), journal still at seq {after}",
+            seen["refusal"]["code"].as_str().unwrap_or("not refused"),
+            seen["refusal"]["detail"]["reason"].as_str().unwrap_or("?")
+        ),
+    );
+    p.ok(
+        "the owner cancels the room (its worker is stopped)",
+        None,
+        "room_cancel",
+        json!({"room": "c07-leak"}),
+    );
+    for _ in 0..600 {
+        let w = p
+            .call(None, "wakes_list", json!({"room": "c07-leak"}))
+            .result
+            .unwrap_or_default();
+        if w["wakes"][0]["launches"][0]["state"] == "ended" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    p.refused(
+        "once its launch ended, the credential is revoked",
+        Some(&token),
+        "whoami",
+        json!({}),
+        "credential_revoked",
+        Some("c07-leak"),
+    );
+}
+
+/// One request on a launch's broker socket from this process (outside the launch's job).
+fn broker_call(socket: &std::path::Path, token: &str) -> Value {
+    use std::io::{BufRead, Write};
+    let Ok(mut s) = std::os::unix::net::UnixStream::connect(socket) else {
+        return json!({"refusal": {"code": "no broker socket"}});
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    let req = json!({"op": "whoami", "token": token, "args": {}});
+    let _ = s.write_all(format!("{req}\n").as_bytes());
+    let mut line = String::new();
+    let _ = std::io::BufReader::new(&s).read_line(&mut line);
+    serde_json::from_str(&line).unwrap_or(json!({"refusal": {"code": "no answer"}}))
 }
