@@ -56,12 +56,24 @@ fn token_refusal(state: &Path, token: &str) -> anyhow::Result<Option<Refusal>> {
     Ok(room_engine::principal::authenticate_offline(control.as_ref(), token).err())
 }
 
+/// The socket to reach Room on: `ROOM_SOCKET` when set (a worker's broker: a launch's
+/// credential works nowhere else), else the state dir's.
+fn socket(state: &Path) -> std::path::PathBuf {
+    std::env::var_os("ROOM_SOCKET")
+        .filter(|s| !s.is_empty())
+        .map_or_else(|| state.join("room.sock"), std::path::PathBuf::from)
+}
+
 /// Start `room serve` for `state` unless one answers, and wait for it; never for a token that
 /// does not authenticate.
 pub fn ensure_daemon(state: &Path, token: &str) -> anyhow::Result<Daemon> {
-    let sock = state.join("room.sock");
+    let sock = socket(state);
     if ping(&sock) {
         return Ok(Daemon::Up);
+    }
+    if sock != state.join("room.sock") {
+        // a worker's broker is the launch's own: nothing to start when it does not answer
+        anyhow::bail!("ROOM_SOCKET {} does not answer", sock.display());
     }
     match token_refusal(state, token) {
         Ok(Some(r)) => return Ok(Daemon::Refused(r)),
@@ -158,7 +170,7 @@ pub fn run(state: &Path, mode: ToolsMode) -> i32 {
     };
     let backend: Arc<dyn Backend> = match ensure_daemon(state, &token) {
         Ok(Daemon::Up) => Arc::new(Bridge {
-            socket: state.join("room.sock"),
+            socket: socket(state),
             token,
             tier: std::env::var("ROOM_TIER").ok().filter(|t| !t.is_empty()),
         }),

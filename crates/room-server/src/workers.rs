@@ -649,13 +649,7 @@ fn command(
     for (k, v) in preset.map_or(&[][..], |p| p.env_set) {
         cmd.env(k, v);
     }
-    // confined, the daemon's socket path is where the worker sees its broker; otherwise
-    // it is told the broker's own path (the daemon's socket would take it for a worker too)
-    let socket = if env.confine.is_some() {
-        env.socket.clone()
-    } else {
-        dir.join("broker.sock")
-    };
+    let socket = worker_socket(env, dir);
     cmd.env("ROOM_TOKEN", &l.token)
         .env("ROOM_STATE_DIR", &env.state_dir)
         .env("ROOM_SOCKET", &socket)
@@ -665,6 +659,17 @@ fn command(
         cmd.env("ROOM_BRIDGE", exe);
     }
     Ok(cmd)
+}
+
+/// Where a launch's worker reaches its broker: confined, at the daemon's socket path (its
+/// view binds the broker there); otherwise at the broker's own path. Never the owner's
+/// socket, where the launch's credential is refused (`launch_credential_outside_broker`).
+fn worker_socket(env: &WorkerEnv, dir: &Path) -> PathBuf {
+    if env.confine.is_some() {
+        env.socket.clone()
+    } else {
+        dir.join("broker.sock")
+    }
 }
 
 /// Start the worker in a job of its own, claim the launch with its pid and run its adapter.
@@ -1177,6 +1182,12 @@ async fn acp_turn(
             env: vec![
                 ("ROOM_TOKEN".into(), l.token.clone()),
                 ("ROOM_STATE_DIR".into(), env.state_dir.display().to_string()),
+                (
+                    "ROOM_SOCKET".into(),
+                    worker_socket(env, &env.state_dir.join("workers").join(&l.id))
+                        .display()
+                        .to_string(),
+                ),
                 ("ROOM_LAUNCH".into(), l.id.clone()),
             ],
         }],
