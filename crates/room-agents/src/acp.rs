@@ -7,6 +7,9 @@
 //! its turn. Updates a loaded session replays before the prompt are counted apart: they prove
 //! nothing about the wake.
 //!
+//! Outside a wake, [`list`] asks an agent for its own sessions (`session/list`, the session
+//! factory's `list`), when its `initialize` offers it.
+//!
 //! What the agent proved is reported, never inferred: the session it bound, the updates that
 //! came from that session and from any other (a wrong body), and how its turn ended. The
 //! engine turns that into a rung of the proof ladder; a reply is proven only by Room's own
@@ -16,9 +19,10 @@ use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
     AuthenticateRequest, CancelNotification, ContentBlock, EnvVariable, InitializeRequest,
-    LoadSessionRequest, McpServer, McpServerStdio, NewSessionRequest, PermissionOptionKind,
-    PromptRequest, RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
-    SelectedPermissionOutcome, SessionId, SessionNotification, SessionUpdate, TextContent,
+    ListSessionsRequest, LoadSessionRequest, McpServer, McpServerStdio, NewSessionRequest,
+    PermissionOptionKind, PromptRequest, RequestPermissionOutcome, RequestPermissionRequest,
+    RequestPermissionResponse, SelectedPermissionOutcome, SessionId, SessionNotification,
+    SessionUpdate, TextContent,
 };
 use agent_client_protocol::{Agent, ByteStreams, Client};
 use serde::Serialize;
@@ -513,6 +517,140 @@ fn stdio_server(s: &StdioServer) -> McpServer {
             .args(s.args.clone())
             .env(env),
     )
+}
+
+/// What `session/list` may bring back at most: pages followed, and sessions kept.
+pub const LIST_PAGES_MAX: usize = 16;
+pub const LIST_SESSIONS_MAX: usize = 1_000;
+
+/// One `session/list` exchange: which sessions to ask for, and how long it may take.
+#[derive(Debug, Clone)]
+pub struct ListAsk {
+    /// Only the sessions of this working directory (absolute), or all the agent lists.
+    pub cwd: Option<PathBuf>,
+    pub authenticate: Option<String>,
+    pub deadline_ms: u64,
+}
+
+/// A session as the agent listed it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Listed {
+    pub session: String,
+    pub cwd: String,
+    pub title: Option<String>,
+    pub updated_at: Option<String>,
+}
+
+/// What the agent answered to `session/list`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Listing {
+    /// The agent's name from `initialize`.
+    pub agent: Option<String>,
+    /// Whether `initialize` offered `session/list` (`sessionCapabilities.list`); without it
+    /// nothing is asked.
+    pub offered: bool,
+    pub sessions: Vec<Listed>,
+    /// The agent had more than [`LIST_SESSIONS_MAX`] sessions or [`LIST_PAGES_MAX`] pages:
+    /// the rest was not read.
+    pub truncated: bool,
+    pub pages: usize,
+    pub error: Option<String>,
+}
+
+/// Ask the agent on the other end for its own sessions (`initialize`, then `session/list`
+/// page by page when it offers it). Never longer than `ask.deadline_ms`; the caller then
+/// ends the agent's processes.
+pub async fn list<W, R>(to_agent: W, from_agent: R, ask: ListAsk) -> Listing
+where
+    W: tokio::io::AsyncWrite + Send + 'static,
+    R: tokio::io::AsyncRead + Send + 'static,
+{
+    let listing = Arc::new(Mutex::new(Listing::default()));
+    let transport = ByteStreams::new(to_agent.compat_write(), from_agent.compat());
+    let limit = Duration::from_millis(ask.deadline_ms);
+    let out = {
+        let listing = listing.clone();
+        tokio::time::timeout(
+            limit,
+            Client
+                .v1()
+                .name("room")
+                .connect_with(transport, async move |cx: ConnectionTo<Agent>| {
+                    list_pages(cx, ask, listing).await
+                }),
+        )
+        .await
+    };
+    let mut l = locked(&listing).clone();
+    match out {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => l.error = Some(crate::api::clip(&e.to_string(), AGENT_TEXT_BYTES_MAX)),
+        Err(_) => {
+            l.error
+                .get_or_insert_with(|| "the agent did not answer in time".into());
+        }
+    }
+    l
+}
+
+async fn list_pages(
+    cx: ConnectionTo<Agent>,
+    ask: ListAsk,
+    listing: Arc<Mutex<Listing>>,
+) -> agent_client_protocol::Result<()> {
+    let init = cx
+        .send_request(InitializeRequest::new(ProtocolVersion::V1))
+        .block_task()
+        .await?;
+    let offered = init.agent_capabilities.session_capabilities.list.is_some();
+    {
+        let mut l = locked(&listing);
+        l.agent = init
+            .agent_info
+            .map(|i| crate::api::clip(&i.name, AGENT_TEXT_BYTES_MAX));
+        l.offered = offered;
+    }
+    if !offered {
+        return Ok(());
+    }
+    if let Some(m) = &ask.authenticate {
+        cx.send_request(AuthenticateRequest::new(m.clone()))
+            .block_task()
+            .await?;
+    }
+    let mut cursor: Option<String> = None;
+    for _ in 0..LIST_PAGES_MAX {
+        let page = cx
+            .send_request(
+                ListSessionsRequest::new()
+                    .cwd(ask.cwd.clone())
+                    .cursor(cursor.clone()),
+            )
+            .block_task()
+            .await?;
+        let mut l = locked(&listing);
+        l.pages += 1;
+        for s in page.sessions {
+            if l.sessions.len() == LIST_SESSIONS_MAX {
+                l.truncated = true;
+                return Ok(());
+            }
+            l.sessions.push(Listed {
+                session: crate::api::clip(&s.session_id.0, AGENT_TEXT_BYTES_MAX),
+                cwd: crate::api::clip(&s.cwd.display().to_string(), AGENT_TEXT_BYTES_MAX),
+                title: s.title.map(|t| crate::api::clip(&t, AGENT_TEXT_BYTES_MAX)),
+                updated_at: s.updated_at.map(|t| crate::api::clip(&t, 64)),
+            });
+        }
+        // a cursor that does not move would loop; an absent one ends the listing
+        match page.next_cursor {
+            Some(next) if Some(&next) != cursor.as_ref() => cursor = Some(next),
+            Some(_) => return Ok(()),
+            None => return Ok(()),
+        }
+    }
+    locked(&listing).truncated = true;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -139,11 +139,17 @@ pub fn all() -> Vec<Coverage> {
         Coverage {
             adapter: "acp",
             transport: "acp_stdio",
-            operations: ops(&["create", "bind", "send", "prove"], &["resume"]),
-            conditions: vec![(
-                "resume",
-                "the agent offers session/load (initialize's loadSession); with spawn_policy \"never\" a launch fails rather than open a sibling",
-            )],
+            operations: ops(&["create", "bind", "send", "prove"], &["list", "resume"]),
+            conditions: vec![
+                (
+                    "list",
+                    "the agent offers session/list (initialize's sessionCapabilities.list): room sessions native AGENT asks it; otherwise session_op_unsupported",
+                ),
+                (
+                    "resume",
+                    "the agent offers session/load (initialize's loadSession); with spawn_policy \"never\" a launch fails rather than open a sibling",
+                ),
+            ],
             proofs: &[
                 "dispatched",
                 "delivered_to_body",

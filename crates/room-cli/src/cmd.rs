@@ -524,6 +524,10 @@ pub enum SessionsCmd {
     },
     /// One session by its global id (`sf_<host>_<native>`).
     Show { id: String },
+    /// The sessions an ACP agent keeps, asked of the agent itself (`session/list`), each
+    /// beside Room's record of it. Runs the route's program in an owned job, asks it nothing
+    /// else, and stops it.
+    Native { agent: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -773,6 +777,7 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
         Cmd::Route(RouteCmd::List) => req("routes_list", json!({})),
         Cmd::Sessions(SessionsCmd::List { agent }) => req("sessions_list", json!({"agent": agent})),
         Cmd::Sessions(SessionsCmd::Show { id }) => req("sessions_show", json!({"id": id})),
+        Cmd::Sessions(SessionsCmd::Native { .. }) => unreachable!("a local command"),
         Cmd::Adapters(AdaptersCmd::List) => req("adapters_list", json!({})),
         Cmd::Adapters(AdaptersCmd::Probe { .. }) => unreachable!("a local command"),
         Cmd::Wakes(WakesCmd::Show { wake }) => req("wakes_show", json!({"wake": wake})),
@@ -935,6 +940,7 @@ pub fn run(cli: Cli) -> i32 {
             declare,
             command,
         }) => return crate::probe::run(&cli, adapter.as_deref(), command, declare),
+        Cmd::Sessions(SessionsCmd::Native { agent }) => return crate::native::run(&cli, agent),
         Cmd::Completions { shell } => {
             use clap::CommandFactory;
             let mut out = std::io::stdout();

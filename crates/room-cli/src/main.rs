@@ -22,6 +22,7 @@ mod doctor;
 mod mcp_cmd;
 mod mcp_http;
 mod migrate;
+mod native;
 mod probe;
 mod prove;
 mod snapshot;

@@ -423,7 +423,8 @@ fn with_spawn_policy_never_a_wake_is_delivered_into_the_bound_session_or_not_at_
     let sessions_file = env.root.join("keeper-sessions.json");
     let config = format!(
         "[routes.keeper]\nadapter = \"acp\"\ncommand = [{py:?}, {agent:?}, \"reply\", {file:?}]\nspawn_policy = \"never\"\ntags = [\"team:parser\", \"keeper\"]\n\n\
-         [routes.noload]\nadapter = \"acp\"\ncommand = [{py:?}, {agent:?}, \"reply\"]\nspawn_policy = \"never\"\n",
+         [routes.noload]\nadapter = \"acp\"\ncommand = [{py:?}, {agent:?}, \"reply\"]\nspawn_policy = \"never\"\n\n\
+         [routes.scripted]\nadapter = \"script\"\nsteps = [\"read\"]\n",
         py = py.display().to_string(),
         agent = agent_py.display().to_string(),
         file = sessions_file.display().to_string(),
@@ -549,6 +550,49 @@ fn with_spawn_policy_never_a_wake_is_delivered_into_the_bound_session_or_not_at_
             .contains(&json!(["resume", "conditional"])),
         "{acp}"
     );
+
+    // the session factory's list, asked of the agent itself: it lists its one session a page
+    // (the command follows nextCursor), each beside Room's record of it
+    let records = env.ok(&["sessions", "list", "--json"], None);
+    let native_listed = env.ok(&["sessions", "native", "keeper", "--json"], None);
+    let listed = native_listed["sessions"].as_array().unwrap();
+    assert_eq!(listed.len(), 1, "{native_listed}");
+    assert_eq!(listed[0]["session"], native, "{native_listed}");
+    assert_eq!(listed[0]["title"], "session 1");
+    assert_eq!(
+        (&listed[0]["room"]["id"], &listed[0]["room"]["bound"]),
+        (&json!(format!("sf_acp_{native}")), &json!(true)),
+        "{native_listed}"
+    );
+    assert_eq!(native_listed["room_not_listed"], json!([]));
+    assert_eq!(
+        native_listed["job"]["confirmed_empty"], true,
+        "{native_listed}"
+    );
+    // a session the agent keeps that Room never opened is shown as such, and the pages are
+    // followed to the end
+    let mut kept: Value = serde_json::from_slice(&std::fs::read(&sessions_file).unwrap()).unwrap();
+    kept.as_array_mut()
+        .unwrap()
+        .push(json!({"id": "elsewhere-1", "cwd": "/tmp", "title": "opened by hand"}));
+    std::fs::write(&sessions_file, kept.to_string()).unwrap();
+    let both = env.ok(&["sessions", "native", "keeper", "--json"], None);
+    assert_eq!(both["pages"], 2, "{both}");
+    assert_eq!(both["sessions"][1]["session"], "elsewhere-1");
+    assert_eq!(both["sessions"][1]["room"], Value::Null, "{both}");
+    // an agent that offers no session/list, an adapter without native sessions and an agent
+    // without a route are refused, and nothing Room keeps changed
+    for (agent, code) in [
+        ("noload", "session_op_unsupported"),
+        ("scripted", "session_op_unsupported"),
+        ("nobody", "not_found"),
+    ] {
+        let o = env.run(&["sessions", "native", agent, "--json"], None);
+        assert_eq!(o.status.code(), Some(1), "{agent}: {o:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(&format!("error[{code}]")), "{agent}: {err}");
+    }
+    assert_eq!(env.ok(&["sessions", "list", "--json"], None), records);
 }
 
 /// The published ACP bridges, installed by scripts/test into tests/mcp/npm/node_modules.

@@ -105,6 +105,8 @@ codes! {
     BrokerPeerRefused => "broker_peer_refused",
     // a running launch's one-launch credential presented outside its broker
     LaunchCredentialOutsideBroker => "launch_credential_outside_broker",
+    // a session factory operation the adapter or the agent does not offer
+    SessionOpUnsupported => "session_op_unsupported",
     // a worker's proposal: a change to a staged projection that the daemon applies
     ProposalWithheld => "proposal_withheld",
     ProposalVersionConflict => "proposal_version_conflict",

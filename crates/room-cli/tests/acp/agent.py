@@ -25,7 +25,8 @@ argument:
   dispatching nothing (an orchestrator whose words announce what it did not do).
 
 With a second argument (a file that keeps its sessions across processes) it offers
-`session/load`: a loaded session replays one update of its history before the prompt.
+`session/load`: a loaded session replays one update of its history before the prompt; and
+`session/list`, one session a page.
 
 Each step is a JSON line on stderr (the dispatcher keeps it in the worker's log)."""
 
@@ -46,7 +47,8 @@ from acp import (
     text_block,
     update_agent_message,
 )
-from acp.schema import AgentCapabilities, Cost, PermissionOption, ToolCallUpdate, UsageUpdate
+from acp.schema import (AgentCapabilities, Cost, ListSessionsResponse, PermissionOption, SessionCapabilities,
+                        SessionInfo, SessionListCapabilities, ToolCallUpdate, UsageUpdate)
 import os
 from mcp import Client, StdioServerParameters
 
@@ -54,12 +56,16 @@ MODE = sys.argv[1] if len(sys.argv) > 1 else "reply"
 SESSIONS = sys.argv[2] if len(sys.argv) > 2 else None
 
 
-def known_sessions():
+def known_entries():
     try:
         with open(SESSIONS) as f:
             return json.load(f)
     except FileNotFoundError:
         return []
+
+
+def known_sessions():
+    return [e["id"] for e in known_entries()]
 
 
 def log(**kw):
@@ -79,6 +85,8 @@ class TestAgent(Agent):
     async def initialize(self, protocol_version, client_capabilities=None, client_info=None, **kw):
         log(step="initialize", client=getattr(client_info, "name", None))
         caps = AgentCapabilities(load_session=SESSIONS is not None)
+        if SESSIONS:
+            caps.session_capabilities = SessionCapabilities(list=SessionListCapabilities())
         return InitializeResponse(protocol_version=protocol_version, agent_capabilities=caps)
 
     async def new_session(self, cwd, mcp_servers=None, **kw):
@@ -88,10 +96,19 @@ class TestAgent(Agent):
         self.cwds[sid] = cwd
         log(step="new_session", session=sid, cwd=cwd, mcp=[s.name for s in self.servers[sid]])
         if SESSIONS:
-            kept = known_sessions() + [sid]
+            kept = known_entries() + [{"id": sid, "cwd": cwd, "title": "session %d" % (len(known_entries()) + 1)}]
             with open(SESSIONS, "w") as f:
                 json.dump(kept, f)
         return NewSessionResponse(session_id=sid)
+
+    async def list_sessions(self, cwd=None, cursor=None, **kw):
+        # one session a page, so that a client must follow nextCursor
+        entries = [e for e in known_entries() if cwd is None or e["cwd"] == cwd]
+        at = int(cursor) if cursor else 0
+        log(step="list_sessions", cwd=cwd, cursor=cursor, known=len(entries))
+        page = [SessionInfo(session_id=e["id"], cwd=e["cwd"], title=e["title"]) for e in entries[at:at + 1]]
+        more = str(at + 1) if at + 1 < len(entries) else None
+        return ListSessionsResponse(sessions=page, next_cursor=more)
 
     async def load_session(self, cwd, session_id, mcp_servers=None, **kw):
         if session_id not in known_sessions():
