@@ -10,6 +10,7 @@
 //! mechanism for that claim is broken on purpose (room-engine's `planted-bugs`).
 
 mod cards;
+mod crash;
 mod tasks;
 mod views;
 mod wakes;

@@ -285,11 +285,14 @@ pub(super) fn c10(p: &mut Prover, cast: &Cast) -> Vec<&'static str> {
         "room_resume",
         json!({"room": "halt"}),
     );
-    vec!["a crash between the stop outbox's phases (room-cli's stop_crash test proves it)"]
+    super::crash::between_the_phases(p);
+    vec![
+        "a crash between phase 2 and its commit, and the subreaper jobs' crash (room-cli's stop_crash test proves both)",
+    ]
 }
 
 /// Processes whose command line names `marker`, as this machine's /proc shows them.
-fn marked(marker: &str) -> usize {
+pub(super) fn marked(marker: &str) -> usize {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return 0;
     };
