@@ -4,8 +4,10 @@
 //!
 //! Processes are the caller's (the daemon's dispatcher owns their jobs): `acp` gets the
 //! agent's stdin and stdout; `api` (the `openai` and `anthropic` adapters) gets an HTTP
-//! client and the tools it may run.
+//! client and the tools it may run. `acp_script` is the other side: Room's scripted ACP
+//! agent, for showing the adapter's proofs with no model.
 
 pub mod acp;
+pub mod acp_script;
 pub mod api;
 pub mod coverage;

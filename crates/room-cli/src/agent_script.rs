@@ -68,6 +68,44 @@ pub fn run(steps: &str) -> i32 {
     }
 }
 
+/// `room agent-acp --mode MODE`: Room's scripted ACP agent on stdin and stdout
+/// (`room_agents::acp_script`); in `reply` mode the wake its prompt carries gets the
+/// scripted agent's `read` and `reply` steps.
+pub fn run_acp(mode: &str) -> i32 {
+    let Some(mode) = room_agents::acp_script::Mode::parse(mode) else {
+        eprintln!(
+            "error[invalid_argument]: mode: {mode:?} is not one of {:?}",
+            room_agents::acp_script::Mode::NAMES
+        );
+        return crate::cmd::EXIT_REFUSED;
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return crate::cmd::EXIT_IO;
+        }
+    };
+    let on_wake: room_agents::acp_script::OnWake =
+        std::sync::Arc::new(|wake| steps_on("read,reply", &wake).map(|_| ()));
+    let served = rt.block_on(room_agents::acp_script::serve(
+        tokio::io::stdin(),
+        tokio::io::stdout(),
+        mode,
+        on_wake,
+    ));
+    match served {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("error: {e}");
+            1
+        }
+    }
+}
+
 fn script(steps: &str) -> Result<i32, String> {
     let mut line = String::new();
     std::io::stdin()
@@ -75,6 +113,14 @@ fn script(steps: &str) -> Result<i32, String> {
         .read_line(&mut line)
         .map_err(|e| format!("stdin: {e}"))?;
     let prompt: Value = serde_json::from_str(&line).map_err(|e| format!("the wake prompt: {e}"))?;
+    steps_on(steps, &prompt)
+}
+
+/// Run `steps` for the wake `prompt` (its JSON), through `ROOM_SOCKET` with `ROOM_TOKEN`: what
+/// `room agent-script` does once it read its prompt, and what `room agent-acp` does with the
+/// wake its prompt carries.
+pub fn steps_on(steps: &str, prompt: &Value) -> Result<i32, String> {
+    let prompt = prompt.clone();
     let token = std::env::var("ROOM_TOKEN").map_err(|_| "ROOM_TOKEN is not set")?;
     let socket = std::env::var_os("ROOM_SOCKET").ok_or("ROOM_SOCKET is not set")?;
     let mut c = Client::connect(std::path::Path::new(&socket)).map_err(|e| e.to_string())?;

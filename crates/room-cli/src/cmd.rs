@@ -70,6 +70,14 @@ pub enum Cmd {
         #[arg(long, default_value = "read,reply")]
         steps: String,
     },
+    /// Room's scripted ACP agent, as an `acp` route may run it (for `room prove` and for trying
+    /// the adapter without a model): ACP on stdin and stdout, every prompt answered one way
+    /// (reply: read and reply through ROOM_SOCKET; silent; wrong_body; hang).
+    #[command(hide = true)]
+    AgentAcp {
+        #[arg(long, default_value = "reply")]
+        mode: String,
+    },
     /// The daemon API as lines, for scripts and workers: each JSON request read on stdin is
     /// sent to the daemon (ROOM_SOCKET when set, else the state dir's socket) and its response
     /// printed on stdout, one line each.
@@ -862,6 +870,7 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
         Cmd::Init
         | Cmd::Api
         | Cmd::AgentScript { .. }
+        | Cmd::AgentAcp { .. }
         | Cmd::Serve { .. }
         | Cmd::Demo { .. }
         | Cmd::Bench(_)
@@ -910,6 +919,7 @@ pub fn run(cli: Cli) -> i32 {
             };
         }
         Cmd::AgentScript { steps } => return crate::agent_script::run(steps),
+        Cmd::AgentAcp { mode } => return crate::agent_script::run_acp(mode),
         Cmd::Api => {
             let sock = std::env::var_os("ROOM_SOCKET").map_or_else(
                 || state_dir(&cli).join("room.sock"),

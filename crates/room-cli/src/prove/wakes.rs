@@ -109,25 +109,97 @@ pub(super) fn c09(p: &mut Prover, cast: &Cast) -> Vec<&'static str> {
         );
         // what stays open is answered, so the next case starts from none
         if open {
-            p.catch_up(&w, "lobby");
-            let page = p
-                .call(Some(&w), "sync", json!({"room": "lobby"}))
-                .result
-                .unwrap_or_default();
-            if let Some(id) = page["open_items"][0]["id"].as_str() {
-                let id = id.to_string();
-                p.call(
-                    Some(&w),
-                    "reply",
-                    json!({"room": "lobby", "reply_to": id, "text": "answered by hand"}),
-                );
-            }
+            answer_by_hand(p, &w);
         }
     }
+    acp_rungs(p, &a, &w);
     p.call(None, "route_remove", json!({"name": "c09_worker"}));
     vec![
-        "body_visible_pending_reply and wrong_body_rejected: they need an ACP agent (tests/acp proves them)",
+        "a loaded session's replay counted apart, and a third party's agent (the ACP Python SDK agent and the published bridges: room-cli's acp tests)",
     ]
+}
+
+/// The rungs only a native session can show, with Room's scripted ACP agent (`room
+/// agent-acp`) behind an `acp` route: a reply in its session, a turn ended without one, an
+/// update from another session, and a turn that never ends until `session/cancel`.
+fn acp_rungs(p: &mut Prover, a: &str, w: &str) {
+    let exe = std::env::current_exe().map_or_else(|_| "room".into(), |e| e.display().to_string());
+    // (mode, permit state, outcome, proof, obligation left open)
+    let cases = [
+        ("reply", "replied", "replied", "replied", false),
+        (
+            "silent",
+            "pending_reply",
+            "body_visible_pending_reply",
+            "body_visible_pending_reply",
+            true,
+        ),
+        (
+            "wrong_body",
+            "failed",
+            "wrong_body_rejected",
+            "wrong_body_rejected",
+            true,
+        ),
+        ("hang", "failed", "timed_out", "delivered_to_body", true),
+    ];
+    for (mode, state, outcome, proof, left_open) in cases {
+        p.ok(
+            &format!("the owner routes c09_worker to an ACP agent (room agent-acp --mode {mode})"),
+            None,
+            "route_set",
+            json!({"agent": "c09_worker", "route": {"adapter": "acp",
+                "command": [exe, "agent-acp", "--mode", mode], "timeout_ms": 4_000}}),
+        );
+        let source = ask(p, a, "lobby", "c09_worker", "are you there?");
+        let row = wait_for(p, &source, |w| {
+            !matches!(w["state"].as_str(), Some("queued" | "dispatched") | None)
+        });
+        let launch = &row["launches"][0];
+        p.record(
+            format!("an ACP agent in mode {mode} ends {outcome}, proof {proof}"),
+            row["state"] == state && launch["outcome"] == outcome && launch["proof"] == proof,
+            format!(
+                "permit {}, launch {} (proof {}, session {})",
+                row["state"], launch["outcome"], launch["proof"], launch["adapter"]["session"]
+            ),
+        );
+        let open = obligation_open(p, w, "lobby");
+        p.record(
+            if left_open {
+                "no reply in its session: the obligation is open"
+            } else {
+                "its reply resolved the obligation"
+            },
+            open == left_open,
+            format!("obligation open: {open}"),
+        );
+        if open {
+            answer_by_hand(p, w);
+        }
+    }
+}
+
+/// Answer every obligation `w` has open in the lobby (reading through whenever the room
+/// moved), so that the next case starts from none.
+fn answer_by_hand(p: &mut Prover, w: &str) {
+    for _ in 0..16 {
+        p.catch_up(w, "lobby");
+        let page = p
+            .call(Some(w), "sync", json!({"room": "lobby"}))
+            .result
+            .unwrap_or_default();
+        let open = page["open_items"]
+            .as_array()
+            .and_then(|items| items.iter().find(|i| i["kind"] == "obligation"))
+            .and_then(|i| i["id"].as_str().map(String::from));
+        let Some(id) = open else { return };
+        p.call(
+            Some(w),
+            "reply",
+            json!({"room": "lobby", "reply_to": id, "text": "answered by hand"}),
+        );
+    }
 }
 
 /// 04-C10: the owner's cancel holds an operation in flight, dead-letters a queued permit,
