@@ -422,12 +422,105 @@ pub(super) fn c07(p: &mut Prover, cast: &Cast) -> Vec<&'static str> {
         "wake_room_authority_changed",
         &source,
     );
+    // the task: a permit sealed for a task its owner then cancelled
+    let t2 = p
+        .ok(
+            "a second task for the worker",
+            Some(&a),
+            "task_create",
+            json!({"room": "lobby", "title": "answer beta", "to": "c07_worker"}),
+        )
+        .and_then(|t| t["task"]["id"].as_str().map(String::from))
+        .unwrap_or_default();
+    p.catch_up(&a, "lobby");
+    let source = p
+        .ok(
+            "alpha asks the worker under the second task (a sealed permit)",
+            Some(&a),
+            "send",
+            json!({"room": "lobby", "to": ["c07_worker"], "task": t2, "text": "@c07_worker and beta?"}),
+        )
+        .and_then(|v| v["event"].as_str().map(String::from))
+        .unwrap_or_default();
+    p.ok(
+        "alpha cancels the second task",
+        Some(&a),
+        "task_cancel",
+        json!({"task": t2}),
+    );
+    dead(
+        p,
+        "a permit whose task was cancelled is refused",
+        "wake_task_authority_changed",
+        &source,
+    );
+    tampered_permits(p, &ask, &dead);
     leaked_credential(p, &a);
     vec![
         "the split lock's own race (a permit changed between the claim's two reads): timing Room cannot force from outside",
-        "a program other than the pinned ones inside the job (crates/room-server/tests/workers.rs covers it); Room's permits are control-store rows, not files with a path to swap",
+        "a program other than the pinned ones inside the job (crates/room-server/tests/workers.rs covers it)",
         "a member removed (Room has no removal; the roster only grows)",
     ]
+}
+
+/// The binding and the path: with the daemon stopped, one permit's sealed fields are
+/// rewritten in place, and two others are swapped, each then filed under the other's key
+/// (the seed's queue path, which in Room is the permit's row key). At the restart each is
+/// refused at dispatch (`wake_job_binding_changed`), whatever it says of itself.
+fn tampered_permits(
+    p: &mut Prover,
+    ask: &dyn Fn(&mut Prover, &str) -> String,
+    dead: &dyn Fn(&mut Prover, &str, &str, &str),
+) {
+    let rewritten = ask(p, "rewrite me?");
+    let (first, second) = (ask(p, "swap me?"), ask(p, "and me?"));
+    let db = p.state.control_db();
+    let changed = p.restart(|| {
+        let c = rusqlite::Connection::open(&db).map_err(std::io::Error::other)?;
+        c.execute(
+            "UPDATE wakes SET permit = json_set(permit, '$.prompt', 'do something else') WHERE source_event = ?1",
+            [&rewritten],
+        )
+        .map_err(std::io::Error::other)?;
+        let permit = |e: &str| -> rusqlite::Result<String> {
+            c.query_row("SELECT permit FROM wakes WHERE source_event = ?1", [e], |r| r.get(0))
+        };
+        let (a, b) = (
+            permit(&first).map_err(std::io::Error::other)?,
+            permit(&second).map_err(std::io::Error::other)?,
+        );
+        for (e, pm) in [(&first, &b), (&second, &a)] {
+            c.execute(
+                "UPDATE wakes SET permit = ?1 WHERE source_event = ?2",
+                [pm, e],
+            )
+            .map_err(std::io::Error::other)?;
+        }
+        Ok(())
+    });
+    p.record(
+        "with the daemon stopped, one permit's prompt is rewritten and two permits swapped",
+        changed.is_ok(),
+        changed.map_or_else(|e| e.to_string(), |()| "control.db changed".into()),
+    );
+    dead(
+        p,
+        "a permit whose sealed fields were rewritten is refused (binding)",
+        "wake_job_binding_changed",
+        &rewritten,
+    );
+    dead(
+        p,
+        "a permit filed under another permit's key is refused (path)",
+        "wake_job_binding_changed",
+        &first,
+    );
+    dead(
+        p,
+        "and so is the other one",
+        "wake_job_binding_changed",
+        &second,
+    );
 }
 
 /// The claim's worker binding: a running launch's one-launch credential, carried out of its
