@@ -36,7 +36,8 @@ impl Env {
             .env("ROOM_LOG", "error")
             .env_remove("ROOM_TOKEN")
             .env_remove("ROOM_CONVERSATION")
-            .env_remove("ROOM_TIER");
+            .env_remove("ROOM_TIER")
+            .env_remove("ROOM_SOCKET");
         if let Some(t) = token {
             c.env("ROOM_TOKEN", t);
         }
@@ -198,6 +199,34 @@ fn the_bridge_starts_no_daemon_for_a_token_that_does_not_authenticate() {
         // (the socket file may be the killed daemon's leftover; nothing answers on it)
         assert!(std::os::unix::net::UnixStream::connect(env.state.join("room.sock")).is_err());
     }
+}
+
+/// A bridge told its broker (`ROOM_SOCKET`, as a launch gives a worker's MCP server) uses
+/// that socket alone: where nothing answers there it says so and starts no daemon, even for
+/// a token that authenticates.
+#[test]
+fn the_bridge_given_a_broker_socket_that_does_not_answer_starts_nothing() {
+    let env = Env::new();
+    env.ok(&["init"], None);
+    let daemon = env.serve();
+    let t = env.ok(&["agent", "enroll", "alpha"], None)["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    stop(daemon);
+    assert!(!env.daemon_runs());
+    let gone = env.root.join("workers-gone/broker.sock");
+    let o = env
+        .cmd(&["mcp"], Some(&t))
+        .env("ROOM_SOCKET", &gone)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("does not answer"), "{err}");
+    assert!(err.contains("broker.sock"), "{err}");
+    assert!(!env.daemon_runs(), "no daemon was started");
 }
 
 #[test]
