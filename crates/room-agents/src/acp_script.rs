@@ -9,6 +9,9 @@
 //! - `wrong_body`: an update under another session's id, then `end_turn` (a wrong body);
 //! - `hang`: an update, then nothing until `session/cancel`, answered `cancelled`.
 //!
+//! A `session/cancel` ends the prompt in flight in its session (`reply` too: its work is
+//! left to the job's stop), answered `cancelled`.
+//!
 //! It offers no `session/load` and keeps nothing: each launch is a new session.
 
 use agent_client_protocol::v1::ConnectionTo;
@@ -19,8 +22,10 @@ use agent_client_protocol::v1::schema::{
 };
 use agent_client_protocol::{Agent, ByteStreams, Client};
 use serde_json::Value;
-use std::sync::Arc;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::sync::watch;
 use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 
 /// How the scripted agent answers a prompt.
@@ -49,6 +54,11 @@ impl Mode {
 /// The wake's work, given the wake (the JSON block of the prompt Room sends): run on a
 /// blocking thread.
 pub type OnWake = Arc<dyn Fn(Value) -> Result<(), String> + Send + Sync>;
+
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // a handler that panicked leaves a map that is still a map
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 fn chunk(text: &str) -> SessionUpdate {
     SessionUpdate::AgentMessageChunk(ContentChunk::new(ContentBlock::Text(TextContent::new(
@@ -81,8 +91,10 @@ where
     W: tokio::io::AsyncWrite + Send + 'static,
 {
     let transport = ByteStreams::new(to_client.compat_write(), from_client.compat());
-    let cancelled = Arc::new(tokio::sync::Notify::new());
-    let on_cancel = cancelled.clone();
+    // each prompt in flight, by session: its cancel is that session's alone, and one that
+    // arrives with no prompt in flight cancels nothing later
+    let in_flight: Arc<Mutex<BTreeMap<String, watch::Sender<bool>>>> = Arc::default();
+    let on_cancel = in_flight.clone();
     let sessions = Arc::new(AtomicU64::new(0));
     Agent
         .v1()
@@ -109,8 +121,10 @@ where
             agent_client_protocol::on_receive_request!(),
         )
         .on_receive_notification(
-            async move |_n: CancelNotification, _cx| {
-                on_cancel.notify_one();
+            async move |n: CancelNotification, _cx| {
+                if let Some(tx) = locked(&on_cancel).get(n.session_id.0.as_ref()) {
+                    let _ = tx.send(true);
+                }
                 Ok(())
             },
             agent_client_protocol::on_receive_notification!(),
@@ -123,31 +137,39 @@ where
                     cx.send_notification(SessionNotification::new(other, chunk("not me")))?;
                     return responder.respond(PromptResponse::new(StopReason::EndTurn));
                 }
+                let key = session.0.to_string();
                 cx.send_notification(SessionNotification::new(session, chunk("reading")))?;
-                let (cancelled, on_wake) = (cancelled.clone(), on_wake.clone());
+                let (tx, mut cancel) = watch::channel(false);
+                locked(&in_flight).insert(key.clone(), tx);
+                let (in_flight, on_wake) = (in_flight.clone(), on_wake.clone());
                 let wake = wake_of(&req.prompt);
                 cx.spawn(async move {
+                    let cancelled = cancel.wait_for(|c| *c);
                     let reason = match mode {
                         Mode::Hang => {
-                            cancelled.notified().await;
+                            let _ = cancelled.await;
                             StopReason::Cancelled
                         }
                         Mode::Reply => {
-                            let done = tokio::task::spawn_blocking(move || on_wake(wake)).await;
-                            match done {
-                                Ok(Ok(())) => StopReason::EndTurn,
-                                Ok(Err(e)) => {
-                                    eprintln!("room-agent-acp: the wake's work: {e}");
-                                    StopReason::Refusal
-                                }
-                                Err(e) => {
-                                    eprintln!("room-agent-acp: the wake's work panicked: {e}");
-                                    StopReason::Refusal
-                                }
+                            let work = tokio::task::spawn_blocking(move || on_wake(wake));
+                            tokio::select! {
+                                done = work => match done {
+                                    Ok(Ok(())) => StopReason::EndTurn,
+                                    Ok(Err(e)) => {
+                                        eprintln!("room-agent-acp: the wake's work: {e}");
+                                        StopReason::Refusal
+                                    }
+                                    Err(e) => {
+                                        eprintln!("room-agent-acp: the wake's work panicked: {e}");
+                                        StopReason::Refusal
+                                    }
+                                },
+                                _ = cancelled => StopReason::Cancelled,
                             }
                         }
                         Mode::Silent | Mode::WrongBody => StopReason::EndTurn,
                     };
+                    locked(&in_flight).remove(&key);
                     responder.respond(PromptResponse::new(reason))
                 })
             },

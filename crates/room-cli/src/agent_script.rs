@@ -250,7 +250,10 @@ pub fn steps_on(steps: &str, prompt: &Value) -> Result<i32, String> {
                 // a hostile worker: its one-launch credential, where a process outside its
                 // job can read it (`room prove` 04-C07 shows it works nowhere but here)
                 let token = std::env::var("ROOM_TOKEN").map_err(|_| "no ROOM_TOKEN")?;
-                std::fs::write(LEAKED, token).map_err(|e| format!("{LEAKED}: {e}"))?;
+                // whole or not at all: a reader never sees half a credential
+                let part = format!("{LEAKED}.part");
+                std::fs::write(&part, token).map_err(|e| format!("{part}: {e}"))?;
+                std::fs::rename(&part, LEAKED).map_err(|e| format!("{LEAKED}: {e}"))?;
             }
             w if room_engine::policy::is_write_step(w) => {
                 let rel = &w["write:".len()..];

@@ -639,6 +639,17 @@ pub fn state_dir(cli: &Cli) -> PathBuf {
         .unwrap_or_else(statedir::default_state_dir)
 }
 
+/// The daemon socket a command talks to: `ROOM_SOCKET` when set (a worker's broker, where its
+/// launch's credential works and nowhere else), else the state dir's.
+pub fn socket(cli: &Cli) -> std::path::PathBuf {
+    std::env::var_os("ROOM_SOCKET")
+        .filter(|s| !s.is_empty())
+        .map_or_else(
+            || state_dir(cli).join("room.sock"),
+            std::path::PathBuf::from,
+        )
+}
+
 /// Build the request a command stands for, or run it locally and return its exit status.
 fn request(cmd: &Cmd) -> Result<Request, String> {
     let agent = std::env::var("ROOM_TOKEN").ok().filter(|t| !t.is_empty());
@@ -920,13 +931,7 @@ pub fn run(cli: Cli) -> i32 {
         }
         Cmd::AgentScript { steps } => return crate::agent_script::run(steps),
         Cmd::AgentAcp { mode } => return crate::agent_script::run_acp(mode),
-        Cmd::Api => {
-            let sock = std::env::var_os("ROOM_SOCKET").map_or_else(
-                || state_dir(&cli).join("room.sock"),
-                std::path::PathBuf::from,
-            );
-            return crate::api::run(&sock);
-        }
+        Cmd::Api => return crate::api::run(&socket(&cli)),
         Cmd::Bench(a) => return crate::bench::run(a),
         Cmd::Verify {
             room,
@@ -995,7 +1000,7 @@ pub fn run(cli: Cli) -> i32 {
         }
     };
     prune(&mut req.args);
-    let sock = state_dir(&cli).join("room.sock");
+    let sock = socket(&cli);
     let resp = Client::connect(&sock).and_then(|mut c| c.request(&req));
     if let Cmd::Audit {
         html: Some(file), ..

@@ -110,7 +110,7 @@ pub fn run(cli: &Cli, cmd: &CollabCmd) -> i32 {
                     return EXIT_IO;
                 }
             };
-            let sock = crate::cmd::state_dir(cli).join("room.sock");
+            let sock = crate::cmd::socket(cli);
             let resp =
                 room_server::client::Client::connect(&sock).and_then(|mut c| c.request(&req));
             return crate::cmd::print_response(resp, cli.json);

@@ -51,19 +51,17 @@ pub fn run(cli: &Cli, agent: &str) -> i32 {
         .agent
         .clone()
         .unwrap_or_else(|| route.command[0].clone());
+    // an agent that never answered (it crashed, timed out, closed its output) is an error
+    // of its own, not an agent without session/list
+    if let Some(e) = &listing.error {
+        eprintln!("error: {name}: {e}");
+        return crate::cmd::EXIT_IO;
+    }
     if !listing.offered {
         eprintln!(
-            "error[session_op_unsupported]: {name} does not offer session/list (initialize's sessionCapabilities.list){}\nhint: room sessions list shows the sessions Room opened for {agent}",
-            listing
-                .error
-                .as_deref()
-                .map_or(String::new(), |e| format!(": {e}"))
+            "error[session_op_unsupported]: {name} does not offer session/list (initialize's sessionCapabilities.list)\nhint: room sessions list shows the sessions Room opened for {agent}"
         );
         return crate::cmd::EXIT_REFUSED;
-    }
-    if let Some(e) = &listing.error {
-        eprintln!("error: {name} answered session/list with an error: {e}");
-        return crate::cmd::EXIT_IO;
     }
     let recorded = room_records(cli, agent);
     let out = compare(agent, &name, &listing, recorded, job);
@@ -119,6 +117,17 @@ async fn ask(route: &room_engine::policy::Route) -> Result<(acp::Listing, Value)
         .as_deref()
         .map_or_else(|| scratch.path().to_path_buf(), PathBuf::from);
     let jobs = room_exec::job::Jobs::detect(&format!("sessions-{}", std::process::id()));
+    let out = ask_in(&jobs, route, &cwd).await;
+    // the jobs' base goes whatever happened in it
+    let _ = jobs.close(JOB_STOP_MS);
+    out
+}
+
+async fn ask_in(
+    jobs: &room_exec::job::Jobs,
+    route: &room_engine::policy::Route,
+    cwd: &std::path::Path,
+) -> Result<(acp::Listing, Value), String> {
     let mut job = jobs
         .create(&format!("list-{}", std::process::id()))
         .map_err(|e| format!("a job for the agent: {e}"))?;
@@ -126,7 +135,7 @@ async fn ask(route: &room_engine::policy::Route) -> Result<(acp::Listing, Value)
     let mut cmd = tokio::process::Command::new(&route.command[0]);
     cmd.args(&route.command[1..])
         .env_clear()
-        .current_dir(&cwd)
+        .current_dir(cwd)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null());
@@ -176,7 +185,6 @@ async fn ask(route: &room_engine::policy::Route) -> Result<(acp::Listing, Value)
     })
     .await
     .map_err(|e| format!("stopping the agent's job: {e}"))?;
-    let _ = jobs.close(JOB_STOP_MS);
     let observed = json!({"kind": stopped.kind.as_str(), "confirmed_empty": stopped.confirmed_empty,
         "remaining": stopped.remaining.len()});
     Ok((listing, observed))
@@ -194,6 +202,9 @@ fn room_records(cli: &Cli, agent: &str) -> Result<Vec<Value>, String> {
         ))
         .map_err(|e| e.to_string())?;
     match (r.result, r.refusal) {
+        (Some(v), _) if v["truncated"] == true => Err(format!(
+            "not compared (Room keeps more of {agent}'s sessions than one page shows)"
+        )),
         (Some(v), _) => Ok(v["sessions"].as_array().cloned().unwrap_or_default()),
         (None, Some(refusal)) => Err(refusal.to_string()),
         _ => Err("an empty answer".into()),
@@ -275,6 +286,12 @@ fn print(out: &Value) {
             s["cwd"].as_str().unwrap_or("?"),
             s["title"].as_str().unwrap_or("-"),
             room
+        );
+    }
+    if out["job"]["confirmed_empty"] != true {
+        println!(
+            "  its job was not seen empty after its stop: {} processes remain",
+            out["job"]["remaining"]
         );
     }
     match &out["room_not_listed"] {

@@ -477,11 +477,18 @@ fn tampered_permits(
     let db = p.state.control_db();
     let changed = p.restart(|| {
         let c = rusqlite::Connection::open(&db).map_err(std::io::Error::other)?;
-        c.execute(
-            "UPDATE wakes SET permit = json_set(permit, '$.prompt', 'do something else') WHERE source_event = ?1",
-            [&rewritten],
-        )
-        .map_err(std::io::Error::other)?;
+        // each statement must change exactly one permit, or the card says so
+        let one = |n: usize| {
+            (n == 1)
+                .then_some(())
+                .ok_or_else(|| std::io::Error::other(format!("{n} permits changed, not one")))
+        };
+        one(c
+            .execute(
+                "UPDATE wakes SET permit = json_set(permit, '$.prompt', 'do something else') WHERE source_event = ?1",
+                [&rewritten],
+            )
+            .map_err(std::io::Error::other)?)?;
         let permit = |e: &str| -> rusqlite::Result<String> {
             c.query_row("SELECT permit FROM wakes WHERE source_event = ?1", [e], |r| r.get(0))
         };
@@ -490,11 +497,9 @@ fn tampered_permits(
             permit(&second).map_err(std::io::Error::other)?,
         );
         for (e, pm) in [(&first, &b), (&second, &a)] {
-            c.execute(
-                "UPDATE wakes SET permit = ?1 WHERE source_event = ?2",
-                [pm, e],
-            )
-            .map_err(std::io::Error::other)?;
+            one(c
+                .execute("UPDATE wakes SET permit = ?1 WHERE source_event = ?2", [pm, e])
+                .map_err(std::io::Error::other)?)?;
         }
         Ok(())
     });
@@ -566,6 +571,7 @@ fn leaked_credential(p: &mut Prover, a: &str) {
         if let Some(l) = launch
             && let Ok(t) =
                 std::fs::read_to_string(workers.join(&l).join(crate::agent_script::LEAKED))
+            && t.starts_with("room_wrk_")
         {
             found = Some((l, t));
             break;
@@ -578,6 +584,7 @@ fn leaked_credential(p: &mut Prover, a: &str) {
             false,
             "no running launch left a credential in 30 s",
         );
+        p.call(None, "room_cancel", json!({"room": "c07-leak"}));
         return;
     };
     p.record(

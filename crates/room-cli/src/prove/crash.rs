@@ -17,6 +17,28 @@ use std::time::{Duration, Instant};
 /// How long the crashing daemon has to come up, run its worker, abort and replay.
 const WAIT_MS: u64 = 60_000;
 
+/// The processes named by a marker, killed when the card is done with them (a stop that
+/// worked left none).
+struct Tree(String);
+
+impl Drop for Tree {
+    fn drop(&mut self) {
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return;
+        };
+        for pid in dir
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        {
+            let named = std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == self.0.as_bytes()));
+            if let (true, Some(pid)) = (named, rustix::process::Pid::from_raw(pid)) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
+    }
+}
+
 /// A `room serve` child, killed if the card leaves it running.
 struct Serve(Child);
 
@@ -51,6 +73,8 @@ fn run(p: &mut Prover) -> Result<(), String> {
     .map_err(|e| e.to_string())?;
     let mut daemon = serve(&state, &config, Some("stop_after_phase1"))?;
     let marker = stubborn_worker(&state)?;
+    // whatever goes wrong from here, the hostile tree does not outlive the card
+    let _tree = Tree(marker.clone());
     p.record(
         "a second daemon (room serve, told to crash after a stop's phase 1) runs a stubborn worker",
         true,

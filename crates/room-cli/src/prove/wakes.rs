@@ -148,8 +148,11 @@ fn acp_rungs(p: &mut Prover, a: &str, w: &str) {
             &format!("the owner routes c09_worker to an ACP agent (room agent-acp --mode {mode})"),
             None,
             "route_set",
+            // only the hanging agent is meant to meet its deadline; the others get room to
+            // start, catch up and answer on a loaded machine
             json!({"agent": "c09_worker", "route": {"adapter": "acp",
-                "command": [exe, "agent-acp", "--mode", mode], "timeout_ms": 4_000}}),
+                "command": [exe, "agent-acp", "--mode", mode],
+                "timeout_ms": if mode == "hang" { 4_000 } else { 30_000 }}}),
         );
         let source = ask(p, a, "lobby", "c09_worker", "are you there?");
         let row = wait_for(p, &source, |w| {
