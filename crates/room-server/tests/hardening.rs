@@ -537,5 +537,22 @@ fn a_launch_credential_is_refused_over_http_while_its_launch_runs() {
         assert_eq!(refusal["detail"]["agent"], "beta", "{refusal}");
         assert_eq!(fx.snapshot(), before, "{body} changed state");
     }
+    // nor does it open an MCP session
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "leak", "version": "0"}}})
+    .to_string();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        init.len()
+    );
+    let (status, out) = http(fx.http, &head, init.as_bytes());
+    assert_eq!(status, 403, "{}", String::from_utf8_lossy(&out));
+    let err: Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(
+        err["error"]["data"]["code"], "launch_credential_outside_broker",
+        "{err}"
+    );
+    assert_eq!(fx.snapshot(), before, "the refused session changed state");
     fx.ok("room_cancel", json!({"room": "coord"}));
 }

@@ -300,6 +300,7 @@ pub async fn edge(
     let Some(token) = bearer_token(&parts.headers) else {
         return unauthorized();
     };
+    let token_held = token.clone();
     // inline when control.db is free (a cache lookup); on a thread when a commit holds it
     let agent = match engine.try_authenticate(&token) {
         Some(r) => r.ok().map(|a| a.name),
@@ -313,6 +314,24 @@ pub async fn edge(
     let Some(agent) = agent else {
         return unauthorized();
     };
+    // a running launch's credential works only through its own broker: no session here
+    if token_held.starts_with(room_engine::dispatch::WORKER_TOKEN_PREFIX) {
+        let engine = engine.clone();
+        let admitted = tokio::task::spawn_blocking(move || {
+            engine.credential_admits(&token_held, room_engine::CredentialVia::Elsewhere)
+        })
+        .await;
+        if let Ok(Err(r)) = admitted {
+            return (
+                StatusCode::FORBIDDEN,
+                [(header::CONTENT_TYPE, "application/json")],
+                json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32001,
+                    "message": r.message, "data": {"code": r.code.as_str(), "detail": r.detail}}})
+                .to_string(),
+            )
+                .into_response();
+        }
+    }
     let post_json = parts.method == Method::POST && is_json(&parts.headers);
     let mut message = None;
     if post_json {
