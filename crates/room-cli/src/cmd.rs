@@ -27,6 +27,7 @@ pub fn exit_code(e: &ServerError) -> i32 {
             StoreError::SplitBrain(_)
             | StoreError::Locked { .. }
             | StoreError::Migrated(_)
+            | StoreError::OtherInstance(_)
             | StoreError::RestorePending(_),
         ) => EXIT_STATE,
         ServerError::DaemonUnreachable { .. }
@@ -62,7 +63,13 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Cmd {
     /// Create the state directory and register it in the machine bootstrap.
-    Init,
+    Init {
+        /// A PostgreSQL database to serve (`postgres://…`): the state dir takes the Room
+        /// instance the database belongs to, and its config.toml names the database, so
+        /// another host serves the same Room.
+        #[arg(long)]
+        store: Option<String>,
+    },
     /// Room's scripted agent, as the `script` adapter launches it for a wake (the prompt on
     /// stdin, ROOM_TOKEN and ROOM_SOCKET in the environment).
     #[command(hide = true)]
@@ -878,7 +885,7 @@ fn request(cmd: &Cmd) -> Result<Request, String> {
             "search",
             json!({"room": room, "query": query, "cursor": cursor, "limit": limit, "mode": mode}),
         ),
-        Cmd::Init
+        Cmd::Init { .. }
         | Cmd::Api
         | Cmd::AgentScript { .. }
         | Cmd::AgentAcp { .. }
@@ -911,7 +918,7 @@ fn prune(v: &mut Value) {
 
 pub fn run(cli: Cli) -> i32 {
     match &cli.cmd {
-        Cmd::Init => return init(&cli),
+        Cmd::Init { store } => return init(&cli, store.as_deref()),
         Cmd::Serve {
             listen,
             engine_threads,
@@ -1045,16 +1052,35 @@ pub fn print_response(resp: Result<Value, ServerError>, as_json: bool) -> i32 {
     }
 }
 
-fn init(cli: &Cli) -> i32 {
+fn init(cli: &Cli, store: Option<&str>) -> i32 {
     let dir = state_dir(cli);
-    let id = {
+    let fresh = {
         let mut b = [0u8; 16];
         use room_core::Entropy;
         room_server::daemon::OsEntropy.fill(&mut b);
         b.iter().map(|x| format!("{x:02x}")).collect::<String>()
     };
+    let bound = match store.map(store_instance).transpose() {
+        Ok(b) => b.flatten(),
+        Err(code) => return code,
+    };
+    let id = bound.clone().unwrap_or(fresh);
     match statedir::init(&dir, &statedir::default_bootstrap_path(), &id) {
         Ok(s) => {
+            if let Some(b) = bound.filter(|b| *b != s.instance_id) {
+                eprintln!(
+                    "error: store of another instance: this database belongs to Room instance {b}; the state dir {} is instance {}",
+                    s.root.display(),
+                    s.instance_id
+                );
+                eprintln!("hint: give room init a new --state-dir for this database");
+                return EXIT_STATE;
+            }
+            if let Some(url) = store
+                && let Err(code) = name_store(&s.root.join("config.toml"), url)
+            {
+                return code;
+            }
             if cli.json {
                 println!(
                     "{}",
@@ -1074,6 +1100,56 @@ fn init(cli: &Cli) -> i32 {
             EXIT_STATE
         }
     }
+}
+
+/// The Room instance the database at `url` belongs to (none when no daemon served it yet).
+fn store_instance(url: &str) -> Result<Option<String>, i32> {
+    if !room_engine::policy::is_postgres_url(url) {
+        eprintln!("error[invalid_argument]: store: the url is not a postgres:// url");
+        return Err(EXIT_REFUSED);
+    }
+    let found = room_store_pg::PgBackend::connect(url).and_then(|pg| pg.instance());
+    found.map_err(|e| {
+        eprintln!("error: store: {e}");
+        EXIT_IO
+    })
+}
+
+/// Name the database in config.toml's `[store] url`, unless it names it already; a config
+/// that names another store is left as it is and refused.
+fn name_store(config: &std::path::Path, url: &str) -> Result<(), i32> {
+    let kept = std::fs::read(config).unwrap_or_default();
+    match room_engine::policy::store_url(&kept) {
+        Ok(Some(named)) if named == url => return Ok(()),
+        Ok(Some(_)) => {
+            eprintln!(
+                "error[invalid_argument]: store: {} names another store",
+                config.display()
+            );
+            eprintln!("hint: edit its [store] url, or give room init a new --state-dir");
+            return Err(EXIT_REFUSED);
+        }
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("error[invalid_argument]: store: {e}");
+            return Err(EXIT_REFUSED);
+        }
+    }
+    let text = String::from_utf8(kept).map_err(|_| {
+        eprintln!("error: {}: not UTF-8", config.display());
+        EXIT_STATE
+    })?;
+    let mut doc: toml_edit::DocumentMut = text.parse().map_err(|e| {
+        eprintln!("error: {}: {e}", config.display());
+        EXIT_STATE
+    })?;
+    let mut table = toml_edit::Table::new();
+    table["url"] = toml_edit::value(url);
+    doc["store"] = toml_edit::Item::Table(table);
+    room_store::fs::write_atomic(config, doc.to_string().as_bytes()).map_err(|e| {
+        eprintln!("error: {}: {e}", config.display());
+        EXIT_STATE
+    })
 }
 
 /// The store the daemon runs on: `--store`, else config.toml's `[store] url`, else the
@@ -1143,6 +1219,11 @@ fn serve(
             if matches!(e, ServerError::State(StoreError::Migrated(_))) {
                 eprintln!(
                     "hint: serve the database: room serve --store URL, or `[store] url` in config.toml"
+                );
+            }
+            if matches!(e, ServerError::State(StoreError::OtherInstance(_))) {
+                eprintln!(
+                    "hint: serve it from that instance's state dir, or make one for this host: room init --store URL"
                 );
             }
             if matches!(

@@ -734,3 +734,127 @@ fn migrate_killed_mid_copy_resumes_to_the_same_chains() {
         "every record once"
     );
 }
+
+/// A database belongs to the Room instance that first served it: a state dir of another
+/// instance is refused before it reads anything (its permits and read positions would all be
+/// someone else's), and `room init --store URL` makes a state dir on another host that serves
+/// the same Room (the database's instance, config.toml naming the database).
+#[test]
+fn a_database_is_served_only_as_the_instance_it_belongs_to() {
+    let server = server::Server::start();
+    let words = server.fresh_database();
+    let url = as_url(&words);
+    let tmp = tempfile::tempdir().unwrap();
+    let root = std::fs::canonicalize(tmp.path()).unwrap();
+    let instance_of = |out: &Output| -> String {
+        assert!(out.status.success(), "{out:?}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["instance"].as_str().unwrap().to_string()
+    };
+    // the first host: its daemon binds the database to its instance
+    let first = root.join("first");
+    let first_id = instance_of(&run(&first, &root, &["init", "--json"]));
+    let daemon = start_daemon(&first, &root, Some(&url));
+    let enrolled = run(&first, &root, &["agent", "enroll", "alice", "--json"]);
+    let token = serde_json::from_slice::<serde_json::Value>(&enrolled.stdout).unwrap()["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        run(&first, &root, &["create", "demo", "--member", "alice"])
+            .status
+            .success()
+    );
+    let page = as_agent(&first, &root, &token, &["sync", "demo"]);
+    let receipt = page["receipt"].as_str().unwrap().to_string();
+    as_agent(
+        &first,
+        &root,
+        &token,
+        &["sync", "demo", "--confirm", &receipt],
+    );
+    as_agent(
+        &first,
+        &root,
+        &token,
+        &["note", "demo", "from the first host"],
+    );
+    stop_daemon(daemon);
+    assert_eq!(one(&words, "SELECT instance FROM store_instance"), first_id);
+    let heads = || {
+        one(
+            &words,
+            "SELECT string_agg(graph_id || ':' || seq, ',') FROM room_heads",
+        )
+    };
+    let before = (heads(), one(&words, "SELECT count(*) FROM journal"));
+    // a state dir of another instance: refused at start, nothing read or written
+    let other = root.join("other");
+    let other_id = instance_of(&run(&other, &root, &["init", "--json"]));
+    assert_ne!(other_id, first_id);
+    let refused = run(&other, &root, &["serve", "--store", &url]);
+    assert_eq!(refused.status.code(), Some(4), "{refused:?}");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "store of another instance: this database belongs to Room instance {first_id}; this state dir is instance {other_id}"
+        )) && stderr.contains("hint: serve it from that instance's state dir, or make one for this host: room init --store URL"),
+        "{stderr}"
+    );
+    assert_eq!(one(&words, "SELECT instance FROM store_instance"), first_id);
+    assert_eq!(
+        (heads(), one(&words, "SELECT count(*) FROM journal")),
+        before
+    );
+    // nor does room init adopt the database into a state dir of another instance
+    let again = run(&other, &root, &["init", "--store", &url]);
+    assert_eq!(again.status.code(), Some(4), "{again:?}");
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains(&format!(
+            "this database belongs to Room instance {first_id}"
+        )),
+        "{again:?}"
+    );
+    assert!(
+        !std::fs::read_to_string(other.join("config.toml"))
+            .unwrap()
+            .contains("[store]")
+    );
+    // the second host: room init --store takes the database's instance and names it
+    let second = root.join("second");
+    let second_id = instance_of(&run(&second, &root, &["init", "--store", &url, "--json"]));
+    assert_eq!(second_id, first_id);
+    let config = std::fs::read_to_string(second.join("config.toml")).unwrap();
+    assert!(
+        config.contains(&format!("[store]\nurl = \"{url}\"")),
+        "{config}"
+    );
+    // idempotent: the same init again changes nothing
+    assert_eq!(
+        instance_of(&run(&second, &root, &["init", "--store", &url, "--json"])),
+        first_id
+    );
+    assert_eq!(
+        std::fs::read_to_string(second.join("config.toml")).unwrap(),
+        config
+    );
+    // served from config.toml's url: the same rooms, the same agent's credential
+    let daemon = start_daemon(&second, &root, None);
+    let who = as_agent(&second, &root, &token, &["whoami"]);
+    assert_eq!(who["agent"], "alice", "{who}");
+    // her read position is the instance's: she is caught up there as she was here
+    as_agent(
+        &second,
+        &root,
+        &token,
+        &["note", "demo", "from the second host"],
+    );
+    let log = run(&second, &root, &["log", "demo", "--json"]);
+    let text = String::from_utf8_lossy(&log.stdout);
+    assert!(
+        text.contains("from the first host") && text.contains("from the second host"),
+        "{text}"
+    );
+    stop_daemon(daemon);
+    assert_eq!(chains(&second, &root, None).len(), 1);
+}

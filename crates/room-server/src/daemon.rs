@@ -532,6 +532,10 @@ pub fn open_engine(
         Some(url) => {
             let pg = room_store_pg::PgBackend::connect(url).map_err(ServerError::EngineOpen)?;
             pg.serve_alone().map_err(ServerError::EngineOpen)?;
+            // the database's permits and read positions are keyed by the instance that
+            // wrote them: a state dir of another instance is refused before it reads any
+            pg.bind_instance(&state.instance_id, SystemClock.now_ms())
+                .map_err(ServerError::State)?;
             Arc::new(pg)
         }
     };

@@ -102,7 +102,23 @@ CREATE TABLE blobs (
     index::ledger::SCHEMA,
     migrate::SCHEMA,
     control_collab::COMPOSITIONS_SCHEMA,
+    INSTANCE_SCHEMA,
 ];
+
+/// The Room instance a database belongs to: the state dir instance of the first daemon that
+/// served it (or of the state dir migrated into it). Wake permits, read positions and
+/// conversations are keyed by the instance, so a daemon of another instance would read them
+/// all as someone else's. A database migrated before this table existed belongs to the
+/// state dir it was migrated from.
+const INSTANCE_SCHEMA: &str = r#"
+CREATE TABLE store_instance (
+    only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+    instance text COLLATE "C" NOT NULL,
+    bound_ms bigint NOT NULL
+);
+INSERT INTO store_instance (instance, bound_ms)
+    SELECT source_id, finished_ms FROM migrate_runs WHERE finished_ms IS NOT NULL LIMIT 1;
+"#;
 
 /// The prefix of a shard kept aside (set aside, or a stray swept): never read as a room.
 const ASIDE: &str = "aside:";
@@ -238,6 +254,54 @@ impl PgBackend {
                 "the migration of {from} into this database has not finished"
             ))),
             None => Ok(()),
+        }
+    }
+
+    /// The Room instance this database belongs to, if a daemon or a migration bound it.
+    pub fn instance(&self) -> Result<Option<String>> {
+        let pool = self.pool.clone();
+        self.run(async move {
+            let c = pool.get().await.map_err(pg)?;
+            Ok(c.query_opt("SELECT instance FROM store_instance", &[])
+                .await
+                .map_err(pg)?
+                .map(|r| r.get(0)))
+        })
+    }
+
+    /// Bind this database to the state dir instance `instance` if it belongs to none yet, or
+    /// check that it belongs to that one (`StoreError::OtherInstance` when not: nothing is
+    /// written).
+    pub fn bind_instance(&self, instance: &str, now_ms: u64) -> Result<()> {
+        let pool = self.pool.clone();
+        let (ours, now) = (instance.to_string(), crate::index::i(now_ms));
+        let bound: Option<String> = self.run(async move {
+            let mut c = pool.get().await.map_err(pg)?;
+            let tx = c.transaction().await.map_err(pg)?;
+            tx.execute("LOCK TABLE store_instance IN EXCLUSIVE MODE", &[])
+                .await
+                .map_err(pg)?;
+            let row = tx
+                .query_opt("SELECT instance FROM store_instance", &[])
+                .await
+                .map_err(pg)?;
+            if let Some(r) = row {
+                return Ok(Some(r.get::<_, String>(0)));
+            }
+            tx.execute(
+                "INSERT INTO store_instance (instance, bound_ms) VALUES ($1, $2)",
+                &[&ours, &now],
+            )
+            .await
+            .map_err(pg)?;
+            tx.commit().await.map_err(pg)?;
+            Ok(None)
+        })?;
+        match bound {
+            Some(other) if other != instance => Err(StoreError::OtherInstance(format!(
+                "this database belongs to Room instance {other}; this state dir is instance {instance}"
+            ))),
+            _ => Ok(()),
         }
     }
 

@@ -233,6 +233,14 @@ fn claim(dst: &PgBackend, source_id: &str, source_path: &str, now_ms: u64) -> Re
                 return Ok(Err(format!("the database is not empty: its table {t} holds rows")));
             }
         }
+        // an empty database is the migrated state dir's, whatever instance served it before
+        tx.execute(
+            "INSERT INTO store_instance (instance, bound_ms) VALUES ($1, $2)
+             ON CONFLICT (only_row) DO UPDATE SET instance = excluded.instance, bound_ms = excluded.bound_ms",
+            &[&id, &now],
+        )
+        .await
+        .map_err(pg)?;
         tx.execute(
             "INSERT INTO migrate_runs (source_id, source_path, started_ms) VALUES ($1, $2, $3)",
             &[&id, &path, &now],

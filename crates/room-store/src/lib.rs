@@ -59,6 +59,10 @@ pub enum StoreError {
     /// not copied yet.
     #[error("migration unfinished: {0}")]
     MigrationUnfinished(String),
+    /// A database that belongs to another Room instance than the state dir serving it: its
+    /// permits, read positions and conversations are keyed by that instance.
+    #[error("store of another instance: {0}")]
+    OtherInstance(String),
     /// A `room restore` that has not finished: the tree is part old, part restored, and
     /// nothing reads or serves it until the same restore runs again.
     #[error("restore pending: {0}")]
