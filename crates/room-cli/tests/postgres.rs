@@ -858,3 +858,108 @@ fn a_database_is_served_only_as_the_instance_it_belongs_to() {
     stop_daemon(daemon);
     assert_eq!(chains(&second, &root, None).len(), 1);
 }
+
+/// Another writer (what a second daemon on the database is) appends to a room this daemon
+/// holds open: the daemon's next turn there is refused `room_sync_concurrent_arrival` with
+/// nothing written, never a fork; its next call reads the room anew and lands after the
+/// foreign record, on one chain.
+#[test]
+fn a_foreign_append_under_an_open_room_is_a_concurrent_arrival_never_a_fork() {
+    use room_store::Backend;
+    let server = server::Server::start();
+    let words = server.fresh_database();
+    let url = as_url(&words);
+    let tmp = tempfile::tempdir().unwrap();
+    let root = std::fs::canonicalize(tmp.path()).unwrap();
+    let state = root.join("state");
+    assert!(run(&state, &root, &["init"]).status.success());
+    let daemon = start_daemon(&state, &root, Some(&url));
+    let enrolled = run(&state, &root, &["agent", "enroll", "alice", "--json"]);
+    let token = serde_json::from_slice::<serde_json::Value>(&enrolled.stdout).unwrap()["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        run(&state, &root, &["create", "demo", "--member", "alice"])
+            .status
+            .success()
+    );
+    let caught_up = || {
+        let page = as_agent(&state, &root, &token, &["sync", "demo"]);
+        let receipt = page["receipt"].as_str().unwrap().to_string();
+        as_agent(
+            &state,
+            &root,
+            &token,
+            &["sync", "demo", "--confirm", &receipt],
+        );
+    };
+    let note = |text: &str| {
+        room(&state, &root, &["note", "demo", text, "--json"])
+            .env("ROOM_TOKEN", &token)
+            .output()
+            .unwrap()
+    };
+    caught_up();
+    assert!(note("one").status.success());
+    // the other writer: alice's note again, sealed after the head as a daemon beside this
+    // one would seal it, appended straight to the database
+    let log = run(&state, &root, &["log", "demo", "--json"]);
+    let page: serde_json::Value = serde_json::from_slice(&log.stdout).unwrap();
+    let mut event = page["events"].as_array().unwrap().last().unwrap()["event"].clone();
+    assert_eq!(event["text"], "one", "{event}");
+    event["text"] = "from another daemon".into();
+    let graph = one(&words, "SELECT graph_id FROM room_heads");
+    let other = room_store_pg::PgBackend::connect(&url).unwrap();
+    let mut journal = other.open_log(&graph, None, &mut |_| Ok(())).unwrap();
+    let tip = journal.tip();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let hlc = tip.hlc.tick(now);
+    let id = room_core::id::event_id(hlc, &room_server::daemon::OsEntropy);
+    journal
+        .append(&[room_core::Sealed::seal(&tip, id.clone(), hlc, event)])
+        .unwrap();
+    drop(journal);
+    drop(other);
+    let count = || one(&words, "SELECT count(*) FROM journal");
+    let before = count();
+    // refused: the head moved under the daemon's open room; nothing written
+    let refused = note("two");
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    let r: serde_json::Value = serde_json::from_slice(&refused.stdout).unwrap();
+    assert_eq!(r["refusal"]["code"], "room_sync_concurrent_arrival", "{r}");
+    assert_eq!(r["refusal"]["detail"]["moved_by"], "another writer", "{r}");
+    assert_eq!(count(), before);
+    // the next call reads the room anew: the foreign record is alice's own (her session on
+    // the other daemon), so she is caught up over it, and her turn lands after it
+    let landed = note("two");
+    let l: serde_json::Value = serde_json::from_slice(&landed.stdout).unwrap();
+    assert!(landed.status.success(), "{l}");
+    assert_eq!(count(), (before.parse::<u64>().unwrap() + 1).to_string());
+    let log = run(&state, &root, &["log", "demo", "--json"]);
+    let page: serde_json::Value = serde_json::from_slice(&log.stdout).unwrap();
+    let tail: Vec<(u64, String)> = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["seq"].as_u64().unwrap(),
+                e["id"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let at = |id: &str| tail.iter().find(|(_, i)| i == id).map(|(s, _)| *s);
+    let foreign = at(&id).expect("the foreign record is in the room");
+    assert_eq!(
+        at(l["event"].as_str().unwrap()),
+        Some(foreign + 1),
+        "{tail:?}"
+    );
+    stop_daemon(daemon);
+    let verified = chains(&state, &root, Some(&url));
+    assert_eq!(verified.len(), 1, "{verified:?}");
+}

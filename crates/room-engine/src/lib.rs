@@ -253,12 +253,27 @@ impl Engine {
 
     /// [`Engine::room_handle`], with the room's (immutable) binding.
     pub(crate) fn room_handle_bound(&self, name: &str) -> Outcome<(rooms::Handle, event::Binding)> {
-        if let Some(hb) = self.rooms.cached_bound(name) {
+        if let Some(hb) = self.rooms.cached_bound(name)
+            && !moved_under(&hb.0)
+        {
             return Ok(hb);
         }
         let _one_opening = self.rooms.opening_lock();
         if let Some(hb) = self.rooms.cached_bound(name) {
-            return Ok(hb);
+            if !moved_under(&hb.0) {
+                return Ok(hb);
+            }
+            drop(hb);
+            // read anew once nobody holds it; a holder keeps it (and its refusal) meanwhile
+            match self.rooms.take_if_idle(name) {
+                Some(h) => self.close_room_handle(&h),
+                None => {
+                    return self
+                        .rooms
+                        .cached_bound(name)
+                        .ok_or_else(|| Rooms::not_found(name));
+                }
+            }
         }
         if let Some(why) = self.rooms.unusable(name) {
             return Err(rooms::unusable_refusal(name, &why));
@@ -602,4 +617,10 @@ impl Engine {
 pub(crate) fn lock_room(h: &Arc<Mutex<RoomHandle>>) -> MutexGuard<'_, RoomHandle> {
     h.lock()
         .expect("room lock is never poisoned: no panics while held")
+}
+
+/// Whether another writer moved the room under this handle (its next use reads it anew). A
+/// handle someone holds now is left to them: they see its refusal, the next use reopens it.
+fn moved_under(h: &Arc<Mutex<RoomHandle>>) -> bool {
+    h.try_lock().is_ok_and(|r| r.moved)
 }

@@ -84,6 +84,10 @@ pub struct RoomHandle {
     /// Writes are refused until the room is caught up from its log: at a restart, or by
     /// closing and opening it again where the store allows (`Engine::heal_halted_rooms`).
     pub halted: bool,
+    /// Another writer (a daemon beside this one on a shared database) appended to the room
+    /// after this handle read it: the handle is halted, and its next use opens the room anew
+    /// from the store rather than waiting for the heal timer.
+    pub moved: bool,
     /// Set when the journal does not verify or lacks acknowledged records (`read_only` is set
     /// too): turns are refused `room_quarantined` until the owner restores or accepts.
     pub quarantine: Option<Quarantine>,
@@ -686,6 +690,7 @@ impl RoomHandle {
             written: Default::default(),
             rotated: false,
             halted: false,
+            moved: false,
             quarantine: None,
             verified: None,
             scrub: Scrub::default(),
@@ -1302,6 +1307,21 @@ impl RoomHandle {
                 return Err(Refusal::storage(format!("the append of {id} is in doubt ({why}); it may or may not survive"))
                     .detail(json!({"in_doubt": true, "events": sealed.iter().map(|s| &s.record().id).collect::<Vec<_>>()}))
                     .hint("restart the daemon: it reconciles the journal and the room shows what survived"));
+            }
+            Err(StoreError::Conflict(why)) => {
+                // the head moved under this handle: what it holds in memory (tip, projection
+                // marks, pending permits) is behind the store, so it is read anew
+                self.halt(format!("another writer appended first: {why}"));
+                self.moved = true;
+                return Err(Refusal::new(
+                    Code::RoomSyncConcurrentArrival,
+                    format!(
+                        "another writer appended to room {} first; nothing was written",
+                        self.name
+                    ),
+                )
+                .detail(json!({"room": self.name, "moved_by": "another writer"}))
+                .hint("sync the room and try again: the next call reads it anew"));
             }
             Err(e) => {
                 return Err(Refusal::storage(format!(
