@@ -28,6 +28,7 @@ pub fn exit_code(e: &ServerError) -> i32 {
             | StoreError::Locked { .. }
             | StoreError::Migrated(_)
             | StoreError::OtherInstance(_)
+            | StoreError::Fenced(_)
             | StoreError::RestorePending(_),
         ) => EXIT_STATE,
         ServerError::DaemonUnreachable { .. }
@@ -1219,6 +1220,11 @@ fn serve(
             if matches!(e, ServerError::State(StoreError::Migrated(_))) {
                 eprintln!(
                     "hint: serve the database: room serve --store URL, or `[store] url` in config.toml"
+                );
+            }
+            if matches!(e, ServerError::State(StoreError::Fenced(_))) {
+                eprintln!(
+                    "hint: another daemon serves this database now; start this one again only once that one has stopped"
                 );
             }
             if matches!(e, ServerError::State(StoreError::OtherInstance(_))) {

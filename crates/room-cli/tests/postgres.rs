@@ -621,6 +621,18 @@ fn a_postgres_restart_under_a_daemon_loses_no_acknowledged_turn() {
             "{r:?}"
         );
     }
+    // the daemon took its database lock back after the restart: a second daemon is refused
+    let second = root.join("second");
+    assert!(
+        run(&second, &root, &["init", "--store", &url])
+            .status
+            .success()
+    );
+    let refused = run(&second, &root, &["serve"]);
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("another daemon serves this database"),
+        "{refused:?}"
+    );
     stop_daemon(daemon);
     let verified = chains(&state, &root, Some(&url));
     assert_eq!(verified.len(), 1, "{verified:?}");
@@ -962,4 +974,171 @@ fn a_foreign_append_under_an_open_room_is_a_concurrent_arrival_never_a_fork() {
     stop_daemon(daemon);
     let verified = chains(&state, &root, Some(&url));
     assert_eq!(verified.len(), 1, "{verified:?}");
+}
+
+/// A session of the test's own on the test server, kept across statements.
+struct Session {
+    rt: tokio::runtime::Runtime,
+    client: tokio_postgres::Client,
+}
+
+impl Session {
+    fn open(words: &str) -> Session {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let client = rt.block_on(async {
+            let (client, conn) = tokio_postgres::connect(words, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            client
+        });
+        Session { rt, client }
+    }
+
+    /// The first column of the first row, as text.
+    fn one(&self, query: &str) -> String {
+        self.rt.block_on(async {
+            self.client
+                .simple_query(query)
+                .await
+                .unwrap()
+                .into_iter()
+                .find_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+                    _ => None,
+                })
+                .unwrap_or_default()
+        })
+    }
+}
+
+/// The daemon's lock on its database goes with the session that holds it. Until it has the
+/// lock back it refuses every turn (nothing written); it takes the lock back once free while
+/// the serving generation is still its own. A daemon that took the database over meanwhile
+/// moved the generation: the first one's next append is refused by the database itself, and
+/// the first daemon stops (exit 4, "fenced").
+#[test]
+fn a_daemon_that_loses_its_database_lock_writes_nothing_until_it_holds_it_again() {
+    const LOCK: &str = "5940088948614325613"; // the daemon's advisory lock key, "RoomDaem"
+    let server = server::Server::start();
+    let words = server.fresh_database();
+    let url = as_url(&words);
+    let tmp = tempfile::tempdir().unwrap();
+    let root = std::fs::canonicalize(tmp.path()).unwrap();
+    let state = root.join("state");
+    assert!(run(&state, &root, &["init"]).status.success());
+    let errors = root.join("daemon.err");
+    let mut daemon = Daemon(
+        room(&state, &root, &["serve", "--store", &url])
+            .stderr(std::fs::File::create(&errors).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    for _ in 0..400 {
+        if state.join("room.sock").exists() && run(&state, &root, &["list"]).status.success() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let enrolled = run(&state, &root, &["agent", "enroll", "alice", "--json"]);
+    let token = serde_json::from_slice::<serde_json::Value>(&enrolled.stdout).unwrap()["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        run(&state, &root, &["create", "demo", "--member", "alice"])
+            .status
+            .success()
+    );
+    let page = as_agent(&state, &root, &token, &["sync", "demo"]);
+    let receipt = page["receipt"].as_str().unwrap().to_string();
+    as_agent(
+        &state,
+        &root,
+        &token,
+        &["sync", "demo", "--confirm", &receipt],
+    );
+    let note = |text: &str| {
+        let out = room(&state, &root, &["note", "demo", text, "--json"])
+            .env("ROOM_TOKEN", &token)
+            .output()
+            .unwrap();
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    assert!(note("one")["event"].is_string());
+    let test = Session::open(&words);
+    let generation = test.one("SELECT generation FROM serving");
+    assert_ne!(generation, "0");
+    let count = || test.one("SELECT count(*) FROM journal");
+    // the lock's session ends (as a server or a network would end it) and the test takes
+    // the lock before the daemon takes it back
+    let mut held = false;
+    for _ in 0..50 {
+        test.one(&format!(
+            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid() AND objid = ({LOCK}::bigint & 4294967295)::oid"
+        ));
+        if test.one(&format!("SELECT pg_try_advisory_lock({LOCK})")) == "t" {
+            held = true;
+            break;
+        }
+    }
+    assert!(held, "the test took the lock");
+    std::thread::sleep(Duration::from_millis(300));
+    let before = count();
+    let refused = note("two");
+    assert_eq!(refused["refusal"]["code"], "storage_failed", "{refused}");
+    assert!(
+        refused["refusal"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("lock on the database went with its connection"),
+        "{refused}"
+    );
+    assert_eq!(count(), before);
+    // the lock is free again and the generation is still the daemon's: it takes it back
+    test.one(&format!("SELECT pg_advisory_unlock({LOCK})"));
+    let mut landed = serde_json::Value::Null;
+    for _ in 0..100 {
+        landed = note("two");
+        if landed["event"].is_string() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(landed["event"].is_string(), "{landed}");
+    assert_eq!(test.one("SELECT generation FROM serving"), generation);
+    // another daemon took the database over (as one that took the lock would, it moved the
+    // serving generation): the daemon's next append is refused by the database
+    test.one("UPDATE serving SET generation = generation + 1, holder = 'the test'");
+    let before = count();
+    let fenced = note("three");
+    assert_eq!(fenced["refusal"]["code"], "storage_failed", "{fenced}");
+    assert!(
+        fenced["refusal"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("another daemon took this database over (the test"),
+        "{fenced}"
+    );
+    assert_eq!(count(), before);
+    // and the daemon stops
+    let mut status = None;
+    for _ in 0..200 {
+        status = daemon.try_wait().unwrap();
+        if status.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(status.and_then(|s| s.code()), Some(4), "{status:?}");
+    let stderr = std::fs::read_to_string(&errors).unwrap();
+    assert!(
+        stderr.contains("error: fenced: another daemon took this database over (the test")
+            && stderr.contains("hint: another daemon serves this database now"),
+        "{stderr}"
+    );
+    assert_eq!(count(), before);
 }

@@ -429,6 +429,12 @@ impl Engine {
         }
     }
 
+    /// Why this daemon may never write to its store again (another daemon took the shared
+    /// database over), if so: the daemon stops.
+    pub fn store_fenced(&self) -> Option<String> {
+        self.rooms.store.fenced()
+    }
+
     /// Close every halted room nobody holds, where the store says an open catches it up
     /// (`Backend::reopen_heals_halts`): its next use opens it again from the store, as a
     /// restart would, and a store still unreachable refuses that use and the next tries

@@ -759,9 +759,25 @@ pub async fn serve(
             });
         }
     };
+    // a daemon another took its database from stops: it may not write, and its workers'
+    // obligations are the new daemon's to reconcile
+    let fence = async {
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(FENCE_CHECK_MS));
+        loop {
+            tick.tick().await;
+            if let Some(why) = engine.store_fenced() {
+                return why;
+            }
+        }
+    };
+    let mut fenced = None;
     tokio::select! {
         _ = accept => {}
         _ = shutdown => tracing::info!("shutting down"),
+        why = fence => {
+            tracing::error!("stopping: {why}");
+            fenced = Some(why);
+        }
     }
     if let Some(h) = http {
         h.abort();
@@ -782,8 +798,14 @@ pub async fn serve(
     let _ = tokio::task::spawn_blocking(move || e.close_clean()).await;
     let _ = std::fs::remove_file(&sock);
     let _ = std::fs::remove_file(state.root.join("http.addr"));
-    Ok(())
+    match fenced {
+        Some(why) => Err(ServerError::State(room_store::StoreError::Fenced(why))),
+        None => Ok(()),
+    }
 }
+
+/// How often the daemon asks whether its store fenced it.
+const FENCE_CHECK_MS: u64 = 250;
 
 /// A broker connection's peer, checked again before each of its requests: still a process of
 /// the launch's job running a pinned program (a process admitted at connect that then `exec`s

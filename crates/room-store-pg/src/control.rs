@@ -220,16 +220,23 @@ pub struct PgControl {
     /// Each room's view generation with what it was computed from.
     view_gens: HashMap<String, (ViewInputs, String)>,
     cache: Arc<SharedCache>,
+    serving: Arc<crate::serving::Serving>,
 }
 
 impl PgControl {
-    pub(crate) fn new(rt: Arc<crate::Rt>, pool: Pool, cache: Arc<SharedCache>) -> PgControl {
+    pub(crate) fn new(
+        rt: Arc<crate::Rt>,
+        pool: Pool,
+        cache: Arc<SharedCache>,
+        serving: Arc<crate::serving::Serving>,
+    ) -> PgControl {
         PgControl {
             rt,
             pool,
             writes: 0,
             view_gens: HashMap::new(),
             cache,
+            serving,
         }
     }
 
@@ -289,6 +296,8 @@ impl PgControl {
         F: FnOnce(Object) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T>> + Send + 'static,
     {
+        // a daemon that lost its hold on the database (or was fenced) writes nothing
+        self.serving.check()?;
         self.writes += 1;
         // emptied before (no read meanwhile keeps what is being changed) and after (what a
         // read filled while the write ran may be older than it)

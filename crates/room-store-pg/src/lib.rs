@@ -9,7 +9,7 @@
 //! that cannot tell). `migrate` copies an embedded state dir's store into an empty database.
 //!
 //! Several daemons on one database are not built yet: a daemon holds its database alone
-//! (`PgBackend::serve_alone`).
+//! (`PgBackend::serve_alone`), and is fenced once another takes it over (`serving`).
 //!
 //! The traits are synchronous (the engine runs on blocking threads); every call here runs
 //! on this backend's own small tokio runtime and is waited for on the caller's thread, so a
@@ -22,6 +22,7 @@ mod control_wakes;
 mod index;
 mod log;
 pub mod migrate;
+mod serving;
 
 pub use control::PgControl;
 pub use index::PgIndex;
@@ -103,6 +104,7 @@ CREATE TABLE blobs (
     migrate::SCHEMA,
     control_collab::COMPOSITIONS_SCHEMA,
     INSTANCE_SCHEMA,
+    serving::SCHEMA,
 ];
 
 /// The Room instance a database belongs to: the state dir instance of the first daemon that
@@ -161,8 +163,6 @@ impl Drop for Rt {
     }
 }
 
-/// The advisory lock key a daemon holds for as long as it serves a database.
-const DAEMON_LOCK: i64 = 0x526f_6f6d_4461_656d; // "RoomDaem"
 /// How long `serve_alone` waits for a lock another session holds.
 const ALONE_WAIT_MS: u64 = 2_000;
 
@@ -172,9 +172,8 @@ pub struct PgBackend {
     pool: Pool,
     writers: RoomWriters,
     config: tokio_postgres::Config,
-    /// The connection holding `DAEMON_LOCK`, once `serve_alone` took it: the lock lasts
-    /// while it is open (closed with the backend, or by the server when the process dies).
-    alone: std::sync::Mutex<Option<tokio_postgres::Client>>,
+    /// This process's hold on the database once `serve_alone` took it, and its fence.
+    serving: Arc<serving::Serving>,
     /// The control handles' cache, in use once `serve_alone` holds the database.
     cache: Arc<control::SharedCache>,
 }
@@ -222,7 +221,7 @@ impl PgBackend {
             pool,
             writers: RoomWriters::default(),
             config,
-            alone: std::sync::Mutex::new(None),
+            serving: Arc::default(),
             cache: Arc::default(),
         };
         let pool = b.pool.clone();
@@ -308,22 +307,18 @@ impl PgBackend {
     /// Hold the database's daemon lock (what `serve_alone` and a migration take first).
     pub(crate) fn hold_alone(&self) -> Result<()> {
         let config = self.config.clone();
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
         let client = self.run(async move {
-            let (client, conn) = config.connect(tokio_postgres::NoTls).await.map_err(pg)?;
-            tokio::spawn(async move {
-                let _ = conn.await;
-            });
+            let held = serving::connect(&config).await?;
             // a daemon that just stopped (or died) ends its session a moment after its
             // connection closes: its lock is waited for, briefly
             let started = std::time::Instant::now();
             loop {
-                let got: bool = client
-                    .query_one("SELECT pg_try_advisory_lock($1)", &[&DAEMON_LOCK])
-                    .await
-                    .map_err(pg)?
-                    .get(0);
-                if got {
-                    return Ok(Some(client));
+                if serving::try_lock(&held.client).await? {
+                    let generation = serving::take_generation(&held.client, now_ms).await?;
+                    return Ok(Some((held, generation)));
                 }
                 if started.elapsed() >= Duration::from_millis(ALONE_WAIT_MS) {
                     return Ok(None);
@@ -332,8 +327,9 @@ impl PgBackend {
             }
         })?;
         match client {
-            Some(c) => {
-                *self.alone.lock().unwrap_or_else(|e| e.into_inner()) = Some(c);
+            Some((held, generation)) => {
+                self.serving
+                    .hold(&self.rt, self.config.clone(), held, generation);
                 // every write goes through this process now: its reads may be kept
                 self.cache.clear();
                 self.cache
@@ -443,11 +439,16 @@ impl Backend for PgBackend {
         true
     }
 
+    fn fenced(&self) -> Option<String> {
+        self.serving.fenced()
+    }
+
     fn open_control(&self) -> Result<Box<dyn ControlStore>> {
         Ok(Box::new(PgControl::new(
             self.rt.clone(),
             self.pool.clone(),
             self.cache.clone(),
+            self.serving.clone(),
         )))
     }
 
@@ -556,6 +557,7 @@ impl Backend for PgBackend {
         Ok(Box::new(PgLog::open(
             self.rt.clone(),
             self.pool.clone(),
+            self.serving.clone(),
             graph_id,
             known,
             each,

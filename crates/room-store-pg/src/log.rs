@@ -183,6 +183,7 @@ fn keep_tail(mut bytes: Vec<u8>) -> Vec<u8> {
 pub struct PgLog {
     rt: Arc<crate::Rt>,
     pool: Pool,
+    serving: Arc<crate::serving::Serving>,
     graph_id: String,
     mark: JournalMark,
     /// The journal's last `ANCHOR_BYTES_MAX` bytes: what the mark's anchor hashes, kept here
@@ -198,6 +199,7 @@ impl PgLog {
     pub(crate) fn open(
         rt: Arc<crate::Rt>,
         pool: Pool,
+        serving: Arc<crate::serving::Serving>,
         graph_id: &str,
         known: Option<&JournalMark>,
         each: room_store::backend::ScanEach<'_>,
@@ -278,6 +280,7 @@ impl PgLog {
         Ok(PgLog {
             rt,
             pool,
+            serving,
             graph_id: graph_id.to_string(),
             mark: mark(u(shard), len, Anchor::of_tail(&tail), &tip),
             tail,
@@ -303,6 +306,8 @@ impl room_store::backend::RoomLog for PgLog {
         if let Some(why) = &self.poisoned {
             return Err(StoreError::Corrupt(format!("journal is poisoned: {why}")));
         }
+        self.serving.check()?;
+        let ours = self.serving.generation();
         let old = self.mark.tip();
         let lines = lines_after(&old, self.mark.len, records)?;
         let ranges: Vec<(u64, u64)> = lines
@@ -328,6 +333,7 @@ impl room_store::backend::RoomLog for PgLog {
         let sent = run_within(&self.rt, async move {
             let mut c = pool.get().await.map_err(pg)?;
             let tx = c.transaction().await.map_err(pg)?;
+            crate::serving::fence_append(&tx, ours).await?;
             let (id, at, _) = head(&tx, &g, true).await?;
             if u(id) != shard {
                 return Err(StoreError::Rotated(format!(
@@ -352,6 +358,11 @@ impl room_store::backend::RoomLog for PgLog {
         match sent {
             Some(Ok((_, Ok(())))) => {}
             Some(Ok((xid, Err(why)))) => self.read_back(xid, first, &why)?,
+            Some(Err(StoreError::Fenced(why))) => {
+                // the database says another daemon serves it now: this one stops writing
+                self.serving.fence(why.clone());
+                return Err(StoreError::Fenced(why));
+            }
             Some(Err(e)) => return Err(e),
             None => {
                 // no answer at all: the transaction may still commit on the server

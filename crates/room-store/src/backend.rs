@@ -544,6 +544,11 @@ pub trait Backend: Send + Sync {
     fn reopen_heals_halts(&self) -> bool {
         false
     }
+    /// Why this process may never write to the store again (another daemon took a shared
+    /// database over), if it may not; the daemon stops then.
+    fn fenced(&self) -> Option<String> {
+        None
+    }
     /// Files besides the rooms' logs whose unsynced bytes a power cut may take, as (path,
     /// synced, written): the simulator's crash model.
     fn unsynced_files(&self) -> Vec<(PathBuf, u64, u64)> {

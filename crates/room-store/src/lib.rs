@@ -63,6 +63,9 @@ pub enum StoreError {
     /// permits, read positions and conversations are keyed by that instance.
     #[error("store of another instance: {0}")]
     OtherInstance(String),
+    /// Another daemon took the shared database over: this one writes nothing more to it.
+    #[error("fenced: {0}")]
+    Fenced(String),
     /// A `room restore` that has not finished: the tree is part old, part restored, and
     /// nothing reads or serves it until the same restore runs again.
     #[error("restore pending: {0}")]
