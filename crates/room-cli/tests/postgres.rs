@@ -1017,7 +1017,8 @@ impl Session {
 
 /// The daemon's lock on its database goes with the session that holds it. Until it has the
 /// lock back it refuses every turn (nothing written); it takes the lock back once free while
-/// the serving generation is still its own. A daemon that took the database over meanwhile
+/// the serving generation is still its own. A lock session that stops answering stops the
+/// daemon's writes too, until it answers again. A daemon that took the database over meanwhile
 /// moved the generation: the first one's next append is refused by the database itself, and
 /// the first daemon stops (exit 4, "fenced").
 #[test]
@@ -1110,6 +1111,36 @@ fn a_daemon_that_loses_its_database_lock_writes_nothing_until_it_holds_it_again(
     }
     assert!(landed["event"].is_string(), "{landed}");
     assert_eq!(test.one("SELECT generation FROM serving"), generation);
+    // the lock's session stops answering (its server process stopped, as a cut network
+    // would silence it): after a few seconds the daemon writes nothing, and once it answers
+    // again the daemon writes again
+    let holder = test.one(&format!(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objid = ({LOCK}::bigint & 4294967295)::oid"
+    ));
+    let holder = rustix::process::Pid::from_raw(holder.parse().unwrap()).unwrap();
+    rustix::process::kill_process(holder, rustix::process::Signal::STOP).unwrap();
+    std::thread::sleep(Duration::from_millis(9_000));
+    let before = count();
+    let silent = note("silent");
+    rustix::process::kill_process(holder, rustix::process::Signal::CONT).unwrap();
+    assert_eq!(silent["refusal"]["code"], "storage_failed", "{silent}");
+    assert!(
+        silent["refusal"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("has not answered for"),
+        "{silent}"
+    );
+    assert_eq!(count(), before);
+    let mut landed = serde_json::Value::Null;
+    for _ in 0..100 {
+        landed = note("answered again");
+        if landed["event"].is_string() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(landed["event"].is_string(), "{landed}");
     // another daemon took the database over (as one that took the lock would, it moved the
     // serving generation): the daemon's next append is refused by the database
     test.one("UPDATE serving SET generation = generation + 1, holder = 'the test'");

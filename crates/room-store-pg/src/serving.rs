@@ -7,6 +7,11 @@
 //! moved the generation: the first one is fenced for good, and its journal appends are
 //! refused by the database itself (each append reads the serving row, `FOR SHARE`, in its
 //! transaction, so a takeover waits for appends in flight and every later one sees it).
+//!
+//! A lock's session can also go silent without ending (a cut network): the daemon asks it
+//! every second and writes nothing once it has been silent for `HOLD_STALE_MS`, while the
+//! server frees a silent session's lock only after its keepalives failed, later. So a daemon
+//! cut off from its database has stopped writing before another can take the lock.
 
 use crate::pg;
 use room_store::{Result, StoreError};
@@ -19,6 +24,20 @@ pub(crate) const DAEMON_LOCK: i64 = 0x526f_6f6d_4461_656d; // "RoomDaem"
 
 /// How often a daemon that lost its lock's session tries to take it back.
 const TAKE_BACK_EVERY_MS: u64 = 250;
+/// How often the lock's session is asked whether it still answers, and how long an answer
+/// is waited for.
+const PING_EVERY_MS: u64 = 1_000;
+const PING_TIMEOUT_MS: u64 = 2_000;
+/// A daemon whose lock's session has not answered for this long writes nothing until it
+/// does: it may be cut off, and the server may be about to end that session and free the
+/// lock for another daemon. The server ends a silent session only after its keepalives
+/// failed (`KEEPALIVE_*`: 25 s), well after this.
+const HOLD_STALE_MS: u64 = 8_000;
+/// The lock's session's server-side TCP keepalives (seconds): a daemon whose host died
+/// frees the lock after about half a minute, not the kernel's two hours.
+const KEEPALIVE_IDLE_S: u32 = 10;
+const KEEPALIVE_INTERVAL_S: u32 = 5;
+const KEEPALIVE_COUNT: u32 = 3;
 
 pub(crate) const SCHEMA: &str = r#"
 CREATE TABLE serving (
@@ -40,8 +59,11 @@ pub(crate) struct Serving {
     lost: AtomicBool,
     /// Another daemon took the database over: this process never writes to it again.
     fenced: Mutex<Option<String>>,
-    /// The session holding the lock (dropping it releases the lock).
-    session: Mutex<Option<tokio_postgres::Client>>,
+    /// Tells the watcher to drop the lock's session once fenced.
+    fenced_now: tokio::sync::Notify,
+    /// When the lock's session last answered, in ms since `epoch`.
+    answered_ms: std::sync::atomic::AtomicU64,
+    epoch: std::sync::OnceLock<std::time::Instant>,
 }
 
 /// The session that holds the lock, and what resolves when its connection ends.
@@ -61,12 +83,32 @@ impl Serving {
         if let Some(why) = self.fenced() {
             return Err(StoreError::Fenced(why));
         }
+        if self.generation() == 0 {
+            return Ok(());
+        }
         if self.lost.load(Ordering::SeqCst) {
             return Err(StoreError::Postgres(
                 "this daemon's lock on the database went with its connection and is not taken back yet".into(),
             ));
         }
+        let silent_ms = self
+            .now_ms()
+            .saturating_sub(self.answered_ms.load(Ordering::SeqCst));
+        if silent_ms > HOLD_STALE_MS {
+            return Err(StoreError::Postgres(format!(
+                "the session holding this daemon's lock on the database has not answered for {silent_ms} ms"
+            )));
+        }
         Ok(())
+    }
+
+    fn now_ms(&self) -> u64 {
+        let epoch = self.epoch.get_or_init(std::time::Instant::now);
+        u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn answered(&self) {
+        self.answered_ms.store(self.now_ms(), Ordering::SeqCst);
     }
 
     pub(crate) fn fenced(&self) -> Option<String> {
@@ -78,10 +120,7 @@ impl Serving {
 
     pub(crate) fn fence(&self, why: String) {
         *self.fenced.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
-        self.session
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        self.fenced_now.notify_one();
     }
 
     /// Keep `held` as this process's lock, at `generation`, and watch it (on the backend's
@@ -95,31 +134,43 @@ impl Serving {
     ) {
         self.generation.store(generation, Ordering::SeqCst);
         self.lost.store(false, Ordering::SeqCst);
-        *self.session.lock().unwrap_or_else(|e| e.into_inner()) = Some(held.client);
-        rt.spawn(watch(self.clone(), config, held.ended));
+        self.answered();
+        rt.spawn(watch(self.clone(), config, held));
     }
 }
 
-/// Wait for the lock's session to end, then take the lock back (or learn that another
-/// daemon took the database over), for as long as the process serves.
-async fn watch(
-    serving: Arc<Serving>,
-    config: tokio_postgres::Config,
-    mut ended: tokio::sync::oneshot::Receiver<()>,
-) {
+/// Ask the lock's session every `PING_EVERY_MS` whether it answers; when it ends, take the
+/// lock back (or learn that another daemon took the database over), for as long as the
+/// process serves. The session is the watcher's: dropping it frees the lock.
+async fn watch(serving: Arc<Serving>, config: tokio_postgres::Config, mut held: Held) {
     loop {
-        let _ = (&mut ended).await;
+        let mut ping = tokio::time::interval(Duration::from_millis(PING_EVERY_MS));
+        loop {
+            tokio::select! {
+                _ = &mut held.ended => break,
+                _ = serving.fenced_now.notified() => return,
+                _ = ping.tick() => {
+                    let asked = tokio::time::timeout(
+                        Duration::from_millis(PING_TIMEOUT_MS),
+                        held.client.simple_query("SELECT 1"),
+                    );
+                    if matches!(asked.await, Ok(Ok(_))) {
+                        serving.answered();
+                    }
+                }
+            }
+        }
+        drop(held);
         serving.lost.store(true, Ordering::SeqCst);
         tracing::warn!("the session holding this daemon's database lock ended: taking it back");
-        loop {
+        held = loop {
             tokio::time::sleep(Duration::from_millis(TAKE_BACK_EVERY_MS)).await;
             match take_back(&config, serving.generation()).await {
                 Ok(TakeBack::Held(held)) => {
-                    *serving.session.lock().unwrap_or_else(|e| e.into_inner()) = Some(held.client);
-                    ended = held.ended;
+                    serving.answered();
                     serving.lost.store(false, Ordering::SeqCst);
                     tracing::info!("the database lock is held again");
-                    break;
+                    break held;
                 }
                 Ok(TakeBack::TakenOver(why)) => {
                     tracing::error!("{why}");
@@ -129,7 +180,7 @@ async fn watch(
                 Ok(TakeBack::Busy) => {}
                 Err(e) => tracing::debug!("taking the database lock back: {e}"),
             }
-        }
+        };
     }
 }
 
@@ -165,12 +216,25 @@ async fn take_back(config: &tokio_postgres::Config, ours: i64) -> Result<TakeBac
 
 /// A session of its own for the lock.
 pub(crate) async fn connect(config: &tokio_postgres::Config) -> Result<Held> {
+    let mut config = config.clone();
+    config
+        .keepalives(true)
+        .keepalives_idle(Duration::from_secs(u64::from(KEEPALIVE_IDLE_S)))
+        .keepalives_interval(Duration::from_secs(u64::from(KEEPALIVE_INTERVAL_S)))
+        .keepalives_retries(KEEPALIVE_COUNT);
     let (client, conn) = config.connect(tokio_postgres::NoTls).await.map_err(pg)?;
     let (tx, ended) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
         let _ = conn.await;
         let _ = tx.send(());
     });
+    // the server's side of the same: it frees the lock of a host that went silent
+    client
+        .batch_execute(&format!(
+            "SET tcp_keepalives_idle = {KEEPALIVE_IDLE_S}; SET tcp_keepalives_interval = {KEEPALIVE_INTERVAL_S}; SET tcp_keepalives_count = {KEEPALIVE_COUNT}"
+        ))
+        .await
+        .map_err(pg)?;
     Ok(Held { client, ended })
 }
 
