@@ -349,7 +349,11 @@ impl PgControl {
             };
             let epoch: i64 = tx
                 .query_one(
-                    "SELECT value FROM control_meta WHERE key = 'control_epoch'",
+                    &tx.prepare_cached(
+                        "SELECT value FROM control_meta WHERE key = 'control_epoch'",
+                    )
+                    .await
+                    .map_err(pg)?,
                     &[],
                 )
                 .await
@@ -357,7 +361,9 @@ impl PgControl {
                 .get(0);
             let names: Vec<String> = tx
                 .query(
-                    "SELECT agent FROM members WHERE room = $1 ORDER BY agent",
+                    &tx.prepare_cached("SELECT agent FROM members WHERE room = $1 ORDER BY agent")
+                        .await
+                        .map_err(pg)?,
                     &[&room],
                 )
                 .await
@@ -378,7 +384,11 @@ impl PgControl {
                     .transpose()?;
                 let denied: Vec<String> = tx
                     .query(
-                        "SELECT verb FROM denied_verbs WHERE agent = $1 ORDER BY verb",
+                        &tx.prepare_cached(
+                            "SELECT verb FROM denied_verbs WHERE agent = $1 ORDER BY verb",
+                        )
+                        .await
+                        .map_err(pg)?,
                         &[&n],
                     )
                     .await
@@ -402,9 +412,14 @@ impl PgControl {
 /// no lock that another writer waits on: a counter row would make every control write of
 /// every room queue behind one another's commit.
 pub(crate) async fn bump(tx: &deadpool_postgres::Transaction<'_>) -> Result<()> {
-    tx.execute("SELECT nextval('control_writes')", &[])
-        .await
-        .map_err(pg)?;
+    tx.execute(
+        &tx.prepare_cached("SELECT nextval('control_writes')")
+            .await
+            .map_err(pg)?,
+        &[],
+    )
+    .await
+    .map_err(pg)?;
     Ok(())
 }
 
@@ -417,7 +432,8 @@ pub(crate) async fn exec1(
     let tx = c.transaction().await.map_err(pg)?;
     let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
         params.iter().map(|p| p.as_ref() as _).collect();
-    let n = tx.execute(sql, &refs).await.map_err(pg)?;
+    let st = tx.prepare_cached(sql).await.map_err(pg)?;
+    let n = tx.execute(&st, &refs).await.map_err(pg)?;
     bump(&tx).await?;
     tx.commit().await.map_err(pg)?;
     Ok(n)
@@ -438,13 +454,15 @@ async fn revoke_in(
     now_ms: i64,
 ) -> Result<()> {
     tx.execute(
-        "INSERT INTO retired_secrets (secret_sha256, agent, retired_ms, why) VALUES ($1, $2, $3, 'revoked') ON CONFLICT DO NOTHING",
+        &tx.prepare_cached("INSERT INTO retired_secrets (secret_sha256, agent, retired_ms, why) VALUES ($1, $2, $3, 'revoked') ON CONFLICT DO NOTHING").await.map_err(pg)?,
         &[&secret, &name, &now_ms],
     )
     .await
     .map_err(pg)?;
     tx.execute(
-        "UPDATE agents SET revoked_ms = $2, revoked_by = $3 WHERE name = $1",
+        &tx.prepare_cached("UPDATE agents SET revoked_ms = $2, revoked_by = $3 WHERE name = $1")
+            .await
+            .map_err(pg)?,
         &[&name, &now_ms, &by],
     )
     .await
@@ -456,7 +474,12 @@ impl ControlStore for PgControl {
     fn change_stamp(&self) -> Result<ChangeStamp> {
         let external = self.call(|c| async move {
             let v: i64 = c
-                .query_one("SELECT last_value FROM control_writes", &[])
+                .query_one(
+                    &c.prepare_cached("SELECT last_value FROM control_writes")
+                        .await
+                        .map_err(pg)?,
+                    &[],
+                )
                 .await
                 .map_err(pg)?
                 .get(0);
@@ -484,7 +507,9 @@ impl ControlStore for PgControl {
         let e = self.call(|c| async move {
             let v: i64 = c
                 .query_one(
-                    "SELECT value FROM control_meta WHERE key = 'control_epoch'",
+                    &c.prepare_cached("SELECT value FROM control_meta WHERE key = 'control_epoch'")
+                        .await
+                        .map_err(pg)?,
                     &[],
                 )
                 .await
@@ -514,12 +539,15 @@ impl ControlStore for PgControl {
             || {
                 let s = s.clone();
                 self.call(move |c| async move {
-                    Ok(
-                        c.query_opt("SELECT name FROM agents WHERE secret_sha256 = $1", &[&s])
+                    Ok(c.query_opt(
+                        &c.prepare_cached("SELECT name FROM agents WHERE secret_sha256 = $1")
                             .await
-                            .map_err(pg)?
-                            .map(|r| r.get::<_, String>(0)),
+                            .map_err(pg)?,
+                        &[&s],
                     )
+                    .await
+                    .map_err(pg)?
+                    .map(|r| r.get::<_, String>(0)))
                 })
             },
         )?;
@@ -552,7 +580,11 @@ impl ControlStore for PgControl {
                 let a = a.clone();
                 self.call(move |c| async move {
                     Ok(c.query(
-                        "SELECT verb FROM denied_verbs WHERE agent = $1 ORDER BY verb",
+                        &c.prepare_cached(
+                            "SELECT verb FROM denied_verbs WHERE agent = $1 ORDER BY verb",
+                        )
+                        .await
+                        .map_err(pg)?,
                         &[&a],
                     )
                     .await
@@ -667,7 +699,11 @@ impl ControlStore for PgControl {
                 let r = r.clone();
                 self.call(move |c| async move {
                     Ok(c.query(
-                        "SELECT agent FROM members WHERE room = $1 ORDER BY agent",
+                        &c.prepare_cached(
+                            "SELECT agent FROM members WHERE room = $1 ORDER BY agent",
+                        )
+                        .await
+                        .map_err(pg)?,
                         &[&r],
                     )
                     .await
@@ -688,7 +724,11 @@ impl ControlStore for PgControl {
         let s = secret_sha256.to_string();
         self.call(move |c| async move {
             Ok(c.query_opt(
-                "SELECT agent, why FROM retired_secrets WHERE secret_sha256 = $1",
+                &c.prepare_cached(
+                    "SELECT agent, why FROM retired_secrets WHERE secret_sha256 = $1",
+                )
+                .await
+                .map_err(pg)?,
                 &[&s],
             )
             .await
@@ -736,13 +776,13 @@ impl ControlStore for PgControl {
         self.write(move |mut c| async move {
             let tx = c.transaction().await.map_err(pg)?;
             tx.execute(
-                "INSERT INTO retired_secrets (secret_sha256, agent, retired_ms, why) VALUES ($1, $2, $3, 'rotated') ON CONFLICT DO NOTHING",
+                &tx.prepare_cached("INSERT INTO retired_secrets (secret_sha256, agent, retired_ms, why) VALUES ($1, $2, $3, 'rotated') ON CONFLICT DO NOTHING").await.map_err(pg)?,
                 &[&old_secret, &name, &i(now_ms)],
             )
             .await
             .map_err(pg)?;
             tx.execute(
-                "UPDATE agents SET secret_sha256 = $2, registration_sha256 = $3, generation = generation + 1, revoked_ms = NULL WHERE name = $1",
+                &tx.prepare_cached("UPDATE agents SET secret_sha256 = $2, registration_sha256 = $3, generation = generation + 1, revoked_ms = NULL WHERE name = $1").await.map_err(pg)?,
                 &[&name, &secret, &registration],
             )
             .await
@@ -771,7 +811,8 @@ impl ControlStore for PgControl {
             // one of them waits, and is then seen revoked by the credential check
             let rows = tx
                 .query(
-                    "WITH RECURSIVE sub(name, depth) AS (
+                    &tx.prepare_cached(
+                        "WITH RECURSIVE sub(name, depth) AS (
                         SELECT $1::text COLLATE \"C\", 0::bigint
                         UNION ALL
                         SELECT a.name, sub.depth + 1 FROM agents a JOIN sub ON a.parent = sub.name
@@ -779,6 +820,9 @@ impl ControlStore for PgControl {
                      SELECT a.name, a.secret_sha256, a.revoked_ms IS NOT NULL
                      FROM agents a JOIN sub ON a.name = sub.name
                      ORDER BY a.name FOR UPDATE OF a",
+                    )
+                    .await
+                    .map_err(pg)?,
                     &[&root, &depth],
                 )
                 .await
@@ -864,7 +908,7 @@ impl ControlStore for PgControl {
             .map_err(pg)?;
             for m in &members {
                 tx.execute(
-                    "INSERT INTO members (room, agent) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                    &tx.prepare_cached("INSERT INTO members (room, agent) VALUES ($1, $2) ON CONFLICT DO NOTHING").await.map_err(pg)?,
                     &[&r.name, m],
                 )
                 .await
@@ -893,14 +937,20 @@ impl ControlStore for PgControl {
             let tx = c.transaction().await.map_err(pg)?;
             let n = tx
                 .execute(
-                    "INSERT INTO members (room, agent) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                    &tx.prepare_cached(
+                        "INSERT INTO members (room, agent) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                    )
+                    .await
+                    .map_err(pg)?,
                     &[&room, &agent],
                 )
                 .await
                 .map_err(pg)?;
             if n > 0 {
                 tx.execute(
-                    "UPDATE rooms SET revision = revision + 1 WHERE name = $1",
+                    &tx.prepare_cached("UPDATE rooms SET revision = revision + 1 WHERE name = $1")
+                        .await
+                        .map_err(pg)?,
                     &[&room],
                 )
                 .await
@@ -941,7 +991,9 @@ impl ControlStore for PgControl {
         self.call(|c| async move {
             let v: i64 = c
                 .query_one(
-                    "SELECT value FROM control_meta WHERE key = 'break_glass'",
+                    &c.prepare_cached("SELECT value FROM control_meta WHERE key = 'break_glass'")
+                        .await
+                        .map_err(pg)?,
                     &[],
                 )
                 .await
@@ -956,14 +1008,14 @@ impl ControlStore for PgControl {
         self.write(move |mut c| async move {
             let tx = c.transaction().await.map_err(pg)?;
             tx.execute(
-                "UPDATE control_meta SET value = $1 WHERE key = 'break_glass'",
+                &tx.prepare_cached("UPDATE control_meta SET value = $1 WHERE key = 'break_glass'").await.map_err(pg)?,
                 &[&v],
             )
             .await
             .map_err(pg)?;
             let epoch: i64 = tx
                 .query_one(
-                    "UPDATE control_meta SET value = value + 1 WHERE key = 'control_epoch' RETURNING value",
+                    &tx.prepare_cached("UPDATE control_meta SET value = value + 1 WHERE key = 'control_epoch' RETURNING value").await.map_err(pg)?,
                     &[],
                 )
                 .await

@@ -195,12 +195,16 @@ async fn kill_permits(
     at_ms: i64,
 ) -> Result<()> {
     tx.execute(
-        "UPDATE wakes SET state = 'dead', reason = 'room_cancelled', detail = $2,
+        &tx.prepare_cached(
+            "UPDATE wakes SET state = 'dead', reason = 'room_cancelled', detail = $2,
             checked_ms = $3
          WHERE room = $1 AND (state = 'queued' OR (state = 'dispatched' AND EXISTS (
             SELECT 1 FROM launches l WHERE l.room = wakes.room
               AND l.agent = wakes.agent AND l.source_event = wakes.source_event
               AND l.state = 'starting')))",
+        )
+        .await
+        .map_err(pg)?,
         &[&room, &why, &at_ms],
     )
     .await
@@ -217,9 +221,9 @@ async fn keep_holds(
 ) -> Result<()> {
     for h in &e.held {
         tx.execute(
-            "INSERT INTO holds (id, room, kind, item, agent, task, cancel_seq, created_ms, resolved_seq, resolved_ms, resolved_by, outcome, evidence)
+            &tx.prepare_cached("INSERT INTO holds (id, room, kind, item, agent, task, cancel_seq, created_ms, resolved_seq, resolved_ms, resolved_by, outcome, evidence)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, NULL, NULL, NULL, NULL, NULL)
-             ON CONFLICT DO NOTHING",
+             ON CONFLICT DO NOTHING").await.map_err(pg)?,
             &[&h.hold, &room, &h.kind, &h.item, &h.agent, &h.task, &seq, &e.at_ms],
         )
         .await
@@ -247,8 +251,12 @@ impl PgControl {
             // only a newer record moves the generation: a replay changes nothing
             let n = tx
                 .execute(
-                    "UPDATE rooms SET cancel_gen = $2, cancelled = $3, revision = revision + 1
+                    &tx.prepare_cached(
+                        "UPDATE rooms SET cancel_gen = $2, cancelled = $3, revision = revision + 1
                      WHERE name = $1 AND cancel_gen < $2",
+                    )
+                    .await
+                    .map_err(pg)?,
                     &[&room, &seq, &cancel.is_some()],
                 )
                 .await

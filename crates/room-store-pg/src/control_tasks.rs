@@ -127,8 +127,12 @@ impl PgControl {
         self.call(move |c| async move {
             let n: i64 = c
                 .query_one(
-                    "SELECT count(*) FROM tasks WHERE room = $1 AND owner = $2
+                    &c.prepare_cached(
+                        "SELECT count(*) FROM tasks WHERE room = $1 AND owner = $2
                        AND status IN ('open', 'claimed', 'blocked')",
+                    )
+                    .await
+                    .map_err(pg)?,
                     &[&room, &owner],
                 )
                 .await
@@ -149,8 +153,12 @@ impl PgControl {
         self.call(move |c| async move {
             // the prefix compared as a prefix, not as a LIKE pattern (ids hold `_`)
             Ok(c.query(
-                "SELECT id FROM tasks WHERE room = ANY($1) AND left(id, length($2)) = $2
+                &c.prepare_cached(
+                    "SELECT id FROM tasks WHERE room = ANY($1) AND left(id, length($2)) = $2
                  ORDER BY id LIMIT $3",
+                )
+                .await
+                .map_err(pg)?,
                 &[&rooms, &prefix, &limit],
             )
             .await
@@ -164,7 +172,11 @@ impl PgControl {
     pub(crate) fn rooms_with_claims_pg(&self) -> Result<Vec<String>> {
         self.call(|c| async move {
             Ok(c.query(
-                "SELECT DISTINCT room FROM tasks WHERE status = 'claimed' ORDER BY room",
+                &c.prepare_cached(
+                    "SELECT DISTINCT room FROM tasks WHERE status = 'claimed' ORDER BY room",
+                )
+                .await
+                .map_err(pg)?,
                 &[],
             )
             .await
@@ -181,11 +193,21 @@ impl PgControl {
         let name = name.to_string();
         self.write(move |mut c| async move {
             let tx = c.transaction().await.map_err(pg)?;
-            tx.execute("DELETE FROM members WHERE room = $1", &[&name])
-                .await
-                .map_err(pg)?;
+            tx.execute(
+                &tx.prepare_cached("DELETE FROM members WHERE room = $1")
+                    .await
+                    .map_err(pg)?,
+                &[&name],
+            )
+            .await
+            .map_err(pg)?;
             let n = tx
-                .execute("DELETE FROM rooms WHERE name = $1", &[&name])
+                .execute(
+                    &tx.prepare_cached("DELETE FROM rooms WHERE name = $1")
+                        .await
+                        .map_err(pg)?,
+                    &[&name],
+                )
                 .await
                 .map_err(pg)?;
             bump(&tx).await?;
@@ -268,7 +290,11 @@ impl PgControl {
             for (ns, res) in &exact {
                 for r in c
                     .query(
-                        "SELECT task FROM task_scopes WHERE namespace = $1 AND resource = $2",
+                        &c.prepare_cached(
+                            "SELECT task FROM task_scopes WHERE namespace = $1 AND resource = $2",
+                        )
+                        .await
+                        .map_err(pg)?,
                         &[ns, res],
                     )
                     .await
@@ -282,8 +308,12 @@ impl PgControl {
                 // just below `0`
                 for r in c
                     .query(
-                        "SELECT task FROM task_scopes WHERE namespace = 'file'
+                        &c.prepare_cached(
+                            "SELECT task FROM task_scopes WHERE namespace = 'file'
                            AND resource > $1 AND resource < $2",
+                        )
+                        .await
+                        .map_err(pg)?,
                         &[lo, hi],
                     )
                     .await
@@ -314,8 +344,8 @@ impl PgControl {
         self.write(move |mut c| async move {
             let tx = c.transaction().await.map_err(pg)?;
             tx.execute(
-                "INSERT INTO tasks (id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms, scopes, requirements, acceptance, coordination_only, governed, parent_revision, stage)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
+                &tx.prepare_cached("INSERT INTO tasks (id, room, project_id, title, owner, recipient, parent, status, created_ms, updated_ms, scopes, requirements, acceptance, coordination_only, governed, parent_revision, stage)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)").await.map_err(pg)?,
                 &[&t.id, &t.room, &t.project_id, &t.title, &t.owner, &t.recipient, &t.parent,
                   &t.status.as_str(), &i(t.created_ms), &i(t.updated_ms), &to_json(&t.scopes),
                   &to_json(&t.requirements), &to_json(&t.acceptance), &t.coordination_only,
@@ -326,7 +356,7 @@ impl PgControl {
             for s in &t.scopes {
                 let (ns, res) = s.split_once(':').unwrap_or((s.as_str(), ""));
                 tx.execute(
-                    "INSERT INTO task_scopes (task, namespace, resource) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+                    &tx.prepare_cached("INSERT INTO task_scopes (task, namespace, resource) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING").await.map_err(pg)?,
                     &[&t.id, &ns, &res],
                 )
                 .await
@@ -394,7 +424,12 @@ impl PgControl {
             let tx = c.transaction().await.map_err(pg)?;
             // the row locked from the read to the write: the pin moves from what was read
             let Some(row) = tx
-                .query_opt("SELECT stage FROM tasks WHERE id = $1 FOR UPDATE", &[&id])
+                .query_opt(
+                    &tx.prepare_cached("SELECT stage FROM tasks WHERE id = $1 FOR UPDATE")
+                        .await
+                        .map_err(pg)?,
+                    &[&id],
+                )
                 .await
                 .map_err(pg)?
             else {
@@ -409,7 +444,9 @@ impl PgControl {
             };
             sel.sha256 = to;
             tx.execute(
-                "UPDATE tasks SET stage = $2 WHERE id = $1",
+                &tx.prepare_cached("UPDATE tasks SET stage = $2 WHERE id = $1")
+                    .await
+                    .map_err(pg)?,
                 &[&id, &to_json(&stage)],
             )
             .await
@@ -425,7 +462,9 @@ impl PgControl {
         self.call(move |c| async move {
             let Some(r) = c
                 .query_opt(
-                    "SELECT parts FROM project_sources WHERE project = $1",
+                    &c.prepare_cached("SELECT parts FROM project_sources WHERE project = $1")
+                        .await
+                        .map_err(pg)?,
                     &[&project],
                 )
                 .await
@@ -533,9 +572,9 @@ impl PgControl {
         self.call(|c| async move {
             let g: i64 = c
                 .query_one(
-                    "SELECT GREATEST(
+                    &c.prepare_cached("SELECT GREATEST(
                         COALESCE((SELECT max(lease_gen) FROM tasks WHERE lease_gen IS NOT NULL), 0),
-                        COALESCE((SELECT value FROM control_meta WHERE key = 'lease_gen_floor'), 0))",
+                        COALESCE((SELECT value FROM control_meta WHERE key = 'lease_gen_floor'), 0))").await.map_err(pg)?,
                     &[],
                 )
                 .await
@@ -561,7 +600,12 @@ impl PgControl {
                 tx.execute(sql, &[&room]).await.map_err(pg)?;
             }
             let n = tx
-                .execute("DELETE FROM tasks WHERE room = $1", &[&room])
+                .execute(
+                    &tx.prepare_cached("DELETE FROM tasks WHERE room = $1")
+                        .await
+                        .map_err(pg)?,
+                    &[&room],
+                )
                 .await
                 .map_err(pg)?;
             bump(&tx).await?;
@@ -592,7 +636,11 @@ impl PgControl {
         let task = task.to_string();
         self.call(move |c| async move {
             c.query_opt(
-                "SELECT task, at_ms, pass, evaluation FROM task_checks WHERE task = $1",
+                &c.prepare_cached(
+                    "SELECT task, at_ms, pass, evaluation FROM task_checks WHERE task = $1",
+                )
+                .await
+                .map_err(pg)?,
                 &[&task],
             )
             .await

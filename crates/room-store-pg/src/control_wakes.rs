@@ -179,7 +179,9 @@ async fn record_session(tx: &deadpool_postgres::Transaction<'_>, s: &SessionRow)
     // locked, so another daemon cannot move the row between this check and the upsert
     let owner: Option<String> = tx
         .query_opt(
-            "SELECT agent FROM sessions WHERE id = $1 FOR UPDATE",
+            &tx.prepare_cached("SELECT agent FROM sessions WHERE id = $1 FOR UPDATE")
+                .await
+                .map_err(pg)?,
             &[&s.id],
         )
         .await
@@ -190,7 +192,11 @@ async fn record_session(tx: &deadpool_postgres::Transaction<'_>, s: &SessionRow)
     }
     if s.bound {
         tx.execute(
-            "UPDATE sessions SET bound = false WHERE agent = $1 AND id != $2 AND bound",
+            &tx.prepare_cached(
+                "UPDATE sessions SET bound = false WHERE agent = $1 AND id != $2 AND bound",
+            )
+            .await
+            .map_err(pg)?,
             &[&s.agent, &s.id],
         )
         .await
@@ -268,7 +274,9 @@ impl PgControl {
     pub(crate) fn wakes_requeue_pending_pg(&self) -> Result<bool> {
         self.call(|c| async move {
             Ok(c.query_opt(
-                "SELECT 1 FROM control_meta WHERE key = 'wakes_requeue'",
+                &c.prepare_cached("SELECT 1 FROM control_meta WHERE key = 'wakes_requeue'")
+                    .await
+                    .map_err(pg)?,
                 &[],
             )
             .await
@@ -292,15 +300,15 @@ impl PgControl {
         let room = room.to_string();
         self.call(move |c| async move {
             let reset: Option<i64> = c
-                .query_opt("SELECT reset_gen FROM rooms WHERE name = $1", &[&room])
+                .query_opt(&c.prepare_cached("SELECT reset_gen FROM rooms WHERE name = $1").await.map_err(pg)?, &[&room])
                 .await
                 .map_err(pg)?
                 .map(|r| r.get(0));
             let newest = c
                 .query(
-                    r#"SELECT source_event FROM wakes WHERE room = $1
+                    &c.prepare_cached(r#"SELECT source_event FROM wakes WHERE room = $1
                        ORDER BY created_ms DESC, agent COLLATE "C" DESC, source_event COLLATE "C" DESC
-                       LIMIT $2"#,
+                       LIMIT $2"#).await.map_err(pg)?,
                     &[&room, &lim(WAKE_WITNESSES_MAX)],
                 )
                 .await
@@ -473,8 +481,8 @@ impl PgControl {
             // it dispatched
             let state: Option<String> = tx
                 .query_opt(
-                    "SELECT state FROM wakes WHERE room = $1 AND agent = $2 AND source_event = $3
-                     FOR UPDATE",
+                    &tx.prepare_cached("SELECT state FROM wakes WHERE room = $1 AND agent = $2 AND source_event = $3
+                     FOR UPDATE").await.map_err(pg)?,
                     &[&l.room, &l.agent, &l.source_event],
                 )
                 .await
@@ -485,7 +493,7 @@ impl PgControl {
                 return Ok(false);
             }
             tx.execute(
-                "UPDATE wakes SET state = 'dispatched' WHERE room = $1 AND agent = $2 AND source_event = $3",
+                &tx.prepare_cached("UPDATE wakes SET state = 'dispatched' WHERE room = $1 AND agent = $2 AND source_event = $3").await.map_err(pg)?,
                 &[&l.room, &l.agent, &l.source_event],
             )
             .await
@@ -656,8 +664,8 @@ impl PgControl {
             let tx = c.transaction().await.map_err(pg)?;
             let n = tx
                 .execute(
-                    "UPDATE launches SET state = 'ended', ended_ms = $2, outcome = $3, proof = $4,
-                       detail = $5 WHERE id = $1 AND state != 'ended'",
+                    &tx.prepare_cached("UPDATE launches SET state = 'ended', ended_ms = $2, outcome = $3, proof = $4,
+                       detail = $5 WHERE id = $1 AND state != 'ended'").await.map_err(pg)?,
                     &[&id, &i(end.at_ms), &end.outcome, &end.proof, &end.detail],
                 )
                 .await
@@ -665,9 +673,9 @@ impl PgControl {
             if n == 1 {
                 // a dead letter keeps the reason it died of (a cancel's, say)
                 tx.execute(
-                    "UPDATE wakes w SET state = $2, reason = $3 FROM launches l
+                    &tx.prepare_cached("UPDATE wakes w SET state = $2, reason = $3 FROM launches l
                      WHERE l.id = $1 AND w.room = l.room AND w.agent = l.agent
-                       AND w.source_event = l.source_event AND w.state != 'dead'",
+                       AND w.source_event = l.source_event AND w.state != 'dead'").await.map_err(pg)?,
                     &[&id, &end.wake_state, &end.outcome],
                 )
                 .await
@@ -736,7 +744,7 @@ impl PgControl {
         self.call(move |c| async move {
             let n: i64 = c
                 .query_one(
-                    "SELECT COUNT(*) FROM wakes WHERE room = $1 AND state = 'dead' AND reason = $2",
+                    &c.prepare_cached("SELECT COUNT(*) FROM wakes WHERE room = $1 AND state = 'dead' AND reason = $2").await.map_err(pg)?,
                     &[&room, &reason],
                 )
                 .await

@@ -241,7 +241,9 @@ impl PgBackend {
         let unfinished: Option<String> = self.run(async move {
             let c = pool.get().await.map_err(pg)?;
             Ok(c.query_opt(
-                "SELECT source_path FROM migrate_runs WHERE finished_ms IS NULL",
+                &c.prepare_cached("SELECT source_path FROM migrate_runs WHERE finished_ms IS NULL")
+                    .await
+                    .map_err(pg)?,
                 &[],
             )
             .await
@@ -261,10 +263,15 @@ impl PgBackend {
         let pool = self.pool.clone();
         self.run(async move {
             let c = pool.get().await.map_err(pg)?;
-            Ok(c.query_opt("SELECT instance FROM store_instance", &[])
-                .await
-                .map_err(pg)?
-                .map(|r| r.get(0)))
+            Ok(c.query_opt(
+                &c.prepare_cached("SELECT instance FROM store_instance")
+                    .await
+                    .map_err(pg)?,
+                &[],
+            )
+            .await
+            .map_err(pg)?
+            .map(|r| r.get(0)))
         })
     }
 
@@ -277,18 +284,32 @@ impl PgBackend {
         let bound: Option<String> = self.run(async move {
             let mut c = pool.get().await.map_err(pg)?;
             let tx = c.transaction().await.map_err(pg)?;
-            tx.execute("LOCK TABLE store_instance IN EXCLUSIVE MODE", &[])
-                .await
-                .map_err(pg)?;
+            tx.execute(
+                &tx.prepare_cached("LOCK TABLE store_instance IN EXCLUSIVE MODE")
+                    .await
+                    .map_err(pg)?,
+                &[],
+            )
+            .await
+            .map_err(pg)?;
             let row = tx
-                .query_opt("SELECT instance FROM store_instance", &[])
+                .query_opt(
+                    &tx.prepare_cached("SELECT instance FROM store_instance")
+                        .await
+                        .map_err(pg)?,
+                    &[],
+                )
                 .await
                 .map_err(pg)?;
             if let Some(r) = row {
                 return Ok(Some(r.get::<_, String>(0)));
             }
             tx.execute(
-                "INSERT INTO store_instance (instance, bound_ms) VALUES ($1, $2)",
+                &tx.prepare_cached(
+                    "INSERT INTO store_instance (instance, bound_ms) VALUES ($1, $2)",
+                )
+                .await
+                .map_err(pg)?,
                 &[&ours, &now],
             )
             .await
@@ -394,16 +415,26 @@ pub(crate) fn run_within<T: Send + 'static>(
 async fn migrate(pool: &Pool) -> Result<()> {
     let mut c = pool.get().await.map_err(pg)?;
     let tx = c.transaction().await.map_err(pg)?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
-        .await
-        .map_err(pg)?;
+    tx.execute(
+        &tx.prepare_cached("SELECT pg_advisory_xact_lock($1)")
+            .await
+            .map_err(pg)?,
+        &[&MIGRATION_LOCK],
+    )
+    .await
+    .map_err(pg)?;
     tx.batch_execute(
         "CREATE TABLE IF NOT EXISTS room_migrations (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())",
     )
     .await
     .map_err(pg)?;
     let applied: i32 = tx
-        .query_one("SELECT COALESCE(MAX(version), 0) FROM room_migrations", &[])
+        .query_one(
+            &tx.prepare_cached("SELECT COALESCE(MAX(version), 0) FROM room_migrations")
+                .await
+                .map_err(pg)?,
+            &[],
+        )
         .await
         .map_err(pg)?
         .get(0);
@@ -417,9 +448,14 @@ async fn migrate(pool: &Pool) -> Result<()> {
     for (i, step) in MIGRATIONS.iter().enumerate().skip(applied) {
         tx.batch_execute(step).await.map_err(pg)?;
         let v = i32::try_from(i + 1).expect("a few steps");
-        tx.execute("INSERT INTO room_migrations (version) VALUES ($1)", &[&v])
-            .await
-            .map_err(pg)?;
+        tx.execute(
+            &tx.prepare_cached("INSERT INTO room_migrations (version) VALUES ($1)")
+                .await
+                .map_err(pg)?,
+            &[&v],
+        )
+        .await
+        .map_err(pg)?;
     }
     tx.commit().await.map_err(pg)
 }
@@ -477,7 +513,7 @@ impl Backend for PgBackend {
             let tx = c.transaction().await.map_err(pg)?;
             let made = tx
                 .execute(
-                    "INSERT INTO shards (graph_id, binding, manifest) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+                    &tx.prepare_cached("INSERT INTO shards (graph_id, binding, manifest) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING").await.map_err(pg)?,
                     &[&g, &b, &m],
                 )
                 .await
@@ -512,7 +548,7 @@ impl Backend for PgBackend {
             let mut c = pool.get().await.map_err(pg)?;
             let rows = c
                 .query(
-                    "SELECT graph_id FROM shards WHERE graph_id NOT LIKE 'aside:%' ORDER BY graph_id",
+                    &c.prepare_cached("SELECT graph_id FROM shards WHERE graph_id NOT LIKE 'aside:%' ORDER BY graph_id").await.map_err(pg)?,
                     &[],
                 )
                 .await
@@ -532,11 +568,16 @@ impl Backend for PgBackend {
         let (pool, g) = (self.pool.clone(), graph_id.to_string());
         self.run(async move {
             let c = pool.get().await.map_err(pg)?;
-            c.query_opt("SELECT binding FROM shards WHERE graph_id = $1", &[&g])
-                .await
-                .map_err(pg)?
-                .map(|r| r.get::<_, Vec<u8>>(0))
-                .ok_or_else(|| not_found(&g))
+            c.query_opt(
+                &c.prepare_cached("SELECT binding FROM shards WHERE graph_id = $1")
+                    .await
+                    .map_err(pg)?,
+                &[&g],
+            )
+            .await
+            .map_err(pg)?
+            .map(|r| r.get::<_, Vec<u8>>(0))
+            .ok_or_else(|| not_found(&g))
         })
     }
 
@@ -610,7 +651,9 @@ async fn set_aside(
     let tx = c.transaction().await.map_err(pg)?;
     let row = tx
         .query_opt(
-            "SELECT id FROM shards WHERE graph_id = $1 FOR UPDATE",
+            &tx.prepare_cached("SELECT id FROM shards WHERE graph_id = $1 FOR UPDATE")
+                .await
+                .map_err(pg)?,
             &[&graph_id],
         )
         .await
@@ -620,7 +663,9 @@ async fn set_aside(
     let to = format!("{ASIDE}{graph_id}:{now_ms}:{id}");
     let moved = tx
         .execute(
-            "UPDATE shards SET graph_id = $2 WHERE graph_id = $1 AND id = $3",
+            &tx.prepare_cached("UPDATE shards SET graph_id = $2 WHERE graph_id = $1 AND id = $3")
+                .await
+                .map_err(pg)?,
             &[&graph_id, &to, &id],
         )
         .await
@@ -673,7 +718,7 @@ impl BlobStore for PgBlobs {
         run_on(&self.rt, async move {
             let c = pool.get().await.map_err(pg)?;
             c.execute(
-                "INSERT INTO blobs (graph_id, name, bytes) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+                &c.prepare_cached("INSERT INTO blobs (graph_id, name, bytes) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING").await.map_err(pg)?,
                 &[&g, &name, &b],
             )
             .await
@@ -696,7 +741,9 @@ impl BlobStore for PgBlobs {
         let bytes = run_on(&self.rt, async move {
             let c = pool.get().await.map_err(pg)?;
             c.query_opt(
-                "SELECT bytes FROM blobs WHERE graph_id = $1 AND name = $2",
+                &c.prepare_cached("SELECT bytes FROM blobs WHERE graph_id = $1 AND name = $2")
+                    .await
+                    .map_err(pg)?,
                 &[&g, &name],
             )
             .await

@@ -77,7 +77,7 @@ pub(crate) async fn insert_head(
     len: u64,
 ) -> Result<()> {
     c.execute(
-        "INSERT INTO room_heads (graph_id, seq, len, hash, hlc_ms, hlc_c) VALUES ($1, $2, $3, $4, $5, $6)",
+        &c.prepare_cached("INSERT INTO room_heads (graph_id, seq, len, hash, hlc_ms, hlc_c) VALUES ($1, $2, $3, $4, $5, $6)").await.map_err(pg)?,
         &[&graph_id, &i(tip.seq), &i(len), &tip.hash, &i(tip.hlc.ms), &i(u64::from(tip.hlc.c))],
     )
     .await
@@ -92,7 +92,7 @@ pub(crate) async fn set_head(
     len: u64,
 ) -> Result<()> {
     c.execute(
-        "UPDATE room_heads SET seq = $2, len = $3, hash = $4, hlc_ms = $5, hlc_c = $6 WHERE graph_id = $1",
+        &c.prepare_cached("UPDATE room_heads SET seq = $2, len = $3, hash = $4, hlc_ms = $5, hlc_c = $6 WHERE graph_id = $1").await.map_err(pg)?,
         &[&graph_id, &i(tip.seq), &i(len), &tip.hash, &i(tip.hlc.ms), &i(u64::from(tip.hlc.c))],
     )
     .await
@@ -106,7 +106,9 @@ pub(crate) async fn insert_lines(
     rows: &[(i64, i64, Vec<u8>)],
 ) -> Result<()> {
     let st = c
-        .prepare("INSERT INTO journal (graph_id, seq, \"offset\", line) VALUES ($1, $2, $3, $4)")
+        .prepare_cached(
+            "INSERT INTO journal (graph_id, seq, \"offset\", line) VALUES ($1, $2, $3, $4)",
+        )
         .await
         .map_err(pg)?;
     for (seq, offset, line) in rows {
@@ -124,7 +126,7 @@ async fn head(c: &impl GenericClient, graph_id: &str, lock: bool) -> Result<(i64
         if lock { " FOR UPDATE OF h" } else { "" }
     );
     let r = c
-        .query_opt(&sql, &[&graph_id])
+        .query_opt(&c.prepare_cached(&sql).await.map_err(pg)?, &[&graph_id])
         .await
         .map_err(pg)?
         .ok_or_else(|| not_found(graph_id))?;
@@ -159,7 +161,8 @@ async fn tail_before(c: &impl GenericClient, graph_id: &str, len: u64) -> Result
         "SELECT substring(line FROM greatest(length(line) - {ANCHOR_BYTES_MAX} + 1, 1)) FROM journal
          WHERE graph_id = $1 AND \"offset\" < $2 ORDER BY seq DESC LIMIT {ANCHOR_BYTES_MAX}"
     );
-    let rows = c.query(&sql, &[&graph_id, &i(len)]).await.map_err(pg)?;
+    let st = c.prepare_cached(&sql).await.map_err(pg)?;
+    let rows = c.query(&st, &[&graph_id, &i(len)]).await.map_err(pg)?;
     let mut tail: Vec<u8> = Vec::new();
     for r in rows {
         let mut joined: Vec<u8> = r.get(0);
@@ -235,7 +238,7 @@ impl PgLog {
                 let c = p.get().await.map_err(pg)?;
                 let rows = c
                     .query(
-                        "SELECT seq, \"offset\", line FROM journal WHERE graph_id = $1 AND seq > $2 AND seq <= $4 ORDER BY seq LIMIT $3",
+                        &c.prepare_cached("SELECT seq, \"offset\", line FROM journal WHERE graph_id = $1 AND seq > $2 AND seq <= $4 ORDER BY seq LIMIT $3").await.map_err(pg)?,
                         &[&g, &i(from), &SCAN_PAGE, &i(upto)],
                     )
                     .await
@@ -347,7 +350,12 @@ impl room_store::backend::RoomLog for PgLog {
                 )));
             }
             let xid: i64 = tx
-                .query_one("SELECT txid_current()", &[])
+                .query_one(
+                    &tx.prepare_cached("SELECT txid_current()")
+                        .await
+                        .map_err(pg)?,
+                    &[],
+                )
                 .await
                 .map_err(pg)?
                 .get(0);
@@ -503,7 +511,7 @@ pub(crate) async fn verify(
     'pages: loop {
         let rows = c
             .query(
-                "SELECT seq, \"offset\", line FROM journal WHERE graph_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+                &c.prepare_cached("SELECT seq, \"offset\", line FROM journal WHERE graph_id = $1 AND seq > $2 ORDER BY seq LIMIT $3").await.map_err(pg)?,
                 &[&graph_id, &i(after), &SCAN_PAGE],
             )
             .await
@@ -567,7 +575,7 @@ async fn count_after(
     let stop = stop.map_or(i64::MAX, i);
     let n: i64 = c
         .query_one(
-            "SELECT COUNT(*) FROM journal WHERE graph_id = $1 AND seq > $2 AND \"offset\" + length(line) <= $3",
+            &c.prepare_cached("SELECT COUNT(*) FROM journal WHERE graph_id = $1 AND seq > $2 AND \"offset\" + length(line) <= $3").await.map_err(pg)?,
             &[&graph_id, &seq, &stop],
         )
         .await
@@ -588,7 +596,7 @@ pub(crate) async fn cut(pool: &Pool, graph_id: &str, len: u64) -> Result<String>
     } else {
         let r = tx
             .query_opt(
-                "SELECT line FROM journal WHERE graph_id = $1 AND \"offset\" + length(line) = $2",
+                &tx.prepare_cached("SELECT line FROM journal WHERE graph_id = $1 AND \"offset\" + length(line) = $2").await.map_err(pg)?,
                 &[&graph_id, &i(len)],
             )
             .await
@@ -607,19 +615,26 @@ pub(crate) async fn cut(pool: &Pool, graph_id: &str, len: u64) -> Result<String>
         }
     };
     let id: i64 = tx
-        .query_one("SELECT nextval('journal_cuts')", &[])
+        .query_one(
+            &tx.prepare_cached("SELECT nextval('journal_cuts')")
+                .await
+                .map_err(pg)?,
+            &[],
+        )
         .await
         .map_err(pg)?
         .get(0);
     tx.execute(
-        "INSERT INTO journal_cut (graph_id, seq, \"offset\", line, cut_id)
-         SELECT graph_id, seq, \"offset\", line, $3 FROM journal WHERE graph_id = $1 AND \"offset\" >= $2",
+        &tx.prepare_cached("INSERT INTO journal_cut (graph_id, seq, \"offset\", line, cut_id)
+         SELECT graph_id, seq, \"offset\", line, $3 FROM journal WHERE graph_id = $1 AND \"offset\" >= $2").await.map_err(pg)?,
         &[&graph_id, &i(len), &id],
     )
     .await
     .map_err(pg)?;
     tx.execute(
-        "DELETE FROM journal WHERE graph_id = $1 AND \"offset\" >= $2",
+        &tx.prepare_cached("DELETE FROM journal WHERE graph_id = $1 AND \"offset\" >= $2")
+            .await
+            .map_err(pg)?,
         &[&graph_id, &i(len)],
     )
     .await

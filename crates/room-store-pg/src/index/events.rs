@@ -103,9 +103,13 @@ pub(crate) async fn apply(
             .map(|(c, p)| (c.as_str(), p.as_str()))
             .unzip();
         tx.execute(
-            "INSERT INTO causal_edges (graph_id, child, parent)
+            &tx.prepare_cached(
+                "INSERT INTO causal_edges (graph_id, child, parent)
              SELECT $1::text, c, p FROM unnest($2::text[], $3::text[]) AS t(c, p)
              ON CONFLICT DO NOTHING",
+            )
+            .await
+            .map_err(pg)?,
             &[&graph, &children, &parents],
         )
         .await
@@ -146,13 +150,13 @@ async fn insert_events(
     let tasks: Vec<Option<&str>> = events.iter().map(|e| e.task.as_deref()).collect();
     let bodies: Vec<&str> = events.iter().map(|e| e.body.as_str()).collect();
     tx.execute(
-        "INSERT INTO events (graph_id, seq, id, kind, actor, hlc_ms, hlc_c, hash, task, body, audience, search)
+        &tx.prepare_cached("INSERT INTO events (graph_id, seq, id, kind, actor, hlc_ms, hlc_c, hash, task, body, audience, search)
          SELECT $1::text, seq, id, kind, actor, hlc_ms, hlc_c, hash, task, body, audience,
                 to_tsvector('simple'::regconfig, words)
          FROM unnest($2::bigint[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::bigint[],
                      $8::text[], $9::text[], $10::text[], $11::text[], $12::text[])
            AS t(seq, id, kind, actor, hlc_ms, hlc_c, hash, task, body, audience, words)
-         ON CONFLICT DO NOTHING",
+         ON CONFLICT DO NOTHING").await.map_err(pg)?,
         &[
             &graph, &seqs, &ids, &kinds, &actors, &hlc_ms, &hlc_c, &hashes, &tasks, &bodies,
             &audiences, &words,
@@ -194,19 +198,23 @@ async fn register_keys(
     let seqs: Vec<i64> = kept.iter().map(|r| i(r.3)).collect();
     let tasks: Vec<Option<&str>> = kept.iter().map(|r| r.4.as_deref()).collect();
     tx.execute(
-        "INSERT INTO idempotency (graph_id, actor, key, event, seq, task)
+        &tx.prepare_cached("INSERT INTO idempotency (graph_id, actor, key, event, seq, task)
          SELECT $1::text, a, k, e, s, t
          FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[]) AS r(a, k, e, s, t)
          ON CONFLICT (graph_id, actor, key) DO UPDATE SET event = excluded.event,
-           seq = excluded.seq, task = excluded.task WHERE excluded.seq > idempotency.seq",
+           seq = excluded.seq, task = excluded.task WHERE excluded.seq > idempotency.seq").await.map_err(pg)?,
         &[&graph, &actors, &keys, &events, &seqs, &tasks],
     )
     .await
     .map_err(pg)?;
     let keep = i64::try_from(IDEMPOTENCY_KEYS_MAX - 1).expect("the bound is small");
     tx.execute(
-        "DELETE FROM idempotency WHERE graph_id = $1 AND seq < (
+        &tx.prepare_cached(
+            "DELETE FROM idempotency WHERE graph_id = $1 AND seq < (
            SELECT seq FROM idempotency WHERE graph_id = $1 ORDER BY seq DESC LIMIT 1 OFFSET $2)",
+        )
+        .await
+        .map_err(pg)?,
         &[&graph, &keep],
     )
     .await
@@ -253,13 +261,13 @@ impl super::PgIndex {
         self.call(move |c, g| async move {
             let r = c
                 .query_one(
-                    "SELECT (SELECT value FROM index_meta WHERE graph_id = $1 AND key = 'journal_mark'),
+                    &c.prepare_cached("SELECT (SELECT value FROM index_meta WHERE graph_id = $1 AND key = 'journal_mark'),
                             (SELECT max(seq) FROM events WHERE graph_id = $1),
                             (SELECT max(tip_seq) FROM receipts WHERE graph_id = $1),
                             (SELECT max(confirmed_seq) FROM checkpoints WHERE graph_id = $1),
                             (SELECT value FROM index_meta WHERE graph_id = $1 AND key = 'wakes_mark'),
                             (SELECT array_agg(body ORDER BY seq) FROM events
-                              WHERE graph_id = $1 AND kind = 'journal_loss' AND seq <= $2)",
+                              WHERE graph_id = $1 AND kind = 'journal_loss' AND seq <= $2)").await.map_err(pg)?,
                     &[&g, &upto],
                 )
                 .await
@@ -303,7 +311,7 @@ impl super::PgIndex {
         let (actor, key) = (actor.to_string(), key.to_string());
         self.call(move |c, g| async move {
             c.query_opt(
-                "SELECT event, seq, task FROM idempotency WHERE graph_id = $1 AND actor = $2 AND key = $3",
+                &c.prepare_cached("SELECT event, seq, task FROM idempotency WHERE graph_id = $1 AND actor = $2 AND key = $3").await.map_err(pg)?,
                 &[&g, &actor, &key],
             )
             .await
@@ -317,7 +325,9 @@ impl super::PgIndex {
         self.call(move |c, g| async move {
             let n: i64 = c
                 .query_one(
-                    "SELECT count(*) FROM idempotency WHERE graph_id = $1",
+                    &c.prepare_cached("SELECT count(*) FROM idempotency WHERE graph_id = $1")
+                        .await
+                        .map_err(pg)?,
                     &[&g],
                 )
                 .await
@@ -350,10 +360,14 @@ impl super::PgIndex {
         let (n, skip) = (lim(limit), lim(offset));
         self.call(move |c, g| async move {
             c.query(
-                "SELECT seq, -ts_rank(search, q, 1)::float8 AS score
+                &c.prepare_cached(
+                    "SELECT seq, -ts_rank(search, q, 1)::float8 AS score
                  FROM events, websearch_to_tsquery('simple'::regconfig, $2) AS q
                  WHERE graph_id = $1 AND search @@ q
                  ORDER BY score, seq DESC LIMIT $3 OFFSET $4",
+                )
+                .await
+                .map_err(pg)?,
                 &[&g, &q, &n, &skip],
             )
             .await
@@ -376,11 +390,15 @@ impl super::PgIndex {
         self.call(move |c, g| async move {
             let rows = c
                 .query(
-                    "SELECT e.seq, e.hash, e.body FROM events e
+                    &c.prepare_cached(
+                        "SELECT e.seq, e.hash, e.body FROM events e
                      WHERE e.graph_id = $1 AND e.seq > $3 AND e.search IS NOT NULL
                        AND NOT EXISTS (SELECT 1 FROM embeddings m WHERE m.graph_id = $1
                                        AND m.model = $2 AND m.seq = e.seq AND m.hash = e.hash)
                      ORDER BY e.seq LIMIT $4",
+                    )
+                    .await
+                    .map_err(pg)?,
                     &[&g, &model, &after, &n],
                 )
                 .await
@@ -444,10 +462,14 @@ impl super::PgIndex {
         let (model, before, n) = (model.to_string(), bound(before), lim(limit));
         self.call(move |c, g| async move {
             c.query(
-                "SELECT m.seq, m.vector FROM embeddings m
+                &c.prepare_cached(
+                    "SELECT m.seq, m.vector FROM embeddings m
                  JOIN events e ON e.graph_id = m.graph_id AND e.seq = m.seq AND e.hash = m.hash
                  WHERE m.graph_id = $1 AND m.model = $2 AND m.seq < $3
                  ORDER BY m.seq DESC LIMIT $4",
+                )
+                .await
+                .map_err(pg)?,
                 &[&g, &model, &before, &n],
             )
             .await
@@ -463,10 +485,10 @@ impl super::PgIndex {
         self.call(move |c, g| async move {
             let r = c
                 .query_one(
-                    "SELECT (SELECT count(*) FROM embeddings m
+                    &c.prepare_cached("SELECT (SELECT count(*) FROM embeddings m
                              JOIN events e ON e.graph_id = m.graph_id AND e.seq = m.seq AND e.hash = m.hash
                              WHERE m.graph_id = $1 AND m.model = $2),
-                            (SELECT count(*) FROM events WHERE graph_id = $1 AND search IS NOT NULL)",
+                            (SELECT count(*) FROM events WHERE graph_id = $1 AND search IS NOT NULL)").await.map_err(pg)?,
                     &[&g, &model],
                 )
                 .await
@@ -524,8 +546,12 @@ impl super::PgIndex {
         let (from, n) = (bound(from), lim(limit));
         self.call(move |c, g| async move {
             c.query(
-                "SELECT seq, id, hash, audience FROM events WHERE graph_id = $1 AND seq >= $2
+                &c.prepare_cached(
+                    "SELECT seq, id, hash, audience FROM events WHERE graph_id = $1 AND seq >= $2
                  ORDER BY seq LIMIT $3",
+                )
+                .await
+                .map_err(pg)?,
                 &[&g, &from, &n],
             )
             .await
@@ -544,13 +570,17 @@ impl super::PgIndex {
         let (seq, actor) = (bound(seq), actor.to_string());
         self.call(move |c, g| async move {
             c.query_opt(
-                "SELECT seq FROM events
+                &c.prepare_cached(
+                    "SELECT seq FROM events
                  WHERE graph_id = $1 AND seq > $2 AND actor <> $3 AND kind <> 'invariant_violation'
                    AND CASE WHEN audience IS NULL THEN true
                             WHEN jsonb_typeof(audience::jsonb) <> 'array' THEN true
                             ELSE jsonb_array_length(audience::jsonb) = 0 OR audience::jsonb ? $3
                        END
                  ORDER BY seq LIMIT 1",
+                )
+                .await
+                .map_err(pg)?,
                 &[&g, &seq, &actor],
             )
             .await
@@ -563,7 +593,12 @@ impl super::PgIndex {
     pub(crate) fn event_count_pg(&self) -> Result<u64> {
         self.call(move |c, g| async move {
             let n: i64 = c
-                .query_one("SELECT count(*) FROM events WHERE graph_id = $1", &[&g])
+                .query_one(
+                    &c.prepare_cached("SELECT count(*) FROM events WHERE graph_id = $1")
+                        .await
+                        .map_err(pg)?,
+                    &[&g],
+                )
                 .await
                 .map_err(pg)?
                 .get(0);
@@ -643,12 +678,16 @@ impl super::PgIndex {
         let (id, depth) = (id.to_string(), i64::from(depth_max));
         self.call(move |c, g| async move {
             Ok(c.query(
-                "WITH RECURSIVE anc(id, depth) AS (
+                &c.prepare_cached(
+                    "WITH RECURSIVE anc(id, depth) AS (
                     SELECT parent, 1::bigint FROM causal_edges WHERE graph_id = $1 AND child = $2
                     UNION
                     SELECT e.parent, anc.depth + 1 FROM causal_edges e JOIN anc ON e.child = anc.id
                     WHERE e.graph_id = $1 AND anc.depth < $3::bigint
                  ) SELECT id FROM anc GROUP BY id ORDER BY min(depth), id",
+                )
+                .await
+                .map_err(pg)?,
                 &[&g, &id, &depth],
             )
             .await
@@ -669,8 +708,8 @@ impl super::PgIndex {
                 .await
                 .map_err(pg)?;
             tx.execute(
-                "INSERT INTO source_reads (graph_id, agent, conversation, task, path, sha256, from_byte, to_byte, at_ms)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                &tx.prepare_cached("INSERT INTO source_reads (graph_id, agent, conversation, task, path, sha256, from_byte, to_byte, at_ms)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)").await.map_err(pg)?,
                 &[
                     &g,
                     &r.agent,
@@ -686,11 +725,11 @@ impl super::PgIndex {
             .await
             .map_err(pg)?;
             tx.execute(
-                "DELETE FROM source_reads
+                &tx.prepare_cached("DELETE FROM source_reads
                  WHERE graph_id = $1 AND agent = $2 AND task = $3 AND path = $4 AND rowid <= (
                    SELECT rowid FROM source_reads
                    WHERE graph_id = $1 AND agent = $2 AND task = $3 AND path = $4
-                   ORDER BY rowid DESC LIMIT 1 OFFSET $5)",
+                   ORDER BY rowid DESC LIMIT 1 OFFSET $5)").await.map_err(pg)?,
                 &[&g, &r.agent, &r.task, &r.path, &lim(SOURCE_READS_PER_PART_MAX)],
             )
             .await
@@ -717,10 +756,10 @@ impl super::PgIndex {
         let (path, sha256, since) = (path.to_string(), sha256.to_string(), bound(since_ms));
         self.call(move |c, g| async move {
             c.query(
-                "SELECT from_byte, to_byte FROM source_reads
+                &c.prepare_cached("SELECT from_byte, to_byte FROM source_reads
                  WHERE graph_id = $1 AND agent = $2 AND task = $3 AND path = $4 AND conversation = $5
                    AND sha256 = $6 AND at_ms >= $7
-                 ORDER BY rowid",
+                 ORDER BY rowid").await.map_err(pg)?,
                 &[&g, &agent, &task, &path, &conversation, &sha256, &since],
             )
             .await

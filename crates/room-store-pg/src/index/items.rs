@@ -656,7 +656,7 @@ impl super::PgIndex {
             let n: i64 = tx.query_one(&st, &params).await.map_err(pg)?.get(0);
             if n > RECEIPTS_KEPT_MAX && n % RECEIPTS_EVICT_EVERY.min(RECEIPTS_KEPT_MAX) == 0 {
                 tx.execute(
-                    "DELETE FROM receipts WHERE graph_id = $1 AND ordinal <= $2",
+                    &tx.prepare_cached("DELETE FROM receipts WHERE graph_id = $1 AND ordinal <= $2").await.map_err(pg)?,
                     &[&g, &(n - RECEIPTS_KEPT_MAX)],
                 )
                 .await
@@ -696,7 +696,11 @@ impl super::PgIndex {
         self.write(move |mut c, g| async move {
             let tx = c.transaction().await.map_err(pg)?;
             tx.execute(
-                "UPDATE receipts SET confirmed_ms = $3 WHERE graph_id = $1 AND id = $2",
+                &tx.prepare_cached(
+                    "UPDATE receipts SET confirmed_ms = $3 WHERE graph_id = $1 AND id = $2",
+                )
+                .await
+                .map_err(pg)?,
                 &[&g, &id, &now],
             )
             .await

@@ -56,9 +56,14 @@ pub struct PgIndex {
 /// sequence for every room's index, which no writer waits on (a room's stamp may move for
 /// another room's write: it says only that the index may have changed).
 pub(crate) async fn bump(tx: &Transaction<'_>, _graph: &str) -> Result<()> {
-    tx.execute("SELECT nextval('index_writes')", &[])
-        .await
-        .map_err(pg)?;
+    tx.execute(
+        &tx.prepare_cached("SELECT nextval('index_writes')")
+            .await
+            .map_err(pg)?,
+        &[],
+    )
+    .await
+    .map_err(pg)?;
     Ok(())
 }
 
@@ -78,7 +83,9 @@ pub(crate) fn lim(limit: usize) -> i64 {
 
 async fn meta_get(c: &Object, graph: &str, key: &str) -> Result<Option<String>> {
     Ok(c.query_opt(
-        "SELECT value FROM index_meta WHERE graph_id = $1 AND key = $2",
+        &c.prepare_cached("SELECT value FROM index_meta WHERE graph_id = $1 AND key = $2")
+            .await
+            .map_err(pg)?,
         &[&graph, &key],
     )
     .await
@@ -88,8 +95,12 @@ async fn meta_get(c: &Object, graph: &str, key: &str) -> Result<Option<String>> 
 
 async fn meta_put(tx: &Transaction<'_>, graph: &str, key: &str, value: &str) -> Result<()> {
     tx.execute(
-        "INSERT INTO index_meta (graph_id, key, value) VALUES ($1, $2, $3)
+        &tx.prepare_cached(
+            "INSERT INTO index_meta (graph_id, key, value) VALUES ($1, $2, $3)
          ON CONFLICT (graph_id, key) DO UPDATE SET value = excluded.value",
+        )
+        .await
+        .map_err(pg)?,
         &[&graph, &key, &value],
     )
     .await
@@ -163,7 +174,12 @@ impl RoomIndex for PgIndex {
     fn change_stamp(&self) -> Result<ChangeStamp> {
         let external = self.call(|c, _| async move {
             let v: i64 = c
-                .query_one("SELECT last_value FROM index_writes", &[])
+                .query_one(
+                    &c.prepare_cached("SELECT last_value FROM index_writes")
+                        .await
+                        .map_err(pg)?,
+                    &[],
+                )
                 .await
                 .map_err(pg)?
                 .get(0);
@@ -250,7 +266,7 @@ impl RoomIndex for PgIndex {
             items::clear(&tx, &g).await?;
             events::clear(&tx, &g).await?;
             tx.execute(
-                "DELETE FROM index_meta WHERE graph_id = $1 AND key IN ('journal_mark', 'wakes_mark')",
+                &tx.prepare_cached("DELETE FROM index_meta WHERE graph_id = $1 AND key IN ('journal_mark', 'wakes_mark')").await.map_err(pg)?,
                 &[&g],
             )
             .await
