@@ -193,6 +193,7 @@ fn world_with(dir: &Path, config: Option<&Path>, choice: &Store) -> anyhow::Resu
             let pg = room_store_pg::PgBackend::connect_config(&db.config)?;
             // as a daemon holds it
             pg.serve_alone()?;
+            pg.start_serving()?;
             (Arc::new(pg), Some(db))
         }
     };

@@ -1061,24 +1061,16 @@ fn init(cli: &Cli, store: Option<&str>) -> i32 {
         room_server::daemon::OsEntropy.fill(&mut b);
         b.iter().map(|x| format!("{x:02x}")).collect::<String>()
     };
-    let bound = match store.map(store_instance).transpose() {
-        Ok(b) => b.flatten(),
+    let (db, bound) = match store.map(store_instance).transpose() {
+        Ok(Some((db, bound))) => (Some(db), bound),
+        Ok(None) => (None, None),
         Err(code) => return code,
     };
     let id = bound.clone().unwrap_or(fresh);
     match statedir::init(&dir, &statedir::default_bootstrap_path(), &id) {
         Ok(s) => {
-            if let Some(b) = bound.filter(|b| *b != s.instance_id) {
-                eprintln!(
-                    "error: store of another instance: this database belongs to Room instance {b}; the state dir {} is instance {}",
-                    s.root.display(),
-                    s.instance_id
-                );
-                eprintln!("hint: give room init a new --state-dir for this database");
-                return EXIT_STATE;
-            }
-            if let Some(url) = store
-                && let Err(code) = name_store(&s.root.join("config.toml"), url)
+            if let (Some(db), Some(url)) = (&db, store)
+                && let Err(code) = adopt_store(&s, db, bound.as_deref(), url)
             {
                 return code;
             }
@@ -1103,23 +1095,70 @@ fn init(cli: &Cli, store: Option<&str>) -> i32 {
     }
 }
 
-/// The Room instance the database at `url` belongs to (none when no daemon served it yet).
-fn store_instance(url: &str) -> Result<Option<String>, i32> {
+/// The database at `url` and the Room instance it belongs to (none when nothing bound it).
+fn store_instance(url: &str) -> Result<(room_store_pg::PgBackend, Option<String>), i32> {
     if !room_engine::policy::is_postgres_url(url) {
         eprintln!("error[invalid_argument]: store: the url is not a postgres:// url");
+        eprintln!("hint: room init --store postgres://USER@HOST:PORT/DATABASE");
         return Err(EXIT_REFUSED);
     }
-    let found = room_store_pg::PgBackend::connect(url).and_then(|pg| pg.instance());
+    let found = room_store_pg::PgBackend::connect(url)
+        .and_then(|pg| pg.instance().map(|bound| (pg, bound)));
     found.map_err(|e| {
         eprintln!("error: store: {e}");
         EXIT_IO
     })
 }
 
+/// Make the state dir `s` serve the database `db` (which belongs to `bound`, if anything
+/// bound it): refused for a state dir of another instance and for one whose embedded store
+/// holds rooms (they would vanish from view); binds an unbound database to this instance, so
+/// the next host's `room init --store` takes the same one; names it in config.toml.
+fn adopt_store(
+    s: &statedir::StateDir,
+    db: &room_store_pg::PgBackend,
+    bound: Option<&str>,
+    url: &str,
+) -> Result<(), i32> {
+    if let Some(b) = bound.filter(|b| *b != s.instance_id) {
+        eprintln!(
+            "error: store of another instance: this database belongs to Room instance {b}; the state dir {} is instance {}",
+            s.root.display(),
+            s.instance_id
+        );
+        eprintln!("hint: give room init a new --state-dir for this database");
+        return Err(EXIT_STATE);
+    }
+    let rooms = std::fs::read_dir(s.root.join("rooms")).map_or(0, |d| d.count());
+    if rooms > 0 {
+        eprintln!(
+            "error: the state dir {} keeps {rooms} rooms in its embedded store: serving the database would leave them behind",
+            s.root.display()
+        );
+        eprintln!("hint: room migrate --to URL copies them into an empty database");
+        return Err(EXIT_STATE);
+    }
+    if bound.is_none() {
+        let now_ms = room_core::Clock::now_ms(&room_server::daemon::SystemClock);
+        if let Err(e) = db.bind_instance(&s.instance_id, now_ms) {
+            eprintln!("error: {e}");
+            return Err(EXIT_STATE);
+        }
+    }
+    name_store(&s.root.join("config.toml"), url)
+}
+
 /// Name the database in config.toml's `[store] url`, unless it names it already; a config
 /// that names another store is left as it is and refused.
 fn name_store(config: &std::path::Path, url: &str) -> Result<(), i32> {
-    let kept = std::fs::read(config).unwrap_or_default();
+    let kept = match std::fs::read(config) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => {
+            eprintln!("error: {}: {e}", config.display());
+            return Err(EXIT_STATE);
+        }
+    };
     match room_engine::policy::store_url(&kept) {
         Ok(Some(named)) if named == url => return Ok(()),
         Ok(Some(_)) => {
@@ -1144,9 +1183,15 @@ fn name_store(config: &std::path::Path, url: &str) -> Result<(), i32> {
         eprintln!("error: {}: {e}", config.display());
         EXIT_STATE
     })?;
-    let mut table = toml_edit::Table::new();
-    table["url"] = toml_edit::value(url);
-    doc["store"] = toml_edit::Item::Table(table);
+    match doc.get_mut("store").and_then(|t| t.as_table_mut()) {
+        // a [store] table without a url keeps its comments
+        Some(t) => t["url"] = toml_edit::value(url),
+        None => {
+            let mut table = toml_edit::Table::new();
+            table["url"] = toml_edit::value(url);
+            doc["store"] = toml_edit::Item::Table(table);
+        }
+    }
     room_store::fs::write_atomic(config, doc.to_string().as_bytes()).map_err(|e| {
         eprintln!("error: {}: {e}", config.display());
         EXIT_STATE

@@ -264,14 +264,24 @@ impl Engine {
                 return Ok(hb);
             }
             drop(hb);
-            // read anew once nobody holds it; a holder keeps it (and its refusal) meanwhile
-            match self.rooms.take_if_idle(name) {
+            // read anew once nobody holds it (a flush holds every room a moment); until then
+            // the caller hears what it would have heard from the append
+            let idle = (0..MOVED_TAKE_TRIES).find_map(|_| {
+                let h = self.rooms.take_if_idle(name);
+                if h.is_none() {
+                    std::thread::yield_now();
+                }
+                h
+            });
+            match idle {
                 Some(h) => self.close_room_handle(&h),
                 None => {
-                    return self
-                        .rooms
-                        .cached_bound(name)
-                        .ok_or_else(|| Rooms::not_found(name));
+                    return Err(Refusal::new(
+                        Code::RoomSyncConcurrentArrival,
+                        format!("room {name} is being read anew after another writer's append; nothing was written"),
+                    )
+                    .detail(serde_json::json!({"room": name, "moved_by": "another writer"}))
+                    .hint("sync the room and try again"));
                 }
             }
         }
@@ -624,6 +634,10 @@ pub(crate) fn lock_room(h: &Arc<Mutex<RoomHandle>>) -> MutexGuard<'_, RoomHandle
     h.lock()
         .expect("room lock is never poisoned: no panics while held")
 }
+
+/// How many times a room another writer moved is asked for idle before its caller is told
+/// to try again (a flush holds every room's handle for a moment).
+const MOVED_TAKE_TRIES: usize = 256;
 
 /// Whether another writer moved the room under this handle (its next use reads it anew). A
 /// handle someone holds now is left to them: they see its refusal, the next use reopens it.

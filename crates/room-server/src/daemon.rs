@@ -536,6 +536,7 @@ pub fn open_engine(
             // wrote them: a state dir of another instance is refused before it reads any
             pg.bind_instance(&state.instance_id, SystemClock.now_ms())
                 .map_err(ServerError::State)?;
+            pg.start_serving().map_err(ServerError::EngineOpen)?;
             Arc::new(pg)
         }
     };
@@ -794,8 +795,11 @@ pub async fn serve(
         Ok(Err(e)) => tracing::error!("workers' jobs not stopped at shutdown: {e}"),
         Err(e) => tracing::error!("stopping workers at shutdown panicked: {e}"),
     }
-    let e = engine.clone();
-    let _ = tokio::task::spawn_blocking(move || e.close_clean()).await;
+    // a fenced daemon writes nothing more, not even that it closed cleanly
+    if fenced.is_none() {
+        let e = engine.clone();
+        let _ = tokio::task::spawn_blocking(move || e.close_clean()).await;
+    }
     let _ = std::fs::remove_file(&sock);
     let _ = std::fs::remove_file(state.root.join("http.addr"));
     match fenced {

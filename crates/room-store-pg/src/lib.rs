@@ -49,6 +49,13 @@ pub const POOL_MAX: usize = 16;
 const CONNECT_TIMEOUT_MS: u64 = 10_000;
 /// The longest one statement may run on the server.
 const STATEMENT_TIMEOUT_MS: u64 = 60_000;
+/// A transaction idle this long (its client cut off mid-transaction) is ended by the server.
+const IDLE_IN_TRANSACTION_MS: u64 = 60_000;
+/// TCP keepalives (seconds, probes) on every connection, the server's side included: a
+/// silent peer is given up after about 25 s.
+pub(crate) const KEEPALIVE_IDLE_S: u64 = 10;
+pub(crate) const KEEPALIVE_INTERVAL_S: u64 = 5;
+pub(crate) const KEEPALIVE_COUNT: u32 = 3;
 /// The longest a caller waits for one call (a pool connection and its statements).
 pub(crate) const CALL_TIMEOUT_MS: u64 = 90_000;
 /// The advisory lock key migrations run under (daemons starting together apply them once).
@@ -190,11 +197,21 @@ impl PgBackend {
 
     fn connect_with(mut config: tokio_postgres::Config) -> Result<PgBackend> {
         // every write durable before it is acknowledged, and nothing waits for ever
+        // keepalives on both sides: a daemon learns its server is gone, and the server ends
+        // the sessions of a host that went silent (freeing its lock and its transactions)
+        // in about half a minute, not the kernel's two hours; a transaction left open by a
+        // cut connection ends on its own
         config
             .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
             .keepalives(true)
+            .keepalives_idle(Duration::from_secs(KEEPALIVE_IDLE_S))
+            .keepalives_interval(Duration::from_secs(KEEPALIVE_INTERVAL_S))
+            .keepalives_retries(KEEPALIVE_COUNT)
             .options(format!(
-                "-c synchronous_commit=on -c statement_timeout={STATEMENT_TIMEOUT_MS}"
+                "-c synchronous_commit=on -c statement_timeout={STATEMENT_TIMEOUT_MS} \
+                 -c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS} \
+                 -c tcp_keepalives_idle={KEEPALIVE_IDLE_S} -c tcp_keepalives_interval={KEEPALIVE_INTERVAL_S} \
+                 -c tcp_keepalives_count={KEEPALIVE_COUNT}"
             ));
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -325,12 +342,19 @@ impl PgBackend {
         }
     }
 
-    /// Hold the database's daemon lock (what `serve_alone` and a migration take first).
-    pub(crate) fn hold_alone(&self) -> Result<()> {
-        let config = self.config.clone();
+    /// Start serving the database held alone (`serve_alone`, once whatever could refuse the
+    /// start has passed): a new serving generation fences every daemon that served it before,
+    /// and the lock's session is watched from now on.
+    pub fn start_serving(&self) -> Result<()> {
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        self.serving.start(&self.rt, self.config.clone(), now_ms)
+    }
+
+    /// Hold the database's daemon lock (what `serve_alone` and a migration take first).
+    pub(crate) fn hold_alone(&self) -> Result<()> {
+        let config = self.config.clone();
         let client = self.run(async move {
             let held = serving::connect(&config).await?;
             // a daemon that just stopped (or died) ends its session a moment after its
@@ -338,8 +362,7 @@ impl PgBackend {
             let started = std::time::Instant::now();
             loop {
                 if serving::try_lock(&held.client).await? {
-                    let generation = serving::take_generation(&held.client, now_ms).await?;
-                    return Ok(Some((held, generation)));
+                    return Ok(Some(held));
                 }
                 if started.elapsed() >= Duration::from_millis(ALONE_WAIT_MS) {
                     return Ok(None);
@@ -348,9 +371,8 @@ impl PgBackend {
             }
         })?;
         match client {
-            Some((held, generation)) => {
-                self.serving
-                    .hold(&self.rt, self.config.clone(), held, generation);
+            Some(held) => {
+                self.serving.hold(held);
                 // every write goes through this process now: its reads may be kept
                 self.cache.clear();
                 self.cache
@@ -495,6 +517,7 @@ impl Backend for PgBackend {
         manifest: &[u8],
         first: &[Sealed],
     ) -> Result<ShardCreated> {
+        self.serving.check()?;
         if graph_id.starts_with(ASIDE) {
             return Err(StoreError::Corrupt(format!(
                 "{graph_id:?} is no room's graph id"
@@ -531,6 +554,7 @@ impl Backend for PgBackend {
     }
 
     fn set_aside(&self, graph_id: &str, now_ms: u64) -> Result<String> {
+        self.serving.check()?;
         let (pool, g) = (self.pool.clone(), graph_id.to_string());
         self.run(async move {
             let mut c = pool.get().await.map_err(pg)?;
@@ -585,6 +609,7 @@ impl Backend for PgBackend {
         Ok(Box::new(PgIndex::new(
             self.rt.clone(),
             self.pool.clone(),
+            self.serving.clone(),
             graph_id,
         )))
     }
@@ -609,6 +634,7 @@ impl Backend for PgBackend {
         Ok(Arc::new(PgBlobs {
             rt: self.rt.clone(),
             pool: self.pool.clone(),
+            serving: self.serving.clone(),
             graph_id: graph_id.to_string(),
         }))
     }
@@ -683,6 +709,7 @@ async fn set_aside(
 struct PgBlobs {
     rt: Arc<crate::Rt>,
     pool: Pool,
+    serving: Arc<serving::Serving>,
     graph_id: String,
 }
 
@@ -712,6 +739,7 @@ impl BlobStore for PgBlobs {
                 format!("{ext:?} is not a blob extension"),
             ));
         }
+        self.serving.check().map_err(io)?;
         let sha = room_core::sha256_hex(bytes);
         let name = format!("{sha}.{ext}");
         let (pool, g, b) = (self.pool.clone(), self.graph_id.clone(), bytes.to_vec());

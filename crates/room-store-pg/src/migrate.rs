@@ -168,6 +168,8 @@ pub fn migrate(
     dst.hold_alone()?;
     let source_path = src.state.root.display().to_string();
     let resumed = claim(dst, &src.state.instance_id, &source_path, now_ms)?;
+    // the database is the migration's now: whatever served it before is fenced
+    dst.start_serving()?;
     let control = src.store.open_control()?;
     let mut rooms = Vec::new();
     for room in control.rooms()? {
@@ -220,7 +222,13 @@ fn claim(dst: &PgBackend, source_id: &str, source_path: &str, now_ms: u64) -> Re
                 )));
             }
         }
+        // an empty database is the migrated state dir's, whatever instance served it before
+        // (a run resumed binds it too: one begun before the binding existed had not)
+        let bind = "INSERT INTO store_instance (instance, bound_ms) VALUES ($1, $2)
+             ON CONFLICT (only_row) DO UPDATE SET instance = excluded.instance, bound_ms = excluded.bound_ms";
         if !runs.is_empty() {
+            tx.execute(bind, &[&id, &now]).await.map_err(pg)?;
+            tx.commit().await.map_err(pg)?;
             return Ok(Ok(true));
         }
         for t in MUST_BE_EMPTY {
@@ -233,14 +241,7 @@ fn claim(dst: &PgBackend, source_id: &str, source_path: &str, now_ms: u64) -> Re
                 return Ok(Err(format!("the database is not empty: its table {t} holds rows")));
             }
         }
-        // an empty database is the migrated state dir's, whatever instance served it before
-        tx.execute(
-            "INSERT INTO store_instance (instance, bound_ms) VALUES ($1, $2)
-             ON CONFLICT (only_row) DO UPDATE SET instance = excluded.instance, bound_ms = excluded.bound_ms",
-            &[&id, &now],
-        )
-        .await
-        .map_err(pg)?;
+        tx.execute(bind, &[&id, &now]).await.map_err(pg)?;
         tx.execute(
             "INSERT INTO migrate_runs (source_id, source_path, started_ms) VALUES ($1, $2, $3)",
             &[&id, &path, &now],

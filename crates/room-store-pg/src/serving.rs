@@ -5,8 +5,9 @@
 //! then refuses every write until it has the lock again, and takes it back only while the
 //! serving generation is still its own. A daemon that took the database over in between
 //! moved the generation: the first one is fenced for good, and its journal appends are
-//! refused by the database itself (each append reads the serving row, `FOR SHARE`, in its
-//! transaction, so a takeover waits for appends in flight and every later one sees it).
+//! refused by the database itself (each append reads the serving row in its transaction,
+//! under a shared transaction lock a takeover takes exclusively, so a takeover waits for
+//! appends in flight and every later one sees it).
 //!
 //! A lock's session can also go silent without ending (a cut network): the daemon asks it
 //! every second and writes nothing once it has been silent for `HOLD_STALE_MS`, while the
@@ -21,6 +22,10 @@ use std::time::Duration;
 
 /// The advisory lock key a daemon holds for as long as it serves a database.
 pub(crate) const DAEMON_LOCK: i64 = 0x526f_6f6d_4461_656d; // "RoomDaem"
+/// The transaction advisory lock an append holds shared while it checks the generation, and
+/// a takeover exclusively while it moves it: a takeover waits for appends in flight, and
+/// every later append sees it (no row lock written on every append).
+const GENERATION_LOCK: i64 = 0x526f_6f6d_4765_6e73; // "RoomGens"
 
 /// How often a daemon that lost its lock's session tries to take it back.
 const TAKE_BACK_EVERY_MS: u64 = 250;
@@ -28,16 +33,11 @@ const TAKE_BACK_EVERY_MS: u64 = 250;
 /// is waited for.
 const PING_EVERY_MS: u64 = 1_000;
 const PING_TIMEOUT_MS: u64 = 2_000;
-/// A daemon whose lock's session has not answered for this long writes nothing until it
-/// does: it may be cut off, and the server may be about to end that session and free the
-/// lock for another daemon. The server ends a silent session only after its keepalives
-/// failed (`KEEPALIVE_*`: 25 s), well after this.
+/// A daemon whose lock's session has not answered a ping sent within this long writes
+/// nothing until it does: it may be cut off, and the server may be about to end that
+/// session and free the lock for another daemon. The server ends a silent session only
+/// after its keepalives failed (`crate::KEEPALIVE_*`: about 25 s), well after this.
 const HOLD_STALE_MS: u64 = 8_000;
-/// The lock's session's server-side TCP keepalives (seconds): a daemon whose host died
-/// frees the lock after about half a minute, not the kernel's two hours.
-const KEEPALIVE_IDLE_S: u32 = 10;
-const KEEPALIVE_INTERVAL_S: u32 = 5;
-const KEEPALIVE_COUNT: u32 = 3;
 
 pub(crate) const SCHEMA: &str = r#"
 CREATE TABLE serving (
@@ -59,11 +59,14 @@ pub(crate) struct Serving {
     lost: AtomicBool,
     /// Another daemon took the database over: this process never writes to it again.
     fenced: Mutex<Option<String>>,
+    /// The lock's session once taken, until serving starts (`start`): a process refused
+    /// after taking the lock (another instance's state dir, a database not empty) never
+    /// moves the generation.
+    pending: Mutex<Option<Held>>,
     /// Tells the watcher to drop the lock's session once fenced.
     fenced_now: tokio::sync::Notify,
-    /// When the lock's session last answered, in ms since `epoch`.
+    /// When the newest answered ping was sent, on the boot clock (`now_ms`).
     answered_ms: std::sync::atomic::AtomicU64,
-    epoch: std::sync::OnceLock<std::time::Instant>,
 }
 
 /// The session that holds the lock, and what resolves when its connection ends.
@@ -102,13 +105,18 @@ impl Serving {
         Ok(())
     }
 
+    /// The boot clock in ms: it runs on while the machine sleeps (a lease outlives no pause).
     fn now_ms(&self) -> u64 {
-        let epoch = self.epoch.get_or_init(std::time::Instant::now);
-        u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+        let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+        u64::try_from(t.tv_sec)
+            .unwrap_or(0)
+            .saturating_mul(1_000)
+            .saturating_add(u64::try_from(t.tv_nsec / 1_000_000).unwrap_or(0))
     }
 
-    fn answered(&self) {
-        self.answered_ms.store(self.now_ms(), Ordering::SeqCst);
+    /// The lock's session answered a ping sent at `sent_ms`: the lease runs from then.
+    fn answered(&self, sent_ms: u64) {
+        self.answered_ms.fetch_max(sent_ms, Ordering::SeqCst);
     }
 
     pub(crate) fn fenced(&self) -> Option<String> {
@@ -123,19 +131,36 @@ impl Serving {
         self.fenced_now.notify_one();
     }
 
-    /// Keep `held` as this process's lock, at `generation`, and watch it (on the backend's
-    /// runtime) for as long as the process serves.
-    pub(crate) fn hold(
+    /// Keep `held` (the lock taken) until serving starts.
+    pub(crate) fn hold(&self, held: Held) {
+        *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(held);
+    }
+
+    /// Start serving on the lock taken: take a new generation (fencing every process that
+    /// served before) and watch the lock's session (on the backend's runtime) from now on.
+    pub(crate) fn start(
         self: &Arc<Self>,
         rt: &tokio::runtime::Runtime,
         config: tokio_postgres::Config,
-        held: Held,
-        generation: i64,
-    ) {
+        now_ms: i64,
+    ) -> Result<()> {
+        let held = self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .ok_or_else(|| StoreError::Postgres("serving starts only on the lock taken".into()))?;
+        let asked = self.now_ms();
+        let (held, generation) = crate::run_on(rt, async move {
+            let mut held = held;
+            let generation = take_generation(&mut held.client, now_ms).await?;
+            Ok((held, generation))
+        })?;
         self.generation.store(generation, Ordering::SeqCst);
         self.lost.store(false, Ordering::SeqCst);
-        self.answered();
+        self.answered(asked);
         rt.spawn(watch(self.clone(), config, held));
+        Ok(())
     }
 }
 
@@ -150,12 +175,13 @@ async fn watch(serving: Arc<Serving>, config: tokio_postgres::Config, mut held: 
                 _ = &mut held.ended => break,
                 _ = serving.fenced_now.notified() => return,
                 _ = ping.tick() => {
+                    let sent = serving.now_ms();
                     let asked = tokio::time::timeout(
                         Duration::from_millis(PING_TIMEOUT_MS),
                         held.client.simple_query("SELECT 1"),
                     );
                     if matches!(asked.await, Ok(Ok(_))) {
-                        serving.answered();
+                        serving.answered(sent);
                     }
                 }
             }
@@ -165,9 +191,10 @@ async fn watch(serving: Arc<Serving>, config: tokio_postgres::Config, mut held: 
         tracing::warn!("the session holding this daemon's database lock ended: taking it back");
         held = loop {
             tokio::time::sleep(Duration::from_millis(TAKE_BACK_EVERY_MS)).await;
+            let asked = serving.now_ms();
             match take_back(&config, serving.generation()).await {
                 Ok(TakeBack::Held(held)) => {
-                    serving.answered();
+                    serving.answered(asked);
                     serving.lost.store(false, Ordering::SeqCst);
                     tracing::info!("the database lock is held again");
                     break held;
@@ -216,25 +243,13 @@ async fn take_back(config: &tokio_postgres::Config, ours: i64) -> Result<TakeBac
 
 /// A session of its own for the lock.
 pub(crate) async fn connect(config: &tokio_postgres::Config) -> Result<Held> {
-    let mut config = config.clone();
-    config
-        .keepalives(true)
-        .keepalives_idle(Duration::from_secs(u64::from(KEEPALIVE_IDLE_S)))
-        .keepalives_interval(Duration::from_secs(u64::from(KEEPALIVE_INTERVAL_S)))
-        .keepalives_retries(KEEPALIVE_COUNT);
+    // the backend's config: its keepalives (both sides) are this session's too
     let (client, conn) = config.connect(tokio_postgres::NoTls).await.map_err(pg)?;
     let (tx, ended) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
         let _ = conn.await;
         let _ = tx.send(());
     });
-    // the server's side of the same: it frees the lock of a host that went silent
-    client
-        .batch_execute(&format!(
-            "SET tcp_keepalives_idle = {KEEPALIVE_IDLE_S}; SET tcp_keepalives_interval = {KEEPALIVE_INTERVAL_S}; SET tcp_keepalives_count = {KEEPALIVE_COUNT}"
-        ))
-        .await
-        .map_err(pg)?;
     Ok(Held { client, ended })
 }
 
@@ -257,7 +272,7 @@ async fn generation_of(c: &tokio_postgres::Client) -> Result<(i64, String)> {
 
 /// Take a new serving generation (the lock is held on `c`): every daemon that served
 /// before is fenced from now on.
-pub(crate) async fn take_generation(c: &tokio_postgres::Client, now_ms: i64) -> Result<i64> {
+async fn take_generation(c: &mut tokio_postgres::Client, now_ms: i64) -> Result<i64> {
     let holder = format!(
         "pid {} on {}",
         std::process::id(),
@@ -265,23 +280,45 @@ pub(crate) async fn take_generation(c: &tokio_postgres::Client, now_ms: i64) -> 
             .map(|h| h.trim().to_string())
             .unwrap_or_else(|_| "an unnamed host".into())
     );
-    Ok(c.query_one(
-        "UPDATE serving SET generation = generation + 1, holder = $1, since_ms = $2 RETURNING generation",
-        &[&holder, &now_ms],
-    )
-    .await
-    .map_err(pg)?
-    .get(0))
+    let tx = c.transaction().await.map_err(pg)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&GENERATION_LOCK])
+        .await
+        .map_err(pg)?;
+    let generation: i64 = tx
+        .query_one(
+            "UPDATE serving SET generation = generation + 1, holder = $1, since_ms = $2 RETURNING generation",
+            &[&holder, &now_ms],
+        )
+        .await
+        .map_err(pg)?
+        .get(0);
+    tx.commit().await.map_err(pg)?;
+    Ok(generation)
 }
 
 /// In an append's transaction: refuse it unless the serving generation is still `ours`
-/// (nothing to check when `ours` is 0). `FOR SHARE` makes a takeover wait for this append.
+/// (nothing to check when `ours` is 0). The shared lock makes a takeover wait for this
+/// append; the generation is read by a statement of its own, after the lock (a statement's
+/// snapshot is taken as it starts).
 pub(crate) async fn fence_append(tx: &deadpool_postgres::Transaction<'_>, ours: i64) -> Result<()> {
     if ours == 0 {
         return Ok(());
     }
+    tx.execute(
+        &tx.prepare_cached("SELECT pg_advisory_xact_lock_shared($1)")
+            .await
+            .map_err(pg)?,
+        &[&GENERATION_LOCK],
+    )
+    .await
+    .map_err(pg)?;
     let row = tx
-        .query_one("SELECT generation, holder FROM serving FOR SHARE", &[])
+        .query_one(
+            &tx.prepare_cached("SELECT generation, holder FROM serving")
+                .await
+                .map_err(pg)?,
+            &[],
+        )
         .await
         .map_err(pg)?;
     let (g, holder): (i64, String) = (row.get(0), row.get(1));

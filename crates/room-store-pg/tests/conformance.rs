@@ -79,8 +79,12 @@ impl Harness for Pg<'_> {
         // a case that reopens while it still holds the store (to read what another handle
         // sees) gets a second backend that reads fresh, as any backend not holding the
         // database does
-        if self.alone && b.serve_alone().is_err() {
-            eprintln!("  (a second backend on the database: it reads fresh)");
+        if self.alone {
+            // serving as a daemon does: its appends checked against its serving generation
+            match b.serve_alone() {
+                Ok(()) => b.start_serving().expect("serving starts on the lock taken"),
+                Err(_) => eprintln!("  (a second backend on the database: it reads fresh)"),
+            }
         }
         Arc::new(b)
     }

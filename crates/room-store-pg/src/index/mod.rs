@@ -47,6 +47,7 @@ CREATE SEQUENCE index_writes;
 pub struct PgIndex {
     rt: Arc<crate::Rt>,
     pool: Pool,
+    serving: Arc<crate::serving::Serving>,
     graph: String,
     /// Writes attempted through this handle (the change stamp's local part).
     writes: u64,
@@ -109,10 +110,16 @@ async fn meta_put(tx: &Transaction<'_>, graph: &str, key: &str, value: &str) -> 
 }
 
 impl PgIndex {
-    pub(crate) fn new(rt: Arc<crate::Rt>, pool: Pool, graph: &str) -> PgIndex {
+    pub(crate) fn new(
+        rt: Arc<crate::Rt>,
+        pool: Pool,
+        serving: Arc<crate::serving::Serving>,
+        graph: &str,
+    ) -> PgIndex {
         PgIndex {
             rt,
             pool,
+            serving,
             graph: graph.to_string(),
             writes: 0,
         }
@@ -142,6 +149,8 @@ impl PgIndex {
         Fut: Future<Output = Result<T>> + Send + 'static,
     {
         self.writes += 1;
+        // a daemon that lost its hold on the database (or was fenced) writes nothing
+        self.serving.check()?;
         self.call(f)
     }
 
