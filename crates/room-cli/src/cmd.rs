@@ -1111,9 +1111,11 @@ fn store_instance(url: &str) -> Result<(room_store_pg::PgBackend, Option<String>
 }
 
 /// Make the state dir `s` serve the database `db` (which belongs to `bound`, if anything
-/// bound it): refused for a state dir of another instance and for one whose embedded store
-/// holds rooms (they would vanish from view); binds an unbound database to this instance, so
-/// the next host's `room init --store` takes the same one; names it in config.toml.
+/// bound it). Everything that can refuse is checked first, so a refusal changes nothing: a
+/// state dir of another instance, one whose embedded store holds rooms not migrated (they
+/// would vanish from view), a config.toml that names another store. Then an unbound
+/// database is bound to this instance (the next host's `room init --store` takes the same
+/// one) and config.toml names it.
 fn adopt_store(
     s: &statedir::StateDir,
     db: &room_store_pg::PgBackend,
@@ -1129,28 +1131,56 @@ fn adopt_store(
         eprintln!("hint: give room init a new --state-dir for this database");
         return Err(EXIT_STATE);
     }
-    let rooms = std::fs::read_dir(s.root.join("rooms")).map_or(0, |d| d.count());
-    if rooms > 0 {
-        eprintln!(
-            "error: the state dir {} keeps {rooms} rooms in its embedded store: serving the database would leave them behind",
-            s.root.display()
-        );
-        eprintln!("hint: room migrate --to URL copies them into an empty database");
-        return Err(EXIT_STATE);
-    }
-    if bound.is_none() {
-        let now_ms = room_core::Clock::now_ms(&room_server::daemon::SystemClock);
-        if let Err(e) = db.bind_instance(&s.instance_id, now_ms) {
-            eprintln!("error: {e}");
+    let config = s.root.join("config.toml");
+    let named = store_named(&config, url)?;
+    // rooms `room migrate` copied out are the database's now
+    if !s.store_migrated().exists() {
+        let rooms = match std::fs::read_dir(s.root.join("rooms")) {
+            Ok(d) => d.count(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+            Err(e) => {
+                eprintln!("error: {}: {e}", s.root.join("rooms").display());
+                return Err(EXIT_STATE);
+            }
+        };
+        if rooms > 0 {
+            eprintln!(
+                "error: the state dir {} keeps rooms in its embedded store ({rooms}): serving the database would leave them behind",
+                s.root.display()
+            );
+            eprintln!("hint: room migrate --to URL copies them into an empty database");
             return Err(EXIT_STATE);
         }
     }
-    name_store(&s.root.join("config.toml"), url)
+    if bound.is_none() {
+        let now_ms = room_core::Clock::now_ms(&room_server::daemon::SystemClock);
+        match db.bind_instance(&s.instance_id, now_ms) {
+            Ok(()) => {}
+            Err(e @ StoreError::OtherInstance(_)) => {
+                eprintln!("error: {e}");
+                eprintln!(
+                    "hint: another host bound it first: give room init a new --state-dir for this database"
+                );
+                return Err(EXIT_STATE);
+            }
+            Err(e) => {
+                eprintln!("error: store: {e}");
+                return Err(EXIT_IO);
+            }
+        }
+    }
+    match named {
+        Some(text) => room_store::fs::write_atomic(&config, text.as_bytes()).map_err(|e| {
+            eprintln!("error: {}: {e}", config.display());
+            EXIT_STATE
+        }),
+        None => Ok(()),
+    }
 }
 
-/// Name the database in config.toml's `[store] url`, unless it names it already; a config
-/// that names another store is left as it is and refused.
-fn name_store(config: &std::path::Path, url: &str) -> Result<(), i32> {
+/// config.toml's text with `[store] url` naming the database, or none when it names it
+/// already; a config that names another store (or does not parse) is refused.
+fn store_named(config: &std::path::Path, url: &str) -> Result<Option<String>, i32> {
     let kept = match std::fs::read(config) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
@@ -1160,7 +1190,7 @@ fn name_store(config: &std::path::Path, url: &str) -> Result<(), i32> {
         }
     };
     match room_engine::policy::store_url(&kept) {
-        Ok(Some(named)) if named == url => return Ok(()),
+        Ok(Some(named)) if named == url => return Ok(None),
         Ok(Some(_)) => {
             eprintln!(
                 "error[invalid_argument]: store: {} names another store",
@@ -1183,19 +1213,18 @@ fn name_store(config: &std::path::Path, url: &str) -> Result<(), i32> {
         eprintln!("error: {}: {e}", config.display());
         EXIT_STATE
     })?;
-    match doc.get_mut("store").and_then(|t| t.as_table_mut()) {
-        // a [store] table without a url keeps its comments
-        Some(t) => t["url"] = toml_edit::value(url),
+    match doc.get_mut("store").and_then(|t| t.as_table_like_mut()) {
+        // a [store] table without a url keeps its other keys and comments
+        Some(t) => {
+            t.insert("url", toml_edit::value(url));
+        }
         None => {
             let mut table = toml_edit::Table::new();
             table["url"] = toml_edit::value(url);
             doc["store"] = toml_edit::Item::Table(table);
         }
     }
-    room_store::fs::write_atomic(config, doc.to_string().as_bytes()).map_err(|e| {
-        eprintln!("error: {}: {e}", config.display());
-        EXIT_STATE
-    })
+    Ok(Some(doc.to_string()))
 }
 
 /// The store the daemon runs on: `--store`, else config.toml's `[store] url`, else the

@@ -258,33 +258,35 @@ impl Engine {
         {
             return Ok(hb);
         }
-        let _one_opening = self.rooms.opening_lock();
-        if let Some(hb) = self.rooms.cached_bound(name) {
+        let mut tries = 0;
+        let _one_opening = loop {
+            let opening = self.rooms.opening_lock();
+            let Some(hb) = self.rooms.cached_bound(name) else {
+                break opening;
+            };
             if !moved_under(&hb.0) {
                 return Ok(hb);
             }
             drop(hb);
-            // read anew once nobody holds it (a flush holds every room a moment); until then
-            // the caller hears what it would have heard from the append
-            let idle = (0..MOVED_TAKE_TRIES).find_map(|_| {
-                let h = self.rooms.take_if_idle(name);
-                if h.is_none() {
-                    std::thread::yield_now();
-                }
-                h
-            });
-            match idle {
-                Some(h) => self.close_room_handle(&h),
-                None => {
-                    return Err(Refusal::new(
-                        Code::RoomSyncConcurrentArrival,
-                        format!("room {name} is being read anew after another writer's append; nothing was written"),
-                    )
-                    .detail(serde_json::json!({"room": name, "moved_by": "another writer"}))
-                    .hint("sync the room and try again"));
-                }
+            // another writer moved it: read anew once nobody holds it (a flush holds every
+            // room a moment), waiting a little outside the opening lock
+            if let Some(h) = self.rooms.take_if_idle(name) {
+                self.close_room_handle(&h);
+                break opening;
             }
-        }
+            drop(opening);
+            tries += 1;
+            if tries >= MOVED_WAIT_TRIES {
+                return Err(Refusal::new(
+                    Code::RoomSyncConcurrentArrival,
+                    format!("room {name} is being read anew after another writer's append"),
+                )
+                .detail(serde_json::json!({"room": name, "moved_by": "another writer"}))
+                .hint("sync the room and try again"));
+            }
+            // the engine never waits on the wall clock: it lets the holder run
+            std::thread::yield_now();
+        };
         if let Some(why) = self.rooms.unusable(name) {
             return Err(rooms::unusable_refusal(name, &why));
         }
@@ -635,9 +637,10 @@ pub(crate) fn lock_room(h: &Arc<Mutex<RoomHandle>>) -> MutexGuard<'_, RoomHandle
         .expect("room lock is never poisoned: no panics while held")
 }
 
-/// How many times a room another writer moved is asked for idle before its caller is told
-/// to try again (a flush holds every room's handle for a moment).
-const MOVED_TAKE_TRIES: usize = 256;
+/// How many times a call asks whether a room another writer moved is idle (yielding in
+/// between, outside the opening lock) before it is told to try again: a flush holds every
+/// room's handle for a moment. Only a shared database's conflicts reach this.
+const MOVED_WAIT_TRIES: u32 = 20_000;
 
 /// Whether another writer moved the room under this handle (its next use reads it anew). A
 /// handle someone holds now is left to them: they see its refusal, the next use reopens it.

@@ -268,9 +268,17 @@ impl PgBackend {
             .map(|r| r.get(0)))
         })?;
         match unfinished {
-            Some(from) => Err(StoreError::MigrationUnfinished(format!(
-                "the migration of {from} into this database has not finished"
-            ))),
+            Some(from) => {
+                // refused: the lock goes, and reads are read fresh again
+                self.serving.release();
+                self.cache
+                    .enabled
+                    .store(false, std::sync::atomic::Ordering::SeqCst);
+                self.cache.clear();
+                Err(StoreError::MigrationUnfinished(format!(
+                    "the migration of {from} into this database has not finished"
+                )))
+            }
             None => Ok(()),
         }
     }

@@ -335,7 +335,14 @@ impl room_store::backend::RoomLog for PgLog {
         // outcome to be read back; every earlier failure rolled the transaction back
         let sent = run_within(&self.rt, async move {
             let mut c = pool.get().await.map_err(pg)?;
-            let tx = c.transaction().await.map_err(pg)?;
+            // read committed whatever the server's default: the fence reads the generation
+            // after its lock, which a snapshot taken at the first statement would not see
+            let tx = c
+                .build_transaction()
+                .isolation_level(tokio_postgres::IsolationLevel::ReadCommitted)
+                .start()
+                .await
+                .map_err(pg)?;
             crate::serving::fence_append(&tx, ours).await?;
             let (id, at, _) = head(&tx, &g, true).await?;
             if u(id) != shard {

@@ -131,6 +131,14 @@ impl Serving {
         self.fenced_now.notify_one();
     }
 
+    /// Let the lock taken go (a start refused after taking it).
+    pub(crate) fn release(&self) {
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+    }
+
     /// Keep `held` (the lock taken) until serving starts.
     pub(crate) fn hold(&self, held: Held) {
         *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(held);
