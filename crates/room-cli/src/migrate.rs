@@ -122,7 +122,9 @@ fn report(json: bool, done: &Migrated, to: &str) {
         done.rooms.len(),
         if done.resumed { " (resumed)" } else { "" }
     );
-    println!("next: room serve --store {to} (or `[store] url` in config.toml)");
+    println!(
+        "next: room init --store {to} (names it in config.toml, as on any other host that serves it), then room serve"
+    );
 }
 
 /// `url` without the password its user part may hold: what may be printed and kept.

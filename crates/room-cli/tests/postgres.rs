@@ -416,11 +416,26 @@ fn migrate_copies_a_state_dir_whole_resumes_a_cut_run_and_refuses_what_is_not_em
         "{out}"
     );
     assert!(out.contains("migrated 3 rooms (resumed)"), "{out}");
+    assert!(
+        out.contains(&format!("next: room init --store {url}")),
+        "{out}"
+    );
+    // the database belongs to the migrated state dir's instance
+    let init: serde_json::Value =
+        serde_json::from_slice(&run(&state, &root, &["init", "--json"]).stdout).unwrap();
+    assert_eq!(
+        one(&words, "SELECT instance FROM store_instance"),
+        init["instance"].as_str().unwrap()
+    );
+    // what `next:` says: the migrated state dir names the database (its embedded rooms are
+    // the database's now), and serves it from config.toml
+    let adopted = run(&state, &root, &["init", "--store", &url]);
+    assert!(adopted.status.success(), "{adopted:?}");
 
     // the database serves what the state dir held: the same chains, the agent's token, its
     // confirmed reading, the blob's text, the task
     assert_eq!(chains(&state, &root, Some(&url)), before);
-    let daemon = start_daemon(&state, &root, Some(&url));
+    let daemon = start_daemon(&state, &root, None);
     let page = as_agent(&state, &root, &token, &["sync", "alpha"]);
     assert_eq!(page["confirmed_seq"].as_u64(), Some(confirmed), "{page}");
     let log = run(&state, &root, &["log", "alpha", "--json"]);
@@ -872,6 +887,21 @@ fn a_database_is_served_only_as_the_instance_it_belongs_to() {
     // room init --store binds a database nothing bound yet to the new state dir's instance
     let words2 = server.fresh_database();
     let url2 = as_url(&words2);
+    // (but not while config.toml names another store: refused, nothing bound or written)
+    let named = root.join("named");
+    assert!(run(&named, &root, &["init"]).status.success());
+    let config = named.join("config.toml");
+    let kept = std::fs::read_to_string(&config).unwrap();
+    let elsewhere = format!("{kept}\n[store]\nurl = \"postgres://someone@elsewhere/room\"\n");
+    std::fs::write(&config, &elsewhere).unwrap();
+    let refused = run(&named, &root, &["init", "--store", &url2]);
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("names another store"),
+        "{refused:?}"
+    );
+    assert_eq!(one(&words2, "SELECT count(*) FROM store_instance"), "0");
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), elsewhere);
     let third_id = instance_of(&run(
         &root.join("third"),
         &root,
