@@ -56,6 +56,9 @@ const IDLE_IN_TRANSACTION_MS: u64 = 60_000;
 pub(crate) const KEEPALIVE_IDLE_S: u64 = 10;
 pub(crate) const KEEPALIVE_INTERVAL_S: u64 = 5;
 pub(crate) const KEEPALIVE_COUNT: u32 = 3;
+/// How long the server's side waits for its sent data to be acknowledged before it gives
+/// up a connection (keepalives do not fire while data is unacknowledged).
+const TCP_USER_TIMEOUT_MS: u64 = 25_000;
 /// The longest a caller waits for one call (a pool connection and its statements).
 pub(crate) const CALL_TIMEOUT_MS: u64 = 90_000;
 /// The advisory lock key migrations run under (daemons starting together apply them once).
@@ -211,7 +214,7 @@ impl PgBackend {
                 "-c synchronous_commit=on -c statement_timeout={STATEMENT_TIMEOUT_MS} \
                  -c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS} \
                  -c tcp_keepalives_idle={KEEPALIVE_IDLE_S} -c tcp_keepalives_interval={KEEPALIVE_INTERVAL_S} \
-                 -c tcp_keepalives_count={KEEPALIVE_COUNT}"
+                 -c tcp_keepalives_count={KEEPALIVE_COUNT} -c tcp_user_timeout={TCP_USER_TIMEOUT_MS}"
             ));
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
